@@ -1,0 +1,61 @@
+# gpupipe: the two commands a newcomer needs are `make demo` and `make test`.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv install test test-unit test-integration lint fmt demo bench kafka-start kafka-stop compose-check proto clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: venv
+
+## The whole suite, real services included (Kafka is started by the tests' own fixture).
+test: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/pytest -q -ra --durations=10 tests
+
+test-unit: venv
+	$(BIN)/pytest -q tests/unit
+
+test-integration: venv
+	$(BIN)/pytest -q -ra tests/integration
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+fmt: venv
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+## Local broker, simulated fleet and every consumer; Ctrl-C stops everything.
+demo: venv
+	$(BIN)/python scripts/demo.py
+
+## Benchmarks print `NAME ratio=X target=Y` lines (higher is better). Not part of `make test`.
+bench: venv
+	$(BIN)/python bench/run_all.py
+
+kafka-start:
+	scripts/kafka-local start
+
+kafka-stop:
+	scripts/kafka-local stop
+
+compose-check:
+	docker-compose -f docker-compose.yml config -q
+
+proto: venv
+	scripts/gen-proto
+
+clean:
+	rm -rf $(VENV) .run .pytest_cache .ruff_cache

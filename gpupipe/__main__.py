@@ -1,0 +1,5 @@
+import sys
+
+from gpupipe.cli import main
+
+sys.exit(main())

@@ -1,0 +1,155 @@
+"""`gpupipe`: one CLI, one subcommand per service.
+
+Every flag has an environment-variable twin (`--bootstrap-servers` ->
+`GPUPIPE_BOOTSTRAP_SERVERS`), so the same image runs in Kubernetes with env
+vars and on a laptop with flags (12-factor). A command module provides
+`add_arguments(parser)` and `run(args) -> int`; errors we raise on purpose
+become one line on stderr and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from gpupipe.errors import BrokerUnavailableError, ConfigError, GpupipeError
+
+ENV_PREFIX = "GPUPIPE_"
+
+# (path of words, module, help). Modules are imported when the parser is built.
+COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
+    (("produce",), "producer.command", "run the node producer (simulated fleet or NVML) publishing to Kafka"),
+    (("tail",), "consumers.tail", "print records of a gpupipe topic as JSON lines"),
+    (("xid", "parse"), "producer.xid.parse_command", "parse kernel-log lines on stdin into XID JSON lines"),
+    (("metrics",), "consumers.metrics.command", "serve dcgm-exporter-compatible /metrics from Kafka"),
+    (("chargeback",), "consumers.chargeback.command", "aggregate GPU cost per namespace into windows"),
+    (("report", "chargeback"), "consumers.report.command", "print chargeback reports per namespace or team"),
+    (("alerts",), "consumers.alerts.command", "classify and deduplicate XIDs into alerts"),
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def env_name(option: str) -> str:
+    return ENV_PREFIX + option.lstrip("-").upper().replace("-", "_")
+
+
+def _truthy(value: str) -> bool:
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def apply_env_defaults(parser: argparse.ArgumentParser, environ: os._Environ[str] | dict[str, str]) -> None:
+    """Let GPUPIPE_* variables set defaults; explicit flags still win."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                apply_env_defaults(sub, environ)
+            continue
+        longs = [o for o in action.option_strings if o.startswith("--")]
+        if not longs or action.dest == "help":
+            continue
+        value = environ.get(env_name(longs[0]))
+        if value is None:
+            continue
+        if isinstance(
+            action, argparse._StoreTrueAction | argparse._StoreFalseAction | argparse.BooleanOptionalAction
+        ):
+            action.default = _truthy(value)
+        elif isinstance(action, argparse._AppendAction):
+            action.default = [v for v in value.split(";") if v]
+        else:
+            action.default = value
+
+
+def add_common(p: argparse.ArgumentParser, kafka: bool = True) -> None:
+    g = p.add_argument_group("common")
+    if kafka:
+        g.add_argument(
+            "--bootstrap-servers", default="localhost:9092", help="Kafka bootstrap servers (HOST:PORT,...)"
+        )
+        g.add_argument("--topic-prefix", default="", help="prefix for every topic name, e.g. 'staging.'")
+        g.add_argument(
+            "--schema-registry-url",
+            default=None,
+            help="use the Confluent wire format with this Schema Registry (default: single-object encoding)",
+        )
+        g.add_argument(
+            "--kafka-config",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="extra librdkafka setting, repeatable (env: ';'-separated)",
+        )
+    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    g.add_argument(
+        "--log-format", default="json", choices=["json", "text"], help="structured JSON or text logs"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    root = _Parser(prog="gpupipe", description="GPU telemetry event-streaming pipeline")
+    root.add_argument("--version", action="version", version=f"gpupipe {_version()}")
+    tops = root.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    tops.required = True
+    groups: dict[str, argparse._SubParsersAction] = {}
+    for words, module_name, help_text in COMMANDS:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and module_name.startswith(exc.name):
+                continue  # service not built in this version
+            raise
+        parent = tops
+        for w in words[:-1]:
+            if w not in groups:
+                gp = tops.add_parser(w, help=f"{w} commands")
+                groups[w] = gp.add_subparsers(dest=f"{w}_command", metavar="COMMAND", parser_class=_Parser)
+                groups[w].required = True
+            parent = groups[w]
+        p = parent.add_parser(words[-1], help=help_text, description=(module.__doc__ or help_text).strip())
+        module.add_arguments(p)
+        add_common(p, kafka=getattr(module, "USES_KAFKA", True))
+        p.set_defaults(_run=module.run)
+    return root
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("gpupipe")
+    except Exception:
+        return "dev"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    apply_env_defaults(parser, os.environ)
+    args = parser.parse_args(argv)
+    from gpupipe.logs import setup_logging
+
+    setup_logging(args.log_level, args.log_format)
+    try:
+        return int(args._run(args) or 0)
+    except ConfigError as exc:
+        print(f"gpupipe: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokerUnavailableError as exc:
+        print(f"gpupipe: error: {exc}", file=sys.stderr)
+        return 3
+    except GpupipeError as exc:
+        print(f"gpupipe: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

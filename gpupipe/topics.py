@@ -1,0 +1,53 @@
+"""Topic names (with an optional environment prefix) and their defaults.
+
+The topics are a public interface for data-platform jobs, so names carry the
+schema major version (`.v1`); a breaking change would get a new topic, never an
+incompatible record on the old one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SAMPLES = "gpu.samples.v1"
+XID = "gpu.xid.v1"
+CHARGEBACK = "gpu.chargeback.v1"
+ALERTS = "gpu.alerts.v1"
+DEADLETTER = "gpu.deadletter.v1"
+
+ALL = (SAMPLES, XID, CHARGEBACK, ALERTS, DEADLETTER)
+
+# Record types a topic carries; `tail` and the dead-letter logic use it.
+RECORDS_ON = {
+    SAMPLES: ("GpuSample",),
+    XID: ("XidEvent",),
+    CHARGEBACK: ("ChargebackWindow",),
+    ALERTS: ("GpuAlert",),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    """Creation defaults: sized for a 10k-GPU cluster at 1 sample/s (~10k msg/s on samples)."""
+
+    partitions: int
+    retention_ms: int
+    cleanup_policy: str = "delete"
+
+
+DEFAULT_SPECS = {
+    SAMPLES: TopicSpec(partitions=12, retention_ms=3 * 86_400_000),
+    XID: TopicSpec(partitions=3, retention_ms=30 * 86_400_000),
+    CHARGEBACK: TopicSpec(partitions=3, retention_ms=400 * 86_400_000),
+    ALERTS: TopicSpec(partitions=3, retention_ms=30 * 86_400_000),
+    DEADLETTER: TopicSpec(partitions=1, retention_ms=14 * 86_400_000),
+}
+
+
+def with_prefix(prefix: str, base: str) -> str:
+    return f"{prefix}{base}" if prefix else base
+
+
+def base_name(prefix: str, topic: str) -> str:
+    """Undo the prefix: 'staging.gpu.xid.v1' -> 'gpu.xid.v1'."""
+    return topic[len(prefix) :] if prefix and topic.startswith(prefix) else topic

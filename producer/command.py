@@ -1,0 +1,214 @@
+"""Publish GpuSample records (one per GPU per interval) and XidEvent records to Kafka.
+
+Sources: `simulated` (a deterministic virtual fleet) and `nvml` (this node's GPUs).
+With `--speed max` simulated time runs as fast as the pipeline allows: event
+timestamps advance by the interval, not by the wall clock, so a backfill of two
+simulated hours yields exactly nodes x gpus x 7200/interval samples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+import time
+from typing import Any
+
+from gpupipe import topics
+from gpupipe.durations import parse_iso_ms, parse_positive_duration_ms
+from gpupipe.errors import ConfigError, GpupipeError
+from gpupipe.health_server import ServiceHttp
+from gpupipe.kafka_admin import ensure_topics, parse_kafka_overrides, wait_for_broker
+from gpupipe.logs import fields
+from producer.publish import Publisher, producer_config
+from producer.self_metrics import ProducerMetrics
+from producer.simulated.fleet import DEFAULT_XID_RATE_PER_GPU_HOUR, FleetConfig, SimulatedFleet
+from schemas.codec import codec_from_url
+
+log = logging.getLogger("gpupipe.produce")
+
+
+def _speed(text: str) -> float:
+    if text.strip().lower() == "max":
+        return 0.0
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad speed {text!r}: use 1, 60 or max") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError("speed must be > 0 or 'max'")
+    return v
+
+
+def _duration(text: str) -> int:
+    try:
+        return parse_positive_duration_ms(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _iso(text: str) -> int:
+    try:
+        return parse_iso_ms(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--source", choices=["simulated", "nvml"], default="simulated")
+    p.add_argument(
+        "--interval", type=_duration, default=1000, help="sample interval, e.g. 1s, 500ms (default 1s)"
+    )
+    p.add_argument("--listen", default=None, help="HOST:PORT for the producer's own /metrics and /healthz")
+    p.add_argument(
+        "--create-topics",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="create missing topics with default partitions and retention",
+    )
+    p.add_argument("--compression", default="zstd", choices=["zstd", "lz4", "snappy", "gzip", "none"])
+    p.add_argument("--linger-ms", type=int, default=50, help="librdkafka linger for batching")
+    sim = p.add_argument_group("simulated source")
+    sim.add_argument("--nodes", type=int, default=2)
+    sim.add_argument("--gpus-per-node", type=int, default=8)
+    sim.add_argument("--duration", type=_duration, default=None, help="simulated time to cover, then exit")
+    sim.add_argument(
+        "--start-time", type=_iso, default=None, help="ISO time of the first sample (default: now)"
+    )
+    sim.add_argument(
+        "--speed", type=_speed, default=1.0, help="1 (real time), 60 (a minute per second) or max"
+    )
+    sim.add_argument("--seed", type=int, default=1)
+    sim.add_argument(
+        "--xid-rate",
+        type=float,
+        default=DEFAULT_XID_RATE_PER_GPU_HOUR,
+        metavar="PER_GPU_HOUR",
+        help="mean XIDs per GPU-hour of simulated time",
+    )
+    sim.add_argument("--hostname-prefix", default="sim-node")
+
+
+class _Stop:
+    """Set by SIGINT/SIGTERM; the loop checks it between ticks and then flushes."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, lambda *_: self.event.set())
+            signal.signal(signal.SIGINT, lambda *_: self.event.set())
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.source == "simulated" and (args.nodes < 1 or args.gpus_per_node < 1):
+        raise ConfigError("--nodes and --gpus-per-node must be at least 1")
+    extra = parse_kafka_overrides(args.kafka_config)
+    wait_for_broker(args.bootstrap_servers, extra=extra)
+    if args.create_topics:
+        ensure_topics(args.bootstrap_servers, topics.ALL, prefix=args.topic_prefix, extra=extra)
+    metrics = ProducerMetrics()
+    codec = codec_from_url(args.schema_registry_url)
+    t_samples = topics.with_prefix(args.topic_prefix, topics.SAMPLES)
+    t_xid = topics.with_prefix(args.topic_prefix, topics.XID)
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        # Successes are counted by the Publisher (cheap ints, synced at scrape); failures are rare.
+        if err is not None:
+            metrics.records_failed.labels(msg.topic(), err.name()).inc()
+
+    publisher = Publisher(
+        producer_config(args.bootstrap_servers, extra, args.compression, args.linger_ms), on_delivery
+    )
+    metrics.watch_publisher(publisher)
+    stop = _Stop()
+    stop.install()
+    http = None
+    if args.listen:
+        http = ServiceHttp(
+            args.listen,
+            metrics.registry,
+            lambda: (True, {"sent": publisher.sent, "failed": publisher.failed}),
+        ).start()
+    try:
+        if args.source == "simulated":
+            enc_s = codec.encoder("GpuSample", t_samples).encode
+            enc_x = codec.encoder("XidEvent", t_xid).encode
+            run_simulated(args, publisher, metrics, stop.event, t_samples, t_xid, enc_s, enc_x)
+        else:
+            from producer.node_agent import run_nvml  # needs NVML; imported only when asked for
+
+            run_nvml(args, publisher, metrics, stop.event, codec, t_samples, t_xid)
+    finally:
+        left = publisher.flush(30.0)
+        if http:
+            http.stop()
+    log.info("producer stopped", extra=fields(sent=publisher.sent, failed=publisher.failed, undelivered=left))
+    if left or publisher.failed:
+        raise GpupipeError(f"{publisher.failed} records failed and {left} were not delivered (see logs)")
+    return 0
+
+
+def run_simulated(
+    args: argparse.Namespace,
+    publisher: Publisher,
+    metrics: ProducerMetrics,
+    stop: threading.Event,
+    t_samples: str,
+    t_xid: str,
+    enc_sample: Any,
+    enc_xid: Any,
+) -> int:
+    """The simulated loop; returns the number of ticks run."""
+    interval = args.interval
+    fleet = SimulatedFleet(
+        FleetConfig(
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            interval_ms=interval,
+            seed=args.seed,
+            xid_rate_per_gpu_hour=args.xid_rate,
+            hostname_prefix=args.hostname_prefix,
+        )
+    )
+    start_ms = (
+        args.start_time if args.start_time is not None else int(time.time() * 1000) // interval * interval
+    )
+    ticks = None if args.duration is None else args.duration // interval
+    speed = args.speed
+    keys = [s.key.encode() for s in fleet.slots]
+    log.info(
+        "simulated fleet started",
+        extra=fields(
+            gpus=fleet.gpu_count,
+            nodes=args.nodes,
+            interval_ms=interval,
+            speed=speed or "max",
+            ticks=ticks,
+            topic=t_samples,
+        ),
+    )
+    produce = publisher.produce
+    t0 = time.monotonic()
+    k = 0
+    while (ticks is None or k < ticks) and not stop.is_set():
+        if speed:
+            wait = t0 + k * interval / 1000.0 / speed - time.monotonic()
+            if wait > 0 and stop.wait(wait):
+                break
+        began = time.perf_counter()
+        ts = start_ms + k * interval
+        samples, xids = fleet.tick(ts)
+        for key, rec in zip(keys, samples, strict=True):
+            produce(t_samples, key, enc_sample(rec))
+        for x in xids:
+            produce(t_xid, (x["mig_uuid"] or x["uuid"]).encode(), enc_xid(x))
+            metrics.xid_events.labels(x["kind"]).inc()
+        publisher.poll(0)
+        metrics.samples_built.inc(len(samples))
+        metrics.tick_seconds.observe(time.perf_counter() - began)
+        metrics.last_tick.set(ts / 1000)
+        k += 1
+    return k

@@ -1,0 +1,74 @@
+"""Shared fixtures. Services are real and started here; a missing service FAILS the run, never skips it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))  # tests/fake_nvml.py, tests/kubelet_fake.py
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _free_pair() -> int:
+    """A port whose successor is free too (kafka-local puts its controller on port+1)."""
+    for _ in range(50):
+        p = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p + 1))
+                return p
+            except OSError:
+                continue
+    raise RuntimeError("no free port pair")
+
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real single-node KRaft broker from scripts/kafka-local, private to this test session.
+
+    Set GPUPIPE_TEST_BOOTSTRAP to reuse a running broker instead (e.g. `make kafka-start`).
+    """
+    existing = os.environ.get("GPUPIPE_TEST_BOOTSTRAP")
+    if existing:
+        yield existing
+        return
+    state = tmp_path_factory.mktemp("kafka")
+    port = _free_pair()
+    env = {
+        **os.environ,
+        "KAFKA_LOCAL_DIR": str(state),
+        "KAFKA_PORT": str(port),
+        "KAFKA_CONTROLLER_PORT": str(port + 1),
+    }
+    script = str(REPO / "scripts" / "kafka-local")
+    proc = subprocess.run(
+        [script, "start", "--port", str(port)], env=env, capture_output=True, text=True, timeout=300
+    )
+    if proc.returncode != 0:
+        pytest.fail(
+            f"local Kafka did not start (integration tests need it):\n{proc.stderr[-3000:]}", pytrace=False
+        )
+    bootstrap = proc.stdout.strip().splitlines()[-1]
+    try:
+        yield bootstrap
+    finally:
+        subprocess.run([script, "stop"], env=env, capture_output=True, timeout=120)
+
+
+@pytest.fixture
+def topic_prefix(request: pytest.FixtureRequest) -> str:
+    """A unique prefix per test so tests sharing the broker never see each other's records."""
+    name = request.node.name.replace("[", "-").replace("]", "").replace("_", "-")[:40]
+    return f"t{os.getpid()}-{name}-{free_port()}."
