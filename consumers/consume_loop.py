@@ -1,0 +1,246 @@
+"""The consume loop every consumer service shares (metrics, alerts; chargeback adds transactions).
+
+Batch `consume()`, decode with the codec, hand decoded records to the service's
+pure logic, dead-letter what cannot be decoded (and count it), store offsets only
+after the batch was handled (at-least-once; commits are asynchronous), and pass
+partition assignment changes to the service so it can drop or rebuild per-partition
+state. Consumer lag per partition is exposed at scrape time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from consumers.deadletter import deadletter_headers
+from gpupipe.kafka_admin import client_config
+from gpupipe.logs import fields
+from schemas.codec import AvroCodec
+from schemas.errors import DecodeError
+
+log = logging.getLogger("gpupipe.consume")
+
+
+@dataclass(frozen=True, slots=True)
+class InRecord:
+    """A decoded input record with where it came from."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    name: str  # schema name, e.g. "GpuSample"
+    value: dict[str, Any]
+    kafka_ts_ms: int
+
+
+class Handler(Protocol):
+    def on_assign(self, partitions: Sequence[tuple[str, int]]) -> None: ...
+    def on_revoke(self, partitions: Sequence[tuple[str, int]]) -> None: ...
+    def handle(self, records: Sequence[InRecord]) -> None: ...
+
+
+class ConsumerMetrics:
+    def __init__(self, registry: CollectorRegistry, service: str) -> None:
+        self.consumed = Counter(
+            "gpupipe_consumer_records", "Records consumed and decoded.", ["topic"], registry=registry
+        )
+        self.decode_errors = Counter(
+            "gpupipe_consumer_decode_errors",
+            "Records that could not be decoded.",
+            ["topic", "reason"],
+            registry=registry,
+        )
+        self.dead_letters = Counter(
+            "gpupipe_consumer_dead_letters",
+            "Records sent to the dead-letter topic.",
+            ["topic"],
+            registry=registry,
+        )
+        self.handle_seconds = Histogram(
+            "gpupipe_consumer_batch_duration_seconds",
+            "Time to handle one consumed batch.",
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0),
+            registry=registry,
+        )
+        self.rebalances = Counter(
+            "gpupipe_consumer_rebalances", "Partition assignment changes.", ["kind"], registry=registry
+        )
+
+
+class _LagCollector(Collector):
+    def __init__(self, loop: ConsumeLoop) -> None:
+        self._loop = loop
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        fam = GaugeMetricFamily(
+            "gpupipe_consumer_lag_records",
+            "High watermark minus next offset to consume, per partition.",
+            labels=["topic", "partition"],
+        )
+        for (topic, part), lag in sorted(self._loop.lag().items()):
+            fam.add_metric([topic, str(part)], lag)
+        yield fam
+
+
+class ConsumeLoop:
+    """Runs a Handler over a consumer group until `stop` is set."""
+
+    def __init__(
+        self,
+        *,
+        bootstrap: str,
+        group_id: str,
+        topics: Sequence[str],
+        handler: Handler,
+        codec: AvroCodec,
+        deadletter_topic: str,
+        service: str,
+        registry: CollectorRegistry,
+        extra: dict[str, str] | None = None,
+        batch_size: int = 2000,
+        poll_timeout_s: float = 0.2,
+        consumer_factory: Callable[[dict[str, Any]], Any] = Consumer,
+        from_beginning: bool = False,
+    ) -> None:
+        self.handler = handler
+        self.codec = codec
+        self.topics = list(topics)
+        self.service = service
+        self.deadletter_topic = deadletter_topic
+        self.metrics = ConsumerMetrics(registry, service)
+        self.batch_size = batch_size
+        self.poll_timeout_s = poll_timeout_s
+        self.assigned: set[tuple[str, int]] = set()
+        self.healthy = False
+        self.last_batch_time = 0.0
+        self._positions: dict[tuple[str, int], int] = {}
+        self._lock = threading.Lock()
+        conf = client_config(
+            bootstrap,
+            extra,
+            **{
+                "group.id": group_id,
+                "enable.auto.commit": True,
+                "enable.auto.offset.store": False,
+                "auto.offset.reset": "earliest" if from_beginning else "latest",
+                "partition.assignment.strategy": "cooperative-sticky",
+                "isolation.level": "read_committed",
+                "fetch.wait.max.ms": 100,
+            },
+        )
+        self.consumer = consumer_factory(conf)
+        self._dlq = Producer(client_config(bootstrap, extra, **{"enable.idempotence": True, "linger.ms": 20}))
+        registry.register(_LagCollector(self))
+
+    # -- rebalance callbacks (run inside consume()) -----------------------------------
+    def _assign(self, consumer: Any, parts: list[TopicPartition]) -> None:
+        tps = [(p.topic, p.partition) for p in parts]
+        self.assigned.update(tps)
+        self.metrics.rebalances.labels("assign").inc()
+        log.info("partitions assigned", extra=fields(partitions=[f"{t}[{p}]" for t, p in tps]))
+        self.handler.on_assign(tps)
+
+    def _revoke(self, consumer: Any, parts: list[TopicPartition]) -> None:
+        tps = [(p.topic, p.partition) for p in parts]
+        self.assigned.difference_update(tps)
+        with self._lock:
+            for tp in tps:
+                self._positions.pop(tp, None)
+        self.metrics.rebalances.labels("revoke").inc()
+        log.info("partitions revoked", extra=fields(partitions=[f"{t}[{p}]" for t, p in tps]))
+        self.handler.on_revoke(tps)
+
+    # -- main loop -----------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        self.consumer.subscribe(
+            self.topics, on_assign=self._assign, on_revoke=self._revoke, on_lost=self._revoke
+        )
+        try:
+            while not stop.is_set():
+                msgs = self.consumer.consume(self.batch_size, self.poll_timeout_s)
+                self.healthy = True
+                if msgs:
+                    self.process(msgs)
+                self._dlq.poll(0)
+        finally:
+            self._dlq.flush(10)
+            try:
+                self.consumer.close()
+            except Exception:  # closing after a broker loss must not mask the real exit reason
+                log.warning("consumer close failed", exc_info=True)
+
+    def process(self, msgs: Sequence[Message]) -> None:
+        began = time.perf_counter()
+        records: list[InRecord] = []
+        decode = self.codec.decode
+        last: dict[tuple[str, int], Message] = {}
+        counts: dict[str, int] = {}
+        for msg in msgs:
+            err = msg.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    log.warning("consume error", extra=fields(error=err.str()))
+                continue
+            topic, part = msg.topic(), msg.partition()
+            last[(topic, part)] = msg
+            try:
+                d = decode(msg.value())
+            except DecodeError as exc:
+                self.dead_letter(msg, exc.reason, exc.detail)
+                continue
+            counts[topic] = counts.get(topic, 0) + 1
+            records.append(
+                InRecord(topic, part, msg.offset(), msg.key(), d.name, d.record, msg.timestamp()[1])
+            )
+        if records:
+            self.handler.handle(records)
+        for topic, n in counts.items():
+            self.metrics.consumed.labels(topic).inc(n)
+        if last:
+            offs = [TopicPartition(t, p, m.offset() + 1) for (t, p), m in last.items()]
+            self.consumer.store_offsets(offsets=offs)
+            with self._lock:
+                for tp in offs:
+                    self._positions[(tp.topic, tp.partition)] = tp.offset
+        self.last_batch_time = time.time()
+        self.metrics.handle_seconds.observe(time.perf_counter() - began)
+
+    def dead_letter(self, msg: Message, reason: str, detail: str) -> None:
+        self.metrics.decode_errors.labels(msg.topic(), reason).inc()
+        headers = deadletter_headers(msg, reason, detail, self.service)
+        while True:
+            try:
+                self._dlq.produce(self.deadletter_topic, msg.value(), msg.key(), headers=headers)
+                break
+            except BufferError:
+                self._dlq.poll(0.1)
+        self.metrics.dead_letters.labels(msg.topic()).inc()
+        log.warning(
+            "record dead-lettered",
+            extra=fields(topic=msg.topic(), partition=msg.partition(), offset=msg.offset(), reason=reason),
+        )
+
+    def lag(self) -> dict[tuple[str, int], int]:
+        out = {}
+        with self._lock:
+            positions = dict(self._positions)
+        for tp in list(self.assigned):
+            try:
+                _, high = self.consumer.get_watermark_offsets(TopicPartition(*tp), timeout=0.5, cached=True)
+            except Exception:
+                continue
+            pos = positions.get(tp)
+            if pos is None or high < 0:
+                continue
+            out[tp] = max(0, high - pos)
+        return out

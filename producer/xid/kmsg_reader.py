@@ -1,0 +1,478 @@
+"""Read kernel-log lines from ``/dev/kmsg``, a text file (optionally followed like ``tail -f``) or stdin.
+
+:class:`KmsgReader` is an iterator of ``str`` lines ready for :class:`producer.xid.kmsg_parse.KmsgParser`.
+Every wait is bounded by ``poll_interval_s`` and checks a stop :class:`threading.Event`, so another thread
+can end the iteration with :meth:`KmsgReader.stop` within about ``poll_interval_s`` (default 0.1 s).
+
+``/dev/kmsg`` (Documentation/ABI/testing/dev-kmsg)
+    One ``read()`` returns one record: ``pri,seq,ts_usec,flags[,more];message\\n`` followed by optional
+    dictionary lines `` KEY=value\\n`` (each starting with a space). Non-printable bytes, bytes >= 0x7f
+    and ``\\`` are escaped as ``\\xNN``; a newline inside a message arrives as ``\\x0a``. A ``read()``
+    fails with ``EPIPE`` when the ring buffer overwrote records the reader had not seen yet: the next
+    read continues with the oldest record still there, so the reader counts the gap and goes on, and with
+    ``EAGAIN`` (non-blocking) when nothing new is there. The reader starts at the *end* of the buffer
+    unless ``from_start`` is set (when ``follow`` is false the backlog is always read, then it stops).
+
+    Records become lines the way ``dmesg`` prints them: ``[%5d.%06d] <first line>`` and, for the other
+    lines of a multi-line message, the text indented by the width of that prefix. A record flagged
+    ``+``, or flagged ``c`` right after another ``c``/``+`` record, continues the previous record's line
+    (kernel "fragment" hints) and is yielded indented, so the parser appends it to the previous Xid.
+    Dictionary lines are dropped (kept in :class:`KmsgRecord` ``fields``).
+
+Text files
+    Lines as they are (``\\r\\n`` or ``\\n`` stripped, undecodable bytes as U+FFFD, lines longer than
+    ``max_line_bytes`` cut there). With ``follow`` the reader waits at end of file and re-opens the path
+    when it was replaced (other inode) or truncated (smaller than the read position); it starts at the
+    end of the file unless ``from_start`` is set.
+
+stdin, pipes, FIFOs, other character devices
+    Read through ``select``/``os.read`` on the descriptor (so ``stop()`` works while the writer is
+    silent) until end of file. ``path="-"`` means stdin; a binary ``stream`` may be injected.
+
+With ``idle_ticks=True`` the iterator also yields ``""`` after each ``poll_interval_s`` without data, so
+the consumer can flush a held-back Xid (``KmsgParser.feed("")`` does exactly that).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import stat
+import sys
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from producer.xid.kmsg_parse import split_kmsg_record, unescape_kmsg
+
+__all__ = [
+    "DEFAULT_KMSG_PATH",
+    "KmsgReader",
+    "KmsgReaderStats",
+    "KmsgRecord",
+    "decode_kmsg_record",
+    "iter_kmsg_records",
+    "kmsg_record_lines",
+    "kmsg_records_to_lines",
+]
+
+DEFAULT_KMSG_PATH = "/dev/kmsg"
+#: /dev/kmsg returns EINVAL when the buffer is smaller than the record; records are < 8 KiB
+#: (CONSOLE_EXT_LOG_MAX), so start there and grow on EINVAL up to _KMSG_MAX_BUF.
+_KMSG_BUF = 16384
+_KMSG_MAX_BUF = 1 << 20
+_CHUNK = 65536
+
+
+@dataclass(frozen=True, slots=True)
+class KmsgRecord:
+    """One decoded ``/dev/kmsg`` record."""
+
+    priority: int
+    seq: int
+    ts_usec: int
+    #: ``"-"`` normal, ``"c"`` / ``"+"`` fragment hints.
+    flags: str
+    #: Unescaped message; may contain ``"\\n"``.
+    message: str
+    #: Dictionary entries (`` KEY=value`` lines), unescaped, in record order.
+    fields: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def facility(self) -> int:
+        return self.priority >> 3
+
+    @property
+    def level(self) -> int:
+        return self.priority & 7
+
+    @property
+    def time_s(self) -> float:
+        return self.ts_usec / 1_000_000
+
+
+@dataclass(slots=True)
+class KmsgReaderStats:
+    lines: int = 0
+    records: int = 0
+    #: ``EPIPE`` results: the ring buffer overwrote records before they were read.
+    overrun: int = 0
+    #: Records whose header could not be decoded (skipped).
+    malformed: int = 0
+    #: Lines longer than ``max_line_bytes`` (cut).
+    truncated: int = 0
+    #: Times a followed file was re-opened after rotation/truncation.
+    reopened: int = 0
+
+
+def decode_kmsg_record(data: bytes | str) -> KmsgRecord | None:
+    """Decode one ``/dev/kmsg`` record (pure). ``None`` if the header is not ``pri,seq,ts,flags;``."""
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes | bytearray) else data
+    first, _, rest = text.partition("\n")
+    parts = split_kmsg_record(first)
+    if parts is None:
+        return None
+    priority, seq, ts_usec, flag, message = parts
+    fields: list[tuple[str, str]] = []
+    for extra in rest.split("\n"):
+        if extra.startswith(" ") and "=" in extra:
+            key, _, value = extra[1:].partition("=")
+            fields.append((key, unescape_kmsg(value)))
+    return KmsgRecord(
+        priority=priority,
+        seq=seq,
+        ts_usec=ts_usec,
+        flags=flag,
+        message=unescape_kmsg(message.rstrip("\n")),
+        fields=tuple(fields),
+    )
+
+
+def kmsg_record_lines(record: KmsgRecord, *, continues_previous: bool = False) -> list[str]:
+    """Render a record as ``dmesg`` does: ``[%5d.%06d] text``, further lines indented to match.
+
+    With ``continues_previous`` every line is indented (a continuation of the previous record's line).
+    """
+    texts = record.message.split("\n")
+    if continues_previous:
+        return ["  " + t for t in texts if t]
+    sec, usec = divmod(record.ts_usec, 1_000_000)
+    prefix = f"[{sec:5d}.{usec:06d}] "
+    pad = " " * len(prefix)
+    out = [prefix + texts[0]]
+    out.extend(pad + t for t in texts[1:] if t)
+    return out
+
+
+def kmsg_records_to_lines(records: Iterable[KmsgRecord | None]) -> Iterator[str]:
+    """Render a record stream as lines (pure): :func:`kmsg_record_lines` per record, ``""`` for ``None``.
+
+    A record flagged ``+``, or flagged ``c`` right after a ``c``/``+`` record, continues the previous
+    record's line: the kernel's fragment hints, which Documentation/ABI/testing/dev-kmsg calls
+    best-effort. Such a record is rendered indented, so :class:`~producer.xid.kmsg_parse.KmsgParser`
+    appends it to the Xid before it.
+    """
+    prev_flag = "-"
+    for rec in records:
+        if rec is None:
+            yield ""
+            continue
+        cont = rec.flags == "+" or (rec.flags == "c" and prev_flag in ("c", "+"))
+        prev_flag = rec.flags
+        yield from kmsg_record_lines(rec, continues_previous=cont)
+
+
+def iter_kmsg_records(
+    read: Callable[[int], bytes],
+    wait: Callable[[], bool],
+    *,
+    follow: bool,
+    stats: KmsgReaderStats,
+    idle: bool = False,
+) -> Iterator[KmsgRecord | None]:
+    """The ``/dev/kmsg`` read loop, with the device calls injected (tests drive it with fakes).
+
+    ``read(n)`` is a non-blocking ``os.read``: it returns one record, or raises ``BlockingIOError``
+    (nothing new), ``BrokenPipeError`` (records were overwritten: counted in ``stats.overrun``, reading
+    goes on) or ``OSError(EINVAL)`` (buffer too small: retried with a bigger one). ``wait()`` blocks up
+    to one poll interval for new data and returns ``False`` once the reader was stopped. Without
+    ``follow`` the loop ends at the first ``BlockingIOError``; with ``idle`` it yields ``None`` after
+    each wait that ended without data.
+    """
+    size = _KMSG_BUF
+    while True:
+        try:
+            data = read(size)
+        except BlockingIOError:
+            if not follow or not wait():
+                return
+            if idle:
+                yield None
+            continue
+        except BrokenPipeError:
+            stats.overrun += 1
+            continue
+        except InterruptedError:
+            continue
+        except OSError as exc:
+            if exc.errno == errno.EINVAL and size < _KMSG_MAX_BUF:
+                size *= 4
+                continue
+            raise
+        if not data:
+            return
+        rec = decode_kmsg_record(data)
+        if rec is None:
+            stats.malformed += 1
+            continue
+        stats.records += 1
+        yield rec
+
+
+class _LineSplitter:
+    """Bytes in, complete lines out; over-long lines are cut at ``max_bytes``."""
+
+    __slots__ = ("_buf", "_discard", "_max", "_stats")
+
+    def __init__(self, max_bytes: int, stats: KmsgReaderStats) -> None:
+        self._buf = bytearray()
+        self._discard = False
+        self._max = max_bytes
+        self._stats = stats
+
+    def feed(self, data: bytes) -> list[str]:
+        out: list[str] = []
+        buf = self._buf
+        start = 0
+        n = len(data)
+        while start < n:
+            nl = data.find(b"\n", start)
+            end = n if nl < 0 else nl
+            if self._discard:
+                if nl >= 0:
+                    self._discard = False
+                start = end + 1
+                continue
+            room = self._max - len(buf)
+            if end - start > room:
+                buf += data[start : start + room]
+                out.append(_decode_line(buf))
+                buf.clear()
+                self._stats.truncated += 1
+                self._discard = nl < 0
+                start = end + 1
+                continue
+            buf += data[start:end]
+            if nl < 0:
+                break
+            out.append(_decode_line(buf))
+            buf.clear()
+            start = nl + 1
+        return out
+
+    def finish(self) -> list[str]:
+        if self._buf and not self._discard:
+            line = _decode_line(self._buf)
+            self._buf.clear()
+            return [line]
+        self._buf.clear()
+        self._discard = False
+        return []
+
+
+def _decode_line(buf: bytes | bytearray) -> str:
+    return bytes(buf).decode("utf-8", "replace").rstrip("\r")
+
+
+class KmsgReader:
+    """Iterate kernel-log lines from ``path`` (``/dev/kmsg``, a text file, a FIFO, or ``"-"`` for stdin).
+
+    ``follow``: keep waiting for new lines (``/dev/kmsg``, files); pipes always end at end of file.
+    ``from_start``: read what is already there first; when false and following, start at the end.
+    ``stream``: a binary stream to read instead of stdin when ``path`` is ``"-"``.
+    ``stop_event``: share an existing event; :meth:`stop` sets it.
+    """
+
+    def __init__(
+        self,
+        path: str = DEFAULT_KMSG_PATH,
+        follow: bool = True,
+        from_start: bool = False,
+        *,
+        poll_interval_s: float = 0.1,
+        idle_ticks: bool = False,
+        stream: BinaryIO | None = None,
+        max_line_bytes: int = 65536,
+        stop_event: threading.Event | None = None,
+    ) -> None:
+        if poll_interval_s <= 0:
+            raise ValueError("poll_interval_s must be > 0")
+        if max_line_bytes < 1:
+            raise ValueError("max_line_bytes must be >= 1")
+        self.path = path
+        self.follow = follow
+        self.from_start = from_start
+        self.poll_interval_s = poll_interval_s
+        self.idle_ticks = idle_ticks
+        self.max_line_bytes = max_line_bytes
+        self.stats = KmsgReaderStats()
+        self._stream = stream
+        self._stop = stop_event if stop_event is not None else threading.Event()
+
+    # ---------------------------------------------------------------- control
+    def stop(self) -> None:
+        """Ask the iteration to end; it does within about ``poll_interval_s``."""
+        self._stop.set()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+    def mode(self) -> str:
+        """``"kmsg"``, ``"file"`` or ``"stream"``: how ``path`` will be read."""
+        if self._stream is not None or self.path == "-":
+            return "stream"
+        st = os.stat(self.path)
+        if stat.S_ISCHR(st.st_mode):
+            if os.path.basename(self.path) == "kmsg" or st.st_rdev == os.makedev(1, 11):
+                return "kmsg"
+            return "stream"
+        if stat.S_ISREG(st.st_mode):
+            return "file"
+        return "stream"
+
+    def __iter__(self) -> Iterator[str]:
+        mode = self.mode()
+        if mode == "kmsg":
+            gen = self._iter_kmsg()
+        elif mode == "file":
+            gen = self._iter_file()
+        else:
+            gen = self._iter_stream()
+        for line in gen:
+            if line:
+                self.stats.lines += 1
+            yield line
+
+    # ---------------------------------------------------------------- helpers
+    def _wait_fd(self, fd: int) -> bool | None:
+        """Wait up to one poll interval for ``fd``: True readable, None timeout, False stopped."""
+        if self._stop.is_set():
+            return False
+        try:
+            ready, _, _ = select.select([fd], [], [], self.poll_interval_s)
+        except InterruptedError:
+            ready = []
+        if self._stop.is_set():
+            return False
+        return True if ready else None
+
+    def _sleep(self) -> bool:
+        """Sleep one poll interval; False when stopped."""
+        return not self._stop.wait(self.poll_interval_s)
+
+    # ---------------------------------------------------------------- /dev/kmsg
+    def _iter_kmsg(self) -> Iterator[str]:
+        fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            if self.follow and not self.from_start:
+                os.lseek(fd, 0, os.SEEK_END)
+
+            def wait() -> bool:
+                return self._wait_fd(fd) is not False
+
+            records = iter_kmsg_records(
+                lambda n: os.read(fd, n), wait, follow=self.follow, stats=self.stats, idle=self.idle_ticks
+            )
+            for line in kmsg_records_to_lines(records):
+                yield line
+                if self._stop.is_set():
+                    return
+        finally:
+            os.close(fd)
+
+    # ---------------------------------------------------------------- regular files
+    def _iter_file(self) -> Iterator[str]:
+        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            if self.follow and not self.from_start:
+                os.lseek(fd, 0, os.SEEK_END)
+            splitter = _LineSplitter(self.max_line_bytes, self.stats)
+            while not self._stop.is_set():
+                data = os.read(fd, _CHUNK)
+                if data:
+                    yield from splitter.feed(data)
+                    continue
+                if not self.follow:
+                    yield from splitter.finish()
+                    return
+                if self.idle_ticks:
+                    yield ""
+                if not self._sleep():
+                    return
+                new_fd = self._reopen_if_rotated(fd)
+                if new_fd is not None:
+                    yield from splitter.finish()
+                    os.close(fd)
+                    fd = new_fd
+        finally:
+            os.close(fd)
+
+    def _reopen_if_rotated(self, fd: int) -> int | None:
+        try:
+            st_path = os.stat(self.path)
+        except FileNotFoundError:
+            return None  # being rotated; try again next time
+        st_fd = os.fstat(fd)
+        pos = os.lseek(fd, 0, os.SEEK_CUR)
+        if (st_path.st_ino, st_path.st_dev) != (st_fd.st_ino, st_fd.st_dev) or st_path.st_size < pos:
+            try:
+                new_fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return None
+            self.stats.reopened += 1
+            return new_fd
+        return None
+
+    # ---------------------------------------------------------------- stdin / pipes / FIFOs
+    def _iter_stream(self) -> Iterator[str]:
+        opened_fd: int | None = None
+        stream = self._stream
+        if stream is None and self.path == "-":
+            stream = sys.stdin.buffer
+        fd: int | None
+        if stream is not None:
+            try:
+                fd = stream.fileno()
+            except (AttributeError, OSError, ValueError):
+                fd = None
+            if fd is None:
+                yield from self._iter_unselectable(stream)
+                return
+        else:
+            opened_fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = opened_fd
+        splitter = _LineSplitter(self.max_line_bytes, self.stats)
+        try:
+            while True:
+                ready = self._wait_fd(fd)
+                if ready is False:
+                    return
+                if ready is None:
+                    if self.idle_ticks:
+                        yield ""
+                    continue
+                try:
+                    data = os.read(fd, _CHUNK)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                if not data:
+                    yield from splitter.finish()
+                    return
+                yield from splitter.feed(data)
+        finally:
+            if opened_fd is not None:
+                os.close(opened_fd)
+
+    def _iter_unselectable(self, stream: BinaryIO) -> Iterator[str]:
+        """Streams without a file descriptor (``io.BytesIO``): plain blocking ``readline``."""
+        limit = self.max_line_bytes
+        discarding = False
+        while not self._stop.is_set():
+            chunk = stream.readline(limit + 1)
+            if not chunk:
+                return
+            if isinstance(chunk, str):  # a text stream slipped in: accept it
+                chunk = chunk.encode("utf-8", "surrogateescape")
+            complete = chunk.endswith(b"\n")
+            if discarding:
+                discarding = not complete
+                continue
+            body = chunk[:-1] if complete else chunk
+            if len(body) > limit:
+                body = body[:limit]
+                self.stats.truncated += 1
+                discarding = True
+            yield _decode_line(body)

@@ -1,0 +1,223 @@
+"""Merge one Xid seen by both NVML and the kernel log into one event (pure: no clock, no I/O).
+
+The node producer hears about an Xid twice:
+
+* **NVML** (``nvmlEventSetWait``): structured - GPU UUID, PCI bus id (``00000000:3B:00.0``), the code and,
+  on MIG, ``gpuInstanceId``/``computeInstanceId`` (``0xFFFFFFFF`` = not attributable); no pid, no text.
+* **kmsg** (:mod:`producer.xid.kmsg_parse`): pid, process name, the message (which for 74/94/95/144-150/
+  154 is what tells the severity), MIG ids when printed, and the bus id as the driver prints it
+  (``0000:3b:00``, no function).
+
+:class:`XidMerger` pairs them. The first sighting of ``(bus id, code)`` is *held* for up to ``window_s``;
+if the other source reports the same ``(bus id, code)`` inside the window, one event is emitted at once
+with ``source="nvml+kmsg"`` and the richer fields of both (kmsg: pid, process_name, message, ...;
+NVML: uuid, gpu_instance_id, compute_instance_id, ...); otherwise it is emitted alone, with
+``source="nvml"`` or ``"kmsg"``, by the first :meth:`~XidMerger.add`/:meth:`~XidMerger.expire` call
+whose time is ``window_s`` or more past it.
+
+Rules (deterministic; times are passed in, nothing reads a clock):
+
+* Different code or different bus id never merge. Bus ids are compared after
+  :func:`normalize_pci_bus_id`, so ``0000:3b:00`` (kmsg) matches ``00000000:3B:00.0`` (NVML).
+* Only cross-source pairs merge: two sightings from the same source are two events, even inside the
+  window. A sighting pairs with the *oldest* held sighting of the other source (FIFO).
+* ``at_s`` must come from one monotonic clock for both sources - the time the producer *received* the
+  event - not the kernel's own time stamp. The match is ``|at_s - held.at_s| < window_s``.
+* An entry is emitted alone once ``now_s - at_s >= window_s`` (so a partner arriving exactly
+  ``window_s`` later no longer merges).
+* kmsg events with ``fields["kind"] == "sxid"`` (NVSwitch) are emitted immediately: NVML never reports
+  them, so holding them would only add latency.
+* NVML's ``0xFFFFFFFF`` MIG ids become ``None``.
+
+Latency trade-off. Every Xid that only one source sees (NVML not permitted or not running, the kmsg
+reader off, Xids NVML does not deliver, a burst where one side reports more lines than the other) is
+delayed by the full window; a matched pair is emitted as soon as its second half arrives. Both reports
+come from the same driver code path within microseconds, and what separates them in user space is the
+two loops' wake-ups: ``nvmlEventSetWait`` returns as soon as an event is queued, and
+:class:`~producer.xid.kmsg_reader.KmsgReader` polls every 0.1 s by default (plus up to one more line or
+idle tick before :class:`~producer.xid.kmsg_parse.KmsgParser` releases a held Xid). ``window_s=0.5``
+therefore covers the normal gap with margin while keeping alert latency under a second. Too short a
+window yields duplicates (both halves emitted alone); too long only delays unpaired Xids, and widens
+the chance that two genuinely different Xids of the same code on the same GPU pair with each other's
+partner (harmless: the fields are equal but for pid/message). Raise it (1-2 s) if the producer loop can
+stall, e.g. under CPU pressure or a slow Kafka ``poll``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = [
+    "DEFAULT_WINDOW_S",
+    "NVML_NO_INSTANCE",
+    "XidMerger",
+    "normalize_pci_bus_id",
+]
+
+Source = Literal["nvml", "kmsg"]
+
+DEFAULT_WINDOW_S = 0.5
+#: NVML's "not attributable to a MIG instance" value for gpuInstanceId / computeInstanceId.
+NVML_NO_INSTANCE = 0xFFFFFFFF
+
+#: Keys whose NVML value wins when both sources have one; every other key prefers the kmsg value.
+_NVML_OWNED = frozenset({"uuid", "gpu_instance_id", "compute_instance_id"})
+_MIG_KEYS = ("gpu_instance_id", "compute_instance_id")
+_BASE_KEYS = ("uuid", "gpu_instance_id", "compute_instance_id", "pid", "process_name", "message")
+
+
+def normalize_pci_bus_id(bus_id: str) -> str:
+    """Canonical ``dddd:bb:dd.f`` (lower case, 4-hex domain, function default 0).
+
+    Accepts what NVML (``00000000:3B:00.0``), the driver's Xid lines (``0000:3b:00``, ``PCI:0000:3b:00``),
+    the NVSwitch driver (``0000:05:00.0``), sysfs and ``lspci`` (``3b:00.0``, no domain) print.
+    Raises ``ValueError`` for anything else.
+    """
+    s = bus_id.strip()
+    if s[:4].upper() == "PCI:":
+        s = s[4:]
+    parts = s.split(":")
+    if len(parts) == 3:
+        domain, bus, devfn = parts
+    elif len(parts) == 2:
+        domain, (bus, devfn) = "0", parts
+    else:
+        raise ValueError(f"not a PCI bus id: {bus_id!r}")
+    dev, _, fn = devfn.partition(".")
+    fn = fn or "0"
+    try:
+        d, b, v, f = int(domain, 16), int(bus, 16), int(dev, 16), int(fn, 16)
+    except ValueError:
+        raise ValueError(f"not a PCI bus id: {bus_id!r}") from None
+    if (
+        not domain
+        or len(domain) > 8
+        or not 0 < len(bus) <= 2
+        or not 0 < len(dev) <= 2
+        or len(fn) > 1
+        or any(c in "+-_ " for c in s)
+        or v > 0x1F
+        or f > 7
+    ):
+        raise ValueError(f"not a PCI bus id: {bus_id!r}")
+    return f"{d:04x}:{b:02x}:{v:02x}.{f}"
+
+
+def _key_pci(bus_id: str) -> str:
+    try:
+        return normalize_pci_bus_id(bus_id)
+    except ValueError:
+        return bus_id.strip().lower()
+
+
+def _mig(value: Any) -> Any:
+    return None if value == NVML_NO_INSTANCE else value
+
+
+@dataclass(slots=True)
+class _Held:
+    seq: int
+    source: Source
+    pci: str
+    xid: int
+    at_s: float
+    fields: Mapping[str, Any]
+
+
+class XidMerger:
+    """Pair NVML and kmsg sightings of the same Xid; see the module docstring for the rules."""
+
+    __slots__ = ("_held", "_seq", "window_s")
+
+    def __init__(self, window_s: float = DEFAULT_WINDOW_S) -> None:
+        if not window_s >= 0:
+            raise ValueError("window_s must be >= 0")
+        self.window_s = float(window_s)
+        self._held: list[_Held] = []
+        self._seq = 0
+
+    def __len__(self) -> int:
+        """Number of sightings currently held."""
+        return len(self._held)
+
+    def add(
+        self, source: Source, key_pci: str, xid: int, at_s: float, fields: Mapping[str, Any]
+    ) -> list[dict[str, Any]]:
+        """Record one sighting at ``at_s``; returns the events this releases (oldest first).
+
+        Expired held sightings come first, then the merged event if this sighting completed a pair.
+        """
+        if source not in ("nvml", "kmsg"):
+            raise ValueError(f"unknown source {source!r}")
+        out = self.expire(at_s)
+        pci = _key_pci(key_pci)
+        xid = int(xid)
+        self._seq += 1
+        new = _Held(self._seq, source, pci, xid, float(at_s), fields)
+        if source == "kmsg" and fields.get("kind") == "sxid":
+            out.append(_single(new, emitted_at_s=new.at_s))
+            return out
+        for i, held in enumerate(self._held):
+            if held.source != source and held.xid == xid and held.pci == pci:
+                del self._held[i]
+                out.append(_pair(held, new))
+                return out
+        self._held.append(new)
+        return out
+
+    def expire(self, now_s: float) -> list[dict[str, Any]]:
+        """Emit, alone, every held sighting with ``now_s - at_s >= window_s`` (oldest first)."""
+        if not self._held:
+            return []
+        due = [h for h in self._held if now_s - h.at_s >= self.window_s]
+        if not due:
+            return []
+        self._held = [h for h in self._held if now_s - h.at_s < self.window_s]
+        due.sort(key=lambda h: (h.at_s, h.seq))
+        return [_single(h, emitted_at_s=now_s) for h in due]
+
+    def flush(self, now_s: float | None = None) -> list[dict[str, Any]]:
+        """Emit everything still held, alone (shutdown)."""
+        held = sorted(self._held, key=lambda h: (h.at_s, h.seq))
+        self._held = []
+        return [_single(h, emitted_at_s=now_s) for h in held]
+
+
+def _base(xid: int, pci: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"source": "", "xid": xid, "pci_bus_id": pci}
+    for key in _BASE_KEYS:
+        out[key] = None
+    return out
+
+
+def _finish(out: dict[str, Any], source: str, xid: int, pci: str, first: float, wait: float | None) -> None:
+    out["source"] = source
+    out["xid"] = xid
+    out["pci_bus_id"] = pci
+    for key in _MIG_KEYS:
+        out[key] = _mig(out.get(key))
+    out["first_seen_s"] = first
+    out["wait_s"] = wait
+
+
+def _single(h: _Held, *, emitted_at_s: float | None) -> dict[str, Any]:
+    out = _base(h.xid, h.pci)
+    out.update(h.fields)
+    wait = None if emitted_at_s is None else max(0.0, emitted_at_s - h.at_s)
+    _finish(out, h.source, h.xid, h.pci, h.at_s, wait)
+    return out
+
+
+def _pair(a: _Held, b: _Held) -> dict[str, Any]:
+    nvml, kmsg = (a, b) if a.source == "nvml" else (b, a)
+    out = _base(a.xid, a.pci)
+    nf = {k: (_mig(v) if k in _MIG_KEYS else v) for k, v in nvml.fields.items()}
+    kf = kmsg.fields
+    for key in dict.fromkeys((*kf, *nf)):
+        first, second = (nf, kf) if key in _NVML_OWNED else (kf, nf)
+        value = first.get(key)
+        out[key] = value if value is not None else second.get(key)
+    _finish(out, "nvml+kmsg", a.xid, a.pci, min(a.at_s, b.at_s), abs(b.at_s - a.at_s))
+    return out
