@@ -1,0 +1,22 @@
+"""Errors of the chargeback consumer's pure parts."""
+
+from gpupipe.errors import ConfigError, GpupipeError
+
+
+class ChargebackConfigError(ConfigError):
+    """A chargeback setting (window, grace, accounting knob) is invalid."""
+
+
+class PriceTableError(ConfigError):
+    """The price table file is missing or malformed; the message names the file and the entry."""
+
+
+class ChargebackStateError(GpupipeError):
+    """The engine was driven against its protocol (e.g. a checkpoint with output not yet polled).
+
+    A bug in the service driving the engine, never bad input data.
+    """
+
+
+class CheckpointMismatchError(ConfigError):
+    """A committed checkpoint was written with other window settings than the engine now has."""

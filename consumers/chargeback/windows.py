@@ -1,0 +1,419 @@
+"""Event-time tumbling windows of GPU accounting, per input partition, with exact replay recovery.
+
+Pure: no Kafka, no clocks, integer milliseconds throughout; the same input sequence gives the same
+output. ``service.py`` drives a :class:`WindowEngine` and owns the Kafka transaction.
+
+Windows
+-------
+A sample at ``ts`` belongs to the window ``[ts - ts % window_ms, that + window_ms)``. Each input
+partition has its own watermark (the highest sample timestamp seen in it) and its own windows: a
+window of partition P closes when P's watermark reaches ``window_end + grace_ms``, and is emitted
+then as ``kind=window`` records, one per (namespace, node, gpu_model). A sample whose window has
+closed is *late*: it goes into a ``kind=correction`` record for that window, emitted at the next
+:meth:`WindowEngine.poll_closed`, never dropped. Records are additive partials: reports sum them
+over partitions, instances and kinds. Per-partition windows are what make instances independent:
+a rebalance moves a partition's whole state and nothing else.
+
+Exactly-once, and recovery by replay
+------------------------------------
+Open windows live only in memory. The committed consumer offset of a partition is therefore not
+the consumer position but a *checkpoint* (:meth:`WindowEngine.checkpoint`):
+
+* ``offset``: the oldest offset the partition's live state depends on (:meth:`open_windows_min_offset`),
+  so that replaying from it rebuilds that state;
+* ``watermark_ms`` and ``replay_until`` (the position: every offset below it was processed and
+  everything it produced was committed): stored as the offset's commit metadata string.
+
+The service, per batch: ``add()`` every record, ``poll_closed()``, ``checkpoint()`` each assigned
+partition, then in ONE transaction produce the polled records and ``send_offsets_to_transaction``
+the checkpoints' offsets with ``to_metadata()`` as metadata, and commit. On start (or when it gets a
+partition): read the committed offset and metadata, ``restore()`` the partition (watermark and
+``replay_until`` come back; windows and GPU state start empty) and consume from the committed
+offset. A record below ``replay_until`` is a *replay*: it is accounted again, but if its window is
+closed at the restored watermark it is skipped, because its contribution was already committed,
+either in that window's final record (closed before the checkpoint) or in a correction (already
+late then, since watermarks only grow). No window can close during the replay (no replayed sample
+is newer than the restored watermark), so nothing is emitted twice, and the windows open at the
+checkpoint are rebuilt from exactly the records that built them. The service must not dead-letter
+replayed records again (``is_replay()``).
+
+Why replay rebuilds the GPU state too: a sample's accounted time and energy depend on its GPU's
+reference sample (``accounting.py``), which may be older than the open windows. The reference is a
+running maximum of timestamps that forgets a reference once it is *stale*
+(``ref.ts + max_gap_limit_ms < watermark - window_ms - grace_ms``; then no sample of an open or
+later window can be measured against it). Every record folded into an open window raises that
+window's anchor to include the offset of the reference its outcome depended on, and every
+non-stale reference is an anchor itself. A running maximum over a suffix equals the one over the
+whole sequence as soon as the suffix contains the maximum, so replay from the minimum anchor
+gives each open-window record the same reference, hence the same contribution, and ends with the
+same reference per GPU. Stale references (forgotten in both runs) bound how far back that reaches:
+about window + grace + max_gap_limit behind the watermark.
+
+Rebalance: on revocation, poll, checkpoint and commit the revoked partitions (the usual
+end-of-batch transaction), then :meth:`drop_partition`; never flush open windows (the next owner
+rebuilds them by replay). After an aborted transaction, drop every partition and restore from the
+committed checkpoints, as on start. :meth:`flush_all` is for finite inputs and tests only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from consumers.chargeback.accounting import (
+    DUPLICATE,
+    AccountingConfig,
+    Contribution,
+    GpuRef,
+    account,
+    gpu_key,
+)
+from consumers.chargeback.errors import (
+    ChargebackConfigError,
+    ChargebackStateError,
+    CheckpointMismatchError,
+)
+from consumers.chargeback.prices import PriceTable
+from consumers.chargeback.records import CORRECTION, WINDOW, GpuTimeAggregate, RowKey, to_record
+
+DEFAULT_WINDOW_MS = 3_600_000
+DEFAULT_GRACE_MS = 300_000
+_METADATA_TAG = "gpupipe-chargeback"
+_METADATA_VERSION = 1
+
+
+def window_bounds(ts_ms: int, window_ms: int) -> tuple[int, int]:
+    """The tumbling window ``[start, end)`` holding ``ts_ms``; windows are aligned to the epoch."""
+    start = ts_ms - ts_ms % window_ms
+    return start, start + window_ms
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """What to commit for one partition: the offset, and metadata that makes the replay exact."""
+
+    offset: int
+    watermark_ms: int | None
+    replay_until: int
+    window_ms: int
+    grace_ms: int
+
+    def to_metadata(self) -> str:
+        """Commit-metadata string (well under Kafka's default 4096-byte limit)."""
+        return json.dumps(
+            {
+                "t": _METADATA_TAG,
+                "v": _METADATA_VERSION,
+                "wm": self.watermark_ms,
+                "until": self.replay_until,
+                "window_ms": self.window_ms,
+                "grace_ms": self.grace_ms,
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_metadata(cls, offset: int, metadata: str | None) -> Checkpoint | None:
+        """The checkpoint committed at ``offset``; None when the metadata is not ours (start fresh)."""
+        if not metadata:
+            return None
+        try:
+            data = json.loads(metadata)
+        except ValueError:
+            return None
+        if not isinstance(data, dict) or data.get("t") != _METADATA_TAG or data.get("v") != _METADATA_VERSION:
+            return None
+        try:
+            wm = data["wm"]
+            return cls(
+                offset=int(offset),
+                watermark_ms=None if wm is None else int(wm),
+                replay_until=int(data["until"]),
+                window_ms=int(data["window_ms"]),
+                grace_ms=int(data["grace_ms"]),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+class _Window:
+    __slots__ = ("anchor", "rows")
+
+    def __init__(self, anchor: int) -> None:
+        self.anchor = anchor  # oldest offset this window's state depends on
+        self.rows: dict[tuple[str, str, str], GpuTimeAggregate] = {}
+
+
+class _Partition:
+    __slots__ = (
+        "closed",
+        "corrections",
+        "flushed_end",
+        "gpus",
+        "next_offset",
+        "replay_until",
+        "restored",
+        "watermark",
+        "windows",
+    )
+
+    def __init__(self) -> None:
+        self.watermark: int | None = None
+        self.windows: dict[int, _Window] = {}  # open windows by start
+        self.closed: list[tuple[int, _Window]] = []  # closed, not yet polled
+        self.corrections: dict[RowKey, GpuTimeAggregate] = {}
+        self.gpus: dict[str, GpuRef] = {}
+        self.next_offset: int | None = None  # highest offset seen + 1
+        self.replay_until: int | None = None
+        self.restored: Checkpoint | None = None
+        self.flushed_end: int | None = None  # flush_all closed every window ending at or before this
+
+
+class WindowEngine:
+    """Windowed chargeback aggregation of GpuSample dicts; see the module docstring for the protocol."""
+
+    def __init__(
+        self,
+        window_ms: int = DEFAULT_WINDOW_MS,
+        grace_ms: int = DEFAULT_GRACE_MS,
+        prices: PriceTable | None = None,
+        instance_id: str = "chargeback",
+        *,
+        accounting: AccountingConfig | None = None,
+        team_of: Callable[[str], str | None] | None = None,
+        max_clock_skew_ms: int | None = None,
+    ) -> None:
+        if window_ms <= 0:
+            raise ChargebackConfigError(f"window_ms must be > 0, got {window_ms}")
+        if grace_ms < 0:
+            raise ChargebackConfigError(f"grace_ms must be >= 0, got {grace_ms}")
+        self.window_ms = int(window_ms)
+        self.grace_ms = int(grace_ms)
+        self.prices = prices if prices is not None else PriceTable()
+        self.instance_id = instance_id
+        self.accounting = accounting if accounting is not None else AccountingConfig()
+        self.team_of = team_of
+        if max_clock_skew_ms is not None and max_clock_skew_ms < 0:
+            raise ChargebackConfigError(f"max_clock_skew_ms must be >= 0, got {max_clock_skew_ms}")
+        self.max_clock_skew_ms = max_clock_skew_ms
+        self.stats: Counter[str] = Counter()
+        self._parts: dict[int, _Partition] = {}
+        self._stale_margin = self.window_ms + self.grace_ms + self.accounting.max_gap_limit_ms
+
+    # -- feeding ----------------------------------------------------------------------------------
+    def add(
+        self, sample: dict[str, Any], partition: int, offset: int, record_ts_ms: int | None = None
+    ) -> None:
+        """Account one GpuSample read at ``offset`` of input ``partition`` (in offset order).
+
+        ``record_ts_ms`` is the Kafka record's timestamp. With ``max_clock_skew_ms`` set, a sample
+        stamped further ahead of it than that (a node clock far in the future) is accounted at the
+        record's timestamp instead, so one bad clock can neither close the partition's windows early
+        nor hold the checkpoint back until its future window is reached. Only as trustworthy as the
+        record timestamp: use LogAppendTime, or a broker bound on CreateTime.
+        """
+        p = self._parts.get(partition)
+        if p is None:
+            p = self._parts[partition] = _Partition()
+        if p.next_offset is None or offset >= p.next_offset:
+            p.next_offset = offset + 1
+        replaying = p.replay_until is not None and offset < p.replay_until
+        ts = int(sample["timestamp_ms"])
+        if (
+            record_ts_ms is not None
+            and self.max_clock_skew_ms is not None
+            and ts > record_ts_ms + self.max_clock_skew_ms
+        ):
+            self.stats["clock_ahead"] += 1
+            ts = int(record_ts_ms)
+            sample = {**sample, "timestamp_ms": ts}
+        if p.watermark is None or ts > p.watermark:
+            p.watermark = ts
+            self._close_due(p)
+
+        key = gpu_key(sample)
+        ref = p.gpus.get(key)
+        if ref is not None and self._is_stale(ref, p.watermark):
+            ref = None
+        res = account(sample, ref, offset, self.accounting)
+        if res.new_ref is not None:
+            p.gpus[key] = res.new_ref
+        self.stats["samples"] += 1
+        self.stats[res.status] += 1
+
+        start = ts - ts % self.window_ms
+        if self._is_closed(p, start):
+            if replaying:
+                self.stats["replay_skipped"] += 1  # already committed in a window or a correction
+                return
+            if res.contributions:
+                self.stats["late"] += 1
+                self._fold(p.corrections, start, res.contributions)
+            return
+
+        anchor = offset if res.depends_on is None else min(offset, res.depends_on)
+        win = p.windows.get(start)
+        if win is None:
+            win = p.windows[start] = _Window(anchor)
+        elif anchor < win.anchor:
+            win.anchor = anchor
+        if res.status != DUPLICATE:
+            rows = win.rows
+            for c in res.contributions:
+                rk = (c.namespace, c.node, c.gpu_model)
+                agg = rows.get(rk)
+                if agg is None:
+                    agg = rows[rk] = GpuTimeAggregate()
+                agg.add(c)
+
+    def _fold(
+        self, target: dict[RowKey, GpuTimeAggregate], start: int, contribs: tuple[Contribution, ...]
+    ) -> None:
+        for c in contribs:
+            rk = (start, c.namespace, c.node, c.gpu_model)
+            agg = target.get(rk)
+            if agg is None:
+                agg = target[rk] = GpuTimeAggregate()
+            agg.add(c)
+
+    def _is_stale(self, ref: GpuRef, watermark: int | None) -> bool:
+        return watermark is not None and ref.ts_ms + self._stale_margin < watermark
+
+    def _is_closed(self, p: _Partition, start: int) -> bool:
+        end = start + self.window_ms
+        if p.flushed_end is not None and end <= p.flushed_end:
+            return True
+        return p.watermark is not None and end + self.grace_ms <= p.watermark
+
+    def _close_due(self, p: _Partition) -> None:
+        due = [s for s in p.windows if self._is_closed(p, s)]
+        for start in sorted(due):
+            p.closed.append((start, p.windows.pop(start)))
+
+    # -- output -----------------------------------------------------------------------------------
+    def poll_closed(self) -> list[dict[str, Any]]:
+        """ChargebackWindow records ready to emit: closed windows, then corrections, per partition."""
+        out: list[dict[str, Any]] = []
+        for pid in sorted(self._parts):
+            p = self._parts[pid]
+            emitted_at = p.watermark if p.watermark is not None else 0
+            for start, win in p.closed:
+                for ns, node, model in sorted(win.rows):
+                    out.append(
+                        self._record(
+                            (start, ns, node, model), win.rows[(ns, node, model)], WINDOW, pid, emitted_at
+                        )
+                    )
+                self.stats["windows_closed"] += 1
+            p.closed.clear()
+            for rk in sorted(p.corrections):
+                out.append(self._record(rk, p.corrections[rk], CORRECTION, pid, emitted_at))
+                self.stats["corrections_emitted"] += 1
+            p.corrections.clear()
+        self.stats["records_emitted"] += len(out)
+        return out
+
+    def _record(
+        self, key: RowKey, agg: GpuTimeAggregate, kind: str, pid: int, emitted_at: int
+    ) -> dict[str, Any]:
+        return to_record(
+            key,
+            agg,
+            kind=kind,
+            window_ms=self.window_ms,
+            prices=self.prices,
+            partition=pid,
+            instance_id=self.instance_id,
+            emitted_at_ms=emitted_at,
+            team_of=self.team_of,
+        )
+
+    def flush_all(self) -> list[dict[str, Any]]:
+        """Close every open window now and return all pending records (finite inputs, tests).
+
+        Never on rebalance or shutdown of a streaming service: that would emit partial windows the
+        next owner emits again after its replay. Later samples for flushed windows become corrections.
+        """
+        for p in self._parts.values():
+            if p.windows:
+                last_end = max(p.windows) + self.window_ms
+                p.flushed_end = last_end if p.flushed_end is None else max(p.flushed_end, last_end)
+                self._close_due(p)
+        return self.poll_closed()
+
+    # -- recovery ---------------------------------------------------------------------------------
+    def open_windows_min_offset(self, partition: int) -> int | None:
+        """Oldest offset the partition's open windows and live GPU state depend on; None when nothing."""
+        p = self._parts.get(partition)
+        if p is None:
+            return None
+        anchors = [w.anchor for w in p.windows.values()]
+        anchors.extend(ref.offset for ref in p.gpus.values() if not self._is_stale(ref, p.watermark))
+        return min(anchors) if anchors else None
+
+    def checkpoint(self, partition: int, next_offset: int | None = None) -> Checkpoint | None:
+        """What to commit for ``partition`` now; None when nothing was consumed from it yet.
+
+        Call after :meth:`poll_closed` and commit it in the same transaction as the polled records.
+        ``next_offset`` is the consumer position when the service skipped records the engine never
+        saw (dead letters); by default the highest offset added + 1.
+        """
+        p = self._parts.get(partition)
+        if p is None:
+            return None
+        if p.closed or p.corrections:
+            raise ChargebackStateError(f"partition {partition}: poll_closed() before checkpoint()")
+        position = p.next_offset
+        if next_offset is not None:
+            position = next_offset if position is None else max(position, next_offset)
+        if p.restored is not None and (position is None or position < p.restored.replay_until):
+            return p.restored  # still replaying: the restored checkpoint stays the truth
+        if position is None:
+            return None
+        p.gpus = {k: r for k, r in p.gpus.items() if not self._is_stale(r, p.watermark)}
+        anchor = self.open_windows_min_offset(partition)
+        offset = position if anchor is None else min(anchor, position)
+        return Checkpoint(offset, p.watermark, position, self.window_ms, self.grace_ms)
+
+    def restore(self, partition: int, checkpoint: Checkpoint | None) -> None:
+        """Start ``partition`` over from a committed checkpoint (None: from scratch), before consuming."""
+        p = self._parts[partition] = _Partition()
+        if checkpoint is None:
+            return
+        if checkpoint.window_ms != self.window_ms or checkpoint.grace_ms != self.grace_ms:
+            raise CheckpointMismatchError(
+                f"partition {partition} was checkpointed with window_ms={checkpoint.window_ms} "
+                f"grace_ms={checkpoint.grace_ms}, the engine has window_ms={self.window_ms} "
+                f"grace_ms={self.grace_ms}: drain with the old settings before changing them"
+            )
+        p.watermark = checkpoint.watermark_ms
+        p.replay_until = checkpoint.replay_until
+        p.restored = checkpoint
+
+    def is_replay(self, partition: int, offset: int) -> bool:
+        """True for a record below the restored position: its output was committed already."""
+        p = self._parts.get(partition)
+        return p is not None and p.replay_until is not None and offset < p.replay_until
+
+    def drop_partition(self, partition: int) -> None:
+        """Forget a revoked partition (checkpoint and commit it first)."""
+        self._parts.pop(partition, None)
+
+    # -- introspection ----------------------------------------------------------------------------
+    def partitions(self) -> tuple[int, ...]:
+        return tuple(sorted(self._parts))
+
+    def watermark(self, partition: int) -> int | None:
+        p = self._parts.get(partition)
+        return None if p is None else p.watermark
+
+    def open_window_starts(self, partition: int) -> tuple[int, ...]:
+        p = self._parts.get(partition)
+        return () if p is None else tuple(sorted(p.windows))
+
+    def gpu_count(self, partition: int) -> int:
+        p = self._parts.get(partition)
+        return 0 if p is None else len(p.gpus)

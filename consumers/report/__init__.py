@@ -1,0 +1,1 @@
+"""Per-team chargeback reports from ChargebackWindow records (pure: building, mapping, formatting)."""

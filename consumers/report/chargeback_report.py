@@ -1,0 +1,227 @@
+"""Build chargeback report rows from ChargebackWindow records. Pure: records in, rows out.
+
+Input: any iterable of ChargebackWindow dicts, read with ``isolation.level=read_committed`` (the
+partial aggregates of every partition and instance, and correction records). Every record is an
+additive partial, so building a report is a filtered group-by-sum:
+
+* ``start_ms``/``end_ms`` keep records whose window *starts* in ``[start_ms, end_ms)``;
+* the group key is the period (``window``, ``hour``, ``day``, ``month`` in UTC, or ``all``), the
+  chosen dimensions (``namespace``, ``team``, ``node``), the GPU model (a row has one price) and the
+  currency; corrections are merged into their window unless ``split_corrections`` keeps them apart
+  (e.g. for a billing export whose windows were invoiced already);
+* team: the mapping file's first matching rule, else the record's own ``team``, else the namespace.
+  Pseudo-namespaces (``__unallocated__``, ``__mig_shared__``) are their own team and always kept.
+"""
+
+from __future__ import annotations
+
+import calendar
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from consumers.chargeback.accounting import PSEUDO_NAMESPACES
+from consumers.report.errors import ReportOptionError
+from consumers.report.teams import TeamMap
+
+DIMENSIONS = ("namespace", "team", "node")
+PERIODS = ("window", "hour", "day", "month", "all")
+TOTAL, WINDOW, CORRECTION = "total", "window", "correction"
+
+_HOUR_MS = 3_600_000
+_DAY_MS = 86_400_000
+
+
+@dataclass(frozen=True, slots=True)
+class ReportRow:
+    window_start_ms: int
+    window_end_ms: int
+    namespace: str | None  # None when not a grouping dimension
+    team: str | None  # set when grouping by team, or by namespace (its team)
+    node: str | None
+    gpu_model: str
+    currency: str
+    kind: str  # TOTAL (windows and their corrections merged) | WINDOW | CORRECTION
+    gpu_hours_allocated: float
+    gpu_hours_used: float
+    gpu_hours_idle: float
+    gpu_hours_activity_unknown: float
+    energy_kwh: float
+    cost_allocation: float
+    cost_energy: float
+    cost: float
+    default_price: bool  # some record priced this model at the table's default (unknown model)
+    records: int
+
+    @property
+    def is_pseudo(self) -> bool:
+        return self.namespace in PSEUDO_NAMESPACES or self.team in PSEUDO_NAMESPACES
+
+
+def parse_time_ms(text: str) -> int:
+    """ISO 8601 date or date-time to epoch milliseconds; no zone means UTC ('2026-01-01', '...T10:00Z')."""
+    try:
+        dt = datetime.fromisoformat(text.strip())
+    except ValueError as exc:
+        raise ReportOptionError(f"not an ISO 8601 date or time: {text!r}") from exc
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return int(dt.timestamp() * 1000)
+
+
+def _ms(value: Any) -> int:
+    if isinstance(value, datetime):  # decoded with logical types kept
+        return int(value.timestamp() * 1000)
+    return int(value)
+
+
+def _period(
+    start: int, end: int, period: str, range_start: int | None, range_end: int | None, first: int, last: int
+) -> tuple[int, int]:
+    if period == "window":
+        return start, end
+    if period == "hour":
+        s = start - start % _HOUR_MS
+        return s, s + _HOUR_MS
+    if period == "day":
+        s = start - start % _DAY_MS
+        return s, s + _DAY_MS
+    if period == "month":
+        d = datetime.fromtimestamp(start / 1000, UTC)
+        s = datetime(d.year, d.month, 1, tzinfo=UTC)
+        days = calendar.monthrange(d.year, d.month)[1]
+        s_ms = int(s.timestamp() * 1000)
+        return s_ms, s_ms + days * _DAY_MS
+    return (range_start if range_start is not None else first, range_end if range_end is not None else last)
+
+
+class _Sum:
+    __slots__ = ("alloc", "cost_a", "cost_e", "default", "energy", "idle", "records", "unknown", "used")
+
+    def __init__(self) -> None:
+        self.alloc = self.used = self.idle = self.unknown = self.energy = self.cost_a = self.cost_e = 0.0
+        self.default = False
+        self.records = 0
+
+
+def build_report(
+    records: Iterable[dict[str, Any]],
+    *,
+    start_ms: int | None = None,
+    end_ms: int | None = None,
+    by: Sequence[str] = ("namespace",),
+    teams: TeamMap | None = None,
+    period: str = "window",
+    split_corrections: bool = False,
+) -> list[ReportRow]:
+    """Sum ChargebackWindow records into report rows (see the module docstring)."""
+    dims = tuple(by)
+    if not dims or any(d not in DIMENSIONS for d in dims) or len(set(dims)) != len(dims):
+        raise ReportOptionError(
+            f"group by one or more of {', '.join(DIMENSIONS)} (each once), got {list(dims)}"
+        )
+    if period not in PERIODS:
+        raise ReportOptionError(f"period must be one of {', '.join(PERIODS)}, got {period!r}")
+    if start_ms is not None and end_ms is not None and end_ms <= start_ms:
+        raise ReportOptionError("the end of the range must be after its start")
+    teams = teams if teams is not None else TeamMap()
+
+    selected = []
+    first = last = None
+    for rec in records:
+        ws, we = _ms(rec["window_start_ms"]), _ms(rec["window_end_ms"])
+        if (start_ms is not None and ws < start_ms) or (end_ms is not None and ws >= end_ms):
+            continue
+        selected.append((ws, we, rec))
+        first = ws if first is None else min(first, ws)
+        last = we if last is None else max(last, we)
+
+    sums: dict[tuple[Any, ...], _Sum] = {}
+    for ws, we, rec in selected:
+        ns = rec["namespace"]
+        team = ns if ns in PSEUDO_NAMESPACES else (teams.match(ns) or rec.get("team") or ns)
+        ps, pe = _period(ws, we, period, start_ms, end_ms, first, last)
+        kind = (CORRECTION if rec["kind"] == CORRECTION else WINDOW) if split_corrections else TOTAL
+        key = (
+            ps,
+            pe,
+            ns if "namespace" in dims else None,
+            team if ("team" in dims or "namespace" in dims) else None,
+            rec["node"] if "node" in dims else None,
+            rec["gpu_model"],
+            rec["currency"],
+            kind,
+        )
+        s = sums.get(key)
+        if s is None:
+            s = sums[key] = _Sum()
+        s.alloc += rec["allocated_gpu_seconds"]
+        s.used += rec["used_gpu_seconds"]
+        s.idle += rec["idle_gpu_seconds"]
+        s.unknown += rec.get("activity_unknown_gpu_seconds") or 0.0
+        s.energy += rec["energy_joules"]
+        s.cost_a += rec["cost_allocation"]
+        s.cost_e += rec["cost_energy"]
+        s.default = s.default or rec.get("price_source") == "default"
+        s.records += 1
+
+    rows = [
+        ReportRow(
+            window_start_ms=k[0],
+            window_end_ms=k[1],
+            namespace=k[2],
+            team=k[3],
+            node=k[4],
+            gpu_model=k[5],
+            currency=k[6],
+            kind=k[7],
+            gpu_hours_allocated=s.alloc / 3600.0,
+            gpu_hours_used=s.used / 3600.0,
+            gpu_hours_idle=s.idle / 3600.0,
+            gpu_hours_activity_unknown=s.unknown / 3600.0,
+            energy_kwh=s.energy / 3_600_000.0,
+            cost_allocation=s.cost_a,
+            cost_energy=s.cost_e,
+            cost=s.cost_a + s.cost_e,
+            default_price=s.default,
+            records=s.records,
+        )
+        for k, s in sums.items()
+    ]
+    rows.sort(key=_sort_key)
+    return rows
+
+
+def _sort_key(r: ReportRow) -> tuple[Any, ...]:
+    def name(v: str | None) -> tuple[bool, str]:
+        return (v in PSEUDO_NAMESPACES, v or "")
+
+    who = r.namespace if r.namespace is not None else r.team
+    return (
+        r.window_start_ms,
+        r.window_end_ms,
+        r.currency,
+        name(who),
+        name(r.team),
+        r.node or "",
+        r.gpu_model,
+        r.kind,
+    )
+
+
+def read_records_jsonl(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """ChargebackWindow records from JSON lines (one record per line; blank lines ignored)."""
+    out = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError as exc:
+            raise ReportOptionError(f"line {n}: not JSON: {exc}") from exc
+        if not isinstance(rec, dict):
+            raise ReportOptionError(f"line {n}: expected a JSON object")
+        out.append(rec)
+    return out

@@ -1,0 +1,389 @@
+"""Render report rows: an aligned terminal table, CSV, JSON, JSON lines, or FinOps FOCUS 1.2 CSV.
+
+Pure string building. ``csv``/``json``/``jsonl`` share one stable column set (columns that are not
+grouping dimensions are empty / null) so scripts can rely on it; ``table`` shows only the grouping
+columns and adds a totals row per currency.
+
+FOCUS: every report row becomes up to two charge rows, because FOCUS prices one unit per row: a
+GPU-time charge (``GPU-Hours``, at the GPU model's hourly price) and an energy charge (``kWh``).
+Costs are internal chargeback prices with no discounts, so BilledCost = EffectiveCost = ListCost =
+ContractedCost. Correction rows (with ``split_corrections``) carry ChargeClass ``Correction``.
+The team is the SubAccount. Custom columns are prefixed ``x_`` and come after the FOCUS ones.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from consumers.report.chargeback_report import CORRECTION, ReportRow
+from consumers.report.errors import ReportOptionError
+
+FORMATS = ("table", "csv", "json", "jsonl", "focus")
+
+COLUMNS = (
+    "window_start",
+    "window_end",
+    "namespace",
+    "team",
+    "node",
+    "gpu_model",
+    "kind",
+    "gpu_hours_allocated",
+    "gpu_hours_used",
+    "gpu_hours_idle",
+    "gpu_hours_activity_unknown",
+    "energy_kwh",
+    "cost_allocation",
+    "cost_energy",
+    "cost",
+    "currency",
+    "default_price",
+)
+
+FOCUS_COLUMNS = (
+    "BilledCost",
+    "BillingAccountId",
+    "BillingAccountName",
+    "BillingCurrency",
+    "BillingPeriodEnd",
+    "BillingPeriodStart",
+    "ChargeCategory",
+    "ChargeClass",
+    "ChargeDescription",
+    "ChargeFrequency",
+    "ChargePeriodEnd",
+    "ChargePeriodStart",
+    "ConsumedQuantity",
+    "ConsumedUnit",
+    "ContractedCost",
+    "ContractedUnitPrice",
+    "EffectiveCost",
+    "InvoiceIssuerName",
+    "ListCost",
+    "ListUnitPrice",
+    "PricingCategory",
+    "PricingQuantity",
+    "PricingUnit",
+    "ProviderName",
+    "PublisherName",
+    "RegionId",
+    "RegionName",
+    "ResourceId",
+    "ResourceName",
+    "ResourceType",
+    "ServiceCategory",
+    "ServiceName",
+    "ServiceSubcategory",
+    "SkuId",
+    "SkuMeter",
+    "SkuPriceId",
+    "SubAccountId",
+    "SubAccountName",
+    "Tags",
+    "x_Namespace",
+    "x_Team",
+    "x_Node",
+    "x_GpuModel",
+    "x_GpuHoursAllocated",
+    "x_GpuHoursUsed",
+    "x_GpuHoursIdle",
+    "x_EnergyKwh",
+    "x_DefaultPrice",
+)
+
+_DIGITS = 6  # machine formats: micro-units are plenty for hours, kWh and money
+
+
+@dataclass(frozen=True, slots=True)
+class FocusOptions:
+    """Who issues the internal bill; shows in the FOCUS provider and account columns."""
+
+    provider_name: str = "gpupipe"
+    billing_account_id: str = "gpupipe"
+    billing_account_name: str = "GPU chargeback"
+    service_name: str = "Kubernetes GPU"
+
+
+def iso(ms: int) -> str:
+    """UTC ``YYYY-MM-DDTHH:MM:SSZ`` (the FOCUS date-time format)."""
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _num(x: float) -> float:
+    v = round(x, _DIGITS)
+    return 0.0 if v == 0 else v  # no "-0.0"
+
+
+def _fmt(x: float) -> str:
+    return f"{_num(x):.{_DIGITS}f}"
+
+
+def row_dict(row: ReportRow) -> dict[str, Any]:
+    """One row with the machine-format columns (numbers rounded to 6 decimals)."""
+    return {
+        "window_start": iso(row.window_start_ms),
+        "window_end": iso(row.window_end_ms),
+        "namespace": row.namespace,
+        "team": row.team,
+        "node": row.node,
+        "gpu_model": row.gpu_model,
+        "kind": row.kind,
+        "gpu_hours_allocated": _num(row.gpu_hours_allocated),
+        "gpu_hours_used": _num(row.gpu_hours_used),
+        "gpu_hours_idle": _num(row.gpu_hours_idle),
+        "gpu_hours_activity_unknown": _num(row.gpu_hours_activity_unknown),
+        "energy_kwh": _num(row.energy_kwh),
+        "cost_allocation": _num(row.cost_allocation),
+        "cost_energy": _num(row.cost_energy),
+        "cost": _num(row.cost),
+        "currency": row.currency,
+        "default_price": row.default_price,
+    }
+
+
+def render_report(rows: Sequence[ReportRow], fmt: str, *, focus: FocusOptions | None = None) -> str:
+    """The report in ``fmt`` (one of FORMATS), ending with a newline."""
+    if fmt == "table":
+        return render_table(rows)
+    if fmt == "csv":
+        return _csv(COLUMNS, [_csv_values(row_dict(r)) for r in rows])
+    if fmt == "json":
+        return json.dumps([row_dict(r) for r in rows], indent=2) + "\n"
+    if fmt == "jsonl":
+        return "".join(json.dumps(row_dict(r), separators=(",", ":")) + "\n" for r in rows)
+    if fmt == "focus":
+        return render_focus(rows, focus or FocusOptions())
+    raise ReportOptionError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+
+
+def _csv_values(d: dict[str, Any]) -> list[str]:
+    out = []
+    for v in d.values():
+        if v is None:
+            out.append("")
+        elif isinstance(v, bool):
+            out.append("true" if v else "false")
+        elif isinstance(v, float):
+            out.append(_fmt(v))
+        else:
+            out.append(str(v))
+    return out
+
+
+def _csv(header: Sequence[str], rows: list[list[str]]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(header)
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+# -- table ----------------------------------------------------------------------------------------
+def render_table(rows: Sequence[ReportRow]) -> str:
+    dims = [
+        (name, title)
+        for name, title in (("namespace", "NAMESPACE"), ("team", "TEAM"), ("node", "NODE"))
+        if any(getattr(r, name) is not None for r in rows)
+    ]
+    split = any(r.kind != "total" for r in rows)
+    head = ["WINDOW START", "WINDOW END", *(t for _, t in dims), "GPU MODEL"]
+    if split:
+        head.append("KIND")
+    nums = ["GPU-H ALLOC", "GPU-H USED", "GPU-H IDLE", "ENERGY KWH", "COST", "CUR"]
+    body: list[list[str]] = []
+    for r in rows:
+        left = [
+            _short(r.window_start_ms),
+            _short(r.window_end_ms),
+            *(getattr(r, n) or "" for n, _ in dims),
+            r.gpu_model + (" *" if r.default_price else ""),
+        ]
+        if split:
+            left.append(r.kind)
+        body.append(
+            [
+                *left,
+                f"{r.gpu_hours_allocated:.2f}",
+                f"{r.gpu_hours_used:.2f}",
+                f"{r.gpu_hours_idle:.2f}",
+                f"{r.energy_kwh:.2f}",
+                f"{r.cost:.2f}",
+                r.currency,
+            ]
+        )
+    totals: dict[str, list[float]] = {}
+    for r in rows:
+        t = totals.setdefault(r.currency, [0.0] * 5)
+        for i, v in enumerate(
+            (r.gpu_hours_allocated, r.gpu_hours_used, r.gpu_hours_idle, r.energy_kwh, r.cost)
+        ):
+            t[i] += v
+    foot = [
+        ["TOTAL"] + [""] * (len(head) - 1) + [f"{v:.2f}" for v in t] + [cur]
+        for cur, t in sorted(totals.items())
+    ]
+    if not foot:
+        foot = [["TOTAL"] + [""] * (len(head) - 1) + ["0.00"] * 5 + [""]]
+    header = head + nums
+    table = [header, *body, *foot]
+    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+    first_num = len(head)
+
+    def fmt_line(cells: list[str]) -> str:
+        parts = [
+            c.rjust(widths[i]) if i >= first_num and i < len(cells) - 1 else c.ljust(widths[i])
+            for i, c in enumerate(cells)
+        ]
+        return "  ".join(parts).rstrip()
+
+    rule = "  ".join("-" * w for w in widths).rstrip()
+    lines = [fmt_line(header), rule, *(fmt_line(b) for b in body), rule, *(fmt_line(f) for f in foot)]
+    if any(r.default_price for r in rows):
+        lines.append("* GPU model not in the price table: billed at the default price")
+    return "\n".join(lines) + "\n"
+
+
+def _short(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M")
+
+
+# -- FOCUS ----------------------------------------------------------------------------------------
+def _billing_period(ms: int) -> tuple[str, str]:
+    d = datetime.fromtimestamp(ms / 1000, UTC)
+    start = datetime(d.year, d.month, 1, tzinfo=UTC)
+    end = datetime(d.year + (d.month == 12), d.month % 12 + 1, 1, tzinfo=UTC)
+    return start.strftime("%Y-%m-%dT%H:%M:%SZ"), end.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _subject(r: ReportRow) -> str:
+    parts = []
+    if r.namespace is not None:
+        parts.append(f"namespace {r.namespace}")
+    elif r.team is not None:
+        parts.append(f"team {r.team}")
+    if r.node is not None:
+        parts.append(f"node {r.node}")
+    return ", ".join(parts) or "all namespaces"
+
+
+def _resource_id(r: ReportRow) -> str:
+    parts = [
+        f"{k}={v}"
+        for k, v in (("namespace", r.namespace), ("team", None if r.namespace else r.team), ("node", r.node))
+        if v is not None
+    ]
+    return "/".join(["gpu", *parts, f"model={r.gpu_model}"])
+
+
+def render_focus(rows: Sequence[ReportRow], opts: FocusOptions) -> str:
+    out: list[list[str]] = []
+    for r in rows:
+        bp_start, bp_end = _billing_period(r.window_start_ms)
+        tags = {
+            k: v
+            for k, v in (
+                ("gpupipe/namespace", r.namespace),
+                ("gpupipe/team", r.team),
+                ("gpupipe/node", r.node),
+                ("gpupipe/gpu-model", r.gpu_model),
+            )
+            if v is not None
+        }
+        base = {
+            "BillingAccountId": opts.billing_account_id,
+            "BillingAccountName": opts.billing_account_name,
+            "BillingCurrency": r.currency,
+            "BillingPeriodEnd": bp_end,
+            "BillingPeriodStart": bp_start,
+            "ChargeCategory": "Usage",
+            "ChargeClass": "Correction" if r.kind == CORRECTION else "",
+            "ChargeFrequency": "Usage-Based",
+            "ChargePeriodEnd": iso(r.window_end_ms),
+            "ChargePeriodStart": iso(r.window_start_ms),
+            "InvoiceIssuerName": opts.provider_name,
+            "PricingCategory": "Standard",
+            "ProviderName": opts.provider_name,
+            "PublisherName": opts.provider_name,
+            "RegionId": "",
+            "RegionName": "",
+            "ResourceId": _resource_id(r),
+            "ResourceName": f"{r.gpu_model} ({_subject(r)})",
+            "ServiceCategory": "Compute",
+            "ServiceName": opts.service_name,
+            "ServiceSubcategory": "Containers",
+            "SubAccountId": r.team or "",
+            "SubAccountName": r.team or "",
+            "Tags": json.dumps(tags, separators=(",", ":"), sort_keys=True),
+            "x_Namespace": r.namespace or "",
+            "x_Team": r.team or "",
+            "x_Node": r.node or "",
+            "x_GpuModel": r.gpu_model,
+            "x_DefaultPrice": "true" if r.default_price else "false",
+        }
+        if r.gpu_hours_allocated != 0 or r.cost_allocation != 0:
+            out.append(_focus_line({**base, **_gpu_charge(r)}))
+        if r.energy_kwh != 0 or r.cost_energy != 0:
+            out.append(_focus_line({**base, **_energy_charge(r)}))
+    return _csv(FOCUS_COLUMNS, out)
+
+
+def _gpu_charge(r: ReportRow) -> dict[str, str]:
+    unit_price = r.cost_allocation / r.gpu_hours_allocated if r.gpu_hours_allocated else 0.0
+    what = f"{r.gpu_hours_allocated:.3f} GPU-hours of {r.gpu_model}"
+    return {
+        "ChargeDescription": f"GPU time: {what} for {_subject(r)}",
+        "ResourceType": "GPU",
+        "SkuId": f"gpu-hour/{r.gpu_model}",
+        "SkuMeter": "GPU Allocation",
+        "SkuPriceId": f"gpu-hour/{r.gpu_model}/{_fmt(unit_price)}",
+        **_quantity(r.gpu_hours_allocated, "GPU-Hours", unit_price, r.cost_allocation),
+        "x_GpuHoursAllocated": _fmt(r.gpu_hours_allocated),
+        "x_GpuHoursUsed": _fmt(r.gpu_hours_used),
+        "x_GpuHoursIdle": _fmt(r.gpu_hours_idle),
+        "x_EnergyKwh": "",
+    }
+
+
+def _energy_charge(r: ReportRow) -> dict[str, str]:
+    unit_price = r.cost_energy / r.energy_kwh if r.energy_kwh else 0.0
+    what = f"{r.energy_kwh:.3f} kWh drawn by {r.gpu_model} GPUs"
+    return {
+        "ChargeDescription": f"GPU energy: {what} for {_subject(r)}",
+        "ResourceType": "GPU Energy",
+        "SkuId": "gpu-energy-kwh",
+        "SkuMeter": "GPU Energy",
+        "SkuPriceId": f"gpu-energy-kwh/{_fmt(unit_price)}",
+        **_quantity(r.energy_kwh, "kWh", unit_price, r.cost_energy),
+        "x_GpuHoursAllocated": "",
+        "x_GpuHoursUsed": "",
+        "x_GpuHoursIdle": "",
+        "x_EnergyKwh": _fmt(r.energy_kwh),
+    }
+
+
+def _quantity(quantity: float, unit: str, unit_price: float, cost: float) -> dict[str, str]:
+    q, p = _fmt(quantity), _fmt(unit_price)
+    return {
+        "ConsumedQuantity": q,
+        "ConsumedUnit": unit,
+        "PricingQuantity": q,
+        "PricingUnit": unit,
+        "ListUnitPrice": p,
+        "ContractedUnitPrice": p,
+        **_costs(cost),
+    }
+
+
+def _costs(cost: float) -> dict[str, str]:
+    v = _fmt(cost)
+    return {"BilledCost": v, "EffectiveCost": v, "ListCost": v, "ContractedCost": v}
+
+
+def _focus_line(values: dict[str, str]) -> list[str]:
+    return [values[c] for c in FOCUS_COLUMNS]

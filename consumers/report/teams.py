@@ -1,0 +1,85 @@
+"""Namespace -> team mapping, applied at report time.
+
+File format (YAML; see ``deploy/teams.example.yaml``)::
+
+    teams:                       # first matching rule wins
+      - namespace: ml-train      # exact name or glob (* ? [..]), case-sensitive like Kubernetes names
+        team: ml-platform
+      - namespace: "research-*"
+        team: research
+
+A namespace no rule matches is its own team. The pseudo-namespaces (``__unallocated__``,
+``__mig_shared__``) are never mapped: they are capacity and energy no team held, and a catch-all
+``"*"`` rule must not hide them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from consumers.chargeback.accounting import PSEUDO_NAMESPACES
+from consumers.report.errors import TeamMapError
+
+_RULE_KEYS = frozenset({"namespace", "team"})
+
+
+@dataclass(frozen=True)
+class TeamMap:
+    rules: tuple[tuple[str, str], ...] = ()  # (namespace glob, team) in file order
+    _cache: dict[str, str | None] = field(default_factory=dict, repr=False, compare=False)
+
+    def match(self, namespace: str) -> str | None:
+        """Team of the first rule matching ``namespace``; None when none does (or for a pseudo-namespace)."""
+        if namespace in self._cache:
+            return self._cache[namespace]
+        hit = None
+        if namespace not in PSEUDO_NAMESPACES:
+            for pattern, team in self.rules:
+                if fnmatchcase(namespace, pattern):
+                    hit = team
+                    break
+        self._cache[namespace] = hit
+        return hit
+
+    def team_of(self, namespace: str) -> str:
+        """The team of ``namespace``: first matching rule, else the namespace itself."""
+        return self.match(namespace) or namespace
+
+    __call__ = team_of
+
+
+def parse_team_map(data: Any, source: str = "<teams>") -> TeamMap:
+    if data is None:
+        return TeamMap()
+    if not isinstance(data, dict) or set(data) != {"teams"}:
+        raise TeamMapError(f"{source}: expected a mapping with one key, teams")
+    rules = data["teams"] or []
+    if not isinstance(rules, list):
+        raise TeamMapError(f"{source}: teams must be a list of {{namespace, team}} rules")
+    out = []
+    for i, rule in enumerate(rules):
+        where = f"{source}: teams[{i}]"
+        if not isinstance(rule, dict) or set(rule) != _RULE_KEYS:
+            raise TeamMapError(f"{where}: expected exactly the keys namespace and team, got {rule!r}")
+        ns, team = rule["namespace"], rule["team"]
+        if not isinstance(ns, str) or not ns or not isinstance(team, str) or not team:
+            raise TeamMapError(f"{where}: namespace and team must be non-empty strings")
+        out.append((ns, team))
+    return TeamMap(tuple(out))
+
+
+def load_team_map(path: str | Path) -> TeamMap:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise TeamMapError(f"cannot read team mapping {path}: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise TeamMapError(f"team mapping {path} is not valid YAML: {exc}") from exc
+    return parse_team_map(data, str(path))

@@ -1,0 +1,175 @@
+"""Fast group (default every 1 s): utilisation, memory, power, energy, temperatures, clocks,
+clock-event reasons, violation time, PCIe throughput, encoder/decoder, NVLink counter.
+
+NVML call -> field (unit conversion):
+
+=========================================================  =====================================
+``nvmlDeviceGetUtilizationRates`` .gpu / .memory (%)       gpu_util_ratio, mem_copy_util_ratio
+``nvmlDeviceGetEncoderUtilization`` / ``Decoder`` [0] (%)   enc_util_ratio, dec_util_ratio
+``nvmlDeviceGetMemoryInfo(version=nvmlMemory_v2)`` (B)     fb_total/free/used/reserved_bytes
+  (falls back to v1, then reserved is null)
+``nvmlDeviceGetPowerUsage`` (mW)                           power_w (/1000)
+``nvmlDeviceGetEnforcedPowerLimit`` (mW)                   power_limit_w (/1000)
+``nvmlDeviceGetTotalEnergyConsumption`` (mJ)               total_energy_mj
+``nvmlDeviceGetTemperatureV(NVML_TEMPERATURE_GPU)`` (C)    gpu_temp_c (deprecated
+                                                           ``nvmlDeviceGetTemperature`` if no V)
+field ``NVML_FI_DEV_MEMORY_TEMP`` (C)                      memory_temp_c
+``nvmlDeviceGetClockInfo(NVML_CLOCK_SM / _MEM)`` (MHz)     sm_clock_mhz, mem_clock_mhz
+``nvmlDeviceGetCurrentClocksEventReasons`` (bitmask)       clock_event_reasons
+``nvmlDeviceGetViolationStatus(POWER / THERMAL)`` (ns)     power_violation_ns, thermal_violation_ns
+``nvmlDeviceGetPcieThroughput(TX / RX)`` (KB/s)            pcie_tx/rx_bytes_per_s (x1024); skipped
+                                                           where GPM measures PCIe (gpm.py)
+fields ``NVLINK_THROUGHPUT_DATA_TX/RX``, scope UINT_MAX    nvlink_bandwidth_total_kib (tx + rx)
+  (KiB, summed over links; InvalidArgument = no links)
+=========================================================  =====================================
+
+On a MIG slice only the memory of the slice is read: everything else is whole-GPU and NVML
+answers it on the parent only (it stays on the parent's record).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from producer.nvml import convert
+from producer.nvml.base import DeviceContext, FieldSpec, read_field_values
+
+UINT_MAX = 0xFFFFFFFF
+FI_MEMORY_TEMP = 82
+FI_NVLINK_DATA_TX = 138
+FI_NVLINK_DATA_RX = 139
+
+
+class FastCollector:
+    name = "fast"
+    fields = (
+        "gpu_util_ratio",
+        "mem_copy_util_ratio",
+        "enc_util_ratio",
+        "dec_util_ratio",
+        "fb_total_bytes",
+        "fb_free_bytes",
+        "fb_used_bytes",
+        "fb_reserved_bytes",
+        "power_w",
+        "power_limit_w",
+        "total_energy_mj",
+        "gpu_temp_c",
+        "memory_temp_c",
+        "sm_clock_mhz",
+        "mem_clock_mhz",
+        "clock_event_reasons",
+        "power_violation_ns",
+        "thermal_violation_ns",
+        "pcie_tx_bytes_per_s",
+        "pcie_rx_bytes_per_s",
+        "nvlink_bandwidth_total_kib",
+    )
+
+    def __init__(self, nvml: Any, *, pcie_via_gpm: bool = True) -> None:
+        """``pcie_via_gpm``: leave PCIe to the GPM collector where GPM works (it is enabled)."""
+        self._pcie_via_gpm = pcie_via_gpm
+        self._temp_gpu = getattr(nvml, "NVML_TEMPERATURE_GPU", 0)
+        self._clock_sm = getattr(nvml, "NVML_CLOCK_SM", 1)
+        self._clock_mem = getattr(nvml, "NVML_CLOCK_MEM", 2)
+        self._perf_power = getattr(nvml, "NVML_PERF_POLICY_POWER", 0)
+        self._perf_thermal = getattr(nvml, "NVML_PERF_POLICY_THERMAL", 1)
+        self._pcie_tx = getattr(nvml, "NVML_PCIE_UTIL_TX_BYTES", 0)
+        self._pcie_rx = getattr(nvml, "NVML_PCIE_UTIL_RX_BYTES", 1)
+        self._mem_v2 = getattr(nvml, "nvmlMemory_v2", None)
+        self._field_specs: tuple[FieldSpec, ...] = (
+            ("fi_memory_temp", getattr(nvml, "NVML_FI_DEV_MEMORY_TEMP", FI_MEMORY_TEMP), None, False),
+            (
+                "fi_nvlink_tx",
+                getattr(nvml, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", FI_NVLINK_DATA_TX),
+                UINT_MAX,
+                True,
+            ),
+            (
+                "fi_nvlink_rx",
+                getattr(nvml, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", FI_NVLINK_DATA_RX),
+                UINT_MAX,
+                True,
+            ),
+        )
+
+    def collect(self, ctx: DeviceContext) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        self._memory(ctx, out)
+        if ctx.is_mig:
+            return out
+        h = ctx.handle
+        put = ctx.put
+        call = ctx.call
+
+        util = call("util", "nvmlDeviceGetUtilizationRates", h)
+        if util is not None:
+            put(out, "gpu_util_ratio", convert.pct_to_ratio, util.gpu)
+            put(out, "mem_copy_util_ratio", convert.pct_to_ratio, util.memory)
+        enc = call("enc", "nvmlDeviceGetEncoderUtilization", h)
+        if enc is not None:
+            put(out, "enc_util_ratio", convert.pct_to_ratio, enc[0])
+        dec = call("dec", "nvmlDeviceGetDecoderUtilization", h)
+        if dec is not None:
+            put(out, "dec_util_ratio", convert.pct_to_ratio, dec[0])
+
+        put(out, "power_w", convert.mw_to_w, call("power", "nvmlDeviceGetPowerUsage", h))
+        put(out, "power_limit_w", convert.mw_to_w, call("power_limit", "nvmlDeviceGetEnforcedPowerLimit", h))
+        put(out, "total_energy_mj", convert.count, call("energy", "nvmlDeviceGetTotalEnergyConsumption", h))
+
+        temp = call("temp_v", "nvmlDeviceGetTemperatureV", h, self._temp_gpu)
+        if temp is None and "temp_v" in ctx.unsupported:
+            temp = call("temp", "nvmlDeviceGetTemperature", h, self._temp_gpu)
+        put(out, "gpu_temp_c", convert.celsius, temp)
+
+        sm_clock = call("clock_sm", "nvmlDeviceGetClockInfo", h, self._clock_sm)
+        put(out, "sm_clock_mhz", convert.mhz, sm_clock)
+        mem_clock = call("clock_mem", "nvmlDeviceGetClockInfo", h, self._clock_mem)
+        put(out, "mem_clock_mhz", convert.mhz, mem_clock)
+        put(
+            out,
+            "clock_event_reasons",
+            convert.count,
+            call("clock_reasons", "nvmlDeviceGetCurrentClocksEventReasons", h),
+        )
+        viol = call("viol_power", "nvmlDeviceGetViolationStatus", h, self._perf_power)
+        if viol is not None:
+            put(out, "power_violation_ns", convert.count, viol.violationTime)
+        viol = call("viol_thermal", "nvmlDeviceGetViolationStatus", h, self._perf_thermal)
+        if viol is not None:
+            put(out, "thermal_violation_ns", convert.count, viol.violationTime)
+
+        if not (self._pcie_via_gpm and _gpm_measures_pcie(ctx)):
+            tx = call("pcie_tx", "nvmlDeviceGetPcieThroughput", h, self._pcie_tx)
+            put(out, "pcie_tx_bytes_per_s", convert.kib_per_s_to_bytes_per_s, tx)
+            rx = call("pcie_rx", "nvmlDeviceGetPcieThroughput", h, self._pcie_rx)
+            put(out, "pcie_rx_bytes_per_s", convert.kib_per_s_to_bytes_per_s, rx)
+
+        fv = read_field_values(ctx, self._field_specs)
+        put(out, "memory_temp_c", convert.celsius, fv.get("fi_memory_temp"))
+        tx_kib, rx_kib = fv.get("fi_nvlink_tx"), fv.get("fi_nvlink_rx")
+        if tx_kib is not None or rx_kib is not None:
+            put(out, "nvlink_bandwidth_total_kib", convert.count, (tx_kib or 0) + (rx_kib or 0))
+        return out
+
+    def _memory(self, ctx: DeviceContext, out: dict[str, Any]) -> None:
+        mem = None
+        if self._mem_v2 is not None:
+            mem = ctx.call("mem_v2", "nvmlDeviceGetMemoryInfo", ctx.handle, version=self._mem_v2)
+        if mem is None and (self._mem_v2 is None or "mem_v2" in ctx.unsupported):
+            mem = ctx.call("mem_v1", "nvmlDeviceGetMemoryInfo", ctx.handle)
+        if mem is None:
+            return
+        ctx.put(out, "fb_total_bytes", convert.count, mem.total)
+        ctx.put(out, "fb_free_bytes", convert.count, mem.free)
+        ctx.put(out, "fb_used_bytes", convert.count, mem.used)
+        reserved = getattr(mem, "reserved", None)
+        ctx.put(out, "fb_reserved_bytes", convert.count, reserved)
+
+    def release(self, ctx: DeviceContext) -> None:
+        return None
+
+
+def _gpm_measures_pcie(ctx: DeviceContext) -> bool:
+    """GPM (Hopper+) measures PCIe over the whole interval; the legacy call samples 20 ms."""
+    return bool(ctx.gpm_supported) and "gpm_metric:20" not in ctx.unsupported

@@ -1,0 +1,104 @@
+"""Slow group (default every 30 s): memory errors and recovery state, which move rarely.
+
+NVML call -> field:
+
+==========================================================================  ===============================
+``nvmlDeviceGetTotalEccErrors(CORRECTED, VOLATILE_ECC)``                    ecc_sbe_volatile_total
+``nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE_ECC)``                  ecc_dbe_volatile_total
+``nvmlDeviceGetTotalEccErrors(CORRECTED / UNCORRECTED, AGGREGATE_ECC)``     ecc_sbe/dbe_aggregate_total
+``nvmlDeviceGetRetiredPages(MULTIPLE_SINGLE_BIT / DOUBLE_BIT)`` (list)      retired_pages_sbe/dbe (length)
+``nvmlDeviceGetRetiredPagesPendingStatus`` (0/1)                            retired_pages_pending
+``nvmlDeviceGetRemappedRows`` (corr, unc, pending, failure)                 remapped_rows_correctable,
+                                                                            remapped_rows_uncorrectable,
+                                                                            row_remap_pending,
+                                                                            row_remap_failure
+``nvmlDeviceGetPcieReplayCounter``                                          pcie_replay_count
+field ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``                               gpu_recovery_action
+==========================================================================  ===============================
+
+ECC without ECC enabled, retired pages on Ampere+ and remapped rows before Ampere answer
+NotSupported, which is learned once. Nothing here is read for a MIG slice (whole-GPU data).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from producer.nvml import convert
+from producer.nvml.base import DeviceContext, FieldSpec, read_field_values
+
+FI_GPU_RECOVERY_ACTION = 230
+
+
+class SlowCollector:
+    name = "slow"
+    fields = (
+        "ecc_sbe_volatile_total",
+        "ecc_dbe_volatile_total",
+        "ecc_sbe_aggregate_total",
+        "ecc_dbe_aggregate_total",
+        "retired_pages_sbe",
+        "retired_pages_dbe",
+        "retired_pages_pending",
+        "remapped_rows_correctable",
+        "remapped_rows_uncorrectable",
+        "row_remap_pending",
+        "row_remap_failure",
+        "pcie_replay_count",
+        "gpu_recovery_action",
+    )
+
+    def __init__(self, nvml: Any) -> None:
+        corrected = getattr(nvml, "NVML_MEMORY_ERROR_TYPE_CORRECTED", 0)
+        uncorrected = getattr(nvml, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)
+        volatile = getattr(nvml, "NVML_VOLATILE_ECC", 0)
+        aggregate = getattr(nvml, "NVML_AGGREGATE_ECC", 1)
+        self._ecc = (
+            ("ecc_sbe_volatile_total", corrected, volatile),
+            ("ecc_dbe_volatile_total", uncorrected, volatile),
+            ("ecc_sbe_aggregate_total", corrected, aggregate),
+            ("ecc_dbe_aggregate_total", uncorrected, aggregate),
+        )
+        sbe_cause = getattr(nvml, "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS", 0)
+        dbe_cause = getattr(nvml, "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR", 1)
+        self._retired = (("retired_pages_sbe", sbe_cause), ("retired_pages_dbe", dbe_cause))
+        self._field_specs: tuple[FieldSpec, ...] = (
+            (
+                "fi_recovery_action",
+                getattr(nvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", FI_GPU_RECOVERY_ACTION),
+                None,
+                False,
+            ),
+        )
+
+    def collect(self, ctx: DeviceContext) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if ctx.is_mig:
+            return out
+        h, call, put = ctx.handle, ctx.call, ctx.put
+        for field, err_type, counter in self._ecc:
+            put(out, field, convert.count, call(field, "nvmlDeviceGetTotalEccErrors", h, err_type, counter))
+        for field, cause in self._retired:
+            pages = call(field, "nvmlDeviceGetRetiredPages", h, cause)
+            if pages is not None:
+                put(out, field, convert.count, len(pages))
+        put(
+            out,
+            "retired_pages_pending",
+            convert.flag,
+            call("retired_pending", "nvmlDeviceGetRetiredPagesPendingStatus", h),
+        )
+        rows = call("remapped_rows", "nvmlDeviceGetRemappedRows", h)
+        if rows is not None:
+            corr, unc, pending, failure = rows
+            put(out, "remapped_rows_correctable", convert.count, corr)
+            put(out, "remapped_rows_uncorrectable", convert.count, unc)
+            put(out, "row_remap_pending", convert.flag, pending)
+            put(out, "row_remap_failure", convert.flag, failure)
+        put(out, "pcie_replay_count", convert.count, call("pcie_replay", "nvmlDeviceGetPcieReplayCounter", h))
+        fv = read_field_values(ctx, self._field_specs)
+        put(out, "gpu_recovery_action", convert.small_int, fv.get("fi_recovery_action"))
+        return out
+
+    def release(self, ctx: DeviceContext) -> None:
+        return None

@@ -1,0 +1,576 @@
+"""``NvmlSource``: every GPU of the node, read through NVML, as complete GpuSample dicts.
+
+Usage::
+
+    src = NvmlSource(pynvml, hostname="node-1", intervals={"slow": 60})
+    src.start()                       # nvmlInit + identity; NvmlInitError with NVML's text on failure
+    while running:
+        samples = src.poll()          # one dict per GPU, plus one per MIG slice
+        ...                           # caller: kubelet enrichment (allocations), encode, publish
+    src.shutdown()
+
+Field groups run at their own interval (``DEFAULT_INTERVALS``, seconds): ``fast`` (1 s),
+``slow`` (30 s), ``profiling`` (GPM, 1 s), ``processes`` (5 s), plus ``mig`` (10 s, MIG mode and
+slice re-enumeration) and ``lost_retry`` (30 s, probing a lost GPU for its return). ``poll`` is
+meant to be called at the fast interval: each call runs the groups that are due and repeats the
+last values of the others, so every sample is complete and slow values are carried between
+their reads. A group is due up to 10 % of the fast interval early (tick jitter).
+
+Per GPU, every poll yields:
+
+* a whole-GPU record (``mig`` null, ``mig_enabled`` True/False, null if unknown);
+* in MIG mode, one record per MIG slice: ``mig`` = {mig_uuid, gpu_instance_id,
+  compute_instance_id, profile, slice_fraction}, ``uuid`` the parent's, ``mig_enabled`` null
+  (only the whole-GPU record says True, so a consumer skipping ``mig_enabled`` records never
+  skips a slice), slice memory, processes and GPM; whole-GPU values (power, energy, clocks,
+  temperatures, ECC...) only on the parent record;
+* a lost GPU (``NVMLError_GpuIsLost`` from any call): one record with ``gpu_lost`` True, identity
+  kept and every metric null; the other GPUs go on. ``hooks.gpu_lost`` is called once per loss
+  (build the XidEvent with :func:`producer.nvml.records.gpu_lost_xid_event`); NVML is not asked
+  about that GPU again except a cheap probe every ``lost_retry`` seconds, which brings it back
+  (``hooks.gpu_recovered``) after a reset.
+
+``allocations`` is always empty here: kubelet enrichment is the caller's job.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from gpupipe.errors import ConfigError
+from producer.nvml.base import Collector, DeviceContext, NvmlErrors
+from producer.nvml.errors import NvmlInitError, NvmlSourceError
+from producer.nvml.fast import FastCollector
+from producer.nvml.gpm import GpmCollector
+from producer.nvml.identity import IdentityCollector, normalize_pci_bus_id, read_driver_version, text
+from producer.nvml.mig import MigSlice, enumerate_slices
+from producer.nvml.processes import ProcessCollector
+from producer.nvml.records import GpuRef, LostGpu, empty_sample
+from producer.nvml.slow import SlowCollector
+
+log = logging.getLogger("gpupipe.nvml")
+
+# Run order within a poll. Profiling goes first: when GPM turns out not to measure PCIe on a
+# device, the fast group reads the legacy PCIe counter in the same poll.
+GROUPS: tuple[str, ...] = ("profiling", "fast", "slow", "processes")
+DEFAULT_INTERVALS: dict[str, float] = {
+    "fast": 1.0,
+    "slow": 30.0,
+    "profiling": 1.0,
+    "processes": 5.0,
+    "mig": 10.0,
+    "lost_retry": 30.0,
+}
+DUE_SLACK = 0.1  # a group is due this much of the poll (fast) interval early: tick jitter
+ERROR_LOG_INTERVAL_S = 60.0
+
+
+def default_nvml_module() -> Any:
+    """The real ``pynvml`` module (nvidia-ml-py); the only place the producer imports it."""
+    try:
+        import pynvml
+    except ImportError as exc:
+        raise NvmlInitError(f"NVML init failed: the nvidia-ml-py package is not installed ({exc})") from exc
+    return pynvml
+
+
+class SourceHooks:
+    """The source's own telemetry. Subclass and override what you need; all no-ops here.
+
+    Called on the polling thread; an exception raised by a hook is logged and swallowed.
+    """
+
+    def collect_duration(self, group: str, seconds: float) -> None:
+        """Wall time one group took over all GPUs in one poll."""
+
+    def nvml_error(self, kind: str) -> None:
+        """One NVML error that is not "unsupported" (kind: the error class, ``NVMLError_Unknown``)."""
+
+    def garbage(self, field: str) -> None:
+        """NVML returned a value that cannot be real for ``field``; the field is null instead."""
+
+    def collector_failure(self, group: str, exc: BaseException) -> None:
+        """A collector raised something other than an NVML error (a bug); its group is null."""
+
+    def gpu_lost(self, lost: LostGpu) -> None:
+        """NVML reported a GPU lost; once per loss."""
+
+    def gpu_recovered(self, gpu: GpuRef) -> None:
+        """A GPU reported lost answers NVML again."""
+
+
+COLLECTOR_FACTORIES: dict[str, Callable[[Any, Callable[[], float], frozenset[str]], Collector]] = {
+    "fast": lambda nvml, clock, enabled: FastCollector(nvml, pcie_via_gpm="profiling" in enabled),
+    "slow": lambda nvml, clock, enabled: SlowCollector(nvml),
+    "profiling": lambda nvml, clock, enabled: GpmCollector(nvml, clock),
+    "processes": lambda nvml, clock, enabled: ProcessCollector(nvml),
+}
+
+
+class _Gpu:
+    __slots__ = ("ctx", "identity", "lost", "next_probe", "slices")
+
+    def __init__(self, ctx: DeviceContext) -> None:
+        self.ctx = ctx
+        self.identity: dict[str, Any] = {}
+        self.slices: list[MigSlice] = []
+        self.lost = False
+        self.next_probe = 0.0
+
+
+class NvmlSource:
+    """Polls every GPU of the node through an injected NVML module (``pynvml`` or a fake)."""
+
+    def __init__(
+        self,
+        nvml_module: Any,
+        hostname: str,
+        intervals: Mapping[str, float] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        *,
+        collectors: Iterable[str] | None = None,
+        hooks: SourceHooks | None = None,
+    ) -> None:
+        self._nvml = nvml_module if nvml_module is not None else default_nvml_module()
+        self.hostname = hostname
+        self.intervals = _check_intervals(intervals)
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self.hooks = hooks or SourceHooks()
+        enabled = tuple(GROUPS if collectors is None else collectors)
+        unknown = [n for n in enabled if n not in COLLECTOR_FACTORIES]
+        if unknown:
+            raise ConfigError(f"unknown NVML collector(s) {unknown}; known: {list(COLLECTOR_FACTORIES)}")
+        self._now = 0.0
+        enabled_set = frozenset(enabled)
+        self._collectors: list[Collector] = [
+            COLLECTOR_FACTORIES[n](self._nvml, self._current_time, enabled_set)
+            for n in GROUPS
+            if n in enabled_set
+        ]
+        self._groups_with_collectors = frozenset(c.name for c in self._collectors)
+        self._identity = IdentityCollector()
+        self._errors: NvmlErrors | None = None
+        self._gpus: list[_Gpu] = []
+        self._next_due: dict[str, float] = {}
+        self._driver_version: str | None = None
+        self._started = False
+        self._interval_ms = round(self.intervals["fast"] * 1000)
+        self._last_xid: dict[tuple[int, int | None], int] = {}
+        self._error_logged: dict[str, float] = {}
+        # The source's own counters (also fed to the hooks).
+        self.error_counts: Counter[str] = Counter()
+        self.garbage_counts: Counter[str] = Counter()
+        self.collector_failures: Counter[str] = Counter()
+        self.collect_seconds: dict[str, float] = {}
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> None:
+        """``nvmlInit`` and enumerate the GPUs; raises :class:`NvmlInitError` with NVML's text."""
+        if self._started:
+            return
+        nvml = self._nvml
+        try:
+            self._errors = NvmlErrors(nvml)
+        except AttributeError as exc:
+            raise NvmlInitError(f"NVML init failed: {nvml!r} is not an NVML binding ({exc})") from exc
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as exc:
+            raise NvmlInitError(f"NVML init failed: {exc}") from exc
+        try:
+            count = int(nvml.nvmlDeviceGetCount())
+        except nvml.NVMLError as exc:
+            self._quiet_shutdown()
+            raise NvmlInitError(f"NVML init failed: cannot count GPUs: {exc}") from exc
+        self._driver_version = read_driver_version(nvml)
+        self._now = self._clock()
+        for index in range(count):
+            gpu = self._open(index)
+            if gpu is not None:
+                self._gpus.append(gpu)
+        self._next_due["mig"] = self._now + self.intervals["mig"]  # enumerated just now
+        self._started = True
+        log.info(
+            "NVML source started",
+            extra={"fields": {"gpus": len(self._gpus), "driver": self._driver_version}},
+        )
+
+    def shutdown(self) -> None:
+        """Free GPM samples and shut NVML down (idempotent, never raises)."""
+        if not self._started:
+            return
+        for gpu in self._gpus:
+            for ctx in (gpu.ctx, *(s.ctx for s in gpu.slices)):
+                self._release(ctx)
+        self._started = False
+        self._quiet_shutdown()
+
+    def _quiet_shutdown(self) -> None:
+        try:
+            self._nvml.nvmlShutdown()
+        except Exception as exc:
+            log.debug("nvmlShutdown failed: %s", exc)
+
+    def _release(self, ctx: DeviceContext) -> None:
+        for c in self._collectors:
+            try:
+                c.release(ctx)
+            except Exception as exc:
+                log.debug("release of %s failed: %s", c.name, exc)
+
+    # -- polling --------------------------------------------------------------------------------
+    def poll(self, now: float | None = None) -> list[dict[str, Any]]:
+        """One complete GpuSample dict per GPU and per MIG slice; never raises for NVML trouble."""
+        if not self._started:
+            raise NvmlSourceError("NvmlSource.poll() called before start() (or after shutdown())")
+        now = self._clock() if now is None else now
+        self._now = now
+        ts = int(self._wall_clock() * 1000)
+        due = self._due(now)
+        spent = dict.fromkeys(self._groups_with_collectors, 0.0)
+        ran: set[str] = set()
+        out: list[dict[str, Any]] = []
+        for gpu in self._gpus:
+            if gpu.lost and not self._probe(gpu, now):
+                out.append(self._lost_sample(gpu, ts))
+                continue
+            try:
+                self._collect_gpu(gpu, due, spent, ran)
+            except self._errs.lost as exc:
+                self._mark_lost(gpu, ts, "poll", exc)
+            if gpu.lost:
+                out.append(self._lost_sample(gpu, ts))
+                continue
+            out.append(self._sample(gpu, gpu.ctx, ts, None))
+            for sl in gpu.slices:
+                out.append(self._sample(gpu, sl.ctx, ts, sl))
+        for group, seconds in spent.items():
+            if group in ran:
+                self.collect_seconds[group] = seconds
+                self._hook("collect_duration", group, seconds)
+        return out
+
+    @property
+    def _errs(self) -> NvmlErrors:
+        assert self._errors is not None
+        return self._errors
+
+    def _current_time(self) -> float:
+        return self._now
+
+    def _due(self, now: float) -> set[str]:
+        due = set()
+        for group in (*(c.name for c in self._collectors), "mig"):
+            interval = self.intervals[group]
+            nxt = self._next_due.get(group)
+            if nxt is None or now >= nxt - DUE_SLACK * min(interval, self.intervals["fast"]):
+                due.add(group)
+                self._next_due[group] = now + interval
+        return due
+
+    def _collect_gpu(self, gpu: _Gpu, due: set[str], spent: dict[str, float], ran: set[str]) -> None:
+        """Run the due groups on the GPU and its slices.
+
+        A device with no values yet for a group (a new MIG slice, a GPU back from lost or whose
+        MIG mode changed) runs that group now instead of waiting for its next interval.
+        """
+        if "mig" in due:
+            try:
+                self._refresh_mig(gpu, check_mode=True)
+            except self._errs.lost:
+                raise
+            except Exception as exc:  # garbage from NVML must not stop the poll: keep old slices
+                self.collector_failures["mig"] += 1
+                self._log_error(
+                    "collector:mig", f"MIG enumeration failed on GPU {gpu.ctx.index}: {exc!r}", exc
+                )
+                self._hook("collector_failure", "mig", exc)
+        ctxs = (gpu.ctx, *(s.ctx for s in gpu.slices))
+        for c in self._collectors:
+            name = c.name
+            is_due = name in due
+            t0 = time.perf_counter()
+            try:
+                for ctx in ctxs:
+                    values = ctx.state.setdefault("values", {})
+                    if is_due or name not in values:
+                        values[name] = self._run(c, ctx)
+                        ran.add(name)
+            finally:
+                spent[name] += time.perf_counter() - t0
+
+    def _run(self, c: Collector, ctx: DeviceContext) -> dict[str, Any]:
+        try:
+            return c.collect(ctx)
+        except self._errs.lost:
+            raise
+        except Exception as exc:  # a failing collector never stops the poll
+            self.collector_failures[c.name] += 1
+            self._log_error(f"collector:{c.name}", f"collector {c.name} failed on {ctx!r}: {exc!r}", exc)
+            self._hook("collector_failure", c.name, exc)
+            return {}
+
+    def _sample(self, gpu: _Gpu, ctx: DeviceContext, ts: int, sl: MigSlice | None) -> dict[str, Any]:
+        s = empty_sample()
+        s.update(gpu.identity)
+        s["timestamp_ms"] = ts
+        for values in ctx.state.get("values", {}).values():
+            s.update(values)
+        procs = s["processes"]
+        if procs:
+            s["processes"] = [dict(p) for p in procs]
+        if sl is None:
+            s["last_xid"] = self._last_xid.get((gpu.ctx.index, None))
+        else:
+            s["mig"] = sl.identity()
+            s["mig_enabled"] = None
+            s["last_xid"] = self._last_xid.get((gpu.ctx.index, sl.gpu_instance_id))
+        return s
+
+    def _lost_sample(self, gpu: _Gpu, ts: int) -> dict[str, Any]:
+        s = empty_sample()
+        s.update(gpu.identity)
+        s["timestamp_ms"] = ts
+        s["gpu_lost"] = True
+        s["last_xid"] = self._last_xid.get((gpu.ctx.index, None))
+        return s
+
+    # -- devices --------------------------------------------------------------------------------
+    def _new_ctx(self, index: int, handle: Any, **kw: Any) -> DeviceContext:
+        return DeviceContext(self._nvml, index, handle, _Reporter(self), errors=self._errs, **kw)
+
+    def _open(self, index: int) -> _Gpu | None:
+        nvml = self._nvml
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        except self._errs.lost as exc:
+            gpu = _Gpu(self._new_ctx(index, None))
+            self._set_identity(gpu, {})
+            self._mark_lost(gpu, int(self._wall_clock() * 1000), "start", exc)
+            gpu.next_probe = self._now + self.intervals["lost_retry"]
+            return gpu
+        except nvml.NVMLError as exc:
+            self.error_counts[type(exc).__name__] += 1
+            log.error("GPU %d is not usable through NVML, skipped: %s", index, exc)
+            return None
+        gpu = _Gpu(self._new_ctx(index, handle))
+        try:
+            self._set_identity(gpu, self._identity.collect(gpu.ctx))
+            self._refresh_mig(gpu)
+        except self._errs.lost as exc:
+            self._set_identity(gpu, {})
+            self._mark_lost(gpu, int(self._wall_clock() * 1000), "start", exc)
+        return gpu
+
+    def _set_identity(self, gpu: _Gpu, ident: Mapping[str, Any]) -> None:
+        ctx = gpu.ctx
+        gpu.identity = {
+            "hostname": self.hostname,
+            "gpu_index": ctx.index,
+            "uuid": ctx.uuid,
+            "pci_bus_id": ctx.pci_bus_id,
+            "model_name": ctx.model_name,
+            "driver_version": self._driver_version,
+            "numa_node": ident.get("numa_node", gpu.identity.get("numa_node")),
+            "mig_enabled": ctx.mig_enabled,
+            "interval_ms": self._interval_ms,
+        }
+
+    def _refresh_mig(self, gpu: _Gpu, *, check_mode: bool = False) -> None:
+        ctx = gpu.ctx
+        if check_mode and "mig_mode" not in ctx.unsupported:
+            mode = IdentityCollector._mig_mode(ctx)
+            if mode is not None and mode != ctx.mig_enabled:
+                if ctx.mig_enabled is not None:
+                    log.info("GPU %d MIG mode changed to %s: support re-learned", ctx.index, mode)
+                    self._release(ctx)
+                    ctx.unsupported.clear()
+                    ctx.state.clear()
+                    ctx.gpm_supported = None
+                ctx.mig_enabled = mode
+                gpu.identity["mig_enabled"] = mode
+        old = {s.mig_uuid: s for s in gpu.slices}
+        try:
+            slices = enumerate_slices(
+                ctx,
+                lambda h, gi, ci: self._new_ctx(
+                    ctx.index, h, parent=ctx, gpu_instance_id=gi, compute_instance_id=ci
+                ),
+                old,
+            )
+        except self._errs.lost:
+            raise
+        kept = {s.mig_uuid for s in slices}
+        for uuid, s in old.items():
+            if uuid not in kept:
+                self._release(s.ctx)
+        gpu.slices = slices
+
+    def _mark_lost(self, gpu: _Gpu, ts: int, where: str, exc: BaseException) -> None:
+        if gpu.lost:
+            return
+        gpu.lost = True
+        gpu.next_probe = self._now + self.intervals["lost_retry"]
+        for ctx in (gpu.ctx, *(s.ctx for s in gpu.slices)):
+            self._release(ctx)
+            ctx.state.pop("values", None)
+        ref = self._ref(gpu)
+        lost = LostGpu(ref, ts, where, f"NVML reported the GPU lost ({where}): {exc}")
+        self.error_counts[type(exc).__name__] += 1
+        log.error(
+            "GPU lost",
+            extra={"fields": {"gpu": ref.gpu_index, "uuid": ref.uuid, "pci_bus_id": ref.pci_bus_id}},
+        )
+        self._hook("nvml_error", type(exc).__name__)
+        self._hook("gpu_lost", lost)
+
+    def _probe(self, gpu: _Gpu, now: float) -> bool:
+        """True when a lost GPU answers again (it is then re-read like at start)."""
+        if now < gpu.next_probe:
+            return False
+        gpu.next_probe = now + self.intervals["lost_retry"]
+        nvml = self._nvml
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(gpu.ctx.index)
+            uuid = text(nvml.nvmlDeviceGetUUID(handle))
+        except nvml.NVMLError:
+            return False
+        if gpu.ctx.uuid and uuid != gpu.ctx.uuid:
+            log.warning("GPU %d came back with another UUID (%s, was %s)", gpu.ctx.index, uuid, gpu.ctx.uuid)
+        gpu.ctx = self._new_ctx(gpu.ctx.index, handle)
+        gpu.slices = []
+        try:
+            self._set_identity(gpu, self._identity.collect(gpu.ctx))
+            self._refresh_mig(gpu)
+        except self._errs.lost:
+            return False
+        gpu.lost = False
+        log.info("GPU %d answers NVML again", gpu.ctx.index)
+        self._hook("gpu_recovered", self._ref(gpu))
+        return True
+
+    # -- lookups for the rest of the producer ------------------------------------------------------
+    def _ref(self, gpu: _Gpu) -> GpuRef:
+        c = gpu.ctx
+        return GpuRef(c.index, c.uuid, c.pci_bus_id, c.model_name, self._driver_version)
+
+    def gpus(self) -> list[GpuRef]:
+        """Every GPU the source knows (lost ones included)."""
+        return [self._ref(g) for g in self._gpus]
+
+    @property
+    def lost_gpus(self) -> list[GpuRef]:
+        """The GPUs currently reported lost."""
+        return [self._ref(g) for g in self._gpus if g.lost]
+
+    def bus_id_map(self) -> dict[str, GpuRef]:
+        """PCI bus id -> GPU for kernel-log attribution.
+
+        Keys are canonical (:func:`producer.nvml.identity.normalize_pci_bus_id`: ``0000:3b:00``);
+        normalise the kernel's ``PCI:0000:3b:00`` the same way before looking it up.
+        """
+        out: dict[str, GpuRef] = {}
+        for g in self._gpus:
+            key = normalize_pci_bus_id(g.ctx.pci_bus_id) if g.ctx.pci_bus_id else None
+            if key is not None:
+                out[key] = self._ref(g)
+        return out
+
+    def mig_uuid_for(
+        self, uuid: str, gpu_instance_id: int | None, compute_instance_id: int | None
+    ) -> str | None:
+        """The MIG device UUID of a GPU/compute instance of GPU ``uuid``, when known."""
+        if gpu_instance_id is None:
+            return None
+        for g in self._gpus:
+            if g.ctx.uuid != uuid:
+                continue
+            for s in g.slices:
+                if s.gpu_instance_id == gpu_instance_id and (
+                    compute_instance_id is None or s.compute_instance_id == compute_instance_id
+                ):
+                    return s.mig_uuid
+        return None
+
+    def record_xid(self, gpu_index: int, xid: int, gpu_instance_id: int | None = None) -> None:
+        """Remember an XID for ``last_xid`` on the GPU's (and the attributed slice's) samples.
+
+        Thread-safe enough for the event watcher's thread (single dict assignments).
+        """
+        self._last_xid[(gpu_index, None)] = int(xid)
+        if gpu_instance_id is not None:
+            self._last_xid[(gpu_index, gpu_instance_id)] = int(xid)
+
+    def unsupported(self, gpu_index: int, gpu_instance_id: int | None = None) -> frozenset[str]:
+        """The call keys learned as unsupported for a GPU (or one of its slices)."""
+        for g in self._gpus:
+            if g.ctx.index != gpu_index:
+                continue
+            if gpu_instance_id is None:
+                return frozenset(g.ctx.unsupported)
+            for s in g.slices:
+                if s.gpu_instance_id == gpu_instance_id:
+                    return frozenset(s.ctx.unsupported)
+        return frozenset()
+
+    # -- reporting ------------------------------------------------------------------------------
+    def _hook(self, name: str, *args: Any) -> None:
+        try:
+            getattr(self.hooks, name)(*args)
+        except Exception as exc:
+            log.warning("NVML source hook %s failed: %r", name, exc)
+
+    def _log_error(self, kind: str, message: str, exc: BaseException | None = None) -> None:
+        now = self._now
+        last = self._error_logged.get(kind)
+        if last is None or now - last >= ERROR_LOG_INTERVAL_S:
+            self._error_logged[kind] = now
+            log.warning(
+                "%s (logged at most once per %ds per kind)", message, ERROR_LOG_INTERVAL_S, exc_info=exc
+            )
+
+
+class _Reporter:
+    """The ``Reporter`` every DeviceContext of one source reports to."""
+
+    __slots__ = ("_src",)
+
+    def __init__(self, src: NvmlSource) -> None:
+        self._src = src
+
+    def error(self, kind: str) -> None:
+        src = self._src
+        src.error_counts[kind] += 1
+        src._log_error(kind, f"NVML error {kind}")
+        src._hook("nvml_error", kind)
+
+    def garbage(self, field: str) -> None:
+        src = self._src
+        src.garbage_counts[field] += 1
+        src._log_error(f"garbage:{field}", f"NVML returned an impossible value for {field}; sent as null")
+        src._hook("garbage", field)
+
+    def learned(self, ctx: DeviceContext, key: str, reason: str) -> None:
+        # Expected on most GPUs (ECC off, no NVLink, pre-Hopper...): "no data", not a failure.
+        log.debug("GPU %d: %s unsupported (%s); not asked again", ctx.index, key, reason)
+
+
+def _check_intervals(intervals: Mapping[str, float] | None) -> dict[str, float]:
+    out = dict(DEFAULT_INTERVALS)
+    for key, value in (intervals or {}).items():
+        if key not in DEFAULT_INTERVALS:
+            raise ConfigError(f"unknown NVML interval {key!r}; known: {sorted(DEFAULT_INTERVALS)}")
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"NVML interval {key!r} must be a number of seconds, got {value!r}") from exc
+        if not seconds > 0:
+            raise ConfigError(f"NVML interval {key!r} must be positive, got {value!r}")
+        out[key] = seconds
+    return out

@@ -1,0 +1,182 @@
+"""XidEventWatcher against the fake NVML event set: real threads, no sleeps used as sync
+(callbacks put into queues; tests block on the queues with a timeout)."""
+
+from __future__ import annotations
+
+import queue
+import time
+from typing import Any
+
+import pynvml
+import pytest
+
+from producer.nvml import NvmlInitError, NvmlSource, XidEventWatcher, nvml_xid_event
+from schemas.codec import AvroCodec
+from tests.fake_nvml import FakeGpu, FakeMigSlice, FakeNvml
+
+XID_ENCODER = AvroCodec().encoder("XidEvent")
+WAIT_S = 5.0  # upper bound for a delivery; normally milliseconds
+
+
+class Watch:
+    """A started watcher whose events and errors land in queues."""
+
+    def __init__(self, fake: FakeNvml, **kw: Any) -> None:
+        self.events: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.errors: queue.Queue[str] = queue.Queue()
+        kw.setdefault("timeout_ms", 50)
+        kw.setdefault("backoff_initial_s", 0.01)
+        kw.setdefault("backoff_max_s", 0.05)
+        self.watcher = XidEventWatcher(
+            fake, self.events.put, on_error=self.errors.put, wall_clock=lambda: 1_767_225_600.5, **kw
+        )
+        self.watcher.start()
+
+    def event(self) -> dict[str, Any]:
+        return self.events.get(timeout=WAIT_S)
+
+    def error(self) -> str:
+        return self.errors.get(timeout=WAIT_S)
+
+
+@pytest.fixture
+def fake() -> FakeNvml:
+    return FakeNvml.node("H100", 4)
+
+
+def test_injected_xid_is_delivered_and_stop_is_clean(fake):
+    w = Watch(fake)
+    assert w.watcher.registered == [0, 1, 2, 3] and w.watcher.running
+    fake.gpus[2].inject_xid(79)
+    ev = w.event()
+    assert ev == {
+        "xid": 79,
+        "uuid": fake.gpus[2].uuid,
+        "pci_bus_id": "00000000:52:00.0",
+        "gpu_index": 2,
+        "gpu_instance_id": None,  # 0xFFFFFFFF: not attributable to a MIG instance
+        "compute_instance_id": None,
+        "mig_uuid": None,
+        "timestamp_ms": 1_767_225_600_500,
+    }
+    record = nvml_xid_event(ev, "node-a", model_name="NVIDIA H100 80GB HBM3", driver_version="570.124.06")
+    XID_ENCODER.encode(record)
+    assert record["kind"] == "xid" and record["source"] == "nvml" and record["xid"] == 79
+    t0 = time.monotonic()
+    assert w.watcher.stop() is True
+    assert time.monotonic() - t0 < 2.5  # about one 50 ms wait; generous for loaded CI machines
+    assert not w.watcher.running
+    assert fake.free_while_waiting == 0
+    assert fake.count("nvmlEventSetFree") == 1
+    assert fake.init_count == 0
+    assert w.watcher.stop() is True  # idempotent
+
+
+def test_several_xids_in_order(fake):
+    w = Watch(fake)
+    for xid in (13, 31, 43):
+        fake.gpus[0].inject_xid(xid)
+    assert [w.event()["xid"] for _ in range(3)] == [13, 31, 43]
+    w.watcher.stop()
+
+
+def test_timeouts_are_not_errors(fake):
+    w = Watch(fake, timeout_ms=10)
+    fake.gpus[1].inject_xid(48)  # proves the loop went round timeouts and still delivers
+    assert w.event()["xid"] == 48
+    w.watcher.stop()
+    assert w.watcher.error_counts == {}
+    assert w.errors.empty()
+
+
+def test_mig_attributed_xid_with_mig_uuid_lookup():
+    gpus = [FakeGpu.h100(0), FakeGpu.h100(1, mig=[FakeMigSlice("3g.40gb", gpu_instance_id=2, index=0)])]
+    fake = FakeNvml(gpus)
+    src = NvmlSource(fake, "node-a")
+    src.start()
+    w = Watch(fake, mig_uuid_lookup=src.mig_uuid_for)
+    fake.gpus[1].inject_xid(31, gpu_instance_id=2, compute_instance_id=0)
+    ev = w.event()
+    assert ev["gpu_instance_id"] == 2 and ev["compute_instance_id"] == 0
+    assert ev["mig_uuid"] == gpus[1].mig_slices[0].uuid
+    assert ev["uuid"] == gpus[1].uuid
+    w.watcher.stop()
+    src.shutdown()
+    assert fake.init_count == 0  # NVML init is reference-counted between the two
+
+
+def test_gpu_without_event_support_is_skipped_and_the_set_still_works():
+    gpus = [FakeGpu.h100(0, events_supported=False), FakeGpu.h100(1)]
+    fake = FakeNvml(gpus)
+    w = Watch(fake)
+    assert w.watcher.unsupported == [0] and w.watcher.registered == [1]
+    fake.gpus[0].inject_xid(79)  # not registered: NVML would not record it
+    fake.gpus[1].inject_xid(94)
+    assert w.event()["gpu_index"] == 1
+    w.watcher.stop()
+    assert w.events.empty()
+
+
+def test_wait_errors_are_reported_and_the_thread_backs_off_then_continues(fake):
+    w = Watch(fake)
+    fake.fail_event_wait(pynvml.NVML_ERROR_UNKNOWN)
+    assert w.error() == "NVMLError_Unknown"
+    fake.gpus[3].inject_xid(45)
+    assert w.event()["xid"] == 45
+    assert w.watcher.error_counts["NVMLError_Unknown"] == 1
+    w.watcher.stop()
+
+
+def test_gpu_lost_during_wait_reported_other_gpus_keep_reporting(fake):
+    w = Watch(fake)
+    fake.gpus[2].lose()
+    assert w.error() == "NVMLError_GpuIsLost"
+    fake.gpus[0].inject_xid(79)
+    assert w.event()["gpu_index"] == 0
+    w.watcher.stop()
+
+
+def test_repeated_errors_rebuild_the_event_set(fake):
+    w = Watch(fake, rebuild_after=3)
+    fake.fail_event_wait(pynvml.NVML_ERROR_UNKNOWN, times=3)
+    for _ in range(3):
+        assert w.error() == "NVMLError_Unknown"
+    # The old set is freed from the watcher's own thread, a new one registered.
+    fake.gpus[1].inject_xid(79)  # may land in the old set before the rebuild: retried below
+    deadline = time.monotonic() + WAIT_S
+    got = None
+    while got is None and time.monotonic() < deadline:
+        try:
+            got = w.events.get(timeout=0.1)
+        except queue.Empty:
+            fake.gpus[1].inject_xid(79)
+    assert got is not None and got["xid"] == 79
+    assert fake.count("nvmlEventSetCreate") == 2
+    w.watcher.stop()
+    assert fake.free_while_waiting == 0
+    assert fake.count("nvmlEventSetFree") == 2
+
+
+def test_callback_failure_does_not_kill_the_thread(fake):
+    seen: queue.Queue[int] = queue.Queue()
+
+    def flaky(ev: dict[str, Any]) -> None:
+        seen.put(ev["xid"])
+        if ev["xid"] == 13:
+            raise RuntimeError("downstream hiccup")
+
+    w = XidEventWatcher(fake, flaky, timeout_ms=50)
+    w.start()
+    fake.gpus[0].inject_xid(13)
+    fake.gpus[0].inject_xid(31)
+    assert [seen.get(timeout=WAIT_S), seen.get(timeout=WAIT_S)] == [13, 31]
+    assert w.running
+    w.stop()
+
+
+def test_init_failure_is_a_clear_error():
+    fake = FakeNvml.node("H100", 1, init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    w = XidEventWatcher(fake, lambda ev: None)
+    with pytest.raises(NvmlInitError, match="NVML init failed: Driver Not Loaded"):
+        w.start()
+    assert not w.running
