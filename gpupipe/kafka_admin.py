@@ -45,6 +45,31 @@ def parse_kafka_overrides(items: Iterable[str]) -> dict[str, str]:
     return out
 
 
+def parse_topic_overrides(partitions: Iterable[str], retention: Iterable[str]) -> dict[str, topics.TopicSpec]:
+    """`--topic-partitions samples=24` and `--topic-retention xid=90d` into per-topic specs."""
+    from gpupipe.durations import parse_positive_duration_ms
+
+    specs = dict(topics.DEFAULT_SPECS)
+    for flag, items in (("--topic-partitions", partitions), ("--topic-retention", retention)):
+        for item in items:
+            name, sep, value = item.partition("=")
+            base = topics.resolve_alias(name.strip())
+            if not sep or base is None:
+                raise ConfigError(
+                    f"{flag} expects NAME=VALUE with NAME one of {sorted(topics.ALIASES)}, got {item!r}"
+                )
+            spec = specs[base]
+            if flag == "--topic-partitions":
+                if not value.strip().isdigit() or int(value) < 1:
+                    raise ConfigError(f"{flag} {item!r}: partitions must be a positive integer")
+                specs[base] = topics.TopicSpec(int(value), spec.retention_ms, spec.cleanup_policy)
+            else:
+                specs[base] = topics.TopicSpec(
+                    spec.partitions, parse_positive_duration_ms(value), spec.cleanup_policy
+                )
+    return specs
+
+
 def wait_for_broker(bootstrap: str, timeout_s: float = 10.0, extra: Mapping[str, str] | None = None) -> None:
     """Raise BrokerUnavailableError unless the cluster answers a metadata request in time."""
     conf = client_config(bootstrap, extra)
@@ -63,7 +88,7 @@ def ensure_topics(
     bootstrap: str,
     names: Iterable[str],
     prefix: str = "",
-    partitions: Mapping[str, int] | None = None,
+    specs: Mapping[str, topics.TopicSpec] | None = None,
     replication_factor: int = -1,
     extra: Mapping[str, str] | None = None,
     timeout_s: float = 30.0,
@@ -80,12 +105,13 @@ def ensure_topics(
         name = topics.with_prefix(prefix, base)
         if name in existing:
             continue
-        spec = topics.DEFAULT_SPECS.get(base, topics.TopicSpec(partitions=3, retention_ms=7 * 86_400_000))
-        parts = (partitions or {}).get(base, spec.partitions)
+        spec = (specs or topics.DEFAULT_SPECS).get(
+            base, topics.TopicSpec(partitions=3, retention_ms=7 * 86_400_000)
+        )
         wanted.append(
             NewTopic(
                 name,
-                num_partitions=parts,
+                num_partitions=spec.partitions,
                 replication_factor=replication_factor,
                 config={"retention.ms": str(spec.retention_ms), "cleanup.policy": spec.cleanup_policy},
             )

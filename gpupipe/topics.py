@@ -44,6 +44,22 @@ DEFAULT_SPECS = {
 }
 
 
+ALIASES = {
+    "samples": SAMPLES,
+    "xid": XID,
+    "chargeback": CHARGEBACK,
+    "alerts": ALERTS,
+    "deadletter": DEADLETTER,
+}
+
+
+def resolve_alias(name: str) -> str | None:
+    """'samples' or 'gpu.samples.v1' -> 'gpu.samples.v1'; None for names that are not ours."""
+    if name in ALL:
+        return name
+    return ALIASES.get(name)
+
+
 def with_prefix(prefix: str, base: str) -> str:
     return f"{prefix}{base}" if prefix else base
 

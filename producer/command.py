@@ -19,7 +19,7 @@ from gpupipe import topics
 from gpupipe.durations import parse_iso_ms, parse_positive_duration_ms
 from gpupipe.errors import ConfigError, GpupipeError
 from gpupipe.health_server import ServiceHttp
-from gpupipe.kafka_admin import ensure_topics, parse_kafka_overrides, wait_for_broker
+from gpupipe.kafka_admin import ensure_topics, parse_kafka_overrides, parse_topic_overrides, wait_for_broker
 from gpupipe.logs import fields
 from producer.publish import Publisher, producer_config
 from producer.self_metrics import ProducerMetrics
@@ -67,6 +67,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=True,
         help="create missing topics with default partitions and retention",
     )
+    p.add_argument(
+        "--topic-partitions",
+        action="append",
+        default=[],
+        metavar="NAME=N",
+        help="partitions for a topic created here, e.g. samples=24 (repeatable)",
+    )
+    p.add_argument(
+        "--topic-retention",
+        action="append",
+        default=[],
+        metavar="NAME=DURATION",
+        help="retention for a topic created here, e.g. xid=90d (repeatable)",
+    )
     p.add_argument("--compression", default="zstd", choices=["zstd", "lz4", "snappy", "gzip", "none"])
     p.add_argument("--linger-ms", type=int, default=50, help="librdkafka linger for batching")
     sim = p.add_argument_group("simulated source")
@@ -106,9 +120,10 @@ def run(args: argparse.Namespace) -> int:
     if args.source == "simulated" and (args.nodes < 1 or args.gpus_per_node < 1):
         raise ConfigError("--nodes and --gpus-per-node must be at least 1")
     extra = parse_kafka_overrides(args.kafka_config)
+    specs = parse_topic_overrides(args.topic_partitions, args.topic_retention)
     wait_for_broker(args.bootstrap_servers, extra=extra)
     if args.create_topics:
-        ensure_topics(args.bootstrap_servers, topics.ALL, prefix=args.topic_prefix, extra=extra)
+        ensure_topics(args.bootstrap_servers, topics.ALL, prefix=args.topic_prefix, specs=specs, extra=extra)
     metrics = ProducerMetrics()
     codec = codec_from_url(args.schema_registry_url)
     t_samples = topics.with_prefix(args.topic_prefix, topics.SAMPLES)

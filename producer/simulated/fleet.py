@@ -294,23 +294,23 @@ class SimulatedFleet:
         slot.energy_mj += int(power * dt_s * 1000)
         fb_total = rec["fb_total_bytes"]
         used = int(fb_total * mem_frac)
-        rec["gpu_util_ratio"] = None if slot.template["mig"] else round(util, 3)
-        rec["mem_copy_util_ratio"] = None if slot.template["mig"] else round(dram * 0.9, 3)
+        rec["gpu_util_ratio"] = None if slot.template["mig"] else int(util * 1000 + 0.5) / 1000
+        rec["mem_copy_util_ratio"] = None if slot.template["mig"] else int((dram * 0.9) * 1000 + 0.5) / 1000
         rec["enc_util_ratio"] = 0.0
         rec["dec_util_ratio"] = 0.0
         rec["fb_used_bytes"] = used
         rec["fb_free_bytes"] = (
             fb_total - used - m.fb_reserved_bytes if fb_total > used + m.fb_reserved_bytes else 0
         )
-        rec["power_w"] = round(power, 2)
+        rec["power_w"] = int(power * 100 + 0.5) / 100
         rec["total_energy_mj"] = slot.energy_mj
-        rec["gpu_temp_c"] = round(temp)
-        rec["memory_temp_c"] = round(temp + 6)
+        rec["gpu_temp_c"] = int(temp + 0.5)
+        rec["memory_temp_c"] = int(temp + 6 + 0.5)
         rec["sm_clock_mhz"] = sm_clock
         rec["mem_clock_mhz"] = m.mem_clock_mhz
         rec["clock_event_reasons"] = reasons
-        rec["pcie_tx_bytes_per_s"] = round(util * 2.1e9 * rnd())
-        rec["pcie_rx_bytes_per_s"] = round(util * 3.4e9 * rnd())
+        rec["pcie_tx_bytes_per_s"] = int(util * 2.1e9 * rnd() + 0.5)
+        rec["pcie_rx_bytes_per_s"] = int(util * 3.4e9 * rnd() + 0.5)
         rec["pcie_replay_count"] = 0
         rec["ecc_sbe_volatile_total"] = slot.ecc_sbe
         rec["ecc_dbe_volatile_total"] = slot.ecc_dbe
@@ -321,18 +321,18 @@ class SimulatedFleet:
         rec["row_remap_pending"] = slot.remap_pending
         rec["row_remap_failure"] = False
         rec["last_xid"] = slot.last_xid
-        rec["sm_active_ratio"] = round(sm, 3)
-        rec["sm_occupancy_ratio"] = round(sm * 0.55, 3)
-        rec["tensor_active_ratio"] = round(tensor, 3)
-        rec["dram_active_ratio"] = round(dram, 3)
-        rec["gr_engine_active_ratio"] = round(util, 3)
+        rec["sm_active_ratio"] = int(sm * 1000 + 0.5) / 1000
+        rec["sm_occupancy_ratio"] = int((sm * 0.55) * 1000 + 0.5) / 1000
+        rec["tensor_active_ratio"] = int(tensor * 1000 + 0.5) / 1000
+        rec["dram_active_ratio"] = int(dram * 1000 + 0.5) / 1000
+        rec["gr_engine_active_ratio"] = int(util * 1000 + 0.5) / 1000
         if m.hopper_or_newer:
             rec["fp64_active_ratio"] = 0.0
-            rec["fp32_active_ratio"] = round(sm * 0.2, 3)
-            rec["fp16_active_ratio"] = round(tensor * 0.1, 3)
+            rec["fp32_active_ratio"] = int((sm * 0.2) * 1000 + 0.5) / 1000
+            rec["fp16_active_ratio"] = int((tensor * 0.1) * 1000 + 0.5) / 1000
             nv = util * 1.8e10 * rnd() if kind == _TRAIN else 0.0
-            rec["nvlink_tx_bytes_per_s"] = round(nv)
-            rec["nvlink_rx_bytes_per_s"] = round(nv)
+            rec["nvlink_tx_bytes_per_s"] = int(nv + 0.5)
+            rec["nvlink_rx_bytes_per_s"] = int(nv + 0.5)
         if slot.shared and pods:
             shares = [rnd() + 0.1 for _ in pods]
             tot = sum(shares)
@@ -341,7 +341,7 @@ class SimulatedFleet:
                     "pid": p.pid,
                     "process_name": "python3",
                     "used_memory_bytes": used // len(pods),
-                    "sm_util_ratio": round(util * s / tot, 3),
+                    "sm_util_ratio": int((util * s / tot) * 1000 + 0.5) / 1000,
                     "mem_util_ratio": None,
                     "namespace": p.namespace,
                     "pod": p.name,

@@ -101,6 +101,10 @@ def test_topics_created_with_partitions_and_retention(kafka: str, topic_prefix: 
         "1s",
         "--speed",
         "max",
+        "--topic-partitions",
+        "deadletter=2",
+        "--topic-retention",
+        "alerts=7d",
         "--bootstrap-servers",
         kafka,
         "--topic-prefix",
@@ -112,7 +116,7 @@ def test_topics_created_with_partitions_and_retention(kafka: str, topic_prefix: 
     for base, parts in [
         ("gpu.samples.v1", 12),
         ("gpu.xid.v1", 3),
-        ("gpu.deadletter.v1", 1),
+        ("gpu.deadletter.v1", 2),
         ("gpu.chargeback.v1", 3),
         ("gpu.alerts.v1", 3),
     ]:
@@ -120,6 +124,8 @@ def test_topics_created_with_partitions_and_retention(kafka: str, topic_prefix: 
     res_cfg = admin.describe_configs([ConfigResource("topic", topic_prefix + "gpu.xid.v1")])
     cfg = next(iter(res_cfg.values())).result()
     assert cfg["retention.ms"].value == str(30 * 86_400_000)
+    res_cfg = admin.describe_configs([ConfigResource("topic", topic_prefix + "gpu.alerts.v1")])
+    assert next(iter(res_cfg.values())).result()["retention.ms"].value == str(7 * 86_400_000)
 
 
 def test_tail_decodes_and_reports_foreign_bytes(kafka: str, topic_prefix: str) -> None:
