@@ -1,0 +1,460 @@
+"""dcgm-exporter field names -> GpuSample fields, with dcgm-exporter's units (pure data).
+
+Every ``DCGM_FI_*`` field that a :doc:`GpuSample <schemas/GpuSample.avsc>` carries has one
+:class:`FieldSpec` here: the sample field it reads, how the value is converted to the unit
+dcgm-exporter publishes, and the Prometheus TYPE and HELP text of dcgm-exporter's counters CSV
+(``etc/default-counters.csv``; our own wording where the field is not in that file).
+
+Units (``Kind``):
+
+=============  ==========================================  =============================  ==========
+kind           GpuSample unit                              dcgm-exporter unit             text
+=============  ==========================================  =============================  ==========
+``INT``        count, MHz, mJ, ns, KiB, bitmask            same                           ``%d``
+``ROUND``      double (bytes/s, C)                         integer (DCGM keeps int64)     ``%d``
+``PERCENT``    ``*_ratio`` 0..1                            % 0..100, integer              ``%d``
+``MIB``        ``*_bytes``                                 MiB (bytes // 2**20)           ``%d``
+``FLOAT``      W, ratio 0..1 (``DCGM_FI_PROF_*``)          same                           ``%f``
+``BOOL``       boolean                                     0 / 1                          ``%d``
+=============  ==========================================  =============================  ==========
+
+dcgm-exporter prints DCGM int64 fields with ``%d`` and doubles with ``%f`` (``30.982000``); we do the
+same per field, following DCGM's field type (e.g. temperatures and utilisations are int64 in DCGM
+although GpuSample carries doubles/ratios, so they are rounded).
+
+Special fields (no plain sample column):
+
+* ``DCGM_FI_DEV_XID_ERRORS``: the last XID of the GPU (gpu.xid events, else the sample's ``last_xid``,
+  else 0 as DCGM reports for a GPU without XIDs).
+* ``DCGM_EXP_XID_ERRORS_TOTAL``: a true counter per GPU and XID code, from gpu.xid events.
+* ``DCGM_FI_DRIVER_VERSION``: a ``label`` row; adds ``DCGM_FI_DRIVER_VERSION="<ver>"`` to every series.
+
+Fields DCGM has but GpuSample does not (NVLink CRC counters, the other violation counters, the
+``DCGM_EXP_*`` window collectors, inforom/serial label rows, ``DCGM_FI_PROF_*_TOTAL``...) are listed in
+:data:`UNAVAILABLE` so a stock counters CSV loads with a warning instead of an error
+(see :mod:`consumers.metrics.collectors_csv`).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+
+class Kind(enum.IntEnum):
+    """How a GpuSample value becomes dcgm-exporter's value (see the module table)."""
+
+    INT = 0
+    ROUND = 1
+    PERCENT = 2
+    MIB = 3
+    FLOAT = 4
+    BOOL = 5
+    XID_LAST = 6  # DCGM_FI_DEV_XID_ERRORS: store state, not a sample column alone
+    XID_TOTAL = 7  # DCGM_EXP_XID_ERRORS_TOTAL: store state
+    LABEL = 8  # a `label` row
+
+
+@dataclass(frozen=True, slots=True)
+class FieldSpec:
+    """One dcgm-exporter field we can serve."""
+
+    name: str  # DCGM field name, e.g. DCGM_FI_DEV_GPU_UTIL (the metric name)
+    source: str | None  # GpuSample field, None for store-state fields
+    kind: Kind
+    prom_type: str  # default TYPE: gauge | counter | label
+    help: str  # default HELP
+    per_pod: str | None = None  # GpuProcess field summed per pod on shared GPUs (see render.py)
+    signed: bool = False  # negative values are plausible (temperatures); else a negative value is dropped
+
+    @property
+    def is_label(self) -> bool:
+        return self.kind is Kind.LABEL
+
+
+def _f(
+    name: str,
+    source: str | None,
+    kind: Kind,
+    prom_type: str,
+    help_: str,
+    per_pod: str | None = None,
+    signed: bool = False,
+) -> FieldSpec:
+    return FieldSpec(name, source, kind, prom_type, help_, per_pod, signed)
+
+
+_PCIE_TX = "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - in bytes per second."  # noqa: E501
+_RECOVERY = (
+    "Recommended GPU recovery action (0 none; 1 GPU reset; 2 node reboot; 3 drain P2P; 4 drain and reset)."
+)
+_PCIE_RX = "The rate of data received over the PCIe bus - including both protocol headers and data payloads - in bytes per second."  # noqa: E501
+
+#: Every field we serve, in the order of dcgm-exporter's default counters CSV (then the extras).
+#: HELP/TYPE text as in that CSV (dcgm-exporter etc/default-counters.csv, 4.8.3-era) where present.
+FIELDS: tuple[FieldSpec, ...] = (
+    # Clocks
+    _f("DCGM_FI_DEV_SM_CLOCK", "sm_clock_mhz", Kind.INT, "gauge", "SM clock frequency (in MHz)."),
+    _f("DCGM_FI_DEV_MEM_CLOCK", "mem_clock_mhz", Kind.INT, "gauge", "Memory clock frequency (in MHz)."),
+    # Temperature
+    _f(
+        "DCGM_FI_DEV_MEMORY_TEMP",
+        "memory_temp_c",
+        Kind.ROUND,
+        "gauge",
+        "Memory temperature (in C).",
+        signed=True,
+    ),
+    _f("DCGM_FI_DEV_GPU_TEMP", "gpu_temp_c", Kind.ROUND, "gauge", "GPU temperature (in C).", signed=True),
+    # Power
+    _f("DCGM_FI_DEV_POWER_USAGE", "power_w", Kind.FLOAT, "gauge", "Power draw (in W)."),
+    _f(
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "total_energy_mj",
+        Kind.INT,
+        "counter",
+        "Total energy consumption since boot (in mJ).",
+    ),
+    # PCIe
+    _f(
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+        "pcie_replay_count",
+        Kind.INT,
+        "counter",
+        "Total number of PCIe retries.",
+    ),
+    # Utilization
+    _f(
+        "DCGM_FI_DEV_GPU_UTIL",
+        "gpu_util_ratio",
+        Kind.PERCENT,
+        "gauge",
+        "GPU utilization (in %).",
+        "sm_util_ratio",
+    ),
+    _f(
+        "DCGM_FI_DEV_MEM_COPY_UTIL",
+        "mem_copy_util_ratio",
+        Kind.PERCENT,
+        "gauge",
+        "Memory utilization (in %).",
+        "mem_util_ratio",
+    ),
+    _f("DCGM_FI_DEV_ENC_UTIL", "enc_util_ratio", Kind.PERCENT, "gauge", "Encoder utilization (in %)."),
+    _f("DCGM_FI_DEV_DEC_UTIL", "dec_util_ratio", Kind.PERCENT, "gauge", "Decoder utilization (in %)."),
+    # Errors and violations
+    _f(
+        "DCGM_FI_DEV_XID_ERRORS",
+        "last_xid",
+        Kind.XID_LAST,
+        "gauge",
+        "Value of the last XID error encountered.",
+    ),
+    _f(
+        "DCGM_FI_DEV_POWER_VIOLATION",
+        "power_violation_ns",
+        Kind.INT,
+        "counter",
+        "Throttling duration due to power constraints (in ns).",
+    ),
+    _f(
+        "DCGM_FI_DEV_THERMAL_VIOLATION",
+        "thermal_violation_ns",
+        Kind.INT,
+        "counter",
+        "Throttling duration due to thermal constraints (in ns).",
+    ),
+    _f(
+        "DCGM_EXP_XID_ERRORS_TOTAL",
+        None,
+        Kind.XID_TOTAL,
+        "counter",
+        "Total XID errors observed since exporter start.",
+    ),
+    # Memory usage
+    _f("DCGM_FI_DEV_FB_FREE", "fb_free_bytes", Kind.MIB, "gauge", "Framebuffer memory free (in MiB)."),
+    _f(
+        "DCGM_FI_DEV_FB_USED",
+        "fb_used_bytes",
+        Kind.MIB,
+        "gauge",
+        "Framebuffer memory used (in MiB).",
+        "used_memory_bytes",
+    ),
+    _f(
+        "DCGM_FI_DEV_FB_RESERVED",
+        "fb_reserved_bytes",
+        Kind.MIB,
+        "gauge",
+        "Framebuffer memory reserved (in MiB).",
+    ),
+    # ECC
+    _f(
+        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+        "ecc_sbe_volatile_total",
+        Kind.INT,
+        "counter",
+        "Total number of single-bit volatile ECC errors.",
+    ),
+    _f(
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        "ecc_dbe_volatile_total",
+        Kind.INT,
+        "counter",
+        "Total number of double-bit volatile ECC errors.",
+    ),
+    _f(
+        "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+        "ecc_sbe_aggregate_total",
+        Kind.INT,
+        "counter",
+        "Total number of single-bit persistent ECC errors.",
+    ),
+    _f(
+        "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+        "ecc_dbe_aggregate_total",
+        Kind.INT,
+        "counter",
+        "Total number of double-bit persistent ECC errors.",
+    ),
+    # Retired pages
+    _f(
+        "DCGM_FI_DEV_RETIRED_SBE",
+        "retired_pages_sbe",
+        Kind.INT,
+        "counter",
+        "Total number of retired pages due to single-bit errors.",
+    ),
+    _f(
+        "DCGM_FI_DEV_RETIRED_DBE",
+        "retired_pages_dbe",
+        Kind.INT,
+        "counter",
+        "Total number of retired pages due to double-bit errors.",
+    ),
+    _f(
+        "DCGM_FI_DEV_RETIRED_PENDING",
+        "retired_pages_pending",
+        Kind.BOOL,
+        "counter",
+        "Total number of pages pending retirement.",
+    ),
+    # NVLink
+    _f(
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+        "nvlink_bandwidth_total_kib",
+        Kind.INT,
+        "gauge",
+        "Total number of NVLink bandwidth counters for all lanes.",
+    ),
+    # vGPU license
+    _f("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "vgpu_license_status", Kind.INT, "gauge", "vGPU License status"),
+    # Remapped rows
+    _f(
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "remapped_rows_uncorrectable",
+        Kind.INT,
+        "counter",
+        "Number of remapped rows for uncorrectable errors",
+    ),
+    _f(
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "remapped_rows_correctable",
+        Kind.INT,
+        "counter",
+        "Number of remapped rows for correctable errors",
+    ),
+    _f(
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        "row_remap_failure",
+        Kind.BOOL,
+        "gauge",
+        "Whether remapping of rows has failed",
+    ),
+    # Static configuration, as a label
+    _f("DCGM_FI_DRIVER_VERSION", "driver_version", Kind.LABEL, "label", "Driver Version"),
+    # Datacenter profiling (DCP)
+    _f(
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        "gr_engine_active_ratio",
+        Kind.FLOAT,
+        "gauge",
+        "Ratio of time the graphics engine is active.",
+    ),
+    _f(
+        "DCGM_FI_PROF_SM_ACTIVE",
+        "sm_active_ratio",
+        Kind.FLOAT,
+        "gauge",
+        "The ratio of cycles an SM has at least 1 warp assigned.",
+    ),
+    _f(
+        "DCGM_FI_PROF_SM_OCCUPANCY",
+        "sm_occupancy_ratio",
+        Kind.FLOAT,
+        "gauge",
+        "The ratio of number of warps resident on an SM.",
+    ),
+    _f(
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "tensor_active_ratio",
+        Kind.FLOAT,
+        "gauge",
+        "Ratio of cycles the tensor (HMMA) pipe is active.",
+    ),
+    _f(
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+        "dram_active_ratio",
+        Kind.FLOAT,
+        "gauge",
+        "Ratio of cycles the device memory interface is active sending or receiving data.",
+    ),
+    _f(
+        "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
+        "fp64_active_ratio",
+        Kind.FLOAT,
+        "gauge",
+        "Ratio of cycles the fp64 pipes are active.",
+    ),
+    _f(
+        "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
+        "fp32_active_ratio",
+        Kind.FLOAT,
+        "gauge",
+        "Ratio of cycles the fp32 pipes are active.",
+    ),
+    _f(
+        "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
+        "fp16_active_ratio",
+        Kind.FLOAT,
+        "gauge",
+        "Ratio of cycles the fp16 pipes are active.",
+    ),
+    _f("DCGM_FI_PROF_PCIE_TX_BYTES", "pcie_tx_bytes_per_s", Kind.ROUND, "gauge", _PCIE_TX),
+    _f("DCGM_FI_PROF_PCIE_RX_BYTES", "pcie_rx_bytes_per_s", Kind.ROUND, "gauge", _PCIE_RX),
+    # Not in dcgm-exporter's CSV at all: our own HELP text.
+    _f(
+        "DCGM_FI_PROF_NVLINK_TX_BYTES",
+        "nvlink_tx_bytes_per_s",
+        Kind.ROUND,
+        "gauge",
+        "The rate of data transmitted over NVLink - including both protocol headers and data payloads - "
+        "in bytes per second.",
+    ),
+    _f(
+        "DCGM_FI_PROF_NVLINK_RX_BYTES",
+        "nvlink_rx_bytes_per_s",
+        Kind.ROUND,
+        "gauge",
+        "The rate of data received over NVLink - including both protocol headers and data payloads - "
+        "in bytes per second.",
+    ),
+    _f("DCGM_FI_DEV_FB_TOTAL", "fb_total_bytes", Kind.MIB, "gauge", "Framebuffer memory total (in MiB)."),
+    _f(
+        "DCGM_FI_DEV_POWER_MGMT_LIMIT", "power_limit_w", Kind.FLOAT, "gauge", "Power management limit (in W)."
+    ),
+    _f(
+        "DCGM_FI_DEV_ENFORCED_POWER_LIMIT",
+        "power_limit_w",
+        Kind.FLOAT,
+        "gauge",
+        "Effective power limit that the driver enforces (in W).",
+    ),
+    _f(
+        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+        "clock_event_reasons",
+        Kind.INT,
+        "gauge",
+        "Current clock event reasons (bitmask of DCGM_CLOCKS_EVENT_REASON_*).",
+    ),
+    _f(
+        "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+        "clock_event_reasons",
+        Kind.INT,
+        "gauge",
+        "Current clock throttle reasons (bitmask; deprecated name of DCGM_FI_DEV_CLOCKS_EVENT_REASONS).",
+    ),
+    _f(
+        "DCGM_FI_DEV_ROW_REMAP_PENDING",
+        "row_remap_pending",
+        Kind.BOOL,
+        "gauge",
+        "Whether remapping of rows is pending (a GPU reset applies it).",
+    ),
+    _f(
+        "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION",
+        "gpu_recovery_action",
+        Kind.INT,
+        "gauge",
+        _RECOVERY,
+    ),
+    _f(
+        "DCGM_FI_DEV_GPU_RECOVERY_ACTION",
+        "gpu_recovery_action",
+        Kind.INT,
+        "gauge",
+        _RECOVERY,
+    ),
+)
+
+BY_NAME: Mapping[str, FieldSpec] = MappingProxyType({f.name: f for f in FIELDS})
+
+#: DCGM field names that are valid for dcgm-exporter but have no GpuSample source. A counters CSV
+#: naming one of these loads with a warning and the row is skipped (dcgm-exporter does the same for
+#: profiling fields a GPU does not support); any *other* unknown name is a configuration error.
+UNAVAILABLE: frozenset[str] = frozenset(
+    {
+        "DCGM_FI_DEV_SYNC_BOOST_VIOLATION",
+        "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION",
+        "DCGM_FI_DEV_LOW_UTIL_VIOLATION",
+        "DCGM_FI_DEV_RELIABILITY_VIOLATION",
+        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+        "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+        "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+        "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_L0",
+        "DCGM_FI_DEV_PCIE_TX_THROUGHPUT",
+        "DCGM_FI_DEV_PCIE_RX_THROUGHPUT",
+        "DCGM_FI_DEV_POWER_USAGE_INSTANT",
+        "DCGM_FI_DEV_FB_USED_PERCENT",
+        "DCGM_FI_DEV_COUNT",
+        "DCGM_FI_DEV_NAME",
+        "DCGM_EXP_CLOCK_EVENTS_COUNT",
+        "DCGM_EXP_CLOCK_EVENTS_TOTAL",
+        "DCGM_EXP_XID_ERRORS_COUNT",
+        "DCGM_EXP_GPU_HEALTH_STATUS",
+        "DCGM_EXP_P2P_STATUS",
+        "DCGM_FI_NVML_VERSION",
+        "DCGM_FI_DEV_BRAND",
+        "DCGM_FI_DEV_SERIAL",
+        "DCGM_FI_DEV_OEM_INFOROM_VER",
+        "DCGM_FI_DEV_ECC_INFOROM_VER",
+        "DCGM_FI_DEV_POWER_INFOROM_VER",
+        "DCGM_FI_DEV_INFOROM_IMAGE_VER",
+        "DCGM_FI_DEV_VBIOS_VERSION",
+        "DCGM_FI_PROF_PIPE_INT_ACTIVE",
+        "DCGM_FI_PROF_PIPE_TENSOR_IMMA_ACTIVE",
+        "DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE",
+        "DCGM_FI_PROF_PIPE_TENSOR_DFMA_ACTIVE",
+        "DCGM_FI_PROF_SM_CYCLES_ELAPSED_TOTAL",
+        "DCGM_FI_PROF_SM_CYCLES_ACTIVE_TOTAL",
+        "DCGM_FI_PROF_MMA_CYCLES_ACTIVE_TOTAL",
+        "DCGM_FI_PROF_DMMA_CYCLES_ACTIVE_TOTAL",
+        "DCGM_FI_PROF_HMMA_CYCLES_ACTIVE_TOTAL",
+        "DCGM_FI_PROF_IMMA_CYCLES_ACTIVE_TOTAL",
+        "DCGM_FI_PROF_DFMA_CYCLES_ACTIVE_TOTAL",
+        "DCGM_FI_PROF_PCIE_TX_BYTES_TOTAL",
+        "DCGM_FI_PROF_PCIE_RX_BYTES_TOTAL",
+        "DCGM_FI_PROF_INT_CYCLES_ACTIVE_TOTAL",
+        "DCGM_FI_PROF_FP64_CYCLES_ACTIVE_TOTAL",
+        "DCGM_FI_PROF_FP32_CYCLES_ACTIVE_TOTAL",
+        "DCGM_FI_PROF_FP16_CYCLES_ACTIVE_TOTAL",
+    }
+)
+
+
+def lookup(name: str) -> FieldSpec | None:
+    """The spec for a DCGM field name, or None when we cannot serve it."""
+    return BY_NAME.get(name)

@@ -1,0 +1,446 @@
+"""The metrics consumer's state: the latest rendered series per GPU, joined at scrape (pure).
+
+:class:`SeriesStore` keeps, per GPU key (the GPU UUID, or the MIG device UUID for a slice, the
+same key the producer uses on Kafka), the exposition text of its latest sample -- its *line
+list*: label head and value text per metric family, rendered at ingest by
+:class:`~consumers.metrics.render.Renderer` -- with the partition the sample came from, the wall
+time it was ingested and its sample time.
+
+A scrape (:meth:`SeriesStore.render` / :meth:`SeriesStore.render_parts`) walks the families in the
+counters-file order and, per family, writes the ``# HELP``/``# TYPE`` header once followed by that
+family's lines from every GPU, so each family's lines are contiguous: one valid exposition. The
+lines are ready bytes -- the GPU's label head (rendered per identity) and the sample's value text
+(rendered at ingest) -- gathered with C-level copies only (``zip(*line_lists)`` into columns, then
+slice assignments), with no Python work per series, and joined in one copy. The joined body is
+cached until the next change (a version counter), so a repeated scrape, and its gzip in the HTTP
+layer, cost next to nothing. Then come the store's own
+families (computed at scrape: ``gpupipe_sample_age_seconds`` per GPU...) and those of an optional
+``prometheus_client`` registry (the service's metrics); a registry family whose name is one of
+ours is left out, so no family appears twice.
+
+Lifecycle of series:
+
+* :meth:`apply_sample` replaces the GPU's line list; labels follow the sample, so a pod that ended
+  stops labelling the GPU with the next sample, and a GPU that became shared gets one series per
+  pod.
+* :meth:`apply_xid` counts ``kind == "xid"`` events (XID != 0, de-duplicated by ``event_id``) in
+  ``DCGM_EXP_XID_ERRORS_TOTAL{...,xid="<code>"}``, a true counter per GPU and code, and sets the
+  last XID shown by ``DCGM_FI_DEV_XID_ERRORS`` (latest by event time; before any event the
+  sample's ``last_xid``, else 0 as DCGM). An event is attached to its MIG slice when the slice is
+  known here, else to the GPU (``uuid``, or the GPU with that host and PCI bus id). A GPU known
+  only from events is shown with the labels the event carries (no pod labels).
+* :meth:`drop_partitions` removes at once what came from revoked partitions (pass the same
+  partition objects as on ingest: ``(topic, partition)`` tuples when consuming two topics).
+* :meth:`expire` removes a GPU not sampled for ``stale_after`` seconds of wall time: by default
+  ``stale_intervals`` (3) x the sample's ``interval_ms`` (``fallback_interval_s`` when the sample
+  has none), or the fixed ``stale_after_s``. A GPU known only from XID events goes after
+  ``xid_only_stale_after_s``. Every scrape expires first, so a scrape never shows stale series.
+
+Thread safety: one lock guards the state; a scrape holds it only to snapshot references (line
+lists are replaced, never mutated, and bytes are immutable), and joins outside it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from consumers.metrics.collectors_csv import CounterSet, default_counters
+from consumers.metrics.render import (
+    SAMPLE_AGE_METRIC,
+    GpuView,
+    Renderer,
+    RenderOptions,
+    bus_id_nvml_form,
+    escape_label_value,
+)
+
+GPUS_METRIC = "gpupipe_metrics_gpus"
+INVALID_METRIC = "gpupipe_metrics_invalid_values_total"
+EXPIRED_METRIC = "gpupipe_metrics_expired_total"
+XID_EVENTS_METRIC = "gpupipe_metrics_xid_events_total"
+XID_RESULTS = ("counted", "duplicate", "ignored", "unattributed")
+OWN_METRICS = (SAMPLE_AGE_METRIC, GPUS_METRIC, INVALID_METRIC, EXPIRED_METRIC, XID_EVENTS_METRIC)
+
+_IDENTITY_FIELDS = ("timestamp_ms", "hostname", "gpu_index", "uuid", "pci_bus_id", "model_name")
+
+
+class InvalidRecord(ValueError):
+    """A record without the identity fields every GpuSample has (wrong topic or schema?)."""
+
+
+class _Gpu:
+    __slots__ = (
+        "ident",
+        "key",
+        "lines",
+        "partition",
+        "seen_s",
+        "stale_s",
+        "ts_ms",
+        "view",
+        "xid_counts",
+        "xid_last",
+        "xid_last_ts",
+        "xid_partition",
+        "xid_seen_s",
+    )
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.ident: tuple | None = None  # identity of the sample the view was made from
+        self.view: GpuView | None = None
+        self.lines: list[bytes] = []  # the line list (head, value per family; see render.py)
+        self.partition: Any = None
+        self.seen_s = 0.0  # wall time of the last sample ingested
+        self.stale_s = 0.0
+        self.ts_ms: int | None = None  # sample time of the last sample; None: no sample (XID only)
+        self.xid_counts: dict[int, int] = {}
+        self.xid_last: int | None = None
+        self.xid_last_ts = -1
+        self.xid_partition: Any = None
+        self.xid_seen_s = 0.0
+
+
+class SeriesStore:
+    """Latest series per GPU for the partitions this instance holds; renders ``/metrics``."""
+
+    def __init__(
+        self,
+        counters: CounterSet | None = None,
+        *,
+        options: RenderOptions | None = None,
+        registry: Any | None = None,
+        stale_after_s: float | None = None,
+        stale_intervals: float = 3.0,
+        fallback_interval_s: float = 30.0,
+        xid_only_stale_after_s: float = 3600.0,
+        max_event_ids: int = 100_000,
+    ) -> None:
+        self.renderer = Renderer(counters if counters is not None else default_counters(), options)
+        self.families = self.renderer.families
+        self._registry = registry
+        self._stale_after_s = stale_after_s
+        self._stale_intervals = stale_intervals
+        self._fallback_interval_s = fallback_interval_s
+        self._xid_only_stale_after_s = xid_only_stale_after_s
+        self._max_event_ids = max_event_ids
+        self._lock = threading.Lock()
+        self._gpus: dict[str, _Gpu] = {}
+        self._by_bus: dict[tuple[str, str], str] = {}  # (hostname, NVML bus id) -> GPU UUID
+        self._event_ids: dict[str, None] = {}  # recent XID event ids, oldest first
+        self._invalid: dict[tuple[str, str], int] = {}
+        self._xid_results = dict.fromkeys(XID_RESULTS, 0)
+        self._expired = 0
+        self._version = 0
+        self._body = b""  # the joined GPU families of version _body_version
+        self._body_version = -1
+        self._headers = [f.header.encode("utf-8") for f in self.families]
+        self._own_names = frozenset((*(f.name for f in self.families), *OWN_METRICS))
+        self._n = len(self.families)
+
+    # -- ingest ----------------------------------------------------------------------------------
+    def apply_sample(self, record: Mapping[str, Any], partition: Any, now_s: float) -> str:
+        """Replace the GPU's series with this sample's; returns the GPU key."""
+        mig = record.get("mig")
+        try:
+            key = mig["mig_uuid"] if mig else record["uuid"]
+        except (KeyError, TypeError) as exc:
+            raise InvalidRecord(f"GpuSample without uuid/mig_uuid: {exc}") from exc
+        with self._lock:
+            g = self._gpus.get(key)
+            new = g is None
+            if g is None:
+                g = _Gpu(key)
+            try:
+                try:
+                    lines = self._render_sample(g, record)
+                except KeyError:  # a projected or hand-made record: missing fields are null
+                    record = _complete(record)
+                    lines = self._render_sample(g, record)
+            except (KeyError, TypeError, AttributeError) as exc:  # e.g. an allocation without a pod
+                raise InvalidRecord(f"GpuSample {key}: {type(exc).__name__}: {exc}") from exc
+            if new:
+                self._gpus[key] = g
+            g.lines = lines
+            g.partition = partition
+            g.seen_s = now_s
+            g.ts_ms = record["timestamp_ms"]
+            if self._stale_after_s is not None:
+                g.stale_s = self._stale_after_s
+            else:
+                iv = record.get("interval_ms")
+                g.stale_s = self._stale_intervals * (iv / 1000.0 if iv else self._fallback_interval_s)
+            self._version += 1
+        return key
+
+    def _render_sample(self, g: _Gpu, record: Mapping[str, Any]) -> list[bytes]:
+        r = self.renderer
+        ident = (  # = r.identity(record), inlined: this runs for every sample
+            record["hostname"],
+            record["gpu_index"],
+            record["uuid"],
+            record["pci_bus_id"],
+            record["model_name"],
+            record["mig"],
+            record["driver_version"] if r.with_driver else None,
+            record["allocations"],
+        )
+        if ident != g.ident:
+            g.view = r.view(record)
+            g.ident = ident
+            self._by_bus[(record["hostname"], bus_id_nvml_form(record["pci_bus_id"]))] = record["uuid"]
+        xid_last = g.xid_last
+        if xid_last is None:
+            xid_last = record.get("last_xid")
+            if xid_last is None:
+                xid_last = 0
+        return r.render(record, g.view, xid_last, g.xid_counts, self._invalid)
+
+    def apply_xid(self, event: Mapping[str, Any], partition: Any, now_s: float) -> bool:
+        """Count one gpu.xid event; True when it was counted."""
+        code = event.get("xid")
+        if event.get("kind") != "xid" or code is None or code == 0:
+            with self._lock:
+                self._xid_results["ignored"] += 1
+            return False
+        r = self.renderer
+        with self._lock:
+            eid = event.get("event_id")
+            if eid:
+                if eid in self._event_ids:
+                    self._xid_results["duplicate"] += 1
+                    return False
+                self._event_ids[eid] = None
+                if len(self._event_ids) > self._max_event_ids:
+                    del self._event_ids[next(iter(self._event_ids))]
+            uuid = event.get("uuid")
+            if not uuid:
+                bus = event.get("pci_bus_id") or ""
+                uuid = self._by_bus.get((event.get("hostname") or "", bus_id_nvml_form(bus)))
+            if not uuid:
+                self._xid_results["unattributed"] += 1
+                return False
+            mig_uuid = event.get("mig_uuid")
+            key = mig_uuid if mig_uuid and mig_uuid in self._gpus else uuid
+            g = self._gpus.get(key)
+            if g is None:
+                g = self._gpus[key] = _Gpu(key)
+                g.view = r.event_view(event, uuid)
+                g.lines = r.render_xid_only(g.view, None, None)
+            g.xid_counts[code] = g.xid_counts.get(code, 0) + 1
+            ts = event.get("timestamp_ms") or 0
+            if ts >= g.xid_last_ts:
+                g.xid_last, g.xid_last_ts = code, ts
+            g.xid_partition = partition
+            g.xid_seen_s = now_s
+            lines = g.lines.copy()  # a scrape may hold the old list: replace, never mutate
+            r.render_xid(g.view, g.xid_last, g.xid_counts, lines)
+            g.lines = lines
+            self._xid_results["counted"] += 1
+            self._version += 1
+        return True
+
+    # -- removal ---------------------------------------------------------------------------------
+    def drop_partitions(self, partitions: Iterable[Any]) -> int:
+        """Forget what came from these (revoked) partitions; returns the GPU keys removed."""
+        ps = set(partitions)
+        removed = 0
+        with self._lock:
+            for key, g in list(self._gpus.items()):
+                sample_gone = g.ts_ms is not None and g.partition in ps
+                xid_gone = bool(g.xid_counts) and g.xid_partition in ps
+                if not (sample_gone or xid_gone):
+                    continue
+                if xid_gone:
+                    g.xid_counts = {}
+                    g.xid_last, g.xid_last_ts, g.xid_partition = None, -1, None
+                if sample_gone:
+                    g.ts_ms, g.ident, g.partition = None, None, None
+                if g.ts_ms is None and not g.xid_counts:
+                    del self._gpus[key]
+                    removed += 1
+                elif g.ts_ms is None:  # XIDs stay: counters without the pod labels of a sample
+                    g.view = self.renderer.base_view(g.view)
+                    g.lines = self.renderer.render_xid_only(g.view, g.xid_last, g.xid_counts)
+                else:  # the sample stays; its next sample shows its own last_xid again
+                    g.lines = g.lines.copy()
+                    if self.renderer.xid_total_index is not None:
+                        g.lines[2 * self.renderer.xid_total_index + 1] = b""
+                self._version += 1
+        return removed
+
+    def expire(self, now_s: float) -> int:
+        """Remove GPUs not seen within their staleness limit; returns how many."""
+        with self._lock:
+            return self._expire_locked(now_s)
+
+    def _expire_locked(self, now_s: float) -> int:
+        gone = []
+        xid_ttl = self._xid_only_stale_after_s
+        for key, g in self._gpus.items():
+            if g.ts_ms is not None:
+                if now_s - g.seen_s > g.stale_s:
+                    gone.append(key)
+            elif now_s - g.xid_seen_s > xid_ttl:
+                gone.append(key)
+        for key in gone:
+            del self._gpus[key]
+        if gone:
+            self._expired += len(gone)
+            self._version += 1
+        return len(gone)
+
+    # -- inspection ------------------------------------------------------------------------------
+    def gpu_count(self) -> int:
+        """GPU keys held (GPUs, MIG slices, GPUs known only from XID events). No ``__len__`` on
+        purpose: an empty store must not be falsy (``store or SeriesStore()`` would replace it)."""
+        return len(self._gpus)
+
+    def keys(self) -> list[str]:
+        with self._lock:
+            return list(self._gpus)
+
+    def partition_of(self, key: str) -> Any:
+        with self._lock:
+            g = self._gpus.get(key)
+            return None if g is None else g.partition
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "gpus": len(self._gpus),
+                "expired": self._expired,
+                "invalid": dict(self._invalid),
+                "xid_events": dict(self._xid_results),
+            }
+
+    # -- scrape ----------------------------------------------------------------------------------
+    def render(self, now_s: float | None = None) -> bytes:
+        """The whole exposition (text format 0.0.4), in one copy."""
+        body, pieces, tail, _ = self._scrape(now_s)
+        if body is not None:
+            return body + tail
+        pieces.append(tail)
+        return b"".join(pieces)
+
+    def render_parts(self, now_s: float | None = None) -> list[bytes]:
+        """The exposition as ``[body, tail]``: the GPUs' families (the same object while nothing
+        changed, so a gzip of it can be reused), then the store's and the registry's families."""
+        body, pieces, tail, version = self._scrape(now_s)
+        if body is None:
+            body = b"".join(pieces)
+            with self._lock:
+                if self._body_version < version:
+                    self._body, self._body_version = body, version
+        return [body, tail]
+
+    def _scrape(self, now_s: float | None) -> tuple[bytes | None, list[bytes], bytes, int]:
+        now = time.time() if now_s is None else now_s
+        with self._lock:
+            self._expire_locked(now)
+            gpus = list(self._gpus.values())
+            version = self._version
+            body = self._body if self._body_version == version else None
+            lines = None if body is not None else [g.lines for g in gpus]
+            stats = (len(gpus), sorted(self._invalid.items()), list(self._xid_results.items()), self._expired)
+            ages = [(g.view.age_head, g.ts_ms) for g in gpus if g.ts_ms is not None]
+        tail = self._own_text(now, ages, *stats)
+        if self._registry is not None:
+            tail += self._registry_text().encode("utf-8")
+        pieces = [] if lines is None else self._body_pieces(lines)
+        return body, pieces, tail, version
+
+    def _body_pieces(self, lines: list[list[bytes]]) -> list[bytes]:
+        """Header, then head and value of every GPU, family by family: C-level copies only.
+
+        ``zip(*lines)`` turns the per-GPU line lists into one column per slot; a family's pieces
+        are its head column and value column interleaved by two slice assignments."""
+        if not lines:
+            return []
+        cols = list(zip(*lines, strict=True))
+        n = len(lines)
+        out: list[bytes] = []
+        for fam in self.families:
+            i = 2 * fam.index
+            values = cols[i + 1]
+            if not any(values):  # no GPU has a line: no header either
+                continue
+            seg: list[bytes] = [b""] * (2 * n)
+            seg[0::2] = cols[i]
+            seg[1::2] = values
+            out.append(self._headers[fam.index])
+            out += seg
+        return out
+
+    def _own_text(
+        self,
+        now: float,
+        ages: list[tuple[bytes, int]],
+        ngpus: int,
+        invalid: list[tuple[tuple[str, str], int]],
+        xid_results: list[tuple[str, int]],
+        expired: int,
+    ) -> bytes:
+        out: list[bytes] = []
+        if ages:
+            out.append(
+                f"# HELP {SAMPLE_AGE_METRIC} Seconds from the GPU's latest sample time to this scrape.\n"
+                f"# TYPE {SAMPLE_AGE_METRIC} gauge\n".encode()
+            )
+            out.extend(b"%s%.3f\n" % (head, now - ts / 1000.0) for head, ts in ages)
+        text = [
+            f"# HELP {GPUS_METRIC} GPUs and MIG slices with series in this exposition.\n"
+            f"# TYPE {GPUS_METRIC} gauge\n{GPUS_METRIC} {ngpus}\n"
+            f"# HELP {INVALID_METRIC} Sample values left out: NaN, infinite, negative or not a number.\n"
+            f"# TYPE {INVALID_METRIC} counter\n"
+        ]
+        text.extend(
+            f'{INVALID_METRIC}{{field="{escape_label_value(f)}",reason="{reason}"}} {n}\n'
+            for (f, reason), n in invalid
+        )
+        text.append(
+            f"# HELP {EXPIRED_METRIC} GPUs removed because no sample came within the staleness limit.\n"
+            f"# TYPE {EXPIRED_METRIC} counter\n{EXPIRED_METRIC} {expired}\n"
+            f"# HELP {XID_EVENTS_METRIC} gpu.xid events by outcome (ignored: SXid, GPU lost, XID 0...).\n"
+            f"# TYPE {XID_EVENTS_METRIC} counter\n"
+        )
+        text.extend(f'{XID_EVENTS_METRIC}{{result="{res}"}} {n}\n' for res, n in xid_results)
+        out.append("".join(text).encode("utf-8"))
+        return b"".join(out)
+
+    def _registry_text(self) -> str:
+        from prometheus_client import generate_latest
+
+        text = generate_latest(self._registry).decode("utf-8")
+        own = self._own_names
+        out = []
+        skip = False
+        for line in text.splitlines(keepends=True):
+            if line.startswith(("# HELP ", "# TYPE ")):
+                skip = line.split(" ", 3)[2] in own
+            if not skip:
+                out.append(line)
+        return "".join(out)
+
+
+def _complete(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A record with every GpuSample field (missing metric fields null); identity fields required."""
+    missing = [f for f in _IDENTITY_FIELDS if f not in record]
+    if missing:
+        raise InvalidRecord(f"GpuSample record lacks {', '.join(missing)}")
+    from consumers.metrics.fields import FIELDS
+
+    full: dict[str, Any] = dict.fromkeys((f.source for f in FIELDS if f.source), None)
+    full.update(
+        mig=None,
+        driver_version=None,
+        allocations=[],
+        processes=[],
+        interval_ms=None,
+        last_xid=None,
+    )
+    full.update(record)
+    return full

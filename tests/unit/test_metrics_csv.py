@@ -1,0 +1,199 @@
+"""consumers.metrics.collectors_csv: dcgm-exporter's counters CSV format (pure)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from consumers.metrics.collectors_csv import (
+    CountersError,
+    all_counters,
+    default_counters,
+    default_counters_text,
+    load_counters,
+    parse_counters,
+)
+from consumers.metrics.fields import FIELDS, Kind
+from gpupipe.errors import ConfigError
+
+# Written in the shape of dcgm-exporter's etc/default-counters.csv: comments, aligned columns,
+# a space before a comma, commented-out rows, a label row, and rows GpuSample cannot serve.
+STOCK_STYLE = """\
+# Format
+# If line starts with a '#' it is considered a comment
+# DCGM FIELD, Prometheus metric type, help message
+
+# Clocks
+DCGM_FI_DEV_SM_CLOCK,  gauge, SM clock frequency (in MHz).
+
+# Utilization (the sample period varies depending on the product)
+DCGM_FI_DEV_GPU_UTIL,      gauge, GPU utilization (in %).
+DCGM_FI_DEV_DEC_UTIL ,     gauge, Decoder utilization (in %).
+
+   # an indented comment
+# DCGM_FI_DEV_POWER_VIOLATION,       counter, Throttling duration due to power constraints (in ns).
+DCGM_FI_DEV_SYNC_BOOST_VIOLATION,  counter, Throttling duration due to sync-boost constraints (in ns).
+DCGM_EXP_GPU_HEALTH_STATUS,  gauge,   Current DCGM-reported GPU health status.
+
+# Static configuration information. These appear as labels on the other metrics
+DCGM_FI_DRIVER_VERSION,        label, Driver Version
+DCGM_FI_DEV_VBIOS_VERSION,     label, VBIOS version of the device
+DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, gauge, Ratio of cycles the tensor (HMMA) pipe is active.
+"""
+
+
+def test_stock_style_file():
+    cs = parse_counters(STOCK_STYLE, source="stock")
+    assert cs.names == (
+        "DCGM_FI_DEV_SM_CLOCK",
+        "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_DEV_DEC_UTIL",
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    )
+    assert [c.name for c in cs.labels] == ["DCGM_FI_DRIVER_VERSION"]
+    assert cs.has_label("DCGM_FI_DRIVER_VERSION")
+    assert cs.skipped == (
+        (14, "DCGM_FI_DEV_SYNC_BOOST_VIOLATION"),
+        (15, "DCGM_EXP_GPU_HEALTH_STATUS"),
+        (19, "DCGM_FI_DEV_VBIOS_VERSION"),
+    )
+    dec = cs.metrics[2]
+    assert (dec.prom_type, dec.help, dec.line) == ("gauge", "Decoder utilization (in %).", 10)
+
+
+def test_unavailable_fields_warn(caplog):
+    with caplog.at_level(logging.WARNING, logger="gpupipe.metrics"):
+        parse_counters(STOCK_STYLE, source="stock")
+    assert "DCGM_FI_DEV_SYNC_BOOST_VIOLATION (line 14)" in caplog.text
+    assert "skipping 3 field(s)" in caplog.text
+
+
+def test_strict_rejects_unavailable_fields():
+    with pytest.raises(CountersError) as exc:
+        parse_counters(STOCK_STYLE, source="stock", strict=True)
+    msg = str(exc.value)
+    assert "line 14: DCGM_FI_DEV_SYNC_BOOST_VIOLATION: not carried by GpuSample" in msg
+    assert "line 19: DCGM_FI_DEV_VBIOS_VERSION" in msg
+
+
+def test_every_error_listed_at_once():
+    text = """\
+DCGM_FI_DEV_GPU_TEMPP, gauge, typo
+DCGM_FI_DEV_GPU_TEMP, histogram, bad type
+DCGM_FI_DEV_SM_CLOCK
+DCGM_FI_DEV_POWER_USAGE, gauge, Power draw (in W).
+DCGM_FI_DEV_POWER_USAGE, gauge, again
+DCGM_FI_DEV_GPU_UTIL, label, a number as a label
+DCGM_FI_DRIVER_VERSION, gauge, a string as a gauge
+, gauge, no name
+"""
+    with pytest.raises(CountersError) as exc:
+        parse_counters(text, source="bad.csv")
+    msg = str(exc.value)
+    assert msg.startswith("counters file bad.csv: ")
+    for part in (
+        "line 1: DCGM_FI_DEV_GPU_TEMPP: unknown field",
+        "line 2: DCGM_FI_DEV_GPU_TEMP: unsupported type 'histogram'",
+        "line 3: expected 'FIELD, type, help'",
+        "line 5: DCGM_FI_DEV_POWER_USAGE: duplicate of line 4",
+        "line 6: DCGM_FI_DEV_GPU_UTIL: type 'label' not possible",
+        "line 7: DCGM_FI_DRIVER_VERSION: type 'gauge' not possible",
+        "line 8: empty field name",
+    ):
+        assert part in msg
+    assert isinstance(exc.value, ConfigError)
+
+
+def test_help_with_commas_and_type_case():
+    cs = parse_counters("DCGM_FI_DEV_GPU_TEMP, GAUGE, GPU temperature, in C, as DCGM reads it\n")
+    (c,) = cs.metrics
+    assert (c.prom_type, c.help) == ("gauge", "GPU temperature, in C, as DCGM reads it")
+
+
+def test_csv_type_overrides_default():
+    cs = parse_counters("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL, counter, Total NVLink.\n")
+    assert cs.metrics[0].prom_type == "counter"
+    assert cs.metrics[0].spec.prom_type == "gauge"
+
+
+def test_empty_help_falls_back_to_default():
+    cs = parse_counters("DCGM_FI_DEV_GPU_TEMP, gauge,\n")
+    assert cs.metrics[0].help == "GPU temperature (in C)."
+
+
+def test_empty_file():
+    cs = parse_counters("# nothing\n\n")
+    assert cs.metrics == () and cs.labels == ()
+
+
+def test_default_selection():
+    cs = default_counters()
+    names = set(cs.names)
+    upstream_active = {
+        "DCGM_FI_DEV_SM_CLOCK",
+        "DCGM_FI_DEV_MEM_CLOCK",
+        "DCGM_FI_DEV_MEMORY_TEMP",
+        "DCGM_FI_DEV_GPU_TEMP",
+        "DCGM_FI_DEV_POWER_USAGE",
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+        "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_DEV_MEM_COPY_UTIL",
+        "DCGM_FI_DEV_ENC_UTIL",
+        "DCGM_FI_DEV_DEC_UTIL",
+        "DCGM_FI_DEV_XID_ERRORS",
+        "DCGM_FI_DEV_FB_FREE",
+        "DCGM_FI_DEV_FB_USED",
+        "DCGM_FI_DEV_FB_RESERVED",
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+        "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+        "DCGM_FI_PROF_PCIE_TX_BYTES",
+        "DCGM_FI_PROF_PCIE_RX_BYTES",
+    }
+    profiling_extras = {
+        "DCGM_FI_PROF_SM_ACTIVE",
+        "DCGM_FI_PROF_SM_OCCUPANCY",
+        "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
+        "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
+        "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
+        "DCGM_FI_PROF_NVLINK_TX_BYTES",
+        "DCGM_FI_PROF_NVLINK_RX_BYTES",
+    }
+    assert names == upstream_active | profiling_extras | {"DCGM_EXP_XID_ERRORS_TOTAL"}
+    assert [c.name for c in cs.labels] == ["DCGM_FI_DRIVER_VERSION"]
+    assert cs.skipped == ()
+    # the HELP/TYPE of the shipped file equal the field table's (one source of truth, two copies)
+    for c in cs.metrics:
+        assert (c.prom_type, c.help) == (c.spec.prom_type, c.spec.help), c.name
+
+
+def test_default_file_comments_out_every_other_field_we_serve():
+    text = default_counters_text()
+    for spec in FIELDS:
+        assert spec.name in text or spec.name in (
+            "DCGM_FI_DEV_ENFORCED_POWER_LIMIT",
+            "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+            "DCGM_FI_DEV_GPU_RECOVERY_ACTION",
+        ), f"{spec.name} is missing from the shipped default CSV"
+
+
+def test_load_counters(tmp_path):
+    p = tmp_path / "c.csv"
+    p.write_text("DCGM_FI_DEV_GPU_TEMP, gauge, t\n")
+    assert load_counters(p).names == ("DCGM_FI_DEV_GPU_TEMP",)
+    assert load_counters(None).names == default_counters().names
+    with pytest.raises(CountersError, match="cannot read counters file"):
+        load_counters(tmp_path / "missing.csv")
+
+
+def test_all_counters_covers_every_field():
+    cs = all_counters()
+    assert {c.name for c in (*cs.metrics, *cs.labels)} == {f.name for f in FIELDS}
+    assert all(c.spec.kind is not Kind.LABEL for c in cs.metrics)
