@@ -17,7 +17,7 @@ from typing import Any
 
 from gpupipe import topics
 from gpupipe.durations import parse_iso_ms, parse_positive_duration_ms
-from gpupipe.errors import ConfigError, GpupipeError
+from gpupipe.errors import BrokerUnavailableError, ConfigError, GpupipeError
 from gpupipe.health_server import ServiceHttp
 from gpupipe.kafka_admin import ensure_topics, parse_kafka_overrides, parse_topic_overrides, wait_for_broker
 from gpupipe.logs import fields
@@ -102,6 +102,71 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="mean XIDs per GPU-hour of simulated time",
     )
     sim.add_argument("--hostname-prefix", default="sim-node")
+    nv = p.add_argument_group("nvml source")
+    nv.add_argument(
+        "--hostname", default=None, help="node name on the records (default: $NODE_NAME, else the host name)"
+    )
+    nv.add_argument(
+        "--kubelet-socket",
+        default="/var/lib/kubelet/pod-resources/kubelet.sock",
+        help="kubelet PodResources socket; '' turns pod attribution off",
+    )
+    nv.add_argument(
+        "--kubelet-timeout", type=_duration, default=1000, help="deadline of one kubelet List (default 1s)"
+    )
+    nv.add_argument(
+        "--extra-resource-names",
+        default="",
+        metavar="NAMES",
+        help="more GPU resource names to map, comma-separated ('example.com/gpu,vendor.io/*')",
+    )
+    nv.add_argument(
+        "--kmsg-path",
+        default="/dev/kmsg",
+        help="kernel log to read XIDs from: /dev/kmsg, a file, or - (stdin)",
+    )
+    nv.add_argument("--no-kmsg", action="store_true", help="do not read the kernel log")
+    nv.add_argument("--no-nvml-events", action="store_true", help="do not watch NVML XID events")
+    nv.add_argument(
+        "--xid-merge-window",
+        type=_duration,
+        default=500,
+        help="an XID seen by NVML and the kernel log within this window is one event (default 500ms)",
+    )
+    nv.add_argument("--spool-dir", default="/var/lib/gpupipe/spool", help="XID spool directory (on disk)")
+    nv.add_argument(
+        "--spool-max-bytes",
+        type=int,
+        default=64 * 1024 * 1024,
+        help="XID spool bound; oldest dropped over it",
+    )
+    nv.add_argument(
+        "--sample-queue-max",
+        type=int,
+        default=10_000,
+        help="samples held in memory while Kafka is unreachable; oldest dropped over it",
+    )
+    nv.add_argument(
+        "--slow-interval",
+        type=_duration,
+        default=30_000,
+        help="ECC / remapped rows / retired pages (default 30s)",
+    )
+    nv.add_argument(
+        "--profiling-interval", type=_duration, default=1000, help="GPM profiling metrics (default 1s)"
+    )
+    nv.add_argument(
+        "--processes-interval",
+        type=_duration,
+        default=5000,
+        help="per-process memory/utilisation (default 5s)",
+    )
+    nv.add_argument("--proc-root", default="/proc", help="procfs of the host (pid -> pod via cgroups)")
+    nv.add_argument(
+        "--pod-logs-dir",
+        default="/var/log/pods",
+        help="kubelet pod log directory (pod UID -> namespace/name)",
+    )
 
 
 class _Stop:
@@ -121,7 +186,17 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--nodes and --gpus-per-node must be at least 1")
     extra = parse_kafka_overrides(args.kafka_config)
     specs = parse_topic_overrides(args.topic_partitions, args.topic_retention)
-    wait_for_broker(args.bootstrap_servers, extra=extra)
+    try:
+        wait_for_broker(args.bootstrap_servers, extra=extra)
+    except BrokerUnavailableError:
+        if args.source != "nvml":
+            raise
+        # A node agent must start (and spool XIDs) even while Kafka is down; topics then must exist.
+        log.warning(
+            "Kafka unreachable at start; XIDs will be spooled until it returns",
+            extra=fields(bootstrap=args.bootstrap_servers),
+        )
+        args.create_topics = False
     if args.create_topics:
         ensure_topics(args.bootstrap_servers, topics.ALL, prefix=args.topic_prefix, specs=specs, extra=extra)
     metrics = ProducerMetrics()

@@ -100,6 +100,33 @@ class Publisher:
             except BufferError:
                 self._producer.poll(0.05)
 
+    def produce_tracked(
+        self,
+        topic: str,
+        key: bytes | str,
+        value: bytes,
+        on_delivery: Callable[[KafkaError | None, Message], None],
+    ) -> None:
+        """Produce with a per-message delivery callback (the XID spool acknowledges through it).
+
+        Successes are counted like any other record; a failure is left to the callback, because
+        the caller keeps the record (spooled) and retries it: it is not lost, so not `failed`.
+        """
+
+        def done(err: KafkaError | None, msg: Message) -> None:
+            if err is None:
+                self.sent += 1
+                t = msg.topic()
+                self.sent_by_topic[t] = self.sent_by_topic.get(t, 0) + 1
+            on_delivery(err, msg)
+
+        while True:
+            try:
+                self._producer.produce(topic, value, key, on_delivery=done)
+                return
+            except BufferError:
+                self._producer.poll(0.05)
+
     def poll(self, timeout: float = 0.0) -> int:
         return self._producer.poll(timeout)
 

@@ -1,0 +1,213 @@
+#!/usr/bin/env bash
+# gpu-check: run the NVML source (and the XID inputs) once on a real GPU node and record what it sees.
+#
+#   scripts/gpu-check.sh [OUT_DIR]        # default: $OUT if set, else ./gpu-check-out
+#
+# Writes into OUT_DIR (and prints report.txt):
+#   report.txt      versions, every GPU, supported / unsupported GpuSample fields per GPU (and MIG
+#                   slice), NVML errors, CPU time per collection tick, XID event registration,
+#                   the kernel-log backlog parse, a kubelet List if the socket is there
+#   sample.json     one real GpuSample per GPU and MIG slice (pretty JSON, after every group ran)
+#   summary.json    the same figures, machine-readable
+#   nvidia-smi.txt  `nvidia-smi -q` for context (if nvidia-smi exists)
+#
+# Needs Python 3.9+ with nvidia-ml-py and fastavro importable: the repo's .venv, or a folder of
+# packages named by GPUCHECK_DEPS (default ./.gpucheck; see docs/real-gpu.md). GPUCHECK_FAKE_NVML=H100:8
+# does a dry run against the tests' fake NVML (checks the script, reads no GPU). Read-only: it sets no
+# GPU state, starts no workload, and only reads /dev/kmsg's backlog. Takes about 15 s.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT_DIR=${1:-${OUT:-gpu-check-out}}
+mkdir -p "$OUT_DIR"
+DEPS=${GPUCHECK_DEPS:-.gpucheck}
+if [ -d "$DEPS" ]; then
+  export PYTHONPATH="$PWD/$DEPS${PYTHONPATH:+:$PYTHONPATH}"
+fi
+PY=${PYTHON:-}
+if [ -z "$PY" ]; then
+  if [ -x .venv/bin/python ] && .venv/bin/python -c 'import pynvml' 2>/dev/null; then PY=.venv/bin/python; else PY=python3; fi
+fi
+export PYTHONUNBUFFERED=1
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi -q >"$OUT_DIR/nvidia-smi.txt" 2>&1 || true
+fi
+
+"$PY" - "$OUT_DIR" <<'PY' 2>&1 | tee "$OUT_DIR/report.txt"
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.getcwd())
+out_dir = Path(sys.argv[1])
+
+from producer.nvml import NvmlSource, XidEventWatcher, default_nvml_module  # noqa: E402
+from producer.nvml.records import METRIC_FIELDS  # noqa: E402
+
+summary: dict = {"host": platform.node(), "python": platform.python_version()}
+
+
+def section(title: str) -> None:
+    print(f"\n== {title}")
+
+
+fake_spec = os.environ.get("GPUCHECK_FAKE_NVML")  # dry run of this script without a GPU (tests' fake)
+if fake_spec:
+    sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
+    from tests.fake_nvml_cli import build
+
+    nvml = build(fake_spec)
+    print(f"DRY RUN with the fake NVML ({fake_spec}): no real GPU was read")
+    summary["dry_run"] = fake_spec
+else:
+    nvml = default_nvml_module()
+try:
+    from importlib.metadata import version
+
+    summary["nvidia_ml_py"] = version("nvidia-ml-py")
+except Exception:
+    summary["nvidia_ml_py"] = getattr(nvml, "__version__", "unknown")
+
+# 1. Every group on every poll: short intervals, three polls (GPM needs two samples >= 100 ms apart).
+section("NVML source: one complete sample per GPU / MIG slice")
+src = NvmlSource(nvml, platform.node(), {k: 0.25 for k in ("fast", "slow", "profiling", "processes", "mig")})
+t0 = time.perf_counter()
+try:
+    src.start()
+except Exception as exc:  # NvmlInitError: no driver, no GPU, no permission
+    print(f"gpu-check: {exc}")
+    sys.exit(2)
+summary["start_s"] = round(time.perf_counter() - t0, 4)
+samples = []
+for _ in range(3):
+    time.sleep(0.3)
+    samples = src.poll()
+summary["driver_version"] = samples[0]["driver_version"] if samples else None
+print(f"driver {summary['driver_version']}, nvidia-ml-py {summary['nvidia_ml_py']}, {len(src.gpus())} GPU(s),"
+      f" {len(samples)} record(s), start {summary['start_s']} s")
+(out_dir / "sample.json").write_text(json.dumps(samples, indent=2, sort_keys=False) + "\n")
+if samples:
+    print(json.dumps(samples[0], indent=2))
+
+section("supported / unsupported fields per GPU (null = NVML could not give it)")
+per_device = []
+for s in samples:
+    mig = s.get("mig")
+    name = f"GPU {s['gpu_index']} {s['model_name']}" + (f" MIG {mig['profile']} gi={mig['gpu_instance_id']}" if mig else "")
+    fields = [f for f in METRIC_FIELDS if f != "last_xid"]  # last_xid is the agent's, not NVML's
+    have = [f for f in fields if s.get(f) is not None]
+    null = [f for f in fields if s.get(f) is None]
+    learned = sorted(src.unsupported(s["gpu_index"], mig["gpu_instance_id"] if mig else None))
+    per_device.append({"device": name, "uuid": s["uuid"], "mig_uuid": mig and mig["mig_uuid"],
+                       "supported": have, "null": null, "learned_unsupported_calls": learned,
+                       "processes": len(s.get("processes") or []), "gpu_lost": s.get("gpu_lost")})
+    print(f"{name} ({mig['mig_uuid'] if mig else s['uuid']}): {len(have)}/{len(fields)} fields")
+    print(f"  supported:   {', '.join(have)}")
+    print(f"  null:        {', '.join(null) or '-'}")
+    print(f"  unsupported NVML calls learned: {', '.join(learned) or '-'}")
+summary["devices"] = per_device
+summary["nvml_errors"] = dict(src.error_counts)
+summary["garbage"] = dict(src.garbage_counts)
+summary["collector_failures"] = dict(src.collector_failures)
+print(f"NVML errors {summary['nvml_errors']}, garbage {summary['garbage']}, collector failures {summary['collector_failures']}")
+try:
+    from schemas.codec import AvroCodec
+
+    enc = AvroCodec().encoder("GpuSample").encode
+    sizes = [len(enc(s)) for s in samples]
+    summary["avro_bytes_per_sample"] = sizes
+    print(f"every sample encodes (Avro bytes: {sizes})")
+except Exception as exc:  # report, do not stop the check
+    summary["encode_error"] = repr(exc)
+    print(f"ENCODE FAILED: {exc!r}")
+src.shutdown()
+
+# 2. CPU per collection tick with the default intervals (fast 1 s ... slow 30 s): a simulated clock
+#    advances 1 s per poll so the slow/processes/MIG groups are amortised as in production; real
+#    sleeps of 0.15 s keep GPM samples apart. NVML's own cost is included (this is a real GPU).
+section("CPU time per collection tick (default intervals, 60 ticks = two slow cycles)")
+clock = [1000.0]
+src = NvmlSource(nvml, platform.node(), None, clock=lambda: clock[0])
+src.start()
+cpu_ms, wall_ms = [], []
+groups: dict = {}
+for _ in range(60):
+    clock[0] += 1.0
+    time.sleep(0.15)
+    c, w = time.process_time(), time.perf_counter()
+    src.poll()
+    cpu_ms.append((time.process_time() - c) * 1000)
+    wall_ms.append((time.perf_counter() - w) * 1000)
+    for g, sec in src.collect_seconds.items():
+        groups.setdefault(g, []).append(sec * 1000)
+src.shutdown()
+tick = {
+    "cpu_ms_mean": round(statistics.mean(cpu_ms), 3),
+    "cpu_ms_median": round(statistics.median(cpu_ms), 3),
+    "cpu_ms_max": round(max(cpu_ms), 3),
+    "wall_ms_mean": round(statistics.mean(wall_ms), 3),
+    "wall_ms_max": round(max(wall_ms), 3),
+    "group_wall_ms_mean": {g: round(statistics.mean(v), 3) for g, v in groups.items()},
+    "gpus": len(src.gpus()),
+}
+summary["tick"] = tick
+print(json.dumps(tick, indent=2))
+
+# 3. NVML XID events: which GPUs accept the registration.
+section("NVML XID event set")
+w = XidEventWatcher(nvml, lambda ev: print("XID event:", ev), timeout_ms=200)
+try:
+    w.start()
+    time.sleep(0.5)
+    summary["xid_events"] = {"registered": w.registered, "unsupported": w.unsupported, "errors": dict(w.error_counts)}
+    w.stop()
+except Exception as exc:
+    summary["xid_events"] = {"error": repr(exc)}
+print(summary["xid_events"])
+
+# 4. The kernel log: read the backlog of /dev/kmsg once and parse it.
+section("kernel log (/dev/kmsg backlog)")
+try:
+    from producer.xid.kmsg_parse import KernelXid, KmsgParser, to_json_dict
+    from producer.xid.kmsg_reader import KmsgReader
+
+    reader = KmsgReader("/dev/kmsg", follow=False, from_start=True)
+    parser = KmsgParser()
+    found = []
+    t0 = time.process_time()
+    for line in reader:
+        found += parser.feed(line)
+    found += parser.flush()
+    cpu = time.process_time() - t0
+    xids = [to_json_dict(e) for e in found if isinstance(e, KernelXid)]
+    summary["kmsg"] = {"lines": reader.stats.lines, "records": reader.stats.records, "xids": xids,
+                       "fallen_off_bus": sum(1 for e in found if not isinstance(e, KernelXid)),
+                       "cpu_s": round(cpu, 4)}
+    print(f"{reader.stats.lines} lines, {len(xids)} Xid/SXid, cpu {cpu:.4f} s")
+    for x in xids[-10:]:
+        print(" ", json.dumps(x))
+except Exception as exc:
+    summary["kmsg"] = {"error": repr(exc)}
+    print(f"kernel log not readable: {exc!r}")
+
+# 5. The kubelet, if this is a Kubernetes node.
+section("kubelet PodResources")
+sock = "/var/lib/kubelet/pod-resources/kubelet.sock"
+if os.path.exists(sock):
+    try:
+        from producer.kubelet.client import PodResourcesClient
+
+        amap = PodResourcesClient(sock, 2.0).list_allocations()
+        summary["kubelet"] = {k: [f"{r.namespace}/{r.pod}/{r.container}" for r in v] for k, v in amap.items()}
+    except Exception as exc:
+        summary["kubelet"] = {"error": repr(exc)}
+else:
+    summary["kubelet"] = "socket absent (not a Kubernetes node)"
+print(summary["kubelet"])
+
+(out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+print(f"\nwritten: {out_dir}/sample.json, {out_dir}/summary.json, {out_dir}/report.txt")
+PY

@@ -1,0 +1,72 @@
+"""Run the real ``gpupipe`` CLI with the fake NVML module (tests and benchmarks only).
+
+    GPUPIPE_FAKE_NVML=H100:8:mig=7:procs=2 python tests/fake_nvml_cli.py produce --source nvml ...
+
+``GPUPIPE_FAKE_NVML`` is read here and nowhere else: this launcher replaces
+``producer.node_agent.nvml_factory`` before calling ``gpupipe.cli.main``. Production code never
+imports ``tests``. Spec: ``<model>:<count>`` (``H100``, ``H200``, ``A100``, ``L40S``) followed by
+options ``mig=<gpu index>`` (that GPU in MIG mode with 3g.40gb + 2x 1g.10gb slices),
+``procs=<n>`` (n compute processes per GPU), ``init-error`` (nvmlInit fails with
+NVML_ERROR_DRIVER_NOT_LOADED).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+for p in (str(REPO), str(REPO / "tests")):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+ENV = "GPUPIPE_FAKE_NVML"
+
+
+def build(spec: str):  # -> FakeNvml
+    import pynvml
+
+    from tests.fake_nvml import FakeNvml, FakeProcess
+
+    model, _, rest = spec.partition(":")
+    count_text, _, opts = rest.partition(":")
+    init_error = None
+    mig_index = None
+    procs = 0
+    for opt in filter(None, opts.split(":")):
+        key, _, value = opt.partition("=")
+        if key == "mig":
+            mig_index = int(value)
+        elif key == "procs":
+            procs = int(value)
+        elif key == "init-error":
+            init_error = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+        else:
+            raise SystemExit(f"{ENV}: unknown option {opt!r}")
+    fake = FakeNvml.node(model or "H100", int(count_text or 8), init_error=init_error)
+    for g in fake.gpus:
+        for k in range(procs):
+            pid = 100_000 + 100 * g.index + k
+            g.processes.append(FakeProcess(pid, f"python3-{k}", sm_util=40 + k, mem_util=10 + k))
+            fake.process_names[pid] = f"python3-{k}"
+    if mig_index is not None:
+        fake.gpus[mig_index].enable_mig(["3g.40gb", "1g.10gb", "1g.10gb"])
+    return fake
+
+
+def main(argv: list[str]) -> int:
+    spec = os.environ.get(ENV)
+    if not spec:
+        raise SystemExit(f"{ENV} is not set (e.g. H100:8:mig=7:procs=2)")
+    fake = build(spec)
+
+    import producer.node_agent as node_agent
+    from gpupipe import cli
+
+    node_agent.nvml_factory = lambda: fake
+    return cli.main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
