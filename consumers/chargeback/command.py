@@ -1,0 +1,301 @@
+"""Aggregate GPU time, energy and cost per namespace into event-time windows, exactly once.
+
+Reads GpuSample records from gpu.samples.v1 in a consumer group and publishes ChargebackWindow
+records to gpu.chargeback.v1: one per (window, namespace, node, GPU model) when a window closes
+(its end plus --grace has passed in event time), and correction records for samples that arrive
+later still. Output and consumed offsets commit in one Kafka transaction; after a crash the
+open windows are rebuilt by replaying the input from the committed checkpoint, so every sample
+is counted once. Instances in one group split the input partitions; give each a distinct
+--instance-id (default: the host name), stable across its restarts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import threading
+from typing import Any
+
+from confluent_kafka.admin import AdminClient
+
+from consumers.chargeback.accounting import AccountingConfig
+from consumers.chargeback.engine import ChargebackSettings, build_engine, projected_sample_schema
+from consumers.chargeback.fastdecode import SampleDecoder
+from consumers.chargeback.prices import PriceTable, load_price_table, parse_price_table
+from consumers.chargeback.service import ChargebackService, ServiceConfig
+from gpupipe import topics
+from gpupipe.durations import parse_duration_ms, parse_positive_duration_ms
+from gpupipe.errors import ConfigError
+from gpupipe.health_server import ServiceHttp
+from gpupipe.kafka_admin import client_config, ensure_topics, parse_kafka_overrides, wait_for_broker
+from gpupipe.logs import fields
+from schemas import catalog
+from schemas.codec import codec_from_url
+
+USES_KAFKA = True
+
+log = logging.getLogger("gpupipe.chargeback")
+
+# The prices of deploy/prices.example.yaml, used when no --prices file is given (a warning says so).
+EXAMPLE_PRICES: dict[str, Any] = {
+    "currency": "USD",
+    "energy_per_kwh": 0.14,
+    "default_per_gpu_hour": 2.50,
+    "models": [
+        {"match": "NVIDIA H200", "per_gpu_hour": 4.10},
+        {"match": "NVIDIA H100 80GB HBM3", "per_gpu_hour": 3.40},
+        {"match": "NVIDIA H100*", "per_gpu_hour": 3.20},
+        {"match": "NVIDIA A100*80GB*", "per_gpu_hour": 1.90},
+        {"match": "NVIDIA A100*", "per_gpu_hour": 1.60},
+        {"match": "NVIDIA L40S*", "per_gpu_hour": 1.10},
+    ],
+}
+
+
+def _duration(text: str) -> int:
+    try:
+        return parse_positive_duration_ms(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _duration_or_zero(text: str) -> int:
+    try:
+        ms = parse_duration_ms(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if ms < 0:
+        raise argparse.ArgumentTypeError(f"duration {text!r} must not be negative")
+    return ms
+
+
+def _skew(text: str) -> int | None:
+    if text.strip().lower() in ("off", "none", "0"):
+        return None
+    return _duration(text)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
+def _ratio(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number within 0..1, got {text!r}") from None
+    if not 0 <= v <= 1:
+        raise argparse.ArgumentTypeError(f"must be within 0..1, got {v}")
+    return v
+
+
+def default_instance_id() -> str:
+    """The host name: a pod name in Kubernetes (stable per StatefulSet member), else the machine's."""
+    return os.environ.get("HOSTNAME") or socket.gethostname() or "chargeback"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    w = p.add_argument_group("windows and prices")
+    w.add_argument(
+        "--window",
+        type=_duration,
+        default=3_600_000,
+        help="tumbling event-time window, e.g. 1h, 10m (default 1h)",
+    )
+    w.add_argument(
+        "--grace",
+        type=_duration_or_zero,
+        default=300_000,
+        help="how long after its end a window waits for late samples before it closes (default 5m); "
+        "later samples go into correction records",
+    )
+    w.add_argument(
+        "--prices",
+        default=None,
+        metavar="FILE",
+        help="price table YAML (see deploy/prices.example.yaml; default: those example prices)",
+    )
+    w.add_argument(
+        "--teams",
+        default=None,
+        metavar="FILE",
+        help="namespace-to-team YAML; stamps each record's team (reports can map again at read time)",
+    )
+    w.add_argument(
+        "--default-interval",
+        type=_duration,
+        default=10_000,
+        help="interval assumed for samples without interval_ms (default 10s)",
+    )
+    w.add_argument(
+        "--idle-threshold",
+        type=_ratio,
+        default=0.05,
+        help="activity below which allocated time counts as idle (default 0.05)",
+    )
+    w.add_argument(
+        "--max-clock-skew",
+        type=_skew,
+        default=900_000,
+        help="samples stamped further ahead of their Kafka timestamp are accounted at the latter "
+        "(default 15m; 'off' disables)",
+    )
+    k = p.add_argument_group("kafka")
+    k.add_argument(
+        "--group-id", default="gpupipe-chargeback", help="consumer group (default gpupipe-chargeback)"
+    )
+    k.add_argument(
+        "--instance-id",
+        default=None,
+        help="this instance's id, unique in the group and stable across its restarts: the group.instance.id "
+        "and the transactional.id suffix that fences a crashed predecessor (default: host name)",
+    )
+    k.add_argument(
+        "--static-membership",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="join with group.instance.id so a restarted instance gets its partitions back without a "
+        "rebalance (default on; an instance that goes away for good releases its partitions only "
+        "after session.timeout.ms)",
+    )
+    k.add_argument(
+        "--commit-interval",
+        type=_duration,
+        default=1000,
+        help="commit a transaction this often (default 1s); also the output latency",
+    )
+    k.add_argument(
+        "--commit-records",
+        type=_positive_int,
+        default=100_000,
+        help="or after this many consumed records (default 100000)",
+    )
+    k.add_argument(
+        "--batch-size", type=_positive_int, default=5000, help="records per consume() call (default 5000)"
+    )
+    k.add_argument(
+        "--transaction-timeout",
+        type=_duration,
+        default=30_000,
+        help="transaction.timeout.ms: how long a crashed instance's open transaction can block "
+        "read_committed readers if no instance with its id comes back (default 30s)",
+    )
+    k.add_argument(
+        "--start",
+        choices=["earliest", "latest"],
+        default="earliest",
+        help="where a partition without a committed checkpoint starts (default earliest: bill all "
+        "retained samples)",
+    )
+    k.add_argument("--input-topic", default=None, help="override the samples topic (default gpu.samples.v1)")
+    k.add_argument(
+        "--output-topic", default=None, help="override the output topic (default gpu.chargeback.v1)"
+    )
+    k.add_argument(
+        "--create-topics",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="create missing topics with default partitions and retention",
+    )
+    p.add_argument("--listen", default=None, help="HOST:PORT for /metrics and /healthz")
+
+
+def load_prices(path: str | None) -> PriceTable:
+    if path is None:
+        log.warning("no --prices file: using the built-in example prices (deploy/prices.example.yaml)")
+        return parse_price_table(EXAMPLE_PRICES, "<built-in example prices>")
+    return load_price_table(path)
+
+
+def build_service(args: argparse.Namespace, extra: dict[str, str]) -> ChargebackService:
+    prices = load_prices(args.prices)
+    team_of = None
+    if args.teams:
+        from consumers.report.teams import load_team_map
+
+        team_of = load_team_map(args.teams).match
+    if args.default_interval > 600_000:
+        raise ConfigError("--default-interval must be at most 10m")
+    settings = ChargebackSettings(
+        window_ms=args.window,
+        grace_ms=args.grace,
+        accounting=AccountingConfig(
+            default_interval_ms=args.default_interval, idle_activity_threshold=args.idle_threshold
+        ),
+        max_clock_skew_ms=args.max_clock_skew,
+    )
+    instance_id = args.instance_id or default_instance_id()
+    engine = build_engine(settings, prices, instance_id, team_of=team_of)
+    projected = projected_sample_schema(catalog.current("GpuSample").raw)
+    codec = codec_from_url(args.schema_registry_url, reader_schemas={"GpuSample": projected})
+    cfg = ServiceConfig(
+        bootstrap=args.bootstrap_servers,
+        input_topic=args.input_topic or topics.with_prefix(args.topic_prefix, topics.SAMPLES),
+        output_topic=args.output_topic or topics.with_prefix(args.topic_prefix, topics.CHARGEBACK),
+        deadletter_topic=topics.with_prefix(args.topic_prefix, topics.DEADLETTER),
+        group_id=args.group_id,
+        instance_id=instance_id,
+        static_membership=args.static_membership,
+        commit_interval_s=args.commit_interval / 1000.0,
+        commit_records=args.commit_records,
+        batch_size=args.batch_size,
+        start=args.start,
+        transaction_timeout_ms=args.transaction_timeout,
+        extra=extra,
+    )
+    return ChargebackService(cfg, engine, codec, decode=SampleDecoder(codec, projected).decode)
+
+
+def check_topics(bootstrap: str, names: list[str], extra: dict[str, str]) -> None:
+    """Fail at startup, not in the first transaction, when a topic is missing (no auto-creation)."""
+    existing = AdminClient(client_config(bootstrap, extra)).list_topics(timeout=10).topics
+    missing = [n for n in names if n not in existing]
+    if missing:
+        raise ConfigError(f"missing topics {missing}: create them, or run with --create-topics")
+
+
+def run(args: argparse.Namespace) -> int:
+    stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+    extra = parse_kafka_overrides(args.kafka_config)
+    wait_for_broker(args.bootstrap_servers, extra=extra)
+    if args.create_topics:
+        ensure_topics(
+            args.bootstrap_servers,
+            [topics.SAMPLES, topics.CHARGEBACK, topics.DEADLETTER],
+            prefix=args.topic_prefix,
+            extra=extra,
+        )
+    service = build_service(args, extra)
+    cfg = service.cfg
+    if args.create_topics:
+        overridden = [
+            t for t, o in ((cfg.input_topic, args.input_topic), (cfg.output_topic, args.output_topic)) if o
+        ]
+        if overridden:
+            ensure_topics(args.bootstrap_servers, overridden, extra=extra)
+    check_topics(args.bootstrap_servers, [cfg.input_topic, cfg.output_topic, cfg.deadletter_topic], extra)
+    if stop.is_set():
+        return 0
+    http = ServiceHttp(args.listen, service.registry, service.health).start() if args.listen else None
+    try:
+        service.run(stop)
+    finally:
+        if http:
+            http.stop()
+    log.info(
+        "chargeback stopped",
+        extra=fields(**{k: int(v) for k, v in sorted(service.stats_snapshot.items())}),
+    )
+    return 0

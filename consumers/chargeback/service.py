@@ -1,0 +1,710 @@
+"""The chargeback service: a transactional consume-transform-produce loop around the window engine.
+
+Reads ``gpu.samples.v1`` in a consumer group, feeds every decoded GpuSample to a
+:class:`~consumers.chargeback.windows.WindowEngine`, and every ``commit_interval`` (or
+``commit_records`` records) commits ONE Kafka transaction holding
+
+1. the ChargebackWindow records of the windows that closed (and corrections) since the last one,
+2. dead letters of the records that could not be decoded (``gpu.deadletter.v1``), and
+3. per input partition, the engine's *checkpoint* as the group's committed offset: the oldest offset
+   the partition's open windows depend on, with the watermark and the consumer position
+   (``replay_until``) in the offset's commit metadata.
+
+So output, dead letters and input progress become visible together or not at all. Open windows
+live only in memory; after a crash (``kill -9`` at any moment), a restart or a rebalance, the new
+owner of a partition restores the checkpoint and replays from its offset: records below
+``replay_until`` rebuild the open windows, and those whose window was already emitted are skipped
+by the engine, so every sample is counted once. Nothing is flushed on revocation or shutdown.
+
+Zombie fencing: the producer's ``transactional.id`` is ``<group id>.<instance id>``, stable across
+restarts of one instance, so ``init_transactions`` aborts whatever a crashed predecessor left open
+(at once, rather than after ``transaction.timeout.ms``) and fences it if it still runs. The instance
+id is also the consumer's ``group.instance.id`` (static membership, on by default), so a restarted
+instance takes its partitions back without a group rebalance; offsets are sent with the group
+metadata (KIP-447), so a member of an older generation cannot commit either. Two live processes
+must never share an instance id: the later one fences the earlier, which exits non-zero.
+
+Errors: an abortable transaction error aborts, drops every partition's state, restores the
+committed checkpoints and seeks there; a retriable one is retried; a fatal one (fenced, ...) ends
+the service with :class:`ChargebackFatalError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import (
+    OFFSET_INVALID,
+    TIMESTAMP_NOT_AVAILABLE,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from consumers.chargeback.windows import Checkpoint, WindowEngine
+from consumers.deadletter import deadletter_headers
+from gpupipe.errors import GpupipeError
+from gpupipe.kafka_admin import client_config
+from gpupipe.logs import fields
+from schemas.codec import AvroCodec, Decoded
+from schemas.errors import DecodeError
+
+log = logging.getLogger("gpupipe.chargeback")
+
+SERVICE = "chargeback"
+_SAMPLE = "GpuSample"
+_OP_TIMEOUT_S = 30.0
+_RETRY_FOR_S = 120.0
+
+
+class ChargebackFatalError(GpupipeError):
+    """The service cannot go on (fenced by another instance, fatal client error, broken protocol)."""
+
+
+class _Abort(Exception):
+    """Internal: the current transaction must be aborted and the input rewound."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceConfig:
+    bootstrap: str
+    input_topic: str
+    output_topic: str
+    deadletter_topic: str
+    group_id: str = "gpupipe-chargeback"
+    instance_id: str = "chargeback"
+    static_membership: bool = True
+    commit_interval_s: float = 1.0
+    commit_records: int = 100_000
+    batch_size: int = 5_000
+    poll_timeout_s: float = 0.2
+    start: str = "earliest"  # where a partition without a checkpoint starts: earliest | latest
+    transaction_timeout_ms: int = 30_000
+    extra: dict[str, str] | None = None
+
+    @property
+    def transactional_id(self) -> str:
+        return f"{self.group_id}.{self.instance_id}"
+
+
+class ChargebackMetrics:
+    """The service's own metrics (the engine's counters are collected at scrape time)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.consumed = Counter(
+            "gpupipe_chargeback_records_consumed",
+            "Input records consumed (replayed ones included).",
+            registry=registry,
+        )
+        self.replayed = Counter(
+            "gpupipe_chargeback_records_replayed",
+            "Input records consumed again after a restart, rebalance or abort to rebuild open windows.",
+            registry=registry,
+        )
+        self.emitted = Counter(
+            "gpupipe_chargeback_records_emitted",
+            "ChargebackWindow records committed, by kind (window, correction).",
+            ["kind"],
+            registry=registry,
+        )
+        self.transactions = Counter(
+            "gpupipe_chargeback_transactions",
+            "Kafka transactions, by outcome (committed, aborted).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.dead_letters = Counter(
+            "gpupipe_chargeback_dead_letters",
+            "Undecodable input records sent to the dead-letter topic, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self.rebalances = Counter(
+            "gpupipe_chargeback_rebalances",
+            "Partition assignment changes, by kind (assign, revoke, lost).",
+            ["kind"],
+            registry=registry,
+        )
+        self.commit_seconds = Histogram(
+            "gpupipe_chargeback_commit_duration_seconds",
+            "Time to produce the output, send the offsets and commit one transaction.",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
+            registry=registry,
+        )
+        self.last_commit = Gauge(
+            "gpupipe_chargeback_last_commit_timestamp_seconds",
+            "Wall-clock time of the last committed transaction.",
+            registry=registry,
+        )
+
+
+class _StateCollector(Collector):
+    """Engine counters, watermarks and lag, read from snapshots the loop takes after each batch."""
+
+    def __init__(self, service: ChargebackService) -> None:
+        self._svc = service
+
+    def collect(self) -> Iterator[Any]:
+        svc = self._svc
+        stats = dict(svc.stats_snapshot)
+        events = CounterMetricFamily(
+            "gpupipe_chargeback_engine_events",
+            "Window-engine events: samples, first/continued/duplicate/backwards placements, late "
+            "(into corrections), replay_skipped, clock_ahead, windows_closed, corrections_emitted.",
+            labels=["event"],
+        )
+        for name, value in sorted(stats.items()):
+            events.add_metric([name], value)
+        yield events
+        late = CounterMetricFamily(
+            "gpupipe_chargeback_late_samples", "Samples whose window had closed: counted in corrections."
+        )
+        late.add_metric([], stats.get("late", 0))
+        yield late
+        skipped = CounterMetricFamily(
+            "gpupipe_chargeback_replay_skipped",
+            "Replayed samples skipped because their window's output was committed already.",
+        )
+        skipped.add_metric([], stats.get("replay_skipped", 0))
+        yield skipped
+        lag = GaugeMetricFamily(
+            "gpupipe_chargeback_lag_records",
+            "High watermark minus the consumer position, per input partition.",
+            labels=["partition"],
+        )
+        behind = GaugeMetricFamily(
+            "gpupipe_chargeback_checkpoint_behind_records",
+            "Consumer position minus the committed checkpoint offset: what a restart replays.",
+            labels=["partition"],
+        )
+        watermark = GaugeMetricFamily(
+            "gpupipe_chargeback_watermark_seconds",
+            "Event-time watermark (newest sample timestamp) per input partition.",
+            labels=["partition"],
+        )
+        for part, info in sorted(svc.partition_info().items()):
+            if info.get("lag") is not None:
+                lag.add_metric([str(part)], info["lag"])
+            if info.get("checkpoint_behind") is not None:
+                behind.add_metric([str(part)], info["checkpoint_behind"])
+            if info.get("watermark_ms") is not None:
+                watermark.add_metric([str(part)], info["watermark_ms"] / 1000.0)
+        yield lag
+        yield behind
+        yield watermark
+
+
+def _default_consumer(conf: dict[str, Any]) -> Any:
+    return Consumer(conf)
+
+
+def _default_producer(conf: dict[str, Any]) -> Any:
+    return Producer(conf)
+
+
+class ChargebackService:
+    """Runs the engine over the input topic with exactly-once output until ``stop`` is set."""
+
+    def __init__(
+        self,
+        cfg: ServiceConfig,
+        engine: WindowEngine,
+        codec: AvroCodec,
+        registry: CollectorRegistry | None = None,
+        *,
+        decode: Callable[[bytes | None], Decoded] | None = None,
+        consumer_factory: Callable[[dict[str, Any]], Any] = _default_consumer,
+        producer_factory: Callable[[dict[str, Any]], Any] = _default_producer,
+    ) -> None:
+        self.cfg = cfg
+        self.engine = engine
+        self.codec = codec
+        self.decode = decode if decode is not None else codec.decode
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = ChargebackMetrics(self.registry)
+        self.encode = codec.encoder("ChargebackWindow", cfg.output_topic).encode
+        self.stats_snapshot: dict[str, int] = {}
+        self.assigned: set[int] = set()
+        self.positions: dict[int, int] = {}  # next offset to process, per assigned partition
+        self.committed: dict[int, Checkpoint] = {}  # last checkpoint committed (or restored)
+        self.starts: dict[int, int] = {}  # where each partition's restored state begins
+        self.rebalances = 0  # assignment changes so far (callbacks run inside consume())
+        self.in_txn = False
+        self.pending = 0  # records consumed since the last commit
+        self.last_commit = time.monotonic()
+        self.last_loop = 0.0
+        self.fatal: BaseException | None = None
+        self.started = False
+        self._lock = threading.Lock()
+        self._info: dict[int, dict[str, Any]] = {}
+        if cfg.start not in ("earliest", "latest"):
+            raise ValueError(f"start must be earliest or latest, got {cfg.start!r}")
+        consumer_conf = {
+            "group.id": cfg.group_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": cfg.start,
+            # Eager: every rebalance revokes everything (after the end-of-batch commit) and the new
+            # assignment restores from the committed checkpoints; simple and always consistent.
+            "partition.assignment.strategy": "roundrobin",
+            "fetch.wait.max.ms": 100,
+        }
+        if cfg.static_membership:
+            consumer_conf["group.instance.id"] = cfg.instance_id
+        self.consumer = consumer_factory(client_config(cfg.bootstrap, cfg.extra, **consumer_conf))
+        self.producer = producer_factory(
+            client_config(
+                cfg.bootstrap,
+                cfg.extra,
+                **{
+                    "transactional.id": cfg.transactional_id,
+                    "transaction.timeout.ms": cfg.transaction_timeout_ms,
+                    "linger.ms": 20,
+                    "compression.type": "zstd",
+                },
+            )
+        )
+        self.registry.register(_StateCollector(self))
+
+    # -- main loop --------------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        """Consume until ``stop`` is set; raise ChargebackFatalError when the service cannot go on."""
+        try:
+            self._call(self.producer.init_transactions, _OP_TIMEOUT_S)
+        except _Abort as exc:  # cannot happen before a transaction began; treat as fatal
+            raise ChargebackFatalError(f"init_transactions failed: {exc}") from exc
+        log.info(
+            "chargeback started",
+            extra=fields(
+                input=self.cfg.input_topic,
+                output=self.cfg.output_topic,
+                group=self.cfg.group_id,
+                transactional_id=self.cfg.transactional_id,
+                window_ms=self.engine.window_ms,
+                grace_ms=self.engine.grace_ms,
+            ),
+        )
+        self.consumer.subscribe(
+            [self.cfg.input_topic],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+        self.started = True
+        clean = False
+        try:
+            while not stop.is_set():
+                rebalances = self.rebalances
+                try:
+                    msgs = self.consumer.consume(self.cfg.batch_size, self.cfg.poll_timeout_s)
+                except KafkaException as exc:
+                    raise ChargebackFatalError(f"consumer failed: {exc.args[0].str()}") from exc
+                self._check_fatal()
+                self.last_loop = time.monotonic()
+                if msgs and rebalances != self.rebalances:
+                    # The assignment changed inside this consume() call: the batch may hold messages
+                    # fetched for the old assignment, whose state was committed and dropped. Discard
+                    # it and start every partition again where its restored state begins.
+                    self._reposition()
+                    msgs = []
+                if msgs:
+                    try:
+                        self.process(msgs)
+                    except _Abort as exc:
+                        self._abort_and_rewind(str(exc))
+                if self._commit_due():
+                    self.commit()
+                self.producer.poll(0)
+            self.commit()  # the normal end-of-batch commit; open windows are NOT flushed
+            clean = True
+        finally:
+            self._close(clean)
+
+    def _close(self, clean: bool) -> None:
+        if clean:
+            try:
+                self.consumer.close()  # eager revoke -> _on_revoke commits nothing new, drops state
+            except Exception:
+                log.warning("consumer close failed", exc_info=True)
+            self._check_fatal()
+            return
+        if self.in_txn:
+            with contextlib.suppress(Exception):
+                self.producer.abort_transaction(5.0)
+            self.in_txn = False
+        with contextlib.suppress(Exception):
+            self.consumer.close()
+
+    def _check_fatal(self) -> None:
+        if self.fatal is not None:
+            exc = self.fatal
+            if isinstance(exc, ChargebackFatalError):
+                raise exc
+            raise ChargebackFatalError(f"{type(exc).__name__}: {exc}") from exc
+
+    def _commit_due(self) -> bool:
+        if self.pending >= self.cfg.commit_records:
+            return True
+        return time.monotonic() - self.last_commit >= self.cfg.commit_interval_s
+
+    # -- per batch --------------------------------------------------------------------------------
+    def process(self, msgs: list[Message]) -> None:
+        """Feed a consumed batch to the engine; dead-letter what cannot be decoded (not on replay)."""
+        engine = self.engine
+        add = engine.add
+        decode = self.decode
+        first: dict[int, int] = {}
+        last: dict[int, int] = {}
+        n = 0
+        for msg in msgs:
+            err = msg.error()
+            if err is not None:
+                self._consume_error(err)
+                continue
+            part = msg.partition()
+            off = msg.offset()
+            if part not in first:
+                first[part] = off
+            last[part] = off
+            n += 1
+            try:
+                d = decode(msg.value())
+                if d.name != _SAMPLE:
+                    raise DecodeError("unexpected-record-type", f"{d.name} on the samples topic")
+                ts_type, ts = msg.timestamp()
+                add(d.record, part, off, None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts)
+            except DecodeError as exc:
+                if not engine.is_replay(part, off):
+                    self.dead_letter(msg, exc.reason, exc.detail)
+            except Exception as exc:  # a decodable record the accounting cannot take: never crash
+                if not engine.is_replay(part, off):
+                    self.dead_letter(msg, "chargeback-rejected", f"{type(exc).__name__}: {exc}")
+        replayed = 0
+        for part, off in last.items():
+            self.positions[part] = off + 1
+            lo = first[part]
+            if engine.is_replay(part, lo):
+                replayed += (
+                    (off - lo + 1) if engine.is_replay(part, off) else self._count_replay(part, lo, off)
+                )
+        self.pending += n
+        self.metrics.consumed.inc(n)
+        if replayed:
+            self.metrics.replayed.inc(replayed)
+        self.stats_snapshot = dict(engine.stats)
+
+    def _count_replay(self, part: int, lo: int, hi: int) -> int:
+        is_replay = self.engine.is_replay
+        return sum(1 for o in range(lo, hi + 1) if is_replay(part, o))
+
+    def _consume_error(self, err: KafkaError) -> None:
+        if err.code() == KafkaError._PARTITION_EOF:
+            return
+        if err.fatal():
+            raise ChargebackFatalError(f"fatal consumer error: {err.str()}")
+        log.warning("consume error", extra=fields(error=err.str(), code=err.name()))
+
+    def dead_letter(self, msg: Message, reason: str, detail: str) -> None:
+        """Produce the undecodable record, untouched, to the dead-letter topic in the current transaction."""
+        self._begin()
+        headers = deadletter_headers(msg, reason, detail, SERVICE)
+        self._produce(self.cfg.deadletter_topic, msg.value(), msg.key(), headers)
+        self.metrics.dead_letters.labels(reason).inc()
+        log.warning(
+            "record dead-lettered",
+            extra=fields(topic=msg.topic(), partition=msg.partition(), offset=msg.offset(), reason=reason),
+        )
+
+    # -- transactions -----------------------------------------------------------------------------
+    def _begin(self) -> None:
+        if not self.in_txn:
+            self._call(self.producer.begin_transaction)
+            self.in_txn = True
+
+    def _produce(self, topic: str, value: bytes | None, key: bytes | None, headers: Any = None) -> None:
+        while True:
+            try:
+                self.producer.produce(topic, value, key, headers=headers)
+                return
+            except BufferError:
+                self.producer.poll(0.05)
+            except KafkaException as exc:
+                self._classify(exc)  # raises _Abort or fatal; retriable falls through to retry
+                self.producer.poll(0.05)
+
+    def commit(self, rewind: bool = True) -> bool:
+        """Commit closed windows, dead letters and checkpoints in one transaction; False if aborted.
+
+        After an abort, every partition is restored from its committed checkpoint and the consumer
+        seeks there (``rewind``); on revocation the partitions are dropped instead.
+        """
+        began = time.perf_counter()
+        try:
+            records = self.engine.poll_closed()
+            checkpoints: dict[int, Checkpoint] = {}
+            for part in sorted(self.assigned):
+                cp = self.engine.checkpoint(part, next_offset=self.positions.get(part))
+                if cp is not None and cp != self.committed.get(part):
+                    checkpoints[part] = cp
+            if not records and not checkpoints and not self.in_txn:
+                self.pending = 0
+                self.last_commit = time.monotonic()
+                return True
+            self._begin()
+            encode, topic = self.encode, self.cfg.output_topic
+            for rec in records:
+                self._produce(topic, encode(rec), rec["namespace"].encode())
+            if checkpoints:
+                offsets = [
+                    TopicPartition(self.cfg.input_topic, part, cp.offset, cp.to_metadata())
+                    for part, cp in checkpoints.items()
+                ]
+                self._call(
+                    self.producer.send_offsets_to_transaction,
+                    offsets,
+                    self.consumer.consumer_group_metadata(),
+                    _OP_TIMEOUT_S,
+                )
+            self._call(self.producer.commit_transaction, _OP_TIMEOUT_S)
+        except _Abort as exc:
+            self._abort_and_rewind(str(exc), rewind)
+            return False
+        self.in_txn = False
+        self.committed.update(checkpoints)
+        self.pending = 0
+        self.last_commit = time.monotonic()
+        for rec in records:
+            self.metrics.emitted.labels(rec["kind"]).inc()
+        self.metrics.transactions.labels("committed").inc()
+        self.metrics.last_commit.set(time.time())
+        self.metrics.commit_seconds.observe(time.perf_counter() - began)
+        self.stats_snapshot = dict(self.engine.stats)
+        self._refresh_info()
+        return True
+
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Call a transactional API, retrying retriable errors; abortable -> _Abort; fatal -> raise."""
+        deadline = time.monotonic() + _RETRY_FOR_S
+        while True:
+            try:
+                return fn(*args)
+            except KafkaException as exc:
+                self._classify(exc)
+                if time.monotonic() > deadline:
+                    raise ChargebackFatalError(
+                        f"{getattr(fn, '__name__', fn)} kept failing: {exc.args[0].str()}"
+                    ) from exc
+                log.info(
+                    "retriable transaction error, retrying",
+                    extra=fields(op=getattr(fn, "__name__", str(fn)), error=exc.args[0].str()),
+                )
+                time.sleep(0.1)
+
+    @staticmethod
+    def _classify(exc: KafkaException) -> None:
+        """Return for a retriable error; raise _Abort for an abortable one, fatal otherwise."""
+        err = exc.args[0] if exc.args else None
+        if not isinstance(err, KafkaError):
+            raise ChargebackFatalError(f"unexpected Kafka error: {exc}") from exc
+        if err.fatal():
+            raise ChargebackFatalError(f"fatal Kafka error ({err.name()}): {err.str()}") from exc
+        if err.txn_requires_abort():
+            raise _Abort(f"{err.name()}: {err.str()}") from exc
+        if err.retriable():
+            return
+        raise ChargebackFatalError(f"Kafka error ({err.name()}): {err.str()}") from exc
+
+    def _abort_and_rewind(self, why: str, rewind: bool = True) -> None:
+        """Abort, forget every partition's state and resume from the committed checkpoints."""
+        log.warning("aborting transaction and rewinding to the committed checkpoints", extra=fields(why=why))
+        if self.in_txn:
+            try:
+                self._call(self.producer.abort_transaction, _OP_TIMEOUT_S)
+            except _Abort as exc:
+                raise ChargebackFatalError(f"abort_transaction failed: {exc}") from exc
+            self.in_txn = False
+        self.metrics.transactions.labels("aborted").inc()
+        self.engine.poll_closed()  # discard: they were produced in the aborted transaction
+        parts = sorted(self.assigned)
+        for part in parts:
+            self.engine.drop_partition(part)
+        if parts and rewind:
+            self.starts = self._restore(parts)
+            self._reposition()
+        self.pending = 0
+        self.last_commit = time.monotonic()
+
+    def _restore(self, parts: list[int]) -> dict[int, int]:
+        """Restore ``parts`` from their committed checkpoints; return where to consume each from."""
+        topic = self.cfg.input_topic
+        committed = self.consumer.committed([TopicPartition(topic, p) for p in parts], timeout=_OP_TIMEOUT_S)
+        starts: dict[int, int] = {}
+        for tp in committed:
+            if tp.error is not None:
+                raise ChargebackFatalError(f"cannot read the committed offset of {topic}[{tp.partition}]")
+            part = tp.partition
+            self.positions.pop(part, None)
+            self.committed.pop(part, None)
+            if tp.offset is None or tp.offset < 0:
+                self.engine.restore(part, None)
+                starts[part] = self._fresh_start(part)
+                log.info("partition starts fresh", extra=fields(partition=part, offset=starts[part]))
+                continue
+            cp = Checkpoint.from_metadata(tp.offset, tp.metadata)
+            self.engine.restore(part, cp)  # CheckpointMismatchError for other window settings
+            if cp is not None:
+                self.committed[part] = cp
+            starts[part] = tp.offset
+            log.info(
+                "partition restored",
+                extra=fields(
+                    partition=part,
+                    offset=tp.offset,
+                    replay_until=None if cp is None else cp.replay_until,
+                    watermark_ms=None if cp is None else cp.watermark_ms,
+                ),
+            )
+        return starts
+
+    def _reposition(self) -> None:
+        """Seek every assigned partition to where its restored state begins."""
+        topic = self.cfg.input_topic
+        tps = [TopicPartition(topic, p, self.starts[p]) for p in sorted(self.assigned) if p in self.starts]
+        log.debug("repositioning after an assignment change", extra=fields(starts=self.starts))
+        try:
+            for tp in tps:
+                self.consumer.seek(tp)
+        except KafkaException as exc:  # a partition not fetching yet: re-assigning sets positions too
+            log.info("seek failed, re-assigning instead", extra=fields(error=exc.args[0].str()))
+            self.consumer.assign(tps)
+
+    def _fresh_start(self, part: int) -> int:
+        low, high = self.consumer.get_watermark_offsets(
+            TopicPartition(self.cfg.input_topic, part), timeout=_OP_TIMEOUT_S
+        )
+        return low if self.cfg.start == "earliest" else high
+
+    # -- rebalance callbacks (run inside consume()) -----------------------------------------------
+    def _on_assign(self, consumer: Any, parts: list[TopicPartition]) -> None:
+        if self.fatal is not None:
+            return
+        try:
+            ids = sorted(tp.partition for tp in parts)
+            self.metrics.rebalances.labels("assign").inc()
+            self.rebalances += 1
+            starts = self._restore(ids) if ids else {}
+            self.starts = starts
+            self.assigned = set(ids)
+            consumer.assign(
+                [TopicPartition(self.cfg.input_topic, p, starts.get(p, OFFSET_INVALID)) for p in ids]
+            )
+            log.info("partitions assigned", extra=fields(partitions=ids))
+            self._refresh_info()
+        except BaseException as exc:  # surfaced by the loop after consume() returns
+            self.fatal = exc
+
+    def _on_revoke(self, consumer: Any, parts: list[TopicPartition]) -> None:
+        if self.fatal is not None:
+            return
+        try:
+            ids = sorted(tp.partition for tp in parts)
+            self.rebalances += 1
+            self.metrics.rebalances.labels("revoke").inc()
+            if self.started:
+                self.commit(rewind=False)  # the normal end-of-batch transaction
+            for part in ids:
+                self.engine.drop_partition(part)
+                self.positions.pop(part, None)
+                self.committed.pop(part, None)
+            self.assigned.difference_update(ids)
+            log.info("partitions revoked", extra=fields(partitions=ids))
+            self._refresh_info()
+        except BaseException as exc:
+            self.fatal = exc
+
+    def _on_lost(self, consumer: Any, parts: list[TopicPartition]) -> None:
+        if self.fatal is not None:
+            return
+        try:
+            ids = sorted(tp.partition for tp in parts)
+            self.rebalances += 1
+            self.metrics.rebalances.labels("lost").inc()
+            log.warning(
+                "partitions lost (no commit possible); dropping their state", extra=fields(partitions=ids)
+            )
+            if self.in_txn:
+                with contextlib.suppress(_Abort):
+                    self._call(self.producer.abort_transaction, _OP_TIMEOUT_S)
+                self.in_txn = False
+                self.metrics.transactions.labels("aborted").inc()
+            self.engine.poll_closed()
+            # Everything not committed is gone with the transaction: rebuild every partition we keep.
+            for part in sorted(self.assigned):
+                self.engine.drop_partition(part)
+                self.positions.pop(part, None)
+                self.committed.pop(part, None)
+            self.assigned.difference_update(ids)
+            self.pending = 0
+            self._refresh_info()
+        except BaseException as exc:
+            self.fatal = exc
+
+    # -- introspection ----------------------------------------------------------------------------
+    def _refresh_info(self) -> None:
+        info: dict[int, dict[str, Any]] = {}
+        for part in self.assigned:
+            pos = self.positions.get(part)
+            cp = self.committed.get(part)
+            info[part] = {
+                "position": pos,
+                "watermark_ms": self.engine.watermark(part),
+                "checkpoint_behind": (pos - cp.offset) if pos is not None and cp is not None else None,
+            }
+        with self._lock:
+            self._info = info
+
+    def partition_info(self) -> dict[int, dict[str, Any]]:
+        """Per assigned partition: position, watermark, checkpoint distance and lag (scrape thread)."""
+        with self._lock:
+            info = {p: dict(v) for p, v in self._info.items()}
+        for part, v in info.items():
+            pos = v.get("position")
+            try:
+                _, high = self.consumer.get_watermark_offsets(
+                    TopicPartition(self.cfg.input_topic, part), timeout=0.5, cached=True
+                )
+            except Exception:
+                continue
+            if pos is not None and high >= 0:
+                v["lag"] = max(0, high - pos)
+        return info
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        age = time.monotonic() - self.last_loop if self.last_loop else None
+        ok = self.fatal is None and self.started and age is not None and age < 60
+        return ok, {
+            "assigned_partitions": sorted(self.assigned),
+            "seconds_since_poll": None if age is None else round(age, 3),
+            "seconds_since_commit": round(time.monotonic() - self.last_commit, 3),
+            "transactional_id": self.cfg.transactional_id,
+        }
+
+
+__all__ = [
+    "ChargebackFatalError",
+    "ChargebackService",
+    "ServiceConfig",
+]

@@ -1,0 +1,57 @@
+"""`gpupipe chargeback` and `gpupipe report chargeback` flags (no broker needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from consumers.chargeback.command import EXAMPLE_PRICES, load_prices
+from gpupipe.cli import apply_env_defaults, build_parser
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_built_in_prices_are_the_example_file() -> None:
+    assert yaml.safe_load((REPO / "deploy/prices.example.yaml").read_text()) == EXAMPLE_PRICES
+    table = load_prices(None)
+    assert table.gpu_price("NVIDIA H200").per_gpu_hour == 4.10
+    assert table.gpu_price("Acme X1").source == "default"
+
+
+def test_chargeback_defaults_and_env() -> None:
+    parser = build_parser()
+    args = parser.parse_args(["chargeback"])
+    assert (args.window, args.grace, args.commit_interval) == (3_600_000, 300_000, 1000)
+    assert args.group_id == "gpupipe-chargeback" and args.instance_id is None and args.static_membership
+    assert args.start == "earliest" and args.max_clock_skew == 900_000 and args.prices is None
+    args = parser.parse_args(["chargeback", "--window", "10m", "--grace", "0", "--max-clock-skew", "off"])
+    assert (args.window, args.grace, args.max_clock_skew) == (600_000, 0, None)
+    parser = build_parser()
+    apply_env_defaults(parser, {"GPUPIPE_WINDOW": "15m", "GPUPIPE_INSTANCE_ID": "cb-0"})
+    args = parser.parse_args(["chargeback"])
+    assert args.window == 900_000 and args.instance_id == "cb-0"
+
+
+@pytest.mark.parametrize("bad", [["--window", "0"], ["--grace", "-1m"], ["--commit-records", "0"]])
+def test_chargeback_rejects_bad_flags(bad: list[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["chargeback", *bad])
+    assert e.value.code == 2
+
+
+def test_report_flags() -> None:
+    args = build_parser().parse_args(
+        ["report", "chargeback", "--from", "2026-11-01", "--to", "2026-12-01", "--by", "team,node"]
+    )
+    assert (args.start, args.end, args.by, args.format) == (
+        "2026-11-01",
+        "2026-12-01",
+        ("team", "node"),
+        "table",
+    )
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["report", "chargeback", "--by", "pod"])
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["report", "chargeback", "--format", "xml"])
