@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
@@ -41,12 +41,20 @@ class InRecord:
     name: str  # schema name, e.g. "GpuSample"
     value: dict[str, Any]
     kafka_ts_ms: int
+    raw: Message | None = field(default=None, compare=False, repr=False)  # the consumed message
+
+
+# A decoded record the handler refuses, with why: (record, reason, detail). It is dead-lettered
+# like undecodable bytes (reason in the headers, counted per reason).
+Rejected = tuple[InRecord, str, str]
 
 
 class Handler(Protocol):
     def on_assign(self, partitions: Sequence[tuple[str, int]]) -> None: ...
     def on_revoke(self, partitions: Sequence[tuple[str, int]]) -> None: ...
-    def handle(self, records: Sequence[InRecord]) -> None: ...
+
+    # May return records to dead-letter (wrong record type for the topic, invalid content).
+    def handle(self, records: Sequence[InRecord]) -> Sequence[Rejected] | None: ...
 
 
 class ConsumerMetrics:
@@ -56,7 +64,7 @@ class ConsumerMetrics:
         )
         self.decode_errors = Counter(
             "gpupipe_consumer_decode_errors",
-            "Records that could not be decoded.",
+            "Records that could not be decoded, or that the service rejected (by reason).",
             ["topic", "reason"],
             registry=registry,
         )
@@ -124,6 +132,8 @@ class ConsumeLoop:
         self.healthy = False
         self.last_batch_time = 0.0
         self._positions: dict[tuple[str, int], int] = {}
+        self._lag: dict[tuple[str, int], int] = {}  # refreshed by the loop thread (see lag())
+        self._lag_refreshed = 0.0
         self._lock = threading.Lock()
         conf = client_config(
             bootstrap,
@@ -156,6 +166,7 @@ class ConsumeLoop:
         with self._lock:
             for tp in tps:
                 self._positions.pop(tp, None)
+                self._lag.pop(tp, None)
         self.metrics.rebalances.labels("revoke").inc()
         log.info("partitions revoked", extra=fields(partitions=[f"{t}[{p}]" for t, p in tps]))
         self.handler.on_revoke(tps)
@@ -172,6 +183,8 @@ class ConsumeLoop:
                 if msgs:
                     self.process(msgs)
                 self._dlq.poll(0)
+                if time.monotonic() - self._lag_refreshed >= 1.0:
+                    self._refresh_lag()
         finally:
             self._dlq.flush(10)
             try:
@@ -200,10 +213,13 @@ class ConsumeLoop:
                 continue
             counts[topic] = counts.get(topic, 0) + 1
             records.append(
-                InRecord(topic, part, msg.offset(), msg.key(), d.name, d.record, msg.timestamp()[1])
+                InRecord(topic, part, msg.offset(), msg.key(), d.name, d.record, msg.timestamp()[1], msg)
             )
         if records:
-            self.handler.handle(records)
+            rejected = self.handler.handle(records)
+            for rec, reason, detail in rejected or ():
+                if rec.raw is not None:
+                    self.dead_letter(rec.raw, reason, detail)
         for topic, n in counts.items():
             self.metrics.consumed.labels(topic).inc(n)
         if last:
@@ -231,6 +247,15 @@ class ConsumeLoop:
         )
 
     def lag(self) -> dict[tuple[str, int], int]:
+        """Lag per assigned partition, as of the loop's last refresh (about every second).
+
+        Computed in the loop thread: a call on the consumer from another thread (a scrape) would
+        wait for the consumer's lock, which back-to-back ``consume()`` calls starve."""
+        with self._lock:
+            return dict(self._lag)
+
+    def _refresh_lag(self) -> None:
+        self._lag_refreshed = time.monotonic()
         out = {}
         with self._lock:
             positions = dict(self._positions)
@@ -243,4 +268,5 @@ class ConsumeLoop:
             if pos is None or high < 0:
                 continue
             out[tp] = max(0, high - pos)
-        return out
+        with self._lock:
+            self._lag = out

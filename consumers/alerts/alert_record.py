@@ -1,0 +1,392 @@
+"""The alert model, its stable id, and the two wire forms: the ``GpuAlert`` record and Alertmanager's.
+
+Pure: no clocks (times are passed in), no I/O. :class:`Alert` is the mutable state the engine
+(:mod:`consumers.alerts.dedupe`) keeps per open alert; :func:`to_record` turns a snapshot of it into a
+``GpuAlert`` dict (``schemas/GpuAlert.avsc``) and :func:`am_alert` turns a record into one element of
+Alertmanager's ``POST /api/v2/alerts`` body.
+
+Alert id (:func:`alert_id`): the first 24 hex digits of SHA-256 over ``scope|hostname|device|signal|anchor``.
+``device`` is the canonical PCI bus id of the GPU or NVSwitch (``""`` for node alerts); ``anchor`` is the
+``event_id`` of the incident's first XidEvent, or ``first_seen_ms`` for alerts raised from samples and for
+node bursts. Both come from the input, never from the service's clock or memory, so replaying the same
+input gives the same ids, and a restarted service that restores its open alerts from ``gpu.alerts.v1``
+keeps them (see :mod:`consumers.alerts.service`).
+
+Alertmanager mapping (:func:`am_labels`, :func:`am_annotations`): labels ``alertname``, ``severity``,
+``node``, ``action``, ``cause_class``, ``scope``, ``source="gpupipe"``, and when known ``xid`` (codes joined
+with ``,``; GPU and NVSwitch alerts only), ``gpu_uuid``, ``gpu`` (index), ``pci_bus_id``, ``namespace`` and
+``pod`` (of the first container hit, which never changes). Node alerts carry no ``xid`` label (their code set
+grows); their codes are in the annotations. Annotations: ``summary``, ``description``, ``runbook``,
+``alert_id``, ``occurrences``, ``first_seen``, ``pods``, ``catalog_version``, ``drain_node``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from functools import cache
+from typing import Any
+
+from schemas import catalog as schema_catalog
+
+__all__ = [
+    "MAX_ALLOCATIONS",
+    "MAX_MESSAGE_CHARS",
+    "Alert",
+    "action_record",
+    "alert_from_record",
+    "alert_id",
+    "am_alert",
+    "am_annotations",
+    "am_labels",
+    "iso_ms",
+    "to_record",
+]
+
+MAX_MESSAGE_CHARS = 1024
+MAX_ALLOCATIONS = 64
+_ID_HEX = 24
+
+
+def alert_id(scope: str, hostname: str, device: str, signal: str, anchor: str | int) -> str:
+    """Stable fingerprint of an alert (see module doc)."""
+    text = f"{scope}|{hostname}|{device}|{signal}|{anchor}"
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:_ID_HEX]
+
+
+@dataclass(slots=True)
+class Alert:
+    """State of one alert. The engine mutates it; :meth:`snapshot` gives an independent copy."""
+
+    alert_id: str
+    key: tuple[str, str, str, str]
+    """(scope, hostname, device, signal): one open alert per key at a time."""
+    scope: str
+    alertname: str
+    signal: str
+    hostname: str
+    first_seen_ms: int
+    last_seen_ms: int
+    severity: str = "warning"
+    codes: tuple[int, ...] = ()
+    name: str = ""
+    description: str = ""
+    cause_class: str = "unknown"
+    action: str = "UNKNOWN"
+    nvidia_action: str | None = None
+    drain_node: bool = False
+    known: bool = True
+    rule: str = ""
+    catalog_version: str = ""
+    runbook: str = ""
+    device: str = ""
+    gpu_uuid: str | None = None
+    gpu_index: int | None = None
+    model_name: str | None = None
+    driver_version: str | None = None
+    mig_uuid: str | None = None
+    gpus: list[str] = field(default_factory=list)
+    allocations: list[tuple[str, str, str]] = field(default_factory=list)
+    occurrences: int = 0
+    first_event_id: str | None = None
+    last_event_id: str | None = None
+    message: str = ""
+    parent_alert_id: str | None = None
+    status: str = "firing"
+    sequence: int = 0
+    resolved_at_ms: int | None = None
+    resolve_reason: str | None = None
+    # -- engine bookkeeping (not in the record) --
+    dirty: bool = False
+    """Something changed since the last emitted revision."""
+    urgent: bool = False
+    """The change must be emitted now (new, status, severity/action/drain), not throttled."""
+    last_emit_ms: int | None = None
+    """Wall time of the last emitted revision."""
+
+    def snapshot(self) -> Alert:
+        return replace(self, gpus=list(self.gpus), allocations=list(self.allocations))
+
+    def add_allocations(self, allocations: Any) -> bool:
+        """Append containers not seen yet (first ones stay first); True if any was added."""
+        added = False
+        have = set(self.allocations)
+        for a in allocations or ():
+            if len(self.allocations) >= MAX_ALLOCATIONS:
+                break
+            try:
+                item = (str(a["namespace"]), str(a["pod"]), str(a.get("container") or ""))
+            except (KeyError, TypeError, AttributeError):
+                continue
+            if item not in have:
+                have.add(item)
+                self.allocations.append(item)
+                added = True
+        return added
+
+    def add_gpu(self, gpu: str) -> bool:
+        if gpu and gpu not in self.gpus:
+            self.gpus.append(gpu)
+            return True
+        return False
+
+
+@cache
+def _symbols(enum_name: str) -> frozenset[str]:
+    def walk(node: Any) -> list[str] | None:
+        if isinstance(node, dict):
+            if node.get("type") == "enum" and node.get("name") == enum_name:
+                return list(node["symbols"])
+            for v in node.values():
+                found = walk(v)
+                if found is not None:
+                    return found
+        elif isinstance(node, list):
+            for v in node:
+                found = walk(v)
+                if found is not None:
+                    return found
+        return None
+
+    found = walk(schema_catalog.current("GpuAlert").raw)
+    if found is None:  # pragma: no cover - schema file and code shipped together
+        raise RuntimeError(f"GpuAlert schema has no enum {enum_name}")
+    return frozenset(found)
+
+
+def _enum(enum_name: str, value: str | None, default: str) -> str:
+    return value if value in _symbols(enum_name) else default
+
+
+def _gpu_label(alert: Alert) -> str:
+    return alert.gpu_uuid or alert.device
+
+
+def _summary(a: Alert) -> str:
+    where = a.hostname
+    if a.scope == "gpu":
+        idx = f"GPU {a.gpu_index} " if a.gpu_index is not None else "GPU "
+        where = f"{idx}({_gpu_label(a)}) on {a.hostname}"
+    elif a.scope == "nvswitch":
+        where = f"NVSwitch {a.device} on {a.hostname}"
+    times = f", {a.occurrences} occurrences" if a.occurrences > 1 else ""
+    if a.signal in ("xid", "sxid"):
+        label = "SXid" if a.signal == "sxid" else "XID"
+        code = a.codes[0] if a.codes else "?"
+        what = f"{label} {code} {a.name}"
+    elif a.signal == "node_burst":
+        codes = ", ".join(str(c) for c in a.codes)
+        what = f"XID burst on {len(a.gpus)} GPUs (XID {codes})"
+    else:
+        what = a.name
+    act = f"; action {a.action}" + ("; drain the node" if a.drain_node else "")
+    return f"{a.severity.upper()}: {what} on {where}{times}{act}"
+
+
+def to_record(alert: Alert, emitted_at_ms: int, instance: str = "") -> dict[str, Any]:
+    """The ``GpuAlert`` dict for the alert's current state."""
+    a = alert
+    allocations = [{"namespace": n, "pod": p, "container": c} for n, p, c in a.allocations]
+    return {
+        "alert_id": a.alert_id,
+        "status": a.status,
+        "sequence": a.sequence,
+        "scope": a.scope,
+        "alertname": a.alertname,
+        "signal": a.signal,
+        "severity": _enum("AlertSeverity", a.severity, "warning"),
+        "xid_codes": list(a.codes),
+        "name": a.name,
+        "summary": _summary(a),
+        "description": a.description,
+        "cause_class": _enum("AlertCauseClass", a.cause_class, "unknown"),
+        "action": _enum("RecommendedAction", a.action, "UNKNOWN"),
+        "nvidia_action": None
+        if a.nvidia_action is None
+        else _enum("RecommendedAction", a.nvidia_action, "UNKNOWN"),
+        "drain_node": a.drain_node,
+        "known": a.known,
+        "rule": a.rule,
+        "catalog_version": a.catalog_version,
+        "hostname": a.hostname,
+        "gpu_uuid": a.gpu_uuid,
+        "gpu_index": a.gpu_index,
+        "pci_bus_id": a.device or None,
+        "model_name": a.model_name,
+        "driver_version": a.driver_version,
+        "mig_uuid": a.mig_uuid,
+        "gpus": list(a.gpus),
+        "allocations": allocations,
+        "namespaces": sorted({n for n, _, _ in a.allocations}),
+        "first_seen_ms": a.first_seen_ms,
+        "last_seen_ms": a.last_seen_ms,
+        "occurrences": a.occurrences,
+        "first_event_id": a.first_event_id,
+        "last_event_id": a.last_event_id,
+        "message": a.message[:MAX_MESSAGE_CHARS],
+        "runbook": a.runbook,
+        "parent_alert_id": a.parent_alert_id,
+        "emitted_at_ms": emitted_at_ms,
+        "resolved_at_ms": a.resolved_at_ms,
+        "resolve_reason": a.resolve_reason,
+        "remediation": None,
+        "instance": instance,
+    }
+
+
+def action_record(
+    record: dict[str, Any],
+    *,
+    outcome: str,
+    node: str,
+    dry_run: bool,
+    detail: str,
+    at_ms: int,
+    kind: str = "cordon",
+) -> dict[str, Any]:
+    """A status ``action`` record: the alert record as it was, plus what was done about it."""
+    out = dict(record)
+    out["status"] = "action"
+    out["emitted_at_ms"] = at_ms
+    out["remediation"] = {
+        "kind": _enum("RemediationKind", kind, "unknown"),
+        "outcome": _enum("RemediationOutcome", outcome, "unknown"),
+        "node": node,
+        "dry_run": dry_run,
+        "detail": detail,
+        "at_ms": at_ms,
+    }
+    return out
+
+
+def alert_from_record(rec: dict[str, Any]) -> Alert:
+    """Rebuild engine state from a ``GpuAlert`` record (restore after a restart)."""
+    scope = rec.get("scope") or "gpu"
+    device = rec.get("pci_bus_id") or ""
+    a = Alert(
+        alert_id=rec["alert_id"],
+        key=(scope, rec["hostname"], device, _key_signal(rec)),
+        scope=scope,
+        alertname=rec.get("alertname", ""),
+        signal=rec.get("signal", ""),
+        hostname=rec["hostname"],
+        first_seen_ms=int(rec["first_seen_ms"]),
+        last_seen_ms=int(rec["last_seen_ms"]),
+        severity=rec.get("severity", "warning"),
+        codes=tuple(rec.get("xid_codes") or ()),
+        name=rec.get("name", ""),
+        description=rec.get("description", ""),
+        cause_class=rec.get("cause_class", "unknown"),
+        action=rec.get("action", "UNKNOWN"),
+        nvidia_action=rec.get("nvidia_action"),
+        drain_node=bool(rec.get("drain_node")),
+        known=bool(rec.get("known", True)),
+        rule=rec.get("rule", ""),
+        catalog_version=rec.get("catalog_version", ""),
+        runbook=rec.get("runbook", ""),
+        device=device,
+        gpu_uuid=rec.get("gpu_uuid"),
+        gpu_index=rec.get("gpu_index"),
+        model_name=rec.get("model_name"),
+        driver_version=rec.get("driver_version"),
+        mig_uuid=rec.get("mig_uuid"),
+        gpus=list(rec.get("gpus") or ()),
+        occurrences=int(rec.get("occurrences") or 0),
+        first_event_id=rec.get("first_event_id"),
+        last_event_id=rec.get("last_event_id"),
+        message=rec.get("message", ""),
+        parent_alert_id=rec.get("parent_alert_id"),
+        status=rec.get("status", "firing"),
+        sequence=int(rec.get("sequence") or 0),
+        resolved_at_ms=rec.get("resolved_at_ms"),
+        resolve_reason=rec.get("resolve_reason"),
+        last_emit_ms=rec.get("emitted_at_ms"),
+    )
+    a.add_allocations(rec.get("allocations") or ())
+    return a
+
+
+def _key_signal(rec: dict[str, Any]) -> str:
+    """The signal part of an alert key: ``xid:<code>`` / ``sxid:<code>`` for faults, else the signal."""
+    signal = rec.get("signal", "")
+    if signal in ("xid", "sxid"):
+        codes = rec.get("xid_codes") or [0]
+        return f"{signal}:{codes[0]}"
+    return signal
+
+
+# ------------------------------------------------------------------------------------ Alertmanager
+
+
+def iso_ms(ms: int) -> str:
+    """RFC 3339 with milliseconds, UTC (what Alertmanager's API expects)."""
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def am_labels(rec: dict[str, Any]) -> dict[str, str]:
+    """Alertmanager labels of a record (its identity there; see module doc)."""
+    labels = {
+        "alertname": rec["alertname"],
+        "severity": rec["severity"],
+        "node": rec["hostname"],
+        "action": rec["action"],
+        "cause_class": rec["cause_class"],
+        "scope": rec["scope"],
+        "source": "gpupipe",
+    }
+    if rec["scope"] != "node" and rec["xid_codes"]:
+        labels["xid"] = str(rec["xid_codes"][0])
+    if rec.get("gpu_uuid"):
+        labels["gpu_uuid"] = rec["gpu_uuid"]
+    if rec.get("gpu_index") is not None:
+        labels["gpu"] = str(rec["gpu_index"])
+    if rec.get("pci_bus_id"):
+        labels["pci_bus_id"] = rec["pci_bus_id"]
+    allocations = rec.get("allocations") or ()
+    if allocations and rec["scope"] != "node":
+        labels["namespace"] = allocations[0]["namespace"]
+        labels["pod"] = allocations[0]["pod"]
+    return labels
+
+
+def am_annotations(rec: dict[str, Any]) -> dict[str, str]:
+    pods = ", ".join(f"{a['namespace']}/{a['pod']}" for a in rec.get("allocations") or ())
+    out = {
+        "summary": rec["summary"],
+        "description": rec["description"],
+        "runbook": rec["runbook"],
+        "alert_id": rec["alert_id"],
+        "occurrences": str(rec["occurrences"]),
+        "first_seen": iso_ms(rec["first_seen_ms"]),
+        "drain_node": "true" if rec["drain_node"] else "false",
+        "catalog_version": rec.get("catalog_version", ""),
+    }
+    if rec["xid_codes"]:
+        out["xid_codes"] = ",".join(str(c) for c in rec["xid_codes"])
+    if pods:
+        out["pods"] = pods
+    if rec.get("gpus") and rec["scope"] == "node":
+        out["gpus"] = ", ".join(rec["gpus"])
+    if rec.get("parent_alert_id"):
+        out["parent_alert_id"] = rec["parent_alert_id"]
+    return {k: v for k, v in out.items() if v}
+
+
+def am_alert(
+    labels: dict[str, str],
+    annotations: dict[str, str],
+    starts_at_ms: int,
+    ends_at_ms: int,
+    generator_url: str = "",
+) -> dict[str, Any]:
+    """One element of the ``POST /api/v2/alerts`` body."""
+    out: dict[str, Any] = {
+        "labels": labels,
+        "annotations": annotations,
+        "startsAt": iso_ms(starts_at_ms),
+        "endsAt": iso_ms(ends_at_ms),
+    }
+    if generator_url:
+        out["generatorURL"] = generator_url
+    return out

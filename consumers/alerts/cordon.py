@@ -1,0 +1,393 @@
+"""Cordon nodes through the Kubernetes API when an alert says the node must be drained -- safely.
+
+Off by default. ``--cordon`` enables it; ``--dry-run`` evaluates every decision (rate limit included) and
+logs and records what it would do, without calling the API. Only alerts with ``drain_node`` (Xid 79 and
+74 escalations, uncontained memory errors... per :mod:`consumers.alerts.classify`) lead here.
+
+What a cordon is: ``PATCH /api/v1/nodes/{name}`` with ``Content-Type:
+application/strategic-merge-patch+json`` and body ``{"spec": {"unschedulable": true}, "metadata":
+{"annotations": {"gpupipe.io/cordon-alert-id": ..., "gpupipe.io/cordon-reason": ..., ...}}}`` -- what
+``kubectl cordon`` does, plus annotations saying who did it and why. Draining (evicting pods) is left to
+people or to a drain controller: evicting a training job is a decision with a cost. A ``GET`` first
+tells whether the node is already unschedulable (outcome ``already_cordoned``, not counted).
+
+Credentials: ``--kube-api-url`` + ``--kube-token-file`` (+ ``--kube-ca-file``), else the in-cluster
+service account (``KUBERNETES_SERVICE_HOST``/``_PORT`` and ``/var/run/secrets/kubernetes.io/
+serviceaccount/{token,ca.crt}``). The token file is read for every request (projected tokens rotate). RBAC
+needed: ``get`` and ``patch`` on ``nodes``.
+
+Rate limit (``--cordon-max-per-hour N``, default 2): a sliding window of one hour over the cordons that
+succeeded (in dry-run mode: the dry-run decisions). When N nodes were cordoned in the last hour, the next
+request is refused (outcome ``rate_limited``) and left to people -- one bad driver rollout must not cordon
+the fleet. A node is decided once per window: later drain alerts for a node already cordoned, refused
+or dry-run are not re-requested (a failed API call is retried by the next drain alert).
+
+Scope of the limit: every decision is also published as a status ``action`` record on ``gpu.alerts.v1``
+(by the service), and at startup the service replays the last hour of those records into the limiter
+(:meth:`Cordoner.restore`). So the limit holds across restarts, and it is cluster-wide for the supported
+deployment of **one active alerts instance** (the node-burst rollup needs every GPU of a node in one
+instance anyway). Several concurrently active instances do not see each other's cordons live: each
+would allow N per hour.
+
+Requests are queued to a worker thread (:meth:`Cordoner.request` never blocks the Kafka path); every
+result goes to the ``on_result`` callback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import ssl
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpupipe.errors import ConfigError
+from gpupipe.logs import fields
+
+__all__ = [
+    "HOUR_MS",
+    "SA_DIR",
+    "CordonResult",
+    "Cordoner",
+    "KubeApiError",
+    "KubeConfig",
+    "KubeNodeApi",
+    "SlidingWindowLimiter",
+    "kube_config",
+]
+
+log = logging.getLogger("gpupipe.alerts.cordon")
+
+HOUR_MS = 3_600_000
+SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+PATCH_CONTENT_TYPE = "application/strategic-merge-patch+json"
+ANNOTATION_PREFIX = "gpupipe.io/"
+
+
+@dataclass(frozen=True, slots=True)
+class KubeConfig:
+    api_url: str
+    token_file: str | None
+    ca_file: str | None
+
+
+def kube_config(
+    api_url: str | None = None,
+    token_file: str | None = None,
+    ca_file: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    sa_dir: Path = SA_DIR,
+) -> KubeConfig:
+    """Explicit settings, else in-cluster ones; :class:`ConfigError` when neither is available."""
+    env = os.environ if environ is None else environ
+    if api_url:
+        if not api_url.startswith(("http://", "https://")):
+            raise ConfigError(f"--kube-api-url must start with http:// or https://, got {api_url!r}")
+        if token_file and not Path(token_file).is_file():
+            raise ConfigError(f"--kube-token-file {token_file} does not exist")
+        if ca_file and not Path(ca_file).is_file():
+            raise ConfigError(f"--kube-ca-file {ca_file} does not exist")
+        return KubeConfig(api_url.rstrip("/"), token_file, ca_file)
+    host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT", "443")
+    token = sa_dir / "token"
+    if not host or not token.is_file():
+        raise ConfigError(
+            "--cordon needs the Kubernetes API: run in a pod with a service account, or give "
+            "--kube-api-url and --kube-token-file (or use --dry-run)"
+        )
+    ca = sa_dir / "ca.crt"
+    host = f"[{host}]" if ":" in host else host
+    return KubeConfig(f"https://{host}:{port}", str(token), ca_file or (str(ca) if ca.is_file() else None))
+
+
+class KubeApiError(Exception):
+    def __init__(self, status: int | None, message: str) -> None:
+        super().__init__(f"{status or 'no answer'}: {message}")
+        self.status = status
+        self.message = message
+
+
+class KubeNodeApi:
+    """The two node calls cordoning needs (urllib; no Kubernetes client dependency)."""
+
+    def __init__(self, cfg: KubeConfig, timeout_s: float = 10.0) -> None:
+        self.cfg = cfg
+        self.timeout_s = timeout_s
+        self._ssl: ssl.SSLContext | None = None
+        if cfg.api_url.startswith("https://"):
+            self._ssl = (
+                ssl.create_default_context(cafile=cfg.ca_file)
+                if cfg.ca_file
+                else ssl.create_default_context()
+            )
+
+    def _headers(self) -> dict[str, str]:
+        h = {"Accept": "application/json"}
+        if self.cfg.token_file:
+            try:
+                token = Path(self.cfg.token_file).read_text().strip()
+            except OSError as exc:
+                raise KubeApiError(None, f"cannot read token file: {exc}") from exc
+            h["Authorization"] = f"Bearer {token}"
+        return h
+
+    def _call(self, method: str, name: str, body: bytes | None = None, ctype: str | None = None) -> Any:
+        url = f"{self.cfg.api_url}/api/v1/nodes/{urllib.parse.quote(name, safe='')}"
+        headers = self._headers()
+        if ctype:
+            headers["Content-Type"] = ctype
+        req = urllib.request.Request(url, data=body, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s, context=self._ssl) as resp:
+                return json.loads(resp.read() or b"{}")
+        except urllib.error.HTTPError as exc:
+            detail = exc.read()[:300].decode("utf-8", "replace")
+            raise KubeApiError(exc.code, _status_message(detail) or exc.reason) from exc
+        except (OSError, ValueError) as exc:
+            raise KubeApiError(None, f"{type(exc).__name__}: {exc}") from exc
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        return self._call("GET", name)
+
+    def cordon(self, name: str, annotations: Mapping[str, str]) -> dict[str, Any]:
+        patch = {"metadata": {"annotations": dict(annotations)}, "spec": {"unschedulable": True}}
+        return self._call("PATCH", name, json.dumps(patch).encode(), PATCH_CONTENT_TYPE)
+
+
+def _status_message(text: str) -> str:
+    try:
+        return str(json.loads(text).get("message", ""))
+    except (ValueError, AttributeError):
+        return text.strip()
+
+
+class SlidingWindowLimiter:
+    """At most ``limit`` events in any ``window_ms`` (pure; times are passed in)."""
+
+    def __init__(self, limit: int, window_ms: int = HOUR_MS) -> None:
+        if limit < 0 or window_ms <= 0:
+            raise ValueError("limit must be >= 0 and window positive")
+        self.limit = limit
+        self.window_ms = window_ms
+        self._times: deque[int] = deque()
+
+    def _prune(self, now_ms: int) -> None:
+        while self._times and self._times[0] <= now_ms - self.window_ms:
+            self._times.popleft()
+
+    def count(self, now_ms: int) -> int:
+        self._prune(now_ms)
+        return len(self._times)
+
+    def allow(self, now_ms: int) -> bool:
+        return self.count(now_ms) < self.limit
+
+    def record(self, at_ms: int) -> None:
+        self._times.append(at_ms)
+        if len(self._times) > 1 and self._times[-2] > at_ms:
+            self._times = deque(sorted(self._times))
+
+    def next_free_ms(self, now_ms: int) -> int | None:
+        """When the next slot frees up (None if one is free now)."""
+        if self.allow(now_ms):
+            return None
+        return self._times[0] + self.window_ms
+
+
+@dataclass(frozen=True, slots=True)
+class CordonResult:
+    node: str
+    outcome: str  # cordoned | already_cordoned | dry_run | rate_limited | failed
+    dry_run: bool
+    detail: str
+    at_ms: int
+    record: dict[str, Any]
+    """The alert record that asked for it."""
+
+
+class Cordoner:
+    """Decides and performs cordons (see module doc)."""
+
+    def __init__(
+        self,
+        api: KubeNodeApi | None,
+        *,
+        dry_run: bool,
+        max_per_hour: int,
+        on_result: Callable[[CordonResult], None],
+        instance: str = "",
+        clock: Callable[[], float] = time.time,
+        window_ms: int = HOUR_MS,
+    ) -> None:
+        if api is None and not dry_run:
+            raise ValueError("a real cordoner needs an API client")
+        self.api = api
+        self.dry_run = dry_run
+        self.limiter = SlidingWindowLimiter(max_per_hour, window_ms)
+        self.on_result = on_result
+        self.instance = instance
+        self._clock = clock
+        self._decided: dict[str, int] = {}  # node -> when it was decided (cordoned / refused / dry run)
+        self._queued: set[str] = set()
+        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=10_000)
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.outcomes: dict[str, int] = {}
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def restore(self, action_records: Iterable[dict[str, Any]], now_ms: int | None = None) -> int:
+        """Replay decisions published on gpu.alerts.v1 within the window; returns how many counted."""
+        now_ms = self._now_ms() if now_ms is None else now_ms
+        counted = 0
+        for rec in action_records:
+            rem = rec.get("remediation") or {}
+            if rec.get("status") != "action" or rem.get("kind") != "cordon":
+                continue
+            at = int(rem.get("at_ms") or 0)
+            if at <= now_ms - self.limiter.window_ms:
+                continue
+            outcome, node = rem.get("outcome"), rem.get("node") or ""
+            if bool(rem.get("dry_run")) != self.dry_run:
+                continue  # a dry run's decisions never count against real cordons, nor the reverse
+            if outcome in ("cordoned", "dry_run"):
+                self.limiter.record(at)
+                counted += 1
+            if outcome in ("cordoned", "dry_run", "already_cordoned", "rate_limited") and node:
+                self._decided[node] = max(at, self._decided.get(node, 0))
+        return counted
+
+    def request(self, record: dict[str, Any]) -> bool:
+        """Queue a cordon of the record's node unless it was decided within the window; never blocks."""
+        node = record.get("hostname") or ""
+        if not node:
+            return False
+        now = self._now_ms()
+        with self._lock:
+            when = self._decided.get(node)
+            if when is not None and now - when < self.limiter.window_ms:
+                return False
+            if node in self._queued:
+                return False
+            self._queued.add(node)
+        try:
+            self._queue.put_nowait(record)
+        except queue.Full:
+            with self._lock:
+                self._queued.discard(node)
+            log.error("cordon queue full; request dropped", extra=fields(node=node))
+            return False
+        return True
+
+    def process(self, record: dict[str, Any]) -> CordonResult:
+        """Decide and (unless dry run) perform one cordon; synchronous. Used by the worker thread."""
+        node = record["hostname"]
+        now = self._now_ms()
+        try:
+            result = self._decide(node, record, now)
+        finally:
+            with self._lock:
+                self._queued.discard(node)
+        with self._lock:
+            if result.outcome != "failed":
+                self._decided[node] = result.at_ms
+            self.outcomes[result.outcome] = self.outcomes.get(result.outcome, 0) + 1
+        level = logging.WARNING if result.outcome in ("cordoned", "failed", "rate_limited") else logging.INFO
+        log.log(
+            level,
+            f"cordon {result.outcome}" + (" (dry run)" if result.dry_run else ""),
+            extra=fields(
+                node=node, outcome=result.outcome, alert_id=record.get("alert_id"), detail=result.detail
+            ),
+        )
+        try:
+            self.on_result(result)
+        except Exception:  # the record sink must not kill the worker
+            log.exception("cordon result callback failed")
+        return result
+
+    def _decide(self, node: str, record: dict[str, Any], now: int) -> CordonResult:
+        lim = self.limiter
+        used = lim.count(now)
+        window = f"{used}/{lim.limit} cordons in the last {lim.window_ms // 60_000} min"
+        if not self.dry_run:
+            assert self.api is not None
+            try:
+                current = self.api.get_node(node)
+            except KubeApiError as exc:
+                return CordonResult(node, "failed", False, f"GET node: {exc}", now, record)
+            if (current.get("spec") or {}).get("unschedulable"):
+                return CordonResult(
+                    node, "already_cordoned", False, "node was unschedulable already", now, record
+                )
+        if not lim.allow(now):
+            free = lim.next_free_ms(now)
+            wait = f"; next slot in {max(0, (free or now) - now) // 60_000} min" if free else ""
+            return CordonResult(
+                node,
+                "rate_limited",
+                self.dry_run,
+                f"{window}: limit reached (--cordon-max-per-hour){wait}; cordon by hand if needed",
+                now,
+                record,
+            )
+        if self.dry_run:
+            lim.record(now)
+            return CordonResult(
+                node, "dry_run", True, f"would PATCH spec.unschedulable=true ({window} before)", now, record
+            )
+        annotations = {
+            ANNOTATION_PREFIX + "cordoned-by": f"gpupipe-alerts/{self.instance}"
+            if self.instance
+            else "gpupipe-alerts",
+            ANNOTATION_PREFIX + "cordon-alert-id": str(record.get("alert_id", "")),
+            ANNOTATION_PREFIX + "cordon-reason": str(record.get("summary", ""))[:500],
+            ANNOTATION_PREFIX + "cordoned-at": str(now),
+        }
+        try:
+            assert self.api is not None
+            self.api.cordon(node, annotations)
+        except KubeApiError as exc:
+            return CordonResult(node, "failed", False, f"PATCH node: {exc}", now, record)
+        lim.record(now)
+        return CordonResult(
+            node, "cordoned", False, f"spec.unschedulable=true ({window} before)", now, record
+        )
+
+    # ----------------------------------------------------------------------------------------- thread
+
+    def start(self) -> Cordoner:
+        self._thread = threading.Thread(target=self._run, name="cordon", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            try:
+                self.process(item)
+            except Exception:
+                log.exception("cordon worker failed on a request")
+
+    def idle(self) -> bool:
+        with self._lock:
+            return not self._queued and self._queue.empty()
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        if self._thread is None:
+            return
+        self._queue.put(None)
+        self._thread.join(timeout_s)

@@ -1,0 +1,700 @@
+"""The alert engine: classification, deduplication, node rollups and lifecycle (pure; time is passed in).
+
+Inputs are decoded ``XidEvent`` dicts (:meth:`AlertEngine.on_xid`) and health-signal changes from samples
+(:meth:`AlertEngine.on_signal`); :meth:`AlertEngine.tick` runs the timers; :meth:`AlertEngine.take` hands
+out the alert revisions to publish. Every method takes ``now_ms`` (wall clock, injected): nothing here
+reads a clock, so tests drive hours of alert life in microseconds.
+
+Keys. One open alert per key ``(scope, hostname, device, signal)``: ``device`` is the canonical PCI bus id
+(kernel-log ``0000:3b:00`` and NVML ``00000000:3B:00.0`` are one GPU; a MIG slice's fault is its GPU's),
+``signal`` is ``xid:<code>`` (``fallen_off_bus`` / ``gpu_lost`` count as 79), ``sxid:<code>`` (scope
+``nvswitch``), a health signal (``ecc_dbe``, ``thermal``...) or ``node_burst`` (scope ``node``, device
+``""``).
+
+Lifecycle, in event time (the events' own ``timestamp_ms``; more than ``max_future_skew_ms`` ahead of
+``now_ms`` is taken as ``now_ms``):
+
+* **Dedupe**: an occurrence within ``dedupe_window_ms`` (D) of the open alert's latest occurrence folds into
+  it: ``occurrences += 1``, ``last_seen_ms`` moves. Late (out-of-order) occurrences fold in too and may move
+  ``first_seen_ms`` back. An occurrence more than D after the latest one is a *recurrence*: the open alert
+  is resolved (``resolve_reason="superseded"``) and a new alert (new id) starts; the classifier sees the
+  history and may escalate (e.g. Xid 79 or 119/120 coming back after a reset).
+* **Duplicates** are not occurrences: an ``event_id`` seen before (producer retry, replay after a
+  rebalance or restart; the last ``event_id_memory`` ids are remembered), and the second sighting of one
+  Xid by the producer's two sources (``nvml`` and ``kmsg`` records of the same key within
+  ``sighting_merge_ms``, which the producer failed to merge). A double sighting still contributes what
+  it knows (the kernel line's message and pid may change the classification; NVML's UUID).
+* **Resolve**: an alert with no occurrence for ``resolve_after_ms`` (R) of ``now_ms - last_seen_ms``
+  resolves (``quiet``). Level health signals also resolve when the sample says the condition cleared
+  (``cleared``). When R < D a resolved alert is remembered until D after its last occurrence, and an
+  occurrence in that span *reopens* it (same id, status firing again) instead of raising a new one.
+* **Node burst**: when occurrences on at least ``node_burst_gpus`` distinct GPUs of one node fall within
+  ``node_burst_window_ms``, a node-level alert (``GpuNodeXidStorm``) opens; the GPU alerts keep existing as
+  detail and name it in ``parent_alert_id``. While it is open, every XID occurrence on that node folds into
+  it (its GPUs, codes, worst severity/action and drain flag accumulate); it resolves like the others.
+* **Classification** (:func:`~consumers.alerts.classify.classify`, per GPU history and health snapshot) runs
+  for every occurrence; an alert keeps the *worst* decision seen (severity, then drain, then action rank):
+  it may escalate, never de-escalate, while open.
+
+Emission (:meth:`take`): a new alert, a status change (resolved, reopened) and an escalation are *urgent*
+and published at the next :meth:`take`; other changes (count, last seen, pods, parent) at most once per
+``update_interval_ms`` per alert (the latest state; the resolved record always carries the final counts).
+Each published revision increments ``sequence``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from consumers.alerts.alert_record import Alert, alert_from_record, alert_id
+from consumers.alerts.catalog import CATALOG_VERSION
+from consumers.alerts.classify import (
+    DEFAULT_CONFIG,
+    Classification,
+    ClassifyConfig,
+    FaultEvent,
+    GpuHealth,
+    GpuXidHistory,
+    classify,
+)
+from consumers.alerts.health_signals import (
+    LEVEL_SIGNALS,
+    SIGNAL_INFO,
+    GpuIdentity,
+    InvalidRecord,
+    SignalEvent,
+    device_key,
+    recovery_presentation,
+)
+
+__all__ = ["AlertEngine", "EngineConfig", "worse"]
+
+MINUTE_MS = 60_000
+_EVENT_KINDS = frozenset({"xid", "sxid", "fallen_off_bus", "gpu_lost", "unknown"})
+_SINGLE_SOURCES = frozenset({"nvml", "kmsg"})
+
+_SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
+# Higher = more disruptive or more human work; decides which action a merged alert shows.
+_ACTION_RANK = {
+    "UNKNOWN": -1,
+    "IGNORE": 0,
+    "WORKFLOW_XID_45": 0,
+    "RESTART_APP": 1,
+    "CHECK_UVM": 1,
+    "UPDATE_SWFW": 1,
+    "RESTART_FM": 2,
+    "DRAIN_P2P": 2,
+    "XID_154": 2,
+    "WORKFLOW_NVLINK5_ERR": 2,
+    "RESTART_VM": 3,
+    "RESET_GPU": 3,
+    "WORKFLOW_XID_48": 4,
+    "WORKFLOW_NVLINK_ERR": 4,
+    "DRAIN_AND_RESET": 4,
+    "RESTART_BM": 5,
+    "CHECK_MECHANICALS": 5,
+    "RUN_DCGMEUD": 5,
+    "RUN_FIELDDIAG": 5,
+    "CONTACT_SUPPORT": 6,
+}
+
+
+def _rank(severity: str, drain: bool, action: str) -> tuple[int, int, int]:
+    return (_SEVERITY_RANK.get(severity, 1), int(drain), _ACTION_RANK.get(action, 0))
+
+
+def worse(a: tuple[str, bool, str], b: tuple[str, bool, str]) -> bool:
+    """True when decision ``a`` (severity, drain, action) is worse than ``b``."""
+    return _rank(*a) > _rank(*b)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    dedupe_window_ms: int = 10 * MINUTE_MS
+    resolve_after_ms: int = 30 * MINUTE_MS
+    update_interval_ms: int = 30_000
+    node_burst_gpus: int = 3
+    node_burst_window_ms: int = MINUTE_MS
+    sighting_merge_ms: int = 2_000
+    max_future_skew_ms: int = 5 * MINUTE_MS
+    event_id_memory: int = 200_000
+    classify: ClassifyConfig = field(default=DEFAULT_CONFIG)
+
+    def __post_init__(self) -> None:
+        for name in ("dedupe_window_ms", "resolve_after_ms", "node_burst_window_ms"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if self.update_interval_ms < 0 or self.sighting_merge_ms < 0 or self.max_future_skew_ms < 0:
+            raise ValueError("intervals must not be negative")
+        if self.node_burst_gpus < 2:
+            raise ValueError("node_burst_gpus must be at least 2")
+        if self.event_id_memory < 1:
+            raise ValueError("event_id_memory must be positive")
+
+
+Key = tuple[str, str, str, str]
+HealthFn = Callable[[str, str], GpuHealth | None]
+IdentityFn = Callable[[str, str], GpuIdentity | None]
+
+
+class _Sighting:
+    __slots__ = ("paired", "source", "ts")
+
+    def __init__(self, ts: int, source: str, paired: bool) -> None:
+        self.ts = ts
+        self.source = source
+        self.paired = paired
+
+
+class AlertEngine:
+    """See module doc. Not thread-safe: the service serialises calls."""
+
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        *,
+        health: HealthFn | None = None,
+        identity: IdentityFn | None = None,
+    ) -> None:
+        self.cfg = config or EngineConfig()
+        self._health = health or (lambda host, dev: None)
+        self._identity = identity or (lambda host, dev: None)
+        self._open: dict[Key, Alert] = {}
+        self._closed: dict[Key, Alert] = {}
+        self._changed: dict[str, Alert] = {}
+        self._ids: dict[str, Alert] = {}  # open alerts by id
+        self._histories: dict[tuple[str, str], GpuXidHistory] = {}
+        self._seen: dict[str, None] = {}
+        self._sightings: dict[Key, _Sighting] = {}
+        self._signatures: dict[str, set[tuple[Any, ...]]] = {}
+        self._bursts: dict[str, deque[tuple[int, str, str]]] = {}
+        self._node_worst: dict[str, tuple[int, int, int]] = {}
+        self.counts: dict[str, int] = dict.fromkeys(
+            (
+                "events",
+                "duplicate_event_id",
+                "double_sighting",
+                "new",
+                "folded",
+                "superseded",
+                "reopened",
+                "resolved",
+                "clock_future",
+                "invalid",
+                "signals",
+            ),
+            0,
+        )
+
+    # ------------------------------------------------------------------------------------ queries
+
+    def open_alerts(self) -> list[Alert]:
+        return list(self._open.values())
+
+    def get(self, key: Key) -> Alert | None:
+        return self._open.get(key)
+
+    def open_count(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for a in self._open.values():
+            out[a.scope] = out.get(a.scope, 0) + 1
+        return out
+
+    # ------------------------------------------------------------------------------------- inputs
+
+    def on_xid(self, ev: dict[str, Any], now_ms: int) -> Alert | None:
+        """Fold one ``XidEvent`` into the alerts; returns the GPU/NVSwitch alert it landed in (``None`` for
+        a duplicate). Raises :class:`InvalidRecord` for an event without host or time."""
+        self.counts["events"] += 1
+        eid = ev.get("event_id") or None
+        if eid is not None:
+            if eid in self._seen:
+                self.counts["duplicate_event_id"] += 1
+                return None
+            self._remember(eid)
+        host = ev.get("hostname") or ""
+        raw_ts = ev.get("timestamp_ms")
+        if not host or not isinstance(raw_ts, int) or isinstance(raw_ts, bool):
+            self.counts["invalid"] += 1
+            raise InvalidRecord("XidEvent without hostname or integer timestamp_ms")
+        ts = self._clamp(raw_ts, now_ms)
+        kind = ev.get("kind") or "unknown"
+        if kind not in _EVENT_KINDS:
+            kind = "unknown"
+        code = ev.get("xid")
+        if code is not None and (not isinstance(code, int) or isinstance(code, bool)):
+            kind, code = "unknown", None  # not what the schema allows: safe default
+        try:
+            fe = FaultEvent(
+                kind=kind,
+                ts_ms=ts,
+                code=code,
+                pid=ev.get("pid"),
+                process_name=ev.get("process_name"),
+                message=ev.get("message") or "",
+            )
+        except ValueError:  # e.g. kind xid without a code: classify it as an unknown event
+            fe = FaultEvent(kind="unknown", ts_ms=ts, code=code, message=ev.get("message") or "")
+        device = device_key(ev.get("pci_bus_id"), ev.get("uuid"))
+        scope, signal = ("nvswitch", "sxid") if kind == "sxid" else ("gpu", "xid")
+        eff = fe.effective_code
+        key: Key = (scope, host, device, f"{signal}:{eff}")
+
+        double = False
+        source = ev.get("source") or "unknown"
+        if source in _SINGLE_SOURCES and self.cfg.sighting_merge_ms:
+            prev = self._sightings.get(key)
+            double = (
+                prev is not None
+                and not prev.paired
+                and prev.source != source
+                and prev.source in _SINGLE_SOURCES
+                and abs(ts - prev.ts) <= self.cfg.sighting_merge_ms
+            )
+            self._sightings[key] = _Sighting(ts, source, double)
+        if double:
+            self.counts["double_sighting"] += 1
+
+        history = self._histories.get((host, device))
+        if history is None:
+            history = self._histories[(host, device)] = GpuXidHistory(
+                horizon_ms=max(self.cfg.classify.recurrence_window_ms, self.cfg.dedupe_window_ms)
+            )
+        result, signature = self._classify(fe, history, host, device, key)
+        history.record(fe)
+
+        a = self._touch(key, ts, now_ms, 0 if double else 1, anchor=eid or str(ts), first_event_id=eid)
+        if a.alertname == "":
+            a.alertname = "NvswitchSxidError" if scope == "nvswitch" else "GpuXidError"
+        a.last_event_id = eid or a.last_event_id
+        self._apply(a, result, signature)
+        self._identify(a, ev, host, device)
+        if not a.message and fe.message:
+            a.message = fe.message
+            self._dirty(a)
+        if a.add_allocations(ev.get("allocations")):
+            self._dirty(a)
+        if scope == "gpu" and not double:
+            self._node_burst(a, ts, now_ms)
+        return a
+
+    def on_signal(self, ident: GpuIdentity, sig: SignalEvent, now_ms: int) -> Alert | None:
+        """Apply one health-signal change of one GPU (from :class:`HealthTracker`)."""
+        self.counts["signals"] += 1
+        host, device = ident.hostname, ident.device
+        ts = self._clamp(sig.ts_ms, now_ms)
+        if sig.signal == "gpu_lost":
+            if sig.kind == "occurrence":
+                ev = {
+                    "event_id": f"{host}|sample|{device}|gpu_lost|{sig.ts_ms}",
+                    "timestamp_ms": sig.ts_ms,
+                    "hostname": host,
+                    "kind": "gpu_lost",
+                    "xid": None,
+                    "pci_bus_id": device,
+                    "uuid": ident.uuid,
+                    "gpu_index": ident.gpu_index,
+                    "model_name": ident.model_name,
+                    "driver_version": ident.driver_version,
+                    "message": "NVML reports the GPU lost (gpu_lost in gpu.samples.v1)",
+                    "source": "sample",
+                    "allocations": ident.allocations,
+                }
+                self.counts["events"] -= 1  # counted as a signal, not as an XidEvent
+                return self.on_xid(ev, now_ms)
+            a = self._open.get(("gpu", host, device, "xid:79"))
+            if a is not None and ts > a.last_seen_ms:
+                a.last_seen_ms = ts
+                self._dirty(a)
+            return a
+        key: Key = ("gpu", host, device, sig.signal)
+        if sig.kind == "clear":
+            a = self._open.get(key)
+            if a is not None:
+                self._resolve(a, now_ms, "cleared")
+                self._close(key, a, keep=False)
+            return None
+        if sig.kind == "active":
+            a = self._open.get(key)
+            if a is not None:
+                if ts > a.last_seen_ms:
+                    a.last_seen_ms = ts
+                    self._dirty(a)
+            else:
+                since = self._clamp(sig.since_ms or ts, now_ms)
+                a = self._touch(key, since, now_ms, 1, anchor=str(since))
+                if ts > a.last_seen_ms:
+                    a.last_seen_ms = ts
+        else:
+            a = self._touch(key, ts, now_ms, max(1, sig.count), anchor=str(ts))
+        info = SIGNAL_INFO[sig.signal]
+        severity, drain, action = info.severity, info.drain_node, info.action
+        if sig.signal == "recovery_action":
+            action, severity, drain = recovery_presentation(sig.value)
+        if a.alertname == "":
+            a.alertname = info.alertname
+            a.name = info.name
+            a.cause_class = info.cause_class
+            a.runbook = info.runbook
+            a.rule = f"health.{sig.signal}"
+            a.catalog_version = CATALOG_VERSION
+        if a.description == "" or worse((severity, drain, action), (a.severity, a.drain_node, a.action)):
+            a.severity, a.drain_node, a.action = severity, drain, action
+            a.description = f"{info.name} on {host} {device}: {sig.detail}."
+            a.urgent = True
+            self._dirty(a)
+        if a.gpu_uuid is None and ident.uuid:
+            a.gpu_uuid = ident.uuid
+            a.add_gpu(ident.uuid)
+        if a.gpu_index is None:
+            a.gpu_index = ident.gpu_index
+        a.model_name = a.model_name or ident.model_name
+        a.driver_version = a.driver_version or ident.driver_version
+        if not a.gpus:
+            a.add_gpu(a.gpu_uuid or device)
+        if a.add_allocations(ident.allocations):
+            self._dirty(a)
+        return a
+
+    # ------------------------------------------------------------------------------------- timers
+
+    def tick(self, now_ms: int) -> None:
+        """Resolve alerts quiet for ``resolve_after_ms``; forget expired tombstones and sightings."""
+        r = self.cfg.resolve_after_ms
+        d = self.cfg.dedupe_window_ms
+        for key, a in list(self._open.items()):
+            if now_ms - a.last_seen_ms >= r:
+                self._resolve(a, now_ms, "quiet")
+                self._close(key, a, keep=r < d and key[3] not in LEVEL_SIGNALS)
+        for key, a in list(self._closed.items()):
+            if now_ms - a.last_seen_ms > d:
+                del self._closed[key]
+        if len(self._sightings) > 4096:
+            horizon = now_ms - self.cfg.max_future_skew_ms - self.cfg.sighting_merge_ms
+            for key, s in list(self._sightings.items()):
+                if s.ts < horizon:
+                    del self._sightings[key]
+        for host, q in list(self._bursts.items()):
+            if not q or now_ms - q[-1][0] > self.cfg.node_burst_window_ms + self.cfg.max_future_skew_ms:
+                del self._bursts[host]
+
+    def take(self, now_ms: int, *, force: bool = False) -> list[Alert]:
+        """Revisions due for publishing (snapshots, in the order they changed); see module doc.
+
+        ``force`` hands out every pending change regardless of the update interval (at shutdown, so
+        that the published state, which a restart restores, is complete)."""
+        out: list[Alert] = []
+        interval = self.cfg.update_interval_ms
+        for aid, a in list(self._changed.items()):
+            if not (force or a.urgent or a.last_emit_ms is None or now_ms - a.last_emit_ms >= interval):
+                continue
+            a.sequence += 1
+            a.dirty = a.urgent = False
+            a.last_emit_ms = now_ms
+            out.append(a.snapshot())
+            del self._changed[aid]
+        return out
+
+    def pending(self) -> int:
+        return len(self._changed)
+
+    # ----------------------------------------------------------------------------------- restore
+
+    def restore(self, records: Iterable[dict[str, Any]], now_ms: int) -> int:
+        """Rebuild open alerts from ``gpu.alerts.v1`` records (oldest first); returns alerts restored.
+
+        The latest revision per alert id wins. Firing ones become open alerts (same id, sequence,
+        counts); resolved ones within the reopen span become tombstones. Their first/last event ids are
+        remembered as seen, so replayed input does not count them twice. Action records are ignored here.
+        """
+        latest: dict[str, dict[str, Any]] = {}
+        for rec in records:
+            if rec.get("status") not in ("firing", "resolved"):
+                continue
+            prev = latest.get(rec["alert_id"])
+            if prev is None or (rec["sequence"], rec["emitted_at_ms"]) >= (
+                prev["sequence"],
+                prev["emitted_at_ms"],
+            ):
+                latest[rec["alert_id"]] = rec
+        restored: set[str] = set()
+        for rec in sorted(latest.values(), key=lambda r: r["first_seen_ms"]):
+            try:
+                a = alert_from_record(rec)
+            except (KeyError, TypeError, ValueError):
+                self.counts["invalid"] += 1
+                continue
+            for eid in (a.first_event_id, a.last_event_id):
+                if eid:
+                    self._remember(eid)
+            if a.status == "resolved":
+                if now_ms - a.last_seen_ms <= self.cfg.dedupe_window_ms:
+                    self._closed[a.key] = a
+                continue
+            old = self._open.get(a.key)
+            if old is not None:  # two open alerts for one key: keep the newer incident
+                self._resolve(old, now_ms, "superseded")
+                self._close(old.key, old, keep=False)
+                restored.discard(old.alert_id)
+            self._open[a.key] = a
+            self._ids[a.alert_id] = a
+            if a.scope == "node":
+                self._node_worst[a.alert_id] = _rank(a.severity, a.drain_node, a.action)
+            restored.add(a.alert_id)
+        return len(restored)
+
+    # ---------------------------------------------------------------------------------- internals
+
+    def _remember(self, eid: str) -> None:
+        seen = self._seen
+        seen[eid] = None
+        if len(seen) > self.cfg.event_id_memory:
+            del seen[next(iter(seen))]
+
+    def _clamp(self, ts: int, now_ms: int) -> int:
+        if ts > now_ms + self.cfg.max_future_skew_ms:
+            self.counts["clock_future"] += 1
+            return now_ms
+        return ts
+
+    def _dirty(self, a: Alert) -> None:
+        if not a.dirty:
+            a.dirty = True
+        self._changed[a.alert_id] = a
+
+    def _classify(
+        self, fe: FaultEvent, history: GpuXidHistory, host: str, device: str, key: Key
+    ) -> tuple[Classification | None, tuple[Any, ...]]:
+        """Classify, or ``None`` when this exact fault was already classified within the open alert.
+
+        A repeat with the same code, process and message inside one incident cannot change the decision
+        (the rules look at distinct processes, messages and incidents separated by more than the
+        classifier's incident gap), so the storm path skips the work.
+        """
+        a = self._open.get(key)
+        sig = (fe.kind, fe.code, fe.pid, fe.process_name, fe.message)
+        if a is not None and fe.ts_ms - a.last_seen_ms < self.cfg.classify.incident_gap_ms:
+            seen = self._signatures.get(a.alert_id)
+            if seen is not None and sig in seen:
+                return None, sig
+        return classify(fe, history, self._health(host, device), self.cfg.classify), sig
+
+    def _apply(self, a: Alert, c: Classification | None, sig: tuple[Any, ...]) -> None:
+        if c is None:
+            return
+        seen = self._signatures.setdefault(a.alert_id, set())
+        if len(seen) < 64:
+            seen.add(sig)
+        new_decision = (c.severity.value, c.drain_node, c.action.value)
+        if a.name and not worse(new_decision, (a.severity, a.drain_node, a.action)):
+            if len(c.codes) > 1:
+                merged = _merge_codes(a.codes, c.codes)
+                if merged != a.codes:
+                    a.codes = merged
+                    self._dirty(a)
+            a.known = a.known and c.known
+            return
+        first = not a.name
+        a.codes = _merge_codes(a.codes, c.codes) if a.codes else tuple(c.codes)
+        a.name = c.name
+        a.severity = c.severity.value
+        a.cause_class = c.cause_class.value
+        a.action = c.action.value
+        a.nvidia_action = c.nvidia_action.value
+        a.drain_node = c.drain_node
+        a.known = c.known if first else a.known and c.known
+        a.rule = c.rule
+        a.description = c.reason
+        a.runbook = c.runbook
+        a.catalog_version = c.catalog_version
+        a.urgent = True
+        self._dirty(a)
+
+    def _identify(self, a: Alert, ev: dict[str, Any], host: str, device: str) -> None:
+        ident = self._identity(host, device) if (ev.get("uuid") is None or a.gpu_index is None) else None
+        uuid = ev.get("uuid") or (ident.uuid if ident else None)
+        changed = False
+        if a.gpu_uuid is None and uuid and a.scope == "gpu":
+            a.gpu_uuid = uuid
+            changed = True
+        if a.gpu_index is None:
+            idx = ev.get("gpu_index")
+            if idx is None and ident is not None:
+                idx = ident.gpu_index
+            if idx is not None:
+                a.gpu_index = idx
+                changed = True
+        if a.model_name is None:
+            a.model_name = ev.get("model_name") or (ident.model_name if ident else None)
+        if a.driver_version is None:
+            a.driver_version = ev.get("driver_version") or (ident.driver_version if ident else None)
+        if a.mig_uuid is None and a.occurrences <= 1:
+            a.mig_uuid = ev.get("mig_uuid")
+        if not a.gpus or (a.gpu_uuid and a.gpus == [device]):
+            a.gpus = [a.gpu_uuid or device]
+            changed = True
+        if not ev.get("allocations") and ident is not None and a.add_allocations(ident.allocations):
+            changed = True
+        if changed:
+            self._dirty(a)
+
+    def _touch(
+        self,
+        key: Key,
+        ts: int,
+        now_ms: int,
+        count: int,
+        *,
+        anchor: str,
+        first_event_id: str | None = None,
+    ) -> Alert:
+        """The open alert an occurrence at ``ts`` belongs to (supersede / reopen / new), folded."""
+        d = self.cfg.dedupe_window_ms
+        a = self._open.get(key)
+        if a is not None and ts > a.last_seen_ms + d:
+            self._resolve(a, now_ms, "superseded")
+            self.counts["superseded"] += 1
+            self._close(key, a, keep=False)
+            a = None
+        if a is None:
+            t = self._closed.get(key)
+            if t is not None and t.first_seen_ms - d <= ts <= t.last_seen_ms + d:
+                del self._closed[key]
+                t.status = "firing"
+                t.resolved_at_ms = None
+                t.resolve_reason = None
+                t.urgent = True
+                self._open[key] = a = t
+                self._ids[t.alert_id] = t
+                self.counts["reopened"] += 1
+        if a is None:
+            scope, host, device, _ = key
+            self._closed.pop(key, None)
+            a = Alert(
+                alert_id=alert_id(scope, host, device, key[3], anchor),
+                key=key,
+                scope=scope,
+                alertname="",
+                signal=key[3].split(":", 1)[0],
+                hostname=host,
+                first_seen_ms=ts,
+                last_seen_ms=ts,
+                device=device,
+                first_event_id=first_event_id,
+                urgent=True,
+            )
+            self._open[key] = a
+            self._ids[a.alert_id] = a
+            self.counts["new"] += 1
+        else:
+            self.counts["folded"] += 1
+        if ts < a.first_seen_ms:
+            a.first_seen_ms = ts
+        if ts > a.last_seen_ms:
+            a.last_seen_ms = ts
+        a.occurrences += count
+        self._dirty(a)
+        return a
+
+    def _resolve(self, a: Alert, now_ms: int, reason: str) -> None:
+        a.status = "resolved"
+        a.resolved_at_ms = now_ms
+        a.resolve_reason = reason
+        a.urgent = True
+        self.counts["resolved"] += 1
+        self._dirty(a)
+        self._signatures.pop(a.alert_id, None)
+
+    def _close(self, key: Key, a: Alert, *, keep: bool) -> None:
+        self._open.pop(key, None)
+        self._ids.pop(a.alert_id, None)
+        if keep:
+            self._closed[key] = a
+        if a.scope == "node":
+            self._node_worst.pop(a.alert_id, None)
+
+    def _node_burst(self, gpu_alert: Alert, ts: int, now_ms: int) -> None:
+        cfg = self.cfg
+        host = gpu_alert.hostname
+        q = self._bursts.get(host)
+        if q is None:
+            q = self._bursts[host] = deque()
+        q.append((ts, gpu_alert.device, gpu_alert.alert_id))
+        newest = max(ts, q[-1][0])
+        while q and q[0][0] < newest - cfg.node_burst_window_ms:
+            q.popleft()
+        if len(q) > 4096:
+            q.popleft()
+        key: Key = ("node", host, "", "node_burst")
+        node = self._open.get(key)
+        if node is not None and ts <= node.last_seen_ms + cfg.dedupe_window_ms:
+            self._touch(key, ts, now_ms, 1, anchor="")
+            members = [(ts, gpu_alert.device, gpu_alert.alert_id)]
+        else:
+            in_window = [m for m in q if m[0] >= ts - cfg.node_burst_window_ms]
+            devices = {m[1] for m in in_window}
+            if len(devices) < cfg.node_burst_gpus:
+                return
+            first = min(m[0] for m in in_window)
+            node = self._touch(key, first, now_ms, len(in_window), anchor=str(first))
+            if ts > node.last_seen_ms:
+                node.last_seen_ms = ts
+            members = in_window
+        if node.alertname == "":
+            node.alertname = "GpuNodeXidStorm"
+            node.name = "NODE_XID_BURST"
+            node.rule = "node_burst"
+            node.catalog_version = CATALOG_VERSION
+        changed = False
+        for _, device, member_id in members:
+            member = self._member(member_id)
+            if member is None:
+                continue
+            changed |= node.add_gpu(member.gpu_uuid or device)
+            if member.parent_alert_id != node.alert_id:
+                member.parent_alert_id = node.alert_id
+                self._dirty(member)
+            codes = _merge_codes(node.codes, member.codes[:1]) if node.codes else member.codes[:1]
+            if codes != node.codes:
+                node.codes = tuple(sorted(codes))
+                changed = True
+            rank = _rank(member.severity, member.drain_node, member.action)
+            if rank > self._node_worst.get(node.alert_id, (-1, -1, -1)):
+                self._node_worst[node.alert_id] = rank
+                node.severity = member.severity
+                node.drain_node = node.drain_node or member.drain_node
+                node.action = member.action
+                node.cause_class = member.cause_class
+                node.known = member.known
+                node.runbook = (
+                    "Several GPUs of this node reported errors at once: look at what they share (one "
+                    "multi-GPU job for application XIDs; the PCIe switch, power, cooling or driver for "
+                    "hardware ones). "
+                    "Per-GPU detail: the alerts naming this one as parent_alert_id. Worst GPU: "
+                    + member.runbook
+                )
+                node.urgent = True
+                changed = True
+            node.drain_node = node.drain_node or member.drain_node
+        node.description = (
+            f"{len(node.gpus)} GPUs of {host} reported XIDs ({', '.join(map(str, node.codes))}) within "
+            f"{cfg.node_burst_window_ms // 1000}s of each other (threshold {cfg.node_burst_gpus} GPUs); "
+            f"worst: {node.severity} {node.action}."
+        )
+        if changed:
+            self._dirty(node)
+
+    def _member(self, member_id: str) -> Alert | None:
+        a = self._ids.get(member_id)
+        return a if a is not None and a.status == "firing" else None
+
+
+def _merge_codes(have: tuple[int, ...], new: Iterable[int]) -> tuple[int, ...]:
+    out = list(have)
+    for c in new:
+        if c not in out:
+            out.append(c)
+    return tuple(out)

@@ -1,0 +1,397 @@
+"""Alert signals from the health fields of ``GpuSample`` records (pure: no clock, no I/O).
+
+:class:`HealthTracker` keeps a little state per GPU (keyed by host and canonical PCI bus id) and turns
+each sample into zero or more :class:`SignalEvent` s for the alert engine:
+
+======================  ==========  ============================================================
+signal                  type        raised when
+======================  ==========  ============================================================
+``ecc_dbe``             edge        ``ecc_dbe_volatile_total`` went up (occurrences = the increase).
+                                    The first sample of a GPU is the baseline; a decrease (driver
+                                    reload) re-baselines.
+``row_remap_failure``   level       ``row_remap_failure`` is true; cleared when false.
+``row_remap_pending``   level       ``row_remap_pending`` is true; cleared when false.
+``recovery_action``     level       ``gpu_recovery_action`` is set and not 0; cleared at 0.
+``thermal``             sustained   a thermal clock-event bit (SwThermalSlowdown 0x20,
+                                    HwThermalSlowdown 0x40) was set in every sample for at least
+                                    ``thermal_for_ms``; cleared after ``thermal_clear_ms`` without.
+``gpu_lost``            edge        ``gpu_lost`` turned true (the engine treats it as XID 79, so it
+                                    folds into the alert of an XidEvent for the same loss); while
+                                    the GPU stays lost each sample refreshes that alert.
+======================  ==========  ============================================================
+
+A ``null`` field means "not reported" and never raises or clears anything. MIG slice records are
+skipped (the whole-GPU record carries the health fields); a record without host, bus id or time raises
+:class:`InvalidRecord`. Samples older than the GPU's latest one are
+ignored (out of order). The tracker also remembers each GPU's identity (UUID, index, model, driver) so
+that XidEvents carrying only a PCI bus id (kernel log) get a UUID, and the memory-health snapshot
+:func:`~consumers.alerts.classify.classify` takes as context.
+
+State is in memory only: after a restart the first sample of each GPU is a new baseline, so a DBE
+increase between the last sample before the restart and the first one after is not raised (the XID
+48/94/95 the driver logs for it still is).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from consumers.alerts.classify import GpuHealth
+from producer.xid.xid_merge import normalize_pci_bus_id
+
+__all__ = [
+    "LEVEL_SIGNALS",
+    "SIGNAL_INFO",
+    "THERMAL_MASK",
+    "GpuIdentity",
+    "HealthConfig",
+    "HealthTracker",
+    "InvalidRecord",
+    "SignalEvent",
+    "SignalInfo",
+    "device_key",
+]
+
+THERMAL_MASK = 0x20 | 0x40  # SwThermalSlowdown | HwThermalSlowdown
+MINUTE_MS = 60_000
+
+SignalKind = Literal["occurrence", "active", "clear"]
+
+
+@dataclass(frozen=True, slots=True)
+class SignalInfo:
+    """How a health signal is presented (fixed per signal; recovery_action refines per value)."""
+
+    alertname: str
+    name: str
+    severity: str
+    cause_class: str
+    action: str
+    drain_node: bool
+    runbook: str
+
+
+SIGNAL_INFO: dict[str, SignalInfo] = {
+    "ecc_dbe": SignalInfo(
+        "GpuEccUncorrectable",
+        "ECC_DBE_VOLATILE_INCREASE",
+        "critical",
+        "hardware_memory",
+        "RESET_GPU",
+        False,
+        "Uncorrectable (double-bit) ECC errors on this GPU. Check the XID alerts on the same GPU (48, 94, "
+        "95, 63/64) for the exact recovery; reset the GPU once its jobs are drained so the row remapper "
+        "can act. If errors keep coming after the reset or row remapping fails, run field diagnostics "
+        "and RMA.",
+    ),
+    "row_remap_failure": SignalInfo(
+        "GpuRowRemapFailure",
+        "ROW_REMAP_FAILURE",
+        "critical",
+        "hardware_memory",
+        "CONTACT_SUPPORT",
+        True,
+        "Row remapping failed: the GPU has run out of spare memory rows or the remap could not be applied. "
+        "Cordon and drain the node, take the GPU out of service and open an RMA case "
+        "(NVIDIA GPU memory error management guide).",
+    ),
+    "row_remap_pending": SignalInfo(
+        "GpuRowRemapPending",
+        "ROW_REMAP_PENDING",
+        "warning",
+        "hardware_memory",
+        "RESET_GPU",
+        False,
+        "A memory row was marked for remapping and waits for a GPU reset. Let the jobs on this GPU finish "
+        "(or drain them), then reset the GPU with nvidia-smi -r -i <gpu> to apply the remap.",
+    ),
+    "thermal": SignalInfo(
+        "GpuThermalThrottling",
+        "THERMAL_SLOWDOWN_SUSTAINED",
+        "warning",
+        "thermal_power",
+        "CHECK_MECHANICALS",
+        False,
+        "The GPU has been clocked down for thermal reasons for minutes: jobs run slower. Check the node's "
+        "cooling (fans, airflow, inlet temperature, blocked heatsink), the GPU's seating, and whether other "
+        "GPUs of the node are hot too (then it is the chassis or the room).",
+    ),
+    "recovery_action": SignalInfo(
+        "GpuRecoveryActionRequired",
+        "GPU_RECOVERY_ACTION",
+        "critical",
+        "hardware_memory",
+        "RESET_GPU",
+        True,
+        "NVML reports that the driver requires a recovery action on this GPU (field GPU_RECOVERY_ACTION). "
+        "Cordon the node and do what it says: reset the GPU, drain peer-to-peer jobs, or reboot the node.",
+    ),
+}
+LEVEL_SIGNALS = frozenset({"row_remap_failure", "row_remap_pending", "recovery_action", "thermal"})
+
+# NVML_GPU_RECOVERY_ACTION_* value -> (action, severity, drain); see classify.recovery_action_from_nvml.
+_RECOVERY = {
+    1: ("RESET_GPU", "critical", True),
+    2: ("RESTART_BM", "critical", True),
+    3: ("DRAIN_P2P", "warning", True),
+    4: ("DRAIN_AND_RESET", "critical", True),
+    6: ("RESET_GPU", "critical", True),
+    7: ("RESTART_BM", "critical", True),
+}
+
+
+def recovery_presentation(value: int | None) -> tuple[str, str, bool]:
+    """(action, severity, drain) for an NVML recovery-action value; unknown values: CONTACT_SUPPORT."""
+    if value is None:
+        return ("CONTACT_SUPPORT", "warning", False)
+    return _RECOVERY.get(value, ("CONTACT_SUPPORT", "warning", False))
+
+
+_BUS_CACHE: dict[str, str] = {}
+
+
+def device_key(bus_id: str | None, fallback: str | None = None) -> str:
+    """Canonical PCI bus id (``0000:3b:00.0``) used as the device part of alert keys.
+
+    Kernel-log and NVML forms of one GPU map to the same key. Unparseable text is kept (lower-cased),
+    and an empty bus id falls back to ``fallback`` (the UUID).
+    """
+    if not bus_id:
+        return fallback or ""
+    hit = _BUS_CACHE.get(bus_id)
+    if hit is not None:
+        return hit
+    try:
+        key = normalize_pci_bus_id(bus_id)
+    except ValueError:
+        key = bus_id.strip().lower()
+    if len(_BUS_CACHE) < 100_000:
+        _BUS_CACHE[bus_id] = key
+    return key
+
+
+class InvalidRecord(ValueError):
+    """An input record without what every record of its type has (host, time...): dead-letter it."""
+
+
+@dataclass(frozen=True, slots=True)
+class HealthConfig:
+    thermal_for_ms: int = 5 * MINUTE_MS
+    """Thermal clock-event bits must be set this long (every sample) to raise ``thermal``."""
+    thermal_clear_ms: int = MINUTE_MS
+    """...and clear this long to clear it (hysteresis against flapping)."""
+
+    def __post_init__(self) -> None:
+        if self.thermal_for_ms < 0 or self.thermal_clear_ms < 0:
+            raise ValueError("thermal durations must not be negative")
+
+
+@dataclass(frozen=True, slots=True)
+class SignalEvent:
+    """One change of one health signal of one GPU.
+
+    ``occurrence``: an edge (``count`` occurrences at ``ts_ms``); ``active``: the level condition holds
+    at ``ts_ms`` (it has since ``since_ms``); ``clear``: the condition ended.
+    """
+
+    signal: str
+    kind: SignalKind
+    ts_ms: int
+    count: int = 1
+    since_ms: int = 0
+    detail: str = ""
+    value: int | None = None
+
+
+@dataclass(slots=True)
+class GpuIdentity:
+    hostname: str
+    device: str
+    uuid: str | None = None
+    gpu_index: int | None = None
+    model_name: str | None = None
+    driver_version: str | None = None
+    allocations: Any = ()
+
+
+class _GpuState:
+    __slots__ = (
+        "dbe",
+        "ident",
+        "last_ts",
+        "level",
+        "lost",
+        "sample",
+        "thermal_active",
+        "thermal_clear_since",
+        "thermal_since",
+    )
+
+    def __init__(self, ident: GpuIdentity) -> None:
+        self.ident = ident
+        self.last_ts = -1
+        self.dbe: int | None = None
+        self.lost = False
+        self.level: dict[str, bool] = {}
+        self.thermal_since: int | None = None
+        self.thermal_clear_since: int | None = None
+        self.thermal_active = False
+        self.sample: dict[str, Any] | None = None
+
+
+_LEVEL_FIELDS = (
+    ("row_remap_failure", "row_remap_failure"),
+    ("row_remap_pending", "row_remap_pending"),
+)
+
+
+class HealthTracker:
+    """Per-GPU health state from samples; see module doc."""
+
+    def __init__(self, config: HealthConfig | None = None) -> None:
+        self.cfg = config or HealthConfig()
+        self._gpus: dict[tuple[str, str], _GpuState] = {}
+        self.samples = 0
+        self.skipped = 0
+
+    def __len__(self) -> int:
+        return len(self._gpus)
+
+    def observe(self, sample: dict[str, Any]) -> tuple[GpuIdentity | None, list[SignalEvent]]:
+        """Update state from one sample; return the GPU's identity and the signal changes it caused."""
+        if sample.get("mig"):
+            self.skipped += 1
+            return None, []
+        host = sample.get("hostname") or ""
+        device = device_key(sample.get("pci_bus_id"), sample.get("uuid"))
+        ts = sample.get("timestamp_ms")
+        if not host or not device or not isinstance(ts, int) or isinstance(ts, bool):
+            self.skipped += 1
+            raise InvalidRecord("sample without hostname, PCI bus id/UUID or integer timestamp_ms")
+        key = (host, device)
+        st = self._gpus.get(key)
+        if st is None:
+            st = self._gpus[key] = _GpuState(GpuIdentity(host, device))
+        if ts < st.last_ts:
+            self.skipped += 1
+            return st.ident, []
+        self.samples += 1
+        st.last_ts = ts
+        st.sample = sample
+        ident = st.ident
+        ident.uuid = sample.get("uuid") or ident.uuid
+        if sample.get("gpu_index") is not None:
+            ident.gpu_index = sample["gpu_index"]
+        ident.model_name = sample.get("model_name") or ident.model_name
+        ident.driver_version = sample.get("driver_version") or ident.driver_version
+        ident.allocations = sample.get("allocations") or ()
+        out: list[SignalEvent] = []
+
+        lost = bool(sample.get("gpu_lost"))
+        if lost:
+            out.append(SignalEvent("gpu_lost", "active" if st.lost else "occurrence", ts, since_ms=ts))
+        st.lost = lost
+
+        dbe = sample.get("ecc_dbe_volatile_total")
+        if isinstance(dbe, int) and not isinstance(dbe, bool):
+            if st.dbe is not None and dbe > st.dbe:
+                out.append(
+                    SignalEvent(
+                        "ecc_dbe",
+                        "occurrence",
+                        ts,
+                        count=dbe - st.dbe,
+                        detail=f"ecc_dbe_volatile_total {st.dbe} -> {dbe}",
+                        value=dbe,
+                    )
+                )
+            st.dbe = dbe
+
+        for signal, fld in _LEVEL_FIELDS:
+            value = sample.get(fld)
+            if value is None:
+                continue
+            was = st.level.get(signal, False)
+            if value:
+                out.append(SignalEvent(signal, "active", ts, since_ms=ts, detail=f"{fld}=true"))
+            elif was:
+                out.append(SignalEvent(signal, "clear", ts, detail=f"{fld}=false"))
+            st.level[signal] = bool(value)
+
+        rec = sample.get("gpu_recovery_action")
+        if isinstance(rec, int) and not isinstance(rec, bool):
+            was = st.level.get("recovery_action", False)
+            if rec != 0:
+                out.append(
+                    SignalEvent(
+                        "recovery_action",
+                        "active",
+                        ts,
+                        since_ms=ts,
+                        detail=f"gpu_recovery_action={rec}",
+                        value=rec,
+                    )
+                )
+            elif was:
+                out.append(SignalEvent("recovery_action", "clear", ts, detail="gpu_recovery_action=0"))
+            st.level["recovery_action"] = rec != 0
+
+        reasons = sample.get("clock_event_reasons")
+        if isinstance(reasons, int):
+            self._thermal(st, ts, reasons, sample.get("gpu_temp_c"), out)
+        return ident, out
+
+    def _thermal(
+        self, st: _GpuState, ts: int, reasons: int, temp: float | None, out: list[SignalEvent]
+    ) -> None:
+        cfg = self.cfg
+        hot = bool(reasons & THERMAL_MASK)
+        if hot:
+            st.thermal_clear_since = None
+            if st.thermal_since is None:
+                st.thermal_since = ts
+            if st.thermal_active or ts - st.thermal_since >= cfg.thermal_for_ms:
+                st.thermal_active = True
+                temp_text = f", {temp:g} C" if temp is not None else ""
+                out.append(
+                    SignalEvent(
+                        "thermal",
+                        "active",
+                        ts,
+                        since_ms=st.thermal_since,
+                        detail=f"clock_event_reasons=0x{reasons:x}{temp_text}",
+                    )
+                )
+            return
+        st.thermal_since = None
+        if not st.thermal_active:
+            return
+        if st.thermal_clear_since is None:
+            st.thermal_clear_since = ts
+        if ts - st.thermal_clear_since >= cfg.thermal_clear_ms:
+            st.thermal_active = False
+            st.thermal_clear_since = None
+            out.append(SignalEvent("thermal", "clear", ts, detail=f"clock_event_reasons=0x{reasons:x}"))
+
+    def identity(self, hostname: str, device: str) -> GpuIdentity | None:
+        st = self._gpus.get((hostname, device))
+        return st.ident if st is not None else None
+
+    def health(self, hostname: str, device: str) -> GpuHealth | None:
+        """The memory-health snapshot of the GPU's latest sample (``None``: no sample seen)."""
+        st = self._gpus.get((hostname, device))
+        if st is None or st.sample is None:
+            return None
+        s = st.sample
+        return GpuHealth(
+            remap_pending=s.get("row_remap_pending"),
+            remap_failure=s.get("row_remap_failure"),
+            uncorrectable_remapped_rows=s.get("remapped_rows_uncorrectable"),
+            correctable_remapped_rows=s.get("remapped_rows_correctable"),
+            ecc_dbe_volatile=s.get("ecc_dbe_volatile_total"),
+            ecc_sbe_volatile=s.get("ecc_sbe_volatile_total"),
+            ecc_dbe_aggregate=s.get("ecc_dbe_aggregate_total"),
+            ecc_sbe_aggregate=s.get("ecc_sbe_aggregate_total"),
+            recovery_action=s.get("gpu_recovery_action"),
+        )

@@ -1,0 +1,390 @@
+"""The alerts service: consume-loop handler, GpuAlert publishing, restore after restart, wiring.
+
+:class:`AlertsService` is the :class:`~consumers.consume_loop.Handler`: it feeds ``XidEvent`` records to
+the :class:`~consumers.alerts.dedupe.AlertEngine` and ``GpuSample`` records to the
+:class:`~consumers.alerts.health_signals.HealthTracker`, publishes the revisions the engine hands out to
+``gpu.alerts.v1`` (keyed by ``alert_id``, idempotent producer), passes them to Alertmanager and, for drain
+alerts, to the cordoner. A ticker thread calls :meth:`AlertsService.tick` every second so alerts resolve
+and throttled updates go out when no input arrives.
+
+Delivery: ``handle`` returns only after the records it caused were acknowledged by Kafka (``flush``); the
+consume loop stores offsets after ``handle`` returns, so an alert is never lost to a crash (at least
+once). A crash after the flush and before the offset commit replays some input; replayed events whose
+ids the engine remembers are ignored, others may re-emit a revision with a sequence already published.
+Downstream deduplicates by ``(alert_id, sequence)``.
+
+Restart: before consuming, :func:`restore_from_topic` reads ``gpu.alerts.v1`` from ``now - lookback``
+(default 24 h) to its end, and :meth:`AlertsService.restore` rebuilds the open alerts from their latest
+revisions (same ids, counts, sequence numbers) and the cordon rate-limit ledger from the action records.
+The consumer group resumes the input where it committed. What is not restored: the per-GPU XID history
+the classifier uses for "repeated" rules, node-burst windows and sample baselines (they rebuild from new
+input).
+
+Remediation events: each cordon decision (and dry-run decision) is published as a record with ``status``
+``action`` and the ``remediation`` field set, keyed by the alert's id so it follows the alert's revisions
+in its partition.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from consumers.alerts.alert_record import Alert, action_record, to_record
+from consumers.alerts.cordon import Cordoner, CordonResult
+from consumers.alerts.dedupe import AlertEngine, EngineConfig
+from consumers.alerts.health_signals import HealthConfig, HealthTracker, InvalidRecord
+from consumers.consume_loop import InRecord
+from gpupipe.errors import GpupipeError
+from gpupipe.kafka_admin import client_config
+from gpupipe.logs import fields
+from schemas.codec import AvroCodec
+from schemas.errors import DecodeError
+
+__all__ = ["AlertSink", "AlertsService", "KafkaAlertSink", "ListSink", "restore_from_topic"]
+
+log = logging.getLogger("gpupipe.alerts")
+
+
+class AlertSink(Protocol):
+    def send(self, record: dict[str, Any]) -> None: ...
+    def flush(self, timeout_s: float = 30.0) -> None: ...
+
+
+class ListSink:
+    """In-memory sink (tests, dry experiments)."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def send(self, record: dict[str, Any]) -> None:
+        with self._lock:
+            self.records.append(record)
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        return None
+
+
+class KafkaAlertSink:
+    """GpuAlert records to the alerts topic, keyed by alert id, idempotent producer."""
+
+    def __init__(
+        self, bootstrap: str, topic: str, codec: AvroCodec, extra: dict[str, str] | None = None
+    ) -> None:
+        self.topic = topic
+        self._encode = codec.encoder("GpuAlert", topic).encode
+        self.failed = 0
+        self.sent = 0
+        self._producer = Producer(
+            client_config(
+                bootstrap,
+                extra,
+                **{
+                    "enable.idempotence": True,
+                    "acks": "all",
+                    "linger.ms": 5,
+                    "compression.type": "zstd",
+                },
+            )
+        )
+
+    def _delivered(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self.failed += 1
+            log.error("alert record not delivered", extra=fields(topic=self.topic, error=str(err)))
+        else:
+            self.sent += 1
+
+    def send(self, record: dict[str, Any]) -> None:
+        value = self._encode(record)
+        key = record["alert_id"].encode()
+        while True:
+            try:
+                self._producer.produce(self.topic, value, key, on_delivery=self._delivered)
+                break
+            except BufferError:
+                self._producer.poll(0.05)
+        self._producer.poll(0)
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        before = self.failed
+        left = self._producer.flush(timeout_s)
+        if left or self.failed != before:
+            raise GpupipeError(
+                f"{left} alert records not delivered within {timeout_s:g}s and {self.failed - before} "
+                "failed: stopping so that the input is replayed after a restart"
+            )
+
+
+def restore_from_topic(
+    bootstrap: str,
+    topic: str,
+    codec: AvroCodec,
+    lookback_ms: int,
+    extra: dict[str, str] | None = None,
+    timeout_s: float = 60.0,
+    now_ms: int | None = None,
+) -> list[dict[str, Any]]:
+    """GpuAlert records of ``topic`` from ``now - lookback_ms`` up to the end as of now, oldest first."""
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    c = Consumer(
+        client_config(
+            bootstrap,
+            extra,
+            **{
+                "group.id": f"gpupipe-alerts-restore-{uuid.uuid4()}",
+                "enable.auto.commit": False,
+                "isolation.level": "read_committed",
+                "enable.partition.eof": True,
+            },
+        )
+    )
+    out: list[dict[str, Any]] = []
+    try:
+        md = c.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        if md is None or md.error is not None or not md.partitions:
+            return out
+        parts = [TopicPartition(topic, p, now_ms - lookback_ms) for p in sorted(md.partitions)]
+        starts = c.offsets_for_times(parts, timeout=timeout_s)
+        assign, ends = [], {}
+        for tp in starts:
+            _, high = c.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=timeout_s)
+            if tp.offset < 0 or tp.offset >= high:
+                continue  # nothing that recent in this partition
+            assign.append(TopicPartition(topic, tp.partition, tp.offset))
+            ends[tp.partition] = high
+        if not assign:
+            return out
+        c.assign(assign)
+        done: set[int] = set()
+        deadline = time.monotonic() + timeout_s
+        while len(done) < len(ends) and time.monotonic() < deadline:
+            for msg in c.consume(1000, 0.5):
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        done.add(msg.partition())
+                    continue
+                if msg.offset() + 1 >= ends[msg.partition()]:
+                    done.add(msg.partition())
+                try:
+                    d = codec.decode(msg.value())
+                except DecodeError:
+                    continue
+                if d.name == "GpuAlert":
+                    out.append(d.record)
+        if len(done) < len(ends):
+            raise GpupipeError(f"restoring alerts from {topic} did not finish within {timeout_s:g}s")
+    except KafkaException as exc:
+        raise GpupipeError(f"cannot restore alerts from {topic}: {exc.args[0].str()}") from exc
+    finally:
+        c.close()
+    out.sort(key=lambda r: (r["emitted_at_ms"], r["sequence"]))
+    return out
+
+
+class _ServiceCollector(Collector):
+    def __init__(self, service: AlertsService) -> None:
+        self._s = service
+
+    def collect(self) -> Iterator[Any]:
+        s = self._s
+        counts = dict(s.engine.counts)
+        fam = CounterMetricFamily(
+            "gpupipe_alerts_input", "Input handled by the alert engine, by result.", labels=["result"]
+        )
+        for k, v in sorted(counts.items()):
+            fam.add_metric([k], v)
+        yield fam
+        open_fam = GaugeMetricFamily(
+            "gpupipe_alerts_open", "Open (firing) alerts by scope.", labels=["scope"]
+        )
+        by_scope = s._open_by_scope
+        for scope in ("gpu", "node", "nvswitch"):
+            open_fam.add_metric([scope], by_scope.get(scope, 0))
+        yield open_fam
+        gpus = GaugeMetricFamily("gpupipe_alerts_health_gpus", "GPUs with health state from samples.")
+        gpus.add_metric([], len(s.health))
+        yield gpus
+        if s.cordoner is not None:
+            cf = CounterMetricFamily(
+                "gpupipe_alerts_cordon", "Cordon decisions by outcome.", labels=["outcome", "dry_run"]
+            )
+            for outcome, n in sorted(s.cordoner.outcomes.items()):
+                cf.add_metric([outcome, str(s.cordoner.dry_run).lower()], n)
+            yield cf
+
+
+class AlertsService:
+    """Handler + publisher; thread-safe (the consume loop, the ticker and the cordon worker call in)."""
+
+    def __init__(
+        self,
+        *,
+        sink: AlertSink,
+        engine_config: EngineConfig | None = None,
+        health_config: HealthConfig | None = None,
+        registry: CollectorRegistry | None = None,
+        alertmanager: Any | None = None,
+        cordoner: Cordoner | None = None,
+        instance: str = "",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.sink = sink
+        self.health = HealthTracker(health_config)
+        self.engine = AlertEngine(engine_config, health=self.health.health, identity=self.health.identity)
+        self.alertmanager = alertmanager
+        self.cordoner = cordoner
+        self.instance = instance
+        self.clock = clock
+        self.lock = threading.RLock()
+        self.records_out: dict[str, int] = {}
+        self.errors = 0
+        self.last_emit_ms = 0
+        self.open_alerts = 0
+        self._open_by_scope: dict[str, int] = {}
+        reg = registry if registry is not None else CollectorRegistry()
+        self.m_records = Counter(
+            "gpupipe_alerts_records", "GpuAlert records published, by status.", ["status"], registry=reg
+        )
+        self.m_latency = Histogram(
+            "gpupipe_alerts_detection_latency_seconds",
+            "XID/SXid alerts: from the first event's own time stamp to the first firing record "
+            "(emitted_at_ms - first_seen_ms).",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+            registry=reg,
+        )
+        self.m_errors = Counter(
+            "gpupipe_alerts_record_errors",
+            "Input records the engine could not use (logged; processing goes on).",
+            ["topic"],
+            registry=reg,
+        )
+        reg.register(_ServiceCollector(self))
+
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    # -------------------------------------------------------------------------------------- handler
+
+    def on_assign(self, partitions: Sequence[tuple[str, int]]) -> None:
+        return None
+
+    def on_revoke(self, partitions: Sequence[tuple[str, int]]) -> None:
+        # Alert state is per GPU, not per partition, and one instance is expected to own every partition
+        # (see module doc); on a hand-over the new owner restores open alerts from gpu.alerts.v1.
+        return None
+
+    def handle(self, records: Sequence[InRecord]) -> list[tuple[InRecord, str, str]]:
+        """Apply a batch; returns the records to dead-letter (invalid content), which the loop does."""
+        now = self.now_ms()
+        rejected: list[tuple[InRecord, str, str]] = []
+        with self.lock:
+            for r in records:
+                try:
+                    if r.name == "XidEvent":
+                        self.engine.on_xid(r.value, now)
+                    elif r.name == "GpuSample":
+                        ident, signals = self.health.observe(r.value)
+                        for sig in signals:
+                            self.engine.on_signal(ident, sig, now)
+                    else:
+                        rejected.append((r, "unexpected-record-type", f"{r.name} on {r.topic}"))
+                except Exception as exc:  # a record the engine cannot use must not stop the stream
+                    self.errors += 1
+                    self.m_errors.labels(r.topic).inc()
+                    reason = "invalid-record" if isinstance(exc, InvalidRecord) else "alerts-error"
+                    rejected.append((r, reason, f"{exc!r}"[:300]))
+                    log.warning(
+                        "record rejected",
+                        extra=fields(
+                            topic=r.topic, partition=r.partition, offset=r.offset, error=f"{exc!r}"[:300]
+                        ),
+                    )
+            self._emit(self.engine.take(now), now)
+        return rejected
+
+    def tick(self) -> int:
+        """Run the engine's timers and publish what is due; returns records published."""
+        now = self.now_ms()
+        with self.lock:
+            self.engine.tick(now)
+            out = self.engine.take(now)
+            self._emit(out, now)
+        return len(out)
+
+    def flush(self) -> int:
+        """Publish every pending change now, throttled ones included (shutdown)."""
+        now = self.now_ms()
+        with self.lock:
+            self.engine.tick(now)
+            out = self.engine.take(now, force=True)
+            self._emit(out, now)
+        return len(out)
+
+    def restore(self, records: Sequence[dict[str, Any]]) -> int:
+        now = self.now_ms()
+        with self.lock:
+            n = self.engine.restore(records, now)
+            open_alerts = [a.snapshot() for a in self.engine.open_alerts()]
+            self._emit(self.engine.take(now), now)
+        if self.cordoner is not None:
+            counted = self.cordoner.restore(records, now)
+            log.info("cordon ledger restored", extra=fields(cordons_in_window=counted))
+        self._open_by_scope = self.engine.open_count()
+        self.open_alerts = sum(self._open_by_scope.values())
+        if self.alertmanager is not None:
+            for a in open_alerts:
+                self.alertmanager.update(to_record(a, now, self.instance))
+        log.info("alerts restored", extra=fields(open=n, records=len(records)))
+        return n
+
+    # ------------------------------------------------------------------------------------- output
+
+    def _emit(self, alerts: Sequence[Alert], now: int) -> None:
+        """Publish revisions (caller holds ``self.lock``: revisions of one alert go out in order)."""
+        if not alerts:
+            return
+        self._open_by_scope = self.engine.open_count()  # for scrapes, which never take the lock
+        self.open_alerts = sum(self._open_by_scope.values())
+        for a in alerts:
+            rec = to_record(a, now, self.instance)
+            self.sink.send(rec)
+            status = rec["status"]
+            self.records_out[status] = self.records_out.get(status, 0) + 1
+            self.m_records.labels(status).inc()
+            if status == "firing" and rec["sequence"] == 1 and rec["signal"] in ("xid", "sxid"):
+                self.m_latency.observe(max(0.0, (now - rec["first_seen_ms"]) / 1000))
+            if self.alertmanager is not None:
+                self.alertmanager.update(rec)
+            if self.cordoner is not None and status == "firing" and rec["drain_node"]:
+                self.cordoner.request(rec)
+        self.sink.flush()
+        self.last_emit_ms = now
+
+    def on_cordon_result(self, result: CordonResult) -> None:
+        """Cordoner callback: publish the decision as a status ``action`` record."""
+        rec = action_record(
+            result.record,
+            outcome=result.outcome,
+            node=result.node,
+            dry_run=result.dry_run,
+            detail=result.detail,
+            at_ms=result.at_ms,
+        )
+        rec["instance"] = self.instance
+        with self.lock:
+            self.sink.send(rec)
+            self.records_out["action"] = self.records_out.get("action", 0) + 1
+            self.m_records.labels("action").inc()
+            self.sink.flush()

@@ -1,0 +1,66 @@
+"""The Prometheus alerting rules and the Alertmanager config in deploy/ are valid and do what they say.
+
+Runs the real tools (Debian packages prometheus and prometheus-alertmanager): `promtool check rules`,
+`promtool test rules` with the unit-test file next to the rules, `amtool check-config`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+RULES = REPO / "deploy" / "prometheus" / "gpupipe-alerts.rules.yml"
+RULE_TESTS = REPO / "deploy" / "prometheus" / "gpupipe-alerts.rules.test.yml"
+AM_CONFIG = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
+
+
+def tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} is missing (apt-get install prometheus prometheus-alertmanager)", pytrace=False)
+    return path
+
+
+def run(*cmd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=RULES.parent)
+
+
+def test_promtool_check_rules() -> None:
+    res = run(tool("promtool"), "check", "rules", str(RULES))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "SUCCESS" in res.stdout
+
+
+def test_promtool_unit_tests_for_rules() -> None:
+    res = run(tool("promtool"), "test", "rules", str(RULE_TESTS))
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_every_rule_has_severity_action_and_runbook() -> None:
+    doc = yaml.safe_load(RULES.read_text())
+    names = []
+    for group in doc["groups"]:
+        for rule in group["rules"]:
+            names.append(rule["alert"])
+            assert rule["labels"]["severity"] in ("critical", "warning", "info"), rule["alert"]
+            assert rule["labels"]["action"], rule["alert"]
+            assert rule["labels"]["drain_node"] in ("true", "false"), rule["alert"]
+            for key in ("summary", "description", "runbook"):
+                assert rule["annotations"].get(key), f"{rule['alert']} lacks {key}"
+    tested = RULE_TESTS.read_text()
+    untested = [n for n in names if f"alertname: {n}\n" not in tested]
+    assert not untested, f"rules without a promtool test: {untested}"
+
+
+def test_alertmanager_config_is_valid() -> None:
+    res = run(tool("amtool"), "check-config", str(AM_CONFIG))
+    assert res.returncode == 0, res.stdout + res.stderr
+    route = yaml.safe_load(AM_CONFIG.read_text())["route"]
+    assert route["group_by"] == ["alertname", "node"]
