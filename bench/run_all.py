@@ -20,8 +20,10 @@ BENCHES = [
     "bench_kmsg.py",
     "bench_agent_tick.py",
     "bench_metrics_render.py",
+    "bench_metrics_freshness.py",
     "bench_chargeback.py",
     "bench_alerts.py",
+    "bench_alerts_latency.py",
 ]
 RATIO = re.compile(r"^(\S+) ratio=([0-9.]+) target=([0-9.]+)")
 
