@@ -1,14 +1,16 @@
 """`make demo`: a local broker, a simulated fleet, and every consumer service that exists.
 
 Ctrl-C (or SIGTERM) stops the services in reverse order, then the broker.
-Ports: Kafka 9092 (GPUPIPE_DEMO_KAFKA_PORT), producer self-metrics 9400,
-metrics 9401, chargeback 9402, alerts 9403.
+Ports: Kafka 9092 (GPUPIPE_DEMO_KAFKA_PORT), producer self-metrics 9400, metrics 9401,
+chargeback 9402, alerts 9403; Prometheus 9090 and Alertmanager 9093 when their binaries are
+installed (Debian packages prometheus, prometheus-alertmanager).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +22,7 @@ KAFKA = str(REPO / "scripts" / "kafka-local")
 PORT = os.environ.get("GPUPIPE_DEMO_KAFKA_PORT", "9092")
 GP = [sys.executable, "-m", "gpupipe"]
 LOGS = REPO / ".run" / "demo"
+CLI = ".venv/bin/gpupipe"
 
 # (module that must exist, name, argv, what to tell the user)
 SERVICES = [
@@ -55,15 +58,65 @@ SERVICES = [
         "consumers.chargeback.command",
         "chargeback",
         ["chargeback", "--window", "1m", "--grace", "10s", "--listen", "127.0.0.1:9402"],
-        "chargeback windows (1 min in the demo): gpupipe report chargeback --from 2000-01-01 --to 2100-01-01",
+        f"chargeback windows (1 min in the demo): {CLI} report chargeback --by team --period all",
     ),
     (
         "consumers.alerts.command",
         "alerts",
-        ["alerts", "--listen", "127.0.0.1:9403"],
-        "XID alerts: gpupipe tail gpu.alerts.v1",
+        ["alerts", "--listen", "127.0.0.1:9403", "--dry-run"],
+        f"XID alerts: {CLI} tail gpu.alerts.v1 (cordon decisions are dry-run only)",
     ),
 ]
+
+PROMETHEUS_YML = """global: {scrape_interval: 5s, evaluation_interval: 5s}
+rule_files: ['%(rules)s']
+alerting:
+  alertmanagers: [{static_configs: [{targets: ['127.0.0.1:9093']}]}]
+scrape_configs:
+  - job_name: gpupipe-metrics
+    static_configs: [{targets: ['127.0.0.1:9401']}]
+  - job_name: gpupipe-services
+    static_configs: [{targets: ['127.0.0.1:9400', '127.0.0.1:9402', '127.0.0.1:9403']}]
+"""
+
+
+def side_services() -> list[tuple[str, list[str], str]]:
+    """Alertmanager and Prometheus from the machine's packages, when installed."""
+    out = []
+    am = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+    if am:
+        out.append(
+            (
+                "alertmanager",
+                [
+                    am,
+                    f"--config.file={REPO}/deploy/alertmanager/alertmanager.yml",
+                    f"--storage.path={LOGS}/am",
+                    "--web.listen-address=127.0.0.1:9093",
+                    "--cluster.listen-address=",
+                ],
+                "Alertmanager: http://127.0.0.1:9093/#/alerts",
+            )
+        )
+    prom = shutil.which("prometheus")
+    if prom and importlib.util.find_spec("consumers.metrics.command") is not None:
+        cfg = LOGS / "prometheus.yml"
+        cfg.write_text(
+            PROMETHEUS_YML % {"rules": REPO / "deploy" / "prometheus" / "gpupipe-alerts.rules.yml"}
+        )
+        out.append(
+            (
+                "prometheus",
+                [
+                    prom,
+                    f"--config.file={cfg}",
+                    f"--storage.tsdb.path={LOGS}/prometheus",
+                    "--web.listen-address=127.0.0.1:9090",
+                ],
+                "Prometheus: http://127.0.0.1:9090/graph?g0.expr=DCGM_FI_DEV_GPU_UTIL",
+            )
+        )
+    return out
 
 
 def main() -> int:
@@ -84,21 +137,29 @@ def main() -> int:
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
+
+    def start(name: str, argv: list[str], hint: str, child_env: dict[str, str] | None = None) -> None:
+        log = open(LOGS / f"{name}.log", "w")  # noqa: SIM115 (lives as long as the process)
+        p = subprocess.Popen(
+            argv, env=child_env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
+        )
+        procs.append((name, p))
+        print(f"demo: started {name:<12} {hint}", flush=True)
+
     try:
         print(f"demo: Kafka at {bootstrap}")
+        extra = side_services()
+        for name, argv, hint in extra:
+            start(name, argv, hint)
+        have_am = any(name == "alertmanager" for name, _, _ in extra)
         for module, name, argv, hint in SERVICES:
             if importlib.util.find_spec(module) is None:
                 continue
-            log = open(LOGS / f"{name}.log", "w")  # noqa: SIM115 (closed with the process)
-            p = subprocess.Popen(
-                [*GP, *argv], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
-            )
-            procs.append((name, p))
-            print(f"demo: started {name:<10} {hint}")
+            if name == "alerts" and have_am:
+                argv = [*argv, "--alertmanager-url", "http://127.0.0.1:9093"]
+            start(name, [*GP, *argv], hint, env)
             time.sleep(1.0 if name == "producer" else 0.2)
-        print(
-            f"demo: records as JSON:  .venv/bin/gpupipe tail gpu.samples.v1 --bootstrap-servers {bootstrap}"
-        )
+        print(f"demo: records as JSON:  {CLI} tail gpu.samples.v1 --bootstrap-servers {bootstrap}")
         print(f"demo: logs in {LOGS}/   Ctrl-C stops everything.", flush=True)
         while not stopping:
             for name, p in procs:
