@@ -1,0 +1,171 @@
+"""Serve dcgm-exporter-compatible Prometheus metrics from gpu.samples.v1 and gpu.xid.v1.
+
+`/metrics` carries dcgm-exporter's metric names, label names and order, units and HELP/TYPE
+(selectable with its counters CSV format, `--collectors`), plus a true XID counter per code
+(`DCGM_EXP_XID_ERRORS_TOTAL`), one series per pod on shared GPUs, and no stale series: a GPU or
+pod not seen for `--stale-after` disappears. `/healthz` answers 200 once consuming.
+
+Scale out by starting more instances with the same `--group-id`: they split the partitions of
+gpu.samples.v1, each serves only its partitions' GPUs (and their XIDs), and a revoked
+partition's series go at once. Prometheus scrapes every instance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+
+from consumers.metrics.collectors_csv import load_counters
+from consumers.metrics.http import DEFAULT_PORT
+from consumers.metrics.service import MetricsConfig, MetricsService
+from gpupipe.durations import parse_duration_ms
+from gpupipe.errors import ConfigError
+from gpupipe.health_server import parse_listen
+from gpupipe.kafka_admin import parse_kafka_overrides
+
+USES_KAFKA = True
+
+log = logging.getLogger("gpupipe.metrics")
+
+HOST_LABELS = {"Hostname": "Hostname", "hostname": "hostname", "none": None}
+
+
+def _duration(text: str) -> int:
+    try:
+        return parse_duration_ms(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--listen",
+        default=f"0.0.0.0:{DEFAULT_PORT}",
+        metavar="HOST:PORT",
+        help=f"address of /metrics and /healthz (default 0.0.0.0:{DEFAULT_PORT}, dcgm-exporter's port)",
+    )
+    p.add_argument(
+        "--group-id",
+        default="gpupipe-metrics",
+        help="Kafka consumer group; instances of one group split the GPUs (default gpupipe-metrics)",
+    )
+    p.add_argument(
+        "--from-beginning",
+        action="store_true",
+        help="a new consumer group starts at the oldest retained records (still subject to "
+        "--max-sample-age) instead of the newest",
+    )
+    p.add_argument(
+        "--create-topics",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="create missing topics with default partitions and retention",
+    )
+    ex = p.add_argument_group("exposition")
+    ex.add_argument(
+        "--collectors",
+        default=None,
+        metavar="FILE",
+        help="dcgm-exporter counters CSV selecting the metrics (default: dcgm-exporter's "
+        "default-counters.csv set plus the profiling fields and DCGM_EXP_XID_ERRORS_TOTAL)",
+    )
+    ex.add_argument(
+        "--host-label",
+        choices=sorted(HOST_LABELS),
+        default="Hostname",
+        help="name of the node label: Hostname (dcgm-exporter up to 4.5.3-4.8.2 and its dashboards), "
+        "hostname (newer dcgm-exporter, snake_case), or none (default Hostname)",
+    )
+    ex.add_argument(
+        "--per-pod-shares",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="on shared GPUs, give each pod its share of GPU_UTIL, MEM_COPY_UTIL and FB_USED where "
+        "per-process data exists (else every pod series repeats the device value)",
+    )
+    ex.add_argument(
+        "--stale-after",
+        type=_duration,
+        default=None,
+        metavar="DURATION",
+        help="drop a GPU's series when no sample came for this long (default: --stale-intervals "
+        "x the GPU's own sample interval)",
+    )
+    ex.add_argument(
+        "--stale-intervals",
+        type=float,
+        default=3.0,
+        metavar="N",
+        help="sample intervals without a sample before a GPU's series go (default 3)",
+    )
+    ex.add_argument(
+        "--max-sample-age",
+        type=_duration,
+        default=300_000,
+        metavar="DURATION",
+        help="do not show samples older than this when they arrive (replays, backfills; default 5m, "
+        "0 = no limit)",
+    )
+    web = p.add_argument_group("HTTP")
+    web.add_argument(
+        "--web-config-file",
+        default=None,
+        metavar="FILE",
+        help="exporter-toolkit web config: TLS and basic auth for /metrics (default off)",
+    )
+    web.add_argument(
+        "--gzip-level",
+        type=int,
+        default=1,
+        choices=range(1, 10),
+        metavar="1-9",
+        help="gzip level for scrapers that accept gzip (default 1: fast, still ~10x smaller)",
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> MetricsConfig:
+    host, port = parse_listen(args.listen)
+    if args.stale_intervals <= 0:
+        raise ConfigError("--stale-intervals must be greater than zero")
+    if args.stale_after is not None and args.stale_after <= 0:
+        raise ConfigError("--stale-after must be greater than zero")
+    if args.max_sample_age < 0:
+        raise ConfigError("--max-sample-age must not be negative")
+    if args.host_label not in HOST_LABELS:
+        raise ConfigError(f"--host-label must be one of {', '.join(sorted(HOST_LABELS))}")
+    return MetricsConfig(
+        bootstrap=args.bootstrap_servers,
+        topic_prefix=args.topic_prefix,
+        group_id=args.group_id,
+        host=host,
+        port=port,
+        counters=load_counters(args.collectors),
+        host_label=HOST_LABELS[args.host_label],
+        split_shared=args.per_pod_shares,
+        stale_after_s=None if args.stale_after is None else args.stale_after / 1000.0,
+        stale_intervals=args.stale_intervals,
+        max_sample_age_s=args.max_sample_age / 1000.0 or None,
+        web_config=args.web_config_file,
+        gzip_level=args.gzip_level,
+        from_beginning=args.from_beginning,
+        create_topics=args.create_topics,
+        schema_registry_url=args.schema_registry_url,
+        extra=parse_kafka_overrides(args.kafka_config),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)  # config errors (CSV, web config, flags) before any network
+    if cfg.web_config is not None:
+        from consumers.metrics.http import load_web_config
+
+        load_web_config(cfg.web_config)
+    service = MetricsService(cfg)
+    stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+    service.run(stop)
+    return 0

@@ -1,0 +1,662 @@
+"""The Kafka side of the metrics consumer: feeds the :class:`SeriesStore` and serves ``/metrics``.
+
+Sharding. ``gpu.samples.v1`` is consumed through the consumer group (the shared
+:class:`~consumers.consume_loop.ConsumeLoop`): instances of one group split its partitions, each
+serves the GPUs of the partitions it holds, and a revoked partition's series are dropped at once
+(``SeriesStore.drop_partitions``), so no GPU is ever served by two instances for longer than a
+rebalance takes, and Prometheus (which scrapes every instance) sees each GPU once.
+
+XIDs follow their GPU's samples. ``gpu.xid.v1`` is small (a handful of events per GPU and day),
+and its partition count differs from the samples topic's, so a group split of it would put a
+GPU's XID counter on another instance than its samples. Instead every instance reads all of
+``gpu.xid.v1`` (a plain consumer with no group commits, starting at the end) and keeps an event
+only when it owns the GPU: the GPU is in its store from samples, or the record's key (the GPU or
+MIG UUID, the same key as on the samples topic) hashes -- with Kafka's murmur2 partitioner, which
+the producer uses -- to a samples partition it holds. The event is stored under that samples
+partition, so a revocation drops the GPU's XID counters with its samples, and the new owner
+counts from there on (a counter reset, which PromQL's ``increase()``/``rate()`` handle). If the
+keys turn out not to be murmur2-partitioned (a producer with another partitioner), only GPUs
+already held from samples get their XIDs, and a warning says so.
+
+Bad input: bytes that are not our Avro are dead-lettered by the loop. A record of the wrong type
+for its topic, or a sample without identity fields (``InvalidRecord``), is dead-lettered with
+reason ``unexpected-record-type`` / ``invalid-record``; both count in
+``gpupipe_consumer_decode_errors_total{reason}`` and ``gpupipe_consumer_dead_letters_total``. On
+the XID topic only the owner of a bad record's key dead-letters it, so N instances do not write N
+copies. Samples older than ``max_sample_age_s`` (a replay after a long outage, a backfill) are
+not shown: they would look current, since staleness runs on ingest time.
+
+Own metrics (appended to the exposition by the store): the loop's ``gpupipe_consumer_*`` (records,
+decode errors, dead letters, batch time, rebalances, lag per partition), the store's
+``gpupipe_metrics_*`` and ``gpupipe_sample_age_seconds``, and here
+``gpupipe_metrics_render_seconds{stage="render"|"gzip"}``, ``gpupipe_metrics_assigned_partitions``,
+``gpupipe_metrics_revoked_gpus_total``, ``gpupipe_metrics_samples_skipped_total{reason}``,
+``gpupipe_metrics_xid_records_total{result}``, ``gpupipe_metrics_xid_reader_lag_records`` and the
+process collector's ``process_*``.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+import time
+import uuid as uuidlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from consumers.consume_loop import ConsumeLoop, InRecord, Rejected
+from consumers.metrics.collectors_csv import CounterSet
+from consumers.metrics.http import MetricsServer, make_metrics_server
+from consumers.metrics.render import RenderOptions
+from consumers.metrics.store import InvalidRecord, SeriesStore
+from gpupipe import topics
+from gpupipe.kafka_admin import client_config, ensure_topics, wait_for_broker
+from gpupipe.logs import fields
+from schemas.codec import AvroCodec, codec_from_url
+from schemas.errors import DecodeError
+
+log = logging.getLogger("gpupipe.metrics")
+
+SERVICE = "metrics"
+_M32 = 0xFFFFFFFF
+_MURMUR_M = 0x5BD1E995
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 hash of a record key (unsigned 32 bits), as the Java client's default
+    partitioner and librdkafka's ``murmur2_random`` compute it."""
+    length = len(data)
+    h = (0x9747B28C ^ length) & _M32
+    whole = length & ~3
+    m = _MURMUR_M
+    for (k,) in struct.iter_unpack("<I", data[:whole]):
+        k = (k * m) & _M32
+        k ^= k >> 24
+        h = ((h * m) & _M32) ^ ((k * m) & _M32)
+    rest = length & 3
+    if rest == 3:
+        h ^= data[whole + 2] << 16
+    if rest >= 2:
+        h ^= data[whole + 1] << 8
+    if rest:
+        h ^= data[whole]
+        h = (h * m) & _M32
+    h ^= h >> 13
+    h = (h * m) & _M32
+    h ^= h >> 15
+    return h
+
+
+def key_partition(key: bytes, partitions: int) -> int:
+    """The partition a keyed record goes to with the murmur2 partitioner."""
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+# -- the service's own metrics -------------------------------------------------------------------
+class ServiceMetrics:
+    RENDER_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.render_seconds = Histogram(
+            "gpupipe_metrics_render_seconds",
+            "Time to produce one /metrics answer: render (join the GPU lines) and gzip.",
+            ["stage"],
+            buckets=self.RENDER_BUCKETS,
+            registry=registry,
+        )
+        self.revoked_gpus = Counter(
+            "gpupipe_metrics_revoked_gpus",
+            "GPUs whose series were dropped because their partition was revoked.",
+            registry=registry,
+        )
+        self.skipped = Counter(
+            "gpupipe_metrics_samples_skipped",
+            "Samples not shown: older than --max-sample-age (replays, backfills).",
+            ["reason"],
+            registry=registry,
+        )
+
+
+class _ServiceCollector(Collector):
+    """Values read from the handler and the XID reader at scrape time."""
+
+    def __init__(self, service: MetricsService) -> None:
+        self._svc = service
+
+    def collect(self) -> Iterator[Any]:
+        h = self._svc.handler
+        fam = GaugeMetricFamily(
+            "gpupipe_metrics_assigned_partitions",
+            "Partitions of gpu.samples.v1 this instance holds (and serves the GPUs of).",
+            labels=["topic"],
+        )
+        fam.add_metric([h.samples_topic], len(h.assigned))
+        yield fam
+        xc = CounterMetricFamily(
+            "gpupipe_metrics_xid_records",
+            "gpu.xid.v1 records read by this instance, by outcome (other_owner: another instance "
+            "holds the GPU).",
+            labels=["result"],
+        )
+        for result, n in sorted(h.xid_results.items()):
+            xc.add_metric([result], n)
+        yield xc
+        reader = self._svc.xid_reader
+        if reader is not None:
+            lag = GaugeMetricFamily(
+                "gpupipe_metrics_xid_reader_lag_records",
+                "High watermark minus next offset of the gpu.xid.v1 reader, per partition.",
+                labels=["partition"],
+            )
+            for part, n in sorted(reader.lag().items()):
+                lag.add_metric([str(part)], n)
+            yield lag
+
+
+class _TimedStore(SeriesStore):
+    """A SeriesStore whose scrapes are timed into ``gpupipe_metrics_render_seconds{stage="render"}``."""
+
+    metrics: ServiceMetrics | None = None
+
+    def render_parts(self, now_s: float | None = None) -> list[bytes]:
+        t = time.perf_counter()
+        parts = super().render_parts(now_s)
+        if self.metrics is not None:
+            self.metrics.render_seconds.labels("render").observe(time.perf_counter() - t)
+        return parts
+
+
+class _TimedGzip:
+    """Wraps the server's GzipCache to time compression."""
+
+    def __init__(self, inner: Any, hist: Any) -> None:
+        self._inner = inner
+        self._hist = hist
+
+    def compress(self, parts: list[bytes]) -> list[bytes]:
+        t = time.perf_counter()
+        out = self._inner.compress(parts)
+        self._hist.observe(time.perf_counter() - t)
+        return out
+
+
+# -- the consume-loop handler ----------------------------------------------------------------------
+class MetricsHandler:
+    """Samples -> store (through the group), XIDs -> store for GPUs this instance owns.
+
+    Thread use: the consume loop calls ``on_assign``/``on_revoke``/``handle``; the XID reader
+    calls ``handle_xids`` from its own thread. ``_own_lock`` makes "is this GPU mine, then store
+    the event" atomic with "revoke, then drop", so an XID never resurrects a revoked GPU.
+    """
+
+    def __init__(
+        self,
+        store: SeriesStore,
+        *,
+        samples_topic: str,
+        xid_topic: str,
+        metrics: ServiceMetrics | None = None,
+        max_sample_age_s: float | None = 300.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.samples_topic = samples_topic
+        self.xid_topic = xid_topic
+        self.metrics = metrics
+        self.max_sample_age_s = max_sample_age_s or None
+        self.clock = clock
+        self.assigned: frozenset[int] = frozenset()  # samples partitions held
+        self.samples_partitions = 0  # partition count of the samples topic (0: not known yet)
+        self.murmur_ok = True  # record keys follow the murmur2 partitioner (checked on new keys)
+        self.xid_results: dict[str, int] = dict.fromkeys(("applied", "other_owner", "rejected"), 0)
+        self.skipped_old = 0
+        self._checked_keys: set[bytes] = set()
+        self._own_lock = threading.Lock()
+
+    # -- rebalance -------------------------------------------------------------------------------
+    def on_assign(self, partitions: Sequence[tuple[str, int]]) -> None:
+        mine = {p for t, p in partitions if t == self.samples_topic}
+        with self._own_lock:
+            self.assigned = self.assigned | mine
+
+    def on_revoke(self, partitions: Sequence[tuple[str, int]]) -> None:
+        tps = [(t, p) for t, p in partitions if t == self.samples_topic]
+        with self._own_lock:
+            self.assigned = self.assigned - {p for _, p in tps}
+            removed = self.store.drop_partitions(tps)
+        if self.metrics is not None and removed:
+            self.metrics.revoked_gpus.inc(removed)
+        log.info("series of revoked partitions dropped", extra=fields(partitions=len(tps), gpus=removed))
+
+    # -- samples ---------------------------------------------------------------------------------
+    def handle(self, records: Sequence[InRecord]) -> list[Rejected]:
+        now = self.clock()
+        cutoff_ms = None if self.max_sample_age_s is None else (now - self.max_sample_age_s) * 1000.0
+        rejected: list[Rejected] = []
+        apply = self.store.apply_sample
+        samples_topic = self.samples_topic
+        old = 0
+        for rec in records:
+            if rec.topic != samples_topic:  # XIDs come through handle_xids, not the group
+                rejected.append((rec, "unexpected-topic", f"{rec.name} on {rec.topic}"))
+                continue
+            if rec.name != "GpuSample":
+                rejected.append((rec, "unexpected-record-type", f"{rec.name} on {rec.topic}"))
+                continue
+            value = rec.value
+            if cutoff_ms is not None:
+                ts = value.get("timestamp_ms")
+                if isinstance(ts, int) and ts < cutoff_ms:
+                    old += 1
+                    continue
+            try:
+                apply(value, (samples_topic, rec.partition), now)
+            except InvalidRecord as exc:
+                rejected.append((rec, "invalid-record", str(exc)))
+                continue
+            except Exception as exc:  # a poison record must not stop the service
+                log.exception("sample could not be applied", extra=fields(offset=rec.offset))
+                rejected.append((rec, "apply-failed", f"{type(exc).__name__}: {exc}"))
+                continue
+            key = rec.key
+            if key is not None and key not in self._checked_keys:
+                self._check_key(key, rec.partition)
+        if old:
+            self.skipped_old += old
+            if self.metrics is not None:
+                self.metrics.skipped.labels("too_old").inc(old)
+        return rejected
+
+    def _check_key(self, key: bytes, partition: int) -> None:
+        """Once per GPU key: does murmur2 put it where it is? If not, stop trusting the hash."""
+        n = self.samples_partitions
+        if not n:  # partition count not known yet: check this key on a later sample
+            return
+        if len(self._checked_keys) > 1_000_000:
+            self._checked_keys.clear()
+        self._checked_keys.add(key)
+        if self.murmur_ok and key_partition(key, n) != partition:
+            self.murmur_ok = False
+            log.warning(
+                "gpu.samples.v1 keys are not murmur2-partitioned: XID events are kept only for GPUs "
+                "already seen in samples (use the producer's default partitioner)",
+                extra=fields(key=key.decode("utf-8", "replace"), partition=partition, partitions=n),
+            )
+
+    # -- XIDs ------------------------------------------------------------------------------------
+    def owns_key(self, key: bytes | None, xid_partition: int) -> int | None:
+        """The samples partition this instance holds for a record key, else None."""
+        n = self.samples_partitions
+        if not n or not self.murmur_ok:
+            return None
+        p = key_partition(key, n) if key else xid_partition % n
+        return p if p in self.assigned else None
+
+    def rejects(self, key: bytes | None, xid_partition: int) -> bool:
+        """Whether this instance dead-letters a bad gpu.xid.v1 record: exactly one instance of
+        the group does (the holder of the key's murmur2 partition, whatever the producer's
+        partitioner), or every one while the samples topic's partition count is unknown."""
+        n = self.samples_partitions
+        if not n:
+            return True
+        return (key_partition(key, n) if key else xid_partition % n) in self.assigned
+
+    def _xid_partition(self, rec: InRecord) -> tuple[str, int] | None:
+        ev = rec.value
+        part_of = self.store.partition_of
+        for k in (ev.get("mig_uuid"), ev.get("uuid")):
+            if k:
+                p = part_of(k)
+                if p is not None:
+                    return p
+        p = self.owns_key(rec.key, rec.partition)
+        return None if p is None else (self.samples_topic, p)
+
+    def handle_xids(self, records: Sequence[InRecord]) -> list[Rejected]:
+        now = self.clock()
+        rejected: list[Rejected] = []
+        for rec in records:
+            with self._own_lock:
+                if rec.name != "XidEvent":
+                    if self.rejects(rec.key, rec.partition):
+                        rejected.append((rec, "unexpected-record-type", f"{rec.name} on {rec.topic}"))
+                        self.xid_results["rejected"] += 1
+                    else:
+                        self.xid_results["other_owner"] += 1
+                    continue
+                part = self._xid_partition(rec)
+                if part is None:
+                    self.xid_results["other_owner"] += 1
+                    continue
+                try:
+                    self.store.apply_xid(rec.value, part, now)
+                except Exception as exc:  # a poison record must not stop the service
+                    log.exception("XID event could not be applied", extra=fields(offset=rec.offset))
+                    rejected.append((rec, "apply-failed", f"{type(exc).__name__}: {exc}"))
+                    self.xid_results["rejected"] += 1
+                    continue
+                self.xid_results["applied"] += 1
+        return rejected
+
+
+# -- the XID reader --------------------------------------------------------------------------------
+class XidReader:
+    """Reads every partition of gpu.xid.v1 (no group, no commits) into ``handler.handle_xids``.
+
+    Also keeps ``handler.samples_partitions`` current (the samples topic's partition count)."""
+
+    def __init__(
+        self,
+        *,
+        bootstrap: str,
+        topic: str,
+        samples_topic: str,
+        handler: MetricsHandler,
+        codec: AvroCodec,
+        loop: ConsumeLoop,
+        extra: Mapping[str, str] | None = None,
+        from_beginning: bool = False,
+        metadata_refresh_s: float = 30.0,
+        consumer_factory: Callable[[dict[str, Any]], Any] = Consumer,
+    ) -> None:
+        self.topic = topic
+        self.samples_topic = samples_topic
+        self.handler = handler
+        self.codec = codec
+        self.loop = loop
+        self.from_beginning = from_beginning
+        self.metadata_refresh_s = metadata_refresh_s
+        self.consumer = consumer_factory(
+            client_config(
+                bootstrap,
+                extra,
+                **{
+                    "group.id": f"gpupipe-metrics-xid-{uuidlib.uuid4()}",  # never joins, never commits
+                    "enable.auto.commit": False,
+                    "enable.auto.offset.store": False,
+                    "isolation.level": "read_committed",
+                    "fetch.wait.max.ms": 200,
+                },
+            )
+        )
+        self._parts: set[int] = set()
+        self._positions: dict[int, int] = {}
+        self._lag: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self.healthy = False
+        self.error: BaseException | None = None
+
+    def refresh_metadata(self) -> None:
+        md = self.consumer.list_topics(timeout=10)
+        st = md.topics.get(self.samples_topic)
+        if st is not None and st.error is None and st.partitions:
+            n = len(st.partitions)
+            if n != self.handler.samples_partitions:
+                log.info("samples topic partitions", extra=fields(topic=self.samples_topic, partitions=n))
+            self.handler.samples_partitions = n
+        xt = md.topics.get(self.topic)
+        if xt is None or xt.error is not None:
+            return
+        new = sorted(set(xt.partitions) - self._parts)
+        if new:
+            start = OFFSET_BEGINNING if self.from_beginning or self._parts else OFFSET_END
+            self.consumer.incremental_assign([TopicPartition(self.topic, p, start) for p in new])
+            self._parts.update(new)
+
+    def run(self, stop: threading.Event) -> None:
+        try:
+            self._run(stop)
+        except BaseException as exc:
+            self.error = exc
+            log.exception("XID reader failed")
+            raise
+        finally:
+            try:
+                self.consumer.close()
+            except Exception:
+                log.warning("XID reader close failed", exc_info=True)
+
+    def _run(self, stop: threading.Event) -> None:
+        next_refresh = next_lag = 0.0
+        while not stop.is_set():
+            if time.monotonic() >= next_refresh:
+                try:
+                    self.refresh_metadata()
+                except Exception:
+                    log.warning("XID reader: metadata refresh failed", exc_info=True)
+                next_refresh = time.monotonic() + self.metadata_refresh_s
+            if not self._parts:
+                stop.wait(0.5)
+                continue
+            msgs = self.consumer.consume(500, 0.2)
+            self.healthy = True
+            if msgs:
+                self.process(msgs)
+            if time.monotonic() >= next_lag:
+                self._refresh_lag()
+                next_lag = time.monotonic() + 1.0
+
+    def process(self, msgs: Sequence[Any]) -> None:
+        records: list[InRecord] = []
+        metrics = self.loop.metrics
+        for msg in msgs:
+            err = msg.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    log.warning("XID reader: consume error", extra=fields(error=err.str()))
+                continue
+            part = msg.partition()
+            with self._lock:
+                self._positions[part] = msg.offset() + 1
+            try:
+                d = self.codec.decode(msg.value())
+            except DecodeError as exc:
+                if self.handler.rejects(msg.key(), part):
+                    self.loop.dead_letter(msg, exc.reason, exc.detail)
+                else:
+                    self.handler.xid_results["other_owner"] += 1
+                continue
+            records.append(
+                InRecord(
+                    msg.topic(), part, msg.offset(), msg.key(), d.name, d.record, msg.timestamp()[1], msg
+                )
+            )
+        if records:
+            metrics.consumed.labels(self.topic).inc(len(records))
+            for rec, reason, detail in self.handler.handle_xids(records):
+                if rec.raw is not None:
+                    self.loop.dead_letter(rec.raw, reason, detail)
+
+    def lag(self) -> dict[int, int]:
+        """Lag per partition as of the reader's last refresh (computed in the reader thread: a
+        consumer call from the scrape thread would starve behind back-to-back ``consume()``)."""
+        with self._lock:
+            return dict(self._lag)
+
+    def _refresh_lag(self) -> None:
+        with self._lock:
+            positions = dict(self._positions)
+        out: dict[int, int] = {}
+        for part, pos in positions.items():
+            try:
+                _, high = self.consumer.get_watermark_offsets(
+                    TopicPartition(self.topic, part), timeout=0.5, cached=True
+                )
+            except Exception:
+                continue
+            if high >= 0:
+                out[part] = max(0, high - pos)
+        with self._lock:
+            self._lag = out
+
+
+# -- the service -------------------------------------------------------------------------------------
+@dataclass
+class MetricsConfig:
+    """Everything ``gpupipe metrics`` needs (the command builds it from flags and env vars)."""
+
+    bootstrap: str
+    topic_prefix: str = ""
+    group_id: str = "gpupipe-metrics"
+    host: str = "0.0.0.0"
+    port: int = 9400
+    counters: CounterSet | None = None  # None: the shipped default
+    host_label: str | None = "Hostname"
+    split_shared: bool = True
+    stale_after_s: float | None = None  # None: stale_intervals x the sample's interval
+    stale_intervals: float = 3.0
+    max_sample_age_s: float | None = 300.0
+    web_config: str | None = None
+    gzip_level: int = 1
+    from_beginning: bool = False
+    create_topics: bool = True
+    schema_registry_url: str | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+class MetricsService:
+    """Store + consume loop + XID reader + HTTP server. ``run(stop)`` in the foreground, or
+    ``start()``/``stop()`` with the consume loop in a thread (tests, benchmarks)."""
+
+    def __init__(self, cfg: MetricsConfig) -> None:
+        self.cfg = cfg
+        wait_for_broker(cfg.bootstrap, extra=cfg.extra)
+        if cfg.create_topics:
+            ensure_topics(cfg.bootstrap, topics.ALL, prefix=cfg.topic_prefix, extra=cfg.extra)
+        self.samples_topic = topics.with_prefix(cfg.topic_prefix, topics.SAMPLES)
+        self.xid_topic = topics.with_prefix(cfg.topic_prefix, topics.XID)
+        self.deadletter_topic = topics.with_prefix(cfg.topic_prefix, topics.DEADLETTER)
+        self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)
+        self.metrics = ServiceMetrics(self.registry)
+        self.store = _TimedStore(
+            cfg.counters,
+            options=RenderOptions(host_label=cfg.host_label, split_shared=cfg.split_shared),
+            registry=self.registry,
+            stale_after_s=cfg.stale_after_s,
+            stale_intervals=cfg.stale_intervals,
+        )
+        self.store.metrics = self.metrics
+        self.handler = MetricsHandler(
+            self.store,
+            samples_topic=self.samples_topic,
+            xid_topic=self.xid_topic,
+            metrics=self.metrics,
+            max_sample_age_s=cfg.max_sample_age_s,
+        )
+        codec = codec_from_url(cfg.schema_registry_url)
+        self.loop = ConsumeLoop(
+            bootstrap=cfg.bootstrap,
+            group_id=cfg.group_id,
+            topics=[self.samples_topic],
+            handler=self.handler,
+            codec=codec,
+            deadletter_topic=self.deadletter_topic,
+            service=SERVICE,
+            registry=self.registry,
+            extra=cfg.extra,
+            from_beginning=cfg.from_beginning,
+            # consume() waits for a full batch or this timeout: keep it short, a sample's value
+            # should reach /metrics without waiting for 2000 others
+            poll_timeout_s=0.05,
+        )
+        self.xid_reader: XidReader | None = XidReader(
+            bootstrap=cfg.bootstrap,
+            topic=self.xid_topic,
+            samples_topic=self.samples_topic,
+            handler=self.handler,
+            codec=codec,
+            loop=self.loop,
+            extra=cfg.extra,
+            from_beginning=cfg.from_beginning,
+        )
+        self.registry.register(_ServiceCollector(self))
+        self.server: MetricsServer = make_metrics_server(
+            self.store,
+            cfg.host,
+            cfg.port,
+            health=self.health,
+            web_config=cfg.web_config,
+            gzip_level=cfg.gzip_level,
+        )
+        self.server.gzip = _TimedGzip(self.server.gzip, self.metrics.render_seconds.labels("gzip"))
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._loop_thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    @property
+    def url(self) -> str:
+        host = self.cfg.host if self.cfg.host not in ("", "0.0.0.0", "::") else "127.0.0.1"
+        return f"{self.server.scheme}://{host}:{self.port}"
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        loop_alive = self._loop_thread is None or self._loop_thread.is_alive()
+        xid_ok = self.xid_reader is None or self.xid_reader.error is None
+        ok = bool(self.loop.healthy and loop_alive and xid_ok and not self._stop.is_set())
+        last = self.loop.last_batch_time
+        return ok, {
+            "gpus": self.store.gpu_count(),
+            "partitions": sorted(self.handler.assigned),
+            "samples_topic": self.samples_topic,
+            "group": self.cfg.group_id,
+            "last_batch_age_s": round(time.time() - last, 3) if last else None,
+        }
+
+    def _start_side_threads(self) -> None:
+        self.server.start()
+        if self.xid_reader is not None:
+            t = threading.Thread(
+                target=self.xid_reader.run, args=(self._stop,), name="xid-reader", daemon=True
+            )
+            t.start()
+            self._threads.append(t)
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        """Serve until ``stop`` (or ``self.stop()``); the consume loop runs in this thread."""
+        if stop is not None:
+            threading.Thread(target=lambda: (stop.wait(), self._stop.set()), daemon=True).start()
+        self._start_side_threads()
+        log.info(
+            "metrics service started",
+            extra=fields(
+                listen=f"{self.cfg.host}:{self.port}",
+                scheme=self.server.scheme,
+                input=[self.samples_topic, self.xid_topic],
+                group=self.cfg.group_id,
+                families=len(self.store.families),
+                host_label=self.cfg.host_label,
+            ),
+        )
+        try:
+            self.loop.run(self._stop)
+        finally:
+            self._shutdown()
+
+    def start(self) -> MetricsService:
+        """Run in background threads; returns self."""
+        self._loop_thread = threading.Thread(target=self.run, name="metrics-consume", daemon=True)
+        self._loop_thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self._stop.set()
+        if self._loop_thread is not None:
+            self._loop_thread.join(timeout_s)
+
+    def _shutdown(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(10)
+        self.server.close()
+        log.info("metrics service stopped", extra=fields(gpus=self.store.gpu_count()))
