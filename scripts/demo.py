@@ -74,7 +74,10 @@ alerting:
   alertmanagers: [{static_configs: [{targets: ['127.0.0.1:9093']}]}]
 scrape_configs:
   - job_name: gpupipe-metrics
+    honor_labels: true
     static_configs: [{targets: ['127.0.0.1:9401']}]
+    metric_relabel_configs:
+      - {source_labels: [Hostname, hostname], separator: "", regex: "(.+)", target_label: instance}
   - job_name: gpupipe-services
     static_configs: [{targets: ['127.0.0.1:9400', '127.0.0.1:9402', '127.0.0.1:9403']}]
 """
