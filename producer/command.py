@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from gpupipe import topics
-from gpupipe.durations import parse_iso_ms, parse_positive_duration_ms
+from gpupipe.argtypes import iso_time_ms, positive_duration_ms
 from gpupipe.errors import BrokerUnavailableError, ConfigError, GpupipeError
 from gpupipe.health_server import ServiceHttp
 from gpupipe.kafka_admin import ensure_topics, parse_kafka_overrides, parse_topic_overrides, wait_for_broker
@@ -41,24 +41,13 @@ def _speed(text: str) -> float:
     return v
 
 
-def _duration(text: str) -> int:
-    try:
-        return parse_positive_duration_ms(text)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _iso(text: str) -> int:
-    try:
-        return parse_iso_ms(text)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source", choices=["simulated", "nvml"], default="simulated")
     p.add_argument(
-        "--interval", type=_duration, default=1000, help="sample interval, e.g. 1s, 500ms (default 1s)"
+        "--interval",
+        type=positive_duration_ms,
+        default=1000,
+        help="sample interval, e.g. 1s, 500ms (default 1s)",
     )
     p.add_argument("--listen", default=None, help="HOST:PORT for the producer's own /metrics and /healthz")
     p.add_argument(
@@ -86,9 +75,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sim = p.add_argument_group("simulated source")
     sim.add_argument("--nodes", type=int, default=2)
     sim.add_argument("--gpus-per-node", type=int, default=8)
-    sim.add_argument("--duration", type=_duration, default=None, help="simulated time to cover, then exit")
     sim.add_argument(
-        "--start-time", type=_iso, default=None, help="ISO time of the first sample (default: now)"
+        "--duration", type=positive_duration_ms, default=None, help="simulated time to cover, then exit"
+    )
+    sim.add_argument(
+        "--start-time", type=iso_time_ms, default=None, help="ISO time of the first sample (default: now)"
     )
     sim.add_argument(
         "--speed", type=_speed, default=1.0, help="1 (real time), 60 (a minute per second) or max"
@@ -112,7 +103,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="kubelet PodResources socket; '' turns pod attribution off",
     )
     nv.add_argument(
-        "--kubelet-timeout", type=_duration, default=1000, help="deadline of one kubelet List (default 1s)"
+        "--kubelet-timeout",
+        type=positive_duration_ms,
+        default=1000,
+        help="deadline of one kubelet List (default 1s)",
     )
     nv.add_argument(
         "--extra-resource-names",
@@ -129,7 +123,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     nv.add_argument("--no-nvml-events", action="store_true", help="do not watch NVML XID events")
     nv.add_argument(
         "--xid-merge-window",
-        type=_duration,
+        type=positive_duration_ms,
         default=500,
         help="an XID seen by NVML and the kernel log within this window is one event (default 500ms)",
     )
@@ -148,16 +142,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     nv.add_argument(
         "--slow-interval",
-        type=_duration,
+        type=positive_duration_ms,
         default=30_000,
         help="ECC / remapped rows / retired pages (default 30s)",
     )
     nv.add_argument(
-        "--profiling-interval", type=_duration, default=1000, help="GPM profiling metrics (default 1s)"
+        "--profiling-interval",
+        type=positive_duration_ms,
+        default=1000,
+        help="GPM profiling metrics (default 1s)",
     )
     nv.add_argument(
         "--processes-interval",
-        type=_duration,
+        type=positive_duration_ms,
         default=5000,
         help="per-process memory/utilisation (default 5s)",
     )

@@ -26,7 +26,7 @@ from consumers.alerts.health_signals import HealthConfig
 from consumers.alerts.service import AlertsService, KafkaAlertSink, restore_from_topic
 from consumers.consume_loop import ConsumeLoop
 from gpupipe import topics
-from gpupipe.durations import parse_duration_ms
+from gpupipe.argtypes import duration_ms
 from gpupipe.errors import ConfigError
 from gpupipe.health_server import ServiceHttp
 from gpupipe.kafka_admin import ensure_topics, parse_kafka_overrides, wait_for_broker
@@ -36,13 +36,6 @@ from schemas.codec import codec_from_url
 USES_KAFKA = True
 
 log = logging.getLogger("gpupipe.alerts")
-
-
-def _duration(text: str) -> int:
-    try:
-        return parse_duration_ms(text)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -69,21 +62,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     life = p.add_argument_group("deduplication and lifecycle")
     life.add_argument(
         "--dedupe-window",
-        type=_duration,
+        type=duration_ms,
         default=600_000,
         metavar="DURATION",
         help="repeats of the same fault on the same GPU within this gap fold into one alert (default 10m)",
     )
     life.add_argument(
         "--resolve-after",
-        type=_duration,
+        type=duration_ms,
         default=1_800_000,
         metavar="DURATION",
         help="an alert resolves after this long without an occurrence (default 30m)",
     )
     life.add_argument(
         "--update-interval",
-        type=_duration,
+        type=duration_ms,
         default=30_000,
         metavar="DURATION",
         help="publish count/last-seen updates of an alert at most this often (default 30s); new, "
@@ -98,11 +91,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(default 3)",
     )
     life.add_argument(
-        "--node-burst-window", type=_duration, default=60_000, metavar="DURATION", help="default 60s"
+        "--node-burst-window", type=duration_ms, default=60_000, metavar="DURATION", help="default 60s"
     )
     life.add_argument(
         "--restore-lookback",
-        type=_duration,
+        type=duration_ms,
         default=86_400_000,
         metavar="DURATION",
         help="how far back gpu.alerts.v1 is read at startup to restore open alerts (default 24h)",
@@ -116,7 +109,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     health.add_argument(
         "--thermal-for",
-        type=_duration,
+        type=duration_ms,
         default=300_000,
         metavar="DURATION",
         help="thermal clock-event bits must be set this long to alert (default 5m)",
@@ -131,13 +124,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     am.add_argument(
         "--resend-interval",
-        type=_duration,
+        type=duration_ms,
         default=60_000,
         metavar="DURATION",
         help="re-send firing alerts this often, with endsAt = now + 4 x this (default 1m)",
     )
     am.add_argument(
-        "--alertmanager-timeout", type=_duration, default=10_000, metavar="DURATION", help="default 10s"
+        "--alertmanager-timeout", type=duration_ms, default=10_000, metavar="DURATION", help="default 10s"
     )
     am.add_argument(
         "--alertmanager-max-alerts",

@@ -27,7 +27,7 @@ from consumers.chargeback.fastdecode import SampleDecoder
 from consumers.chargeback.prices import PriceTable, load_price_table, parse_price_table
 from consumers.chargeback.service import ChargebackService, ServiceConfig
 from gpupipe import topics
-from gpupipe.durations import parse_duration_ms, parse_positive_duration_ms
+from gpupipe.argtypes import duration_ms, positive_duration_ms
 from gpupipe.errors import ConfigError
 from gpupipe.health_server import ServiceHttp
 from gpupipe.kafka_admin import client_config, ensure_topics, parse_kafka_overrides, wait_for_broker
@@ -55,27 +55,10 @@ EXAMPLE_PRICES: dict[str, Any] = {
 }
 
 
-def _duration(text: str) -> int:
-    try:
-        return parse_positive_duration_ms(text)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _duration_or_zero(text: str) -> int:
-    try:
-        ms = parse_duration_ms(text)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if ms < 0:
-        raise argparse.ArgumentTypeError(f"duration {text!r} must not be negative")
-    return ms
-
-
 def _skew(text: str) -> int | None:
     if text.strip().lower() in ("off", "none", "0"):
         return None
-    return _duration(text)
+    return positive_duration_ms(text)
 
 
 def _positive_int(text: str) -> int:
@@ -107,13 +90,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     w = p.add_argument_group("windows and prices")
     w.add_argument(
         "--window",
-        type=_duration,
+        type=positive_duration_ms,
         default=3_600_000,
         help="tumbling event-time window, e.g. 1h, 10m (default 1h)",
     )
     w.add_argument(
         "--grace",
-        type=_duration_or_zero,
+        type=duration_ms,
         default=300_000,
         help="how long after its end a window waits for late samples before it closes (default 5m); "
         "later samples go into correction records",
@@ -132,7 +115,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     w.add_argument(
         "--default-interval",
-        type=_duration,
+        type=positive_duration_ms,
         default=10_000,
         help="interval assumed for samples without interval_ms (default 10s)",
     )
@@ -169,7 +152,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     k.add_argument(
         "--commit-interval",
-        type=_duration,
+        type=positive_duration_ms,
         default=1000,
         help="commit a transaction this often (default 1s); also the output latency",
     )
@@ -184,7 +167,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     k.add_argument(
         "--transaction-timeout",
-        type=_duration,
+        type=positive_duration_ms,
         default=30_000,
         help="transaction.timeout.ms: how long a crashed instance's open transaction can block "
         "read_committed readers if no instance with its id comes back (default 30s)",

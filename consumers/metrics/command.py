@@ -20,7 +20,7 @@ import threading
 from consumers.metrics.collectors_csv import load_counters
 from consumers.metrics.http import DEFAULT_PORT
 from consumers.metrics.service import MetricsConfig, MetricsService
-from gpupipe.durations import parse_duration_ms
+from gpupipe.argtypes import duration_ms
 from gpupipe.errors import ConfigError
 from gpupipe.health_server import parse_listen
 from gpupipe.kafka_admin import parse_kafka_overrides
@@ -30,13 +30,6 @@ USES_KAFKA = True
 log = logging.getLogger("gpupipe.metrics")
 
 HOST_LABELS = {"Hostname": "Hostname", "hostname": "hostname", "none": None}
-
-
-def _duration(text: str) -> int:
-    try:
-        return parse_duration_ms(text)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -87,7 +80,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     ex.add_argument(
         "--stale-after",
-        type=_duration,
+        type=duration_ms,
         default=None,
         metavar="DURATION",
         help="drop a GPU's series when no sample came for this long (default: --stale-intervals "
@@ -102,7 +95,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     ex.add_argument(
         "--max-sample-age",
-        type=_duration,
+        type=duration_ms,
         default=300_000,
         metavar="DURATION",
         help="do not show samples older than this when they arrive (replays, backfills; default 5m, "
