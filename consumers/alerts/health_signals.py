@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from consumers.alerts.classify import GpuHealth
-from producer.xid.xid_merge import normalize_pci_bus_id
+from gpupipe.pci import normalize_pci_bus_id
 
 __all__ = [
     "LEVEL_SIGNALS",
