@@ -623,10 +623,15 @@ class AlertEngine:
         if q is None:
             q = self._bursts[host] = deque()
         q.append((ts, gpu_alert.device, gpu_alert.alert_id))
-        newest = max(ts, q[-1][0])
-        while q and q[0][0] < newest - cfg.node_burst_window_ms:
-            q.popleft()
-        if len(q) > 4096:
+        # Events arrive out of event-time order (two topics, late records): prune against the newest
+        # time seen and compare each event with the window on both sides of its own time, so a late
+        # record is never grouped with faults an hour after it.
+        newest = max(m[0] for m in q)
+        if q[0][0] < newest - cfg.node_burst_window_ms:
+            kept = [m for m in q if m[0] >= newest - cfg.node_burst_window_ms]
+            q.clear()
+            q.extend(kept)
+        while len(q) > 4096:
             q.popleft()
         key: Key = ("node", host, "", "node_burst")
         node = self._open.get(key)
@@ -634,7 +639,7 @@ class AlertEngine:
             self._touch(key, ts, now_ms, 1, anchor="")
             members = [(ts, gpu_alert.device, gpu_alert.alert_id)]
         else:
-            in_window = [m for m in q if m[0] >= ts - cfg.node_burst_window_ms]
+            in_window = [m for m in q if abs(m[0] - ts) <= cfg.node_burst_window_ms]
             devices = {m[1] for m in in_window}
             if len(devices) < cfg.node_burst_gpus:
                 return

@@ -276,6 +276,19 @@ def test_two_gpus_are_not_a_burst_and_other_nodes_do_not_count() -> None:
     assert all(r["scope"] == "gpu" for r in records(e, T0 + 2 * MIN))
 
 
+def test_a_late_event_is_not_grouped_with_faults_an_hour_later() -> None:
+    # Two GPUs fail now; an event an hour old arrives afterwards (a late record): not a node burst.
+    e = engine(node_burst_gpus=3, node_burst_window_ms=MIN)
+    now = T0 + 3600 * S
+    e.on_xid(xid(13, now, bus=BUS[0], pid=1), now)
+    e.on_xid(xid(31, now, bus=BUS[1], pid=2), now)
+    e.on_xid(xid(43, T0, bus=BUS[2], pid=3), now)
+    assert all(r["scope"] == "gpu" for r in records(e, now))
+    # ...while a third GPU within the window does make one.
+    e.on_xid(xid(43, now + 10 * S, bus=BUS[3], pid=4), now + 10 * S)
+    assert [r["scope"] for r in records(e, now + 10 * S)].count("node") == 1
+
+
 def test_storm_gives_one_alert_per_gpu_and_code() -> None:
     e = engine()
     codes = (13, 31, 79)
