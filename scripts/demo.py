@@ -125,7 +125,12 @@ def side_services() -> list[tuple[str, list[str], str]]:
 def main() -> int:
     LOGS.mkdir(parents=True, exist_ok=True)
     print("demo: starting local Kafka (first run downloads the jars from Maven Central) ...", flush=True)
-    out = subprocess.run([KAFKA, "start", "--port", PORT], capture_output=True, text=True)
+    # The broker's controller listener would take port+1 = 9093, Alertmanager's port: move it.
+    kenv = {
+        **os.environ,
+        "KAFKA_CONTROLLER_PORT": os.environ.get("GPUPIPE_DEMO_KAFKA_CONTROLLER_PORT", "29093"),
+    }
+    out = subprocess.run([KAFKA, "start", "--port", PORT], capture_output=True, text=True, env=kenv)
     if out.returncode != 0:
         print(out.stderr, file=sys.stderr)
         return 1
@@ -180,7 +185,7 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 p.kill()
             print(f"demo: stopped {name}")
-        subprocess.run([KAFKA, "stop"], capture_output=True)
+        subprocess.run([KAFKA, "stop"], capture_output=True, env=kenv)
         print("demo: Kafka stopped. Bye.")
     return 0
 
