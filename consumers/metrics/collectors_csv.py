@@ -8,22 +8,28 @@ Format, as dcgm-exporter reads it::
 
 Blank lines are ignored and spaces around each cell are stripped (the stock file has
 ``DCGM_FI_DEV_DEC_UTIL ,``). The help text is everything after the second comma, so a help
-that contains commas still parses (dcgm-exporter itself would reject such a row).
+that contains commas still parses (dcgm-exporter itself would reject such a row); a HELP
+quoted the CSV way (``"a, b"``) loses its quotes, as Go's ``encoding/csv`` reads it.
 
-The TYPE and HELP come from the file, as in dcgm-exporter; allowed types are ``gauge``,
-``counter`` and ``label`` (``histogram``/``summary`` make no sense for a single value and are
-rejected). A ``label`` row adds ``<FIELD>="<value>"`` to every series of the GPU instead of a
-metric of its own; only fields that are strings (``DCGM_FI_DRIVER_VERSION``) can be labels.
+Goal: every row of dcgm-exporter's shipped files (``default-counters.csv``,
+``dcp-metrics-included.csv``, ``1.x-compatibility-metrics.csv``, their commented rows included)
+loads, so a team keeps its own file. The rules:
 
-Unknown field names -- the policy:
-
-* a name that dcgm-exporter knows but GpuSample does not carry (``fields.UNAVAILABLE``: NVLink
-  CRC counters, inforom versions, ``DCGM_EXP_GPU_HEALTH_STATUS``...) is **skipped with a
-  warning**, so a stock dcgm-exporter CSV works unchanged (dcgm-exporter itself skips profiling
-  rows the GPU cannot serve the same way). ``strict=True`` turns these into errors too;
-* any other name (a typo, a field that does not exist), a malformed row, a bad type, a
-  duplicate row, or a type that contradicts the field (a string as a gauge, a number as a
-  label) is a **startup error**: :class:`CountersError` lists every bad line at once.
+* types ``gauge``, ``counter``, ``untyped`` (4.8.3), ``histogram`` and ``summary`` (<= 4.8.2) and
+  ``label``, case-insensitive. A single DCGM value cannot be a real histogram or summary (the
+  text format then wants ``_bucket``/``_sum`` samples), so those rows are exposed as ``untyped``
+  and the change is logged;
+* a field we serve is exported with the file's TYPE and HELP; 1.x names (``dcgm_sm_clock``) read
+  the same DCGM field and keep their 1.x metric name (:data:`fields.LEGACY`);
+* a DCGM name we cannot serve (``DCGM_FI_*``, ``DCGM_EXP_*``, ``dcgm_*``: NVLink CRC counters,
+  fan speed, P2P status...), a number asked for as a label or a string as a metric is
+  **unsupported**: the row is listed once at start (one log line, and the
+  ``gpupipe_metrics_unsupported_fields`` info metric) and the service runs. ``strict=True`` (used
+  for our own shipped default) turns these into errors;
+* a duplicate row: the first one wins, the others are listed in the same log line;
+* anything else -- a name that is not a DCGM name (a typo like ``DCGM_FIDEV_X`` is still caught
+  by ``strict``), a malformed row, an unknown type -- is a **startup error**: :class:`CountersError`
+  lists every bad line at once.
 """
 
 from __future__ import annotations
@@ -40,8 +46,9 @@ from gpupipe.errors import ConfigError
 log = logging.getLogger("gpupipe.metrics")
 
 DEFAULT_COUNTERS_RESOURCE = "default-counters.csv"
-METRIC_TYPES = ("gauge", "counter")
-ALL_TYPES = (*METRIC_TYPES, "label")
+METRIC_TYPES = ("gauge", "counter", "untyped")
+ALL_TYPES = (*METRIC_TYPES, "histogram", "summary", "label")
+_AS_UNTYPED = ("histogram", "summary")
 
 
 class CountersError(ConfigError):
@@ -50,26 +57,42 @@ class CountersError(ConfigError):
 
 @dataclass(frozen=True, slots=True)
 class Counter:
-    """One selected row: the field, and the TYPE/HELP the file gave it."""
+    """One selected row: the field, the metric name (the file's), and the TYPE/HELP the file gave it."""
 
     spec: FieldSpec
     prom_type: str
     help: str
     line: int = 0
+    metric_name: str = ""  # the name as written in the file (1.x names differ from spec.name)
 
     @property
     def name(self) -> str:
-        return self.spec.name
+        return self.metric_name or self.spec.name
+
+
+@dataclass(frozen=True, slots=True)
+class Unsupported:
+    """A row the service cannot serve: listed once at start, never fatal (unless strict)."""
+
+    line: int
+    name: str
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
 class CounterSet:
-    """The parsed file: metric rows in file order, label rows, and the rows skipped."""
+    """The parsed file: metric rows in file order, label rows, and the rows left out."""
 
     metrics: tuple[Counter, ...]
     labels: tuple[Counter, ...]
-    skipped: tuple[tuple[int, str], ...] = ()  # (line, field name) of rows we cannot serve
+    unsupported: tuple[Unsupported, ...] = ()
     source: str = "<string>"
+    notes: tuple[str, ...] = ()  # duplicates, histogram -> untyped...
+
+    @property
+    def skipped(self) -> tuple[tuple[int, str], ...]:
+        """(line, name) of the unsupported rows (older API)."""
+        return tuple((u.line, u.name) for u in self.unsupported)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -78,11 +101,23 @@ class CounterSet:
     def has_label(self, name: str) -> bool:
         return any(c.name == name for c in self.labels)
 
+    def has(self, name: str) -> bool:
+        return any(c.spec.name == name for c in self.metrics)
+
+
+def _cell(text: str) -> str:
+    """Strip spaces (and tabs) around a cell; drop CSV quotes the way Go's encoding/csv does."""
+    c = text.strip()
+    if len(c) >= 2 and c[0] == '"' and c[-1] == '"':
+        c = c[1:-1].replace('""', '"')
+    return c
+
 
 def parse_counters(text: str, *, source: str = "<string>", strict: bool = False) -> CounterSet:
     """Parse counters-CSV text. Raises :class:`CountersError` listing every bad line."""
     errors: list[str] = []
-    skipped: list[tuple[int, str]] = []
+    unsupported: list[Unsupported] = []
+    notes: list[str] = []
     metrics: list[Counter] = []
     labels: list[Counter] = []
     seen: dict[str, int] = {}
@@ -94,7 +129,7 @@ def parse_counters(text: str, *, source: str = "<string>", strict: bool = False)
         if len(cells) < 3:
             errors.append(f"line {lineno}: expected 'FIELD, type, help', got {raw.strip()!r}")
             continue
-        name, typ, help_ = (c.strip() for c in cells)
+        name, typ, help_ = (_cell(c) for c in cells)
         typ = typ.lower()
         if not name:
             errors.append(f"line {lineno}: empty field name")
@@ -105,33 +140,46 @@ def parse_counters(text: str, *, source: str = "<string>", strict: bool = False)
             )
             continue
         if name in seen:
-            errors.append(f"line {lineno}: {name}: duplicate of line {seen[name]}")
+            notes.append(f"{name} (line {lineno}) duplicates line {seen[name]}: the first row is used")
             continue
         seen[name] = lineno
         spec = fields.lookup(name)
         if spec is None:
-            if name in fields.UNAVAILABLE and not strict:
-                skipped.append((lineno, name))
-                continue
-            why = "not carried by GpuSample" if name in fields.UNAVAILABLE else "unknown field"
-            errors.append(f"line {lineno}: {name}: {why}")
+            if not name.startswith(fields.DCGM_PREFIXES):
+                errors.append(f"line {lineno}: {name}: unknown field (not a DCGM field name)")
+            else:
+                unsupported.append(Unsupported(lineno, name, "not carried by GpuSample"))
             continue
         if (typ == "label") != (spec.kind is Kind.LABEL):
-            want = "label" if spec.kind is Kind.LABEL else "gauge or counter"
-            errors.append(f"line {lineno}: {name}: type {typ!r} not possible for this field (use {want})")
+            why = "a number cannot be a label" if typ == "label" else f"a string field cannot be a {typ}"
+            unsupported.append(Unsupported(lineno, name, why))
             continue
-        row = Counter(spec, typ, help_ or spec.help, lineno)
+        if typ in _AS_UNTYPED:
+            notes.append(f"{name} (line {lineno}): type {typ} is exposed as untyped (one value per series)")
+            typ = "untyped"
+        row = Counter(spec, typ, help_ or spec.help, lineno, name)
         (labels if typ == "label" else metrics).append(row)
+    if strict:
+        errors.extend(f"line {u.line}: {u.name}: {u.reason}" for u in unsupported)
     if errors:
         raise CountersError(f"counters file {source}: " + "; ".join(errors))
-    if skipped:
+    cs = CounterSet(tuple(metrics), tuple(labels), tuple(unsupported), source, tuple(notes))
+    log_unsupported(cs)
+    return cs
+
+
+def log_unsupported(cs: CounterSet) -> None:
+    """One warning listing every row left out, one info line for the notes (at load, once)."""
+    if cs.unsupported:
         log.warning(
-            "counters file %s: skipping %d field(s) GpuSample does not carry: %s",
-            source,
-            len(skipped),
-            ", ".join(f"{n} (line {ln})" for ln, n in skipped),
+            "counters file %s: %d field(s) cannot be served and are left out (see "
+            "gpupipe_metrics_unsupported_fields): %s",
+            cs.source,
+            len(cs.unsupported),
+            ", ".join(f"{u.name} (line {u.line}: {u.reason})" for u in cs.unsupported),
         )
-    return CounterSet(tuple(metrics), tuple(labels), tuple(skipped), source)
+    if cs.notes:
+        log.info("counters file %s: %s", cs.source, "; ".join(cs.notes))
 
 
 def load_counters(path: str | Path | None = None, *, strict: bool = False) -> CounterSet:
@@ -162,5 +210,12 @@ def default_counters() -> CounterSet:
 def all_counters() -> CounterSet:
     """Every field we can serve (handy for tests and for a "show me everything" config)."""
     metrics = tuple(Counter(s, s.prom_type, s.help) for s in fields.FIELDS if s.kind is not Kind.LABEL)
-    labels = tuple(Counter(s, s.prom_type, s.help) for s in fields.FIELDS if s.kind is Kind.LABEL)
+    labels = tuple(
+        Counter(s, s.prom_type, s.help)
+        for s in fields.FIELDS
+        if s.kind is Kind.LABEL and s.name in _ALL_LABELS
+    )
     return CounterSet(metrics, labels, (), "<all>")
+
+
+_ALL_LABELS = frozenset({"DCGM_FI_DRIVER_VERSION"})  # "everything" keeps the usual label set

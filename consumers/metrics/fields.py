@@ -55,6 +55,20 @@ class Kind(enum.IntEnum):
     XID_LAST = 6  # DCGM_FI_DEV_XID_ERRORS: store state, not a sample column alone
     XID_TOTAL = 7  # DCGM_EXP_XID_ERRORS_TOTAL: store state
     LABEL = 8  # a `label` row
+    XID_COUNT = 9  # DCGM_EXP_XID_ERRORS_COUNT: XIDs per code in the last --xid-count-window-size
+    CLOCK_COUNT = 10  # DCGM_EXP_CLOCK_EVENTS_COUNT: samples per clock-event bit in the window
+    CLOCK_TOTAL = 11  # DCGM_EXP_CLOCK_EVENTS_TOTAL: rising edges per clock-event bit
+    HEALTH = 12  # DCGM_EXP_GPU_HEALTH_STATUS: one series per DCGM health watch
+
+    @property
+    def exp(self) -> bool:
+        """Exporter-derived (``DCGM_EXP_*``-style) families: several lines per GPU, store state."""
+        return self in _EXP_KINDS
+
+
+_EXP_KINDS = frozenset(
+    {Kind.XID_LAST, Kind.XID_TOTAL, Kind.XID_COUNT, Kind.CLOCK_COUNT, Kind.CLOCK_TOTAL, Kind.HEALTH}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +187,34 @@ FIELDS: tuple[FieldSpec, ...] = (
         "counter",
         "Total XID errors observed since exporter start.",
     ),
+    _f(
+        "DCGM_EXP_XID_ERRORS_COUNT",
+        None,
+        Kind.XID_COUNT,
+        "gauge",
+        "XID errors observed during the configured time window.",
+    ),
+    _f(
+        "DCGM_EXP_CLOCK_EVENTS_COUNT",
+        "clock_event_reasons",
+        Kind.CLOCK_COUNT,
+        "gauge",
+        "Clock events observed during the configured time window.",
+    ),
+    _f(
+        "DCGM_EXP_CLOCK_EVENTS_TOTAL",
+        "clock_event_reasons",
+        Kind.CLOCK_TOTAL,
+        "counter",
+        "Total clock events observed since exporter start (edge-counted).",
+    ),
+    _f(
+        "DCGM_EXP_GPU_HEALTH_STATUS",
+        None,
+        Kind.HEALTH,
+        "gauge",
+        "Current DCGM-reported GPU health status.",
+    ),
     # Memory usage
     _f("DCGM_FI_DEV_FB_FREE", "fb_free_bytes", Kind.MIB, "gauge", "Framebuffer memory free (in MiB)."),
     _f(
@@ -275,6 +317,16 @@ FIELDS: tuple[FieldSpec, ...] = (
     ),
     # Static configuration, as a label
     _f("DCGM_FI_DRIVER_VERSION", "driver_version", Kind.LABEL, "label", "Driver Version"),
+    _f("DCGM_FI_NVML_VERSION", "nvml_version", Kind.LABEL, "label", "NVML Version"),
+    _f("DCGM_FI_DEV_BRAND", "brand", Kind.LABEL, "label", "Device Brand"),
+    _f("DCGM_FI_DEV_SERIAL", "serial", Kind.LABEL, "label", "Device Serial Number"),
+    _f("DCGM_FI_DEV_VBIOS_VERSION", "vbios_version", Kind.LABEL, "label", "VBIOS version of the device"),
+    _f(
+        "DCGM_FI_DEV_INFOROM_IMAGE_VER", "inforom_image_version", Kind.LABEL, "label", "Inforom image version"
+    ),
+    _f("DCGM_FI_DEV_UUID", "uuid", Kind.LABEL, "label", "Device UUID"),
+    _f("DCGM_FI_DEV_NAME", "model_name", Kind.LABEL, "label", "Device name"),
+    _f("DCGM_FI_DEV_PCI_BUSID", "pci_bus_id", Kind.LABEL, "label", "PCI bus id"),
     # Datacenter profiling (DCP)
     _f(
         "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
@@ -420,20 +472,10 @@ UNAVAILABLE: frozenset[str] = frozenset(
         "DCGM_FI_DEV_POWER_USAGE_INSTANT",
         "DCGM_FI_DEV_FB_USED_PERCENT",
         "DCGM_FI_DEV_COUNT",
-        "DCGM_FI_DEV_NAME",
-        "DCGM_EXP_CLOCK_EVENTS_COUNT",
-        "DCGM_EXP_CLOCK_EVENTS_TOTAL",
-        "DCGM_EXP_XID_ERRORS_COUNT",
-        "DCGM_EXP_GPU_HEALTH_STATUS",
         "DCGM_EXP_P2P_STATUS",
-        "DCGM_FI_NVML_VERSION",
-        "DCGM_FI_DEV_BRAND",
-        "DCGM_FI_DEV_SERIAL",
         "DCGM_FI_DEV_OEM_INFOROM_VER",
         "DCGM_FI_DEV_ECC_INFOROM_VER",
         "DCGM_FI_DEV_POWER_INFOROM_VER",
-        "DCGM_FI_DEV_INFOROM_IMAGE_VER",
-        "DCGM_FI_DEV_VBIOS_VERSION",
         "DCGM_FI_PROF_PIPE_INT_ACTIVE",
         "DCGM_FI_PROF_PIPE_TENSOR_IMMA_ACTIVE",
         "DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE",
@@ -455,6 +497,63 @@ UNAVAILABLE: frozenset[str] = frozenset(
 )
 
 
+#: dcgm-exporter's 1.x metric names (``etc/1.x-compatibility-metrics.csv``, resolved by go-dcgm's
+#: legacy field map) -> the DCGM field they read. The metric keeps the 1.x name.
+LEGACY: Mapping[str, str] = MappingProxyType(
+    {
+        "dcgm_sm_clock": "DCGM_FI_DEV_SM_CLOCK",
+        "dcgm_memory_clock": "DCGM_FI_DEV_MEM_CLOCK",
+        "dcgm_memory_temp": "DCGM_FI_DEV_MEMORY_TEMP",
+        "dcgm_gpu_temp": "DCGM_FI_DEV_GPU_TEMP",
+        "dcgm_power_usage": "DCGM_FI_DEV_POWER_USAGE",
+        "dcgm_total_energy_consumption": "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "dcgm_pcie_tx_throughput": "DCGM_FI_DEV_PCIE_TX_THROUGHPUT",
+        "dcgm_pcie_rx_throughput": "DCGM_FI_DEV_PCIE_RX_THROUGHPUT",
+        "dcgm_pcie_replay_counter": "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+        "dcgm_gpu_utilization": "DCGM_FI_DEV_GPU_UTIL",
+        "dcgm_mem_copy_utilization": "DCGM_FI_DEV_MEM_COPY_UTIL",
+        "dcgm_enc_utilization": "DCGM_FI_DEV_ENC_UTIL",
+        "dcgm_dec_utilization": "DCGM_FI_DEV_DEC_UTIL",
+        "dcgm_xid_errors": "DCGM_FI_DEV_XID_ERRORS",
+        "dcgm_power_violation": "DCGM_FI_DEV_POWER_VIOLATION",
+        "dcgm_thermal_violation": "DCGM_FI_DEV_THERMAL_VIOLATION",
+        "dcgm_sync_boost_violation": "DCGM_FI_DEV_SYNC_BOOST_VIOLATION",
+        "dcgm_board_limit_violation": "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION",
+        "dcgm_low_util_violation": "DCGM_FI_DEV_LOW_UTIL_VIOLATION",
+        "dcgm_reliability_violation": "DCGM_FI_DEV_RELIABILITY_VIOLATION",
+        "dcgm_fb_free": "DCGM_FI_DEV_FB_FREE",
+        "dcgm_fb_used": "DCGM_FI_DEV_FB_USED",
+        "dcgm_ecc_sbe_volatile_total": "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+        "dcgm_ecc_dbe_volatile_total": "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        "dcgm_ecc_sbe_aggregate_total": "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+        "dcgm_ecc_dbe_aggregate_total": "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+        "dcgm_retired_pages_sbe": "DCGM_FI_DEV_RETIRED_SBE",
+        "dcgm_retired_pages_dbe": "DCGM_FI_DEV_RETIRED_DBE",
+        "dcgm_retired_pages_pending": "DCGM_FI_DEV_RETIRED_PENDING",
+        "dcgm_nvlink_flit_crc_error_count_total": "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+        "dcgm_nvlink_data_crc_error_count_total": "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+        "dcgm_nvlink_replay_error_count_total": "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+        "dcgm_nvlink_recovery_error_count_total": "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+        "dcgm_nvlink_bandwidth_total": "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+        "dcgm_fi_prof_gr_engine_active": "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        "dcgm_fi_prof_sm_active": "DCGM_FI_PROF_SM_ACTIVE",
+        "dcgm_fi_prof_sm_occupancy": "DCGM_FI_PROF_SM_OCCUPANCY",
+        "dcgm_fi_prof_pipe_tensor_active": "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "dcgm_fi_prof_dram_active": "DCGM_FI_PROF_DRAM_ACTIVE",
+        "dcgm_fi_prof_pcie_tx_bytes": "DCGM_FI_PROF_PCIE_TX_BYTES",
+        "dcgm_fi_prof_pcie_rx_bytes": "DCGM_FI_PROF_PCIE_RX_BYTES",
+    }
+)
+
+#: Prefixes of names dcgm-exporter can accept (DCGM fields, exporter collectors, 1.x names): a
+#: name with one of them that we cannot serve is *unsupported* (listed, service runs); any other
+#: name is a typo and a startup error.
+DCGM_PREFIXES = ("DCGM_FI_", "DCGM_EXP_", "dcgm_")
+
+
 def lookup(name: str) -> FieldSpec | None:
-    """The spec for a DCGM field name, or None when we cannot serve it."""
-    return BY_NAME.get(name)
+    """The spec for a DCGM field name (or a 1.x legacy name), or None when we cannot serve it."""
+    spec = BY_NAME.get(name)
+    if spec is None and name in LEGACY:
+        spec = BY_NAME.get(LEGACY[name])
+    return spec

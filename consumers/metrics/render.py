@@ -7,43 +7,43 @@ A :class:`Renderer` is built once from the selected counters (:class:`CounterSet
   encoded once and reused for every sample until the GPU's labels change (its pods, host,
   driver...);
 * per sample, ``render(...) -> list[bytes]``, the GPU's *line list*: two slots per family, at
-  ``2*i`` the head and at ``2*i + 1`` the value text with its line feed (``b'1980\n'``); both
+  ``2*i`` the head and at ``2*i + 1`` the value text with its line feed (``b'1980\\n'``); both
   ``b''`` when the family has no line for this GPU (a null or invalid value). Families with several
-  lines for one GPU (shared GPUs, the XID counter per code) have an empty head and their complete
-  lines in the value slot.
+  lines for one GPU, or whose labels depend on the value (``DCGM_FI_DEV_XID_ERRORS`` carries
+  ``err_code``/``err_msg``; the ``DCGM_EXP_*`` families; every family of a GPU with several series)
+  have an empty head and their complete lines in the value slot.
 
-A scrape then only concatenates ready bytes: for family ``i``, slots ``2*i`` and ``2*i + 1`` of
-every GPU's line list (``chain.from_iterable(map(itemgetter(2*i, 2*i + 1), line_lists))``, C
-loops only; see :mod:`consumers.metrics.store`). Keeping the ~250-byte label head out of the
-per-sample work makes ingest cost one short ``b'%d\n'`` per value instead of a fresh 260-byte
-line, and the empty slots of absent lines cost nothing in the join.
+A scrape then only concatenates ready bytes (see :mod:`consumers.metrics.store`).
 
 Labels, in dcgm-exporter's order (``internal/pkg/rendermetrics`` template): ``gpu``, ``UUID``,
-``pci_bus_id``, ``device`` (``nvidia<index>``), ``modelName``, for MIG slices ``GPU_I_PROFILE`` and
-``GPU_I_ID``, the host label (``Hostname``, or ``hostname`` as dcgm-exporter main spells it since
-#655; omitted when the host name is empty or the option is None), then the "Labels" map in sorted
-key order (label rows such as ``DCGM_FI_DRIVER_VERSION``; ``xid`` on the XID counter), then the
-"Attributes" in sorted key order: ``container``, ``namespace``, ``pod`` -- only when a pod holds
-the GPU (an unallocated GPU has no pod labels at all, as current dcgm-exporter). For a MIG slice
-``UUID`` is the parent GPU's UUID (as dcgm-exporter) and ``gpu``/``device`` the parent's index.
+``pci_bus_id``, ``device`` (``nvidia<index>``), ``modelName``, for MIG instances ``GPU_I_PROFILE``
+and ``GPU_I_ID``, the host label (``Hostname`` as dcgm-exporter up to 4.8.2, or ``hostname`` as
+4.8.3; omitted when the host name is empty or the option is None), then the "Labels" map in sorted
+key order (label rows such as ``DCGM_FI_DRIVER_VERSION``, then the ``DCGM_EXP_*`` labels
+``window_size_in_ms``, ``xid``, ``clock_event``, ``health_*``), then the "Attributes" in sorted key
+order: ``container``, ``err_code``, ``err_msg`` (XID family only), ``namespace``, ``pod``,
+``pod_uid``, ``vgpu`` -- pod labels only when a pod holds the GPU. ``--use-old-namespace`` spells
+them ``uuid``, ``container_name``, ``pod_name``, ``pod_namespace`` as dcgm-exporter 1.x.
+
+Shared (time-sliced) GPUs, like dcgm-exporter:
+
+* default: **one** series per GPU, labelled with one pod (dcgm-exporter keeps the last pod its
+  device map sees; we take the last allocation of the sample), so sums over GPUs count each GPU
+  once;
+* ``virtual_gpus`` (dcgm-exporter's ``--kubernetes-virtual-gpus``): one copy of every series per
+  allocation (``vgpu`` = the time-slicing replica), and for ``DCGM_FI_DEV_GPU_UTIL`` and
+  ``DCGM_FI_DEV_FB_USED``, when the sample has per-process data, the device-wide series without
+  pod labels plus one series per pod with its processes' share (``pod_uid`` empty: the kubelet
+  API we read has no pod UID).
+
+gpupipe's own per-pod share stays available under its own names, whatever the layout
+(``split_shared``): on a GPU held by two or more containers, with per-process data,
+``gpupipe_pod_gpu_util_percent`` (100 x sum of the pod's processes' ``sm_util_ratio``),
+``gpupipe_pod_mem_copy_util_percent`` (``mem_util_ratio``) and ``gpupipe_pod_fb_used_mib``
+(``used_memory_bytes``) per ``container, namespace, pod``; a pod without a process gets 0.
 
 Values: DCGM int64 fields as integers (``%d``), DCGM doubles as ``%f`` (``612.500000``), the way
 dcgm-exporter prints them; units per :mod:`consumers.metrics.fields`.
-
-Shared GPUs (two or more distinct ``(namespace, pod, container)`` in ``allocations``; replicas of
-one container count once): one series per container holding the GPU, for every family. Split by
-the pod's own share, when the sample has per-process data (``processes[]`` resolved to pods):
-
-* ``DCGM_FI_DEV_GPU_UTIL`` = 100 x sum of the pod's processes' ``sm_util_ratio``,
-* ``DCGM_FI_DEV_MEM_COPY_UTIL`` = 100 x sum of their ``mem_util_ratio``,
-* ``DCGM_FI_DEV_FB_USED`` = sum of their ``used_memory_bytes`` in MiB;
-
-a pod without processes gets 0, and the device-wide value is kept as one more series without pod
-labels (as dcgm-exporter's per-process mode, PR #594). A process is matched to the allocation with
-its namespace, pod and container, else to the first allocation of its pod; unresolved processes
-only count in the device value. Without per-process data for a field (no process reports it),
-that field is repeated per pod like every other family: power, clocks, temperatures, ECC,
-profiling ratios, XID... are device properties that NVML cannot split.
 
 Invalid values never raise: NaN, +-Inf, negative numbers (except temperatures) and non-numbers
 are dropped -- that series is absent from the scrape, as dcgm-exporter skips DCGM's blank values
@@ -58,29 +58,58 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from consumers.metrics import exp
 from consumers.metrics.collectors_csv import CounterSet
 from consumers.metrics.fields import FieldSpec, Kind
+from consumers.metrics.layout import SHARE_FAMILIES, VGPU_SPLIT
+from consumers.metrics.textfmt import (
+    InvalidValue,
+    bus_id_nvml_form,
+    escape_help,
+    escape_label_value,
+    format_value,
+)
+
+__all__ = [
+    "GpuView",
+    "InvalidValue",
+    "RenderOptions",
+    "Renderer",
+    "bus_id_nvml_form",
+    "escape_help",
+    "escape_label_value",
+    "format_value",
+]
 
 _INT, _ROUND, _PERCENT, _MIB, _FLOAT, _BOOL = (
     int(k) for k in (Kind.INT, Kind.ROUND, Kind.PERCENT, Kind.MIB, Kind.FLOAT, Kind.BOOL)
 )
-_INF = float("inf")
 
 SAMPLE_AGE_METRIC = "gpupipe_sample_age_seconds"
+MIG_LAYOUTS = ("instances", "gpu+instances")
 
 
 @dataclass(frozen=True, slots=True)
 class RenderOptions:
-    """How series are labelled.
+    """How series are labelled and laid out.
 
-    ``host_label``: ``"Hostname"`` (dcgm-exporter up to 4.5.3-4.8.2, and what its dashboards
-    query), ``"hostname"`` (dcgm-exporter main after #655) or ``None`` (no host label, like
-    ``--no-hostname``). ``split_shared``: per-pod shares on shared GPUs (see module doc); when
-    False every family is repeated per pod with the device value.
+    ``host_label``: ``"Hostname"`` (dcgm-exporter up to 4.8.2, and what its dashboards query),
+    ``"hostname"`` (4.8.3) or ``None`` (``--no-hostname``). ``split_shared``: gpupipe's per-pod
+    share families. ``virtual_gpus``: dcgm-exporter's ``--kubernetes-virtual-gpus`` layout.
+    ``old_namespace``: 1.x label names. ``xid_window_ms`` / ``clock_window_ms``: the windows of
+    ``DCGM_EXP_XID_ERRORS_COUNT`` / ``DCGM_EXP_CLOCK_EVENTS_COUNT``. ``mig_layout``:
+    ``instances`` (dcgm-exporter's default ``-d f``: a GPU in MIG mode is shown only as its
+    instances, each with the parent's device-wide readings) or ``gpu+instances`` (``-d g+i``: the
+    parent GPU's own series too).
     """
 
     host_label: str | None = "Hostname"
     split_shared: bool = True
+    virtual_gpus: bool = False
+    old_namespace: bool = False
+    xid_window_ms: int = 300_000
+    clock_window_ms: int = 300_000
+    mig_layout: str = "instances"
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,74 +120,19 @@ class Family:
     name: str
     prom_type: str
     help: str
-    spec: FieldSpec
+    spec: FieldSpec | None
+    share: str | None = None  # GpuProcess field of a gpupipe_pod_* share family
 
     @property
     def header(self) -> str:
         return f"# HELP {self.name} {escape_help(self.help)}\n# TYPE {self.name} {self.prom_type}\n"
 
 
-class InvalidValue(ValueError):
-    """A value that cannot be exposed; ``reason`` is nan | inf | negative | invalid."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
+Attrs = tuple[tuple[str, str], ...]
 
 
-def escape_label_value(value: object) -> str:
-    """Label value escaping of the text format: backslash, double quote, line feed."""
-    s = str(value)
-    if "\\" in s or '"' in s or "\n" in s:
-        s = s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-    return s
-
-
-def escape_help(text: str) -> str:
-    """HELP escaping of the text format: backslash and line feed."""
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-def format_value(kind: int, value: Any, signed: bool = False) -> str:
-    """One value as dcgm-exporter prints it; raises :class:`InvalidValue` instead of printing junk.
-
-    The reference (slow) path: :meth:`Renderer.render` has an inlined fast path that must agree.
-    """
-    if isinstance(value, bool):
-        value = int(value)
-    elif not isinstance(value, int | float):
-        raise InvalidValue("invalid")
-    if isinstance(value, float):
-        if value != value:
-            raise InvalidValue("nan")
-        if value in (_INF, -_INF):
-            raise InvalidValue("inf")
-    if value < 0 and not signed:
-        raise InvalidValue("negative")
-    if kind == _FLOAT:
-        return f"{value:f}"
-    if kind == _PERCENT:
-        return str(round(value * 100))
-    if kind == _MIB:
-        return str(int(value) >> 20)
-    return str(round(value))  # INT, ROUND, BOOL (an int stays as it is; a float is rounded)
-
-
-def bus_id_nvml_form(bus_id: str) -> str:
-    """A kernel-log or NVML bus id (``0000:3b:00``) in NVML's form (``00000000:3B:00.0``)."""
-    s = bus_id.strip()
-    try:
-        head, _, func = s.partition(".")
-        parts = head.split(":")
-        if len(parts) == 2:
-            parts.insert(0, "0")
-        if len(parts) != 3:
-            return bus_id
-        domain, bus, dev = (int(p, 16) for p in parts)
-        fn = int(func, 16) if func else 0
-    except ValueError:
-        return bus_id
-    return f"{domain:08X}:{bus:02X}:{dev:02X}.{fn:X}"
+def _attr_text(attrs: Attrs) -> str:
+    return "".join(f',{k}="{escape_label_value(v)}"' for k, v in attrs)
 
 
 class GpuView:
@@ -166,42 +140,54 @@ class GpuView:
 
     __slots__ = (
         "age_head",
+        "attr_texts",
+        "attrs",
         "base",
         "heads",
-        "pod_index",
-        "pods",
+        "multi",
         "series",
-        "shared",
+        "share_index",
+        "share_pods",
         "template",
-        "xid_prefix",
+        "xid_lines",
     )
 
     def __init__(
         self,
         base: str,
         heads: tuple[bytes, ...],
-        series: tuple[str, ...],
-        pods: tuple[tuple[str, str, str], ...],
+        attrs: tuple[Attrs, ...],
+        share_pods: tuple[tuple[str, str, str], ...],
         age_head: bytes,
-        xid_prefix: str,
     ) -> None:
-        self.base = base  # identity labels, no pod labels
+        self.base = base  # identity labels and label rows, no pod labels
         self.heads = heads  # per family b"NAME{labels} "; b"" where the value carries whole lines
         self.template = [b""] * (2 * len(heads))  # a line list with every head and no value
         self.template[0::2] = heads
-        self.series = series  # label bodies: one per pod on a shared GPU, else the single one
-        self.pods = pods  # (namespace, pod, container) per series of a shared GPU
-        self.shared = len(pods) > 1
+        self.attrs = attrs  # sorted attributes (pod labels...) per series; ((),) for one bare series
+        self.attr_texts = tuple(_attr_text(a) for a in attrs)
+        self.series = tuple(base + t for t in self.attr_texts)  # label bodies, one per series
+        self.multi = len(attrs) > 1
         self.age_head = age_head
-        self.xid_prefix = xid_prefix  # 'DCGM_EXP_XID_ERRORS_TOTAL{<base>,xid="'
+        self.share_pods = share_pods  # distinct (namespace, pod, container) when >= 2, else ()
         idx: dict[tuple[str, ...], int] = {}
-        for i, (ns, pod, ctr) in enumerate(pods):
+        for i, (ns, pod, ctr) in enumerate(share_pods):
             idx.setdefault((ns, pod, ctr), i)
             idx.setdefault((ns, pod), i)
-        self.pod_index = idx
+        self.share_index = idx
+        self.xid_lines: dict[int, bytes] = {}  # XID code -> DCGM_FI_DEV_XID_ERRORS lines (cache)
+
+    @property
+    def shared(self) -> bool:
+        return len(self.share_pods) > 1
+
+    def lines(self, name: str, labels: str, value: str) -> str:
+        """One line per series: ``name{base<labels><attributes>} value`` (labels: ``,k="v"...``)."""
+        b = self.base
+        return "".join(f"{name}{{{b}{labels}{a}}} {value}\n" for a in self.attr_texts)
 
 
-def _pods(allocations: Sequence[Mapping[str, Any]] | None) -> tuple[tuple[str, str, str], ...]:
+def _distinct_pods(allocations: Sequence[Mapping[str, Any]] | None) -> tuple[tuple[str, str, str], ...]:
     """Distinct (namespace, pod, container), first-seen order (replicas of one container count once)."""
     out: dict[tuple[str, str, str], None] = {}
     for a in allocations or ():
@@ -209,43 +195,54 @@ def _pods(allocations: Sequence[Mapping[str, Any]] | None) -> tuple[tuple[str, s
     return tuple(out)
 
 
-def _pod_labels(pod: tuple[str, str, str]) -> str:
-    ns, name, ctr = pod
-    e = escape_label_value
-    return f'container="{e(ctr)}",namespace="{e(ns)}",pod="{e(name)}"'
-
-
 class Renderer:
     """Renders GpuSample records for one counters selection. Immutable; share it freely."""
 
     def __init__(self, counters: CounterSet, options: RenderOptions | None = None) -> None:
         self.counters = counters
-        self.options = options or RenderOptions()
-        self.families: tuple[Family, ...] = tuple(
-            Family(i, c.name, c.prom_type, c.help, c.spec) for i, c in enumerate(counters.metrics)
-        )
+        self.options = o = options or RenderOptions()
+        if o.mig_layout not in MIG_LAYOUTS:
+            raise ValueError(f"mig_layout must be one of {', '.join(MIG_LAYOUTS)}")
+        fams = [Family(i, c.name, c.prom_type, c.help, c.spec) for i, c in enumerate(counters.metrics)]
+        if o.split_shared:
+            for name, src, _kind, help_ in SHARE_FAMILIES:
+                fams.append(Family(len(fams), name, "gauge", help_, None, src))
+        self.families: tuple[Family, ...] = tuple(fams)
         self.label_rows: tuple[FieldSpec, ...] = tuple(
             sorted((c.spec for c in counters.labels), key=lambda s: s.name)
         )
-        self.with_driver = any(s.source == "driver_version" for s in self.label_rows)
+        self.label_sources: tuple[str, ...] = tuple(
+            dict.fromkeys(s.source for s in self.label_rows if s.source)
+        )
+        self.with_driver = "driver_version" in self.label_sources
+        self._uuid_label = "uuid" if o.old_namespace else "UUID"
+        self._pod_names = (
+            ("container_name", "pod_namespace", "pod_name")
+            if o.old_namespace
+            else ("container", "namespace", "pod")
+        )
         plan = []
-        self.xid_last_index: int | None = None
-        self.xid_total_index: int | None = None
+        exp_fams: dict[Kind, list[Family]] = {}
         for fam in self.families:
+            if fam.spec is None:
+                continue
             k = fam.spec.kind
-            if k is Kind.XID_LAST:
-                self.xid_last_index = fam.index
-            elif k is Kind.XID_TOTAL:
-                self.xid_total_index = fam.index
+            if k.exp:
+                exp_fams.setdefault(k, []).append(fam)
             else:
-                plan.append((fam.spec.source, int(k), fam.spec.signed, fam.index, fam.name))
-        self._plan: tuple[tuple[str, int, bool, int, str], ...] = tuple(plan)
-        self._xid_last_slot = None if self.xid_last_index is None else 2 * self.xid_last_index + 1
+                plan.append((fam.spec.source, int(k), fam.spec.signed, fam.index, fam.name, fam.spec.name))
+        self._exp = {k: tuple(v) for k, v in exp_fams.items()}
+        self.has_xid_count = Kind.XID_COUNT in self._exp
+        self.has_clock_count = Kind.CLOCK_COUNT in self._exp
+        self.has_clock_total = Kind.CLOCK_TOTAL in self._exp
+        self.has_health = Kind.HEALTH in self._exp
+        self._plan: tuple[tuple[str, int, bool, int, str, str], ...] = tuple(plan)
+        self._share_fams = tuple(f for f in self.families if f.share)
 
         def group(kind: int, signed: bool | None = None) -> tuple[tuple[str, int], ...]:
             return tuple(
                 (src, 2 * fi + 1)
-                for src, k, sg, fi, _ in plan
+                for src, k, sg, fi, *_ in plan
                 if k == kind and (signed is None or sg == signed)
             )
 
@@ -260,11 +257,12 @@ class Renderer:
             group(_BOOL),
         )
         handled = {_INT, _FLOAT, _PERCENT, _ROUND, _MIB, _BOOL}
-        if any(
-            k not in handled or (sg and k != _ROUND) for _, k, sg, _, _ in plan
-        ):  # a new Kind in fields.py
+        if any(k not in handled or (sg and k != _ROUND) for _, k, sg, *_ in plan):  # a new Kind in fields.py
             raise ValueError("render plan: a field kind or sign that _render_fast does not handle")
         self._n = len(self.families)
+
+    def exp_families(self, kind: Kind) -> tuple[Family, ...]:
+        return self._exp.get(kind, ())
 
     # -- identity --------------------------------------------------------------------------------
     def identity(self, rec: Mapping[str, Any]) -> tuple:
@@ -276,7 +274,7 @@ class Renderer:
             rec["pci_bus_id"],
             rec["model_name"],
             rec["mig"],
-            rec["driver_version"] if self.with_driver else None,
+            tuple(rec[s] for s in self.label_sources),
             rec["allocations"],
         )
 
@@ -288,12 +286,12 @@ class Renderer:
         model_name: str | None,
         mig: Mapping[str, Any] | None,
         hostname: str | None,
-        driver_version: str | None,
+        label_values: Mapping[str, Any],
     ) -> str:
         parts = []
         if gpu_index is not None:
             parts.append(f'gpu="{gpu_index}"')
-        parts.append(f'UUID="{escape_label_value(uuid)}"')
+        parts.append(f'{self._uuid_label}="{escape_label_value(uuid)}"')
         parts.append(f'pci_bus_id="{escape_label_value(pci_bus_id)}"')
         if gpu_index is not None:
             parts.append(f'device="nvidia{gpu_index}"')
@@ -306,30 +304,49 @@ class Renderer:
         if host and hostname:
             parts.append(f'{host}="{escape_label_value(hostname)}"')
         for spec in self.label_rows:  # sorted by name, like dcgm-exporter's Labels map
-            if spec.source == "driver_version" and driver_version:
-                parts.append(f'{spec.name}="{escape_label_value(driver_version)}"')
+            v = label_values.get(spec.source) if spec.source else None
+            if v not in (None, ""):  # dcgm-exporter skips blank values
+                parts.append(f'{spec.name}="{escape_label_value(v)}"')
         return ",".join(parts)
 
-    def _make_view(self, base: str, pods: tuple[tuple[str, str, str], ...]) -> GpuView:
-        xid_name = self.families[self.xid_total_index].name if self.xid_total_index is not None else ""
+    def pod_attrs(self, ns: str, pod: str, ctr: str, **extra: str) -> Attrs:
+        c, n, p = self._pod_names
+        return tuple(sorted(((c, ctr), (n, ns), (p, pod), *extra.items())))
+
+    def _make_view(self, base: str, allocations: Sequence[Mapping[str, Any]] | None) -> GpuView:
+        o = self.options
+        pods = _distinct_pods(allocations)
+        share = pods if o.split_shared and len(pods) > 1 else ()
+        if not allocations:
+            attrs: tuple[Attrs, ...] = ((),)
+        elif o.virtual_gpus:
+            seen: dict[tuple, None] = {}
+            for a in allocations:
+                seen.setdefault((a["namespace"], a["pod"], a["container"], a.get("replica")), None)
+            attrs = tuple(
+                self.pod_attrs(ns, pod, ctr, **({} if rep is None else {"vgpu": str(rep)}))
+                for ns, pod, ctr, rep in seen
+            )
+        else:  # dcgm-exporter's default: one PodInfo per device, the last one wins
+            a = allocations[-1]
+            attrs = (self.pod_attrs(a["namespace"], a["pod"], a["container"]),)
         age_head = f"{SAMPLE_AGE_METRIC}{{{base}}} ".encode()
-        xid_prefix = f'{xid_name}{{{base},xid="'
-        if len(pods) <= 1:
-            labels = f"{base},{_pod_labels(pods[0])}" if pods else base
+        if len(attrs) == 1:
+            labels = base + _attr_text(attrs[0])
             heads = tuple(
-                b"" if f.index == self.xid_total_index else f"{f.name}{{{labels}}} ".encode()
+                b"" if f.spec is None or f.spec.kind.exp else f"{f.name}{{{labels}}} ".encode()
                 for f in self.families
             )
-            return GpuView(base, heads, (labels,), pods, age_head, xid_prefix)
-        series = tuple(f"{base},{_pod_labels(p)}" for p in pods)
-        return GpuView(base, (b"",) * self._n, series, pods, age_head, xid_prefix)
+        else:
+            heads = (b"",) * self._n
+        return GpuView(base, heads, attrs, share, age_head)
 
     def base_view(self, view: GpuView) -> GpuView:
         """The same GPU without pod labels (its sample is gone; its XID counters stay)."""
         return self._make_view(view.base, ())
 
     def view(self, rec: Mapping[str, Any]) -> GpuView:
-        """Label strings of the GPU (or MIG slice) a sample describes."""
+        """Label strings of the GPU (or MIG instance) a sample describes."""
         base = self._base(
             rec["gpu_index"],
             rec["uuid"],
@@ -337,20 +354,27 @@ class Renderer:
             rec["model_name"],
             rec["mig"],
             rec["hostname"],
-            rec["driver_version"],
+            {s: rec[s] for s in self.label_sources},
         )
-        return self._make_view(base, _pods(rec["allocations"]))
+        return self._make_view(base, rec["allocations"])
 
     def event_view(self, event: Mapping[str, Any], uuid: str) -> GpuView:
         """Labels for a GPU known only from gpu.xid events (no sample yet): no pod labels."""
+        values = {
+            "driver_version": event.get("driver_version"),
+            "uuid": uuid,
+            "model_name": event.get("model_name"),
+        }
+        bus = bus_id_nvml_form(event.get("pci_bus_id") or "")
+        values["pci_bus_id"] = bus
         base = self._base(
             event.get("gpu_index"),
             uuid,
-            bus_id_nvml_form(event.get("pci_bus_id") or ""),
+            bus,
             event.get("model_name"),
             None,
             event.get("hostname"),
-            event.get("driver_version"),
+            values,
         )
         return self._make_view(base, ())
 
@@ -363,23 +387,18 @@ class Renderer:
         xid_counts: Mapping[int, int] | None,
         invalid: dict[tuple[str, str], int],
     ) -> list[bytes]:
-        """The GPU's line list (see the module doc); bad values are counted in ``invalid``."""
-        if view.shared:
-            out = self._render_shared(rec, view, invalid)
-            self.render_xid(view, xid_last, xid_counts, out)
-            return out
-        try:
-            out = self._render_fast(rec, view)
-        except (ValueError, TypeError, OverflowError):
-            out = self._render_checked(rec, view, invalid)
-        j = self._xid_last_slot  # the common case inline: the template holds its head already
-        if j is not None:
-            if xid_last is None:
-                out[j - 1] = b""
-            else:
-                out[j] = b"%d\n" % xid_last
-        if xid_counts:
-            self.render_xid(view, xid_last, xid_counts, out)
+        """The GPU's line list (see the module doc); bad values are counted in ``invalid``.
+        The ``DCGM_EXP_*`` window/health families are filled by :meth:`render_exp`."""
+        if view.multi:
+            out = self._render_multi(rec, view, invalid)
+        else:
+            try:
+                out = self._render_fast(rec, view)
+            except (ValueError, TypeError, OverflowError):
+                out = self._render_checked(rec, view, invalid)
+        self.render_xid(view, xid_last, xid_counts, out)
+        if view.share_pods:
+            self._render_shares(rec, view, out, invalid)
         return out
 
     def _render_fast(self, rec: Mapping[str, Any], view: GpuView) -> list[bytes]:
@@ -451,7 +470,7 @@ class Renderer:
     ) -> list[bytes]:
         """The reference path: every value through :func:`format_value`, bad ones counted."""
         out = view.template.copy()
-        for src, kind, signed, fi, name in self._plan:
+        for src, kind, signed, fi, name, _ in self._plan:
             v = rec[src]
             try:
                 if v is None:
@@ -467,10 +486,23 @@ class Renderer:
     def render_xid_only(
         self, view: GpuView, xid_last: int | None, xid_counts: Mapping[int, int] | None
     ) -> list[bytes]:
-        """The line list of a GPU known only from gpu.xid events: the two XID families."""
+        """The line list of a GPU known only from gpu.xid events: the XID families."""
         out = [b""] * (2 * self._n)
         self.render_xid(view, xid_last, xid_counts, out)
         return out
+
+    def _xid_line(self, fam: Family, view: GpuView, code: int) -> bytes:
+        key = code if fam.index == 0 else (fam.index, code)
+        got = view.xid_lines.get(key)  # type: ignore[arg-type]
+        if got is None:
+            err = (("err_code", str(code)), ("err_msg", exp.xid_message(code)))
+            b = view.base
+            got = "".join(
+                f"{fam.name}{{{b}{_attr_text(tuple(sorted((*a, *err))))}}} {code:d}\n" for a in view.attrs
+            ).encode()
+            if len(view.xid_lines) < 64:
+                view.xid_lines[key] = got  # type: ignore[index]
+        return got
 
     def render_xid(
         self,
@@ -479,44 +511,88 @@ class Renderer:
         xid_counts: Mapping[int, int] | None,
         out: list[bytes],
     ) -> None:
-        """Fill the two XID families of a line list in place (after a gpu.xid event, say)."""
-        fi = self.xid_last_index
-        if fi is not None:
-            if xid_last is None:
-                out[2 * fi] = out[2 * fi + 1] = b""
-            elif not view.shared:
-                out[2 * fi] = view.heads[fi]
-                out[2 * fi + 1] = b"%d\n" % xid_last
-            else:
-                name = self.families[fi].name
-                out[2 * fi + 1] = "".join(f"{name}{{{s}}} {xid_last:d}\n" for s in view.series).encode()
-        fi = self.xid_total_index
-        if fi is not None:
-            if xid_counts:
-                prefix = view.xid_prefix
-                counts = sorted(xid_counts.items())
-                out[2 * fi + 1] = "".join(f'{prefix}{code}"}} {n}\n' for code, n in counts).encode()
-            else:
-                out[2 * fi + 1] = b""
+        """Fill the XID families of a line list in place (after a gpu.xid event, say).
 
-    def _render_shared(
+        ``DCGM_FI_DEV_XID_ERRORS`` (last XID, with ``err_code``/``err_msg``) and 4.8.3's
+        ``DCGM_EXP_XID_ERRORS_TOTAL{xid}`` (codes seen since start, on every series of the GPU,
+        pod labels included)."""
+        for fam in self._exp.get(Kind.XID_LAST, ()):
+            j = 2 * fam.index
+            out[j] = b""
+            out[j + 1] = b"" if xid_last is None else self._xid_line(fam, view, xid_last)
+        for fam in self._exp.get(Kind.XID_TOTAL, ()):
+            out[2 * fam.index + 1] = (
+                "".join(
+                    view.lines(fam.name, f',xid="{c}"', str(n)) for c, n in sorted(xid_counts.items())
+                ).encode()
+                if xid_counts
+                else b""
+            )
+
+    def render_exp(
+        self,
+        view: GpuView,
+        out: list[bytes],
+        *,
+        xid_window: Mapping[int, int] | None = None,
+        clock_window: Mapping[int, int] | None = None,
+        clock_totals: Mapping[int, int] | None = None,
+        health: exp.Health | None = None,
+    ) -> None:
+        """Fill the ``DCGM_EXP_*`` window, clock and health families in place (see :mod:`exp`).
+
+        A ``None`` argument leaves that family empty (no sample yet for clock and health)."""
+        o = self.options
+        for fam in self._exp.get(Kind.XID_COUNT, ()):
+            w = f',window_size_in_ms="{o.xid_window_ms}"'
+            if xid_window is None:
+                text = ""
+            elif xid_window:
+                text = "".join(
+                    view.lines(fam.name, f'{w},xid="{c}"', str(n)) for c, n in sorted(xid_window.items())
+                )
+            else:
+                text = view.lines(fam.name, w, "0")
+            out[2 * fam.index + 1] = text.encode()
+        for fam in self._exp.get(Kind.CLOCK_COUNT, ()):
+            w = f'window_size_in_ms="{o.clock_window_ms}"'
+            if clock_window is None:
+                text = ""
+            elif clock_window:
+                text = "".join(
+                    view.lines(fam.name, f',clock_event="{exp.CLOCK_EVENT_NAME[b]}",{w}', str(n))
+                    for b, n in sorted(clock_window.items())
+                )
+            else:
+                text = view.lines(fam.name, "," + w, "0")
+            out[2 * fam.index + 1] = text.encode()
+        for fam in self._exp.get(Kind.CLOCK_TOTAL, ()):
+            out[2 * fam.index + 1] = (
+                "".join(
+                    view.lines(fam.name, f',clock_event="{exp.CLOCK_EVENT_NAME[b]}"', str(n))
+                    for b, n in sorted(clock_totals.items())
+                ).encode()
+                if clock_totals
+                else b""
+            )
+        for fam in self._exp.get(Kind.HEALTH, ()):
+            out[2 * fam.index + 1] = (
+                "".join(
+                    view.lines(fam.name, f',health_error_code="{code}",health_watch="{w}"', str(v))
+                    for w, v, code in health
+                ).encode()
+                if health is not None
+                else b""
+            )
+
+    def _render_multi(
         self, rec: Mapping[str, Any], view: GpuView, invalid: dict[tuple[str, str], int]
     ) -> list[bytes]:
-        """Complete lines per family, one series per pod (shares as the module doc says)."""
+        """Complete lines per family, one series per allocation (virtual-GPU layout)."""
         out = [b""] * (2 * self._n)
-        series = view.series
         procs = rec.get("processes") or ()
-        owner: list[int | None] = []
-        if procs and self.options.split_shared:
-            idx = view.pod_index
-            for p in procs:
-                ns, pod = p.get("namespace"), p.get("pod")
-                i = idx.get((ns, pod, p.get("container"))) if ns is not None and pod is not None else None
-                if i is None and ns is not None and pod is not None:
-                    i = idx.get((ns, pod))
-                owner.append(i)
-        fams = self.families
-        for src, kind, signed, fi, name in self._plan:
+        owners = self._owners(procs, view) if procs else []
+        for src, kind, signed, fi, name, dcgm_name in self._plan:
             v = rec[src]
             text = None
             if v is not None:
@@ -525,21 +601,76 @@ class Renderer:
                 except InvalidValue as bad:
                     key = (name, bad.reason)
                     invalid[key] = invalid.get(key, 0) + 1
-            per_pod = fams[fi].spec.per_pod
-            if owner and per_pod and any(p.get(per_pod) is not None for p in procs):
-                sums: list[float] = [0] * len(series)
-                for p, i in zip(procs, owner, strict=True):
-                    x = p.get(per_pod)
-                    if i is not None and x is not None:
-                        sums[i] += x
+            per_pod = self.families[fi].spec.per_pod if dcgm_name in VGPU_SPLIT else None  # type: ignore[union-attr]
+            if per_pod and owners and any(p.get(per_pod) is not None for p in procs):
                 lines = [f"{name}{{{view.base}}} {text}\n"] if text is not None else []
-                for s, total in zip(series, sums, strict=True):
+                done: set[tuple[str, str, str]] = set()
+                for attrs in view.attrs:
+                    a = dict(attrs)
+                    pod_key = (
+                        a.get(self._pod_names[1], ""),
+                        a.get(self._pod_names[2], ""),
+                        a.get(self._pod_names[0], ""),
+                    )
+                    if pod_key in done:
+                        continue
+                    done.add(pod_key)
+                    i = view.share_index.get(pod_key)
+                    total = sum(
+                        p.get(per_pod) or 0
+                        for p, o in zip(procs, owners, strict=True)
+                        if o == i and i is not None
+                    )
                     try:
-                        lines.append(f"{name}{{{s}}} {format_value(kind, total, signed)}\n")
+                        val = format_value(kind, total, signed)
                     except InvalidValue as bad:
                         key = (name, bad.reason)
                         invalid[key] = invalid.get(key, 0) + 1
+                        continue
+                    labels = _attr_text(tuple(sorted((*attrs, ("pod_uid", "")))))
+                    lines.append(f"{name}{{{view.base}{labels}}} {val}\n")
                 out[2 * fi + 1] = "".join(lines).encode()
             elif text is not None:
-                out[2 * fi + 1] = "".join(f"{name}{{{s}}} {text}\n" for s in series).encode()
+                out[2 * fi + 1] = view.lines(name, "", text).encode()
         return out
+
+    def _owners(self, procs: Sequence[Mapping[str, Any]], view: GpuView) -> list[int | None]:
+        """Index in ``view.share_pods`` of each process's pod (None: not resolved to a pod)."""
+        idx = view.share_index
+        owner: list[int | None] = []
+        for p in procs:
+            ns, pod = p.get("namespace"), p.get("pod")
+            i = None
+            if ns is not None and pod is not None:
+                i = idx.get((ns, pod, p.get("container")))
+                if i is None:
+                    i = idx.get((ns, pod))
+            owner.append(i)
+        return owner
+
+    def _render_shares(
+        self, rec: Mapping[str, Any], view: GpuView, out: list[bytes], invalid: dict[tuple[str, str], int]
+    ) -> None:
+        """gpupipe_pod_* share families on a GPU held by two or more containers."""
+        procs = rec.get("processes") or ()
+        if not procs:
+            return
+        owners = self._owners(procs, view)
+        for fam, (_, src, kind, _) in zip(self._share_fams, SHARE_FAMILIES, strict=True):
+            if not any(p.get(src) is not None for p in procs):
+                continue
+            sums: list[float] = [0] * len(view.share_pods)
+            for p, i in zip(procs, owners, strict=True):
+                x = p.get(src)
+                if i is not None and x is not None:
+                    sums[i] += x
+            lines = []
+            for (ns, pod, ctr), total in zip(view.share_pods, sums, strict=True):
+                try:
+                    val = format_value(int(kind), total)
+                except InvalidValue as bad:
+                    key = (fam.name, bad.reason)
+                    invalid[key] = invalid.get(key, 0) + 1
+                    continue
+                lines.append(f"{fam.name}{{{view.base}{_attr_text(self.pod_attrs(ns, pod, ctr))}}} {val}\n")
+            out[2 * fam.index + 1] = "".join(lines).encode()

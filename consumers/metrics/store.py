@@ -47,7 +47,9 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from consumers.metrics import exp
 from consumers.metrics.collectors_csv import CounterSet, default_counters
+from consumers.metrics.layout import merge_parent
 from consumers.metrics.render import (
     SAMPLE_AGE_METRIC,
     GpuView,
@@ -61,8 +63,16 @@ GPUS_METRIC = "gpupipe_metrics_gpus"
 INVALID_METRIC = "gpupipe_metrics_invalid_values_total"
 EXPIRED_METRIC = "gpupipe_metrics_expired_total"
 XID_EVENTS_METRIC = "gpupipe_metrics_xid_events_total"
+UNSUPPORTED_METRIC = "gpupipe_metrics_unsupported_fields"
 XID_RESULTS = ("counted", "duplicate", "ignored", "unattributed")
-OWN_METRICS = (SAMPLE_AGE_METRIC, GPUS_METRIC, INVALID_METRIC, EXPIRED_METRIC, XID_EVENTS_METRIC)
+OWN_METRICS = (
+    SAMPLE_AGE_METRIC,
+    GPUS_METRIC,
+    INVALID_METRIC,
+    EXPIRED_METRIC,
+    XID_EVENTS_METRIC,
+    UNSUPPORTED_METRIC,
+)
 
 _IDENTITY_FIELDS = ("timestamp_ms", "hostname", "gpu_index", "uuid", "pci_bus_id", "model_name")
 
@@ -73,10 +83,17 @@ class InvalidRecord(ValueError):
 
 class _Gpu:
     __slots__ = (
+        "clock_prev",
+        "clock_totals",
+        "clock_win",
+        "health",
+        "hidden",
         "ident",
         "key",
         "lines",
+        "parent",
         "partition",
+        "rec",
         "seen_s",
         "stale_s",
         "ts_ms",
@@ -86,6 +103,7 @@ class _Gpu:
         "xid_last_ts",
         "xid_partition",
         "xid_seen_s",
+        "xid_win",
     )
 
     def __init__(self, key: str) -> None:
@@ -102,6 +120,14 @@ class _Gpu:
         self.xid_last_ts = -1
         self.xid_partition: Any = None
         self.xid_seen_s = 0.0
+        self.xid_win: exp.WindowCounts | None = None  # XIDs in the --xid-count-window-size window
+        self.clock_win: exp.WindowCounts | None = None  # samples per clock-event bit in the window
+        self.clock_totals: dict[int, int] = {}  # rising edges per clock-event bit
+        self.clock_prev = 0
+        self.health: exp.Health | None = None  # from the latest sample
+        self.rec: Mapping[str, Any] | None = None  # latest sample (MIG parents and instances only)
+        self.parent: str | None = None  # a MIG instance's parent GPU UUID
+        self.hidden = False  # a MIG-mode parent in the "instances" layout: no series of its own
 
 
 class SeriesStore:
@@ -140,6 +166,14 @@ class SeriesStore:
         self._headers = [f.header.encode("utf-8") for f in self.families]
         self._own_names = frozenset((*(f.name for f in self.families), *OWN_METRICS))
         self._n = len(self.families)
+        r = self.renderer
+        o = r.options
+        self._instances = o.mig_layout == "instances"
+        self._children: dict[str, set[str]] = {}  # MIG parent UUID -> instance keys
+        self._windowed: set[str] = set()  # keys with XIDs in their window (pruned at scrape)
+        self._want_xid_win = r.has_xid_count or r.has_health
+        self._want_exp = r.has_xid_count or r.has_health or r.has_clock_count or r.has_clock_total
+        self._unsupported_text = _unsupported_text(r.counters)
 
     # -- ingest ----------------------------------------------------------------------------------
     def apply_sample(self, record: Mapping[str, Any], partition: Any, now_s: float) -> str:
@@ -156,10 +190,10 @@ class SeriesStore:
                 g = _Gpu(key)
             try:
                 try:
-                    lines = self._render_sample(g, record)
+                    lines = self._ingest(g, record)
                 except KeyError:  # a projected or hand-made record: missing fields are null
                     record = _complete(record)
-                    lines = self._render_sample(g, record)
+                    lines = self._ingest(g, record)
             except (KeyError, TypeError, AttributeError) as exc:  # e.g. an allocation without a pod
                 raise InvalidRecord(f"GpuSample {key}: {type(exc).__name__}: {exc}") from exc
             if new:
@@ -173,31 +207,101 @@ class SeriesStore:
             else:
                 iv = record.get("interval_ms")
                 g.stale_s = self._stale_intervals * (iv / 1000.0 if iv else self._fallback_interval_s)
+            if g.hidden:
+                self._rerender_children(key)
             self._version += 1
         return key
 
-    def _render_sample(self, g: _Gpu, record: Mapping[str, Any]) -> list[bytes]:
+    def _ingest(self, g: _Gpu, record: Mapping[str, Any]) -> list[bytes]:
+        """Labels, MIG layout and exporter-derived state for one sample, then its line list."""
         r = self.renderer
-        ident = (  # = r.identity(record), inlined: this runs for every sample
-            record["hostname"],
-            record["gpu_index"],
-            record["uuid"],
-            record["pci_bus_id"],
-            record["model_name"],
-            record["mig"],
-            record["driver_version"] if r.with_driver else None,
-            record["allocations"],
-        )
+        ident = r.identity(record)
         if ident != g.ident:
             g.view = r.view(record)
             g.ident = ident
             self._by_bus[(record["hostname"], bus_id_nvml_form(record["pci_bus_id"]))] = record["uuid"]
+        if self._instances:
+            if record["mig"] is not None:
+                g.parent = record["uuid"]
+                g.rec = record
+                self._children.setdefault(g.parent, set()).add(g.key)
+                parent = self._gpus.get(g.parent)
+                if parent is not None and parent.rec is not None:
+                    record = merge_parent(record, parent.rec)
+            elif record.get("mig_enabled"):
+                g.hidden = True
+                g.rec = record
+                g.health = exp.sample_health(record) if r.has_health else None
+                g.ts_ms = record["timestamp_ms"]
+                return self._hidden_lines(g)
+            else:
+                g.hidden = False
+        if self._want_exp:
+            self._sample_exp_state(g, record)
+        return self._render(g, record)
+
+    def _render(self, g: _Gpu, record: Mapping[str, Any]) -> list[bytes]:
         xid_last = g.xid_last
+        if xid_last is None and g.parent is not None:
+            parent = self._gpus.get(g.parent)
+            if parent is not None:
+                xid_last = parent.xid_last
         if xid_last is None:
             xid_last = record.get("last_xid")
             if xid_last is None:
                 xid_last = 0
-        return r.render(record, g.view, xid_last, g.xid_counts, self._invalid)
+        lines = self.renderer.render(record, g.view, xid_last, g.xid_counts, self._invalid)
+        if self._want_exp:
+            self._fill_exp(g, lines, sampled=True)
+        return lines
+
+    def _hidden_lines(self, g: _Gpu) -> list[bytes]:
+        """A MIG-mode parent in the instances layout: only XID counters of its own events."""
+        return self.renderer.render_xid_only(g.view, None, g.xid_counts)
+
+    def _rerender_children(self, parent_key: str) -> None:
+        """A MIG parent's sample changed: its instances take its device-wide readings again."""
+        parent = self._gpus.get(parent_key)
+        for ck in list(self._children.get(parent_key, ())):
+            c = self._gpus.get(ck)
+            if c is None or c.rec is None or c.view is None:
+                self._children[parent_key].discard(ck)
+                continue
+            rec = c.rec if parent is None or parent.rec is None else merge_parent(c.rec, parent.rec)
+            c.lines = self._render(c, rec)
+
+    def _sample_exp_state(self, g: _Gpu, record: Mapping[str, Any]) -> None:
+        r = self.renderer
+        o = r.options
+        ts = record["timestamp_ms"]
+        if r.has_clock_count or r.has_clock_total:
+            bits = exp.clock_bits(record.get("clock_event_reasons"))
+            if r.has_clock_count:
+                if g.clock_win is None:
+                    g.clock_win = exp.WindowCounts(o.clock_window_ms)
+                g.clock_win.push(ts, bits)
+                g.clock_win.prune(ts)
+            if r.has_clock_total:
+                prev = g.clock_prev
+                for b in bits:
+                    if not prev & b:
+                        g.clock_totals[b] = g.clock_totals.get(b, 0) + 1
+                g.clock_prev = sum(bits)
+        if r.has_health:
+            g.health = exp.sample_health(record)
+
+    def _fill_exp(self, g: _Gpu, lines: list[bytes], *, sampled: bool) -> None:
+        """Fill the DCGM_EXP_* window/clock/health families of a line list from ``g``'s state."""
+        xw = g.xid_win.counts if g.xid_win is not None else {}
+        health = exp.with_fatal_xids(g.health, xw) if (sampled and g.health is not None) else None
+        self.renderer.render_exp(
+            g.view,
+            lines,
+            xid_window=xw,
+            clock_window=(g.clock_win.counts if g.clock_win is not None else {}) if sampled else None,
+            clock_totals=g.clock_totals if sampled else None,
+            health=health,
+        )
 
     def apply_xid(self, event: Mapping[str, Any], partition: Any, now_s: float) -> bool:
         """Count one gpu.xid event; True when it was counted."""
@@ -236,9 +340,20 @@ class SeriesStore:
                 g.xid_last, g.xid_last_ts = code, ts
             g.xid_partition = partition
             g.xid_seen_s = now_s
-            lines = g.lines.copy()  # a scrape may hold the old list: replace, never mutate
-            r.render_xid(g.view, g.xid_last, g.xid_counts, lines)
-            g.lines = lines
+            if self._want_xid_win:
+                if g.xid_win is None:
+                    g.xid_win = exp.WindowCounts(r.options.xid_window_ms)
+                if g.xid_win.push(ts, (code,), int(now_s * 1000)):
+                    self._windowed.add(key)
+            if g.hidden:
+                g.lines = self._hidden_lines(g)
+                self._rerender_children(key)
+            else:
+                lines = g.lines.copy()  # a scrape may hold the old list: replace, never mutate
+                r.render_xid(g.view, g.xid_last, g.xid_counts, lines)
+                if self._want_exp:
+                    self._fill_exp(g, lines, sampled=g.ts_ms is not None)
+                g.lines = lines
             self._xid_results["counted"] += 1
             self._version += 1
         return True
@@ -257,18 +372,26 @@ class SeriesStore:
                 if xid_gone:
                     g.xid_counts = {}
                     g.xid_last, g.xid_last_ts, g.xid_partition = None, -1, None
+                if xid_gone:
+                    g.xid_win = None
                 if sample_gone:
-                    g.ts_ms, g.ident, g.partition = None, None, None
+                    g.ts_ms, g.ident, g.partition, g.rec, g.health = None, None, None, None, None
+                    g.clock_win, g.clock_totals, g.clock_prev, g.hidden = None, {}, 0, False
                 if g.ts_ms is None and not g.xid_counts:
                     del self._gpus[key]
                     removed += 1
                 elif g.ts_ms is None:  # XIDs stay: counters without the pod labels of a sample
                     g.view = self.renderer.base_view(g.view)
                     g.lines = self.renderer.render_xid_only(g.view, g.xid_last, g.xid_counts)
+                    if self._want_exp:
+                        self._fill_exp(g, g.lines, sampled=False)
+                elif g.hidden:
+                    g.lines = self._hidden_lines(g)
                 else:  # the sample stays; its next sample shows its own last_xid again
                     g.lines = g.lines.copy()
-                    if self.renderer.xid_total_index is not None:
-                        g.lines[2 * self.renderer.xid_total_index + 1] = b""
+                    self.renderer.render_xid(g.view, g.xid_last, g.xid_counts, g.lines)
+                    if self._want_exp:
+                        self._fill_exp(g, g.lines, sampled=True)
                 self._version += 1
         return removed
 
@@ -292,6 +415,22 @@ class SeriesStore:
             self._expired += len(gone)
             self._version += 1
         return len(gone)
+
+    def _slide_windows(self, now_ms: int) -> None:
+        """XIDs leaving the window: re-render the window families of those GPUs only."""
+        for key in list(self._windowed):
+            g = self._gpus.get(key)
+            if g is None or g.xid_win is None:
+                self._windowed.discard(key)
+                continue
+            if g.xid_win.prune(now_ms):
+                if not g.hidden and g.view is not None:
+                    lines = g.lines.copy()
+                    self._fill_exp(g, lines, sampled=g.ts_ms is not None)
+                    g.lines = lines
+                self._version += 1
+            if not g.xid_win.events:
+                self._windowed.discard(key)
 
     # -- inspection ------------------------------------------------------------------------------
     def gpu_count(self) -> int:
@@ -341,6 +480,8 @@ class SeriesStore:
         now = time.time() if now_s is None else now_s
         with self._lock:
             self._expire_locked(now)
+            if self._windowed:
+                self._slide_windows(int(now * 1000))
             gpus = list(self._gpus.values())
             version = self._version
             body = self._body if self._body_version == version else None
@@ -408,6 +549,7 @@ class SeriesStore:
             f"# TYPE {XID_EVENTS_METRIC} counter\n"
         )
         text.extend(f'{XID_EVENTS_METRIC}{{result="{res}"}} {n}\n' for res, n in xid_results)
+        text.append(self._unsupported_text)
         out.append("".join(text).encode("utf-8"))
         return b"".join(out)
 
@@ -426,6 +568,21 @@ class SeriesStore:
         return "".join(out)
 
 
+def _unsupported_text(counters: CounterSet) -> str:
+    """The info metric listing counters-CSV rows the service cannot serve (empty when none)."""
+    if not counters.unsupported:
+        return ""
+    head = (
+        f"# HELP {UNSUPPORTED_METRIC} Counters-CSV rows this service cannot serve (left out; see the log).\n"
+        f"# TYPE {UNSUPPORTED_METRIC} gauge\n"
+    )
+    return head + "".join(
+        f'{UNSUPPORTED_METRIC}{{field="{escape_label_value(u.name)}",line="{u.line}",'
+        f'reason="{escape_label_value(u.reason)}"}} 1\n'
+        for u in counters.unsupported
+    )
+
+
 def _complete(record: Mapping[str, Any]) -> dict[str, Any]:
     """A record with every GpuSample field (missing metric fields null); identity fields required."""
     missing = [f for f in _IDENTITY_FIELDS if f not in record]
@@ -436,6 +593,8 @@ def _complete(record: Mapping[str, Any]) -> dict[str, Any]:
     full: dict[str, Any] = dict.fromkeys((f.source for f in FIELDS if f.source), None)
     full.update(
         mig=None,
+        mig_enabled=None,
+        gpu_lost=False,
         driver_version=None,
         allocations=[],
         processes=[],

@@ -36,10 +36,14 @@ from tests.integration.metrics_helpers import (
 
 pytestmark = pytest.mark.integration
 
-_REF = Path(__file__).resolve().parents[3] / "shared" / "reference"
-if not _REF.is_dir():
-    _REF = Path("/work/shared/reference")
-DASHBOARD = _REF / "dcgm-exporter-dashboard.json"
+# NVIDIA's dashboard, copied as a fixture (source in tests/fixtures/metrics/dcgm-exporter/README.md)
+DASHBOARD = (
+    Path(__file__).resolve().parents[1]
+    / "fixtures"
+    / "metrics"
+    / "dcgm-exporter"
+    / "dcgm-exporter-dashboard.json"
+)
 
 NODES, GPUS_PER_NODE = 2, 4
 

@@ -49,43 +49,65 @@ def test_stock_style_file():
         "DCGM_FI_DEV_SM_CLOCK",
         "DCGM_FI_DEV_GPU_UTIL",
         "DCGM_FI_DEV_DEC_UTIL",
+        "DCGM_EXP_GPU_HEALTH_STATUS",
         "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
     )
-    assert [c.name for c in cs.labels] == ["DCGM_FI_DRIVER_VERSION"]
+    assert [c.name for c in cs.labels] == ["DCGM_FI_DRIVER_VERSION", "DCGM_FI_DEV_VBIOS_VERSION"]
     assert cs.has_label("DCGM_FI_DRIVER_VERSION")
-    assert cs.skipped == (
-        (14, "DCGM_FI_DEV_SYNC_BOOST_VIOLATION"),
-        (15, "DCGM_EXP_GPU_HEALTH_STATUS"),
-        (19, "DCGM_FI_DEV_VBIOS_VERSION"),
-    )
+    assert cs.skipped == ((14, "DCGM_FI_DEV_SYNC_BOOST_VIOLATION"),)
     dec = cs.metrics[2]
     assert (dec.prom_type, dec.help, dec.line) == ("gauge", "Decoder utilization (in %).", 10)
 
 
-def test_unavailable_fields_warn(caplog):
+def test_unsupported_fields_listed_once(caplog):
     with caplog.at_level(logging.WARNING, logger="gpupipe.metrics"):
         parse_counters(STOCK_STYLE, source="stock")
-    assert "DCGM_FI_DEV_SYNC_BOOST_VIOLATION (line 14)" in caplog.text
-    assert "skipping 3 field(s)" in caplog.text
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "DCGM_FI_DEV_SYNC_BOOST_VIOLATION (line 14: not carried by GpuSample)" in caplog.text
+    assert "1 field(s) cannot be served" in caplog.text
 
 
-def test_strict_rejects_unavailable_fields():
+def test_strict_rejects_unsupported_fields():
     with pytest.raises(CountersError) as exc:
         parse_counters(STOCK_STYLE, source="stock", strict=True)
-    msg = str(exc.value)
-    assert "line 14: DCGM_FI_DEV_SYNC_BOOST_VIOLATION: not carried by GpuSample" in msg
-    assert "line 19: DCGM_FI_DEV_VBIOS_VERSION" in msg
+    assert "line 14: DCGM_FI_DEV_SYNC_BOOST_VIOLATION: not carried by GpuSample" in str(exc.value)
 
 
-def test_every_error_listed_at_once():
+def test_untyped_histogram_duplicates_and_odd_rows_are_accepted():
+    """dcgm-exporter accepts these (<= 4.8.2: histogram/summary; 4.8.3: untyped; duplicates; any DCGM
+    field): before, each one stopped the service at startup."""
     text = """\
-DCGM_FI_DEV_GPU_TEMPP, gauge, typo
-DCGM_FI_DEV_GPU_TEMP, histogram, bad type
-DCGM_FI_DEV_SM_CLOCK
+DCGM_FI_DEV_GPU_TEMP, histogram, as 4.8.2 allowed
+DCGM_FI_DEV_SM_CLOCK, untyped, as 4.8.3 allows
 DCGM_FI_DEV_POWER_USAGE, gauge, Power draw (in W).
 DCGM_FI_DEV_POWER_USAGE, gauge, again
 DCGM_FI_DEV_GPU_UTIL, label, a number as a label
 DCGM_FI_DRIVER_VERSION, gauge, a string as a gauge
+DCGM_FI_DEV_FAN_SPEED, gauge, Fan speed
+DCGM_FI_DEV_MEM_CLOCK, summary, Memory clock
+"""
+    cs = parse_counters(text, source="odd.csv")
+    assert [(c.name, c.prom_type) for c in cs.metrics] == [
+        ("DCGM_FI_DEV_GPU_TEMP", "untyped"),
+        ("DCGM_FI_DEV_SM_CLOCK", "untyped"),
+        ("DCGM_FI_DEV_POWER_USAGE", "gauge"),
+        ("DCGM_FI_DEV_MEM_CLOCK", "untyped"),
+    ]
+    assert cs.metrics[2].help == "Power draw (in W)."  # the first of two duplicate rows
+    assert [(u.name, u.reason) for u in cs.unsupported] == [
+        ("DCGM_FI_DEV_GPU_UTIL", "a number cannot be a label"),
+        ("DCGM_FI_DRIVER_VERSION", "a string field cannot be a gauge"),
+        ("DCGM_FI_DEV_FAN_SPEED", "not carried by GpuSample"),
+    ]
+    assert any("duplicates line 3" in n for n in cs.notes)
+
+
+def test_every_error_listed_at_once():
+    text = """\
+GPU_TEMPP, gauge, not a DCGM name
+DCGM_FI_DEV_GPU_TEMP, gaugee, bad type
+DCGM_FI_DEV_SM_CLOCK
 , gauge, no name
 """
     with pytest.raises(CountersError) as exc:
@@ -93,16 +115,18 @@ DCGM_FI_DRIVER_VERSION, gauge, a string as a gauge
     msg = str(exc.value)
     assert msg.startswith("counters file bad.csv: ")
     for part in (
-        "line 1: DCGM_FI_DEV_GPU_TEMPP: unknown field",
-        "line 2: DCGM_FI_DEV_GPU_TEMP: unsupported type 'histogram'",
+        "line 1: GPU_TEMPP: unknown field",
+        "line 2: DCGM_FI_DEV_GPU_TEMP: unsupported type 'gaugee'",
         "line 3: expected 'FIELD, type, help'",
-        "line 5: DCGM_FI_DEV_POWER_USAGE: duplicate of line 4",
-        "line 6: DCGM_FI_DEV_GPU_UTIL: type 'label' not possible",
-        "line 7: DCGM_FI_DRIVER_VERSION: type 'gauge' not possible",
-        "line 8: empty field name",
+        "line 4: empty field name",
     ):
         assert part in msg
     assert isinstance(exc.value, ConfigError)
+
+
+def test_quoted_help_loses_its_quotes_as_in_go_csv():
+    cs = parse_counters('DCGM_FI_DEV_GPU_TEMP, gauge, "GPU temperature, in C"\n')
+    assert cs.metrics[0].help == "GPU temperature, in C"
 
 
 def test_help_with_commas_and_type_case():
@@ -166,7 +190,13 @@ def test_default_selection():
         "DCGM_FI_PROF_NVLINK_TX_BYTES",
         "DCGM_FI_PROF_NVLINK_RX_BYTES",
     }
-    assert names == upstream_active | profiling_extras | {"DCGM_EXP_XID_ERRORS_TOTAL"}
+    for_rules = {  # read by deploy/prometheus/gpupipe-alerts.rules.yml
+        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        "DCGM_FI_DEV_ROW_REMAP_PENDING",
+        "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION",
+    }
+    assert names == upstream_active | profiling_extras | for_rules | {"DCGM_EXP_XID_ERRORS_TOTAL"}
     assert [c.name for c in cs.labels] == ["DCGM_FI_DRIVER_VERSION"]
     assert cs.skipped == ()
     # the HELP/TYPE of the shipped file equal the field table's (one source of truth, two copies)
@@ -181,6 +211,9 @@ def test_default_file_comments_out_every_other_field_we_serve():
             "DCGM_FI_DEV_ENFORCED_POWER_LIMIT",
             "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
             "DCGM_FI_DEV_GPU_RECOVERY_ACTION",
+            "DCGM_FI_DEV_UUID",
+            "DCGM_FI_DEV_NAME",
+            "DCGM_FI_DEV_PCI_BUSID",
         ), f"{spec.name} is missing from the shipped default CSV"
 
 
@@ -195,5 +228,6 @@ def test_load_counters(tmp_path):
 
 def test_all_counters_covers_every_field():
     cs = all_counters()
-    assert {c.name for c in (*cs.metrics, *cs.labels)} == {f.name for f in FIELDS}
+    assert {c.name for c in cs.metrics} == {f.name for f in FIELDS if f.kind is not Kind.LABEL}
+    assert [c.name for c in cs.labels] == ["DCGM_FI_DRIVER_VERSION"]
     assert all(c.spec.kind is not Kind.LABEL for c in cs.metrics)

@@ -141,7 +141,16 @@ def test_mig_slices_are_separate_series_keyed_by_mig_uuid():
     text = expo(blank(mig_enabled=True, power_w=300.0), slice_("MIG-1", 1), slice_("MIG-2", 2), store=s)
     assert sorted(s.keys()) == sorted([UUID, "MIG-1", "MIG-2"])
     assert len(lines_of(text, "DCGM_FI_PROF_SM_ACTIVE")) == 2
-    assert len(lines_of(text, "DCGM_FI_DEV_POWER_USAGE")) == 1  # the parent's record
+    # dcgm-exporter's default (-d f): the parent's power on each instance, no parent series
+    power = lines_of(text, "DCGM_FI_DEV_POWER_USAGE")
+    assert [ln.rsplit(" ", 1)[1] for ln in power] == ["300.000000", "300.000000"]
+    assert all("GPU_I_ID=" in ln for ln in power)
+    both = expo(
+        blank(mig_enabled=True, power_w=300.0),
+        slice_("MIG-1", 1),
+        options=RenderOptions(mig_layout="gpu+instances"),
+    )
+    assert len(lines_of(both, "DCGM_FI_DEV_POWER_USAGE")) == 1  # -d g+i: the parent's own record
 
 
 @pytest.mark.parametrize(
@@ -214,44 +223,60 @@ def shared_record(**kw) -> dict:
     )
 
 
-def test_shared_gpu_split_by_process_share():
+POD1 = 'container="main",namespace="team-a",pod="pod-1"'
+POD2 = 'container="main",namespace="team-b",pod="pod-2"'
+
+
+def test_shared_gpu_default_is_one_series_like_dcgm_exporter():
+    """dcgm-exporter's default (no --kubernetes-virtual-gpus): one series per GPU, one pod (the last)
+    on it, so sum(DCGM_FI_DEV_POWER_USAGE) counts a shared GPU once. Before: one copy per pod."""
     text = expo(shared_record())
-    pod1 = 'container="main",namespace="team-a",pod="pod-1"'
-    pod2 = 'container="main",namespace="team-b",pod="pod-2"'
+    assert lines_of(text, "DCGM_FI_DEV_POWER_USAGE") == [
+        f"DCGM_FI_DEV_POWER_USAGE{{{BASE},{POD2}}} 100.000000"
+    ]
+    assert lines_of(text, "DCGM_FI_DEV_GPU_UTIL") == [f"DCGM_FI_DEV_GPU_UTIL{{{BASE},{POD2}}} 50"]
+    assert lines_of(text, "DCGM_FI_DEV_FB_USED") == [f"DCGM_FI_DEV_FB_USED{{{BASE},{POD2}}} 4096"]
+    assert len(lines_of(text, "DCGM_FI_DEV_XID_ERRORS")) == 1
+
+
+def test_shared_gpu_per_pod_share_under_gpupipe_names():
+    text = expo(shared_record())
+    assert lines_of(text, "gpupipe_pod_gpu_util_percent") == [
+        f"gpupipe_pod_gpu_util_percent{{{BASE},{POD1}}} 35",
+        f"gpupipe_pod_gpu_util_percent{{{BASE},{POD2}}} 0",
+    ]
+    assert lines_of(text, "gpupipe_pod_fb_used_mib") == [
+        f"gpupipe_pod_fb_used_mib{{{BASE},{POD1}}} 3072",
+        f"gpupipe_pod_fb_used_mib{{{BASE},{POD2}}} 0",
+    ]
+    assert [ln.rsplit(" ", 1)[1] for ln in lines_of(text, "gpupipe_pod_mem_copy_util_percent")] == ["12", "0"]
+    assert "# TYPE gpupipe_pod_fb_used_mib gauge" in text
+    off = expo(shared_record(), options=RenderOptions(split_shared=False))
+    assert "gpupipe_pod_" not in off
+    assert "gpupipe_pod_" not in expo(blank(gpu_util_ratio=0.5, allocations=[alloc("a", "b")]))
+
+
+def test_shared_gpu_virtual_gpus_mode():
+    """--kubernetes-virtual-gpus: a copy per allocation with vgpu; GPU_UTIL and FB_USED per process
+    (device series + one per pod with pod_uid); other families repeat the device value."""
+    text = expo(shared_record(), options=RenderOptions(virtual_gpus=True))
+    v1, v2 = f'{POD1},vgpu="0"', f'{POD2},vgpu="1"'
+    assert lines_of(text, "DCGM_FI_DEV_POWER_USAGE") == [
+        f"DCGM_FI_DEV_POWER_USAGE{{{BASE},{v1}}} 100.000000",
+        f"DCGM_FI_DEV_POWER_USAGE{{{BASE},{v2}}} 100.000000",
+    ]
     assert lines_of(text, "DCGM_FI_DEV_GPU_UTIL") == [
         f"DCGM_FI_DEV_GPU_UTIL{{{BASE}}} 50",
-        f"DCGM_FI_DEV_GPU_UTIL{{{BASE},{pod1}}} 35",
-        f"DCGM_FI_DEV_GPU_UTIL{{{BASE},{pod2}}} 0",
+        f'DCGM_FI_DEV_GPU_UTIL{{{BASE},{POD1},pod_uid="",vgpu="0"}} 35',
+        f'DCGM_FI_DEV_GPU_UTIL{{{BASE},{POD2},pod_uid="",vgpu="1"}} 0',
     ]
-    assert lines_of(text, "DCGM_FI_DEV_FB_USED") == [
-        f"DCGM_FI_DEV_FB_USED{{{BASE}}} 4096",
-        f"DCGM_FI_DEV_FB_USED{{{BASE},{pod1}}} 3072",
-        f"DCGM_FI_DEV_FB_USED{{{BASE},{pod2}}} 0",
-    ]
-    assert [ln.rsplit(" ", 1)[1] for ln in lines_of(text, "DCGM_FI_DEV_MEM_COPY_UTIL")] == ["20", "12", "0"]
-    # device properties are repeated per pod, without a device-level series
-    assert lines_of(text, "DCGM_FI_DEV_POWER_USAGE") == [
-        f"DCGM_FI_DEV_POWER_USAGE{{{BASE},{pod1}}} 100.000000",
-        f"DCGM_FI_DEV_POWER_USAGE{{{BASE},{pod2}}} 100.000000",
-    ]
+    assert [ln.rsplit(" ", 1)[1] for ln in lines_of(text, "DCGM_FI_DEV_FB_USED")] == ["4096", "3072", "0"]
+    assert [ln.rsplit(" ", 1)[1] for ln in lines_of(text, "DCGM_FI_DEV_MEM_COPY_UTIL")] == ["20", "20"]
     assert len(lines_of(text, "DCGM_FI_DEV_XID_ERRORS")) == 2
-
-
-def test_shared_gpu_without_process_data_repeats_device_values():
-    text = expo(shared_record(), options=RenderOptions(split_shared=False))
-    assert [ln.rsplit(" ", 1)[1] for ln in lines_of(text, "DCGM_FI_DEV_GPU_UTIL")] == ["50", "50"]
     rec = shared_record()
     rec["processes"] = []
-    assert [ln.rsplit(" ", 1)[1] for ln in lines_of(expo(rec), "DCGM_FI_DEV_FB_USED")] == ["4096", "4096"]
-
-
-def test_shared_gpu_field_without_per_process_values_is_repeated():
-    rec = shared_record()
-    for p in rec["processes"]:
-        p["mem_util_ratio"] = None
-    text = expo(rec)
-    assert [ln.rsplit(" ", 1)[1] for ln in lines_of(text, "DCGM_FI_DEV_MEM_COPY_UTIL")] == ["20", "20"]
-    assert len(lines_of(text, "DCGM_FI_DEV_GPU_UTIL")) == 3
+    no_proc = expo(rec, options=RenderOptions(virtual_gpus=True))
+    assert [ln.rsplit(" ", 1)[1] for ln in lines_of(no_proc, "DCGM_FI_DEV_FB_USED")] == ["4096", "4096"]
 
 
 def test_shared_gpu_bad_process_value_dropped_and_counted():
@@ -259,8 +284,8 @@ def test_shared_gpu_bad_process_value_dropped_and_counted():
     rec["processes"][0]["sm_util_ratio"] = math.nan
     s = SeriesStore(all_counters())
     text = expo(rec, store=s)
-    assert [ln.rsplit(" ", 1)[1] for ln in lines_of(text, "DCGM_FI_DEV_GPU_UTIL")] == ["50", "0"]
-    assert s.stats()["invalid"] == {("DCGM_FI_DEV_GPU_UTIL", "nan"): 1}
+    assert [ln.rsplit(" ", 1)[1] for ln in lines_of(text, "gpupipe_pod_gpu_util_percent")] == ["0"]
+    assert s.stats()["invalid"] == {("gpupipe_pod_gpu_util_percent", "nan"): 1}
 
 
 # -- odd values ------------------------------------------------------------------------------------
@@ -313,9 +338,9 @@ def test_values_above_range_exposed():
 
 
 def test_gpu_lost_sample_shows_only_xid_and_age():
-    text = expo(blank(gpu_lost=True, last_xid=79))
+    text = expo(blank(gpu_lost=True, last_xid=79), counters=default_counters())
     dcgm = [ln for ln in text.splitlines() if ln.startswith("DCGM_")]
-    assert dcgm == [f"DCGM_FI_DEV_XID_ERRORS{{{BASE}}} 79"]
+    assert dcgm == [f'DCGM_FI_DEV_XID_ERRORS{{{BASE},err_code="79",err_msg="GPU has fallen off the bus"}} 79']
     assert len(lines_of(text, "gpupipe_sample_age_seconds")) == 1
 
 
@@ -368,7 +393,7 @@ def test_fast_path_matches_reference_path():
     view = r.view(blank())
     for _ in range(200):
         rec = blank()
-        for src, kind, _signed, _fi, _name in r._plan:
+        for src, kind, _signed, _fi, _name, _dcgm in r._plan:
             roll = rng.random()
             if roll < 0.1:
                 rec[src] = None

@@ -211,6 +211,6 @@ def test_config_errors_exit_2_before_any_broker(argv: list[str], capsys: pytest.
 
 def test_bad_counters_csv_lists_the_problem(tmp_path: Path) -> None:
     bad = tmp_path / "counters.csv"
-    bad.write_text("DCGM_FI_DEV_NOT_A_FIELD, gauge, nope\n")
-    with pytest.raises(ConfigError, match="DCGM_FI_DEV_NOT_A_FIELD"):
+    bad.write_text("DCGM_FI_DEV_GPU_TEMP, gauge, t\nGPU_TEMP_TYPO, gauge, nope\n")
+    with pytest.raises(ConfigError, match="GPU_TEMP_TYPO"):
         command.config_from_args(parse("--collectors", str(bad)))

@@ -175,8 +175,9 @@ def test_fixture_shape():
     # 8 whole GPUs + MIG parent + 3 slices + 2 T4s, plus one GPU known only from an XID event
     assert store.gpu_count() == 15
     text = store.render(NOW).decode()
-    # 8 H100s, the MIG parent (slices report no temperature), one line per pod on the shared T4, the idle T4
-    assert len(lines_of(text, "DCGM_FI_DEV_GPU_TEMP")) == 8 + 1 + 2 + 1
+    # 8 H100s, the 3 MIG instances (the parent's temperature, no parent series), the shared T4 once,
+    # the idle T4
+    assert len(lines_of(text, "DCGM_FI_DEV_GPU_TEMP")) == 8 + 3 + 1 + 1
     assert len(lines_of(text, "gpupipe_sample_age_seconds")) == 14
     assert all(ln.endswith(" 1.500") for ln in lines_of(text, "gpupipe_sample_age_seconds"))
     assert store.stats()["xid_events"] == {"counted": 7, "duplicate": 1, "ignored": 2, "unattributed": 1}
@@ -328,9 +329,14 @@ def test_xid_before_any_sample_then_sample_labels_take_over():
     store.apply_sample(rec, 0, NOW)
     text = store.render(NOW).decode()
     (total,) = lines_of(text, "DCGM_EXP_XID_ERRORS_TOTAL")
-    assert 'DCGM_FI_DRIVER_VERSION="570.124.06",xid="79"} 1' in total and "pod=" not in total
+    # 4.8.3: the counter carries the pod labels of the GPU's current pod, like every family
+    assert total.endswith(
+        'DCGM_FI_DRIVER_VERSION="570.124.06",xid="79",container="main",namespace="a",pod="p"} 1'
+    )
     (last,) = lines_of(text, "DCGM_FI_DEV_XID_ERRORS")
-    assert last.endswith('pod="p"} 79')
+    assert last.endswith(
+        'container="main",err_code="79",err_msg="GPU has fallen off the bus",namespace="a",pod="p"} 79'
+    )
 
 
 def test_xid_on_mig_slice():
@@ -364,7 +370,8 @@ def test_pod_change_relabels_at_next_sample():
     (line,) = lines_of(store.render(NOW + 2).decode(), "DCGM_FI_DEV_GPU_TEMP")
     assert "pod=" not in line
     store.apply_sample(blank(allocations=[alloc("a", "x"), alloc("b", "y")]), 0, NOW + 3)  # now shared
-    assert len(lines_of(store.render(NOW + 3).decode(), "DCGM_FI_DEV_GPU_TEMP")) == 2
+    (line,) = lines_of(store.render(NOW + 3).decode(), "DCGM_FI_DEV_GPU_TEMP")  # one series, as dcgm-exporter
+    assert 'namespace="b",pod="y"' in line
 
 
 def test_staleness_from_interval():

@@ -1,0 +1,75 @@
+"""Text-format primitives: label and HELP escaping, dcgm-exporter's value text, PCI bus id form (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from consumers.metrics.fields import Kind
+
+_INT, _ROUND, _PERCENT, _MIB, _FLOAT, _BOOL = (
+    int(k) for k in (Kind.INT, Kind.ROUND, Kind.PERCENT, Kind.MIB, Kind.FLOAT, Kind.BOOL)
+)
+_INF = float("inf")
+
+
+class InvalidValue(ValueError):
+    """A value that cannot be exposed; ``reason`` is nan | inf | negative | invalid."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def escape_label_value(value: object) -> str:
+    """Label value escaping of the text format: backslash, double quote, line feed."""
+    s = str(value)
+    if "\\" in s or '"' in s or "\n" in s:
+        s = s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return s
+
+
+def escape_help(text: str) -> str:
+    """HELP escaping of the text format: backslash and line feed."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def format_value(kind: int, value: Any, signed: bool = False) -> str:
+    """One value as dcgm-exporter prints it; raises :class:`InvalidValue` instead of printing junk.
+
+    The reference (slow) path: :meth:`Renderer.render` has an inlined fast path that must agree.
+    """
+    if isinstance(value, bool):
+        value = int(value)
+    elif not isinstance(value, int | float):
+        raise InvalidValue("invalid")
+    if isinstance(value, float):
+        if value != value:
+            raise InvalidValue("nan")
+        if value in (_INF, -_INF):
+            raise InvalidValue("inf")
+    if value < 0 and not signed:
+        raise InvalidValue("negative")
+    if kind == _FLOAT:
+        return f"{value:f}"
+    if kind == _PERCENT:
+        return str(round(value * 100))
+    if kind == _MIB:
+        return str(int(value) >> 20)
+    return str(round(value))  # INT, ROUND, BOOL (an int stays as it is; a float is rounded)
+
+
+def bus_id_nvml_form(bus_id: str) -> str:
+    """A kernel-log or NVML bus id (``0000:3b:00``) in NVML's form (``00000000:3B:00.0``)."""
+    s = bus_id.strip()
+    try:
+        head, _, func = s.partition(".")
+        parts = head.split(":")
+        if len(parts) == 2:
+            parts.insert(0, "0")
+        if len(parts) != 3:
+            return bus_id
+        domain, bus, dev = (int(p, 16) for p in parts)
+        fn = int(func, 16) if func else 0
+    except ValueError:
+        return bus_id
+    return f"{domain:08X}:{bus:02X}:{dev:02X}.{fn:X}"
