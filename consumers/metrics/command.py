@@ -1,9 +1,11 @@
 """Serve dcgm-exporter-compatible Prometheus metrics from gpu.samples.v1 and gpu.xid.v1.
 
 `/metrics` carries dcgm-exporter's metric names, label names and order, units and HELP/TYPE
-(selectable with its counters CSV format, `--collectors`), plus a true XID counter per code
-(`DCGM_EXP_XID_ERRORS_TOTAL`), one series per pod on shared GPUs, and no stale series: a GPU or
-pod not seen for `--stale-after` disappears. `/healthz` answers 200 once consuming.
+(selectable with its counters CSV format, `-f/--collectors`), its series layout for MIG and shared
+GPUs (and its `--kubernetes-virtual-gpus` mode), its exporter-derived `DCGM_EXP_*` families, and no
+stale series: a GPU or pod not seen for `--stale-after` disappears. dcgm-exporter's flags and
+`DCGM_EXPORTER_*` variables are accepted (see `consumers/metrics/dcgm_compat.py`). `/health`
+answers `OK` as dcgm-exporter's; `/healthz` answers 200 once consuming.
 
 Scale out by starting more instances with the same `--group-id`: they split the partitions of
 gpu.samples.v1, each serves only its partitions' GPUs (and their XIDs), and a revoked
@@ -17,12 +19,13 @@ import logging
 import signal
 import threading
 
+from consumers.metrics import dcgm_compat
 from consumers.metrics.collectors_csv import load_counters
 from consumers.metrics.http import DEFAULT_PORT
+from consumers.metrics.render import MIG_LAYOUTS, RenderOptions
 from consumers.metrics.service import MetricsConfig, MetricsService
 from gpupipe.argtypes import duration_ms
 from gpupipe.errors import ConfigError
-from gpupipe.health_server import parse_listen
 from gpupipe.kafka_admin import parse_kafka_overrides
 
 USES_KAFKA = True
@@ -35,9 +38,13 @@ HOST_LABELS = {"Hostname": "Hostname", "hostname": "hostname", "none": None}
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--listen",
+        "--address",
+        "-a",
+        dest="listen",
         default=f"0.0.0.0:{DEFAULT_PORT}",
         metavar="HOST:PORT",
-        help=f"address of /metrics and /healthz (default 0.0.0.0:{DEFAULT_PORT}, dcgm-exporter's port)",
+        help=f"address of /metrics, /health and /healthz (default 0.0.0.0:{DEFAULT_PORT}, dcgm-exporter's "
+        "port); ':9400' listens on every IPv4 and IPv6 address, '[::]:9400' on IPv6 (dual-stack)",
     )
     p.add_argument(
         "--group-id",
@@ -59,6 +66,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ex = p.add_argument_group("exposition")
     ex.add_argument(
         "--collectors",
+        "-f",
+        dest="collectors",
         default=None,
         metavar="FILE",
         help="dcgm-exporter counters CSV selecting the metrics (default: dcgm-exporter's "
@@ -69,14 +78,64 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=sorted(HOST_LABELS),
         default="Hostname",
         help="name of the node label: Hostname (dcgm-exporter up to 4.5.3-4.8.2 and its dashboards), "
-        "hostname (newer dcgm-exporter, snake_case), or none (default Hostname)",
+        "hostname (4.8.3), or none (default Hostname)",
+    )
+    ex.add_argument(
+        "--no-hostname",
+        "-n",
+        action="store_true",
+        help="no node label at all (dcgm-exporter's flag; same as --host-label none)",
+    )
+    ex.add_argument(
+        "--kubernetes-virtual-gpus",
+        action="store_true",
+        help="dcgm-exporter's virtual-GPU layout: on shared (time-sliced) GPUs one copy of every series "
+        "per pod replica (vgpu label), GPU_UTIL and FB_USED split per pod (pod_uid label). Default: one "
+        "series per GPU, as dcgm-exporter's default",
+    )
+    ex.add_argument(
+        "--mig-layout",
+        choices=MIG_LAYOUTS,
+        default=None,
+        help="instances (default, dcgm-exporter's -d f): a GPU in MIG mode appears only as its GPU "
+        "instances, each with the parent's device-wide readings; gpu+instances (-d g+i): the parent too",
+    )
+    ex.add_argument(
+        "--devices",
+        "-d",
+        choices=sorted(dcgm_compat.DEVICES),
+        default=None,
+        help="dcgm-exporter's device selection, mapped to --mig-layout (f, i: instances; g, g+i: "
+        "gpu+instances)",
+    )
+    ex.add_argument(
+        "--use-old-namespace",
+        "-o",
+        action="store_true",
+        help="dcgm-exporter 1.x label names (uuid, pod_name, pod_namespace, container_name)",
+    )
+    ex.add_argument(
+        "--xid-count-window-size",
+        "-x",
+        type=int,
+        default=300_000,
+        metavar="MS",
+        help="window of DCGM_EXP_XID_ERRORS_COUNT in milliseconds (default 300000, as dcgm-exporter)",
+    )
+    ex.add_argument(
+        "--clock-events-count-window-size",
+        type=int,
+        default=300_000,
+        metavar="MS",
+        help="window of DCGM_EXP_CLOCK_EVENTS_COUNT in milliseconds (default 300000)",
     )
     ex.add_argument(
         "--per-pod-shares",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="on shared GPUs, give each pod its share of GPU_UTIL, MEM_COPY_UTIL and FB_USED where "
-        "per-process data exists (else every pod series repeats the device value)",
+        help="on GPUs held by two or more containers, each pod's share of SM time, memory-controller "
+        "time and framebuffer as gpupipe_pod_gpu_util_percent, gpupipe_pod_mem_copy_util_percent and "
+        "gpupipe_pod_fb_used_mib (from per-process data; default on)",
     )
     ex.add_argument(
         "--stale-after",
@@ -108,6 +167,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="exporter-toolkit web config: TLS and basic auth for /metrics (default off)",
     )
+    dcgm_compat.add_ignored(p)
     web.add_argument(
         "--gzip-level",
         type=int,
@@ -117,9 +177,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="gzip level for scrapers that accept gzip (default 1: fast, still ~10x smaller)",
     )
 
+    dcgm_compat.apply_dcgm_env(p)
+
+
+def render_options(args: argparse.Namespace) -> RenderOptions:
+    """The exposition layout the flags ask for (dcgm-exporter's modes and labels)."""
+    for name in ("xid_count_window_size", "clock_events_count_window_size"):
+        if int(getattr(args, name)) <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be a positive number of milliseconds")
+    mig = args.mig_layout or (dcgm_compat.DEVICES[args.devices] if args.devices else "instances")
+    return RenderOptions(
+        host_label=None if args.no_hostname else HOST_LABELS[args.host_label],
+        split_shared=args.per_pod_shares,
+        virtual_gpus=args.kubernetes_virtual_gpus,
+        old_namespace=args.use_old_namespace,
+        xid_window_ms=int(args.xid_count_window_size),
+        clock_window_ms=int(args.clock_events_count_window_size),
+        mig_layout=mig,
+    )
+
 
 def config_from_args(args: argparse.Namespace) -> MetricsConfig:
-    host, port = parse_listen(args.listen)
+    host, port = dcgm_compat.parse_listen(args.listen)
+    ignored = dcgm_compat.ignored_given(args)
+    if ignored:
+        log.info("dcgm-exporter flags with no effect in gpupipe ignored: %s", ", ".join(ignored))
     if args.stale_intervals <= 0:
         raise ConfigError("--stale-intervals must be greater than zero")
     if args.stale_after is not None and args.stale_after <= 0:
@@ -128,6 +210,7 @@ def config_from_args(args: argparse.Namespace) -> MetricsConfig:
         raise ConfigError("--max-sample-age must not be negative")
     if args.host_label not in HOST_LABELS:
         raise ConfigError(f"--host-label must be one of {', '.join(sorted(HOST_LABELS))}")
+    options = render_options(args)
     return MetricsConfig(
         bootstrap=args.bootstrap_servers,
         topic_prefix=args.topic_prefix,
@@ -135,8 +218,9 @@ def config_from_args(args: argparse.Namespace) -> MetricsConfig:
         host=host,
         port=port,
         counters=load_counters(args.collectors),
-        host_label=HOST_LABELS[args.host_label],
+        host_label=options.host_label,
         split_shared=args.per_pod_shares,
+        render=options,
         stale_after_s=None if args.stale_after is None else args.stale_after / 1000.0,
         stale_intervals=args.stale_intervals,
         max_sample_age_s=args.max_sample_age / 1000.0 or None,

@@ -16,29 +16,15 @@
   callable: always healthy.
 * ``GET /``: a one-line HTML index.
 
-TLS and basic auth come from a web-config file in the Prometheus exporter-toolkit format (off
-when no file is given)::
+* ``GET /health``: ``OK``, as dcgm-exporter answers it (its Helm chart's probes use it).
 
-    tls_server_config:
-      cert_file: server.crt
-      key_file: server.key
-      client_auth_type: RequireAndVerifyClientCert   # optional
-      client_ca_file: ca.crt                          # needed to verify client certificates
-      min_version: TLS12                              # optional: TLS10..TLS13 (default TLS12)
-      max_version: TLS13                              # optional
-    http_server_config:
-      headers: {X-Frame-Options: deny}               # optional: added to every answer
-    basic_auth_users:
-      prometheus: $2y$10$...                          # bcrypt hash (htpasswd -nBC 10 "" | tr -d ':')
-
-Relative paths are read relative to the file. ``client_auth_type`` can be ``NoClientCert``
-(default), ``VerifyClientCertIfGiven`` or ``RequireAndVerifyClientCert``; ``RequestClientCert``
-and ``RequireAnyClientCert`` (accept a client certificate without verifying it) are rejected,
-since Python's ssl module cannot do that. Any other key is a startup error, so a typo never
-silently leaves the endpoint open. Basic auth needs the ``bcrypt`` package; checked passwords are
-cached (keyed by a SHA-256 of user and password) so a scrape does not pay bcrypt's cost, and an
-unknown user costs one bcrypt check like a known one. ``/healthz`` stays open (a kubelet probe
-has no password); ``open_paths`` changes that.
+TLS, basic auth, extra headers and a request rate limit come from an exporter-toolkit web-config
+file (off when no file is given); see :mod:`consumers.metrics.webconfig` for the schema. Basic auth
+needs the ``bcrypt`` package; checked passwords are cached (keyed by a SHA-256 of user and password)
+so a scrape does not pay bcrypt's cost, and an unknown user costs one bcrypt check like a known one.
+``/healthz`` and ``/health`` stay open (a kubelet probe has no password; dcgm-exporter's toolkit
+would ask for one there too); ``open_paths`` changes that. With ``rate_limit`` more requests than
+allowed get ``429``.
 """
 
 from __future__ import annotations
@@ -54,13 +40,13 @@ import struct
 import threading
 import zlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from consumers.metrics.store import SeriesStore
+from consumers.metrics.webconfig import WebConfig, load_web_config, parse_web_config
 from gpupipe.errors import ConfigError
 
 log = logging.getLogger("gpupipe.metrics.http")
@@ -68,114 +54,9 @@ log = logging.getLogger("gpupipe.metrics.http")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DEFAULT_PORT = 9400  # dcgm-exporter's
 HealthCheck = Callable[[], "bool | tuple[bool, Mapping[str, Any]]"]
+OPEN_PATHS = frozenset({"/healthz", "/health"})  # probes: no password
 
-_TLS_VERSIONS = {
-    "TLS10": ssl.TLSVersion.TLSv1,
-    "TLS11": ssl.TLSVersion.TLSv1_1,
-    "TLS12": ssl.TLSVersion.TLSv1_2,
-    "TLS13": ssl.TLSVersion.TLSv1_3,
-}
-_CLIENT_AUTH = {
-    "NoClientCert": ssl.CERT_NONE,
-    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
-    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
-}
-_TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version"}
-
-
-# -- web config ----------------------------------------------------------------------------------
-@dataclass
-class WebConfig:
-    """What a web-config file asks for: a server TLS context, basic-auth users, extra headers."""
-
-    ssl_context: ssl.SSLContext | None = None
-    users: dict[str, bytes] = field(default_factory=dict)  # user -> bcrypt hash
-    headers: dict[str, str] = field(default_factory=dict)
-    source: str = "<none>"
-
-
-def load_web_config(path: str | Path) -> WebConfig:
-    """Read an exporter-toolkit web-config YAML file; :class:`ConfigError` says what is wrong."""
-    import yaml
-
-    p = Path(path)
-    try:
-        doc = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"web config {p}: {exc}") from exc
-    return parse_web_config(doc, base_dir=p.parent, source=str(p))
-
-
-def parse_web_config(
-    doc: Mapping[str, Any], *, base_dir: Path = Path("."), source: str = "<dict>"
-) -> WebConfig:
-    if not isinstance(doc, Mapping):
-        raise ConfigError(f"web config {source}: expected a mapping at the top level")
-    unknown = set(doc) - {"tls_server_config", "basic_auth_users", "http_server_config"}
-    if unknown:
-        raise ConfigError(f"web config {source}: unsupported key(s) {', '.join(sorted(unknown))}")
-    cfg = WebConfig(source=source)
-    tls = doc.get("tls_server_config")
-    if tls:
-        cfg.ssl_context = _tls_context(tls, base_dir, source)
-    users = doc.get("basic_auth_users") or {}
-    if not isinstance(users, Mapping):
-        raise ConfigError(f"web config {source}: basic_auth_users must map user names to bcrypt hashes")
-    for user, hashed in users.items():
-        h = str(hashed).encode()
-        if not h.startswith((b"$2a$", b"$2b$", b"$2y$")):
-            raise ConfigError(f"web config {source}: the password of {user!r} is not a bcrypt hash")
-        cfg.users[str(user)] = h
-    if cfg.users:
-        try:
-            import bcrypt  # noqa: F401
-        except ImportError as exc:
-            raise ConfigError(f"web config {source}: basic_auth_users needs the 'bcrypt' package") from exc
-    http_cfg = doc.get("http_server_config") or {}
-    if not isinstance(http_cfg, Mapping) or set(http_cfg) - {"headers", "http2"}:
-        raise ConfigError(f"web config {source}: http_server_config supports only 'headers' (and 'http2')")
-    cfg.headers = {str(k): str(v) for k, v in (http_cfg.get("headers") or {}).items()}
-    return cfg
-
-
-def _tls_context(tls: Any, base_dir: Path, source: str) -> ssl.SSLContext:
-    if not isinstance(tls, Mapping):
-        raise ConfigError(f"web config {source}: tls_server_config must be a mapping")
-    unknown = set(tls) - _TLS_KEYS
-    if unknown:
-        raise ConfigError(
-            f"web config {source}: unsupported tls_server_config key(s) {', '.join(sorted(unknown))}"
-        )
-    if not tls.get("cert_file") or not tls.get("key_file"):
-        raise ConfigError(f"web config {source}: tls_server_config needs cert_file and key_file")
-    auth = tls.get("client_auth_type") or "NoClientCert"
-    if auth not in _CLIENT_AUTH:
-        raise ConfigError(
-            f"web config {source}: client_auth_type {auth!r} not supported (use {', '.join(_CLIENT_AUTH)})"
-        )
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    try:
-        ctx.minimum_version = _TLS_VERSIONS[tls.get("min_version") or "TLS12"]
-        if tls.get("max_version"):
-            ctx.maximum_version = _TLS_VERSIONS[tls["max_version"]]
-    except KeyError as exc:
-        raise ConfigError(
-            f"web config {source}: unknown TLS version {exc} (use {', '.join(_TLS_VERSIONS)})"
-        ) from exc
-
-    def path(key: str) -> str:
-        return str((base_dir / str(tls[key])).resolve())
-
-    try:
-        ctx.load_cert_chain(path("cert_file"), path("key_file"))
-        ctx.verify_mode = _CLIENT_AUTH[auth]
-        if auth != "NoClientCert":
-            if not tls.get("client_ca_file"):
-                raise ConfigError(f"web config {source}: client_auth_type {auth} needs client_ca_file")
-            ctx.load_verify_locations(cafile=path("client_ca_file"))
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"web config {source}: cannot load TLS files: {exc}") from exc
-    return ctx
+__all__ = ["WebConfig", "load_web_config", "make_metrics_server", "parse_web_config"]
 
 
 class _Auth:
@@ -288,7 +169,7 @@ class MetricsServer(ThreadingHTTPServer):
         health: HealthCheck | None = None,
         web_config: WebConfig | None = None,
         gzip_level: int = 1,
-        open_paths: frozenset[str] = frozenset({"/healthz"}),
+        open_paths: frozenset[str] = OPEN_PATHS,
         request_timeout_s: float = 30.0,
     ) -> None:
         self.store = store
@@ -299,9 +180,22 @@ class MetricsServer(ThreadingHTTPServer):
         self.open_paths = open_paths
         self.request_timeout_s = request_timeout_s
         self._thread: threading.Thread | None = None
+        if address[0] == "":  # Go's ":9400": every address, IPv6 and IPv4 (dual-stack) when possible
+            try:
+                self.address_family = socket.AF_INET6
+                super().__init__(("::", address[1]), _Handler)
+                return
+            except OSError:
+                self.address_family = socket.AF_INET
+                address = ("0.0.0.0", address[1])
         if ":" in address[0]:  # "::" or another IPv6 address
             self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
+
+    def server_bind(self) -> None:
+        if self.address_family == socket.AF_INET6 and self.server_address[0] in ("::", ""):
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # also IPv4, as Go
+        super().server_bind()
 
     @property
     def port(self) -> int:
@@ -338,6 +232,11 @@ class MetricsServer(ThreadingHTTPServer):
         self.server_close()
 
 
+def _san_allowed(cert: Mapping[str, Any] | None, allowed: frozenset[str]) -> bool:
+    """A verified client certificate with a subjectAltName value in ``allowed`` (any SAN type)."""
+    return any(v in allowed for _, v in (cert or {}).get("subjectAltName", ()))
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: MetricsServer
     protocol_version = "HTTP/1.1"
@@ -347,6 +246,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.request.settimeout(self.server.request_timeout_s)
         if isinstance(self.request, ssl.SSLSocket):
             self.request.do_handshake()
+            sans = self.server.web_config.allowed_sans
+            if sans and not _san_allowed(self.request.getpeercert(), sans):
+                raise ssl.SSLError("client certificate SAN not in client_allowed_sans")
         super().setup()
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -355,6 +257,10 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = urlsplit(self.path).path
         srv = self.server
+        limiter = srv.web_config.rate_limit
+        if limiter is not None and not limiter.allow():
+            self._send(429, b"Too Many Requests\n", "text/plain; charset=utf-8")
+            return
         needs_auth = srv.auth is not None and path not in srv.open_paths
         if needs_auth and not srv.auth.check(self.headers.get("Authorization")):
             self._send(
@@ -368,6 +274,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._metrics()
         elif path == "/healthz":
             self._healthz()
+        elif path == "/health":  # dcgm-exporter's liveness/readiness endpoint (its Helm probes use it)
+            self._send(
+                200,
+                b"OK",
+                "text/plain; charset=utf-8",
+                {"X-Content-Type-Options": "nosniff", "X-Registry-Available": "true"},
+            )
         elif path == "/":
             self._send(200, b'<html><body><a href="/metrics">/metrics</a></body></html>\n', "text/html")
         else:
@@ -420,7 +333,7 @@ def make_metrics_server(
     health: HealthCheck | None = None,
     web_config: WebConfig | str | Path | None = None,
     gzip_level: int = 1,
-    open_paths: frozenset[str] = frozenset({"/healthz"}),
+    open_paths: frozenset[str] = OPEN_PATHS,
 ) -> MetricsServer:
     """Bind a metrics server (``port=0``: any free port; ``host="::"``: IPv6); ``.start()`` serves it.
 

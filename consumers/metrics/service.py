@@ -519,6 +519,7 @@ class MetricsConfig:
     create_topics: bool = True
     schema_registry_url: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
+    render: RenderOptions | None = None  # the full layout (dcgm-exporter modes); wins over the two above
 
 
 class MetricsService:
@@ -538,7 +539,7 @@ class MetricsService:
         self.metrics = ServiceMetrics(self.registry)
         self.store = _TimedStore(
             cfg.counters,
-            options=RenderOptions(host_label=cfg.host_label, split_shared=cfg.split_shared),
+            options=cfg.render or RenderOptions(host_label=cfg.host_label, split_shared=cfg.split_shared),
             registry=self.registry,
             stale_after_s=cfg.stale_after_s,
             stale_intervals=cfg.stale_intervals,

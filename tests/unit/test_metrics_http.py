@@ -328,7 +328,7 @@ def pki_with_openssl(d: Path) -> dict[str, Path]:
     )
     exts = {
         "server": "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
-        "client": "extendedKeyUsage=clientAuth\n",
+        "client": "subjectAltName=DNS:prometheus.scrape\nextendedKeyUsage=clientAuth\n",
     }
     for who, ext in exts.items():
         (d / f"{who}.ext").write_text(ext)
@@ -409,7 +409,9 @@ def pki_with_cryptography(d: Path) -> dict[str, Path]:
         ExtendedKeyUsageOID.SERVER_AUTH,
         [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
     )
-    cli_key, cli_cert = leaf("prometheus", ExtendedKeyUsageOID.CLIENT_AUTH, None)
+    cli_key, cli_cert = leaf(
+        "prometheus", ExtendedKeyUsageOID.CLIENT_AUTH, [x509.DNSName("prometheus.scrape")]
+    )
     files = {
         "ca": d / "ca.crt",
         "server_crt": d / "server.crt",
@@ -516,8 +518,20 @@ def test_tls_and_basic_auth_together(tmp_path, pki, store):
     ("doc", "message"),
     [
         ({"tls_config": {}}, "unsupported key(s) tls_config"),
-        ({"tls_server_config": {"cert_file": "a"}}, "needs cert_file and key_file"),
-        ({"tls_server_config": {"cert_file": "a", "key_file": "b", "cipher_suites": []}}, "cipher_suites"),
+        ({"tls_server_config": {"cert_file": "a"}}, "needs cert_file/cert and key_file/key"),
+        ({"tls_server_config": {"cert": "a", "cert_file": "a", "key": "b"}}, "not both"),
+        (
+            {"tls_server_config": {"cert_file": "a", "key_file": "b", "cipher_suites": ["TLS_NOPE"]}},
+            "unknown cipher_suites TLS_NOPE",
+        ),
+        (
+            {"tls_server_config": {"cert_file": "a", "key_file": "b", "curve_preferences": ["P-1"]}},
+            "unknown curve_preferences P-1",
+        ),
+        (
+            {"tls_server_config": {"cert_file": "a", "key_file": "b", "client_auth_type": "Sometimes"}},
+            "client_auth_type 'Sometimes' not supported",
+        ),
         (
             {
                 "tls_server_config": {
@@ -526,8 +540,14 @@ def test_tls_and_basic_auth_together(tmp_path, pki, store):
                     "client_auth_type": "RequireAnyClientCert",
                 }
             },
-            "client_auth_type 'RequireAnyClientCert' not supported",
+            "RequireAnyClientCert needs client_ca_file or client_ca",
         ),
+        (
+            {"tls_server_config": {"cert_file": "a", "key_file": "b", "client_allowed_sans": ["x"]}},
+            "client_allowed_sans needs client_auth_type RequireAndVerifyClientCert",
+        ),
+        ({"rate_limit": {"every": "1s"}}, "rate_limit takes 'interval' and 'burst'"),
+        ({"rate_limit": {"interval": "1s"}}, "rate_limit.burst must be positive"),
         (
             {"tls_server_config": {"cert_file": "a", "key_file": "b", "min_version": "SSL3"}},
             "unknown TLS version",
@@ -556,7 +576,7 @@ def test_web_config_client_ca_required(pki):
             "client_auth_type": "VerifyClientCertIfGiven",
         }
     }
-    with pytest.raises(ConfigError, match="needs client_ca_file"):
+    with pytest.raises(ConfigError, match="needs client_ca_file or client_ca"):
         parse_web_config(doc)
 
 

@@ -190,7 +190,7 @@ def test_defaults() -> None:
         parse("--host-label", "none", "--stale-after", "90s", "--max-sample-age", "0", "--listen", ":9500")
     )
     assert cfg.host_label is None and cfg.stale_after_s == 90.0 and cfg.max_sample_age_s is None
-    assert (cfg.host, cfg.port) == ("0.0.0.0", 9500)
+    assert (cfg.host, cfg.port) == ("", 9500)  # Go's ":9500": every address, dual-stack
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,318 @@
+"""exporter-toolkit web config (the version dcgm-exporter pins, v0.16.0), read into a :class:`WebConfig`.
+
+Every key of the toolkit's schema is accepted, so a file written for dcgm-exporter (or the toolkit's
+own ``docs/web-config.yml`` sample) starts the service::
+
+    tls_server_config:
+      cert_file / cert        # a file, or the PEM inline
+      key_file / key
+      client_ca_file / client_ca
+      client_auth_type        # NoClientCert, RequestClientCert, RequireAnyClientCert,
+                              # VerifyClientCertIfGiven, RequireAndVerifyClientCert
+      cipher_suites           # Go names (TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256 ...), TLS 1.2 and older
+      curve_preferences       # CurveP256, CurveP384, CurveP521, X25519
+      min_version / max_version   # TLS10 .. TLS13 (default min TLS12)
+      prefer_server_cipher_suites
+      client_allowed_sans     # client certificate SANs allowed (needs RequireAndVerifyClientCert)
+    http_server_config:
+      headers: {...}          # added to every answer
+      http2: true             # accepted; this server speaks HTTP/1.1
+    rate_limit:
+      interval: 1s            # one request per interval on average ...
+      burst: 10               # ... with this many at once; more get 429
+    basic_auth_users:
+      user: $2y$10$...        # bcrypt
+
+Where Python's ``ssl`` differs from Go's ``crypto/tls`` (said once in the log at start):
+``RequestClientCert`` asks nothing of the client (no certificate is used either way);
+``RequireAnyClientCert`` needs ``client_ca`` and then also verifies the certificate (stricter);
+``curve_preferences`` uses its first curve only. Any other key, or a wrong value, is a startup error
+that names it, so a typo never leaves the endpoint open. Relative paths are read relative to the file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import ssl
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpupipe.durations import parse_duration_ms
+from gpupipe.errors import ConfigError
+
+log = logging.getLogger("gpupipe.metrics.http")
+
+TLS_VERSIONS = {
+    "TLS10": ssl.TLSVersion.TLSv1,
+    "TLS11": ssl.TLSVersion.TLSv1_1,
+    "TLS12": ssl.TLSVersion.TLSv1_2,
+    "TLS13": ssl.TLSVersion.TLSv1_3,
+}
+CLIENT_AUTH = {
+    "NoClientCert": ssl.CERT_NONE,
+    "RequestClientCert": ssl.CERT_NONE,
+    "RequireAnyClientCert": ssl.CERT_REQUIRED,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+TLS_KEYS = frozenset(
+    {
+        "cert_file",
+        "key_file",
+        "cert",
+        "key",
+        "client_ca_file",
+        "client_ca",
+        "client_auth_type",
+        "cipher_suites",
+        "curve_preferences",
+        "min_version",
+        "max_version",
+        "prefer_server_cipher_suites",
+        "client_allowed_sans",
+    }
+)
+TOP_KEYS = frozenset({"tls_server_config", "http_server_config", "basic_auth_users", "rate_limit"})
+#: Go cipher-suite names -> OpenSSL names (TLS 1.2 and older; Go does not configure TLS 1.3 suites).
+CIPHERS = {
+    "TLS_RSA_WITH_AES_128_CBC_SHA": "AES128-SHA",
+    "TLS_RSA_WITH_AES_256_CBC_SHA": "AES256-SHA",
+    "TLS_RSA_WITH_AES_128_CBC_SHA256": "AES128-SHA256",
+    "TLS_RSA_WITH_AES_128_GCM_SHA256": "AES128-GCM-SHA256",
+    "TLS_RSA_WITH_AES_256_GCM_SHA384": "AES256-GCM-SHA384",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA": "ECDHE-ECDSA-AES128-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA": "ECDHE-ECDSA-AES256-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA": "ECDHE-RSA-AES128-SHA",
+    "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA": "ECDHE-RSA-AES256-SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA256": "ECDHE-ECDSA-AES128-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA256": "ECDHE-RSA-AES128-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256": "ECDHE-RSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256": "ECDHE-ECDSA-AES128-GCM-SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384": "ECDHE-RSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384": "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305": "ECDHE-RSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305": "ECDHE-ECDSA-CHACHA20-POLY1305",
+    "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
+}
+CURVES = {"CurveP256": "prime256v1", "CurveP384": "secp384r1", "CurveP521": "secp521r1", "X25519": "X25519"}
+
+
+class RateLimiter:
+    """Token bucket: ``burst`` requests at once, refilled one per ``interval_s`` (toolkit semantics)."""
+
+    def __init__(self, interval_s: float, burst: int) -> None:
+        self.interval_s = interval_s
+        self.burst = burst
+        self._tokens = float(burst)
+        self._t = time.monotonic()
+        self._lock = threading.Lock()
+
+    def allow(self) -> bool:
+        with self._lock:
+            now = time.monotonic()
+            if self.interval_s > 0:
+                self._tokens = min(self.burst, self._tokens + (now - self._t) / self.interval_s)
+            self._t = now
+            if self._tokens >= 1:
+                self._tokens -= 1
+                return True
+            return False
+
+
+@dataclass
+class WebConfig:
+    """What a web-config file asks for: a server TLS context, basic-auth users, extra headers..."""
+
+    ssl_context: ssl.SSLContext | None = None
+    users: dict[str, bytes] = field(default_factory=dict)  # user -> bcrypt hash
+    headers: dict[str, str] = field(default_factory=dict)
+    source: str = "<none>"
+    allowed_sans: frozenset[str] = frozenset()  # client certificate SANs allowed (empty: any)
+    rate_limit: RateLimiter | None = None
+
+
+def load_web_config(path: str | Path) -> WebConfig:
+    """Read an exporter-toolkit web-config YAML file; :class:`ConfigError` says what is wrong."""
+    import yaml
+
+    p = Path(path)
+    try:
+        doc = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"web config {p}: {exc}") from exc
+    return parse_web_config(doc, base_dir=p.parent, source=str(p))
+
+
+def parse_web_config(
+    doc: Mapping[str, Any], *, base_dir: Path = Path("."), source: str = "<dict>"
+) -> WebConfig:
+    if not isinstance(doc, Mapping):
+        raise ConfigError(f"web config {source}: expected a mapping at the top level")
+    unknown = set(doc) - TOP_KEYS
+    if unknown:
+        raise ConfigError(f"web config {source}: unsupported key(s) {', '.join(sorted(unknown))}")
+    cfg = WebConfig(source=source)
+    tls = doc.get("tls_server_config")
+    if tls:
+        cfg.ssl_context, cfg.allowed_sans = _tls_context(tls, base_dir, source)
+    users = doc.get("basic_auth_users") or {}
+    if not isinstance(users, Mapping):
+        raise ConfigError(f"web config {source}: basic_auth_users must map user names to bcrypt hashes")
+    for user, hashed in users.items():
+        h = str(hashed).encode()
+        if not h.startswith((b"$2a$", b"$2b$", b"$2y$")):
+            raise ConfigError(f"web config {source}: the password of {user!r} is not a bcrypt hash")
+        cfg.users[str(user)] = h
+    if cfg.users:
+        try:
+            import bcrypt  # noqa: F401
+        except ImportError as exc:
+            raise ConfigError(f"web config {source}: basic_auth_users needs the 'bcrypt' package") from exc
+    http_cfg = doc.get("http_server_config") or {}
+    if not isinstance(http_cfg, Mapping) or set(http_cfg) - {"headers", "http2"}:
+        raise ConfigError(f"web config {source}: http_server_config supports only 'headers' (and 'http2')")
+    cfg.headers = {str(k): str(v) for k, v in (http_cfg.get("headers") or {}).items()}
+    rl = doc.get("rate_limit")
+    if rl:
+        cfg.rate_limit = _rate_limit(rl, source)
+    return cfg
+
+
+def _rate_limit(rl: Any, source: str) -> RateLimiter | None:
+    if not isinstance(rl, Mapping) or set(rl) - {"interval", "burst"}:
+        raise ConfigError(f"web config {source}: rate_limit takes 'interval' and 'burst'")
+    try:
+        burst = int(rl.get("burst") or 0)
+        interval = rl.get("interval") or "0s"
+        interval_s = (
+            interval if isinstance(interval, int | float) else parse_duration_ms(str(interval)) / 1000
+        ) * 1.0
+    except (ValueError, ConfigError) as exc:
+        raise ConfigError(f"web config {source}: rate_limit: {exc}") from exc
+    if burst <= 0 and interval_s <= 0:
+        return None  # the toolkit's zero value: no limit
+    if burst <= 0:
+        raise ConfigError(f"web config {source}: rate_limit.burst must be positive")
+    return RateLimiter(interval_s, burst)
+
+
+def _strings(v: Any, key: str, source: str) -> list[str]:
+    if v is None:
+        return []
+    if not isinstance(v, Sequence) or isinstance(v, str):
+        raise ConfigError(f"web config {source}: {key} must be a list")
+    return [str(x) for x in v]
+
+
+def _tls_context(tls: Any, base_dir: Path, source: str) -> tuple[ssl.SSLContext, frozenset[str]]:
+    if not isinstance(tls, Mapping):
+        raise ConfigError(f"web config {source}: tls_server_config must be a mapping")
+    unknown = set(tls) - TLS_KEYS
+    if unknown:
+        raise ConfigError(
+            f"web config {source}: unsupported tls_server_config key(s) {', '.join(sorted(unknown))}"
+        )
+    has_cert = bool(tls.get("cert_file") or tls.get("cert"))
+    has_key = bool(tls.get("key_file") or tls.get("key"))
+    if not (has_cert and has_key):
+        raise ConfigError(f"web config {source}: tls_server_config needs cert_file/cert and key_file/key")
+    if (tls.get("cert_file") and tls.get("cert")) or (tls.get("key_file") and tls.get("key")):
+        raise ConfigError(f"web config {source}: give cert_file or cert (key_file or key), not both")
+    auth = tls.get("client_auth_type") or "NoClientCert"
+    if auth not in CLIENT_AUTH:
+        raise ConfigError(
+            f"web config {source}: client_auth_type {auth!r} not supported (use {', '.join(CLIENT_AUTH)})"
+        )
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        ctx.minimum_version = TLS_VERSIONS[tls.get("min_version") or "TLS12"]
+        if tls.get("max_version"):
+            ctx.maximum_version = TLS_VERSIONS[tls["max_version"]]
+    except KeyError as exc:
+        raise ConfigError(
+            f"web config {source}: unknown TLS version {exc} (use {', '.join(TLS_VERSIONS)})"
+        ) from exc
+    ciphers = _strings(tls.get("cipher_suites"), "cipher_suites", source)
+    if ciphers:
+        bad = [c for c in ciphers if c not in CIPHERS]
+        if bad:
+            raise ConfigError(f"web config {source}: unknown cipher_suites {', '.join(bad)}")
+        try:
+            ctx.set_ciphers(":".join(CIPHERS[c] for c in ciphers))
+        except ssl.SSLError as exc:
+            raise ConfigError(f"web config {source}: cipher_suites: {exc}") from exc
+    curves = _strings(tls.get("curve_preferences"), "curve_preferences", source)
+    if curves:
+        bad = [c for c in curves if c not in CURVES]
+        if bad:
+            raise ConfigError(f"web config {source}: unknown curve_preferences {', '.join(bad)}")
+        ctx.set_ecdh_curve(CURVES[curves[0]])
+        if len(curves) > 1:
+            log.info(
+                "web config %s: curve_preferences: Python's ssl uses the first curve only (%s)",
+                source,
+                curves[0],
+            )
+    if tls.get("prefer_server_cipher_suites"):
+        ctx.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
+    sans = frozenset(_strings(tls.get("client_allowed_sans"), "client_allowed_sans", source))
+    if sans and auth != "RequireAndVerifyClientCert":
+        raise ConfigError(
+            f"web config {source}: client_allowed_sans needs client_auth_type RequireAndVerifyClientCert"
+        )
+    if auth == "RequestClientCert":
+        log.info(
+            "web config %s: RequestClientCert: no client certificate is requested (none is used)", source
+        )
+    verify = CLIENT_AUTH[auth] != ssl.CERT_NONE
+    if verify and not (tls.get("client_ca_file") or tls.get("client_ca")):
+        raise ConfigError(f"web config {source}: client_auth_type {auth} needs client_ca_file or client_ca")
+    try:
+        with _pem_files(tls, base_dir) as (cert, key):
+            ctx.load_cert_chain(cert, key)
+        ctx.verify_mode = CLIENT_AUTH[auth]
+        if verify:
+            if tls.get("client_ca_file"):
+                ctx.load_verify_locations(cafile=str((base_dir / str(tls["client_ca_file"])).resolve()))
+            else:
+                ctx.load_verify_locations(cadata=str(tls["client_ca"]))
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"web config {source}: cannot load TLS files: {exc}") from exc
+    if auth == "RequireAnyClientCert":
+        log.warning(
+            "web config %s: RequireAnyClientCert also verifies the client certificate against the CA "
+            "(Python's ssl cannot require a certificate without verifying it)",
+            source,
+        )
+    return ctx, sans
+
+
+class _pem_files:
+    """Paths of the certificate and key: the files named, or inline PEM written to private temp files
+    (deleted as soon as the context has loaded them)."""
+
+    def __init__(self, tls: Mapping[str, Any], base_dir: Path) -> None:
+        self.tls, self.base_dir, self.tmp = tls, base_dir, []
+
+    def _one(self, file_key: str, inline_key: str) -> str:
+        if self.tls.get(file_key):
+            return str((self.base_dir / str(self.tls[file_key])).resolve())
+        fd, name = tempfile.mkstemp(prefix="gpupipe-web-", suffix=".pem")
+        with os.fdopen(fd, "w") as f:
+            f.write(str(self.tls[inline_key]))
+        self.tmp.append(name)
+        return name
+
+    def __enter__(self) -> tuple[str, str]:
+        return self._one("cert_file", "cert"), self._one("key_file", "key")
+
+    def __exit__(self, *exc: object) -> None:
+        for name in self.tmp:
+            os.unlink(name)
