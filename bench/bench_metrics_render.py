@@ -181,7 +181,9 @@ def baseline_registry(store: SeriesStore, records: list[dict]) -> CollectorRegis
         "namespace",
         "pod",
     ]
-    gauges = [(f, Gauge(f.name, f.help, labelnames, registry=reg)) for f in store.families]
+    gauges = [
+        (f, Gauge(f.name, f.help, labelnames, registry=reg)) for f in store.families if f.spec is not None
+    ]
     for rec in records:
         a = rec["allocations"][0] if rec["allocations"] else {"namespace": "", "pod": "", "container": ""}
         values = (

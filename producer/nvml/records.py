@@ -28,6 +28,12 @@ IDENTITY_FIELDS = frozenset(
         "allocations",
         "interval_ms",
         "gpu_lost",
+        # device identity (dcgm-exporter label rows; appended to GpuSample for the metrics consumer)
+        "serial",
+        "vbios_version",
+        "brand",
+        "nvml_version",
+        "inforom_image_version",
     }
 )
 _LIST_FIELDS = ("allocations", "processes")
