@@ -7,10 +7,11 @@ Run: ``.venv/bin/python bench/bench_metrics_render.py`` (about 30-60 s).
    labelled Gauges and renders them with ``generate_latest``. Ours is ``SeriesStore.render``:
    the first scrape after one sample per GPU was ingested (every family joined: the ratio), a
    second scrape with nothing changed (cached), and one after 10 % of the GPUs sent a new sample.
-2. ``metrics_ingest``: throughput of decoding (``AvroCodec().decode``) plus
-   ``SeriesStore.apply_sample`` on the decoded dicts, against bare ``fastavro.schemaless_reader``
+2. ``metrics_ingest``: throughput of decoding with the service's decoder (generated, projected to
+   the fields the exposition reads: ``consumers.metrics.decode``) plus ``SeriesStore.apply_sample``
+   (which defers the value text to the next scrape), against bare ``fastavro.schemaless_reader``
    on the same payloads minus the 10-byte single-object header. ratio = ours / baseline
-   throughput (1.0 would mean ingest costs nothing on top of decoding). Steady state: 2k GPUs
+   throughput (target 2.0). The render cost moved to the scrape is printed beside it. Steady state: 2k GPUs
    already known to the store (one sample each, untimed), then 5 new samples per GPU timed; the
    first sample of a GPU also renders its label sets (once per GPU and pod change).
 
@@ -33,6 +34,7 @@ from fastavro import schemaless_reader
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from consumers.metrics.collectors_csv import default_counters, parse_counters
+from consumers.metrics.decode import MetricsDecoder
 from consumers.metrics.http import GzipCache
 from consumers.metrics.store import SeriesStore
 from schemas import catalog
@@ -286,10 +288,11 @@ def bench_ingest() -> None:
         for k in range(1, INGEST_SAMPLES_PER_GPU + 1)
         for i in range(INGEST_GPUS)
     ]
-    decoded = [codec.decode(p).record for p in payloads]
+    store = SeriesStore(counters)
+    fast = MetricsDecoder(codec, store.renderer)  # what the service decodes with
+    decoded = [fast.decode(p).record for p in payloads]
     n = len(payloads)
 
-    store = SeriesStore(counters)
     t0 = time.perf_counter()
     for rec in first:  # steady state: the store already holds these GPUs (as between rebalances)
         store.apply_sample(rec, 0, 1000.0)
@@ -301,24 +304,34 @@ def bench_ingest() -> None:
 
     def decode(chunk: range) -> None:
         for j in chunk:
+            fast.decode(payloads[j])
+
+    def codec_decode(chunk: range) -> None:
+        for j in chunk:
             codec.decode(payloads[j])
 
     def apply(chunk: range) -> None:
         for j in chunk:
             store.apply_sample(decoded[j], 0, 1000.0 + j)
 
-    full = SeriesStore(default_counters())  # the shipped default: 33 families
+    full = SeriesStore(default_counters())  # the shipped default
     for rec in first:
         full.apply_sample(rec, 0, 1000.0)
+    full_dec = MetricsDecoder(codec, full.renderer)
+    decoded_default = [full_dec.decode(p).record for p in payloads]
 
     def apply_default(chunk: range) -> None:
         for j in chunk:
-            full.apply_sample(decoded[j], 0, 1000.0 + j)
+            full.apply_sample(decoded_default[j], 0, 1000.0 + j)
+
+    def decode_default(chunk: range) -> None:
+        for j in chunk:
+            full_dec.decode(payloads[j])
 
     # small chunks, the three measured back to back, best of 5 per chunk: a load spike on this
     # shared machine then hits baseline and ours alike instead of skewing the ratio
     chunks = [range(j, min(j + 500, n)) for j in range(0, n, 500)]
-    funcs = (bare, decode, apply, apply_default)
+    funcs = (bare, decode, apply, apply_default, codec_decode, decode_default)
     best_chunk = {f: [float("inf")] * len(chunks) for f in funcs}
     gc.collect()
     for _ in range(5):
@@ -327,17 +340,27 @@ def bench_ingest() -> None:
                 t0 = time.perf_counter()
                 f(chunk)
                 best_chunk[f][ci] = min(best_chunk[f][ci], time.perf_counter() - t0)
-    b, d, a, a_default = (sum(best_chunk[f]) for f in funcs)
+    b, d, a, a_default, cd, dd = (sum(best_chunk[f]) for f in funcs)
+    # rendering moved to the scrape: one render per GPU sampled since the last scrape, whatever the
+    # number of samples in between (here 2000 GPUs dirty, the latest of their samples rendered)
+    scrape = []
+    for _ in range(3):
+        apply(range(0, INGEST_GPUS))
+        t0 = time.perf_counter()
+        store.render(1000.0)
+        scrape.append(time.perf_counter() - t0)
     print(
-        f"metrics_ingest records={n} bare_decode_us={b / n * 1e6:.1f} codec_decode_us={d / n * 1e6:.1f} "
-        f"apply_sample_us={a / n * 1e6:.1f} first_sample_of_a_gpu_us={first_us:.1f} "
-        f"ours_per_s={n / (d + a):.0f} baseline_per_s={n / b:.0f}"
+        f"metrics_ingest records={n} bare_decode_us={b / n * 1e6:.1f} generated_decode_us={d / n * 1e6:.1f} "
+        f"codec_decode_us={cd / n * 1e6:.1f} apply_sample_us={a / n * 1e6:.1f} "
+        f"first_sample_of_a_gpu_us={first_us:.1f} ours_per_s={n / (d + a):.0f} baseline_per_s={n / b:.0f} "
+        f"scrape_render_{INGEST_GPUS}_dirty_gpus_s={min(scrape):.3f}"
     )
     print(
         f"metrics_ingest_default_counters families={len(full.families)} "
-        f"apply_sample_us={a_default / n * 1e6:.1f} ratio={b / (d + a_default):.2f} (informational)"
+        f"generated_decode_us={dd / n * 1e6:.1f} "
+        f"apply_sample_us={a_default / n * 1e6:.1f} ratio={b / (dd + a_default):.2f} (informational)"
     )
-    print(f"metrics_ingest ratio={b / (d + a):.2f} target=0.70")
+    print(f"metrics_ingest ratio={b / (d + a):.2f} target=2.00")
 
 
 def main() -> None:

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from consumers.metrics import exp
@@ -215,6 +216,16 @@ class Renderer:
             dict.fromkeys(s.source for s in self.label_rows if s.source)
         )
         self.with_driver = "driver_version" in self.label_sources
+        self._identity = itemgetter(
+            "hostname",
+            "gpu_index",
+            "uuid",
+            "pci_bus_id",
+            "model_name",
+            "mig",
+            "allocations",
+            *self.label_sources,
+        )
         self._uuid_label = "uuid" if o.old_namespace else "UUID"
         self._pod_names = (
             ("container_name", "pod_namespace", "pod_name")
@@ -261,22 +272,30 @@ class Renderer:
             raise ValueError("render plan: a field kind or sign that _render_fast does not handle")
         self._n = len(self.families)
 
+    def needed_fields(self) -> set[str]:
+        """GpuSample fields the exposition reads by key (others are read with ``.get``); a decoder
+        may project the record to these plus :data:`OPTIONAL_FIELDS`."""
+        return {
+            "timestamp_ms",
+            "hostname",
+            "gpu_index",
+            "uuid",
+            "pci_bus_id",
+            "model_name",
+            "mig",
+            "allocations",
+            *self.label_sources,
+            *(src for src, *_ in self._plan),
+        }
+
     def exp_families(self, kind: Kind) -> tuple[Family, ...]:
         return self._exp.get(kind, ())
 
     # -- identity --------------------------------------------------------------------------------
     def identity(self, rec: Mapping[str, Any]) -> tuple:
-        """What the label strings depend on; a new view is needed only when this changes."""
-        return (
-            rec["hostname"],
-            rec["gpu_index"],
-            rec["uuid"],
-            rec["pci_bus_id"],
-            rec["model_name"],
-            rec["mig"],
-            tuple(rec[s] for s in self.label_sources),
-            rec["allocations"],
-        )
+        """What the label strings depend on; a new view is needed only when this changes (one C
+        call: this runs for every sample)."""
+        return self._identity(rec)
 
     def _base(
         self,

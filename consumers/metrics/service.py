@@ -53,6 +53,7 @@ from prometheus_client.registry import Collector
 
 from consumers.consume_loop import ConsumeLoop, InRecord, Rejected
 from consumers.metrics.collectors_csv import CounterSet
+from consumers.metrics.decode import MetricsDecoder
 from consumers.metrics.http import MetricsServer, make_metrics_server
 from consumers.metrics.render import RenderOptions
 from consumers.metrics.store import InvalidRecord, SeriesStore
@@ -558,7 +559,7 @@ class MetricsService:
             group_id=cfg.group_id,
             topics=[self.samples_topic],
             handler=self.handler,
-            codec=codec,
+            codec=MetricsDecoder(codec, self.store.renderer),  # type: ignore[arg-type]
             deadletter_topic=self.deadletter_topic,
             service=SERVICE,
             registry=self.registry,

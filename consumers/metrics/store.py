@@ -42,9 +42,11 @@ lists are replaced, never mutated, and bytes are immutable), and joins outside i
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping
+from operator import itemgetter
 from typing import Any
 
 from consumers.metrics import exp
@@ -74,6 +76,8 @@ OWN_METRICS = (
     UNSUPPORTED_METRIC,
 )
 
+log = logging.getLogger("gpupipe.metrics")
+
 _IDENTITY_FIELDS = ("timestamp_ms", "hostname", "gpu_index", "uuid", "pci_bus_id", "model_name")
 
 
@@ -93,6 +97,7 @@ class _Gpu:
         "lines",
         "parent",
         "partition",
+        "pending",
         "rec",
         "seen_s",
         "stale_s",
@@ -128,6 +133,7 @@ class _Gpu:
         self.rec: Mapping[str, Any] | None = None  # latest sample (MIG parents and instances only)
         self.parent: str | None = None  # a MIG instance's parent GPU UUID
         self.hidden = False  # a MIG-mode parent in the "instances" layout: no series of its own
+        self.pending: Mapping[str, Any] | None = None  # latest sample, not rendered yet
 
 
 class SeriesStore:
@@ -174,10 +180,15 @@ class SeriesStore:
         self._want_xid_win = r.has_xid_count or r.has_health
         self._want_exp = r.has_xid_count or r.has_health or r.has_clock_count or r.has_clock_total
         self._unsupported_text = _unsupported_text(r.counters)
+        self._dirty: set[str] = set()  # keys sampled since the last scrape (rendered by _flush)
+        self._check_needed = itemgetter(*sorted(r.needed_fields()))
 
     # -- ingest ----------------------------------------------------------------------------------
     def apply_sample(self, record: Mapping[str, Any], partition: Any, now_s: float) -> str:
-        """Replace the GPU's series with this sample's; returns the GPU key."""
+        """Take the GPU's latest sample; returns the GPU key.
+
+        Labels, MIG bookkeeping and the exporter-derived state are updated here; the value text is
+        rendered at the next scrape, once, from the GPU's latest sample (see :meth:`_flush`)."""
         mig = record.get("mig")
         try:
             key = mig["mig_uuid"] if mig else record["uuid"]
@@ -190,15 +201,16 @@ class SeriesStore:
                 g = _Gpu(key)
             try:
                 try:
-                    lines = self._ingest(g, record)
+                    self._accept(g, record)
                 except KeyError:  # a projected or hand-made record: missing fields are null
                     record = _complete(record)
-                    lines = self._ingest(g, record)
+                    self._accept(g, record)
             except (KeyError, TypeError, AttributeError) as exc:  # e.g. an allocation without a pod
                 raise InvalidRecord(f"GpuSample {key}: {type(exc).__name__}: {exc}") from exc
             if new:
                 self._gpus[key] = g
-            g.lines = lines
+            g.pending = record
+            self._dirty.add(key)
             g.partition = partition
             g.seen_s = now_s
             g.ts_ms = record["timestamp_ms"]
@@ -207,13 +219,17 @@ class SeriesStore:
             else:
                 iv = record.get("interval_ms")
                 g.stale_s = self._stale_intervals * (iv / 1000.0 if iv else self._fallback_interval_s)
-            if g.hidden:
-                self._rerender_children(key)
+            if g.hidden:  # its instances take its device-wide readings again
+                self._dirty.update(self._children.get(key, ()))
             self._version += 1
         return key
 
-    def _ingest(self, g: _Gpu, record: Mapping[str, Any]) -> list[bytes]:
-        """Labels, MIG layout and exporter-derived state for one sample, then its line list."""
+    def _accept(self, g: _Gpu, record: Mapping[str, Any]) -> None:
+        """Labels, MIG layout and exporter-derived state for one sample (no value text yet).
+
+        Raises KeyError when the record lacks a field the exposition reads (the caller completes it
+        with nulls), TypeError/AttributeError for a malformed one."""
+        self._check_needed(record)  # KeyError when a field the exposition reads is missing (C-level)
         r = self.renderer
         ident = r.identity(record)
         if ident != g.ident:
@@ -225,20 +241,45 @@ class SeriesStore:
                 g.parent = record["uuid"]
                 g.rec = record
                 self._children.setdefault(g.parent, set()).add(g.key)
-                parent = self._gpus.get(g.parent)
-                if parent is not None and parent.rec is not None:
-                    record = merge_parent(record, parent.rec)
-            elif record.get("mig_enabled"):
+                if self._want_exp:
+                    parent = self._gpus.get(g.parent)
+                    if parent is not None and parent.rec is not None:
+                        record = merge_parent(record, parent.rec)
+                    self._sample_exp_state(g, record)
+                return
+            if record.get("mig_enabled"):
                 g.hidden = True
                 g.rec = record
                 g.health = exp.sample_health(record) if r.has_health else None
-                g.ts_ms = record["timestamp_ms"]
-                return self._hidden_lines(g)
-            else:
-                g.hidden = False
+                return
+            g.hidden = False
         if self._want_exp:
             self._sample_exp_state(g, record)
-        return self._render(g, record)
+
+    def _flush(self) -> None:
+        """Render the GPUs sampled since the last scrape, each from its latest sample only: the work
+        of a scrape is proportional to the GPUs that changed, and samples a scrape never showed
+        are never rendered."""
+        dirty, self._dirty = self._dirty, set()
+        for key in dirty:
+            g = self._gpus.get(key)
+            if g is None or g.ts_ms is None or g.view is None:
+                continue
+            try:
+                if g.hidden:
+                    g.lines = self._hidden_lines(g)
+                    continue
+                rec = g.rec if g.parent is not None else g.pending
+                if rec is None:
+                    continue
+                if g.parent is not None:
+                    parent = self._gpus.get(g.parent)
+                    if parent is not None and parent.rec is not None:
+                        rec = merge_parent(rec, parent.rec)
+                g.lines = self._render(g, rec)
+                g.pending = None
+            except Exception:  # never let one odd record break every scrape
+                log.exception("metrics: cannot render GPU %s; its previous series stay", key)
 
     def _render(self, g: _Gpu, record: Mapping[str, Any]) -> list[bytes]:
         xid_last = g.xid_last
@@ -260,15 +301,8 @@ class SeriesStore:
         return self.renderer.render_xid_only(g.view, None, g.xid_counts)
 
     def _rerender_children(self, parent_key: str) -> None:
-        """A MIG parent's sample changed: its instances take its device-wide readings again."""
-        parent = self._gpus.get(parent_key)
-        for ck in list(self._children.get(parent_key, ())):
-            c = self._gpus.get(ck)
-            if c is None or c.rec is None or c.view is None:
-                self._children[parent_key].discard(ck)
-                continue
-            rec = c.rec if parent is None or parent.rec is None else merge_parent(c.rec, parent.rec)
-            c.lines = self._render(c, rec)
+        """A MIG parent changed (its XID): its instances are rendered again at the next scrape."""
+        self._dirty.update(self._children.get(parent_key, ()))
 
     def _sample_exp_state(self, g: _Gpu, record: Mapping[str, Any]) -> None:
         r = self.renderer
@@ -345,7 +379,9 @@ class SeriesStore:
                     g.xid_win = exp.WindowCounts(r.options.xid_window_ms)
                 if g.xid_win.push(ts, (code,), int(now_s * 1000)):
                     self._windowed.add(key)
-            if g.hidden:
+            if key in self._dirty:
+                pass  # rendered at the next scrape, with this XID
+            elif g.hidden:
                 g.lines = self._hidden_lines(g)
                 self._rerender_children(key)
             else:
@@ -375,6 +411,8 @@ class SeriesStore:
                 if xid_gone:
                     g.xid_win = None
                 if sample_gone:
+                    self._dirty.discard(key)
+                    g.pending = None
                     g.ts_ms, g.ident, g.partition, g.rec, g.health = None, None, None, None, None
                     g.clock_win, g.clock_totals, g.clock_prev, g.hidden = None, {}, 0, False
                 if g.ts_ms is None and not g.xid_counts:
@@ -385,6 +423,8 @@ class SeriesStore:
                     g.lines = self.renderer.render_xid_only(g.view, g.xid_last, g.xid_counts)
                     if self._want_exp:
                         self._fill_exp(g, g.lines, sampled=False)
+                elif key in self._dirty:
+                    pass  # rendered at the next scrape
                 elif g.hidden:
                     g.lines = self._hidden_lines(g)
                 else:  # the sample stays; its next sample shows its own last_xid again
@@ -424,7 +464,7 @@ class SeriesStore:
                 self._windowed.discard(key)
                 continue
             if g.xid_win.prune(now_ms):
-                if not g.hidden and g.view is not None:
+                if not g.hidden and g.view is not None and g.lines:
                     lines = g.lines.copy()
                     self._fill_exp(g, lines, sampled=g.ts_ms is not None)
                     g.lines = lines
@@ -480,6 +520,8 @@ class SeriesStore:
         now = time.time() if now_s is None else now_s
         with self._lock:
             self._expire_locked(now)
+            if self._dirty:
+                self._flush()
             if self._windowed:
                 self._slide_windows(int(now * 1000))
             gpus = list(self._gpus.values())

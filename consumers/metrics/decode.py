@@ -1,0 +1,63 @@
+"""GpuSample decoding for the metrics consumer: only the fields the exposition reads.
+
+Decoding is most of a sample's ingest cost. The chargeback consumer's generated decoders
+(:mod:`consumers.chargeback.fastdecode`: one straight-line function per known writer schema that
+skips unread fields with a few byte operations and builds the projected dict) serve here too, with
+the projection this service's counters and layout need (:func:`projected_fields`). Records in
+other framings, from unknown writers, or of another type go through the shared codec, so the
+consume loop's dead-lettering of bad input is unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from consumers.chargeback.fastdecode import SampleDecoder
+from consumers.metrics.fields import Kind
+from consumers.metrics.render import Renderer
+from schemas import catalog
+from schemas.codec import AvroCodec, Decoded
+
+#: Read with ``.get`` by the store and renderer: kept when present in the writer schema.
+OPTIONAL = ("mig_enabled", "interval_ms", "last_xid", "gpu_lost", "driver_version")
+HEALTH = (
+    "ecc_dbe_volatile_total",
+    "row_remap_failure",
+    "row_remap_pending",
+    "retired_pages_pending",
+    "gpu_recovery_action",
+    "clock_event_reasons",
+)
+
+
+def projected_fields(renderer: Renderer) -> set[str]:
+    """The GpuSample fields a store with this renderer reads."""
+    out = renderer.needed_fields() | set(OPTIONAL)
+    if renderer.options.split_shared or renderer.options.virtual_gpus:
+        out.add("processes")  # per-pod shares
+    if renderer.has_health:
+        out |= set(HEALTH)
+    if renderer.has_clock_count or renderer.has_clock_total:
+        out.add("clock_event_reasons")
+    if any(f.spec is not None and f.spec.kind is Kind.XID_LAST for f in renderer.families):
+        out.add("last_xid")
+    return out
+
+
+def projected_schema(renderer: Renderer) -> dict[str, Any]:
+    raw = copy.deepcopy(catalog.current("GpuSample").raw)
+    keep = projected_fields(renderer)
+    raw["fields"] = [f for f in raw["fields"] if f["name"] in keep]
+    return raw
+
+
+class MetricsDecoder:
+    """Codec-shaped (``.decode(payload) -> Decoded``) for the consume loop."""
+
+    def __init__(self, codec: AvroCodec, renderer: Renderer) -> None:
+        self.codec = codec
+        self._samples = SampleDecoder(codec, projected_schema(renderer))
+
+    def decode(self, payload: bytes | None) -> Decoded:
+        return self._samples.decode(payload)

@@ -1,0 +1,52 @@
+"""The metrics consumer's projected, generated GpuSample decoder gives the same exposition as a full
+decode, and falls back to the codec for what it does not know (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from consumers.metrics.collectors_csv import all_counters, default_counters
+from consumers.metrics.decode import MetricsDecoder, projected_fields
+from consumers.metrics.render import RenderOptions
+from consumers.metrics.store import SeriesStore
+from schemas.codec import AvroCodec
+from schemas.errors import DecodeError
+from tests.unit.test_metrics_parity import STATES, complete_sample, complete_xid
+
+
+@pytest.mark.parametrize("counters", [default_counters, all_counters], ids=["default", "all"])
+@pytest.mark.parametrize("options", [RenderOptions(), RenderOptions(virtual_gpus=True, split_shared=False)])
+def test_projected_decode_renders_the_same_exposition(counters, options) -> None:
+    codec = AvroCodec()
+    enc = codec.encoder("GpuSample")
+    full, fast = SeriesStore(counters(), options=options), SeriesStore(counters(), options=options)
+    dec = MetricsDecoder(codec, fast.renderer)
+    now = STATES["timestamp_ms"] / 1000
+    for rec in STATES["samples"]:
+        payload = enc.encode(complete_sample(rec))
+        full.apply_sample(codec.decode(payload).record, 0, now)
+        d = dec.decode(payload)
+        assert d.name == "GpuSample" and set(d.record) <= set(complete_sample(rec))
+        assert len(d.record) < len(complete_sample(rec))  # projected
+        fast.apply_sample(d.record, 0, now)
+    assert fast.render(now) == full.render(now)
+
+
+def test_projection_follows_the_counters() -> None:
+    few = projected_fields(
+        SeriesStore(default_counters(), options=RenderOptions(split_shared=False)).renderer
+    )
+    assert "power_w" in few and "processes" not in few and "ecc_sbe_aggregate_total" not in few
+    assert "processes" in projected_fields(SeriesStore().renderer)
+
+
+def test_other_records_and_bad_bytes_go_through_the_codec() -> None:
+    codec = AvroCodec()
+    dec = MetricsDecoder(codec, SeriesStore().renderer)
+    xid = codec.encoder("XidEvent").encode(complete_xid(STATES["xid_events"][0]))
+    assert dec.decode(xid).name == "XidEvent"
+    good = codec.encoder("GpuSample").encode(complete_sample(STATES["samples"][0]))
+    with pytest.raises(DecodeError):
+        dec.decode(good[:-40])  # truncated body
+    with pytest.raises(DecodeError):
+        dec.decode(b"not avro at all")
