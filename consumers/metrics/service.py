@@ -31,8 +31,9 @@ decode errors, dead letters, batch time, rebalances, lag per partition), the sto
 ``gpupipe_metrics_*`` and ``gpupipe_sample_age_seconds``, and here
 ``gpupipe_metrics_render_seconds{stage="render"|"gzip"}``, ``gpupipe_metrics_assigned_partitions``,
 ``gpupipe_metrics_revoked_gpus_total``, ``gpupipe_metrics_samples_skipped_total{reason}``,
-``gpupipe_metrics_xid_records_total{result}``, ``gpupipe_metrics_xid_reader_lag_records`` and the
-process collector's ``process_*``.
+``gpupipe_metrics_xid_records_total{result}``, ``gpupipe_metrics_xid_reader_lag_records``,
+``gpupipe_metrics_ingest_delay_seconds`` (publication to store, per batch: the freshness a scrape
+sees, whatever its schedule) and the process collector's ``process_*``.
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ def key_partition(key: bytes, partitions: int) -> int:
 # -- the service's own metrics -------------------------------------------------------------------
 class ServiceMetrics:
     RENDER_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+    DELAY_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.render_seconds = Histogram(
@@ -115,6 +117,13 @@ class ServiceMetrics:
         self.revoked_gpus = Counter(
             "gpupipe_metrics_revoked_gpus",
             "GPUs whose series were dropped because their partition was revoked.",
+            registry=registry,
+        )
+        self.ingest_delay = Histogram(
+            "gpupipe_metrics_ingest_delay_seconds",
+            "Freshness: time from the oldest sample of a consumed batch's publication (its Kafka "
+            "timestamp) until it is in the store, where the next scrape shows it.",
+            buckets=self.DELAY_BUCKETS,
             registry=registry,
         )
         self.skipped = Counter(
@@ -244,6 +253,7 @@ class MetricsHandler:
         apply = self.store.apply_sample
         samples_topic = self.samples_topic
         old = 0
+        oldest_ms = None
         for rec in records:
             if rec.topic != samples_topic:  # XIDs come through handle_xids, not the group
                 rejected.append((rec, "unexpected-topic", f"{rec.name} on {rec.topic}"))
@@ -269,6 +279,10 @@ class MetricsHandler:
             key = rec.key
             if key is not None and key not in self._checked_keys:
                 self._check_key(key, rec.partition)
+            if rec.kafka_ts_ms > 0 and (oldest_ms is None or rec.kafka_ts_ms < oldest_ms):
+                oldest_ms = rec.kafka_ts_ms
+        if oldest_ms is not None and self.metrics is not None:
+            self.metrics.ingest_delay.observe(max(0.0, self.clock() - oldest_ms / 1000.0))
         if old:
             self.skipped_old += old
             if self.metrics is not None:

@@ -214,3 +214,20 @@ def test_bad_counters_csv_lists_the_problem(tmp_path: Path) -> None:
     bad.write_text("DCGM_FI_DEV_GPU_TEMP, gauge, t\nGPU_TEMP_TYPO, gauge, nope\n")
     with pytest.raises(ConfigError, match="GPU_TEMP_TYPO"):
         command.config_from_args(parse("--collectors", str(bad)))
+
+
+def test_ingest_delay_is_observed_per_batch_from_the_oldest_record() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from consumers.metrics.service import ServiceMetrics
+
+    samples, _ = fleet()
+    reg = CollectorRegistry()
+    h = handler(metrics=ServiceMetrics(reg))
+    recs = [sample_rec(r, i) for i, r in enumerate(samples)]  # published at T_MS, applied at NOW = +1 s
+    h.handle(recs)
+    name = "gpupipe_metrics_ingest_delay_seconds"
+    assert reg.get_sample_value(f"{name}_count") == 1.0
+    assert reg.get_sample_value(f"{name}_sum") == pytest.approx(1.0)
+    assert reg.get_sample_value(f"{name}_bucket", {"le": "0.75"}) == 0.0
+    assert reg.get_sample_value(f"{name}_bucket", {"le": "1.0"}) == 1.0

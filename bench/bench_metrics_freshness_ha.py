@@ -1,0 +1,168 @@
+"""Benchmark: freshness of `gpupipe metrics` under an HA Prometheus pair (two scrapers, 5 s each).
+
+Run: ``.venv/bin/python bench/bench_metrics_freshness_ha.py`` (about a minute; the benchmark broker
+as in bench_metrics_freshness.py). ``GPUPIPE_BENCH_GPUS=20000`` checks a larger fleet per instance.
+
+Same service, topic and publication as ``bench_metrics_freshness.py`` (GPUS samples per second, in
+20 slices per second, real producer settings), but the load is what production sees: two scrapers
+each pulling the full /metrics every 5 s, offset by 2.5 s. Freshness is then not quantised by a
+scrape period: the service's own ``gpupipe_metrics_ingest_delay_seconds`` histogram measures, per
+consumed batch, the time from the publication of its oldest sample (the Kafka record timestamp the
+producer set at ``produce()``) until the sample is in the store, from where any scrape shows it.
+The histogram is read before and after the measured seconds (warm-up: the first second, every GPU
+new); p50/p99 are bucket upper bounds. ``gpupipe_consumer_lag_records`` at the end says whether the
+consumer kept up.
+
+Prints ``metrics_freshness_p99_ha_pair ratio=<1/p99> target=1.00``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_metrics_freshness as base
+from common import REPO, bench_kafka, figure, ratio_line
+from confluent_kafka import Producer
+
+from gpupipe import topics
+from gpupipe.kafka_admin import ensure_topics
+from producer.publish import producer_config
+
+SCRAPE_INTERVAL_S = 5.0
+DELAY = "gpupipe_metrics_ingest_delay_seconds"
+_BUCKET = re.compile(rb"^" + DELAY.encode() + rb'_bucket\{le="([^"]+)"\} (\S+)$', re.M)
+_LAG = re.compile(rb"^gpupipe_consumer_lag_records\{[^}]*\} (\S+)$", re.M)
+
+
+class PeriodicScraper(threading.Thread):
+    """One Prometheus of the pair: a full GET of /metrics every interval."""
+
+    def __init__(self, url: str, offset_s: float) -> None:
+        super().__init__(name="scraper", daemon=True)
+        self.url, self.offset_s = url, offset_s
+        self.stop = threading.Event()
+        self.scrapes: list[tuple[float, int]] = []  # (duration, bytes)
+
+    def run(self) -> None:
+        if self.stop.wait(self.offset_s):
+            return
+        while not self.stop.is_set():
+            t = time.time()
+            with urllib.request.urlopen(self.url, timeout=60) as r:
+                n = len(r.read())
+            self.scrapes.append((time.time() - t, n))
+            self.stop.wait(max(0.0, SCRAPE_INTERVAL_S - (time.time() - t)))
+
+
+def delay_buckets(url: str) -> dict[float, float]:
+    with urllib.request.urlopen(url, timeout=60) as r:
+        body = r.read()
+    return {float(le): float(v) for le, v in _BUCKET.findall(body)}
+
+
+def lag_records(url: str) -> float:
+    with urllib.request.urlopen(url, timeout=60) as r:
+        return sum(float(v) for v in _LAG.findall(r.read()))
+
+
+def quantile(before: dict[float, float], after: dict[float, float], q: float) -> float:
+    """Upper bound of the bucket holding quantile q of the observations between two readings."""
+    les = sorted(after)
+    total = after[les[-1]] - before.get(les[-1], 0.0)
+    if total <= 0:
+        return float("inf")
+    for le in les:
+        if after[le] - before.get(le, 0.0) >= q * total:
+            return le
+    return float("inf")
+
+
+def main() -> None:
+    gpus = int(os.environ.get("GPUPIPE_BENCH_GPUS", base.GPUS))
+    base.GPUS = gpus
+    bootstrap = bench_kafka()
+    prefix = f"bench-fresh-ha-{uuid.uuid4().hex[:8]}."
+    ensure_topics(bootstrap, topics.ALL, prefix=prefix)
+    samples_topic = prefix + topics.SAMPLES
+    partitions = topics.DEFAULT_SPECS[topics.SAMPLES].partitions
+    port = base.free_port()
+    (REPO / ".run").mkdir(exist_ok=True)
+    log = open(REPO / ".run" / "bench-metrics-freshness-ha.log", "wb")  # noqa: SIM115
+    cmd = [sys.executable, "-m", "gpupipe", "metrics", "--listen", f"127.0.0.1:{port}"]
+    cmd += ["--bootstrap-servers", bootstrap, "--topic-prefix", prefix, "--log-level", "warning"]
+    svc = subprocess.Popen(
+        cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(REPO)}
+    )
+    scrapers: list[PeriodicScraper] = []
+    try:
+        payloads = base.build_payloads()
+        url = f"http://127.0.0.1:{port}"
+        base.wait_healthy(url, partitions)
+        producer = Producer(producer_config(bootstrap))
+        per_slice = gpus // base.SLICES
+        t0 = time.time() + 0.2
+        scrapers = [PeriodicScraper(url + "/metrics", off) for off in (0.0, SCRAPE_INTERVAL_S / 2)]
+        for s in scrapers:
+            s.start()
+        before: dict[float, float] = {}
+        for tick in range(base.TICKS):
+            if tick == 1:
+                before = delay_buckets(url + "/metrics")
+            row = payloads[tick]
+            for sl in range(base.SLICES):
+                delay = t0 + tick + sl / base.SLICES - time.time()
+                if delay > 0:
+                    time.sleep(delay)
+                for i in range(sl * per_slice, (sl + 1) * per_slice):
+                    key, value = row[i]
+                    while True:
+                        try:
+                            producer.produce(samples_topic, value, key)
+                            break
+                        except BufferError:
+                            producer.poll(0.01)
+                producer.poll(0)
+        behind = time.time() - (t0 + base.TICKS)
+        producer.flush(30)
+        time.sleep(1.0)
+        lag_end = lag_records(url + "/metrics")
+        after = delay_buckets(url + "/metrics")
+    finally:
+        for s in scrapers:
+            s.stop.set()
+        svc.terminate()
+        try:
+            svc.wait(20)
+        except subprocess.TimeoutExpired:
+            svc.kill()
+        log.close()
+    durations = sorted(d for s in scrapers for d, _ in s.scrapes)
+    sizes = [n for s in scrapers for _, n in s.scrapes]
+    p50, p99 = quantile(before, after, 0.50), quantile(before, after, 0.99)
+    print(
+        f"freshness_ha: {gpus} GPUs/s x {base.TICKS - 1} s measured, 2 scrapers every {SCRAPE_INTERVAL_S} s"
+    )
+    figure("ingest_delay_p50_le_s", p50, "s")
+    figure("ingest_delay_p99_le_s", p99, "s")
+    figure("consumer_lag_records_at_end", lag_end, "records (1 s after the last publication)")
+    figure("scrapes", len(durations))
+    if durations:
+        figure("scrape_duration_p50_s", durations[len(durations) // 2], "s")
+        figure("scrape_mb", max(sizes) / 1e6, "MB")
+    figure("publisher_behind_schedule_s", behind, "s")
+    ratio_line("metrics_freshness_p99_ha_pair", 1.0 / p99 if 0 < p99 < float("inf") else 0.0, 1.0)
+
+
+if __name__ == "__main__":
+    main()
