@@ -217,7 +217,7 @@ def config_from_args(args: argparse.Namespace) -> MetricsConfig:
         group_id=args.group_id,
         host=host,
         port=port,
-        counters=load_counters(args.collectors),
+        counters=load_counters(dcgm_compat.resolve_collectors(args.collectors)),
         host_label=options.host_label,
         split_shared=args.per_pod_shares,
         render=options,

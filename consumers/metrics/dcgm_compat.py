@@ -110,6 +110,30 @@ def apply_dcgm_env(p: argparse.ArgumentParser, environ: Mapping[str, str] | None
             action.default = value
 
 
+#: Paths of dcgm-exporter's stock counters files inside its image (its Helm chart passes
+#: ``-f /etc/dcgm-exporter/default-counters.csv``). Not in our image: they mean our default.
+STOCK_CSVS = frozenset(
+    {
+        "/etc/dcgm-exporter/default-counters.csv",
+        "/etc/dcgm-exporter/dcp-metrics-included.csv",
+        "/etc/dcgm-exporter/1.x-compatibility-metrics.csv",
+    }
+)
+
+
+def resolve_collectors(path: str | None) -> str | None:
+    """The counters file to load: None (our shipped default) for a dcgm-exporter stock path that
+    does not exist here, so its Helm chart's default arguments start the service; else ``path``."""
+    if path in STOCK_CSVS and not os.path.exists(path):
+        log.warning(
+            "counters file %s is dcgm-exporter's stock file, absent from this image: using gpupipe's "
+            "default (dcgm-exporter's default set plus what NVML gives; see default-counters.csv)",
+            path,
+        )
+        return None
+    return path
+
+
 def parse_listen(text: str) -> tuple[str, int]:
     """``HOST:PORT`` as Go reads it: ``:9400`` (all addresses), ``[::]:9400``, ``[::1]:9400``,
     ``0.0.0.0:9400``. Returns ``("", port)`` for "all addresses" (dual-stack when possible)."""

@@ -82,3 +82,15 @@ def test_bad_windows(argv):
 
     with pytest.raises(ConfigError):
         command.config_from_args(parse(argv))
+
+
+def test_helm_chart_default_arguments_start_the_service(caplog):
+    """dcgm-exporter's chart passes -f /etc/dcgm-exporter/default-counters.csv (a file of its image)."""
+    with caplog.at_level(logging.WARNING, logger="gpupipe.metrics"):
+        cfg = command.config_from_args(parse(["-f", "/etc/dcgm-exporter/default-counters.csv"]))
+    assert cfg.counters is not None and "DCGM_FI_DEV_GPU_TEMP" in cfg.counters.names
+    assert "absent from this image" in caplog.text
+    from gpupipe.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="cannot read counters file"):
+        command.config_from_args(parse(["-f", "/etc/dcgm-exporter/my-own.csv"]))
