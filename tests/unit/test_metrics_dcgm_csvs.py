@@ -96,3 +96,19 @@ def test_unsupported_fields_info_metric() -> None:
         'reason="not carried by GpuSample"} 1'
     ) in text
     assert "gpupipe_metrics_unsupported_fields" not in SeriesStore(parse_counters("")).render(0.0).decode()
+
+
+def test_1x_file_with_old_namespace_labels() -> None:
+    from consumers.metrics.render import RenderOptions
+    from tests.unit.test_metrics_store import T_MS, alloc, blank
+
+    cs = parse_counters((FIX / "1.x-compatibility-metrics.csv").read_text())
+    store = SeriesStore(cs, options=RenderOptions(old_namespace=True))
+    store.apply_sample(blank(allocations=[alloc("ns", "p", "c")]), 0, T_MS / 1000)
+    text = store.render(T_MS / 1000).decode()
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("dcgm_gpu_temp{")]
+    assert line == (
+        'dcgm_gpu_temp{gpu="0",uuid="GPU-0",pci_bus_id="00000000:3B:00.0",device="nvidia0",'
+        'modelName="NVIDIA H200",Hostname="node-1",container_name="c",pod_name="p",pod_namespace="ns"} 50'
+    )
+    assert "# TYPE dcgm_xid_errors gauge" in text
