@@ -345,6 +345,12 @@ class WindowEngine:
         return self.poll_closed()
 
     # -- recovery ---------------------------------------------------------------------------------
+    def open_rows(self) -> set[tuple[str, str]]:
+        """(namespace, gpu_model) pairs with time in an open window (for metrics that need them early)."""
+        return {
+            (ns, model) for p in self._parts.values() for w in p.windows.values() for ns, _, model in w.rows
+        }
+
     def open_windows_min_offset(self, partition: int) -> int | None:
         """Oldest offset the partition's open windows and live GPU state depend on; None when nothing."""
         p = self._parts.get(partition)
