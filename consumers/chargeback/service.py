@@ -454,6 +454,7 @@ class ChargebackService:
         seeks there (``rewind``); on revocation the partitions are dropped instead.
         """
         began = time.perf_counter()
+        self.window_counters.prime(self.engine.open_rows(), self.engine.team_of)
         try:
             records = self.engine.poll_closed()
             checkpoints: dict[int, Checkpoint] = {}
@@ -491,7 +492,6 @@ class ChargebackService:
         for rec in records:
             self.metrics.emitted.labels(rec["kind"]).inc()
         self.window_counters.add(records)
-        self.window_counters.prime(self.engine.open_rows(), self.engine.team_of)
         self.metrics.transactions.labels("committed").inc()
         self.metrics.last_commit.set(time.time())
         self.metrics.commit_seconds.observe(time.perf_counter() - began)

@@ -10,6 +10,7 @@ and the PrometheusRule's rules with the real `promtool`.
 from __future__ import annotations
 
 import copy
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -369,3 +370,18 @@ def test_values_mirror_dcgm_exporter_names() -> None:
     ):  # fmt: skip
         assert key in producer, key
     assert {"enable", "type", "port", "annotations"} <= set(values["metrics"]["service"])
+
+
+def test_grafana_dashboards_as_sidecar_config_maps(rendered: dict) -> None:
+    maps = [
+        d
+        for d in rendered["secured-kafka"]
+        if d["kind"] == "ConfigMap" and d["metadata"]["labels"].get("grafana_dashboard") == "1"
+    ]
+    shipped = {p.name: p for p in (REPO / "deploy" / "grafana" / "dashboards").glob("*.json")}
+    assert sorted(k for m in maps for k in m["data"]) == sorted(shipped)
+    for m in maps:
+        assert m["metadata"]["annotations"] == {"grafana_folder": "GPU"}
+        for key, text in m["data"].items():
+            assert json.loads(text) == json.loads(shipped[key].read_text())
+    assert not [d for d in rendered["defaults"] if "grafana_dashboard" in d["metadata"].get("labels", {})]
