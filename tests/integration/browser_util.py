@@ -58,6 +58,13 @@ def screenshot(page: Path, png: Path, profile: Path, size: str = "1000,1400") ->
     assert png.exists() and png.stat().st_size > 0, f"no screenshot ({res.returncode}): {res.stderr[-2000:]}"
 
 
+def print_pdf(page: Path, pdf: Path, profile: Path) -> bytes:
+    """Chromium's print of the page (A4/Letter per locale, print CSS applied), as PDF bytes."""
+    res = run_chromium(["--no-pdf-header-footer", f"--print-to-pdf={pdf}", page.resolve().as_uri()], profile)
+    assert pdf.exists() and pdf.stat().st_size > 0, f"no PDF ({res.returncode}): {res.stderr[-2000:]}"
+    return pdf.read_bytes()
+
+
 def dump_dom(page: Path, profile: Path) -> str:
     res = run_chromium(["--dump-dom", page.resolve().as_uri()], profile)
     assert res.returncode == 0 and "<html" in res.stdout, res.stderr[-2000:]

@@ -8,6 +8,7 @@ the DOM chromium built must hold the totals the report rows add up to.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from consumers.report.teams import parse_team_map
 from gpupipe import topics
 from gpupipe.kafka_admin import ensure_topics
 from schemas.codec import AvroCodec
-from tests.integration.browser_util import colour_stats, dump_dom, screenshot
+from tests.integration.browser_util import colour_stats, dump_dom, print_pdf, screenshot
 from tests.integration.kafka_util import gpupipe
 
 pytestmark = pytest.mark.integration
@@ -72,3 +73,8 @@ def test_html_report_renders_in_chromium(kafka: str, topic_prefix: str, tmp_path
     for team in {r.team for r in rows}:
         assert f'data-team="{team}"' in dom
     assert dom.count("<rect ") > 6 * 3  # six stacked bars of several teams
+
+    # Print-friendly: chromium prints it to a few pages (the 6 h x teams table spills over).
+    pdf = print_pdf(page, tmp_path / "report.pdf", tmp_path / "profile")
+    pages = len(re.findall(rb"/Type\s*/Page\b", pdf))
+    assert pdf.startswith(b"%PDF") and 1 <= pages <= 20, pages
