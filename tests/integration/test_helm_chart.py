@@ -22,7 +22,8 @@ import yaml
 
 from gpupipe.cli import apply_env_defaults, build_parser
 
-pytestmark = pytest.mark.integration
+# A machine without helm builds it first (minutes): more than the default per-test timeout.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "helm" / "gpupipe"
