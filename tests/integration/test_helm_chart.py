@@ -275,6 +275,10 @@ def test_consumers_defaults(rendered: dict) -> None:
     k = _kinds(rendered["defaults"])
     deployments = {d["metadata"]["name"]: d for d in k["Deployment"]}
     assert deployments["rel-gpupipe-alerts"]["spec"]["replicas"] == 2  # the alerts pair
+    anti = deployments["rel-gpupipe-alerts"]["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    term = anti["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"]["app.kubernetes.io/component"] == "alerts"
     assert deployments["rel-gpupipe-metrics"]["spec"]["replicas"] == 2
     sts = k["StatefulSet"][0]
     env = _container_env(sts["spec"]["template"]["spec"]["containers"][0])

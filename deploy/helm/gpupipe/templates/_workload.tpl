@@ -44,9 +44,20 @@ spec:
   tolerations:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-  {{- with $c.affinity }}
+  {{- if $c.affinity }}
   affinity:
-    {{- toYaml . | nindent 4 }}
+    {{- toYaml $c.affinity | nindent 4 }}
+  {{- else if gt (int $c.replicaCount) 1 }}
+  # Replicas on different nodes when possible (a pair on one node is not a pair).
+  affinity:
+    podAntiAffinity:
+      preferredDuringSchedulingIgnoredDuringExecution:
+        - weight: 100
+          podAffinityTerm:
+            topologyKey: kubernetes.io/hostname
+            labelSelector:
+              matchLabels:
+                {{- include "gpupipe.selectorLabels" (list $root $comp) | trim | nindent 16 }}
   {{- end }}
   {{- with $c.podSecurityContext }}
   securityContext:
