@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv install test test-unit test-integration lint fmt demo bench kafka-start kafka-stop compose-check proto clean
+.PHONY: venv install test test-unit test-integration lint fmt demo bench kafka-start kafka-stop compose-check proto clean chart-check
 
 venv: $(STAMP)
 
@@ -53,6 +53,10 @@ kafka-stop:
 
 compose-check:
 	docker-compose -f docker-compose.yml config -q
+
+## Helm chart: lint, render and validate (helm is built from its Go module once when missing).
+chart-check: venv
+	$(BIN)/pytest -q tests/integration/test_helm_chart.py
 
 proto: venv
 	scripts/gen-proto

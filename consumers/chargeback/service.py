@@ -53,6 +53,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from consumers.chargeback.prom_counters import WindowCounters
 from consumers.chargeback.windows import Checkpoint, WindowEngine
 from consumers.deadletter import deadletter_headers
 from gpupipe.errors import GpupipeError
@@ -234,6 +235,7 @@ class ChargebackService:
         self.decode = decode if decode is not None else codec.decode
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = ChargebackMetrics(self.registry)
+        self.window_counters = WindowCounters(self.registry, engine.prices.currency)
         self.encode = codec.encoder("ChargebackWindow", cfg.output_topic).encode
         self.stats_snapshot: dict[str, int] = {}
         self.assigned: set[int] = set()
@@ -452,6 +454,7 @@ class ChargebackService:
         seeks there (``rewind``); on revocation the partitions are dropped instead.
         """
         began = time.perf_counter()
+        self.window_counters.prime(self.engine.open_rows(), self.engine.team_of)
         try:
             records = self.engine.poll_closed()
             checkpoints: dict[int, Checkpoint] = {}
@@ -488,6 +491,7 @@ class ChargebackService:
         self.last_commit = time.monotonic()
         for rec in records:
             self.metrics.emitted.labels(rec["kind"]).inc()
+        self.window_counters.add(records)
         self.metrics.transactions.labels("committed").inc()
         self.metrics.last_commit.set(time.time())
         self.metrics.commit_seconds.observe(time.perf_counter() - began)

@@ -345,6 +345,15 @@ class WindowEngine:
         return self.poll_closed()
 
     # -- recovery ---------------------------------------------------------------------------------
+    def open_rows(self) -> set[tuple[str, str]]:
+        """(namespace, gpu_model) pairs with time in a window not emitted yet (open, or closed and not
+        polled), for metrics that must exist before the window is emitted."""
+        out: set[tuple[str, str]] = set()
+        for p in self._parts.values():
+            for w in [*p.windows.values(), *(w for _, w in p.closed)]:
+                out.update((ns, model) for ns, _, model in w.rows)
+        return out
+
     def open_windows_min_offset(self, partition: int) -> int | None:
         """Oldest offset the partition's open windows and live GPU state depend on; None when nothing."""
         p = self._parts.get(partition)

@@ -1,4 +1,4 @@
-"""Render report rows: an aligned terminal table, CSV, JSON, JSON lines, or FinOps FOCUS 1.2 CSV.
+"""Render report rows: an aligned terminal table, CSV, JSON, JSON lines, FinOps FOCUS 1.2 CSV, or HTML.
 
 Pure string building. ``csv``/``json``/``jsonl`` share one stable column set (columns that are not
 grouping dimensions are empty / null) so scripts can rely on it; ``table`` shows only the grouping
@@ -23,8 +23,9 @@ from typing import Any
 
 from consumers.report.chargeback_report import CORRECTION, ReportRow
 from consumers.report.errors import ReportOptionError
+from consumers.report.html_report import render_html
 
-FORMATS = ("table", "csv", "json", "jsonl", "focus")
+FORMATS = ("table", "csv", "json", "jsonl", "focus", "html")
 
 COLUMNS = (
     "window_start",
@@ -159,6 +160,8 @@ def render_report(rows: Sequence[ReportRow], fmt: str, *, focus: FocusOptions | 
         return "".join(json.dumps(row_dict(r), separators=(",", ":")) + "\n" for r in rows)
     if fmt == "focus":
         return render_focus(rows, focus or FocusOptions())
+    if fmt == "html":
+        return render_html(rows)
     raise ReportOptionError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
 
 

@@ -1,0 +1,80 @@
+"""Headless Debian chromium for tests: screenshot and DOM dump of a local file, plus a PNG reader.
+
+Chromium runs in its own process group with a private profile directory, and the whole group is
+killed when a call ends or times out, so no renderer or zygote outlives the test. The PNG reader
+(Pillow) tells a blank screenshot from a page by its colours.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+from PIL import Image
+
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
+
+
+def chromium_path() -> str:
+    """The browser binary; a missing one fails the test (CI installs Debian's ``chromium``)."""
+    for name in CHROMIUM_NAMES:
+        found = shutil.which(name)
+        if found:
+            return found
+    raise AssertionError("chromium is not installed (apt-get install chromium); the HTML tests need it")
+
+
+def run_chromium(args: list[str], profile: Path, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    cmd = [
+        chromium_path(),
+        "--headless",
+        "--no-sandbox",  # root in CI
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--no-first-run",
+        "--disable-extensions",
+        "--disable-background-networking",
+        f"--user-data-dir={profile}",
+        *args,
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def screenshot(page: Path, png: Path, profile: Path, size: str = "1000,1400") -> None:
+    res = run_chromium([f"--window-size={size}", f"--screenshot={png}", page.resolve().as_uri()], profile)
+    assert png.exists() and png.stat().st_size > 0, f"no screenshot ({res.returncode}): {res.stderr[-2000:]}"
+
+
+def print_pdf(page: Path, pdf: Path, profile: Path) -> bytes:
+    """Chromium's print of the page (A4/Letter per locale, print CSS applied), as PDF bytes."""
+    res = run_chromium(["--no-pdf-header-footer", f"--print-to-pdf={pdf}", page.resolve().as_uri()], profile)
+    assert pdf.exists() and pdf.stat().st_size > 0, f"no PDF ({res.returncode}): {res.stderr[-2000:]}"
+    return pdf.read_bytes()
+
+
+def dump_dom(page: Path, profile: Path) -> str:
+    res = run_chromium(["--dump-dom", page.resolve().as_uri()], profile)
+    assert res.returncode == 0 and "<html" in res.stdout, res.stderr[-2000:]
+    return res.stdout
+
+
+def colour_stats(path: Path) -> tuple[int, float]:
+    """(distinct colours, share of the most common colour) of a PNG screenshot."""
+    with Image.open(path) as img:
+        rgb = img.convert("RGB")
+        colours = rgb.getcolors(maxcolors=1 << 24) or []
+    total = rgb.width * rgb.height
+    return len(colours), max(n for n, _ in colours) / total

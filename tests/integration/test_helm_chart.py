@@ -1,0 +1,392 @@
+"""The Helm chart deploy/helm/gpupipe: `helm lint`, `helm template` over several values files, every
+object validated strictly against the Kubernetes API schemas, and every command line parsed by the CLI.
+
+helm is the real binary (scripts/helm-local builds it from its Go module once when the machine lacks
+it, and caches it). Schemas: the `kubernetes-validate` package ships them, so validation is offline.
+Prometheus Operator objects have no schema there; they are checked against what they must select,
+and the PrometheusRule's rules with the real `promtool`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from gpupipe.cli import apply_env_defaults, build_parser
+
+# A machine without helm builds it first (minutes): more than the default per-test timeout.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "deploy" / "helm" / "gpupipe"
+VALUES = {"defaults": None} | {
+    p.name.removesuffix("-values.yaml"): p for p in sorted(CHART.glob("ci/*.yaml"))
+}
+K8S_VERSIONS = ("1.26.0", kubernetes_validate.latest_version())
+WORKLOADS = ("Deployment", "DaemonSet", "StatefulSet")
+MONITORING = ("ServiceMonitor", "PodMonitor", "PrometheusRule")
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    res = subprocess.run(
+        [str(REPO / "scripts" / "helm-local")], capture_output=True, text=True, timeout=1500, cwd=REPO
+    )
+    assert res.returncode == 0, f"could not find or build helm:\n{res.stderr[-3000:]}"
+    return res.stdout.strip().splitlines()[-1]
+
+
+def render(helm: str, values: Path | None, *sets: str) -> list[dict[str, Any]]:
+    cmd = [helm, "template", "rel", str(CHART), "--namespace", "gpu"]
+    if values is not None:
+        cmd += ["-f", str(values)]
+    for s in sets:
+        cmd += ["--set", s]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return [d for d in yaml.safe_load_all(res.stdout) if d]
+
+
+@pytest.fixture(scope="session")
+def rendered(helm: str) -> dict[str, list[dict[str, Any]]]:
+    return {name: render(helm, path) for name, path in VALUES.items()}
+
+
+def _kinds(docs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for d in docs:
+        out.setdefault(d["kind"], []).append(d)
+    return out
+
+
+def _by_name(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+# -- lint and schemas --------------------------------------------------------------------------------
+@pytest.mark.parametrize("values", list(VALUES))
+def test_helm_lint_strict(helm: str, values: str) -> None:
+    cmd = [helm, "lint", "--strict", str(CHART)]
+    if VALUES[values] is not None:
+        cmd += ["-f", str(VALUES[values])]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "0 chart(s) failed" in res.stdout, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("values", list(VALUES))
+def test_every_object_validates_strictly(rendered: dict, values: str) -> None:
+    docs = rendered[values]
+    checked = 0
+    for doc in docs:
+        if doc["kind"] in MONITORING:
+            continue
+        for version in K8S_VERSIONS:
+            try:
+                kubernetes_validate.validate(doc, version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                pytest.fail(
+                    f"{values}: {doc['kind']}/{doc['metadata']['name']} (Kubernetes {version}): {exc}"
+                )
+            checked += 1
+    assert checked >= 5 * len(K8S_VERSIONS)  # at least the four workloads and a Service
+
+
+def test_strict_validation_rejects_an_unknown_field(rendered: dict) -> None:
+    ds = copy.deepcopy(_kinds(rendered["defaults"])["DaemonSet"][0])
+    ds["spec"]["template"]["spec"]["containers"][0]["hostpid"] = True
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(ds, K8S_VERSIONS[-1], strict=True)
+
+
+# -- references between objects --------------------------------------------------------------------------
+@pytest.mark.parametrize("values", list(VALUES))
+def test_selectors_and_references_resolve(rendered: dict, values: str) -> None:
+    docs = rendered[values]
+    services = _by_name(docs, "Service")
+    config_maps = _by_name(docs, "ConfigMap")
+    accounts = _by_name(docs, "ServiceAccount")
+    for w in (d for d in docs if d["kind"] in WORKLOADS):
+        tmpl = w["spec"]["template"]
+        labels = tmpl["metadata"]["labels"]
+        assert w["spec"]["selector"]["matchLabels"].items() <= labels.items(), w["metadata"]["name"]
+        spec = tmpl["spec"]
+        if "serviceAccountName" in spec:
+            assert spec["serviceAccountName"] in accounts or values == "no-alerts"
+        for vol in spec.get("volumes", []):
+            if "configMap" in vol and vol["configMap"]["name"] not in config_maps:
+                assert vol["configMap"]["name"] == "gpupipe-prices"  # existingConfigMap in no-alerts
+        ports = {p["name"] for c in spec["containers"] for p in c.get("ports", [])}
+        assert "metrics" in ports
+        for c in spec["containers"]:
+            for probe in ("livenessProbe", "readinessProbe"):
+                target = c[probe].get("httpGet") or c[probe].get("tcpSocket")
+                assert target["port"] in ports
+        if w["kind"] == "StatefulSet":
+            svc = services[w["spec"]["serviceName"]]
+            assert svc["spec"]["clusterIP"] == "None"
+    for svc in services.values():
+        selected = [
+            w
+            for w in docs
+            if w["kind"] in WORKLOADS
+            and svc["spec"]["selector"].items() <= w["spec"]["template"]["metadata"]["labels"].items()
+        ]
+        assert len(selected) == 1, svc["metadata"]["name"]
+
+
+def test_prometheus_operator_objects(rendered: dict, tmp_path: Path) -> None:
+    docs = rendered["secured-kafka"]
+    kinds = _kinds(docs)
+    sm = kinds["ServiceMonitor"][0]
+    assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    svc = next(
+        s
+        for s in kinds["Service"]
+        if sm["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()
+    )
+    assert svc["metadata"]["name"].endswith("-metrics")
+    assert sm["spec"]["endpoints"][0]["port"] in {p["name"] for p in svc["spec"]["ports"]}
+    pm = kinds["PodMonitor"][0]
+    comps = set(pm["spec"]["selector"]["matchExpressions"][0]["values"])
+    monitored = {
+        w["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
+        for w in docs
+        if w["kind"] in WORKLOADS
+        and pm["spec"]["selector"]["matchLabels"].items()
+        <= w["spec"]["template"]["metadata"]["labels"].items()
+    }
+    assert comps == {"producer", "chargeback", "alerts"} and comps <= monitored
+    # The PrometheusRule carries deploy/prometheus's rules, and promtool accepts them.
+    rule = kinds["PrometheusRule"][0]
+    source = yaml.safe_load((REPO / "deploy" / "prometheus" / "gpupipe-alerts.rules.yml").read_text())
+    assert rule["spec"]["groups"] == source["groups"]
+    path = tmp_path / "rules.yml"
+    path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    res = subprocess.run(
+        ["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    for d in docs:
+        if d["kind"] in MONITORING:
+            assert d["apiVersion"] == "monitoring.coreos.com/v1" and d["metadata"]["namespace"] == "gpu"
+
+
+def test_chart_rules_are_the_deploy_rules() -> None:
+    assert (CHART / "files" / "gpupipe-alerts.rules.yml").read_text() == (
+        REPO / "deploy" / "prometheus" / "gpupipe-alerts.rules.yml"
+    ).read_text(), "copy deploy/prometheus/gpupipe-alerts.rules.yml to the chart's files/"
+
+
+# -- command lines ---------------------------------------------------------------------------------------
+def _expand(value: str, env: dict[str, str]) -> str:
+    """Kubernetes' $(VAR) expansion of env values and args from earlier variables."""
+    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)), value)
+
+
+def _container_env(c: dict[str, Any]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for e in c.get("env", []):
+        if "value" in e:
+            env[e["name"]] = _expand(str(e["value"]), env)
+        elif "secretKeyRef" in e.get("valueFrom", {}):
+            env[e["name"]] = f"secret-{e['valueFrom']['secretKeyRef']['key']}"
+        else:
+            env[e["name"]] = "from-the-downward-api"
+    return env
+
+
+def command_lines(docs: list[dict[str, Any]]) -> list[tuple[str, list[str], dict[str, str]]]:
+    out = []
+    for w in docs:
+        if w["kind"] in WORKLOADS:
+            for c in w["spec"]["template"]["spec"]["containers"]:
+                env = _container_env(c)
+                out.append((w["metadata"]["name"], [_expand(a, env) for a in c["args"]], env))
+    return out
+
+
+def parse(args: list[str], env: dict[str, str]) -> Any:
+    parser = build_parser()
+    apply_env_defaults(parser, env)
+    return parser.parse_args(args)
+
+
+@pytest.mark.parametrize("values", list(VALUES))
+def test_every_command_line_parses_with_the_cli(rendered: dict, values: str) -> None:
+    lines = command_lines(rendered[values])
+    commands = {args[0] for _, args, _ in lines}
+    expected = {"produce", "metrics", "chargeback", "alerts"} - (
+        {"alerts"} if values == "no-alerts" else set()
+    )
+    assert commands == expected
+    for _name, args, env in lines:
+        ns = parse(args, env)
+        assert callable(ns._run)
+        assert ns.bootstrap_servers == env["GPUPIPE_BOOTSTRAP_SERVERS"]
+        assert ns.listen.startswith("0.0.0.0:")
+
+
+def test_secured_kafka_reaches_the_processes_without_secrets_on_the_command_line(rendered: dict) -> None:
+    for name, args, env in command_lines(rendered["secured-kafka"]):
+        ns = parse(args, env)
+        assert ns.topic_prefix == "prod." and ns.schema_registry_url.startswith("https://")
+        cfg = dict(kv.split("=", 1) for kv in ns.kafka_config)
+        assert cfg["security.protocol"] == "SASL_SSL" and cfg["sasl.mechanism"] == "SCRAM-SHA-512"
+        assert cfg["sasl.username"] == "secret-username" and cfg["sasl.password"] == "secret-password"
+        assert cfg["ssl.ca.location"] == "/etc/gpupipe/kafka-tls/ca.crt"
+        assert not any("secret-" in a for a in args), name
+    workloads = [d for d in rendered["secured-kafka"] if d["kind"] in WORKLOADS]
+    for w in workloads:
+        spec = w["spec"]["template"]["spec"]
+        assert {"name": "registry-credentials"} in spec["imagePullSecrets"]
+        assert spec["containers"][0]["image"] == "registry.example.com/platform/gpupipe:0.1.0"
+        assert any(v.get("secret", {}).get("secretName") == "kafka-cluster-ca-cert" for v in spec["volumes"])
+
+
+def test_producer_daemonset_defaults(rendered: dict) -> None:
+    ds = _kinds(rendered["defaults"])["DaemonSet"][0]
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["hostPID"] is True and spec["runtimeClassName"] == "nvidia"
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    c = spec["containers"][0]
+    assert "SYSLOG" in c["securityContext"]["capabilities"]["add"]
+    host = {v["name"]: v["hostPath"] for v in spec["volumes"] if "hostPath" in v}
+    assert host["kmsg"] == {"path": "/dev/kmsg", "type": "CharDevice"}
+    assert host["spool"]["type"] == "DirectoryOrCreate"
+    assert host["pod-resources"]["path"] == "/var/lib/kubelet/pod-resources"
+    ro = {m["name"]: m.get("readOnly", False) for m in c["volumeMounts"]}
+    assert ro == {"pod-resources": True, "pod-logs": True, "spool": False, "kmsg": True}
+    ns = parse(*command_lines([ds])[0][1:])
+    assert ns.source == "nvml" and ns.kmsg_path == "/dev/kmsg" and ns.spool_dir == "/var/lib/gpupipe/spool"
+    assert ns.kubelet_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
+    assert c["resources"]["limits"]["memory"] and c["resources"]["requests"]["cpu"]
+
+
+def test_consumers_defaults(rendered: dict) -> None:
+    k = _kinds(rendered["defaults"])
+    deployments = {d["metadata"]["name"]: d for d in k["Deployment"]}
+    assert deployments["rel-gpupipe-alerts"]["spec"]["replicas"] == 2  # the alerts pair
+    anti = deployments["rel-gpupipe-alerts"]["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    term = anti["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"]["app.kubernetes.io/component"] == "alerts"
+    assert deployments["rel-gpupipe-metrics"]["spec"]["replicas"] == 2
+    sts = k["StatefulSet"][0]
+    env = _container_env(sts["spec"]["template"]["spec"]["containers"][0])
+    assert "GPUPIPE_INSTANCE_ID" in env
+    prices = yaml.safe_load(
+        _by_name(rendered["defaults"], "ConfigMap")["rel-gpupipe-chargeback"]["data"]["prices.yaml"]
+    )
+    from consumers.chargeback.prices import parse_price_table
+
+    table = parse_price_table(prices)  # the chargeback service accepts the rendered price table
+    assert table is not None
+    assert {d["kind"] for d in rendered["defaults"]}.isdisjoint(MONITORING)
+
+
+def test_mig_only_and_no_alerts(rendered: dict) -> None:
+    ds = _kinds(rendered["mig-only"])["DaemonSet"][0]
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["nodeSelector"]["nvidia.com/mig.capable"] == "true"
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert terms[0]["matchExpressions"][0]["key"] == "nvidia.com/mig.config"
+    ns = parse(*command_lines([ds])[0][1:])
+    assert "nvidia.com/mig-1g.10gb" in ns.extra_resource_names
+    cfg = dict(kv.split("=", 1) for kv in ns.kafka_config)
+    assert cfg["ssl.certificate.location"].endswith("/user.crt") and cfg["ssl.key.location"].endswith(
+        "/user.key"
+    )
+
+    docs = rendered["no-alerts"]
+    kinds = {d["kind"] for d in docs}
+    assert "ClusterRole" not in kinds and not any("alerts" in d["metadata"]["name"] for d in docs)
+    ds = _kinds(docs)["DaemonSet"][0]
+    ns = parse(*command_lines([ds])[0][1:])
+    assert ns.no_kmsg is True and ns.create_topics is False and ns.no_nvml_events is True
+    assert "kmsg" not in {v["name"] for v in ds["spec"]["template"]["spec"]["volumes"]}
+    assert "add" not in ds["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilities"]
+
+
+def test_flags_of_every_kind_render_and_parse(helm: str) -> None:
+    docs = render(
+        helm,
+        None,
+        "chargeback.flags.window=15m",
+        "chargeback.flags.batch-size=5000",
+        "chargeback.flags.idle-threshold=0.02",
+        "chargeback.flags.static-membership=true",
+        "chargeback.flags.grace=null",
+        "alerts.flags.dry-run=false",
+        "alerts.flags.cordon=true",
+        "alerts.flags.node-burst-gpus=3",
+        "producer.flags.topic-partitions={gpu.samples.v1=24,gpu.xid.v1=6}",
+    )
+    lines = {args[0]: (args, env) for _, args, env in command_lines(docs)}
+    cb = parse(*lines["chargeback"])
+    assert (cb.window, cb.batch_size, cb.idle_threshold, cb.static_membership) == (900_000, 5000, 0.02, True)
+    assert "--batch-size=5000" in lines["chargeback"][0] and not any(
+        a.startswith("--grace") for a in lines["chargeback"][0]
+    )
+    al = parse(*lines["alerts"])
+    assert al.cordon is True and al.dry_run is False and al.node_burst_gpus == 3
+    pr = parse(*lines["produce"])
+    assert pr.topic_partitions == ["gpu.samples.v1=24", "gpu.xid.v1=6"]
+
+
+def test_values_mirror_dcgm_exporter_names() -> None:
+    """Where dcgm-exporter's chart has a value with the same meaning, ours has its name."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    for key in (
+        "image",
+        "imagePullSecrets",
+        "nameOverride",
+        "fullnameOverride",
+        "namespaceOverride",
+        "serviceMonitor",
+    ):
+        assert key in values
+    assert {"repository", "pullPolicy", "tag"} <= set(values["image"])
+    assert {
+        "enabled",
+        "interval",
+        "scrapeTimeout",
+        "honorLabels",
+        "additionalLabels",
+        "relabelings",
+        "metricRelabelings",
+    } <= set(values["serviceMonitor"])
+    producer = values["producer"]
+    for key in (
+        "hostPID", "runtimeClassName", "priorityClassName", "serviceAccount", "rollingUpdate", "podLabels",
+        "podAnnotations", "podSecurityContext", "securityContext", "resources", "nodeSelector", "tolerations",
+        "affinity", "extraEnv", "extraVolumes", "extraVolumeMounts", "kubeletPath", "livenessProbe",
+        "readinessProbe", "arguments",
+    ):  # fmt: skip
+        assert key in producer, key
+    assert {"enable", "type", "port", "annotations"} <= set(values["metrics"]["service"])
+
+
+def test_grafana_dashboards_as_sidecar_config_maps(rendered: dict) -> None:
+    maps = [
+        d
+        for d in rendered["secured-kafka"]
+        if d["kind"] == "ConfigMap" and d["metadata"]["labels"].get("grafana_dashboard") == "1"
+    ]
+    shipped = {p.name: p for p in (REPO / "deploy" / "grafana" / "dashboards").glob("*.json")}
+    assert sorted(k for m in maps for k in m["data"]) == sorted(shipped)
+    for m in maps:
+        assert m["metadata"]["annotations"] == {"grafana_folder": "GPU"}
+        for key, text in m["data"].items():
+            assert json.loads(text) == json.loads(shipped[key].read_text())
+    assert not [d for d in rendered["defaults"] if "grafana_dashboard" in d["metadata"].get("labels", {})]
