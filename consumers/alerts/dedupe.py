@@ -44,7 +44,6 @@ Each published revision increments ``sequence``.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -170,7 +169,7 @@ class AlertEngine:
         self._seen: dict[str, None] = {}
         self._sightings: dict[Key, _Sighting] = {}
         self._signatures: dict[str, set[tuple[Any, ...]]] = {}
-        self._bursts: dict[str, deque[tuple[int, str, str]]] = {}
+        self._bursts: dict[str, dict[str, dict[str, int]]] = {}  # host -> device -> alert id -> ts
         self._node_worst: dict[str, tuple[int, int, int]] = {}
         self.counts: dict[str, int] = dict.fromkeys(
             (
@@ -377,8 +376,17 @@ class AlertEngine:
             for key, s in list(self._sightings.items()):
                 if s.ts < horizon:
                     del self._sightings[key]
-        for host, q in list(self._bursts.items()):
-            if not q or now_ms - q[-1][0] > self.cfg.node_burst_window_ms + self.cfg.max_future_skew_ms:
+        for host, recent in list(self._bursts.items()):
+            # Against the newest time seen on the node, not the clock: a backlog replays old times.
+            newest = max(t for alerts in recent.values() for t in alerts.values())
+            horizon = min(now_ms, newest) - self.cfg.node_burst_window_ms - self.cfg.max_future_skew_ms
+            for device, alerts in list(recent.items()):
+                for aid, t in list(alerts.items()):
+                    if t < horizon:
+                        del alerts[aid]
+                if not alerts:
+                    del recent[device]
+            if not recent:
                 del self._bursts[host]
 
     def take(self, now_ms: int, *, force: bool = False) -> list[Alert]:
@@ -617,29 +625,39 @@ class AlertEngine:
             self._node_worst.pop(a.alert_id, None)
 
     def _node_burst(self, gpu_alert: Alert, ts: int, now_ms: int) -> None:
+        """Count a GPU occurrence toward its node's burst (see module doc).
+
+        Only faults that carry a health signal count (:func:`_counts_toward_burst`): killing an 8-GPU job
+        logs Xid 45 on every GPU, which says nothing about the node. Per node, the newest occurrence time
+        of each GPU's alerts is kept (bounded by GPUs x codes), so the cost of an event does not grow with
+        the node's history (a flood on one node costs what a flood spread over many does).
+        """
+        if not _counts_toward_burst(gpu_alert):
+            return
         cfg = self.cfg
         host = gpu_alert.hostname
-        q = self._bursts.get(host)
-        if q is None:
-            q = self._bursts[host] = deque()
-        q.append((ts, gpu_alert.device, gpu_alert.alert_id))
-        # Events arrive out of event-time order (two topics, late records): prune against the newest
-        # time seen and compare each event with the window on both sides of its own time, so a late
-        # record is never grouped with faults an hour after it.
-        newest = max(m[0] for m in q)
-        if q[0][0] < newest - cfg.node_burst_window_ms:
-            kept = [m for m in q if m[0] >= newest - cfg.node_burst_window_ms]
-            q.clear()
-            q.extend(kept)
-        while len(q) > 4096:
-            q.popleft()
+        recent = self._bursts.get(host)
+        if recent is None:
+            recent = self._bursts[host] = {}
+        per_device = recent.setdefault(gpu_alert.device, {})
+        if ts > per_device.get(gpu_alert.alert_id, -1):
+            per_device[gpu_alert.alert_id] = ts
         key: Key = ("node", host, "", "node_burst")
         node = self._open.get(key)
         if node is not None and ts <= node.last_seen_ms + cfg.dedupe_window_ms:
             self._touch(key, ts, now_ms, 1, anchor="")
             members = [(ts, gpu_alert.device, gpu_alert.alert_id)]
         else:
-            in_window = [m for m in q if abs(m[0] - ts) <= cfg.node_burst_window_ms]
+            # Events arrive out of event-time order (two topics, late records): compare each event with
+            # the window on both sides of its own time, so a late record is never grouped with faults an
+            # hour after it.
+            w = cfg.node_burst_window_ms
+            in_window = [
+                (t, device, aid)
+                for device, alerts in recent.items()
+                for aid, t in alerts.items()
+                if abs(t - ts) <= w
+            ]
             devices = {m[1] for m in in_window}
             if len(devices) < cfg.node_burst_gpus:
                 return
@@ -695,6 +713,16 @@ class AlertEngine:
     def _member(self, member_id: str) -> Alert | None:
         a = self._ids.get(member_id)
         return a if a is not None and a.status == "firing" else None
+
+
+# Xid 43 (job stopped, GPU healthy) and 45 (channels torn down: a job killed or preempted) are what every
+# multi-GPU job kill logs on each of its GPUs; they never make or feed a node burst.
+JOB_KILL_CODES = frozenset({43, 45})
+
+
+def _counts_toward_burst(a: Alert) -> bool:
+    """A GPU alert counts toward a node burst when it is more than info and not a job-kill code."""
+    return a.severity != "info" and bool(a.codes) and a.codes[0] not in JOB_KILL_CODES
 
 
 def _merge_codes(have: tuple[int, ...], new: Iterable[int]) -> tuple[int, ...]:

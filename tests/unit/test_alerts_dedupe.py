@@ -282,10 +282,10 @@ def test_a_late_event_is_not_grouped_with_faults_an_hour_later() -> None:
     now = T0 + 3600 * S
     e.on_xid(xid(13, now, bus=BUS[0], pid=1), now)
     e.on_xid(xid(31, now, bus=BUS[1], pid=2), now)
-    e.on_xid(xid(43, T0, bus=BUS[2], pid=3), now)
+    e.on_xid(xid(13, T0, bus=BUS[2], pid=3), now)
     assert all(r["scope"] == "gpu" for r in records(e, now))
     # ...while a third GPU within the window does make one.
-    e.on_xid(xid(43, now + 10 * S, bus=BUS[3], pid=4), now + 10 * S)
+    e.on_xid(xid(13, now + 10 * S, bus=BUS[3], pid=4), now + 10 * S)
     assert [r["scope"] for r in records(e, now + 10 * S)].count("node") == 1
 
 
