@@ -107,6 +107,8 @@ class Alert:
     """The change must be emitted now (new, status, severity/action/drain), not throttled."""
     last_emit_ms: int | None = None
     """Wall time of the last emitted revision."""
+    seen_at_ms: int = 0
+    """Processing (wall) time of the latest occurrence: quiet periods are measured from it (review D2)."""
 
     def snapshot(self) -> Alert:
         return replace(self, gpus=list(self.gpus), allocations=list(self.allocations))

@@ -55,6 +55,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="create missing topics with default partitions and retention",
     )
     p.add_argument(
+        "--ack",
+        default=None,
+        metavar="ALERT_ID",
+        help="acknowledge an alert (a fault needing a reset, reboot or RMA was dealt with): publish the ack "
+        "on gpu.alerts.v1, which resolves it, and exit",
+    )
+    p.add_argument("--ack-note", default="", metavar="TEXT", help="why (kept in the ack record)")
+    p.add_argument(
         "--instance-id",
         default=None,
         help="name of this instance in records and cordon annotations (host name)",
@@ -217,7 +225,10 @@ class AlertsApp:
         t_xid = topics.with_prefix(args.topic_prefix, topics.XID)
         t_samples = topics.with_prefix(args.topic_prefix, topics.SAMPLES)
         self.alerts_topic = topics.with_prefix(args.topic_prefix, topics.ALERTS)
-        self.inputs = [t_xid, t_samples] if args.health_signals else [t_xid]
+        # gpu.alerts.v1 is read for operators' acks (gpupipe alerts --ack); the rest of it is skipped
+        self.inputs = (
+            [t_xid, t_samples, self.alerts_topic] if args.health_signals else [t_xid, self.alerts_topic]
+        )
         codec = codec_from_url(args.schema_registry_url)
         self.registry = CollectorRegistry()
         self.alertmanager = None
@@ -316,10 +327,32 @@ class AlertsApp:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.ack:
+        return _ack(args)
     app = AlertsApp(args)
     stop = _Stop()
     stop.install()
     app.run(stop.event)
+    return 0
+
+
+def _ack(args: argparse.Namespace) -> int:
+    from consumers.alerts.ack import publish_ack
+
+    extra = parse_kafka_overrides(args.kafka_config)
+    wait_for_broker(args.bootstrap_servers, extra=extra)
+    topic = topics.with_prefix(args.topic_prefix, topics.ALERTS)
+    codec = codec_from_url(args.schema_registry_url)
+    rec = publish_ack(
+        args.bootstrap_servers,
+        topic,
+        codec,
+        args.ack,
+        args.ack_note,
+        args.restore_lookback or 86_400_000,
+        extra,
+    )
+    print(f"acknowledged {rec['alert_id']} ({rec['alertname']} on {rec['hostname']}) on {topic}")
     return 0
 
 

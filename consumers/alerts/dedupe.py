@@ -11,8 +11,10 @@ Keys. One open alert per key ``(scope, hostname, device, signal)``: ``device`` i
 ``nvswitch``), a health signal (``ecc_dbe``, ``thermal``...) or ``node_burst`` (scope ``node``, device
 ``""``).
 
-Lifecycle, in event time (the events' own ``timestamp_ms``; more than ``max_future_skew_ms`` ahead of
-``now_ms`` is taken as ``now_ms``):
+Lifecycle. Folding and recurrence compare the events' own times (``timestamp_ms``; more than
+``max_future_skew_ms`` ahead of ``now_ms`` is taken as ``now_ms``); quiet periods are measured in
+processing (wall) time, from when the latest occurrence was *processed* (``seen_at_ms``), so an event
+processed late (consumer lag, an outage, a node clock behind) is never born resolved:
 
 * **Dedupe**: an occurrence within ``dedupe_window_ms`` (D) of the open alert's latest occurrence folds into
   it: ``occurrences += 1``, ``last_seen_ms`` moves. Late (out-of-order) occurrences fold in too and may move
@@ -24,14 +26,24 @@ Lifecycle, in event time (the events' own ``timestamp_ms``; more than ``max_futu
   Xid by the producer's two sources (``nvml`` and ``kmsg`` records of the same key within
   ``sighting_merge_ms``, which the producer failed to merge). A double sighting still contributes what
   it knows (the kernel line's message and pid may change the classification; NVML's UUID).
-* **Resolve**: an alert with no occurrence for ``resolve_after_ms`` (R) of ``now_ms - last_seen_ms``
-  resolves (``quiet``). Level health signals also resolve when the sample says the condition cleared
+* **Resolve by quiet**: an alert with no occurrence processed for ``resolve_after_ms`` (R) resolves
+  (``quiet``) -- unless it is *sticky*: a GPU fault whose action needs a reset, reboot or RMA
+  (:func:`sticky`: drain alerts and actions RESET_GPU, RESTART_BM, RESTART_VM, DRAIN_AND_RESET). Such a
+  GPU does not repeat its Xid while it sits broken, so silence is no evidence; it stays firing until
+  evidence of recovery: a ``gpu_reset`` signal from the samples (the GPU back after being lost, volatile
+  ECC or energy counters restarting, NVML's recovery action back to none: reason ``recovered``) or an
+  operator's acknowledgement (:meth:`AlertEngine.acknowledge`, ``gpupipe alerts --ack ALERT_ID``: reason
+  ``acknowledged``), as NVSentinel and GPUd do. Application-class alerts still expire by quiet time.
+  Level health signals also resolve when the sample says the condition cleared
   (``cleared``). When R < D a resolved alert is remembered until D after its last occurrence, and an
   occurrence in that span *reopens* it (same id, status firing again) instead of raising a new one.
 * **Node burst**: when occurrences on at least ``node_burst_gpus`` distinct GPUs of one node fall within
   ``node_burst_window_ms``, a node-level alert (``GpuNodeXidStorm``) opens; the GPU alerts keep existing as
-  detail and name it in ``parent_alert_id``. While it is open, every XID occurrence on that node folds into
-  it (its GPUs, codes, worst severity/action and drain flag accumulate); it resolves like the others.
+  detail and name it in ``parent_alert_id``. Only faults above info that are not job-kill codes (Xid
+  43/45) count: killing a multi-GPU job is no node fault. While it is open, every such occurrence on that
+  node folds into it (its GPUs, codes, worst severity/action and drain flag accumulate); it resolves after
+  ``min(R, D)`` quiet, so it never outlives the span in which it absorbs faults (its per-GPU detail of a
+  sticky fault stays firing on its own).
 * **Classification** (:func:`~consumers.alerts.classify.classify`, per GPU history and health snapshot) runs
   for every occurrence; an alert keeps the *worst* decision seen (severity, then drain, then action rank):
   it may escalate, never de-escalate, while open.
@@ -69,7 +81,7 @@ from consumers.alerts.health_signals import (
     recovery_presentation,
 )
 
-__all__ = ["AlertEngine", "EngineConfig", "worse"]
+__all__ = ["STICKY_ACTIONS", "AlertEngine", "EngineConfig", "sticky", "worse"]
 
 MINUTE_MS = 60_000
 _EVENT_KINDS = frozenset({"xid", "sxid", "fallen_off_bus", "gpu_lost", "unknown"})
@@ -184,6 +196,8 @@ class AlertEngine:
                 "clock_future",
                 "invalid",
                 "signals",
+                "recovered",
+                "acknowledged",
             ),
             0,
         )
@@ -305,10 +319,15 @@ class AlertEngine:
                 self.counts["events"] -= 1  # counted as a signal, not as an XidEvent
                 return self.on_xid(ev, now_ms)
             a = self._open.get(("gpu", host, device, "xid:79"))
-            if a is not None and ts > a.last_seen_ms:
-                a.last_seen_ms = ts
-                self._dirty(a)
+            if a is not None:
+                a.seen_at_ms = now_ms
+                if ts > a.last_seen_ms:
+                    a.last_seen_ms = ts
+                    self._dirty(a)
             return a
+        if sig.signal == "gpu_reset":
+            self.recovered(host, device, ts, now_ms, sig.detail)
+            return None
         key: Key = ("gpu", host, device, sig.signal)
         if sig.kind == "clear":
             a = self._open.get(key)
@@ -319,6 +338,7 @@ class AlertEngine:
         if sig.kind == "active":
             a = self._open.get(key)
             if a is not None:
+                a.seen_at_ms = now_ms
                 if ts > a.last_seen_ms:
                     a.last_seen_ms = ts
                     self._dirty(a)
@@ -365,11 +385,12 @@ class AlertEngine:
         r = self.cfg.resolve_after_ms
         d = self.cfg.dedupe_window_ms
         for key, a in list(self._open.items()):
-            if now_ms - a.last_seen_ms >= r:
+            quiet = min(r, d) if a.scope == "node" else r
+            if now_ms - a.seen_at_ms >= quiet and not sticky(a):
                 self._resolve(a, now_ms, "quiet")
                 self._close(key, a, keep=r < d and key[3] not in LEVEL_SIGNALS)
         for key, a in list(self._closed.items()):
-            if now_ms - a.last_seen_ms > d:
+            if now_ms - a.seen_at_ms > d:
                 del self._closed[key]
         if len(self._sightings) > 4096:
             horizon = now_ms - self.cfg.max_future_skew_ms - self.cfg.sighting_merge_ms
@@ -409,6 +430,37 @@ class AlertEngine:
     def pending(self) -> int:
         return len(self._changed)
 
+    # ------------------------------------------------------------------------------------- evidence
+
+    def recovered(self, host: str, device: str, ts: int, now_ms: int, detail: str = "") -> list[Alert]:
+        """Evidence that a GPU was reset or its node rebooted at ``ts``: resolve (``recovered``) its open
+        fault alerts older than that. Level signals have their own clear and are left alone."""
+        out = []
+        for key, a in list(self._open.items()):
+            if key[1] != host or key[2] != device or key[3] in LEVEL_SIGNALS or a.scope != "gpu":
+                continue
+            if a.first_seen_ms > ts:
+                continue  # a fault after the reset is a new fault
+            a.description = (a.description + f" Recovered: {detail}.").strip() if detail else a.description
+            self._resolve(a, now_ms, "recovered")
+            self._close(key, a, keep=False)
+            out.append(a)
+        self.counts["recovered"] += len(out)
+        return out
+
+    def acknowledge(self, alert_id: str, now_ms: int, note: str = "") -> Alert | None:
+        """An operator says the fault was dealt with (``gpupipe alerts --ack``): resolve the alert
+        (``acknowledged``). Unknown or already resolved ids are ignored (acks replay after restarts)."""
+        a = self._ids.get(alert_id)
+        if a is None or a.status != "firing":
+            return None
+        if note:
+            a.description = f"{a.description} Acknowledged: {note}".strip()
+        self._resolve(a, now_ms, "acknowledged")
+        self._close(a.key, a, keep=False)
+        self.counts["acknowledged"] += 1
+        return a
+
     # ----------------------------------------------------------------------------------- restore
 
     def restore(self, records: Iterable[dict[str, Any]], now_ms: int) -> int:
@@ -439,7 +491,10 @@ class AlertEngine:
                 if eid:
                     self._remember(eid)
             if a.status == "resolved":
-                if now_ms - a.last_seen_ms <= self.cfg.dedupe_window_ms:
+                a.seen_at_ms = a.resolved_at_ms or now_ms
+                # a fault after a recovery or an ack is a new incident, never a reopen
+                ended = a.resolve_reason in ("recovered", "acknowledged")
+                if not ended and now_ms - a.seen_at_ms <= self.cfg.dedupe_window_ms:
                     self._closed[a.key] = a
                 continue
             old = self._open.get(a.key)
@@ -447,6 +502,7 @@ class AlertEngine:
                 self._resolve(old, now_ms, "superseded")
                 self._close(old.key, old, keep=False)
                 restored.discard(old.alert_id)
+            a.seen_at_ms = now_ms  # quiet time restarts: a restart is no evidence of anything
             self._open[a.key] = a
             self._ids[a.alert_id] = a
             if a.scope == "node":
@@ -603,6 +659,7 @@ class AlertEngine:
             a.first_seen_ms = ts
         if ts > a.last_seen_ms:
             a.last_seen_ms = ts
+        a.seen_at_ms = now_ms
         a.occurrences += count
         self._dirty(a)
         return a
@@ -718,6 +775,17 @@ class AlertEngine:
 # Xid 43 (job stopped, GPU healthy) and 45 (channels torn down: a job killed or preempted) are what every
 # multi-GPU job kill logs on each of its GPUs; they never make or feed a node burst.
 JOB_KILL_CODES = frozenset({43, 45})
+
+
+# Actions that need a reset, reboot or a person with a replacement GPU: silence is no evidence of recovery.
+STICKY_ACTIONS = frozenset({"RESET_GPU", "RESTART_BM", "RESTART_VM", "DRAIN_AND_RESET"})
+
+
+def sticky(a: Alert) -> bool:
+    """A GPU/NVSwitch fault that stays firing until evidence of recovery (see module doc)."""
+    if a.scope == "node" or a.key[3] in LEVEL_SIGNALS:
+        return False
+    return a.drain_node or a.action in STICKY_ACTIONS
 
 
 def _counts_toward_burst(a: Alert) -> bool:

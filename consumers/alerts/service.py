@@ -42,7 +42,7 @@ from prometheus_client.registry import Collector
 from consumers.alerts.alert_record import Alert, action_record, to_record
 from consumers.alerts.cordon import Cordoner, CordonResult
 from consumers.alerts.dedupe import AlertEngine, EngineConfig
-from consumers.alerts.health_signals import HealthConfig, HealthTracker, InvalidRecord
+from consumers.alerts.health_signals import LEVEL_SIGNALS, HealthConfig, HealthTracker, InvalidRecord
 from consumers.consume_loop import InRecord
 from gpupipe.errors import GpupipeError
 from gpupipe.kafka_admin import client_config
@@ -298,6 +298,8 @@ class AlertsService:
                         ident, signals = self.health.observe(r.value)
                         for sig in signals:
                             self.engine.on_signal(ident, sig, now)
+                    elif r.name == "GpuAlert":
+                        self._on_alert_record(r.value, now)  # our own output: only acks matter
                     else:
                         rejected.append((r, "unexpected-record-type", f"{r.name} on {r.topic}"))
                 except Exception as exc:  # a record the engine cannot use must not stop the stream
@@ -313,6 +315,13 @@ class AlertsService:
                     )
             self._emit(self.engine.take(now), now)
         return rejected
+
+    def _on_alert_record(self, rec: dict[str, Any], now: int) -> None:
+        rem = rec.get("remediation") or {}
+        if rec.get("status") == "action" and rem.get("kind") == "ack":
+            a = self.engine.acknowledge(rec["alert_id"], now, rem.get("detail") or "")
+            if a is not None:
+                log.info("alert acknowledged", extra=fields(alert_id=a.alert_id, node=a.hostname))
 
     def tick(self) -> int:
         """Run the engine's timers and publish what is due; returns records published."""
@@ -336,7 +345,12 @@ class AlertsService:
         now = self.now_ms()
         with self.lock:
             n = self.engine.restore(records, now)
+            for rec in records:  # acks published while we were down (the engine ignores stale ones)
+                self._on_alert_record(rec, now)
             open_alerts = [a.snapshot() for a in self.engine.open_alerts()]
+            for a in open_alerts:
+                if a.key[3] in LEVEL_SIGNALS:
+                    self.health.restored_levels.add((a.hostname, a.device, a.key[3]))
             self._emit(self.engine.take(now), now)
         if self.cordoner is not None:
             counted = self.cordoner.restore(records, now)

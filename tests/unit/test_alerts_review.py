@@ -92,3 +92,112 @@ def test_d8_uuid_and_pod_found_later_keep_the_alertmanager_identity() -> None:
     second = records(e, T0 + 5 * S)[0]
     assert first["alert_id"] == second["alert_id"] and second["gpu_uuid"] == "GPU-1111"
     assert am_labels(first) == am_labels(second)  # no spurious RESOLVED, silences keep matching
+
+
+# ------------------------------------------------------------------------------------------- D2
+
+
+def test_d2_late_fatal_xid_is_not_born_resolved_and_stays_until_evidence() -> None:
+    e = AlertEngine(EngineConfig())
+    now = T0 + 35 * MIN
+    e.on_xid(xid(79, T0, msg="GPU has fallen off the bus."), now)  # processed 35 min late
+    assert records(e, now)[0]["status"] == "firing"
+    e.tick(now + S)
+    assert records(e, now + S) == []  # was: resolved one tick later (reason quiet)
+    e.tick(now + 6 * 60 * MIN)
+    assert records(e, now + 6 * 60 * MIN) == [] and len(e.open_alerts()) == 1  # silence is no evidence
+
+
+def test_d2_application_fault_expires_by_processing_time() -> None:
+    e = AlertEngine(EngineConfig(resolve_after_ms=30 * MIN))
+    now = T0 + 35 * MIN
+    e.on_xid(xid(13, T0, pid=7), now)
+    records(e, now)
+    e.tick(now + 30 * MIN - 1)
+    assert records(e, now + 30 * MIN - 1) == []
+    e.tick(now + 30 * MIN)
+    assert [(r["status"], r["resolve_reason"]) for r in records(e, now + 30 * MIN)] == [("resolved", "quiet")]
+
+
+def test_d2_gpu_reset_in_samples_resolves_the_fatal_alert_as_recovered() -> None:
+    from consumers.alerts.health_signals import HealthTracker
+
+    tracker = HealthTracker()
+    e = AlertEngine(EngineConfig(), health=tracker.health, identity=tracker.identity)
+
+    def sample(ts: int, **kw: Any) -> None:
+        s = {"timestamp_ms": ts, "hostname": "node-a", "pci_bus_id": BUS[0], "uuid": "GPU-0", **kw}
+        ident, sigs = tracker.observe(s)
+        for sig in sigs:
+            e.on_signal(ident, sig, ts)
+
+    sample(T0, ecc_dbe_volatile_total=0, total_energy_mj=9_000_000)
+    e.on_xid(xid(95, T0 + S, msg="Uncontained: FBHUB. RST: Yes, D-RST: No"), T0 + S)
+    e.on_xid(xid(13, T0 + S, g=1, pid=5), T0 + S)  # another GPU: not touched by this GPU's reset
+    first = records(e, T0 + S)
+    assert {r["xid_codes"][0]: r["status"] for r in first} == {95: "firing", 13: "firing"}
+    sample(T0 + 2 * S, ecc_dbe_volatile_total=2, total_energy_mj=9_100_000)
+    e.tick(T0 + 3 * 60 * MIN)
+    later = records(e, T0 + 3 * 60 * MIN)
+    assert [(r["xid_codes"], r["status"]) for r in later if r["status"] == "resolved"] == [([13], "resolved")]
+    assert {a.codes[:1] for a in e.open_alerts()} == {(95,), ()}  # the 95 and the ECC signal stay open
+    sample(T0 + 3 * 60 * MIN + S, ecc_dbe_volatile_total=0, total_energy_mj=1_000)  # reset / reboot
+    out = [r for r in records(e, T0 + 3 * 60 * MIN + S) if r["xid_codes"][:1] == [95]]
+    assert [(r["status"], r["resolve_reason"]) for r in out] == [("resolved", "recovered")]
+
+
+def test_d2_operator_ack_resolves_a_fatal_alert() -> None:
+    e = AlertEngine(EngineConfig())
+    e.on_xid(xid(79, T0), T0)
+    aid = records(e, T0)[0]["alert_id"]
+    assert e.acknowledge("no-such-id", T0 + S) is None
+    assert e.acknowledge(aid, T0 + S, "GPU reseated") is not None
+    out = records(e, T0 + S)
+    assert [(r["status"], r["resolve_reason"]) for r in out] == [("resolved", "acknowledged")]
+    assert "GPU reseated" in out[0]["description"]
+    assert e.acknowledge(aid, T0 + 2 * S) is None  # replayed ack: nothing
+
+
+def test_d2_restore_after_a_long_outage_does_not_resolve_everything() -> None:
+    e = AlertEngine(EngineConfig())
+    e.on_xid(xid(13, T0, pid=3), T0)
+    recs = records(e, T0)
+    e2 = AlertEngine(EngineConfig())
+    later = T0 + 2 * 60 * MIN  # the service was down for 2 h
+    assert e2.restore(recs, later) == 1
+    e2.tick(later + S)
+    assert records(e2, later + S) == []  # quiet time restarts at the restore
+
+
+# ------------------------------------------------------------------------------------------ D15
+
+
+def test_d15_level_signal_that_cleared_during_downtime_resolves_at_restart() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from consumers.alerts.service import AlertsService, ListSink
+
+    class Clock:
+        ms = T0
+
+        def __call__(self) -> float:
+            return self.ms / 1000
+
+    def svc() -> tuple[AlertsService, ListSink, Clock]:
+        sink, clock = ListSink(), Clock()
+        return AlertsService(sink=sink, registry=CollectorRegistry(), clock=clock), sink, clock
+
+    def sample(ts: int, pending: bool) -> Any:
+        from consumers.consume_loop import InRecord
+
+        value = {"timestamp_ms": ts, "hostname": "node-a", "pci_bus_id": BUS[0], "row_remap_pending": pending}
+        return InRecord("s", 0, ts, None, "GpuSample", value, ts)
+
+    s1, sink1, _ = svc()
+    s1.handle([sample(T0, True)])
+    assert [r["alertname"] for r in sink1.records] == ["GpuRowRemapPending"]
+    s2, sink2, clock2 = svc()
+    clock2.ms = T0 + 60 * MIN
+    assert s2.restore(sink1.records) == 1
+    s2.handle([sample(T0 + 60 * MIN, False)])  # the GPU was reset while we were down
+    assert [(r["status"], r["resolve_reason"]) for r in sink2.records] == [("resolved", "cleared")]
