@@ -21,7 +21,8 @@ Fabric Manager User Guide, appendix "NVSwitch SXid Errors" (see ``xid_catalog.js
 Rules (the ``rule`` field of :class:`Classification` names the one that decided):
 
 * ``fallen_off_bus`` / ``gpu_lost`` / ``xid79`` / ``xid79.recurring``: treated as Xid 79.
-* ``app_fault.single`` / ``app_fault.repeat_distinct_processes``: Xid 13/31/43 (WORKFLOW_XID_13/31).
+* ``app_fault.single`` / ``app_fault.repeat_distinct_workloads`` / ``app_fault.xid13_same_tpc_diff_sm``:
+  Xid 13/31/43 (WORKFLOW_XID_13/31; a ticket, never a drain; 43 never escalates).
 * ``xid45.sympathetic`` / ``xid45.solo``: WORKFLOW_XID_45.
 * ``ecc.*``: Xid 48 (and 171/172), 63, 64 with row-remapper state (WORKFLOW_XID_48, [MEM]).
 * ``containment.*``: Xid 94/95 with the RST / D-RST flags of the message ([SRC]).

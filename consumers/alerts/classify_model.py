@@ -5,6 +5,7 @@ Split out of :mod:`consumers.alerts.classify`, which re-exports every public nam
 from __future__ import annotations
 
 import bisect
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -40,7 +41,9 @@ class FaultEvent:
     kernel line (the driver prints ``pid='<unknown>'`` / ``name=<unknown>`` when it has none: pass
     ``None``). ``message`` is the text after the code (or the whole line); parsers search it, so either
     works. The fields map one to one onto the ``XidEvent`` Avro record (``timestamp_ms`` -> ``ts_ms``,
-    ``xid`` -> ``code``).
+    ``xid`` -> ``code``). ``workload``: which workload ran on the GPU (:func:`workload_key` of the
+    event's first allocation), ``None`` when unknown; Xid 13/31 hardware suspicion counts workloads,
+    never pids (a crash-looping container gets a new pid per restart).
     """
 
     kind: EventKind
@@ -49,6 +52,7 @@ class FaultEvent:
     pid: int | None = None
     process_name: str | None = None
     message: str = ""
+    workload: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in _EVENT_KINDS:
@@ -94,9 +98,10 @@ class ClassifyConfig:
     """Windows and thresholds. Defaults follow the reference where it gives numbers, else are ours."""
 
     app_fault_window_ms: int = HOUR_MS
-    """Xid 13/31/43 look-back when counting distinct processes (ours; [CAT] says "repeat")."""
-    app_fault_distinct_processes: int = 3
-    """Distinct processes (this one included) that turn Xid 13/31/43 into a hardware suspicion."""
+    """Xid 13/31 look-back when counting distinct workloads (ours; [CAT] says "repeat")."""
+    app_fault_distinct_workloads: int = 3
+    """Distinct workloads (this one included) that turn Xid 13/31 into a hardware suspicion (a ticket to
+    run diagnostics, never a drain). Xid 43 never counts: NVIDIA says the GPU stays healthy."""
     correlation_window_ms: int = 10 * MINUTE_MS
     """Xid 48 "with 63 or 64" (WORKFLOW_XID_48) and 74 "seen with other Xid/SXid" (ours)."""
     recovery_link_window_ms: int = MINUTE_MS
@@ -128,6 +133,7 @@ class XidRecord:
     pid: int | None = None
     process_name: str | None = None
     message: str = ""
+    workload: str | None = None
 
 
 def _record_of(event: FaultEvent) -> XidRecord:
@@ -138,6 +144,7 @@ def _record_of(event: FaultEvent) -> XidRecord:
         pid=event.pid,
         process_name=_clean_name(event.process_name),
         message=event.message[:_MAX_MESSAGE_CHARS],
+        workload=event.workload,
     )
 
 
@@ -224,3 +231,19 @@ def _clean_name(name: str | None) -> str | None:
         return None
     stripped = name.strip().strip("'\"")
     return None if stripped.lower() in _UNKNOWN_NAMES else stripped
+
+
+# A pod name's generated tail: a Deployment's ``-<replicaset hash>-<5 chars>``, a Job's or a bare
+# ReplicaSet's ``-<5 chars>``. Pods recreated by one controller are one workload.
+_POD_TAIL = re.compile(r"(-[a-z0-9]{6,10})?-[a-z0-9]{5}$")
+
+
+def workload_key(namespace: str | None, pod: str | None) -> str | None:
+    """``namespace/controller`` of a pod: the unit a hardware suspicion counts (``None`` if unknown).
+
+    A container restarted in place keeps its pod; a pod recreated by its Deployment or Job gets a new
+    generated suffix; both stay one workload. StatefulSet ordinals (``-0``) are kept: distinct replicas.
+    """
+    if not pod:
+        return None
+    return f"{namespace or ''}/{_POD_TAIL.sub('', pod) or pod}"

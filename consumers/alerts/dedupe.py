@@ -71,6 +71,7 @@ from consumers.alerts.classify import (
     GpuXidHistory,
     classify,
 )
+from consumers.alerts.classify_model import workload_key
 from consumers.alerts.health_signals import (
     LEVEL_SIGNALS,
     SIGNAL_INFO,
@@ -248,6 +249,7 @@ class AlertEngine:
                 pid=ev.get("pid"),
                 process_name=ev.get("process_name"),
                 message=ev.get("message") or "",
+                workload=_workload(ev.get("allocations")),
             )
         except ValueError:  # e.g. kind xid without a code: classify it as an unknown event
             fe = FaultEvent(kind="unknown", ts_ms=ts, code=code, message=ev.get("message") or "")
@@ -791,6 +793,16 @@ def sticky(a: Alert) -> bool:
 def _counts_toward_burst(a: Alert) -> bool:
     """A GPU alert counts toward a node burst when it is more than info and not a job-kill code."""
     return a.severity != "info" and bool(a.codes) and a.codes[0] not in JOB_KILL_CODES
+
+
+def _workload(allocations: Any) -> str | None:
+    """The workload of an event's first allocation (see :func:`classify_model.workload_key`)."""
+    for a in allocations or ():
+        try:
+            return workload_key(a.get("namespace"), a.get("pod"))
+        except AttributeError:
+            return None
+    return None
 
 
 def _merge_codes(have: tuple[int, ...], new: Iterable[int]) -> tuple[int, ...]:

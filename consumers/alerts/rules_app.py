@@ -3,6 +3,8 @@ faults (Xid 13/31/43, 45)."""
 
 from __future__ import annotations
 
+import re
+
 from consumers.alerts.catalog import (
     CATALOG_VERSION,
     Action,
@@ -83,46 +85,71 @@ def _gpu_gone(ctx: _Ctx) -> Classification:
 
 
 _APP_FAULT_CODES = (13, 31, 43)
+_SUSPECT_CODES = (13, 31)  # Xid 43: "GPU remains in a healthy state" -- never a hardware suspicion
+_SM_LOCATION = re.compile(r"\(\s*GPC\s*(\d+)\s*,\s*TPC\s*(\d+)\s*,\s*SM\s*(\d+)\s*\)", re.IGNORECASE)
+
+
+def _sm_location(message: str) -> tuple[int, int, int] | None:
+    """``(GPC, TPC, SM)`` of an Xid 13 "Graphics SM ... on (GPC 1, TPC 2, SM 0)" line."""
+    m = _SM_LOCATION.search(message)
+    return (int(m[1]), int(m[2]), int(m[3])) if m else None
 
 
 def _app_fault(ctx: _Ctx) -> Classification:
-    """Xid 13/31/43: the job's bug, unless many different processes hit it on this GPU.
+    """Xid 13/31/43: the job's bug, unless NVIDIA's workflow or several *workloads* point at the GPU.
 
-    [CAT] WORKFLOW_XID_13 ("repeat ... diff SMs: RUN_DCGMEUD (possible HW issue); if pass
-    RUN_FIELDDIAGS; solo, no burst: CHECK_APP/CUDA") and WORKFLOW_XID_31 ("repeat MMU faults to same GPU:
-    RUN_DCGMEUD (possible HW issue); ... to diff GPU: CHECK_APP/CUDA"). Xid 43: "GPU remains in a healthy
-    state ... user application error" (catalog action IGNORE). We count distinct processes reporting any
-    of 13/31/43 on this GPU in ``app_fault_window_ms``; at ``app_fault_distinct_processes`` or more the
-    GPU, not the code, is the common factor. One process repeating stays an application fault.
+    [CAT] WORKFLOW_XID_13: "Repeat TPC and GPC, diff SMs: RUN_DCGMEUD (possible HW issue) ... Not repeat
+    TPC and GPC: CHECK_APP/CUDA ... Solo, no burst: CHECK_APP/CUDA"; WORKFLOW_XID_31: "Repeat MMU faults
+    to same GPU: RUN_DCGMEUD (possible HW issue) ... to diff GPU: CHECK_APP/CUDA". Xid 43: "GPU remains
+    in a healthy state ... user application error" (IGNORE): never escalated. We escalate 13/31 when
+    (a) two Xid 13 on this GPU in ``app_fault_window_ms`` hit the same GPC and TPC on different SMs, or
+    (b) ``app_fault_distinct_workloads`` different workloads (namespace + controller of the pod, see
+    :func:`~consumers.alerts.classify_model.workload_key`; never pids: a crash-looping container gets a
+    new pid per restart) hit 13/31 on it. The escalation is a *ticket* (warning, RUN_DCGMEUD), never a
+    drain: the diagnostics decide whether the GPU is bad.
     """
     ev, cfg = ctx.event, ctx.cfg
-    keys: dict[object, str] = {}
-    records = ctx.before(_APP_FAULT_CODES, cfg.app_fault_window_ms)
-    for r in [*records, _record_of(ev)]:
-        key: object = ("pid", r.pid) if r.pid is not None else ("name", r.process_name)
-        if r.pid is None and r.process_name is None:
-            continue  # unattributable: cannot tell whether it is another process
-        keys.setdefault(key, _who(r.pid, r.process_name))
-    distinct = len(keys)
     window = _fmt_ms(cfg.app_fault_window_ms)
-    codes_seen = sorted({r.code for r in records} | {ctx.code})
-    if distinct >= cfg.app_fault_distinct_processes:
-        return ctx.result(
-            "app_fault.repeat_distinct_processes",
-            f"XID {ctx.code} seen on this GPU from {distinct} different processes within {window} "
-            f"({', '.join(keys.values())}; codes {', '.join(map(str, codes_seen))}): likely hardware, not "
-            "one application. [CAT] WORKFLOW_XID_13/31: repeats on the same GPU -> RUN_DCGMEUD, then field "
-            "diagnostics. (One job crash-looping under new pids looks the same: check whether it also "
-            "fails on other GPUs.)",
-            action=Action.RUN_DCGMEUD,
-            severity=Severity.CRITICAL,
-            drain=True,
-            cause=CauseClass.HARDWARE_MEMORY,
-            related=[c for c in codes_seen if c != ctx.code],
-            runbook="Cordon and drain the node; run DCGM diagnostics on this GPU (dcgmi diag -r 3, or the "
-            "DCGM EUD); if they pass, run NVIDIA field diagnostics; on any failure open an RMA/support case. "
-            "If the same jobs also fault on other GPUs, hand it back to the job owners instead.",
-        )
+    if ctx.code in _SUSPECT_CODES:
+        records = [*ctx.before(_SUSPECT_CODES, cfg.app_fault_window_ms), _record_of(ev)]
+        codes_seen = sorted({r.code for r in records})
+        workloads = sorted({r.workload for r in records if r.workload})
+        reason = ""
+        rule = ""
+        if ctx.code == 13:
+            here = _sm_location(ev.message)
+            if here is not None:
+                for r in records[:-1]:
+                    there = _sm_location(r.message) if r.code == 13 else None
+                    if there is not None and there[:2] == here[:2] and there[2] != here[2]:
+                        rule = "app_fault.xid13_same_tpc_diff_sm"
+                        reason = (
+                            f"XID 13 on GPC {here[0]}, TPC {here[1]} from SM {there[2]} and SM {here[2]} "
+                            f'within {window}: [CAT] WORKFLOW_XID_13 "repeat TPC and GPC, diff SMs" -> '
+                            "RUN_DCGMEUD (possible hardware issue)."
+                        )
+                        break
+        if not rule and len(workloads) >= cfg.app_fault_distinct_workloads:
+            rule = "app_fault.repeat_distinct_workloads"
+            reason = (
+                f"XID {ctx.code} seen on this GPU from {len(workloads)} different workloads within {window} "
+                f"({', '.join(workloads[:5])}; codes {', '.join(map(str, codes_seen))}): the GPU may be the "
+                "common factor. [CAT] WORKFLOW_XID_13/31: repeats on the same GPU -> RUN_DCGMEUD."
+            )
+        if rule:
+            return ctx.result(
+                rule,
+                reason + " A ticket to run diagnostics, not a drain: the diagnostics decide.",
+                action=Action.RUN_DCGMEUD,
+                severity=Severity.WARNING,
+                drain=False,
+                cause=CauseClass.HARDWARE_MEMORY,
+                related=[c for c in codes_seen if c != ctx.code],
+                runbook="When the GPU's current jobs end, run DCGM diagnostics on it (dcgmi diag -r 3, or "
+                "the DCGM EUD); if they pass, run NVIDIA field diagnostics; on any failure cordon the node "
+                "and open an RMA/support case. If the same jobs also fault on other GPUs, hand it back to "
+                "the job owners instead.",
+            )
     who = _who(ev.pid, ev.process_name)
     what = {
         13: "Graphics Engine Exception, typically an out-of-bounds access or illegal instruction in the job",
@@ -131,9 +158,9 @@ def _app_fault(ctx: _Ctx) -> Classification:
     }[ctx.code]
     return ctx.result(
         "app_fault.single",
-        f"XID {ctx.code} from {who}: {what}. {distinct} distinct process(es) reported XID 13/31/43 on this "
-        f"GPU in the last {window} (hardware suspicion at {cfg.app_fault_distinct_processes}): application "
-        f"fault. [CAT] immediate action {ctx.info.nvidia_action.value}.",
+        f"XID {ctx.code} from {who}: {what}: application fault (hardware suspicion needs "
+        f"{cfg.app_fault_distinct_workloads} different workloads within {window}, or Xid 13 on one TPC "
+        f"from different SMs). [CAT] immediate action {ctx.info.nvidia_action.value}.",
         cause=CauseClass.APPLICATION,
     )
 

@@ -95,14 +95,14 @@ def test_updates_are_throttled_but_escalations_are_not() -> None:
     assert records(e, T0 + 20 * S) == []
     later = records(e, T0 + 31 * S)
     assert len(later) == 1 and later[0]["occurrences"] == 2 and later[0]["sequence"] == 2
-    # XID 13 from 3 distinct processes on one GPU -> hardware suspicion: escalates immediately
-    e.on_xid(xid(13, T0 + 32 * S, pid=2), T0 + 32 * S)
-    e.on_xid(xid(13, T0 + 33 * S, pid=3), T0 + 33 * S)
+    # XID 13 from 3 distinct workloads on one GPU -> hardware suspicion: escalates immediately
+    e.on_xid(xid(13, T0 + 32 * S, pid=2, pods=(("team-b", "eval-0"),)), T0 + 32 * S)
+    e.on_xid(xid(13, T0 + 33 * S, pid=3, pods=(("team-c", "infer-0"),)), T0 + 33 * S)
     esc = records(e, T0 + 33 * S)
     assert len(esc) == 1 and esc[0]["sequence"] == 3
-    assert esc[0]["rule"] == "app_fault.repeat_distinct_processes"
+    assert esc[0]["rule"] == "app_fault.repeat_distinct_workloads"
     assert (esc[0]["severity"], esc[0]["action"], esc[0]["cause_class"]) == (
-        "critical",
+        "warning",
         "RUN_DCGMEUD",
         "hardware_memory",
     )

@@ -201,3 +201,33 @@ def test_d15_level_signal_that_cleared_during_downtime_resolves_at_restart() -> 
     assert s2.restore(sink1.records) == 1
     s2.handle([sample(T0 + 60 * MIN, False)])  # the GPU was reset while we were down
     assert [(r["status"], r["resolve_reason"]) for r in sink2.records] == [("resolved", "cleared")]
+
+
+# ------------------------------------------------------------------------------------------- D4
+
+
+def test_d4_crash_looping_pod_never_drains() -> None:
+    # one pod, its container restarted twice (new pid each time), then recreated by its Deployment
+    e = AlertEngine(EngineConfig(update_interval_ms=0))
+    pods = ("train-7d9f8c6b5-abcde", "train-7d9f8c6b5-abcde", "train-7d9f8c6b5-x9z2q")
+    for i, pod in enumerate(pods):
+        e.on_xid(xid(13, T0 + i * 5 * MIN, pid=100 + i, pod=pod), T0 + i * 5 * MIN)
+    out = records(e, T0 + 10 * MIN)
+    assert all(not r["drain_node"] and r["severity"] == "warning" for r in out)
+    assert out[-1]["rule"] == "app_fault.single" and out[-1]["action"] == "RESTART_APP"
+
+
+def test_d4_three_xid43_from_three_workloads_stay_ignore() -> None:
+    e = AlertEngine(EngineConfig(update_interval_ms=0))
+    for i in range(3):
+        e.on_xid(xid(43, T0 + i * 5 * MIN, pid=10 + i, pod=f"notebook-{i}"), T0 + i * 5 * MIN)
+    out = records(e, T0 + 10 * MIN)
+    assert {(r["severity"], r["action"], r["drain_node"]) for r in out} == {("info", "IGNORE", False)}
+
+
+def test_d4_distinct_workloads_raise_a_ticket_not_a_drain() -> None:
+    e = AlertEngine(EngineConfig(update_interval_ms=0))
+    for i, ns in enumerate(("a", "b", "c")):
+        e.on_xid(xid(31, T0 + i * MIN, pid=10 + i, pod=f"{ns}-job-0"), T0 + i * MIN)
+    last = records(e, T0 + 2 * MIN)[-1]
+    assert (last["severity"], last["action"], last["drain_node"]) == ("warning", "RUN_DCGMEUD", False)
