@@ -20,7 +20,7 @@ import threading
 from prometheus_client import CollectorRegistry
 
 from consumers.alerts.alertmanager import AlertmanagerFanout, AlertmanagerMetrics, AlertmanagerSender
-from consumers.alerts.cordon import Cordoner, KubeNodeApi, kube_config
+from consumers.alerts.cordon import HOUR_MS, Cordoner, KubeNodeApi, kube_config
 from consumers.alerts.dedupe import EngineConfig
 from consumers.alerts.health_signals import HealthConfig
 from consumers.alerts.service import AlertsService, KafkaAlertSink, restore_from_topic
@@ -163,6 +163,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="never cordon more than N nodes in any hour (default 2; 0 disables cordoning)",
     )
+    k8s.add_argument(
+        "--cordon-max-share",
+        type=float,
+        default=0.5,
+        metavar="FRACTION",
+        help="never cordon when that would make more than this share of the cluster's nodes unschedulable "
+        "(default 0.5)",
+    )
+    k8s.add_argument(
+        "--uncordon",
+        action="store_true",
+        help="make nodes gpupipe cordoned schedulable again once all their drain alerts resolved "
+        "(recovered or acknowledged); default off",
+    )
     k8s.add_argument("--kube-api-url", default=None, help="API server URL (default: in-cluster config)")
     k8s.add_argument("--kube-token-file", default=None, help="bearer token file (default: service account)")
     k8s.add_argument("--kube-ca-file", default=None, help="CA bundle for the API server's certificate")
@@ -183,6 +197,8 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, HealthConfig]:
         raise ConfigError("--alertmanager-max-alerts must be at least 1")
     if args.cordon_max_per_hour < 0:
         raise ConfigError("--cordon-max-per-hour must not be negative")
+    if not 0 < args.cordon_max_share <= 1:
+        raise ConfigError("--cordon-max-share must be greater than 0 and at most 1")
     if args.restore_lookback < 0:
         raise ConfigError("--restore-lookback must not be negative")
     for url in args.alertmanager_url:
@@ -254,6 +270,8 @@ class AlertsApp:
                 max_per_hour=args.cordon_max_per_hour,
                 on_result=lambda result: self.service.on_cordon_result(result),
                 instance=self.instance,
+                max_share=args.cordon_max_share,
+                uncordon=args.uncordon,
             )
         self.service = AlertsService(
             sink=KafkaAlertSink(args.bootstrap_servers, self.alerts_topic, codec, extra),
@@ -264,11 +282,13 @@ class AlertsApp:
             cordoner=self.cordoner,
             instance=self.instance,
         )
-        if args.restore_lookback:
-            records = restore_from_topic(
-                args.bootstrap_servers, self.alerts_topic, codec, args.restore_lookback, extra
-            )
-            self.service.restore(records)
+        # The cordon ledger always needs the rate-limit window, however short --restore-lookback is.
+        lookback = max(args.restore_lookback, HOUR_MS if self.cordoner is not None else 0)
+        if lookback:
+            records = restore_from_topic(args.bootstrap_servers, self.alerts_topic, codec, lookback, extra)
+            since = self.service.now_ms() - args.restore_lookback
+            alerts = [r for r in records if args.restore_lookback and r["emitted_at_ms"] >= since]
+            self.service.restore(alerts, ledger=records)
         self.loop = ConsumeLoop(
             bootstrap=args.bootstrap_servers,
             group_id=args.group_id,

@@ -40,7 +40,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from consumers.alerts.alert_record import Alert, action_record, to_record
-from consumers.alerts.cordon import Cordoner, CordonResult
+from consumers.alerts.cordon import Cordoner, CordonResult, KubeApiError
 from consumers.alerts.dedupe import AlertEngine, EngineConfig
 from consumers.alerts.health_signals import LEVEL_SIGNALS, HealthConfig, HealthTracker, InvalidRecord
 from consumers.consume_loop import InRecord
@@ -239,8 +239,11 @@ class AlertsService:
         cordoner: Cordoner | None = None,
         instance: str = "",
         clock: Callable[[], float] = time.time,
+        reconcile_interval_ms: int = 10_000,
     ) -> None:
         self.sink = sink
+        self.reconcile_interval_ms = reconcile_interval_ms
+        self._last_reconcile_ms = 0
         self.health = HealthTracker(health_config)
         self.engine = AlertEngine(engine_config, health=self.health.health, identity=self.health.identity)
         self.alertmanager = alertmanager
@@ -330,7 +333,19 @@ class AlertsService:
             self.engine.tick(now)
             out = self.engine.take(now)
             self._emit(out, now)
+        if self.cordoner is not None and now - self._last_reconcile_ms >= self.reconcile_interval_ms:
+            self.reconcile(now)
         return len(out)
+
+    def reconcile(self, now: int | None = None) -> int:
+        """Hand every open drain alert to the cordoner (desired state; see :mod:`consumers.alerts.cordon`)."""
+        if self.cordoner is None:
+            return 0
+        now = self.now_ms() if now is None else now
+        self._last_reconcile_ms = now
+        with self.lock:
+            drain = [to_record(a, now, self.instance) for a in self.engine.open_alerts() if a.drain_node]
+        return self.cordoner.reconcile(drain)
 
     def flush(self) -> int:
         """Publish every pending change now, throttled ones included (shutdown)."""
@@ -341,7 +356,11 @@ class AlertsService:
             self._emit(out, now)
         return len(out)
 
-    def restore(self, records: Sequence[dict[str, Any]]) -> int:
+    def restore(
+        self, records: Sequence[dict[str, Any]], ledger: Sequence[dict[str, Any]] | None = None
+    ) -> int:
+        """Rebuild open alerts from ``records`` and the cordon ledger from ``ledger`` (default: the same
+        records; the command passes at least the rate-limit window however short ``--restore-lookback``)."""
         now = self.now_ms()
         with self.lock:
             n = self.engine.restore(records, now)
@@ -353,14 +372,23 @@ class AlertsService:
                     self.health.restored_levels.add((a.hostname, a.device, a.key[3]))
             self._emit(self.engine.take(now), now)
         if self.cordoner is not None:
-            counted = self.cordoner.restore(records, now)
-            log.info("cordon ledger restored", extra=fields(cordons_in_window=counted))
+            counted = self.cordoner.restore(ledger if ledger is not None else records, now)
+            try:
+                from_cluster = self.cordoner.restore_from_cluster(now)
+            except KubeApiError as exc:
+                from_cluster = 0
+                log.warning("cannot read the cordon ledger from the cluster", extra=fields(error=str(exc)))
+            log.info(
+                "cordon ledger restored",
+                extra=fields(cordons_in_window=counted + from_cluster, from_cluster=from_cluster),
+            )
         self._open_by_scope = self.engine.open_count()
         self.open_alerts = sum(self._open_by_scope.values())
         if self.alertmanager is not None:
             for a in open_alerts:
                 self.alertmanager.update(to_record(a, now, self.instance))
         log.info("alerts restored", extra=fields(open=n, records=len(records)))
+        self.reconcile(now)  # requests lost with the previous process are asked again
         return n
 
     # ------------------------------------------------------------------------------------- output

@@ -231,3 +231,136 @@ def test_d4_distinct_workloads_raise_a_ticket_not_a_drain() -> None:
         e.on_xid(xid(31, T0 + i * MIN, pid=10 + i, pod=f"{ns}-job-0"), T0 + i * MIN)
     last = records(e, T0 + 2 * MIN)[-1]
     assert (last["severity"], last["action"], last["drain_node"]) == ("warning", "RUN_DCGMEUD", False)
+
+
+# --------------------------------------------------------------------------------------- D3, D5
+
+
+class _Clock:
+    def __init__(self, ms: int) -> None:
+        self.ms = ms
+
+    def __call__(self) -> float:
+        return self.ms / 1000
+
+
+def _cordon_service(api: Any, tmp_path: Any, clock: _Clock, sink: Any = None, **kw: Any) -> Any:
+    from prometheus_client import CollectorRegistry
+
+    from consumers.alerts.cordon import Cordoner, KubeConfig, KubeNodeApi
+    from consumers.alerts.service import AlertsService, ListSink
+
+    token = tmp_path / "token"
+    token.write_text("tok")
+    holder: dict[str, Any] = {}
+    cordoner = Cordoner(
+        KubeNodeApi(KubeConfig(api.url, str(token), None), timeout_s=2),
+        dry_run=False,
+        max_per_hour=kw.pop("limit", 2),
+        on_result=lambda r: holder["svc"].on_cordon_result(r),
+        instance="t",
+        clock=clock,
+        **kw,
+    )
+    svc = AlertsService(
+        sink=sink if sink is not None else ListSink(),
+        registry=CollectorRegistry(),
+        cordoner=cordoner,
+        clock=clock,
+        instance="t",
+    )
+    holder["svc"] = svc
+    return svc
+
+
+def _drain_event(svc: Any, host: str, ts: int) -> None:
+    from consumers.consume_loop import InRecord
+
+    ev = xid(79, ts, host=host, msg="GPU has fallen off the bus.")
+    svc.handle([InRecord("x", 0, ts, None, "XidEvent", ev, ts)])
+
+
+def test_d3_a_failed_cordon_is_retried_with_backoff(tmp_path: Any) -> None:
+    from tests.k8s_api_fake import FakeKubeApi
+
+    with FakeKubeApi(["node-a", "node-b", "node-c"], token="tok") as api:
+        clock = _Clock(T0)
+        svc = _cordon_service(api, tmp_path, clock)
+        api.fail_next(503)
+        _drain_event(svc, "node-a", T0)
+        assert svc.cordoner.process(svc.cordoner._queue.get_nowait()).outcome == "failed"
+        clock.ms += 10 * S
+        assert svc.reconcile() == 1  # was: never asked again (no new revision of the alert)
+        assert svc.cordoner.process(svc.cordoner._queue.get_nowait()).outcome == "cordoned"
+        assert api.node("node-a")["spec"]["unschedulable"] is True
+
+
+def test_d3_restart_before_the_cordon_ran_still_cordons(tmp_path: Any) -> None:
+    from tests.k8s_api_fake import FakeKubeApi
+
+    with FakeKubeApi(["node-a", "node-b", "node-c"], token="tok") as api:
+        clock = _Clock(T0)
+        svc1 = _cordon_service(api, tmp_path, clock)
+        _drain_event(svc1, "node-a", T0)  # published; the cordon was queued, then the process died
+        published = list(svc1.sink.records)
+        assert [r["status"] for r in published] == ["firing"] and api.patches() == []
+        clock.ms += 30 * S
+        svc2 = _cordon_service(api, tmp_path, clock)
+        assert svc2.restore(published) == 1  # restore reconciles: the request is made again
+        assert svc2.cordoner.process(svc2.cordoner._queue.get_nowait()).outcome == "cordoned"
+        assert len(api.patches("node-a")) == 1
+
+
+def test_d5_lost_action_records_cannot_reset_the_rate_limit(tmp_path: Any) -> None:
+    from consumers.alerts.service import ListSink
+    from gpupipe.errors import GpupipeError
+    from tests.k8s_api_fake import FakeKubeApi
+
+    class FailingActions(ListSink):
+        def send(self, record: dict[str, Any]) -> None:
+            if record["status"] == "action":
+                raise GpupipeError("broker gone")
+            super().send(record)
+
+    nodes = [f"node-{i}" for i in range(8)]
+    with FakeKubeApi(nodes, token="tok") as api:
+        clock = _Clock(T0)
+        svc1 = _cordon_service(api, tmp_path, clock, sink=FailingActions())
+        for n in nodes[:2]:
+            _drain_event(svc1, n, clock.ms)
+            assert svc1.cordoner.process(svc1.cordoner._queue.get_nowait()).outcome == "cordoned"
+            clock.ms += MIN
+        records = list(svc1.sink.records)
+        assert not [r for r in records if r["status"] == "action"]  # the ledger records were lost
+        svc2 = _cordon_service(api, tmp_path, clock)
+        svc2.restore([], ledger=records)  # and --restore-lookback 0
+        assert svc2.cordoner.limiter.count(clock.ms) == 2  # from the nodes' own annotations
+        for n in nodes[2:4]:
+            _drain_event(svc2, n, clock.ms)
+            assert svc2.cordoner.process(svc2.cordoner._queue.get_nowait()).outcome == "rate_limited"
+        assert len(api.patches()) == 2
+
+
+def test_d3_share_circuit_breaker_and_opt_in_uncordon(tmp_path: Any) -> None:
+    from tests.k8s_api_fake import FakeKubeApi
+
+    with FakeKubeApi(["node-a", "node-b", "node-c", "node-d"], token="tok") as api:
+        api.set_unschedulable("node-c")
+        clock = _Clock(T0)
+        svc = _cordon_service(api, tmp_path, clock, limit=10, max_share=0.5, uncordon=True)
+        _drain_event(svc, "node-a", T0)
+        assert svc.cordoner.process(svc.cordoner._queue.get_nowait()).outcome == "cordoned"  # 2 of 4
+        _drain_event(svc, "node-b", T0 + S)
+        refused = svc.cordoner.process(svc.cordoner._queue.get_nowait())
+        assert refused.outcome == "rate_limited" and "--cordon-max-share" in refused.detail  # 3 of 4
+        aid = next(a.alert_id for a in svc.engine.open_alerts() if a.hostname == "node-a")
+        svc.engine.acknowledge(aid, T0 + 2 * S)  # the fault on node-a was dealt with
+        svc.reconcile(T0 + 3 * S)
+        item = svc.cordoner._queue.get_nowait()
+        if "hostname" in item:  # node-b's request again (refusals are decided: not re-asked)
+            item = svc.cordoner._queue.get_nowait()
+        svc.cordoner._run_one(item)
+        node_a = api.node("node-a")
+        assert node_a["spec"]["unschedulable"] is False
+        assert not any(k.startswith("gpupipe.io/cordon") for k in node_a["metadata"]["annotations"])
+        assert api.node("node-c")["spec"]["unschedulable"] is True  # not ours: left alone
