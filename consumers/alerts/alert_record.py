@@ -312,12 +312,22 @@ def alert_from_record(rec: dict[str, Any]) -> Alert:
     return a
 
 
+# One uncorrectable memory fault shows up as several XIDs: 48 (DBE) with its DRAM/SRAM qualifiers 171/172,
+# and 94/95 (contained/uncontained ECC) on newer GPUs. They are one incident: one alert keyed as 48.
+MEMORY_FAULT_CODES = frozenset({48, 171, 172, 94, 95})
+
+
+def signal_code(code: int) -> int:
+    """The code an XID is keyed under: its own, or 48 for the codes of one memory fault."""
+    return 48 if code in MEMORY_FAULT_CODES else code
+
+
 def _key_signal(rec: dict[str, Any]) -> str:
     """The signal part of an alert key: ``xid:<code>`` / ``sxid:<code>`` for faults, else the signal."""
     signal = rec.get("signal", "")
     if signal in ("xid", "sxid"):
         codes = rec.get("xid_codes") or [0]
-        return f"{signal}:{codes[0]}"
+        return f"{signal}:{signal_code(codes[0]) if signal == 'xid' else codes[0]}"
     return signal
 
 

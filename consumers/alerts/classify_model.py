@@ -73,7 +73,6 @@ class GpuHealth:
     """Latest known memory-health state of the GPU; ``None`` means "not known" (never "false" or 0).
 
     ``remap_pending`` / ``remap_failure`` / ``*_remapped_rows``: ``nvmlDeviceGetRemappedRows``.
-    ``sram_threshold_exceeded``: the SRAM error threshold flag WORKFLOW_XID_48 asks to check [CAT].
     ``recovery_action``: NVML field ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`` (0 none, 1 GPU reset,
     2 node reboot, 3 drain P2P, 4 drain and reset; see nvml-telemetry.md).
     """
@@ -86,7 +85,6 @@ class GpuHealth:
     ecc_sbe_volatile: int | None = None
     ecc_dbe_aggregate: int | None = None
     ecc_sbe_aggregate: int | None = None
-    sram_threshold_exceeded: bool | None = None
     recovery_action: int | None = None
 
 

@@ -60,7 +60,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.alerts.alert_record import Alert, alert_from_record, alert_id
+from consumers.alerts.alert_record import Alert, alert_from_record, alert_id, signal_code
 from consumers.alerts.catalog import CATALOG_VERSION
 from consumers.alerts.classify import (
     DEFAULT_CONFIG,
@@ -178,6 +178,7 @@ class AlertEngine:
         self._closed: dict[Key, Alert] = {}
         self._changed: dict[str, Alert] = {}
         self._ids: dict[str, Alert] = {}  # open alerts by id
+        self._by_gpu: dict[tuple[str, str], set[Key]] = {}  # open alert keys per (host, device)
         self._histories: dict[tuple[str, str], GpuXidHistory] = {}
         self._seen: dict[str, None] = {}
         self._sightings: dict[Key, _Sighting] = {}
@@ -256,7 +257,9 @@ class AlertEngine:
         device = device_key(ev.get("pci_bus_id"), ev.get("uuid"))
         scope, signal = ("nvswitch", "sxid") if kind == "sxid" else ("gpu", "xid")
         eff = fe.effective_code
-        key: Key = (scope, host, device, f"{signal}:{eff}")
+        key: Key = (scope, host, device, f"{signal}:{signal_code(eff) if scope == 'gpu' else eff}")
+        if scope == "gpu" and eff in FOLLOWER_CODES:
+            key = self._follows(key, host, device, eff, ts)
 
         double = False
         source = ev.get("source") or "unknown"
@@ -330,6 +333,14 @@ class AlertEngine:
         if sig.signal == "gpu_reset":
             self.recovered(host, device, ts, now_ms, sig.detail)
             return None
+        if sig.signal == "ecc_dbe":
+            mem = self._open.get(("gpu", host, device, "xid:48"))
+            if mem is not None:  # the counter of the memory fault an XID already reported: one alert
+                mem.seen_at_ms = now_ms
+                mem.description = _with_note(mem.description, f"Samples: {sig.detail}.")
+                self.counts["folded"] += 1
+                self._dirty(mem)
+                return mem
         key: Key = ("gpu", host, device, sig.signal)
         if sig.kind == "clear":
             a = self._open.get(key)
@@ -432,14 +443,31 @@ class AlertEngine:
     def pending(self) -> int:
         return len(self._changed)
 
+    def _follows(self, key: Key, host: str, device: str, code: int, ts: int) -> Key:
+        """Xid 45 (channels torn down after another error) and 154 (the recovery action a fault needs)
+        are details of the fault they follow: the open alert of another XID on the same GPU within the
+        classifier's solo window (154: the memory fault's alert) -- one fault, one alert (review D10)."""
+        window = self.cfg.classify.solo_window_ms
+        best: Alert | None = None
+        mem: Key = ("gpu", host, device, "xid:48")
+        candidates = [mem] if code == 154 else list(self._by_gpu.get((host, device), ()))
+        for k in candidates:
+            a = self._open.get(k)
+            if a is None or not k[3].startswith("xid:") or a.codes[:1] == (code,):
+                continue
+            if abs(ts - a.last_seen_ms) <= window and (best is None or a.last_seen_ms > best.last_seen_ms):
+                best = a
+        return best.key if best is not None else key
+
     # ------------------------------------------------------------------------------------- evidence
 
     def recovered(self, host: str, device: str, ts: int, now_ms: int, detail: str = "") -> list[Alert]:
         """Evidence that a GPU was reset or its node rebooted at ``ts``: resolve (``recovered``) its open
         fault alerts older than that. Level signals have their own clear and are left alone."""
         out = []
-        for key, a in list(self._open.items()):
-            if key[1] != host or key[2] != device or key[3] in LEVEL_SIGNALS or a.scope != "gpu":
+        for key in list(self._by_gpu.get((host, device), ())):
+            a = self._open[key]
+            if key[3] in LEVEL_SIGNALS or a.scope != "gpu":
                 continue
             if a.first_seen_ms > ts:
                 continue  # a fault after the reset is a new fault
@@ -507,6 +535,7 @@ class AlertEngine:
             a.seen_at_ms = now_ms  # quiet time restarts: a restart is no evidence of anything
             self._open[a.key] = a
             self._ids[a.alert_id] = a
+            self._by_gpu.setdefault((a.key[1], a.key[2]), set()).add(a.key)
             if a.scope == "node":
                 self._node_worst[a.alert_id] = _rank(a.severity, a.drain_node, a.action)
             restored.add(a.alert_id)
@@ -555,12 +584,18 @@ class AlertEngine:
         if len(seen) < 64:
             seen.add(sig)
         new_decision = (c.severity.value, c.drain_node, c.action.value)
-        if a.name and not worse(new_decision, (a.severity, a.drain_node, a.action)):
-            if len(c.codes) > 1:
-                merged = _merge_codes(a.codes, c.codes)
-                if merged != a.codes:
-                    a.codes = merged
-                    self._dirty(a)
+        current = (a.severity, a.drain_node, a.action)
+        if a.name and c.codes[:1] in ((171,), (172,)) and not worse(current, new_decision):
+            # 171/172 qualify the 48 (DRAM or SRAM): same decision, a more precise workflow branch
+            a.codes = _merge_codes(a.codes, c.codes)
+            a.rule, a.description, a.runbook = c.rule, c.reason, c.runbook
+            self._dirty(a)
+            return
+        if a.name and not worse(new_decision, current):
+            merged = _merge_codes(a.codes, c.codes)  # a folded detail (172, 95, 45, 154) is listed
+            if merged != a.codes:
+                a.codes = merged
+                self._dirty(a)
             a.known = a.known and c.known
             return
         first = not a.name
@@ -635,6 +670,7 @@ class AlertEngine:
                 t.urgent = True
                 self._open[key] = a = t
                 self._ids[t.alert_id] = t
+                self._by_gpu.setdefault((key[1], key[2]), set()).add(key)
                 self.counts["reopened"] += 1
         if a is None:
             scope, host, device, _ = key
@@ -654,6 +690,7 @@ class AlertEngine:
             )
             self._open[key] = a
             self._ids[a.alert_id] = a
+            self._by_gpu.setdefault((host, device), set()).add(key)
             self.counts["new"] += 1
         else:
             self.counts["folded"] += 1
@@ -678,6 +715,11 @@ class AlertEngine:
     def _close(self, key: Key, a: Alert, *, keep: bool) -> None:
         self._open.pop(key, None)
         self._ids.pop(a.alert_id, None)
+        keys = self._by_gpu.get((key[1], key[2]))
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._by_gpu[(key[1], key[2])]
         if keep:
             self._closed[key] = a
         if a.scope == "node":
@@ -803,6 +845,14 @@ def _workload(allocations: Any) -> str | None:
         except AttributeError:
             return None
     return None
+
+
+# Xid 45 and 154 follow another fault on the same GPU: they fold into its alert (see _follows).
+FOLLOWER_CODES = frozenset({45, 154})
+
+
+def _with_note(text: str, note: str) -> str:
+    return text if note in text else f"{text} {note}".strip()
 
 
 def _merge_codes(have: tuple[int, ...], new: Iterable[int]) -> tuple[int, ...]:

@@ -48,8 +48,9 @@ def _ecc_dbe(ctx: _Ctx) -> Classification:
 
     Solo -> RESET_GPU; with Xid 63 or 64 (within ``correlation_window_ms``) -> DRAIN_AND_RESET. The
     remap-pending flag means the remap happens at the next reset [MEM], which is the same outcome as
-    "with 63". Remap failure (flag or Xid 64 with the flag) -> RMA (CONTACT_SUPPORT). SRAM threshold
-    exceeded -> RUN_FIELDDIAG (investigatory branch of WORKFLOW_XID_48).
+    "with 63". Remap failure (flag or Xid 64 with the flag) -> RMA (CONTACT_SUPPORT). With Xid 172 (the
+    SRAM qualifier) -> the SRAM branch: check the SRAM threshold flag (a runbook step: no sample carries
+    it), RUN_FIELDDIAG if set. The engine folds 171/172 into the 48 alert: one fault, one alert.
     """
     health = ctx.health
     remap = ctx.around([63, 64], ctx.cfg.correlation_window_ms)
@@ -86,14 +87,20 @@ def _ecc_dbe(ctx: _Ctx) -> Classification:
             + " Afterwards check nvidia-smi -q -d ROW_REMAPPER: pending must be No and failure No.",
             **common,
         )
-    if health.sram_threshold_exceeded:
+    sram = ctx.code == 172 or bool(ctx.around([172], ctx.cfg.correlation_window_ms))
+    if sram:
+        # [CAT] 172 qualifies the 48 as an SRAM error: WORKFLOW_XID_48 "All other SRAM: check SRAM Error
+        # Threshold flag ... If set RUN_FIELDDIAG". No sample carries that flag (NVML's
+        # nvmlDeviceGetSramEccErrorStatus is not collected), so the check is the runbook's first step.
         return ctx.result(
-            "ecc.dbe_sram_threshold",
-            f"{base}; the SRAM error threshold flag is set: [CAT] WORKFLOW_XID_48 says run field diagnostics "
-            "(RMA flow if exceeded).",
-            action=Action.RUN_FIELDDIAG,
-            runbook="Cordon and drain the node, reset the GPU, run NVIDIA field diagnostics; open an RMA "
-            "case if they fail or the threshold flag stays set.",
+            "ecc.dbe_sram",
+            f"{base}; XID 172 marks it an SRAM (on-chip) error, not DRAM: the row remapper does not apply. "
+            "[CAT] WORKFLOW_XID_48 SRAM branch: check the SRAM error threshold flag; if set, RUN_FIELDDIAG.",
+            action=Action.RESET_GPU,
+            related=[172] if ctx.code != 172 else [],
+            runbook="Cordon and drain the node, then check the SRAM error threshold flag (nvidia-smi -q -d "
+            "ECC, 'SRAM Threshold Exceeded'; NVML nvmlDeviceGetSramEccErrorStatus): if set, run NVIDIA field "
+            "diagnostics and open an RMA case if they fail; if not, reset the GPU (nvidia-smi -r -i <gpu>).",
             **common,
         )
     return ctx.result(
