@@ -168,7 +168,7 @@ class _Ctx:
             name=info.name,
             severity=severity if severity is not None else info.severity,
             cause_class=cause if cause is not None else info.cause_class,
-            action=action if action is not None else info.nvidia_action,
+            action=action if action is not None else info.bucket,
             nvidia_action=info.nvidia_action,
             drain_node=drain if drain is not None else info.drain_node,
             reason=reason,

@@ -208,7 +208,7 @@ class Classification:
     severity: Severity
     cause_class: CauseClass
     action: Action
-    nvidia_action: Action
+    nvidia_action: Action | None
     drain_node: bool
     reason: str
     runbook: str

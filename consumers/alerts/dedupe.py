@@ -604,7 +604,7 @@ class AlertEngine:
         a.severity = c.severity.value
         a.cause_class = c.cause_class.value
         a.action = c.action.value
-        a.nvidia_action = c.nvidia_action.value
+        a.nvidia_action = c.nvidia_action.value if c.nvidia_action is not None else None
         a.drain_node = c.drain_node
         a.known = c.known if first else a.known and c.known
         a.rule = c.rule

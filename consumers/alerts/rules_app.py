@@ -30,7 +30,12 @@ def _catalog_default(ctx: _Ctx) -> Classification:
     info = ctx.info
     return ctx.result(
         "catalog",
-        f"{ctx.label()}: {info.description}. NVIDIA's immediate action is {info.nvidia_action.value}"
+        f"{ctx.label()}: {info.description}. "
+        + (
+            f"NVIDIA's immediate action is {info.nvidia_action.value}"
+            if info.nvidia_action is not None
+            else f"NVIDIA gives no action bucket; ours: {info.bucket.value}"
+        )
         + (f" (investigate: {info.nvidia_investigatory})" if info.nvidia_investigatory else "")
         + ".",
     )
@@ -160,7 +165,7 @@ def _app_fault(ctx: _Ctx) -> Classification:
         "app_fault.single",
         f"XID {ctx.code} from {who}: {what}: application fault (hardware suspicion needs "
         f"{cfg.app_fault_distinct_workloads} different workloads within {window}, or Xid 13 on one TPC "
-        f"from different SMs). [CAT] immediate action {ctx.info.nvidia_action.value}.",
+        f"from different SMs). [CAT] immediate action {ctx.info.bucket.value}.",
         cause=CauseClass.APPLICATION,
     )
 

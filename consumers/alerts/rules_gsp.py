@@ -164,5 +164,5 @@ def _sxid(ctx: _Ctx) -> Classification:
     return ctx.result(
         "sxid.catalog",
         f"SXid {ctx.code} ({info.name}): {section.get(info.fatality, info.fatality)} NVSwitch error per the "
-        f"Fabric Manager guide; action {info.nvidia_action.value}.",
+        f"Fabric Manager guide (which gives no action bucket); ours: {info.bucket.value}.",
     )

@@ -279,7 +279,7 @@ CASES = [
     Case("32 catalog row", xid(32), action=Action.RESTART_APP, severity=W, rule="catalog",
          cause=CauseClass.BUS),
     Case("62 catalog row", xid(62), action=Action.RESET_GPU, severity=C, drain=True, rule="catalog"),
-    Case("155 intentional link down", xid(155), action=Action.RESET_GPU, severity=W, rule="catalog"),
+    Case("155 link taken down", xid(155), action=Action.RESET_GPU, severity=C, drain=True, rule="catalog"),
     Case("unknown XID", xid(4242), action=Action.CONTACT_SUPPORT, severity=W, rule="unknown",
          cause=CauseClass.UNKNOWN, known=False, reason_has=("not in the pinned catalog",)),
     # --- SXids
