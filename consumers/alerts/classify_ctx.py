@@ -91,7 +91,7 @@ def _who(pid: int | None, name: str | None) -> str:
 class _Ctx:
     """The event, its catalog row and the history seen without the event itself."""
 
-    __slots__ = ("cfg", "code", "event", "health", "info", "others")
+    __slots__ = ("cfg", "code", "event", "health", "info", "others", "resets")
 
     def __init__(
         self, event: FaultEvent, history: GpuXidHistory | None, health: GpuHealth, cfg: ClassifyConfig
@@ -108,6 +108,7 @@ class _Ctx:
         self.others: tuple[XidRecord, ...] = (
             tuple(r for r in history.records() if r != own) if history is not None else ()
         )
+        self.resets: tuple[int, ...] = history.resets() if history is not None else ()
 
     def gpu_records(self) -> Iterable[XidRecord]:
         return (r for r in self.others if r.kind in _GPU_KINDS)
@@ -144,6 +145,20 @@ class _Ctx:
                 incidents += 1
             later = t
         return incidents
+
+    def incidents_across_resets(self, codes: Iterable[int]) -> tuple[int, list[int]]:
+        """Earlier incidents of these codes that a reset or reboot separates from this event, and the
+        codes they had. A fault that repeats while the GPU waits for its reset is the same incident: a
+        gap in time is no evidence that the reset was tried (review D11)."""
+        records = self.before(codes, self.cfg.recurrence_window_ms)
+        if not records:
+            return 0, []
+        first = min(r.ts_ms for r in records)
+        now = self.event.ts_ms
+        resets = [t for t in self.resets if first < t <= now]
+        # each reset closes the incident before it: count the resets that follow an earlier record
+        count = sum(1 for t in resets if any(r.ts_ms < t for r in records))
+        return min(count, self.prior_incidents(codes)), sorted({r.code for r in records})
 
     def result(
         self,

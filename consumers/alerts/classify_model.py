@@ -154,7 +154,7 @@ class GpuXidHistory:
     message, e.g. after a consumer rebalance replays it) keeps one record.
     """
 
-    __slots__ = ("_records", "horizon_ms", "max_records")
+    __slots__ = ("_records", "_resets", "horizon_ms", "max_records")
 
     def __init__(self, horizon_ms: int = DAY_MS, max_records: int = 256) -> None:
         if horizon_ms <= 0 or max_records <= 0:
@@ -162,6 +162,17 @@ class GpuXidHistory:
         self.horizon_ms = horizon_ms
         self.max_records = max_records
         self._records: list[XidRecord] = []
+        self._resets: list[int] = []
+
+    def record_reset(self, ts_ms: int) -> None:
+        """Evidence that the GPU was reset or its node rebooted at ``ts_ms`` (from samples, or an alert
+        restored as ``recovered``): recurrence rules count incidents across resets, not across time."""
+        if ts_ms not in self._resets:
+            bisect.insort(self._resets, ts_ms)
+            del self._resets[: max(0, len(self._resets) - 32)]
+
+    def resets(self) -> tuple[int, ...]:
+        return tuple(self._resets)
 
     def record(self, event: FaultEvent) -> None:
         rec = _record_of(event)

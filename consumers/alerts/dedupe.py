@@ -276,11 +276,7 @@ class AlertEngine:
         if double:
             self.counts["double_sighting"] += 1
 
-        history = self._histories.get((host, device))
-        if history is None:
-            history = self._histories[(host, device)] = GpuXidHistory(
-                horizon_ms=max(self.cfg.classify.recurrence_window_ms, self.cfg.dedupe_window_ms)
-            )
+        history = self._history(host, device)
         result, signature = self._classify(fe, history, host, device, key)
         history.record(fe)
 
@@ -331,6 +327,7 @@ class AlertEngine:
                     self._dirty(a)
             return a
         if sig.signal == "gpu_reset":
+            self._history(host, device).record_reset(ts)
             self.recovered(host, device, ts, now_ms, sig.detail)
             return None
         if sig.signal == "ecc_dbe":
@@ -459,6 +456,27 @@ class AlertEngine:
                 best = a
         return best.key if best is not None else key
 
+    def _history(self, host: str, device: str) -> GpuXidHistory:
+        history = self._histories.get((host, device))
+        if history is None:
+            history = self._histories[(host, device)] = GpuXidHistory(
+                horizon_ms=max(self.cfg.classify.recurrence_window_ms, self.cfg.dedupe_window_ms)
+            )
+        return history
+
+    def _restore_history(self, a: Alert) -> None:
+        """What the classifier's recurrence rules need from a restored alert (review D11): its codes at
+        its first and last occurrence, and a reset when it ended as recovered."""
+        if a.scope != "gpu" or a.signal != "xid" or not a.codes:
+            return
+        h = self._history(a.hostname, a.device)
+        for ts in {a.first_seen_ms, a.last_seen_ms}:
+            h.record(
+                FaultEvent(kind="xid", ts_ms=ts, code=a.codes[0], message="(restored from gpu.alerts.v1)")
+            )
+        if a.status == "resolved" and a.resolve_reason == "recovered" and a.resolved_at_ms:
+            h.record_reset(a.resolved_at_ms)
+
     # ------------------------------------------------------------------------------------- evidence
 
     def recovered(self, host: str, device: str, ts: int, now_ms: int, detail: str = "") -> list[Alert]:
@@ -520,6 +538,7 @@ class AlertEngine:
             for eid in (a.first_event_id, a.last_event_id):
                 if eid:
                     self._remember(eid)
+            self._restore_history(a)
             if a.status == "resolved":
                 a.seen_at_ms = a.resolved_at_ms or now_ms
                 # a fault after a recovery or an ack is a new incident, never a reopen

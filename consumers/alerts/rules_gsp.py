@@ -33,20 +33,23 @@ from consumers.alerts.xid_parsers import (
 def _gsp(ctx: _Ctx) -> Classification:
     """Xid 119/120 (GSP RPC timeout / GSP error), [CAT]: "A GPU reset or node power cycle may be needed if
     the error persists. If this problem reoccurs after a power cycle, follow the NVIDIA GPU Debug
-    Guidelines". First incident -> RESET_GPU; a second incident -> RESTART_BM (power cycle); more ->
-    CONTACT_SUPPORT. Incidents are separated by ``incident_gap_ms`` (a burst of timeouts is one).
+    Guidelines". First incident -> RESET_GPU; back after a reset -> RESTART_BM (power cycle); back after
+    that -> CONTACT_SUPPORT. Incidents are separated by a reset or reboot seen in the samples (or an
+    alert that recovered), not by time: a GSP timeout repeating while the GPU waits for its drain is one
+    incident. ``xid_codes`` lists only codes that happened.
     """
-    prior = ctx.prior_incidents([119, 120])
+    prior, seen = ctx.incidents_across_resets([119, 120])
+    related = [c for c in seen if c != ctx.code]
     what = f"{ctx.label()} from {_who(ctx.event.pid, ctx.event.process_name)}: GSP firmware error or timeout"
     common = dict(severity=Severity.CRITICAL, drain=True, cause=CauseClass.DRIVER)
     if prior >= 2:
         return ctx.result(
             "gsp.persistent",
             f"{what}; {prior} earlier incidents on this GPU in the last "
-            f"{_fmt_ms(ctx.cfg.recurrence_window_ms)}: it persists after resets/power cycles. [CAT] Xid "
-            "119/120: follow NVIDIA's GPU debug guidelines.",
+            f"{_fmt_ms(ctx.cfg.recurrence_window_ms)}, each ended by a reset: it persists after resets and "
+            "power cycles. [CAT] Xid 119/120: follow NVIDIA's GPU debug guidelines.",
             action=Action.CONTACT_SUPPORT,
-            related=[119, 120],
+            related=related,
             runbook="Keep the node cordoned and drained; collect nvidia-bug-report.sh; check the driver "
             "version against known GSP issues; open a support case.",
             **common,
@@ -54,10 +57,10 @@ def _gsp(ctx: _Ctx) -> Classification:
     if prior == 1:
         return ctx.result(
             "gsp.recurring",
-            f"{what}; it came back after an earlier incident on this GPU: power-cycle the node. [CAT] Xid "
-            "119/120.",
+            f"{what}; it came back after a reset that followed an earlier incident: power-cycle the node. "
+            "[CAT] Xid 119/120.",
             action=Action.RESTART_BM,
-            related=[119, 120],
+            related=related,
             runbook=_RUNBOOK[Action.RESTART_BM]
             + " If it returns after the power cycle, open a support case.",
             **common,

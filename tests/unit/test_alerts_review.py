@@ -398,3 +398,31 @@ def test_d10_the_sram_branch_is_reachable() -> None:
     e.on_xid(xid(172, T0 + 10, msg="SRAM"), T0 + 10)
     r = records(e, T0 + S)[-1]
     assert "SRAM error threshold flag" in r["runbook"] and r["rule"] == "ecc.dbe_sram"
+
+
+# ------------------------------------------------------------------------------------------ D11
+
+
+def test_d11_xid79_after_a_reboot_escalates_across_a_restart() -> None:
+    e = AlertEngine(EngineConfig())
+    e.on_xid(xid(79, T0, msg="GPU has fallen off the bus."), T0)
+    first = records(e, T0)
+    assert first[0]["rule"] == "xid79"
+    e.acknowledge(first[0]["alert_id"], T0 + 30 * MIN, "rebooted")
+    published = first + records(e, T0 + 30 * MIN)
+    e2 = AlertEngine(EngineConfig())  # the alerts service was redeployed in between
+    e2.restore(published, T0 + 60 * MIN)
+    e2.on_xid(xid(79, T0 + 2 * 60 * MIN, msg="GPU has fallen off the bus."), T0 + 2 * 60 * MIN)
+    again = records(e2, T0 + 2 * 60 * MIN)[-1]
+    assert (again["rule"], again["action"]) == ("xid79.recurring", "CONTACT_SUPPORT")  # was: xid79 again
+
+
+def test_d11_gsp_timeouts_without_a_reset_do_not_escalate_and_list_only_real_codes() -> None:
+    e = AlertEngine(EngineConfig(update_interval_ms=0))
+    for k in range(4):  # every 11 min, the GPU waiting for its drain
+        e.on_xid(
+            xid(119, T0 + k * 11 * MIN, msg="Timeout after 6s of waiting for RPC response"), T0 + k * 11 * MIN
+        )
+    out = records(e, T0 + 40 * MIN)
+    assert {r["action"] for r in out if r["status"] == "firing"} == {"RESET_GPU"}
+    assert all(r["xid_codes"] == [119] for r in out)  # no Xid 120 that never happened

@@ -90,6 +90,7 @@ class Case:
     codes: tuple[int, ...] | None = None
     known: bool = True
     reason_has: tuple[str, ...] = field(default_factory=tuple)
+    resets: tuple[float, ...] = ()  # minutes at which the GPU was seen reset (samples)
 
 
 W, C, I = Severity.WARNING, Severity.CRITICAL, Severity.INFO  # noqa: E741
@@ -233,10 +234,13 @@ CASES = [
          drain=True, rule="gsp.reset", cause=CauseClass.DRIVER),
     Case("119 burst is one incident", xid(119, 0.1), prior=(xid(119, 0),), action=Action.RESET_GPU,
          severity=C, drain=True, rule="gsp.reset"),
-    Case("120 back after a reset -> power cycle", xid(120, 120), prior=(xid(119, 0),),
-         action=Action.RESTART_BM, severity=C, drain=True, rule="gsp.recurring"),
+    Case("120 back after a reset -> power cycle", xid(120, 120), prior=(xid(119, 0),), resets=(60,),
+         action=Action.RESTART_BM, severity=C, drain=True, rule="gsp.recurring", codes=(120, 119)),
     Case("119 third incident -> support", xid(119, 300), prior=(xid(119, 0), xid(120, 120)),
-         action=Action.CONTACT_SUPPORT, severity=C, drain=True, rule="gsp.persistent"),
+         resets=(60, 200), action=Action.CONTACT_SUPPORT, severity=C, drain=True, rule="gsp.persistent"),
+    # Review D11: a GSP timeout every 11 min while the GPU waits for its reset is one incident.
+    Case("119 repeating without a reset stays RESET_GPU", xid(119, 33), prior=(xid(119, 0), xid(119, 11),
+         xid(119, 22)), action=Action.RESET_GPU, severity=C, drain=True, rule="gsp.reset", codes=(119,)),
     # --- Xid 154 recovery action text
     Case("154 node reboot", xid(154, msg=recovery("0x2", "Node Reboot Required")), action=Action.RESTART_BM,
          severity=C, drain=True, rule="xid154.recovery_action"),
@@ -315,7 +319,10 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_classify(case: Case):
-    result = classify(case.event, history_of(*case.prior), case.health)
+    history = history_of(*case.prior)
+    for minute in case.resets:
+        history.record_reset(T0 + int(minute * MIN))
+    result = classify(case.event, history, case.health)
     assert (result.action, result.severity, result.drain_node) == (case.action, case.severity, case.drain), (
         result.reason
     )
