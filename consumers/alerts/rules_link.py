@@ -20,6 +20,7 @@ from consumers.alerts.rules_gsp import (
     _latest_154,
 )
 from consumers.alerts.xid_parsers import (
+    Nvlink5Error,
     decode_nvlink_registers,
     parse_nvlink5,
     parse_nvlink_error,
@@ -165,8 +166,8 @@ def _nvlink5(ctx: _Ctx) -> Classification:
     In the "XID 144-150 Decode" sheet, rows whose severity is Fatal or Link Fatal resolve to RESET_GPU;
     Non-fatal rows to IGNORE, or (RLW_REMAP, RLW_SRC_TRACK) to XID_154_EVAL: "If an XID 154 is seen along
     with this error, take that action. If no XID 154 present, RESTART_APP". An Xid 154 nearby always wins.
-    The sheet's bit-level IntrInfo/ErrorStatus decode is not reproduced; the Fatal token is what the
-    driver prints from the same decode.
+    Rows of the sheet's bit-level decode we have verified data for are decoded first
+    (:func:`decode_nvlink5_row`); for the others the Fatal token the driver prints stands.
     """
     parsed = parse_nvlink5(ctx.event.message)
     linked = _latest_154(ctx)
@@ -180,6 +181,20 @@ def _nvlink5(ctx: _Ctx) -> Classification:
             "required recovery if there is one.",
         )
     head = f"{ctx.label()}: {parsed.unit} {'Fatal' if parsed.fatal else 'Nonfatal'} on link {parsed.link}"
+    row = decode_nvlink5_row(ctx.code, parsed)
+    if row is not None:
+        action, why, investigate = row
+        critical = action is Action.RESET_GPU
+        return ctx.result(
+            "nvlink5.decoded",
+            f"{head}; [CAT] 'XID 144-150 Decode': {why} -> {action.value}"
+            + (f" (investigate: {investigate})." if investigate else "."),
+            action=action,
+            severity=Severity.CRITICAL if critical else Severity.INFO,
+            drain=critical,
+            runbook=(_RUNBOOK[Action.RESET_GPU] if critical else _RUNBOOK[Action.IGNORE])
+            + (f" Investigate: {investigate}." if investigate else ""),
+        )
     if parsed.fatal:
         return ctx.result(
             "nvlink5.fatal",
@@ -216,3 +231,43 @@ def _nvlink5(ctx: _Ctx) -> Classification:
         if ber
         else _RUNBOOK[Action.IGNORE],
     )
+
+
+# NETIR_LINK_EVT sub-code: IntrInfo bits [25:20] in the >=R575 (V2) layout (0x025001c6 -> 37,
+# 0x026001c6 -> 38, as NVSentinel's and GPUd's decoders read it).
+def _netir_subcode(intr: int) -> int:
+    return (intr >> 20) & 0x3F
+
+
+def decode_nvlink5_row(code: int, e: Nvlink5Error) -> tuple[Action, str, str] | None:
+    """(action, row, investigatory) for the rows of NVIDIA's "XID 144-150 Decode" sheet we decode by bits
+    (review D6); ``None`` for the rest, which follow the Fatal/Nonfatal token.
+
+    * 149 NETIR_LINK_EVT "Link Fatal" sub-codes 38 (link taken down by software) and 40 (by the host):
+      IGNORE -- the GPU is fine, draining it is the wrong remedy; 37: RESET_GPU, but the *peer* device is
+      at fault (INVESTIGATE_PEER_DEVICE).
+    * 145 RLW_RXPIPE non-fatal with IntrInfo bit 7 ("Action 2"): RESET_GPU.
+    * 144 SAW_MVB error status 0x1: IGNORE; 0x2: RESET_GPU.
+    * 150 MSE_WATCHDOG: RESET_GPU.
+    """
+    unit, intr, status = e.unit, e.intr_info, e.error_status
+    if code == 149 and unit == "NETIR_LINK_EVT" and intr is not None:
+        sub = _netir_subcode(intr)
+        if sub == 38:
+            return (
+                Action.IGNORE,
+                f"NETIR_LINK_EVT sub-code {sub} (link down by software)",
+                "INVESTIGATE_SW_USER",
+            )
+        if sub == 40:
+            return Action.IGNORE, f"NETIR_LINK_EVT sub-code {sub} (link down by the host)", "INVESTIGATE_HOST"
+        if sub == 37:
+            return Action.RESET_GPU, f"NETIR_LINK_EVT sub-code {sub} (peer device)", "INVESTIGATE_PEER_DEVICE"
+        return None
+    if code == 145 and unit == "RLW_RXPIPE" and not e.fatal and intr is not None and intr & 0x80:
+        return Action.RESET_GPU, "RLW_RXPIPE non-fatal with IntrInfo bit 7 (Action 2)", ""
+    if code == 144 and unit == "SAW_MVB" and status in (0x1, 0x2):
+        return (Action.IGNORE if status == 0x1 else Action.RESET_GPU), f"SAW_MVB error status {status:#x}", ""
+    if code == 150 and unit == "MSE_WATCHDOG":
+        return Action.RESET_GPU, "MSE_WATCHDOG", ""
+    return None

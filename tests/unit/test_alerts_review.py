@@ -426,3 +426,26 @@ def test_d11_gsp_timeouts_without_a_reset_do_not_escalate_and_list_only_real_cod
     out = records(e, T0 + 40 * MIN)
     assert {r["action"] for r in out if r["status"] == "firing"} == {"RESET_GPU"}
     assert all(r["xid_codes"] == [119] for r in out)  # no Xid 120 that never happened
+
+
+# ------------------------------------------------------------------------------------------- D6
+
+
+def test_d6_nvlink5_rows_decoded_by_bits_not_by_the_fatal_token() -> None:
+    from consumers.alerts.classify import FaultEvent, classify
+
+    def cls(code: int, msg: str) -> tuple[str, str, bool]:
+        c = classify(FaultEvent(kind="xid", ts_ms=T0, code=code, message=msg))
+        return c.action.value, c.severity.value, c.drain_node
+
+    # sub-code 38 / 40 "Link Fatal": the link was taken down by software / the host: no drain
+    sw = "NETIR_LINK_EVT Fatal XC0 i0 Link 00 (0x026001c6 0x00000000 0x00000000)"
+    host = "NETIR_LINK_EVT Fatal XC0 i0 Link 00 (0x028001c6 0x00000000 0x00000000)"
+    assert cls(149, sw) == ("IGNORE", "info", False)  # was RESET_GPU, critical, drain
+    assert cls(149, host) == ("IGNORE", "info", False)
+    peer = "NETIR_LINK_EVT Fatal XC0 i0 Link 00 (0x025001c6 0x00000000 0x00000000)"
+    assert cls(149, peer)[0] == "RESET_GPU"
+    rx = "RLW_RXPIPE Nonfatal XC0 i0 Link 02 (0x00000080 0x00000001)"
+    assert cls(145, rx) == ("RESET_GPU", "critical", True)  # was IGNORE ("Nonfatal")
+    assert cls(144, "SAW_MVB Nonfatal XC0 i0 Link 00 (0x00000001 0x00000002)")[0] == "RESET_GPU"
+    assert cls(144, "SAW_MVB Fatal XC0 i0 Link 00 (0x00000001 0x00000001)")[0] == "IGNORE"
