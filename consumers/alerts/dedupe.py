@@ -60,6 +60,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from consumers.alerts.alert_policy import (
+    FOLLOWER_CODES,
+    STICKY_ACTIONS,
+    merge_codes,
+    rank,
+    sticky,
+    with_note,
+    workload,
+    worse,
+)
 from consumers.alerts.alert_record import Alert, alert_from_record, alert_id, signal_code
 from consumers.alerts.catalog import CATALOG_VERSION
 from consumers.alerts.classify import (
@@ -71,7 +81,6 @@ from consumers.alerts.classify import (
     GpuXidHistory,
     classify,
 )
-from consumers.alerts.classify_model import workload_key
 from consumers.alerts.health_signals import (
     LEVEL_SIGNALS,
     SIGNAL_INFO,
@@ -81,46 +90,13 @@ from consumers.alerts.health_signals import (
     device_key,
     recovery_presentation,
 )
+from consumers.alerts.node_burst import NodeBurstMixin
 
 __all__ = ["STICKY_ACTIONS", "AlertEngine", "EngineConfig", "sticky", "worse"]
 
 MINUTE_MS = 60_000
 _EVENT_KINDS = frozenset({"xid", "sxid", "fallen_off_bus", "gpu_lost", "unknown"})
 _SINGLE_SOURCES = frozenset({"nvml", "kmsg"})
-
-_SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
-# Higher = more disruptive or more human work; decides which action a merged alert shows.
-_ACTION_RANK = {
-    "UNKNOWN": -1,
-    "IGNORE": 0,
-    "WORKFLOW_XID_45": 0,
-    "RESTART_APP": 1,
-    "CHECK_UVM": 1,
-    "UPDATE_SWFW": 1,
-    "RESTART_FM": 2,
-    "DRAIN_P2P": 2,
-    "XID_154": 2,
-    "WORKFLOW_NVLINK5_ERR": 2,
-    "RESTART_VM": 3,
-    "RESET_GPU": 3,
-    "WORKFLOW_XID_48": 4,
-    "WORKFLOW_NVLINK_ERR": 4,
-    "DRAIN_AND_RESET": 4,
-    "RESTART_BM": 5,
-    "CHECK_MECHANICALS": 5,
-    "RUN_DCGMEUD": 5,
-    "RUN_FIELDDIAG": 5,
-    "CONTACT_SUPPORT": 6,
-}
-
-
-def _rank(severity: str, drain: bool, action: str) -> tuple[int, int, int]:
-    return (_SEVERITY_RANK.get(severity, 1), int(drain), _ACTION_RANK.get(action, 0))
-
-
-def worse(a: tuple[str, bool, str], b: tuple[str, bool, str]) -> bool:
-    """True when decision ``a`` (severity, drain, action) is worse than ``b``."""
-    return _rank(*a) > _rank(*b)
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +137,7 @@ class _Sighting:
         self.paired = paired
 
 
-class AlertEngine:
+class AlertEngine(NodeBurstMixin):
     """See module doc. Not thread-safe: the service serialises calls."""
 
     def __init__(
@@ -250,7 +226,7 @@ class AlertEngine:
                 pid=ev.get("pid"),
                 process_name=ev.get("process_name"),
                 message=ev.get("message") or "",
-                workload=_workload(ev.get("allocations")),
+                workload=workload(ev.get("allocations")),
             )
         except ValueError:  # e.g. kind xid without a code: classify it as an unknown event
             fe = FaultEvent(kind="unknown", ts_ms=ts, code=code, message=ev.get("message") or "")
@@ -334,7 +310,7 @@ class AlertEngine:
             mem = self._open.get(("gpu", host, device, "xid:48"))
             if mem is not None:  # the counter of the memory fault an XID already reported: one alert
                 mem.seen_at_ms = now_ms
-                mem.description = _with_note(mem.description, f"Samples: {sig.detail}.")
+                mem.description = with_note(mem.description, f"Samples: {sig.detail}.")
                 self.counts["folded"] += 1
                 self._dirty(mem)
                 return mem
@@ -556,7 +532,7 @@ class AlertEngine:
             self._ids[a.alert_id] = a
             self._by_gpu.setdefault((a.key[1], a.key[2]), set()).add(a.key)
             if a.scope == "node":
-                self._node_worst[a.alert_id] = _rank(a.severity, a.drain_node, a.action)
+                self._node_worst[a.alert_id] = rank(a.severity, a.drain_node, a.action)
             restored.add(a.alert_id)
         return len(restored)
 
@@ -606,19 +582,19 @@ class AlertEngine:
         current = (a.severity, a.drain_node, a.action)
         if a.name and c.codes[:1] in ((171,), (172,)) and not worse(current, new_decision):
             # 171/172 qualify the 48 (DRAM or SRAM): same decision, a more precise workflow branch
-            a.codes = _merge_codes(a.codes, c.codes)
+            a.codes = merge_codes(a.codes, c.codes)
             a.rule, a.description, a.runbook = c.rule, c.reason, c.runbook
             self._dirty(a)
             return
         if a.name and not worse(new_decision, current):
-            merged = _merge_codes(a.codes, c.codes)  # a folded detail (172, 95, 45, 154) is listed
+            merged = merge_codes(a.codes, c.codes)  # a folded detail (172, 95, 45, 154) is listed
             if merged != a.codes:
                 a.codes = merged
                 self._dirty(a)
             a.known = a.known and c.known
             return
         first = not a.name
-        a.codes = _merge_codes(a.codes, c.codes) if a.codes else tuple(c.codes)
+        a.codes = merge_codes(a.codes, c.codes) if a.codes else tuple(c.codes)
         a.name = c.name
         a.severity = c.severity.value
         a.cause_class = c.cause_class.value
@@ -743,140 +719,3 @@ class AlertEngine:
             self._closed[key] = a
         if a.scope == "node":
             self._node_worst.pop(a.alert_id, None)
-
-    def _node_burst(self, gpu_alert: Alert, ts: int, now_ms: int) -> None:
-        """Count a GPU occurrence toward its node's burst (see module doc).
-
-        Only faults that carry a health signal count (:func:`_counts_toward_burst`): killing an 8-GPU job
-        logs Xid 45 on every GPU, which says nothing about the node. Per node, the newest occurrence time
-        of each GPU's alerts is kept (bounded by GPUs x codes), so the cost of an event does not grow with
-        the node's history (a flood on one node costs what a flood spread over many does).
-        """
-        if not _counts_toward_burst(gpu_alert):
-            return
-        cfg = self.cfg
-        host = gpu_alert.hostname
-        recent = self._bursts.get(host)
-        if recent is None:
-            recent = self._bursts[host] = {}
-        per_device = recent.setdefault(gpu_alert.device, {})
-        if ts > per_device.get(gpu_alert.alert_id, -1):
-            per_device[gpu_alert.alert_id] = ts
-        key: Key = ("node", host, "", "node_burst")
-        node = self._open.get(key)
-        if node is not None and ts <= node.last_seen_ms + cfg.dedupe_window_ms:
-            self._touch(key, ts, now_ms, 1, anchor="")
-            members = [(ts, gpu_alert.device, gpu_alert.alert_id)]
-        else:
-            # Events arrive out of event-time order (two topics, late records): compare each event with
-            # the window on both sides of its own time, so a late record is never grouped with faults an
-            # hour after it.
-            w = cfg.node_burst_window_ms
-            in_window = [
-                (t, device, aid)
-                for device, alerts in recent.items()
-                for aid, t in alerts.items()
-                if abs(t - ts) <= w
-            ]
-            devices = {m[1] for m in in_window}
-            if len(devices) < cfg.node_burst_gpus:
-                return
-            first = min(m[0] for m in in_window)
-            node = self._touch(key, first, now_ms, len(in_window), anchor=str(first))
-            if ts > node.last_seen_ms:
-                node.last_seen_ms = ts
-            members = in_window
-        if node.alertname == "":
-            node.alertname = "GpuNodeXidStorm"
-            node.name = "NODE_XID_BURST"
-            node.rule = "node_burst"
-            node.catalog_version = CATALOG_VERSION
-        changed = False
-        for _, device, member_id in members:
-            member = self._member(member_id)
-            if member is None:
-                continue
-            changed |= node.add_gpu(member.gpu_uuid or device)
-            if member.parent_alert_id != node.alert_id:
-                member.parent_alert_id = node.alert_id
-                self._dirty(member)
-            codes = _merge_codes(node.codes, member.codes[:1]) if node.codes else member.codes[:1]
-            if codes != node.codes:
-                node.codes = tuple(sorted(codes))
-                changed = True
-            rank = _rank(member.severity, member.drain_node, member.action)
-            if rank > self._node_worst.get(node.alert_id, (-1, -1, -1)):
-                self._node_worst[node.alert_id] = rank
-                node.severity = member.severity
-                node.drain_node = node.drain_node or member.drain_node
-                node.action = member.action
-                node.cause_class = member.cause_class
-                node.known = member.known
-                node.runbook = (
-                    "Several GPUs of this node reported errors at once: look at what they share (one "
-                    "multi-GPU job for application XIDs; the PCIe switch, power, cooling or driver for "
-                    "hardware ones). "
-                    "Per-GPU detail: the alerts naming this one as parent_alert_id. Worst GPU: "
-                    + member.runbook
-                )
-                node.urgent = True
-                changed = True
-            node.drain_node = node.drain_node or member.drain_node
-        node.description = (
-            f"{len(node.gpus)} GPUs of {host} reported XIDs ({', '.join(map(str, node.codes))}) within "
-            f"{cfg.node_burst_window_ms // 1000}s of each other (threshold {cfg.node_burst_gpus} GPUs); "
-            f"worst: {node.severity} {node.action}."
-        )
-        if changed:
-            self._dirty(node)
-
-    def _member(self, member_id: str) -> Alert | None:
-        a = self._ids.get(member_id)
-        return a if a is not None and a.status == "firing" else None
-
-
-# Xid 43 (job stopped, GPU healthy) and 45 (channels torn down: a job killed or preempted) are what every
-# multi-GPU job kill logs on each of its GPUs; they never make or feed a node burst.
-JOB_KILL_CODES = frozenset({43, 45})
-
-
-# Actions that need a reset, reboot or a person with a replacement GPU: silence is no evidence of recovery.
-STICKY_ACTIONS = frozenset({"RESET_GPU", "RESTART_BM", "RESTART_VM", "DRAIN_AND_RESET"})
-
-
-def sticky(a: Alert) -> bool:
-    """A GPU/NVSwitch fault that stays firing until evidence of recovery (see module doc)."""
-    if a.scope == "node" or a.key[3] in LEVEL_SIGNALS:
-        return False
-    return a.drain_node or a.action in STICKY_ACTIONS
-
-
-def _counts_toward_burst(a: Alert) -> bool:
-    """A GPU alert counts toward a node burst when it is more than info and not a job-kill code."""
-    return a.severity != "info" and bool(a.codes) and a.codes[0] not in JOB_KILL_CODES
-
-
-def _workload(allocations: Any) -> str | None:
-    """The workload of an event's first allocation (see :func:`classify_model.workload_key`)."""
-    for a in allocations or ():
-        try:
-            return workload_key(a.get("namespace"), a.get("pod"))
-        except AttributeError:
-            return None
-    return None
-
-
-# Xid 45 and 154 follow another fault on the same GPU: they fold into its alert (see _follows).
-FOLLOWER_CODES = frozenset({45, 154})
-
-
-def _with_note(text: str, note: str) -> str:
-    return text if note in text else f"{text} {note}".strip()
-
-
-def _merge_codes(have: tuple[int, ...], new: Iterable[int]) -> tuple[int, ...]:
-    out = list(have)
-    for c in new:
-        if c not in out:
-            out.append(c)
-    return tuple(out)

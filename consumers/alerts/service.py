@@ -15,10 +15,15 @@ Downstream deduplicates by ``(alert_id, sequence)``.
 
 Restart: before consuming, :func:`restore_from_topic` reads ``gpu.alerts.v1`` from ``now - lookback``
 (default 24 h) to its end, and :meth:`AlertsService.restore` rebuilds the open alerts from their latest
-revisions (same ids, counts, sequence numbers) and the cordon rate-limit ledger from the action records.
-The consumer group resumes the input where it committed. What is not restored: the per-GPU XID history
-the classifier uses for "repeated" rules, node-burst windows and sample baselines (they rebuild from new
-input).
+revisions (same ids, counts, sequence numbers), the per-GPU history the classifier's recurrence rules use
+(from those records), the cordon rate-limit ledger (action records plus the nodes' own annotations), and
+applies operators' acks; then it reconciles the cordons the open drain alerts call for. The consumer
+group resumes the input where it committed. What is not restored: node-burst windows and sample
+baselines (they rebuild from new input). With ``--ha`` this happens when an instance becomes the leader
+(:mod:`consumers.alerts.leader`).
+
+Acks: ``gpu.alerts.v1`` is also an input; of its records only ``action`` records of kind ``ack``
+(``gpupipe alerts --ack``) are applied, the rest is skipped.
 
 Remediation events: each cordon decision (and dry-run decision) is published as a record with ``status``
 ``action`` and the ``remediation`` field set, keyed by the alert's id so it follows the alert's revisions
@@ -284,8 +289,8 @@ class AlertsService:
         return None
 
     def on_revoke(self, partitions: Sequence[tuple[str, int]]) -> None:
-        # Alert state is per GPU, not per partition, and one instance is expected to own every partition
-        # (see module doc); on a hand-over the new owner restores open alerts from gpu.alerts.v1.
+        # Alert state is per GPU, not per partition: one active instance owns every partition (the leader
+        # with --ha; see consumers.alerts.leader), and a new leader restores from gpu.alerts.v1.
         return None
 
     def handle(self, records: Sequence[InRecord]) -> list[tuple[InRecord, str, str]]:
