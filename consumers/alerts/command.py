@@ -407,7 +407,11 @@ class AlertsApp:
             if self.cordoner is not None:
                 self.cordoner.stop()
             try:
-                self.service.flush()
+                if self.elector is not None and self.elector.lost.is_set():
+                    # fenced: the new leader owns the alerts now; publishing here would contradict it
+                    log.warning("leadership lost: pending revisions left to the new leader")
+                else:
+                    self.service.flush()
             finally:
                 if self.alertmanager is not None:
                     self.alertmanager.stop()

@@ -483,3 +483,16 @@ def test_d17_a_flood_on_one_node_costs_no_more_than_one_spread_over_many() -> No
     one, many = run(1), run(750)
     # reviewed code: a node's whole recent history was scanned per event (5.3k/s on one node vs 32.9k/s)
     assert one <= many, f"one node {one:.3f}s vs spread {many:.3f}s"
+
+
+def test_d1_a_node_storm_lives_no_longer_than_it_absorbs() -> None:
+    # the storm absorbed faults for --dedupe-window but lived --resolve-after: a gap in which it inhibited
+    # alerts it had not absorbed. Now it resolves after min(R, D) of quiet, its sticky members stay.
+    e = AlertEngine(EngineConfig(dedupe_window_ms=10 * MIN, resolve_after_ms=30 * MIN))
+    for g in range(3):
+        e.on_xid(xid(79, T0 + g, g=g, msg="GPU has fallen off the bus."), T0 + g)
+    records(e, T0 + S)
+    e.tick(T0 + 10 * MIN + S)
+    out = records(e, T0 + 10 * MIN + S)
+    assert [(r["scope"], r["status"]) for r in out] == [("node", "resolved")]
+    assert len([a for a in e.open_alerts() if a.scope == "gpu"]) == 3
