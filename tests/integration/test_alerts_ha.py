@@ -3,7 +3,8 @@
 Real Kafka, real Alertmanager, the CLI in subprocesses, the Kubernetes API faked. Checks: takeover within
 30 s with the open-alert state (same alert id, sequence continues, no contradictory revision), nothing
 lost (an XID produced while no leader ran is alerted), nothing sent twice to Alertmanager (one entry per
-alert, the same label set), and the cordon rate limit held across the failover.
+alert, the same label set), a cordon in flight when the leader died is done by the standby (review D3),
+and the cordon rate limit held across the failover (review D5).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def test_standby_takes_over_with_state_and_limits(
     token = tmp_path / "token"
     token.write_text("tok")
     reader = TopicReader(kafka, t[topics.ALERTS])
-    with FakeKubeApi(["node-a", "node-b", "node-c", "node-d"], token="tok") as kube:
+    with FakeKubeApi([f"node-{x}" for x in "abcdefgh"], token="tok") as kube:
         flags = [
             "--ha",
             "--ha-session-timeout",
@@ -62,7 +63,7 @@ def test_standby_takes_over_with_state_and_limits(
             "1s",
             "--cordon",
             "--cordon-max-per-hour",
-            "1",
+            "2",
             "--kube-api-url",
             kube.url,
             "--kube-token-file",
@@ -88,11 +89,19 @@ def test_standby_takes_over_with_state_and_limits(
             assert x79["instance"] == "a" and x79["status"] == "firing"
             wait_until(lambda: len(kube.patches("node-a")) == 1, 15, "node-a cordoned by the leader")
             wait_until(lambda: alertmanager.alerts(), 15, "the alert in Alertmanager")
+            # review D3 (i01): a's next cordon is in flight (the API answers slowly) when a is killed
+            kube.set_delay(8.0)
+            produce(kafka, t[topics.XID], "XidEvent", [xid_event("node-d", "0000:18:00", 79, now + 1)])
+            wait_until(
+                lambda: any(r["hostname"] == "node-d" for r in reader.latest().values()), 20, "node-d alert"
+            )
             time.sleep(1.5)  # let a's offsets commit (auto-commit) like a leader that ran a while
 
             assert a.proc is not None
             a.proc.kill()  # kill -9: no goodbye, the group coordinator must notice
             killed = time.monotonic()
+            kube.set_delay(0.0)
+            assert len(kube.patches()) == 1  # node-d's cordon died with a
             later = int(time.time() * 1000)
             produce(  # while nobody leads: must not be lost
                 kafka,
@@ -112,14 +121,20 @@ def test_standby_takes_over_with_state_and_limits(
             wait_until(from_b, 30, "the standby to alert on what arrived during the failover")
             takeover_s = time.monotonic() - killed
             assert takeover_s < 30, takeover_s
-            # the rate limit (1 per hour) was spent by a: node-c's drain is refused, not cordoned
+            # the cordon lost with a is reconciled by b, and the limit (2 per hour: a's node-a, b's node-d)
+            # holds: node-c's drain is refused, not cordoned
+            wait_until(lambda: len(kube.patches("node-d")) == 1, 20, "b to cordon node-d")
+            annotations = kube.node("node-d")["metadata"]["annotations"]
+            assert annotations["gpupipe.io/cordoned-by"] == "gpupipe-alerts/b"
             acts = wait_until(
                 lambda: [r for r in reader.poll() if r["status"] == "action" and r["hostname"] == "node-c"],
                 15,
                 "node-c's cordon decision",
             )
-            assert acts[0]["remediation"]["outcome"] == "rate_limited" and acts[0]["instance"] == "b"
-            assert "unschedulable" not in kube.node("node-c")["spec"] and len(kube.patches()) == 1
+            rem = acts[0]["remediation"]
+            assert rem["outcome"] == "rate_limited" and "--cordon-max-per-hour" in rem["detail"], rem
+            assert acts[0]["instance"] == "b"
+            assert "unschedulable" not in kube.node("node-c")["spec"] and len(kube.patches()) == 2
 
             # the open alert continued: same id, no contradictory revision, one Alertmanager entry
             revs = [r for r in reader.poll() if r["alert_id"] == x79["alert_id"] and r["status"] != "action"]
@@ -127,9 +142,9 @@ def test_standby_takes_over_with_state_and_limits(
             seqs = [r["sequence"] for r in revs]
             assert len(seqs) == len(set(seqs)), seqs  # no sequence published twice by two instances
             am = wait_until(
-                lambda: (lambda got: got if len(got) == 3 else None)(alertmanager.alerts()),
+                lambda: (lambda got: got if len(got) == 4 else None)(alertmanager.alerts()),
                 15,
-                "three alerts in Alertmanager",
+                "four alerts in Alertmanager",
             )
             ids = [x["annotations"]["alert_id"] for x in am]
             assert sorted(ids) == sorted(set(ids)) and x79["alert_id"] in ids
