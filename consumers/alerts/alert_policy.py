@@ -6,11 +6,13 @@ Split out of :mod:`consumers.alerts.dedupe` so the engine module keeps to its st
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from consumers.alerts.alert_record import Alert
-from consumers.alerts.classify_model import workload_key
+from consumers.alerts.catalog import Action, CauseClass, Severity
+from consumers.alerts.classify_model import Classification, GpuXidHistory, workload_key
 from consumers.alerts.health_signals import LEVEL_SIGNALS
 
 __all__ = [
@@ -21,6 +23,7 @@ __all__ = [
     "merge_codes",
     "rank",
     "sticky",
+    "unless_elsewhere",
     "with_note",
     "workload",
     "worse",
@@ -106,3 +109,41 @@ def merge_codes(have: tuple[int, ...], new: Iterable[int]) -> tuple[int, ...]:
         if c not in out:
             out.append(c)
     return tuple(out)
+
+
+def unless_elsewhere(
+    c: Classification,
+    history: GpuXidHistory,
+    histories: Mapping[tuple[str, str], GpuXidHistory],
+    gpu: tuple[str, str],
+    ts: int,
+    window_ms: int,
+) -> Classification:
+    """WORKFLOW_XID_31 "MMU faults ... to diff GPU: CHECK_APP/CUDA": when the workloads that hit this GPU
+    also hit another GPU of the node, they are the common factor, not this GPU (review D4). Called only on
+    an escalation, so the scan over the node's GPUs is rare."""
+    host, device = gpu
+    mine = {r.workload for r in history.records() if r.code in (13, 31) and r.workload}
+    for (h, d), other in histories.items():
+        if h != host or d == device:
+            continue
+        shared = {
+            r.workload
+            for r in other.records()
+            if r.code in (13, 31) and r.workload in mine and abs(ts - r.ts_ms) <= window_ms
+        }
+        if shared:
+            return replace(
+                c,
+                action=Action.RESTART_APP,
+                severity=Severity.WARNING,
+                drain_node=False,
+                cause_class=CauseClass.APPLICATION,
+                rule="app_fault.workloads_fault_elsewhere",
+                reason=f"{c.reason} But {', '.join(sorted(shared)[:3])} also faulted on GPU {d} of {host}: "
+                "the workloads, not this GPU, are the common factor. [CAT] WORKFLOW_XID_31 'to diff GPU: "
+                "CHECK_APP/CUDA'.",
+                runbook="Hand it to the owners of those workloads (CUDA error checking, compute-sanitizer); "
+                "the GPU needs nothing.",
+            )
+    return c

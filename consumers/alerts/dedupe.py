@@ -66,6 +66,7 @@ from consumers.alerts.alert_policy import (
     merge_codes,
     rank,
     sticky,
+    unless_elsewhere,
     with_note,
     workload,
     worse,
@@ -570,7 +571,11 @@ class AlertEngine(NodeBurstMixin):
             seen = self._signatures.get(a.alert_id)
             if seen is not None and sig in seen:
                 return None, sig
-        return classify(fe, history, self._health(host, device), self.cfg.classify), sig
+        result = classify(fe, history, self._health(host, device), self.cfg.classify)
+        if result.rule == "app_fault.repeat_distinct_workloads":
+            window = self.cfg.classify.app_fault_window_ms
+            result = unless_elsewhere(result, history, self._histories, (host, device), fe.ts_ms, window)
+        return result, sig
 
     def _apply(self, a: Alert, c: Classification | None, sig: tuple[Any, ...]) -> None:
         if c is None:

@@ -496,3 +496,16 @@ def test_d1_a_node_storm_lives_no_longer_than_it_absorbs() -> None:
     out = records(e, T0 + 10 * MIN + S)
     assert [(r["scope"], r["status"]) for r in out] == [("node", "resolved")]
     assert len([a for a in e.open_alerts() if a.scope == "gpu"]) == 3
+
+
+def test_d4_workloads_that_fault_on_other_gpus_are_the_common_factor() -> None:
+    def run(elsewhere: bool) -> set[str]:
+        e = AlertEngine(EngineConfig(update_interval_ms=0))
+        if elsewhere:  # the same workload hit another GPU of the node too
+            e.on_xid(xid(31, T0, g=1, pid=9, pod="a-job-0"), T0)
+        for i, ns in enumerate(("a", "b", "c")):
+            e.on_xid(xid(31, T0 + (i + 1) * MIN, pid=10 + i, pod=f"{ns}-job-0"), T0 + (i + 1) * MIN)
+        return {r["action"] for r in records(e, T0 + 4 * MIN) if r["pci_bus_id"] == BUS[0] + ".0"}
+
+    assert "RUN_DCGMEUD" in run(False)
+    assert run(True) == {"RESTART_APP"}  # WORKFLOW_XID_31 "to diff GPU: CHECK_APP/CUDA"
