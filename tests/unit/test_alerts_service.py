@@ -164,6 +164,8 @@ def test_simulated_fleet_through_the_service() -> None:
         (["--cordon-max-per-hour", "-1"], "must not be negative"),
         (["--alertmanager-url", "am:9093"], "http://"),
         (["--cordon"], "--cordon needs the Kubernetes API"),
+        (["--cordon-max-share", "0"], "--cordon-max-share"),
+        (["--ha", "--ha-session-timeout", "500ms"], "--ha-session-timeout"),
     ],
 )
 def test_cli_config_errors_exit_2(flags: list[str], needle: str, capsys: Any, monkeypatch: Any) -> None:
