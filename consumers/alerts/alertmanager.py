@@ -80,7 +80,13 @@ class AlertmanagerMetrics:
         )
         self.dropped = Counter(
             "gpupipe_alerts_alertmanager_dropped",
-            "Alerts dropped from the send queue because it was full.",
+            "Resolved alerts dropped from the send queue because it was full (firing ones never are).",
+            ["url"],
+            registry=reg,
+        )
+        self.over_limit = Gauge(
+            "gpupipe_alerts_alertmanager_over_limit",
+            "Firing alerts held beyond --alertmanager-max-alerts (kept and re-sent, never dropped).",
             ["url"],
             registry=reg,
         )
@@ -217,7 +223,9 @@ class AlertmanagerSender:
         expire an alert gpupipe still has firing. The excess is counted (``over_limit``) instead."""
         over = len(self._entries) - self.max_alerts
         if over <= 0:
-            self.over_limit = 0
+            if self.over_limit:
+                self.over_limit = 0
+                self.metrics.over_limit.labels(self.url).set(0)
             return
         victims = [k for k, e in self._entries.items() if e.resolved][:over]
         for k in victims:
@@ -225,6 +233,7 @@ class AlertmanagerSender:
             if self._by_id.get(e.alert_id) == k:
                 del self._by_id[e.alert_id]
         self.over_limit = over - len(victims)
+        self.metrics.over_limit.labels(self.url).set(self.over_limit)
         if victims:
             self.dropped += len(victims)
             self.metrics.dropped.labels(self.url).inc(len(victims))

@@ -167,6 +167,7 @@ def test_queue_never_evicts_a_firing_alert_review_d9() -> None:
     for i in range(5):
         s.update(rec(f"n{i}", hostname=f"node-{i}"))
     assert s.dropped == 0 and s.over_limit == 2 and len(s) == 5
+    assert s.metrics.over_limit.labels(s.url)._value.get() == 2  # counted, visible on /metrics
     s.step(T0)
     assert {a["labels"]["node"] for a in post.calls[-1]} == {f"node-{i}" for i in range(5)}
 
