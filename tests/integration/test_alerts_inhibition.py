@@ -1,4 +1,4 @@
-"""The shipped Alertmanager config and the engine's node rollups agree (review D1), in a real Alertmanager.
+"""Engine and shipped Alertmanager config agree in a real Alertmanager: rollups (D1), late XIDs (D2).
 
 The engine runs in process (pure, time injected); its records go through the real
 :class:`~consumers.alerts.alertmanager.AlertmanagerSender` to the Debian ``prometheus-alertmanager`` loaded
@@ -111,3 +111,20 @@ def test_job_kill_and_other_cause_bursts_never_hide_a_critical_page(shipped_am: 
     assert got[("node-b", "GpuXidError", "13")] == "suppressed"  # same cause, same severity: the burst pages
     assert got[("node-b", "GpuNodeXidStorm", "")] == "active"
     assert got[("node-c", "GpuNodeXidStorm", "")] == "active"
+
+
+def test_a_late_fatal_xid_stays_active_in_alertmanager(shipped_am: Alertmanager) -> None:
+    # Review D2 (r13): an Xid 79 processed 35 min after it happened was published firing and resolved one
+    # tick later; Alertmanager paged and sent RESOLVED while the GPU was still off the bus.
+    now = int(time.time() * 1000)
+    e = AlertEngine(EngineConfig())
+    e.on_xid(xid(79, now - 35 * MIN, "late-node", 0, msg="GPU has fallen off the bus."), now)
+    sender = AlertmanagerSender(shipped_am.url, resend_interval_ms=MIN)
+    for step in (0, S, 31 * MIN):  # the first tick, and past --resolve-after
+        e.tick(now + step)
+        for a in e.take(now + step):
+            sender.update(to_record(a, now + step))
+    assert sender.step()
+    got = wait_until(shipped_am.alerts, 10, "the alert in Alertmanager")
+    assert [(a["labels"]["node"], a["status"]["state"]) for a in got] == [("late-node", "active")]
+    assert e.open_alerts() and e.open_alerts()[0].status == "firing"
