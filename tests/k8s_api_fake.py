@@ -1,8 +1,9 @@
 """A test double of the Kubernetes API server's node endpoint: a real HTTP server on loopback.
 
-Serves ``GET`` and ``PATCH`` on ``/api/v1/nodes/{name}`` for the nodes it is given, records every request,
-and applies merge patches (strategic-merge and JSON-merge patches of plain maps behave alike for the fields
-cordoning touches) to its node objects. Options and failure modes, all settable while it runs::
+Serves ``GET /api/v1/nodes`` (a ``NodeList``) and ``GET``/``PATCH`` on ``/api/v1/nodes/{name}`` for the
+nodes it is given, records every request, and applies merge patches (strategic-merge and JSON-merge
+patches of plain maps behave alike for the fields cordoning touches) to its node objects. Options and
+failure modes, all settable while it runs::
 
     with FakeKubeApi(nodes=["node-a", "node-b"], token="s3cret") as api:
         api.url                       # http://127.0.0.1:PORT
@@ -183,6 +184,16 @@ class FakeKubeApi:
     def _serve(self, req: Request) -> tuple[int, bytes]:
         if self.token is not None and req.headers.get("authorization") != f"Bearer {self.token}":
             return 401, _status(401, "Unauthorized", "Unauthorized")
+        if req.path.split("?")[0] == "/api/v1/nodes" and req.method == "GET":
+            with self._lock:
+                items = [json.loads(json.dumps(n)) for n in self._nodes.values()]
+            body = {
+                "kind": "NodeList",
+                "apiVersion": "v1",
+                "metadata": {"resourceVersion": "1"},
+                "items": items,
+            }
+            return 200, json.dumps(body).encode()
         prefix = "/api/v1/nodes/"
         if not req.path.startswith(prefix):
             return 404, _status(

@@ -12,12 +12,15 @@ node bursts. Both come from the input, never from the service's clock or memory,
 input gives the same ids, and a restarted service that restores its open alerts from ``gpu.alerts.v1``
 keeps them (see :mod:`consumers.alerts.service`).
 
-Alertmanager mapping (:func:`am_labels`, :func:`am_annotations`): labels ``alertname``, ``severity``,
-``node``, ``action``, ``cause_class``, ``scope``, ``source="gpupipe"``, and when known ``xid`` (codes joined
-with ``,``; GPU and NVSwitch alerts only), ``gpu_uuid``, ``gpu`` (index), ``pci_bus_id``, ``namespace`` and
-``pod`` (of the first container hit, which never changes). Node alerts carry no ``xid`` label (their code set
-grows); their codes are in the annotations. Annotations: ``summary``, ``description``, ``runbook``,
-``alert_id``, ``occurrences``, ``first_seen``, ``pods``, ``catalog_version``, ``drain_node``.
+Alertmanager mapping (:func:`am_labels`, :func:`am_annotations`). Alertmanager identifies an alert by its
+label set, so labels hold only what defines the incident and cannot change while it is open: ``alertname``,
+``severity``, ``node``, ``cause_class``, ``scope``, ``source="gpupipe"``, and for GPU and NVSwitch alerts
+``xid`` (the first code) and ``pci_bus_id``. A change of one of them (an escalation of severity, a node
+burst whose worst member changes cause) is deliberately a new Alertmanager alert: the old label set is
+resolved and the new one routed by its new severity. Mutable or late-discovered facts are annotations:
+``action``, ``gpu_uuid``, ``gpu`` (index), ``namespace``/``pod`` (``pods``), ``occurrences``, plus
+``summary``, ``description``, ``runbook``, ``alert_id``, ``first_seen``, ``catalog_version``,
+``drain_node``; discovering a GPU's UUID or its pod 5 s into an incident therefore sends no RESOLVED.
 """
 
 from __future__ import annotations
@@ -104,6 +107,8 @@ class Alert:
     """The change must be emitted now (new, status, severity/action/drain), not throttled."""
     last_emit_ms: int | None = None
     """Wall time of the last emitted revision."""
+    seen_at_ms: int = 0
+    """Processing (wall) time of the latest occurrence: quiet periods are measured from it (review D2)."""
 
     def snapshot(self) -> Alert:
         return replace(self, gpus=list(self.gpus), allocations=list(self.allocations))
@@ -307,12 +312,22 @@ def alert_from_record(rec: dict[str, Any]) -> Alert:
     return a
 
 
+# One uncorrectable memory fault shows up as several XIDs: 48 (DBE) with its DRAM/SRAM qualifiers 171/172,
+# and 94/95 (contained/uncontained ECC) on newer GPUs. They are one incident: one alert keyed as 48.
+MEMORY_FAULT_CODES = frozenset({48, 171, 172, 94, 95})
+
+
+def signal_code(code: int) -> int:
+    """The code an XID is keyed under: its own, or 48 for the codes of one memory fault."""
+    return 48 if code in MEMORY_FAULT_CODES else code
+
+
 def _key_signal(rec: dict[str, Any]) -> str:
     """The signal part of an alert key: ``xid:<code>`` / ``sxid:<code>`` for faults, else the signal."""
     signal = rec.get("signal", "")
     if signal in ("xid", "sxid"):
         codes = rec.get("xid_codes") or [0]
-        return f"{signal}:{codes[0]}"
+        return f"{signal}:{signal_code(codes[0]) if signal == 'xid' else codes[0]}"
     return signal
 
 
@@ -325,28 +340,19 @@ def iso_ms(ms: int) -> str:
 
 
 def am_labels(rec: dict[str, Any]) -> dict[str, str]:
-    """Alertmanager labels of a record (its identity there; see module doc)."""
+    """Alertmanager labels of a record: its identity there, stable for the incident (see module doc)."""
     labels = {
         "alertname": rec["alertname"],
         "severity": rec["severity"],
         "node": rec["hostname"],
-        "action": rec["action"],
         "cause_class": rec["cause_class"],
         "scope": rec["scope"],
         "source": "gpupipe",
     }
     if rec["scope"] != "node" and rec["xid_codes"]:
         labels["xid"] = str(rec["xid_codes"][0])
-    if rec.get("gpu_uuid"):
-        labels["gpu_uuid"] = rec["gpu_uuid"]
-    if rec.get("gpu_index") is not None:
-        labels["gpu"] = str(rec["gpu_index"])
     if rec.get("pci_bus_id"):
         labels["pci_bus_id"] = rec["pci_bus_id"]
-    allocations = rec.get("allocations") or ()
-    if allocations and rec["scope"] != "node":
-        labels["namespace"] = allocations[0]["namespace"]
-        labels["pod"] = allocations[0]["pod"]
     return labels
 
 
@@ -361,7 +367,14 @@ def am_annotations(rec: dict[str, Any]) -> dict[str, str]:
         "first_seen": iso_ms(rec["first_seen_ms"]),
         "drain_node": "true" if rec["drain_node"] else "false",
         "catalog_version": rec.get("catalog_version", ""),
+        "action": rec.get("action", ""),
+        "gpu_uuid": rec.get("gpu_uuid") or "",
+        "gpu": "" if rec.get("gpu_index") is None else str(rec["gpu_index"]),
     }
+    allocations = rec.get("allocations") or ()
+    if allocations and rec["scope"] != "node":
+        out["namespace"] = allocations[0]["namespace"]
+        out["pod"] = allocations[0]["pod"]
     if rec["xid_codes"]:
         out["xid_codes"] = ",".join(str(c) for c in rec["xid_codes"])
     if pods:

@@ -23,7 +23,9 @@ splitting the batch, and an alert rejected on its own is dropped and logged. ``s
 than now (a node clock running ahead would otherwise make ``startsAt > endsAt``, which is rejected).
 
 The state is bounded by ``max_alerts`` label sets; beyond it the oldest resolved entries are
-dropped first, then the oldest firing ones (counted in ``gpupipe_alerts_alertmanager_dropped_total``).
+dropped (counted in ``gpupipe_alerts_alertmanager_dropped_total``). A firing entry is never dropped: firing
+entries are bounded by the engine's open alerts, and the excess over ``max_alerts`` is counted
+(``over_limit``) rather than lost.
 """
 
 from __future__ import annotations
@@ -78,7 +80,13 @@ class AlertmanagerMetrics:
         )
         self.dropped = Counter(
             "gpupipe_alerts_alertmanager_dropped",
-            "Alerts dropped from the send queue because it was full.",
+            "Resolved alerts dropped from the send queue because it was full (firing ones never are).",
+            ["url"],
+            registry=reg,
+        )
+        self.over_limit = Gauge(
+            "gpupipe_alerts_alertmanager_over_limit",
+            "Firing alerts held beyond --alertmanager-max-alerts (kept and re-sent, never dropped).",
             ["url"],
             registry=reg,
         )
@@ -159,6 +167,7 @@ class AlertmanagerSender:
         self.sent_ok = 0
         self.failures = 0
         self.dropped = 0
+        self.over_limit = 0  # firing entries held beyond max_alerts (never dropped)
         self.last_error = ""
 
     # ---------------------------------------------------------------------------------- producer side
@@ -208,18 +217,26 @@ class AlertmanagerSender:
         entry.version += 1
 
     def _bound(self) -> None:
+        """Evict resolved entries beyond ``max_alerts``; never a firing one (review D9).
+
+        Firing entries are bounded by the engine's open alerts; dropping one would leave Alertmanager to
+        expire an alert gpupipe still has firing. The excess is counted (``over_limit``) instead."""
         over = len(self._entries) - self.max_alerts
         if over <= 0:
+            if self.over_limit:
+                self.over_limit = 0
+                self.metrics.over_limit.labels(self.url).set(0)
             return
         victims = [k for k, e in self._entries.items() if e.resolved][:over]
-        if len(victims) < over:
-            victims += [k for k, e in self._entries.items() if not e.resolved][: over - len(victims)]
         for k in victims:
             e = self._entries.pop(k)
             if self._by_id.get(e.alert_id) == k:
                 del self._by_id[e.alert_id]
-        self.dropped += len(victims)
-        self.metrics.dropped.labels(self.url).inc(len(victims))
+        self.over_limit = over - len(victims)
+        self.metrics.over_limit.labels(self.url).set(self.over_limit)
+        if victims:
+            self.dropped += len(victims)
+            self.metrics.dropped.labels(self.url).inc(len(victims))
 
     # ------------------------------------------------------------------------------------- sender side
 

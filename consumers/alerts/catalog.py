@@ -10,7 +10,11 @@ What comes from NVIDIA and what is ours (see ``source.fields`` in the JSON and
 * ``name`` (mnemonic), ``description``, ``applies_to``, ``nvidia_action`` (the catalog's "Resolution
   Bucket (Immediate Action)") and ``nvidia_investigatory`` are transcribed from NVIDIA's Xid catalog
   (reference [CAT] §2). SXids come from the Fabric Manager User Guide appendix "NVSwitch SXid Errors".
-* ``cause_class``, ``severity``, ``drain_node`` and ``runbook`` are this project's judgement per code.
+  ``nvidia_action`` holds only NVIDIA's buckets: it is ``None`` where NVIDIA gives none (162-176, every
+  SXid, unknown codes).
+* ``action`` (our bucket: NVIDIA's where it has one, else our reading of the text, with ``notes`` saying
+  why), ``cause_class``, ``severity``, ``drain_node`` and ``runbook`` are this project's judgement.
+  Codes 173-176 come from the driver's ``nverror.h`` (580.105.08-595.45.04), not yet from the catalog.
 
 Unknown codes: :func:`lookup` never raises for an integer code. It returns a safe default flagged
 ``known=False``: severity ``warning`` (someone should look, but nobody is woken for a code we cannot
@@ -114,16 +118,26 @@ class XidInfo:
     name: str
     description: str
     cause_class: CauseClass
-    nvidia_action: Action
+    nvidia_action: Action | None
+    """NVIDIA's immediate-action bucket, unchanged; ``None`` where NVIDIA gives none."""
     severity: Severity
     drain_node: bool
     runbook: str
     known: bool = True
+    action: Action | None = None
+    """Our bucket when NVIDIA has none (see :attr:`bucket`)."""
     nvidia_investigatory: str = ""
     applies_to: tuple[str, ...] = ()
     fatality: str = ""
     """SXids only: ``non_fatal`` / ``fatal`` / ``always_fatal`` / ``notable`` (Fabric Manager guide class)."""
     notes: str = ""
+
+    @property
+    def bucket(self) -> Action:
+        """The action the classifier starts from: NVIDIA's bucket, else ours."""
+        bucket = self.nvidia_action if self.nvidia_action is not None else self.action
+        assert bucket is not None  # guaranteed by _entry / unknown_entry
+        return bucket
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,10 +184,15 @@ def _entry(raw: Any, kind: Kind, index: int) -> XidInfo:
             raise CatalogError(f"{kind} {code}: {text_field} must be a non-empty string")
     try:
         cause = CauseClass(raw["cause_class"])
-        action = Action(raw["nvidia_action"])
+        nvidia = None if raw["nvidia_action"] is None else Action(raw["nvidia_action"])
+        ours = None if raw.get("action") is None else Action(raw["action"])
         severity = Severity(raw["severity"])
     except ValueError as exc:
         raise CatalogError(f"{kind} {code}: {exc}") from exc
+    if nvidia is None and ours is None:
+        raise CatalogError(f"{kind} {code}: nvidia_action is null: give our bucket in 'action'")
+    if nvidia is not None and ours is not None:
+        raise CatalogError(f"{kind} {code}: 'action' is only for rows where NVIDIA gives no bucket")
     if cause is CauseClass.UNKNOWN:
         raise CatalogError(f"{kind} {code}: cause_class 'unknown' is reserved for codes not in the catalog")
     return XidInfo(
@@ -182,7 +201,8 @@ def _entry(raw: Any, kind: Kind, index: int) -> XidInfo:
         name=raw["name"],
         description=raw["description"],
         cause_class=cause,
-        nvidia_action=action,
+        nvidia_action=nvidia,
+        action=ours,
         severity=severity,
         drain_node=raw["drain_node"],
         runbook=raw["runbook"],
@@ -242,7 +262,8 @@ def unknown_entry(code: int, kind: Kind = "xid") -> XidInfo:
         name=f"UNKNOWN_{label.upper()}",
         description=f"{label} {code} is not in the pinned catalog {CATALOG_VERSION} ({CATALOG_DATE})",
         cause_class=CauseClass.UNKNOWN,
-        nvidia_action=Action.CONTACT_SUPPORT,
+        nvidia_action=None,
+        action=Action.CONTACT_SUPPORT,
         severity=Severity.WARNING,
         drain_node=False,
         runbook=(

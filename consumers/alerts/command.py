@@ -6,7 +6,8 @@ occurrence count, a burst across several GPUs of one node becomes one node-level
 resolve after a quiet period. Health fields of the samples raise alerts too (uncorrectable ECC, row
 remapping pending/failed, GPU lost, sustained thermal throttling). Optionally forwards to Alertmanager's
 v2 API and cordons nodes whose alert calls for draining (rate limited; --dry-run to see what it would do).
-Run one active instance; it restores its open alerts from gpu.alerts.v1 when it restarts.
+Run one instance, or two or more with --ha (one leads, the others stand by and take over within
+seconds); the active one restores its open alerts from gpu.alerts.v1 when it starts.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ import threading
 from prometheus_client import CollectorRegistry
 
 from consumers.alerts.alertmanager import AlertmanagerFanout, AlertmanagerMetrics, AlertmanagerSender
-from consumers.alerts.cordon import Cordoner, KubeNodeApi, kube_config
+from consumers.alerts.cordon import HOUR_MS, Cordoner, KubeNodeApi, kube_config
 from consumers.alerts.dedupe import EngineConfig
 from consumers.alerts.health_signals import HealthConfig
+from consumers.alerts.leader import LeaderElector
 from consumers.alerts.service import AlertsService, KafkaAlertSink, restore_from_topic
 from consumers.consume_loop import ConsumeLoop
 from gpupipe import topics
@@ -54,6 +56,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=True,
         help="create missing topics with default partitions and retention",
     )
+    p.add_argument(
+        "--ha",
+        action="store_true",
+        help="run as one of an HA pair (or more): lead, or stand by and take over when the leader dies "
+        "(leader election on gpu.alerts.leader.v1; see README)",
+    )
+    p.add_argument(
+        "--ha-session-timeout",
+        type=duration_ms,
+        default=10_000,
+        metavar="DURATION",
+        help="how long a silent leader keeps leadership (Kafka session timeout; default 10s)",
+    )
+    p.add_argument(
+        "--ack",
+        default=None,
+        metavar="ALERT_ID",
+        help="acknowledge an alert (a fault needing a reset, reboot or RMA was dealt with): publish the ack "
+        "on gpu.alerts.v1, which resolves it, and exit",
+    )
+    p.add_argument("--ack-note", default="", metavar="TEXT", help="why (kept in the ack record)")
     p.add_argument(
         "--instance-id",
         default=None,
@@ -155,6 +178,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="never cordon more than N nodes in any hour (default 2; 0 disables cordoning)",
     )
+    k8s.add_argument(
+        "--cordon-max-share",
+        type=float,
+        default=0.5,
+        metavar="FRACTION",
+        help="never cordon when that would make more than this share of the cluster's nodes unschedulable "
+        "(default 0.5)",
+    )
+    k8s.add_argument(
+        "--uncordon",
+        action="store_true",
+        help="make nodes gpupipe cordoned schedulable again once all their drain alerts resolved "
+        "(recovered or acknowledged); default off",
+    )
     k8s.add_argument("--kube-api-url", default=None, help="API server URL (default: in-cluster config)")
     k8s.add_argument("--kube-token-file", default=None, help="bearer token file (default: service account)")
     k8s.add_argument("--kube-ca-file", default=None, help="CA bundle for the API server's certificate")
@@ -175,6 +212,10 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, HealthConfig]:
         raise ConfigError("--alertmanager-max-alerts must be at least 1")
     if args.cordon_max_per_hour < 0:
         raise ConfigError("--cordon-max-per-hour must not be negative")
+    if args.ha_session_timeout < 1000:
+        raise ConfigError("--ha-session-timeout must be at least 1s (brokers default to a 6s minimum)")
+    if not 0 < args.cordon_max_share <= 1:
+        raise ConfigError("--cordon-max-share must be greater than 0 and at most 1")
     if args.restore_lookback < 0:
         raise ConfigError("--restore-lookback must not be negative")
     for url in args.alertmanager_url:
@@ -217,7 +258,10 @@ class AlertsApp:
         t_xid = topics.with_prefix(args.topic_prefix, topics.XID)
         t_samples = topics.with_prefix(args.topic_prefix, topics.SAMPLES)
         self.alerts_topic = topics.with_prefix(args.topic_prefix, topics.ALERTS)
-        self.inputs = [t_xid, t_samples] if args.health_signals else [t_xid]
+        # gpu.alerts.v1 is read for operators' acks (gpupipe alerts --ack); the rest of it is skipped
+        self.inputs = (
+            [t_xid, t_samples, self.alerts_topic] if args.health_signals else [t_xid, self.alerts_topic]
+        )
         codec = codec_from_url(args.schema_registry_url)
         self.registry = CollectorRegistry()
         self.alertmanager = None
@@ -243,6 +287,8 @@ class AlertsApp:
                 max_per_hour=args.cordon_max_per_hour,
                 on_result=lambda result: self.service.on_cordon_result(result),
                 instance=self.instance,
+                max_share=args.cordon_max_share,
+                uncordon=args.uncordon,
             )
         self.service = AlertsService(
             sink=KafkaAlertSink(args.bootstrap_servers, self.alerts_topic, codec, extra),
@@ -253,11 +299,39 @@ class AlertsApp:
             cordoner=self.cordoner,
             instance=self.instance,
         )
-        if args.restore_lookback:
-            records = restore_from_topic(
-                args.bootstrap_servers, self.alerts_topic, codec, args.restore_lookback, extra
+        self._codec, self._extra = codec, extra
+        self.loop: ConsumeLoop | None = None
+        self.elector: LeaderElector | None = None
+        if args.ha:
+            self.elector = LeaderElector(
+                args.bootstrap_servers,
+                prefix=args.topic_prefix,
+                group_id=args.group_id,
+                instance=self.instance,
+                session_timeout_ms=args.ha_session_timeout,
+                extra=extra,
+                create_topic=args.create_topics,
             )
-            self.service.restore(records)
+        else:
+            self.activate()
+
+    def activate(self) -> None:
+        """Restore state and build the consume loop: at start, or when this instance becomes the leader."""
+        args, codec, extra = self.args, self._codec, self._extra
+        # The cordon ledger always needs the rate-limit window, however short --restore-lookback is.
+        lookback = max(args.restore_lookback, HOUR_MS if self.cordoner is not None else 0)
+        if lookback:
+            records = restore_from_topic(args.bootstrap_servers, self.alerts_topic, codec, lookback, extra)
+            since = self.service.now_ms() - args.restore_lookback
+            alerts = [r for r in records if args.restore_lookback and r["emitted_at_ms"] >= since]
+            self.service.restore(alerts, ledger=records)
+        if args.ha:  # the input group moves to the standby as fast as the leader group does
+            timeout = args.ha_session_timeout
+            extra = {
+                "session.timeout.ms": str(timeout),
+                "heartbeat.interval.ms": str(max(500, timeout // 5)),
+                **(extra or {}),
+            }
         self.loop = ConsumeLoop(
             bootstrap=args.bootstrap_servers,
             group_id=args.group_id,
@@ -271,13 +345,40 @@ class AlertsApp:
             from_beginning=args.from_beginning,
         )
 
+    def role(self) -> str:
+        if self.elector is None:
+            return "single"
+        return "leader" if self.elector.is_leader else "standby"
+
     def health(self) -> tuple[bool, dict[str, object]]:
-        return self.loop.healthy, {"open_alerts": self.service.open_alerts, "instance": self.instance}
+        detail: dict[str, object] = {
+            "open_alerts": self.service.open_alerts,
+            "instance": self.instance,
+            "role": self.role(),
+        }
+        if self.loop is None:  # a standby is healthy while it waits to lead
+            return self.elector is not None and not self.elector.lost.is_set(), detail
+        return self.loop.healthy, detail
 
     def run(self, stop: threading.Event) -> None:
-        """Serve until ``stop`` is set (or the consume loop fails), then shut down in order."""
+        """Serve until ``stop`` is set (or the consume loop fails, or leadership is lost), then shut down."""
         args = self.args
         http = ServiceHttp(args.listen, self.registry, self.health).start() if args.listen else None
+        if self.elector is not None:
+            self.elector.start()
+            log.info("standing by for leadership", extra=fields(instance=self.instance))
+            while not stop.is_set() and not self.elector.acquired.wait(0.2):
+                pass
+            if stop.is_set():
+                self.elector.stop()
+                if http is not None:
+                    http.stop()
+                return
+            threading.Thread(
+                target=_fence, args=(self.elector, stop), name="alerts-fence", daemon=True
+            ).start()
+            self.activate()
+        assert self.loop is not None
         if self.alertmanager is not None:
             self.alertmanager.start()
         if self.cordoner is not None:
@@ -306,20 +407,56 @@ class AlertsApp:
             if self.cordoner is not None:
                 self.cordoner.stop()
             try:
-                self.service.flush()
+                if self.elector is not None and self.elector.lost.is_set():
+                    # fenced: the new leader owns the alerts now; publishing here would contradict it
+                    log.warning("leadership lost: pending revisions left to the new leader")
+                else:
+                    self.service.flush()
             finally:
                 if self.alertmanager is not None:
                     self.alertmanager.stop()
+                if self.elector is not None:
+                    self.elector.stop()
                 if http is not None:
                     http.stop()
         log.info("alerts service stopped", extra=fields(records=self.service.records_out))
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.ack:
+        return _ack(args)
     app = AlertsApp(args)
     stop = _Stop()
     stop.install()
     app.run(stop.event)
+    return 0
+
+
+def _fence(elector: LeaderElector, stop: threading.Event) -> None:
+    """Stop the service as soon as leadership is lost: never two publishers (see leader module)."""
+    while not stop.is_set():
+        if elector.lost.wait(0.2):
+            stop.set()
+            return
+
+
+def _ack(args: argparse.Namespace) -> int:
+    from consumers.alerts.ack import publish_ack
+
+    extra = parse_kafka_overrides(args.kafka_config)
+    wait_for_broker(args.bootstrap_servers, extra=extra)
+    topic = topics.with_prefix(args.topic_prefix, topics.ALERTS)
+    codec = codec_from_url(args.schema_registry_url)
+    rec = publish_ack(
+        args.bootstrap_servers,
+        topic,
+        codec,
+        args.ack,
+        args.ack_note,
+        args.restore_lookback or 86_400_000,
+        extra,
+    )
+    print(f"acknowledged {rec['alert_id']} ({rec['alertname']} on {rec['hostname']}) on {topic}")
     return 0
 
 

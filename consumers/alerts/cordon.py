@@ -14,20 +14,34 @@ tells whether the node is already unschedulable (outcome ``already_cordoned``, n
 Credentials: ``--kube-api-url`` + ``--kube-token-file`` (+ ``--kube-ca-file``), else the in-cluster
 service account (``KUBERNETES_SERVICE_HOST``/``_PORT`` and ``/var/run/secrets/kubernetes.io/
 serviceaccount/{token,ca.crt}``). The token file is read for every request (projected tokens rotate). RBAC
-needed: ``get`` and ``patch`` on ``nodes``.
+needed: ``get``, ``list`` and ``patch`` on ``nodes``.
+
+Reconciled intent (review D3): the desired state is "every node with an open drain alert is cordoned
+(or was decided)". The service calls :meth:`Cordoner.reconcile` with its open drain alerts every few
+seconds and right after a restore, so a request lost to a crash, a restart or a failover is asked again;
+a failed API call is retried with exponential backoff (``retry_min_ms`` doubling to ``retry_max_ms``).
+Idempotent: a node already unschedulable is not patched, and a node we cordoned for this very alert that a
+person uncordoned is left alone (``gpupipe.io/cordon-alert-id``). With ``--uncordon`` (opt-in, as
+NVSentinel's) nodes we cordoned whose drain alerts have all resolved (recovered, acknowledged) are made
+schedulable again and our annotations removed.
+
+Circuit breakers: the hourly limit below, and a share of the cluster (``--cordon-max-share``, default 0.5
+as NVSentinel's): no cordon that would make more than that share of all nodes unschedulable; when the
+nodes cannot be listed, no cordon (fail closed).
 
 Rate limit (``--cordon-max-per-hour N``, default 2): a sliding window of one hour over the cordons that
 succeeded (in dry-run mode: the dry-run decisions). When N nodes were cordoned in the last hour, the next
 request is refused (outcome ``rate_limited``) and left to people -- one bad driver rollout must not cordon
 the fleet. A node is decided once per window: later drain alerts for a node already cordoned, refused
-or dry-run are not re-requested (a failed API call is retried by the next drain alert).
+or dry-run are not re-requested (a failed API call is retried, see above).
 
 Scope of the limit: every decision is also published as a status ``action`` record on ``gpu.alerts.v1``
 (by the service), and at startup the service replays the last hour of those records into the limiter
-(:meth:`Cordoner.restore`). So the limit holds across restarts, and it is cluster-wide for the supported
-deployment of **one active alerts instance** (the node-burst rollup needs every GPU of a node in one
-instance anyway). Several concurrently active instances do not see each other's cordons live: each
-would allow N per hour.
+(:meth:`Cordoner.restore`, whatever ``--restore-lookback`` says) and adds the cordons the cluster itself
+records (:meth:`Cordoner.restore_from_cluster`: nodes with our ``gpupipe.io/cordoned-at`` within the hour),
+so a lost action record or a crash between the PATCH and the record cannot reset the limit (review D5).
+The limit is cluster-wide because only one instance is active at a time (the leader of the alerts pair;
+see :mod:`consumers.alerts.leader`), and the cluster-side ledger is shared by construction.
 
 Requests are queued to a worker thread (:meth:`Cordoner.request` never blocks the Kafka path); every
 result goes to the ``on_result`` callback.
@@ -72,6 +86,7 @@ HOUR_MS = 3_600_000
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 PATCH_CONTENT_TYPE = "application/strategic-merge-patch+json"
 ANNOTATION_PREFIX = "gpupipe.io/"
+_RELEASE = "__release__"  # queue item: uncordon our nodes that are not in the item's list
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,8 +156,10 @@ class KubeNodeApi:
             h["Authorization"] = f"Bearer {token}"
         return h
 
-    def _call(self, method: str, name: str, body: bytes | None = None, ctype: str | None = None) -> Any:
-        url = f"{self.cfg.api_url}/api/v1/nodes/{urllib.parse.quote(name, safe='')}"
+    def _call(
+        self, method: str, name: str, body: bytes | None = None, ctype: str | None = None, path: str = ""
+    ) -> Any:
+        url = self.cfg.api_url + (path or f"/api/v1/nodes/{urllib.parse.quote(name, safe='')}")
         headers = self._headers()
         if ctype:
             headers["Content-Type"] = ctype
@@ -162,6 +179,15 @@ class KubeNodeApi:
     def cordon(self, name: str, annotations: Mapping[str, str]) -> dict[str, Any]:
         patch = {"metadata": {"annotations": dict(annotations)}, "spec": {"unschedulable": True}}
         return self._call("PATCH", name, json.dumps(patch).encode(), PATCH_CONTENT_TYPE)
+
+    def uncordon(self, name: str, annotations: Iterable[str]) -> dict[str, Any]:
+        """Schedulable again; ``annotations`` are removed (a null in a merge patch deletes the key)."""
+        patch = {"metadata": {"annotations": dict.fromkeys(annotations)}, "spec": {"unschedulable": False}}
+        return self._call("PATCH", name, json.dumps(patch).encode(), PATCH_CONTENT_TYPE)
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        """Every node (``GET /api/v1/nodes``): the cluster-side ledger and the share circuit breaker."""
+        return list(self._call("GET", "", path="/api/v1/nodes").get("items") or [])
 
 
 def _status_message(text: str) -> str:
@@ -228,11 +254,24 @@ class Cordoner:
         instance: str = "",
         clock: Callable[[], float] = time.time,
         window_ms: int = HOUR_MS,
+        max_share: float = 0.5,
+        uncordon: bool = False,
+        retry_min_ms: int = 5_000,
+        retry_max_ms: int = 300_000,
     ) -> None:
         if api is None and not dry_run:
             raise ValueError("a real cordoner needs an API client")
+        if not 0 < max_share <= 1:
+            raise ValueError("max_share must be in (0, 1]")
         self.api = api
         self.dry_run = dry_run
+        self.max_share = max_share
+        self.uncordon_enabled = uncordon
+        self.retry_min_ms = retry_min_ms
+        self.retry_max_ms = retry_max_ms
+        self._retry: dict[str, tuple[int, int]] = {}  # node -> (failed attempts, not before ms)
+        self._counted: set[tuple[str, int]] = set()  # (node, at_ms) in the limiter: no double count
+        self._release_queued = False
         self.limiter = SlidingWindowLimiter(max_per_hour, window_ms)
         self.on_result = on_result
         self.instance = instance
@@ -261,12 +300,85 @@ class Cordoner:
             outcome, node = rem.get("outcome"), rem.get("node") or ""
             if bool(rem.get("dry_run")) != self.dry_run:
                 continue  # a dry run's decisions never count against real cordons, nor the reverse
-            if outcome in ("cordoned", "dry_run"):
-                self.limiter.record(at)
+            if outcome in ("cordoned", "dry_run") and self._count(node, at):
                 counted += 1
             if outcome in ("cordoned", "dry_run", "already_cordoned", "rate_limited") and node:
                 self._decided[node] = max(at, self._decided.get(node, 0))
         return counted
+
+    def _count(self, node: str, at_ms: int) -> bool:
+        """Count one cordon in the rate limit unless this (node, time) was counted already."""
+        if (node, at_ms) in self._counted:
+            return False
+        self._counted.add((node, at_ms))
+        self.limiter.record(at_ms)
+        return True
+
+    def restore_from_cluster(self, now_ms: int | None = None) -> int:
+        """Count the cordons the cluster itself records: nodes carrying our ``cordoned-at`` annotation
+        within the window. Authoritative and durable (review D5): it survives a lost action record, a
+        crash between the PATCH and the record, and ``--restore-lookback 0``. Returns how many it added."""
+        if self.api is None:
+            return 0
+        now_ms = self._now_ms() if now_ms is None else now_ms
+        added = 0
+        for node in self.api.list_nodes():
+            meta = node.get("metadata") or {}
+            ann = meta.get("annotations") or {}
+            if not str(ann.get(ANNOTATION_PREFIX + "cordoned-by", "")).startswith("gpupipe-alerts"):
+                continue
+            try:
+                at = int(ann.get(ANNOTATION_PREFIX + "cordoned-at", ""))
+            except ValueError:
+                continue
+            name = meta.get("name") or ""
+            if at > now_ms - self.limiter.window_ms and name:
+                added += self._count(name, at)
+                with self._lock:
+                    self._decided[name] = max(at, self._decided.get(name, 0))
+        return added
+
+    def reconcile(self, drain_records: Iterable[dict[str, Any]]) -> int:
+        """Desired state: every node with an open drain alert is cordoned (or decided). Request what is
+        missing -- after a restart, a failover, a failed call (with backoff) -- and, with ``uncordon``,
+        release nodes we cordoned whose faults have all recovered. Idempotent; returns requests queued."""
+        queued = 0
+        wanted: set[str] = set()
+        for rec in drain_records:
+            wanted.add(rec.get("hostname") or "")
+            queued += self.request(rec)
+        if self.uncordon_enabled and self.api is not None and not self.dry_run and not self._release_queued:
+            self._release_queued = True  # listed and patched by the worker thread, never by the caller
+            try:
+                self._queue.put_nowait({_RELEASE: sorted(wanted)})
+            except queue.Full:
+                self._release_queued = False
+        return queued
+
+    def _release(self, wanted: set[str]) -> None:
+        try:
+            nodes = self.api.list_nodes() if self.api is not None else []
+        except KubeApiError as exc:
+            log.warning("cannot list nodes to uncordon", extra=fields(error=str(exc)))
+            return
+        for node in nodes:
+            meta = node.get("metadata") or {}
+            name = meta.get("name") or ""
+            ann = meta.get("annotations") or {}
+            ours = str(ann.get(ANNOTATION_PREFIX + "cordoned-by", "")).startswith("gpupipe-alerts")
+            if not name or name in wanted or not ours or not (node.get("spec") or {}).get("unschedulable"):
+                continue
+            keys = [k for k in ann if k.startswith(ANNOTATION_PREFIX + "cordon")]
+            try:
+                assert self.api is not None
+                self.api.uncordon(name, keys)
+            except KubeApiError as exc:
+                log.warning("uncordon failed", extra=fields(node=name, error=str(exc)))
+                continue
+            with self._lock:
+                self._decided.pop(name, None)
+                self.outcomes["uncordoned"] = self.outcomes.get("uncordoned", 0) + 1
+            log.warning("uncordoned: its faults recovered", extra=fields(node=name))
 
     def request(self, record: dict[str, Any]) -> bool:
         """Queue a cordon of the record's node unless it was decided within the window; never blocks."""
@@ -280,6 +392,9 @@ class Cordoner:
                 return False
             if node in self._queued:
                 return False
+            retry = self._retry.get(node)
+            if retry is not None and now < retry[1]:
+                return False  # backing off after a failed call
             self._queued.add(node)
         try:
             self._queue.put_nowait(record)
@@ -302,6 +417,11 @@ class Cordoner:
         with self._lock:
             if result.outcome != "failed":
                 self._decided[node] = result.at_ms
+                self._retry.pop(node, None)
+            else:  # retried by the next reconcile once the backoff has passed (review D3)
+                attempts = self._retry.get(node, (0, 0))[0] + 1
+                delay = min(self.retry_max_ms, self.retry_min_ms * 2 ** (attempts - 1))
+                self._retry[node] = (attempts, result.at_ms + delay)
             self.outcomes[result.outcome] = self.outcomes.get(result.outcome, 0) + 1
         level = logging.WARNING if result.outcome in ("cordoned", "failed", "rate_limited") else logging.INFO
         log.log(
@@ -331,6 +451,15 @@ class Cordoner:
                 return CordonResult(
                     node, "already_cordoned", False, "node was unschedulable already", now, record
                 )
+            ann = (current.get("metadata") or {}).get("annotations") or {}
+            if ann.get(ANNOTATION_PREFIX + "cordon-alert-id") == str(record.get("alert_id", "")):
+                # we cordoned it for this very alert and a person uncordoned it: their call stands
+                return CordonResult(
+                    node, "already_cordoned", False, "uncordoned by a person after our cordon", now, record
+                )
+            refusal = self._share_refusal(node)
+            if refusal:
+                return CordonResult(node, "rate_limited", False, refusal, now, record)
         if not lim.allow(now):
             free = lim.next_free_ms(now)
             wait = f"; next slot in {max(0, (free or now) - now) // 60_000} min" if free else ""
@@ -343,7 +472,7 @@ class Cordoner:
                 record,
             )
         if self.dry_run:
-            lim.record(now)
+            self._count(node, now)
             return CordonResult(
                 node, "dry_run", True, f"would PATCH spec.unschedulable=true ({window} before)", now, record
             )
@@ -360,10 +489,27 @@ class Cordoner:
             self.api.cordon(node, annotations)
         except KubeApiError as exc:
             return CordonResult(node, "failed", False, f"PATCH node: {exc}", now, record)
-        lim.record(now)
+        self._count(node, now)
         return CordonResult(
             node, "cordoned", False, f"spec.unschedulable=true ({window} before)", now, record
         )
+
+    def _share_refusal(self, node: str) -> str:
+        """Circuit breaker as a share of the cluster (as NVSentinel's): refuse when cordoning this node
+        would make more than ``max_share`` of all nodes unschedulable. '' when allowed."""
+        assert self.api is not None
+        try:
+            nodes = self.api.list_nodes()
+        except KubeApiError as exc:
+            return f"cannot list nodes for the cluster-share limit ({exc}): refusing, fail closed"
+        total = len(nodes)
+        down = sum(1 for n in nodes if (n.get("spec") or {}).get("unschedulable"))
+        if total and (down + 1) / total > self.max_share:
+            return (
+                f"{down} of {total} nodes are unschedulable already: cordoning {node} would exceed "
+                f"--cordon-max-share {self.max_share:g}; cordon by hand if needed"
+            )
+        return ""
 
     # ----------------------------------------------------------------------------------------- thread
 
@@ -378,9 +524,16 @@ class Cordoner:
             if item is None:
                 return
             try:
-                self.process(item)
+                self._run_one(item)
             except Exception:
                 log.exception("cordon worker failed on a request")
+
+    def _run_one(self, item: dict[str, Any]) -> None:
+        if _RELEASE in item:
+            self._release_queued = False
+            self._release(set(item[_RELEASE]))
+        else:
+            self.process(item)
 
     def idle(self) -> bool:
         with self._lock:

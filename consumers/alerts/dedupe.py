@@ -11,8 +11,10 @@ Keys. One open alert per key ``(scope, hostname, device, signal)``: ``device`` i
 ``nvswitch``), a health signal (``ecc_dbe``, ``thermal``...) or ``node_burst`` (scope ``node``, device
 ``""``).
 
-Lifecycle, in event time (the events' own ``timestamp_ms``; more than ``max_future_skew_ms`` ahead of
-``now_ms`` is taken as ``now_ms``):
+Lifecycle. Folding and recurrence compare the events' own times (``timestamp_ms``; more than
+``max_future_skew_ms`` ahead of ``now_ms`` is taken as ``now_ms``); quiet periods are measured in
+processing (wall) time, from when the latest occurrence was *processed* (``seen_at_ms``), so an event
+processed late (consumer lag, an outage, a node clock behind) is never born resolved:
 
 * **Dedupe**: an occurrence within ``dedupe_window_ms`` (D) of the open alert's latest occurrence folds into
   it: ``occurrences += 1``, ``last_seen_ms`` moves. Late (out-of-order) occurrences fold in too and may move
@@ -24,14 +26,24 @@ Lifecycle, in event time (the events' own ``timestamp_ms``; more than ``max_futu
   Xid by the producer's two sources (``nvml`` and ``kmsg`` records of the same key within
   ``sighting_merge_ms``, which the producer failed to merge). A double sighting still contributes what
   it knows (the kernel line's message and pid may change the classification; NVML's UUID).
-* **Resolve**: an alert with no occurrence for ``resolve_after_ms`` (R) of ``now_ms - last_seen_ms``
-  resolves (``quiet``). Level health signals also resolve when the sample says the condition cleared
+* **Resolve by quiet**: an alert with no occurrence processed for ``resolve_after_ms`` (R) resolves
+  (``quiet``) -- unless it is *sticky*: a GPU fault whose action needs a reset, reboot or RMA
+  (:func:`sticky`: drain alerts and actions RESET_GPU, RESTART_BM, RESTART_VM, DRAIN_AND_RESET). Such a
+  GPU does not repeat its Xid while it sits broken, so silence is no evidence; it stays firing until
+  evidence of recovery: a ``gpu_reset`` signal from the samples (the GPU back after being lost, volatile
+  ECC or energy counters restarting, NVML's recovery action back to none: reason ``recovered``) or an
+  operator's acknowledgement (:meth:`AlertEngine.acknowledge`, ``gpupipe alerts --ack ALERT_ID``: reason
+  ``acknowledged``), as NVSentinel and GPUd do. Application-class alerts still expire by quiet time.
+  Level health signals also resolve when the sample says the condition cleared
   (``cleared``). When R < D a resolved alert is remembered until D after its last occurrence, and an
   occurrence in that span *reopens* it (same id, status firing again) instead of raising a new one.
 * **Node burst**: when occurrences on at least ``node_burst_gpus`` distinct GPUs of one node fall within
   ``node_burst_window_ms``, a node-level alert (``GpuNodeXidStorm``) opens; the GPU alerts keep existing as
-  detail and name it in ``parent_alert_id``. While it is open, every XID occurrence on that node folds into
-  it (its GPUs, codes, worst severity/action and drain flag accumulate); it resolves like the others.
+  detail and name it in ``parent_alert_id``. Only faults above info that are not job-kill codes (Xid
+  43/45) count: killing a multi-GPU job is no node fault. While it is open, every such occurrence on that
+  node folds into it (its GPUs, codes, worst severity/action and drain flag accumulate); it resolves after
+  ``min(R, D)`` quiet, so it never outlives the span in which it absorbs faults (its per-GPU detail of a
+  sticky fault stays firing on its own).
 * **Classification** (:func:`~consumers.alerts.classify.classify`, per GPU history and health snapshot) runs
   for every occurrence; an alert keeps the *worst* decision seen (severity, then drain, then action rank):
   it may escalate, never de-escalate, while open.
@@ -44,12 +56,21 @@ Each published revision increments ``sequence``.
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.alerts.alert_record import Alert, alert_from_record, alert_id
+from consumers.alerts.alert_policy import (
+    FOLLOWER_CODES,
+    STICKY_ACTIONS,
+    merge_codes,
+    sticky,
+    unless_elsewhere,
+    with_note,
+    workload,
+    worse,
+)
+from consumers.alerts.alert_record import Alert, alert_id, signal_code
 from consumers.alerts.catalog import CATALOG_VERSION
 from consumers.alerts.classify import (
     DEFAULT_CONFIG,
@@ -60,6 +81,7 @@ from consumers.alerts.classify import (
     GpuXidHistory,
     classify,
 )
+from consumers.alerts.engine_evidence import EvidenceMixin
 from consumers.alerts.health_signals import (
     LEVEL_SIGNALS,
     SIGNAL_INFO,
@@ -69,46 +91,13 @@ from consumers.alerts.health_signals import (
     device_key,
     recovery_presentation,
 )
+from consumers.alerts.node_burst import NodeBurstMixin
 
-__all__ = ["AlertEngine", "EngineConfig", "worse"]
+__all__ = ["STICKY_ACTIONS", "AlertEngine", "EngineConfig", "sticky", "worse"]
 
 MINUTE_MS = 60_000
 _EVENT_KINDS = frozenset({"xid", "sxid", "fallen_off_bus", "gpu_lost", "unknown"})
 _SINGLE_SOURCES = frozenset({"nvml", "kmsg"})
-
-_SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
-# Higher = more disruptive or more human work; decides which action a merged alert shows.
-_ACTION_RANK = {
-    "UNKNOWN": -1,
-    "IGNORE": 0,
-    "WORKFLOW_XID_45": 0,
-    "RESTART_APP": 1,
-    "CHECK_UVM": 1,
-    "UPDATE_SWFW": 1,
-    "RESTART_FM": 2,
-    "DRAIN_P2P": 2,
-    "XID_154": 2,
-    "WORKFLOW_NVLINK5_ERR": 2,
-    "RESTART_VM": 3,
-    "RESET_GPU": 3,
-    "WORKFLOW_XID_48": 4,
-    "WORKFLOW_NVLINK_ERR": 4,
-    "DRAIN_AND_RESET": 4,
-    "RESTART_BM": 5,
-    "CHECK_MECHANICALS": 5,
-    "RUN_DCGMEUD": 5,
-    "RUN_FIELDDIAG": 5,
-    "CONTACT_SUPPORT": 6,
-}
-
-
-def _rank(severity: str, drain: bool, action: str) -> tuple[int, int, int]:
-    return (_SEVERITY_RANK.get(severity, 1), int(drain), _ACTION_RANK.get(action, 0))
-
-
-def worse(a: tuple[str, bool, str], b: tuple[str, bool, str]) -> bool:
-    """True when decision ``a`` (severity, drain, action) is worse than ``b``."""
-    return _rank(*a) > _rank(*b)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +138,7 @@ class _Sighting:
         self.paired = paired
 
 
-class AlertEngine:
+class AlertEngine(NodeBurstMixin, EvidenceMixin):
     """See module doc. Not thread-safe: the service serialises calls."""
 
     def __init__(
@@ -166,11 +155,12 @@ class AlertEngine:
         self._closed: dict[Key, Alert] = {}
         self._changed: dict[str, Alert] = {}
         self._ids: dict[str, Alert] = {}  # open alerts by id
+        self._by_gpu: dict[tuple[str, str], set[Key]] = {}  # open alert keys per (host, device)
         self._histories: dict[tuple[str, str], GpuXidHistory] = {}
         self._seen: dict[str, None] = {}
         self._sightings: dict[Key, _Sighting] = {}
         self._signatures: dict[str, set[tuple[Any, ...]]] = {}
-        self._bursts: dict[str, deque[tuple[int, str, str]]] = {}
+        self._bursts: dict[str, dict[str, dict[str, int]]] = {}  # host -> device -> alert id -> ts
         self._node_worst: dict[str, tuple[int, int, int]] = {}
         self.counts: dict[str, int] = dict.fromkeys(
             (
@@ -185,6 +175,8 @@ class AlertEngine:
                 "clock_future",
                 "invalid",
                 "signals",
+                "recovered",
+                "acknowledged",
             ),
             0,
         )
@@ -235,13 +227,16 @@ class AlertEngine:
                 pid=ev.get("pid"),
                 process_name=ev.get("process_name"),
                 message=ev.get("message") or "",
+                workload=workload(ev.get("allocations")),
             )
         except ValueError:  # e.g. kind xid without a code: classify it as an unknown event
             fe = FaultEvent(kind="unknown", ts_ms=ts, code=code, message=ev.get("message") or "")
         device = device_key(ev.get("pci_bus_id"), ev.get("uuid"))
         scope, signal = ("nvswitch", "sxid") if kind == "sxid" else ("gpu", "xid")
         eff = fe.effective_code
-        key: Key = (scope, host, device, f"{signal}:{eff}")
+        key: Key = (scope, host, device, f"{signal}:{signal_code(eff) if scope == 'gpu' else eff}")
+        if scope == "gpu" and eff in FOLLOWER_CODES:
+            key = self._follows(key, host, device, eff, ts)
 
         double = False
         source = ev.get("source") or "unknown"
@@ -258,11 +253,7 @@ class AlertEngine:
         if double:
             self.counts["double_sighting"] += 1
 
-        history = self._histories.get((host, device))
-        if history is None:
-            history = self._histories[(host, device)] = GpuXidHistory(
-                horizon_ms=max(self.cfg.classify.recurrence_window_ms, self.cfg.dedupe_window_ms)
-            )
+        history = self._history(host, device)
         result, signature = self._classify(fe, history, host, device, key)
         history.record(fe)
 
@@ -306,10 +297,24 @@ class AlertEngine:
                 self.counts["events"] -= 1  # counted as a signal, not as an XidEvent
                 return self.on_xid(ev, now_ms)
             a = self._open.get(("gpu", host, device, "xid:79"))
-            if a is not None and ts > a.last_seen_ms:
-                a.last_seen_ms = ts
-                self._dirty(a)
+            if a is not None:
+                a.seen_at_ms = now_ms
+                if ts > a.last_seen_ms:
+                    a.last_seen_ms = ts
+                    self._dirty(a)
             return a
+        if sig.signal == "gpu_reset":
+            self._history(host, device).record_reset(ts)
+            self.recovered(host, device, ts, now_ms, sig.detail)
+            return None
+        if sig.signal == "ecc_dbe":
+            mem = self._open.get(("gpu", host, device, "xid:48"))
+            if mem is not None:  # the counter of the memory fault an XID already reported: one alert
+                mem.seen_at_ms = now_ms
+                mem.description = with_note(mem.description, f"Samples: {sig.detail}.")
+                self.counts["folded"] += 1
+                self._dirty(mem)
+                return mem
         key: Key = ("gpu", host, device, sig.signal)
         if sig.kind == "clear":
             a = self._open.get(key)
@@ -320,6 +325,7 @@ class AlertEngine:
         if sig.kind == "active":
             a = self._open.get(key)
             if a is not None:
+                a.seen_at_ms = now_ms
                 if ts > a.last_seen_ms:
                     a.last_seen_ms = ts
                     self._dirty(a)
@@ -366,19 +372,29 @@ class AlertEngine:
         r = self.cfg.resolve_after_ms
         d = self.cfg.dedupe_window_ms
         for key, a in list(self._open.items()):
-            if now_ms - a.last_seen_ms >= r:
+            quiet = min(r, d) if a.scope == "node" else r
+            if now_ms - a.seen_at_ms >= quiet and not sticky(a):
                 self._resolve(a, now_ms, "quiet")
                 self._close(key, a, keep=r < d and key[3] not in LEVEL_SIGNALS)
         for key, a in list(self._closed.items()):
-            if now_ms - a.last_seen_ms > d:
+            if now_ms - a.seen_at_ms > d:
                 del self._closed[key]
         if len(self._sightings) > 4096:
             horizon = now_ms - self.cfg.max_future_skew_ms - self.cfg.sighting_merge_ms
             for key, s in list(self._sightings.items()):
                 if s.ts < horizon:
                     del self._sightings[key]
-        for host, q in list(self._bursts.items()):
-            if not q or now_ms - q[-1][0] > self.cfg.node_burst_window_ms + self.cfg.max_future_skew_ms:
+        for host, recent in list(self._bursts.items()):
+            # Against the newest time seen on the node, not the clock: a backlog replays old times.
+            newest = max(t for alerts in recent.values() for t in alerts.values())
+            horizon = min(now_ms, newest) - self.cfg.node_burst_window_ms - self.cfg.max_future_skew_ms
+            for device, alerts in list(recent.items()):
+                for aid, t in list(alerts.items()):
+                    if t < horizon:
+                        del alerts[aid]
+                if not alerts:
+                    del recent[device]
+            if not recent:
                 del self._bursts[host]
 
     def take(self, now_ms: int, *, force: bool = False) -> list[Alert]:
@@ -401,50 +417,29 @@ class AlertEngine:
     def pending(self) -> int:
         return len(self._changed)
 
-    # ----------------------------------------------------------------------------------- restore
+    def _follows(self, key: Key, host: str, device: str, code: int, ts: int) -> Key:
+        """Xid 45 (channels torn down after another error) and 154 (the recovery action a fault needs)
+        are details of the fault they follow: the open alert of another XID on the same GPU within the
+        classifier's solo window (154: the memory fault's alert) -- one fault, one alert (review D10)."""
+        window = self.cfg.classify.solo_window_ms
+        best: Alert | None = None
+        mem: Key = ("gpu", host, device, "xid:48")
+        candidates = [mem] if code == 154 else list(self._by_gpu.get((host, device), ()))
+        for k in candidates:
+            a = self._open.get(k)
+            if a is None or not k[3].startswith("xid:") or a.codes[:1] == (code,):
+                continue
+            if abs(ts - a.last_seen_ms) <= window and (best is None or a.last_seen_ms > best.last_seen_ms):
+                best = a
+        return best.key if best is not None else key
 
-    def restore(self, records: Iterable[dict[str, Any]], now_ms: int) -> int:
-        """Rebuild open alerts from ``gpu.alerts.v1`` records (oldest first); returns alerts restored.
-
-        The latest revision per alert id wins. Firing ones become open alerts (same id, sequence,
-        counts); resolved ones within the reopen span become tombstones. Their first/last event ids are
-        remembered as seen, so replayed input does not count them twice. Action records are ignored here.
-        """
-        latest: dict[str, dict[str, Any]] = {}
-        for rec in records:
-            if rec.get("status") not in ("firing", "resolved"):
-                continue
-            prev = latest.get(rec["alert_id"])
-            if prev is None or (rec["sequence"], rec["emitted_at_ms"]) >= (
-                prev["sequence"],
-                prev["emitted_at_ms"],
-            ):
-                latest[rec["alert_id"]] = rec
-        restored: set[str] = set()
-        for rec in sorted(latest.values(), key=lambda r: r["first_seen_ms"]):
-            try:
-                a = alert_from_record(rec)
-            except (KeyError, TypeError, ValueError):
-                self.counts["invalid"] += 1
-                continue
-            for eid in (a.first_event_id, a.last_event_id):
-                if eid:
-                    self._remember(eid)
-            if a.status == "resolved":
-                if now_ms - a.last_seen_ms <= self.cfg.dedupe_window_ms:
-                    self._closed[a.key] = a
-                continue
-            old = self._open.get(a.key)
-            if old is not None:  # two open alerts for one key: keep the newer incident
-                self._resolve(old, now_ms, "superseded")
-                self._close(old.key, old, keep=False)
-                restored.discard(old.alert_id)
-            self._open[a.key] = a
-            self._ids[a.alert_id] = a
-            if a.scope == "node":
-                self._node_worst[a.alert_id] = _rank(a.severity, a.drain_node, a.action)
-            restored.add(a.alert_id)
-        return len(restored)
+    def _history(self, host: str, device: str) -> GpuXidHistory:
+        history = self._histories.get((host, device))
+        if history is None:
+            history = self._histories[(host, device)] = GpuXidHistory(
+                horizon_ms=max(self.cfg.classify.recurrence_window_ms, self.cfg.dedupe_window_ms)
+            )
+        return history
 
     # ---------------------------------------------------------------------------------- internals
 
@@ -480,7 +475,11 @@ class AlertEngine:
             seen = self._signatures.get(a.alert_id)
             if seen is not None and sig in seen:
                 return None, sig
-        return classify(fe, history, self._health(host, device), self.cfg.classify), sig
+        result = classify(fe, history, self._health(host, device), self.cfg.classify)
+        if result.rule == "app_fault.repeat_distinct_workloads":
+            window = self.cfg.classify.app_fault_window_ms
+            result = unless_elsewhere(result, history, self._histories, (host, device), fe.ts_ms, window)
+        return result, sig
 
     def _apply(self, a: Alert, c: Classification | None, sig: tuple[Any, ...]) -> None:
         if c is None:
@@ -489,21 +488,27 @@ class AlertEngine:
         if len(seen) < 64:
             seen.add(sig)
         new_decision = (c.severity.value, c.drain_node, c.action.value)
-        if a.name and not worse(new_decision, (a.severity, a.drain_node, a.action)):
-            if len(c.codes) > 1:
-                merged = _merge_codes(a.codes, c.codes)
-                if merged != a.codes:
-                    a.codes = merged
-                    self._dirty(a)
+        current = (a.severity, a.drain_node, a.action)
+        if a.name and c.codes[:1] in ((171,), (172,)) and not worse(current, new_decision):
+            # 171/172 qualify the 48 (DRAM or SRAM): same decision, a more precise workflow branch
+            a.codes = merge_codes(a.codes, c.codes)
+            a.rule, a.description, a.runbook = c.rule, c.reason, c.runbook
+            self._dirty(a)
+            return
+        if a.name and not worse(new_decision, current):
+            merged = merge_codes(a.codes, c.codes)  # a folded detail (172, 95, 45, 154) is listed
+            if merged != a.codes:
+                a.codes = merged
+                self._dirty(a)
             a.known = a.known and c.known
             return
         first = not a.name
-        a.codes = _merge_codes(a.codes, c.codes) if a.codes else tuple(c.codes)
+        a.codes = merge_codes(a.codes, c.codes) if a.codes else tuple(c.codes)
         a.name = c.name
         a.severity = c.severity.value
         a.cause_class = c.cause_class.value
         a.action = c.action.value
-        a.nvidia_action = c.nvidia_action.value
+        a.nvidia_action = c.nvidia_action.value if c.nvidia_action is not None else None
         a.drain_node = c.drain_node
         a.known = c.known if first else a.known and c.known
         a.rule = c.rule
@@ -569,6 +574,7 @@ class AlertEngine:
                 t.urgent = True
                 self._open[key] = a = t
                 self._ids[t.alert_id] = t
+                self._by_gpu.setdefault((key[1], key[2]), set()).add(key)
                 self.counts["reopened"] += 1
         if a is None:
             scope, host, device, _ = key
@@ -588,6 +594,7 @@ class AlertEngine:
             )
             self._open[key] = a
             self._ids[a.alert_id] = a
+            self._by_gpu.setdefault((host, device), set()).add(key)
             self.counts["new"] += 1
         else:
             self.counts["folded"] += 1
@@ -595,6 +602,7 @@ class AlertEngine:
             a.first_seen_ms = ts
         if ts > a.last_seen_ms:
             a.last_seen_ms = ts
+        a.seen_at_ms = now_ms
         a.occurrences += count
         self._dirty(a)
         return a
@@ -611,95 +619,12 @@ class AlertEngine:
     def _close(self, key: Key, a: Alert, *, keep: bool) -> None:
         self._open.pop(key, None)
         self._ids.pop(a.alert_id, None)
+        keys = self._by_gpu.get((key[1], key[2]))
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._by_gpu[(key[1], key[2])]
         if keep:
             self._closed[key] = a
         if a.scope == "node":
             self._node_worst.pop(a.alert_id, None)
-
-    def _node_burst(self, gpu_alert: Alert, ts: int, now_ms: int) -> None:
-        cfg = self.cfg
-        host = gpu_alert.hostname
-        q = self._bursts.get(host)
-        if q is None:
-            q = self._bursts[host] = deque()
-        q.append((ts, gpu_alert.device, gpu_alert.alert_id))
-        # Events arrive out of event-time order (two topics, late records): prune against the newest
-        # time seen and compare each event with the window on both sides of its own time, so a late
-        # record is never grouped with faults an hour after it.
-        newest = max(m[0] for m in q)
-        if q[0][0] < newest - cfg.node_burst_window_ms:
-            kept = [m for m in q if m[0] >= newest - cfg.node_burst_window_ms]
-            q.clear()
-            q.extend(kept)
-        while len(q) > 4096:
-            q.popleft()
-        key: Key = ("node", host, "", "node_burst")
-        node = self._open.get(key)
-        if node is not None and ts <= node.last_seen_ms + cfg.dedupe_window_ms:
-            self._touch(key, ts, now_ms, 1, anchor="")
-            members = [(ts, gpu_alert.device, gpu_alert.alert_id)]
-        else:
-            in_window = [m for m in q if abs(m[0] - ts) <= cfg.node_burst_window_ms]
-            devices = {m[1] for m in in_window}
-            if len(devices) < cfg.node_burst_gpus:
-                return
-            first = min(m[0] for m in in_window)
-            node = self._touch(key, first, now_ms, len(in_window), anchor=str(first))
-            if ts > node.last_seen_ms:
-                node.last_seen_ms = ts
-            members = in_window
-        if node.alertname == "":
-            node.alertname = "GpuNodeXidStorm"
-            node.name = "NODE_XID_BURST"
-            node.rule = "node_burst"
-            node.catalog_version = CATALOG_VERSION
-        changed = False
-        for _, device, member_id in members:
-            member = self._member(member_id)
-            if member is None:
-                continue
-            changed |= node.add_gpu(member.gpu_uuid or device)
-            if member.parent_alert_id != node.alert_id:
-                member.parent_alert_id = node.alert_id
-                self._dirty(member)
-            codes = _merge_codes(node.codes, member.codes[:1]) if node.codes else member.codes[:1]
-            if codes != node.codes:
-                node.codes = tuple(sorted(codes))
-                changed = True
-            rank = _rank(member.severity, member.drain_node, member.action)
-            if rank > self._node_worst.get(node.alert_id, (-1, -1, -1)):
-                self._node_worst[node.alert_id] = rank
-                node.severity = member.severity
-                node.drain_node = node.drain_node or member.drain_node
-                node.action = member.action
-                node.cause_class = member.cause_class
-                node.known = member.known
-                node.runbook = (
-                    "Several GPUs of this node reported errors at once: look at what they share (one "
-                    "multi-GPU job for application XIDs; the PCIe switch, power, cooling or driver for "
-                    "hardware ones). "
-                    "Per-GPU detail: the alerts naming this one as parent_alert_id. Worst GPU: "
-                    + member.runbook
-                )
-                node.urgent = True
-                changed = True
-            node.drain_node = node.drain_node or member.drain_node
-        node.description = (
-            f"{len(node.gpus)} GPUs of {host} reported XIDs ({', '.join(map(str, node.codes))}) within "
-            f"{cfg.node_burst_window_ms // 1000}s of each other (threshold {cfg.node_burst_gpus} GPUs); "
-            f"worst: {node.severity} {node.action}."
-        )
-        if changed:
-            self._dirty(node)
-
-    def _member(self, member_id: str) -> Alert | None:
-        a = self._ids.get(member_id)
-        return a if a is not None and a.status == "firing" else None
-
-
-def _merge_codes(have: tuple[int, ...], new: Iterable[int]) -> tuple[int, ...]:
-    out = list(have)
-    for c in new:
-        if c not in out:
-            out.append(c)
-    return tuple(out)

@@ -15,12 +15,17 @@ signal                  type        raised when
 ``thermal``             sustained   a thermal clock-event bit (SwThermalSlowdown 0x20,
                                     HwThermalSlowdown 0x40) was set in every sample for at least
                                     ``thermal_for_ms``; cleared after ``thermal_clear_ms`` without.
+``gpu_reset``           edge        evidence that the GPU was reset or its node rebooted since the
+                                    previous sample (:func:`_reset_evidence`); resolves the GPU's
+                                    sticky fault alerts (``recovered``).
 ``gpu_lost``            edge        ``gpu_lost`` turned true (the engine treats it as XID 79, so it
                                     folds into the alert of an XidEvent for the same loss); while
                                     the GPU stays lost each sample refreshes that alert.
 ======================  ==========  ============================================================
 
-A ``null`` field means "not reported" and never raises or clears anything. MIG slice records are
+A ``null`` field means "not reported" and never raises or clears anything. After a restart the first
+sample of a GPU clears a level alert restored open (:attr:`HealthTracker.restored_levels`) when it reads
+normal: the condition ended while the service was down. MIG slice records are
 skipped (the whole-GPU record carries the health fields); a record without host, bus id or time raises
 :class:`InvalidRecord`. Samples older than the GPU's latest one are
 ignored (out of order). The tracker also remembers each GPU's identity (UUID, index, model, driver) so
@@ -223,6 +228,7 @@ class _GpuState:
         "level",
         "lost",
         "sample",
+        "sample_prev",
         "thermal_active",
         "thermal_clear_since",
         "thermal_since",
@@ -238,12 +244,39 @@ class _GpuState:
         self.thermal_clear_since: int | None = None
         self.thermal_active = False
         self.sample: dict[str, Any] | None = None
+        self.sample_prev: dict[str, Any] | None = None
 
 
 _LEVEL_FIELDS = (
     ("row_remap_failure", "row_remap_failure"),
     ("row_remap_pending", "row_remap_pending"),
 )
+
+
+def _counter(sample: dict[str, Any] | None, name: str) -> int | None:
+    v = None if sample is None else sample.get(name)
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _reset_evidence(st: _GpuState, prev: dict[str, Any] | None, sample: dict[str, Any], lost: bool) -> str:
+    """Why this sample shows the GPU was reset or its node rebooted since the previous one ('' if not).
+
+    Evidence, as NVSentinel and GPUd use it: the GPU reachable again after NVML reported it lost; the
+    volatile ECC counters or the energy counter (both restart at a driver reload or GPU reset) going
+    down; NVML's recovery action going back to none. The first sample after our own restart is a
+    baseline and proves nothing."""
+    if prev is None:
+        return ""
+    if st.lost and not lost:
+        return "NVML reports the GPU again after it was lost"
+    for name in ("ecc_dbe_volatile_total", "ecc_sbe_volatile_total", "total_energy_mj"):
+        before, now = _counter(prev, name), _counter(sample, name)
+        if before is not None and now is not None and now < before:
+            return f"{name} restarted ({before} -> {now}): driver reload, GPU reset or reboot"
+    before_ra, now_ra = _counter(prev, "gpu_recovery_action"), _counter(sample, "gpu_recovery_action")
+    if before_ra and now_ra == 0:
+        return f"NVML recovery action back to none (was {before_ra})"
+    return ""
 
 
 class HealthTracker:
@@ -254,6 +287,16 @@ class HealthTracker:
         self._gpus: dict[tuple[str, str], _GpuState] = {}
         self.samples = 0
         self.skipped = 0
+        self.restored_levels: set[tuple[str, str, str]] = set()
+        """(host, device, signal) of level alerts restored open after a restart: the GPU's first sample
+        clears them when it reads normal (the condition may have ended while the service was down)."""
+
+    def _restored_clear(self, key: tuple[str, str], signal: str) -> bool:
+        item = (key[0], key[1], signal)
+        if item in self.restored_levels:
+            self.restored_levels.discard(item)
+            return True
+        return False
 
     def __len__(self) -> int:
         return len(self._gpus)
@@ -288,9 +331,14 @@ class HealthTracker:
         ident.allocations = sample.get("allocations") or ()
         out: list[SignalEvent] = []
 
+        prev = st.sample_prev
+        st.sample_prev = sample
         lost = bool(sample.get("gpu_lost"))
         if lost:
             out.append(SignalEvent("gpu_lost", "active" if st.lost else "occurrence", ts, since_ms=ts))
+        evidence = _reset_evidence(st, prev, sample, lost)
+        if evidence:
+            out.append(SignalEvent("gpu_reset", "occurrence", ts, detail=evidence))
         st.lost = lost
 
         dbe = sample.get("ecc_dbe_volatile_total")
@@ -312,16 +360,16 @@ class HealthTracker:
             value = sample.get(fld)
             if value is None:
                 continue
-            was = st.level.get(signal, False)
+            was = st.level.get(signal)
             if value:
                 out.append(SignalEvent(signal, "active", ts, since_ms=ts, detail=f"{fld}=true"))
-            elif was:
+            elif was or (was is None and self._restored_clear(key, signal)):
                 out.append(SignalEvent(signal, "clear", ts, detail=f"{fld}=false"))
             st.level[signal] = bool(value)
 
         rec = sample.get("gpu_recovery_action")
         if isinstance(rec, int) and not isinstance(rec, bool):
-            was = st.level.get("recovery_action", False)
+            was = st.level.get("recovery_action")
             if rec != 0:
                 out.append(
                     SignalEvent(
@@ -333,7 +381,7 @@ class HealthTracker:
                         value=rec,
                     )
                 )
-            elif was:
+            elif was or (was is None and self._restored_clear(key, "recovery_action")):
                 out.append(SignalEvent("recovery_action", "clear", ts, detail="gpu_recovery_action=0"))
             st.level["recovery_action"] = rec != 0
 

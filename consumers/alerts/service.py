@@ -15,10 +15,15 @@ Downstream deduplicates by ``(alert_id, sequence)``.
 
 Restart: before consuming, :func:`restore_from_topic` reads ``gpu.alerts.v1`` from ``now - lookback``
 (default 24 h) to its end, and :meth:`AlertsService.restore` rebuilds the open alerts from their latest
-revisions (same ids, counts, sequence numbers) and the cordon rate-limit ledger from the action records.
-The consumer group resumes the input where it committed. What is not restored: the per-GPU XID history
-the classifier uses for "repeated" rules, node-burst windows and sample baselines (they rebuild from new
-input).
+revisions (same ids, counts, sequence numbers), the per-GPU history the classifier's recurrence rules use
+(from those records), the cordon rate-limit ledger (action records plus the nodes' own annotations), and
+applies operators' acks; then it reconciles the cordons the open drain alerts call for. The consumer
+group resumes the input where it committed. What is not restored: node-burst windows and sample
+baselines (they rebuild from new input). With ``--ha`` this happens when an instance becomes the leader
+(:mod:`consumers.alerts.leader`).
+
+Acks: ``gpu.alerts.v1`` is also an input; of its records only ``action`` records of kind ``ack``
+(``gpupipe alerts --ack``) are applied, the rest is skipped.
 
 Remediation events: each cordon decision (and dry-run decision) is published as a record with ``status``
 ``action`` and the ``remediation`` field set, keyed by the alert's id so it follows the alert's revisions
@@ -40,9 +45,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from consumers.alerts.alert_record import Alert, action_record, to_record
-from consumers.alerts.cordon import Cordoner, CordonResult
+from consumers.alerts.cordon import Cordoner, CordonResult, KubeApiError
 from consumers.alerts.dedupe import AlertEngine, EngineConfig
-from consumers.alerts.health_signals import HealthConfig, HealthTracker, InvalidRecord
+from consumers.alerts.health_signals import LEVEL_SIGNALS, HealthConfig, HealthTracker, InvalidRecord
 from consumers.consume_loop import InRecord
 from gpupipe.errors import GpupipeError
 from gpupipe.kafka_admin import client_config
@@ -239,8 +244,11 @@ class AlertsService:
         cordoner: Cordoner | None = None,
         instance: str = "",
         clock: Callable[[], float] = time.time,
+        reconcile_interval_ms: int = 10_000,
     ) -> None:
         self.sink = sink
+        self.reconcile_interval_ms = reconcile_interval_ms
+        self._last_reconcile_ms = 0
         self.health = HealthTracker(health_config)
         self.engine = AlertEngine(engine_config, health=self.health.health, identity=self.health.identity)
         self.alertmanager = alertmanager
@@ -281,8 +289,8 @@ class AlertsService:
         return None
 
     def on_revoke(self, partitions: Sequence[tuple[str, int]]) -> None:
-        # Alert state is per GPU, not per partition, and one instance is expected to own every partition
-        # (see module doc); on a hand-over the new owner restores open alerts from gpu.alerts.v1.
+        # Alert state is per GPU, not per partition: one active instance owns every partition (the leader
+        # with --ha; see consumers.alerts.leader), and a new leader restores from gpu.alerts.v1.
         return None
 
     def handle(self, records: Sequence[InRecord]) -> list[tuple[InRecord, str, str]]:
@@ -298,6 +306,8 @@ class AlertsService:
                         ident, signals = self.health.observe(r.value)
                         for sig in signals:
                             self.engine.on_signal(ident, sig, now)
+                    elif r.name == "GpuAlert":
+                        self._on_alert_record(r.value, now)  # our own output: only acks matter
                     else:
                         rejected.append((r, "unexpected-record-type", f"{r.name} on {r.topic}"))
                 except Exception as exc:  # a record the engine cannot use must not stop the stream
@@ -314,6 +324,13 @@ class AlertsService:
             self._emit(self.engine.take(now), now)
         return rejected
 
+    def _on_alert_record(self, rec: dict[str, Any], now: int) -> None:
+        rem = rec.get("remediation") or {}
+        if rec.get("status") == "action" and rem.get("kind") == "ack":
+            a = self.engine.acknowledge(rec["alert_id"], now, rem.get("detail") or "")
+            if a is not None:
+                log.info("alert acknowledged", extra=fields(alert_id=a.alert_id, node=a.hostname))
+
     def tick(self) -> int:
         """Run the engine's timers and publish what is due; returns records published."""
         now = self.now_ms()
@@ -321,7 +338,19 @@ class AlertsService:
             self.engine.tick(now)
             out = self.engine.take(now)
             self._emit(out, now)
+        if self.cordoner is not None and now - self._last_reconcile_ms >= self.reconcile_interval_ms:
+            self.reconcile(now)
         return len(out)
+
+    def reconcile(self, now: int | None = None) -> int:
+        """Hand every open drain alert to the cordoner (desired state; see :mod:`consumers.alerts.cordon`)."""
+        if self.cordoner is None:
+            return 0
+        now = self.now_ms() if now is None else now
+        self._last_reconcile_ms = now
+        with self.lock:
+            drain = [to_record(a, now, self.instance) for a in self.engine.open_alerts() if a.drain_node]
+        return self.cordoner.reconcile(drain)
 
     def flush(self) -> int:
         """Publish every pending change now, throttled ones included (shutdown)."""
@@ -332,21 +361,39 @@ class AlertsService:
             self._emit(out, now)
         return len(out)
 
-    def restore(self, records: Sequence[dict[str, Any]]) -> int:
+    def restore(
+        self, records: Sequence[dict[str, Any]], ledger: Sequence[dict[str, Any]] | None = None
+    ) -> int:
+        """Rebuild open alerts from ``records`` and the cordon ledger from ``ledger`` (default: the same
+        records; the command passes at least the rate-limit window however short ``--restore-lookback``)."""
         now = self.now_ms()
         with self.lock:
             n = self.engine.restore(records, now)
+            for rec in records:  # acks published while we were down (the engine ignores stale ones)
+                self._on_alert_record(rec, now)
             open_alerts = [a.snapshot() for a in self.engine.open_alerts()]
+            for a in open_alerts:
+                if a.key[3] in LEVEL_SIGNALS:
+                    self.health.restored_levels.add((a.hostname, a.device, a.key[3]))
             self._emit(self.engine.take(now), now)
         if self.cordoner is not None:
-            counted = self.cordoner.restore(records, now)
-            log.info("cordon ledger restored", extra=fields(cordons_in_window=counted))
+            counted = self.cordoner.restore(ledger if ledger is not None else records, now)
+            try:
+                from_cluster = self.cordoner.restore_from_cluster(now)
+            except KubeApiError as exc:
+                from_cluster = 0
+                log.warning("cannot read the cordon ledger from the cluster", extra=fields(error=str(exc)))
+            log.info(
+                "cordon ledger restored",
+                extra=fields(cordons_in_window=counted + from_cluster, from_cluster=from_cluster),
+            )
         self._open_by_scope = self.engine.open_count()
         self.open_alerts = sum(self._open_by_scope.values())
         if self.alertmanager is not None:
             for a in open_alerts:
                 self.alertmanager.update(to_record(a, now, self.instance))
         log.info("alerts restored", extra=fields(open=n, records=len(records)))
+        self.reconcile(now)  # requests lost with the previous process are asked again
         return n
 
     # ------------------------------------------------------------------------------------- output

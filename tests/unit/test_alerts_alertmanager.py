@@ -35,7 +35,7 @@ def rec(aid: str = "a1", status: str = "firing", severity: str = "critical", **k
         "hostname": "node-a",
         "gpu_uuid": f"GPU-{aid}",
         "gpu_index": 0,
-        "pci_bus_id": "0000:18:00.0",
+        "pci_bus_id": f"bus-{aid}",
         "gpus": [f"GPU-{aid}"],
         "allocations": [],
         "first_seen_ms": T0,
@@ -114,7 +114,7 @@ def test_alertmanager_down_queues_and_delivers_when_back() -> None:
     assert s.failures == 2 and s.pending() == 5
     post.status = 200
     assert s.step(T0 + 2000)
-    sent = {a["labels"]["gpu_uuid"]: a for a in post.calls[-1]}
+    sent = {a["annotations"]["gpu_uuid"]: a for a in post.calls[-1]}
     assert set(sent) == {f"GPU-a{i}" for i in range(5)}
     assert sent["GPU-a0"]["endsAt"] == iso_ms(T0 + 1)  # the resolution was not lost either
     assert s.pending() == 0 and len(s) == 4
@@ -138,11 +138,11 @@ def test_resolution_of_a_superseded_alert_does_not_end_its_successor() -> None:
     post, clock = FakePost(), Clock()
     s = sender(post, clock)
     s.update(rec("old"))
-    s.update(rec("old", gpu_uuid="GPU-x"))
-    s.update(rec("new", gpu_uuid="GPU-x"))  # same labels, newer alert
-    s.update(rec("old", status="resolved", gpu_uuid="GPU-x", resolved_at_ms=T0))
+    s.update(rec("old", gpu_uuid="GPU-x", pci_bus_id="bus-x"))
+    s.update(rec("new", gpu_uuid="GPU-x", pci_bus_id="bus-x"))  # same labels, newer alert
+    s.update(rec("old", status="resolved", gpu_uuid="GPU-x", pci_bus_id="bus-x", resolved_at_ms=T0))
     s.step(T0 + 1000)
-    x = [a for a in post.calls[-1] if a["labels"]["gpu_uuid"] == "GPU-x"]
+    x = [a for a in post.calls[-1] if a["annotations"]["gpu_uuid"] == "GPU-x"]
     assert len(x) == 1 and x[0]["endsAt"] == iso_ms(T0 + 1000 + 4 * MIN)
 
 
@@ -155,7 +155,21 @@ def test_queue_is_bounded_resolved_dropped_first() -> None:
     s.update(rec("d"))
     assert len(s) == 3 and s.dropped == 1
     s.step(T0)
-    assert {a["labels"]["gpu_uuid"] for a in post.calls[-1]} == {"GPU-a", "GPU-c", "GPU-d"}
+    assert {a["annotations"]["gpu_uuid"] for a in post.calls[-1]} == {"GPU-a", "GPU-c", "GPU-d"}
+
+
+def test_queue_never_evicts_a_firing_alert_review_d9() -> None:
+    # Review D9: with max_alerts=3 and five Xid 79s the two oldest firing alerts were dropped and never
+    # reached Alertmanager. Firing alerts are bounded by the engine's open alerts; they are held (and the
+    # excess counted), only resolved ones are evicted.
+    post, clock = FakePost(), Clock()
+    s = sender(post, clock, max_alerts=3)
+    for i in range(5):
+        s.update(rec(f"n{i}", hostname=f"node-{i}"))
+    assert s.dropped == 0 and s.over_limit == 2 and len(s) == 5
+    assert s.metrics.over_limit.labels(s.url)._value.get() == 2  # counted, visible on /metrics
+    s.step(T0)
+    assert {a["labels"]["node"] for a in post.calls[-1]} == {f"node-{i}" for i in range(5)}
 
 
 def test_batches_are_split() -> None:
@@ -261,7 +275,7 @@ def test_one_invalid_alert_does_not_block_the_rest() -> None:
     class Picky(FakePost):
         def __call__(self, url: str, body: bytes, timeout: float) -> int:
             alerts = json.loads(body)
-            if any(a["labels"].get("gpu_uuid") == "GPU-bad" for a in alerts):
+            if any(a["annotations"].get("gpu_uuid") == "GPU-bad" for a in alerts):
                 return 400
             self.calls.append(alerts)
             return 200
@@ -271,7 +285,7 @@ def test_one_invalid_alert_does_not_block_the_rest() -> None:
     for aid in ("a", "b", "bad", "c", "d"):
         s.update(rec(aid))
     assert s.step(T0)
-    delivered = {a["labels"]["gpu_uuid"] for batch in post.calls for a in batch}
+    delivered = {a["annotations"]["gpu_uuid"] for batch in post.calls for a in batch}
     assert delivered == {"GPU-a", "GPU-b", "GPU-c", "GPU-d"}
     assert s.dropped == 1 and len(s) == 4 and s.pending() == 0
 

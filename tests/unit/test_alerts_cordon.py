@@ -38,7 +38,14 @@ def rec(node: str, aid: str = "a1") -> dict[str, Any]:
 
 
 def make(
-    api: FakeKubeApi | None, tmp_path: Path, *, dry_run: bool = False, limit: int = 2, token: str = "tok"
+    api: FakeKubeApi | None,
+    tmp_path: Path,
+    *,
+    dry_run: bool = False,
+    limit: int = 2,
+    token: str = "tok",
+    max_share: float = 1.0,
+    uncordon: bool = False,
 ):
     results: list[CordonResult] = []
     client = None
@@ -48,7 +55,14 @@ def make(
         client = KubeNodeApi(KubeConfig(api.url, str(tf), None), timeout_s=0.5)
     clock = Clock()
     c = Cordoner(
-        client, dry_run=dry_run, max_per_hour=limit, on_result=results.append, instance="i1", clock=clock
+        client,
+        dry_run=dry_run,
+        max_per_hour=limit,
+        on_result=results.append,
+        instance="i1",
+        clock=clock,
+        max_share=max_share,
+        uncordon=uncordon,
     )
     return c, results, clock
 
@@ -120,12 +134,14 @@ def test_already_cordoned_is_not_counted(tmp_path: Path) -> None:
 def test_api_failures_are_results_not_crashes(tmp_path: Path, setup: Any, needle: str) -> None:
     with FakeKubeApi(["node-a"], token="tok") as api:
         setup(api)
-        c, _, _ = make(api, tmp_path)
+        c, _, clock = make(api, tmp_path)
         node = "node-a" if needle != "404" else "ghost"
         r = c.process(rec(node))
         assert r.outcome == "failed" and needle in r.detail
         assert c.limiter.count(T0) == 0
-        assert c.request(rec(node))  # a failure is retried by the next drain alert
+        assert not c.request(rec(node))  # backing off (5 s, doubling)
+        clock.ms += 5_000
+        assert c.request(rec(node))  # then retried (the reconcile asks again for every open drain alert)
 
 
 def test_wrong_token_and_timeout_fail(tmp_path: Path) -> None:

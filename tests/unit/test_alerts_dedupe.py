@@ -95,14 +95,14 @@ def test_updates_are_throttled_but_escalations_are_not() -> None:
     assert records(e, T0 + 20 * S) == []
     later = records(e, T0 + 31 * S)
     assert len(later) == 1 and later[0]["occurrences"] == 2 and later[0]["sequence"] == 2
-    # XID 13 from 3 distinct processes on one GPU -> hardware suspicion: escalates immediately
-    e.on_xid(xid(13, T0 + 32 * S, pid=2), T0 + 32 * S)
-    e.on_xid(xid(13, T0 + 33 * S, pid=3), T0 + 33 * S)
+    # XID 13 from 3 distinct workloads on one GPU -> hardware suspicion: escalates immediately
+    e.on_xid(xid(13, T0 + 32 * S, pid=2, pods=(("team-b", "eval-0"),)), T0 + 32 * S)
+    e.on_xid(xid(13, T0 + 33 * S, pid=3, pods=(("team-c", "infer-0"),)), T0 + 33 * S)
     esc = records(e, T0 + 33 * S)
     assert len(esc) == 1 and esc[0]["sequence"] == 3
-    assert esc[0]["rule"] == "app_fault.repeat_distinct_processes"
+    assert esc[0]["rule"] == "app_fault.repeat_distinct_workloads"
     assert (esc[0]["severity"], esc[0]["action"], esc[0]["cause_class"]) == (
-        "critical",
+        "warning",
         "RUN_DCGMEUD",
         "hardware_memory",
     )
@@ -110,9 +110,9 @@ def test_updates_are_throttled_but_escalations_are_not() -> None:
 
 
 def test_resolves_after_quiet_and_final_record_carries_counts() -> None:
-    e = engine(resolve_after_ms=30 * MIN)
-    e.on_xid(xid(79, T0), T0)
-    e.on_xid(xid(79, T0 + S), T0 + S)
+    e = engine(resolve_after_ms=30 * MIN)  # Xid 13: application class, expires by quiet time
+    e.on_xid(xid(13, T0), T0)
+    e.on_xid(xid(13, T0 + S), T0 + S)
     first = records(e, T0 + S)
     e.tick(T0 + S + 30 * MIN - 1)
     assert records(e, T0 + S + 30 * MIN - 1) == [] and len(e.open_alerts()) == 1  # not yet
@@ -138,17 +138,17 @@ def test_recurrence_after_dedupe_window_supersedes() -> None:
 
 def test_reopen_when_resolve_after_is_shorter_than_dedupe_window() -> None:
     e = engine(dedupe_window_ms=10 * MIN, resolve_after_ms=2 * MIN)
-    e.on_xid(xid(79, T0), T0)
+    e.on_xid(xid(13, T0), T0)
     aid = records(e, T0)[0]["alert_id"]
     e.tick(T0 + 2 * MIN)
     assert [r["status"] for r in records(e, T0 + 2 * MIN)] == ["resolved"]
-    e.on_xid(xid(79, T0 + 5 * MIN), T0 + 5 * MIN)
+    e.on_xid(xid(13, T0 + 5 * MIN), T0 + 5 * MIN)
     out = records(e, T0 + 5 * MIN)
     assert [(r["status"], r["alert_id"], r["sequence"]) for r in out] == [("firing", aid, 3)]
     assert out[0]["occurrences"] == 2 and out[0]["resolved_at_ms"] is None
     e.tick(T0 + 30 * MIN)
     records(e, T0 + 30 * MIN)
-    e.on_xid(xid(79, T0 + 40 * MIN), T0 + 40 * MIN)
+    e.on_xid(xid(13, T0 + 40 * MIN), T0 + 40 * MIN)
     assert records(e, T0 + 40 * MIN)[0]["alert_id"] != aid  # past the window: a new alert
 
 
@@ -229,14 +229,15 @@ def test_clocks_out_of_order_and_in_the_future() -> None:
     assert e.counts["clock_future"] == 1
 
 
-def test_old_event_with_no_open_alert_fires_then_resolves() -> None:
+def test_old_event_fires_and_quiet_is_counted_from_processing_time() -> None:
     e = engine(resolve_after_ms=30 * MIN)
     now = T0 + 5 * 60 * MIN
-    e.on_xid(xid(79, T0), now)
+    e.on_xid(xid(13, T0), now)  # five hours late
     assert records(e, now)[0]["status"] == "firing"
-    e.tick(now)
-    out = records(e, now)
-    assert [r["status"] for r in out] == ["resolved"]
+    e.tick(now + S)
+    assert records(e, now + S) == []  # not born resolved (review D2)
+    e.tick(now + 30 * MIN)
+    assert [r["status"] for r in records(e, now + 30 * MIN)] == ["resolved"]
 
 
 def test_kernel_and_nvml_bus_id_forms_are_one_gpu() -> None:
@@ -282,10 +283,10 @@ def test_a_late_event_is_not_grouped_with_faults_an_hour_later() -> None:
     now = T0 + 3600 * S
     e.on_xid(xid(13, now, bus=BUS[0], pid=1), now)
     e.on_xid(xid(31, now, bus=BUS[1], pid=2), now)
-    e.on_xid(xid(43, T0, bus=BUS[2], pid=3), now)
+    e.on_xid(xid(13, T0, bus=BUS[2], pid=3), now)
     assert all(r["scope"] == "gpu" for r in records(e, now))
     # ...while a third GPU within the window does make one.
-    e.on_xid(xid(43, now + 10 * S, bus=BUS[3], pid=4), now + 10 * S)
+    e.on_xid(xid(13, now + 10 * S, bus=BUS[3], pid=4), now + 10 * S)
     assert [r["scope"] for r in records(e, now + 10 * S)].count("node") == 1
 
 

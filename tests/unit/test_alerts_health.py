@@ -59,7 +59,8 @@ def test_dbe_increase_is_an_edge_with_the_delta_and_reset_rebaselines() -> None:
     out = t.observe(sample(T0 + S, ecc_dbe_volatile_total=7))[1]
     assert [(e.signal, e.kind, e.count) for e in out] == [("ecc_dbe", "occurrence", 2)]
     assert signals(t, sample(T0 + 2 * S, ecc_dbe_volatile_total=7)) == []
-    assert signals(t, sample(T0 + 3 * S, ecc_dbe_volatile_total=0)) == []  # driver reload
+    # driver reload: re-baselines, and is evidence the GPU was reset (resolves its sticky alerts)
+    assert signals(t, sample(T0 + 3 * S, ecc_dbe_volatile_total=0)) == [("gpu_reset", "occurrence")]
     assert signals(t, sample(T0 + 4 * S, ecc_dbe_volatile_total=1)) == [("ecc_dbe", "occurrence")]
     assert signals(t, sample(T0 + 5 * S, ecc_dbe_volatile_total=None)) == []  # not reported: nothing
 
@@ -78,7 +79,7 @@ def test_gpu_lost_edge_then_active() -> None:
     t = HealthTracker()
     assert signals(t, sample(gpu_lost=True)) == [("gpu_lost", "occurrence")]
     assert signals(t, sample(T0 + S, gpu_lost=True)) == [("gpu_lost", "active")]
-    assert signals(t, sample(T0 + 2 * S)) == []
+    assert signals(t, sample(T0 + 2 * S)) == [("gpu_reset", "occurrence")]  # back after being lost
     assert signals(t, sample(T0 + 3 * S, gpu_lost=True)) == [("gpu_lost", "occurrence")]
 
 
@@ -108,7 +109,10 @@ def test_recovery_action_level() -> None:
     t = HealthTracker()
     out = t.observe(sample(gpu_recovery_action=2))[1]
     assert [(e.signal, e.kind, e.value) for e in out] == [("recovery_action", "active", 2)]
-    assert signals(t, sample(T0 + S, gpu_recovery_action=0)) == [("recovery_action", "clear")]
+    assert signals(t, sample(T0 + S, gpu_recovery_action=0)) == [
+        ("gpu_reset", "occurrence"),
+        ("recovery_action", "clear"),
+    ]
 
 
 def test_out_of_order_mig_and_broken_samples_are_skipped() -> None:

@@ -95,18 +95,16 @@ def test_alertmanager_labels_and_annotations() -> None:
         "alertname": "GpuXidError",
         "severity": "critical",
         "node": "node-a",
-        "action": "RESTART_BM",
         "cause_class": gpu["cause_class"],
         "scope": "gpu",
         "source": "gpupipe",
         "xid": "79",
-        "gpu_uuid": "GPU-0",
-        "gpu": "0",
         "pci_bus_id": "0000:18:00.0",
-        "namespace": "ns",
-        "pod": "p0",
     }
     ann = am_annotations(gpu)
+    # Mutable or late-discovered facts are annotations (review D8).
+    assert ann["action"] == "RESTART_BM" and ann["gpu_uuid"] == "GPU-0" and ann["gpu"] == "0"
+    assert ann["namespace"] == "ns" and ann["pod"] == "p0"
     assert (
         ann["summary"].startswith("CRITICAL: XID 79")
         and ann["runbook"]

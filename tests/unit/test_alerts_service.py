@@ -116,9 +116,10 @@ def test_bad_records_are_skipped_and_counted_not_fatal() -> None:
 
 def test_tick_resolves_and_restore_continues(tmp_path: Any) -> None:
     svc, sink, clock = service(engine_config=EngineConfig(update_interval_ms=0, resolve_after_ms=60_000))
-    svc.handle(
-        [inrec("XidEvent", xid(79, "e1")), inrec("XidEvent", xid(79, "e2", bus="0000:28:00", ts=T0 + 50_000))]
-    )
+    # Xid 13 (an application fault: expires by quiet time; a 79 would stay until evidence of recovery)
+    svc.handle([inrec("XidEvent", xid(13, "e1"))])
+    clock.ms = T0 + 50_000
+    svc.handle([inrec("XidEvent", xid(13, "e2", bus="0000:28:00", ts=T0 + 50_000))])
     clock.ms = T0 + 60_000
     assert svc.tick() == 1
     assert sink.records[-1]["status"] == "resolved"
@@ -130,7 +131,7 @@ def test_tick_resolves_and_restore_continues(tmp_path: Any) -> None:
     clock2.ms = T0 + 61_000
     assert svc2.restore(sink.records) == 1
     assert [r["status"] for r in am.records] == ["firing"]  # Alertmanager learns the open alert again
-    svc2.handle([inrec("XidEvent", xid(79, "e3", bus="0000:28:00", ts=T0 + 61_000))])
+    svc2.handle([inrec("XidEvent", xid(13, "e3", bus="0000:28:00", ts=T0 + 61_000))])
     last = sink2.records[-1]
     assert (
         last["alert_id"] == sink.records[1]["alert_id"] and last["occurrences"] == 2 and last["sequence"] == 2
@@ -163,6 +164,8 @@ def test_simulated_fleet_through_the_service() -> None:
         (["--cordon-max-per-hour", "-1"], "must not be negative"),
         (["--alertmanager-url", "am:9093"], "http://"),
         (["--cordon"], "--cordon needs the Kubernetes API"),
+        (["--cordon-max-share", "0"], "--cordon-max-share"),
+        (["--ha", "--ha-session-timeout", "500ms"], "--ha-session-timeout"),
     ],
 )
 def test_cli_config_errors_exit_2(flags: list[str], needle: str, capsys: Any, monkeypatch: Any) -> None:

@@ -76,9 +76,28 @@ def test_static_evolution_rules(name: str) -> None:
 
 
 def _only_added_symbols(old: object, new: object) -> bool:
-    if isinstance(old, dict) and isinstance(new, dict) and old.get("type") == "enum":
-        return set(old["symbols"]) <= set(new["symbols"]) and "default" in new
-    return False
+    """Same type except enums (at any depth: unions, nested records) that gained symbols and have a
+    default, and changed doc strings."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        if old.get("type") == "enum":
+            return (
+                new.get("type") == "enum" and set(old["symbols"]) <= set(new["symbols"]) and "default" in new
+            )
+        if old.get("type") == "record":
+            of, nf = _fields(old), _fields(new) if new.get("type") == "record" else {}
+            return of.keys() == nf.keys() and all(
+                _only_added_symbols(of[k]["type"], nf[k]["type"]) for k in of
+            )
+        keys = (old.keys() | new.keys()) - {"doc"}
+        return all(
+            _only_added_symbols(old.get(k), new.get(k))
+            if isinstance(old.get(k), (dict, list))
+            else old.get(k) == new.get(k)
+            for k in keys
+        )
+    if isinstance(old, list) and isinstance(new, list):
+        return len(old) == len(new) and all(_only_added_symbols(o, n) for o, n in zip(old, new, strict=True))
+    return old == new
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -48,7 +48,9 @@ def test_top_level_shape():
 @pytest.mark.parametrize("table", ["xids", "sxids"])
 def test_every_entry_uses_valid_enum_members(table):
     for row in RAW[table]:
-        assert row["nvidia_action"] in {a.value for a in Action}, row["code"]
+        # nvidia_action holds only NVIDIA's buckets (review D16): null where NVIDIA gives none, ours apart
+        assert (row["nvidia_action"] is None) != (row.get("action") is None), row["code"]
+        assert (row["nvidia_action"] or row["action"]) in {a.value for a in Action}, row["code"]
         assert row["severity"] in {s.value for s in Severity}, row["code"]
         assert row["cause_class"] in {c.value for c in CauseClass} - {"unknown"}, row["code"]
         assert isinstance(row["drain_node"], bool), row["code"]
@@ -64,8 +66,9 @@ def test_no_duplicate_codes_and_sorted(table):
     assert codes == sorted(codes)
 
 
-def test_xid_table_is_the_whole_catalog_1_to_172():
-    assert [row["code"] for row in RAW["xids"]] == list(range(1, 173))
+def test_xid_table_is_the_whole_catalog_1_to_176():
+    # 1-172 from NVIDIA's catalog page, 173-176 from the driver's nverror.h up to 595.45.04 (review D7)
+    assert [row["code"] for row in RAW["xids"]] == list(range(1, 177))
     assert all(set(row["applies_to"]) <= GPUS for row in RAW["xids"])
 
 
@@ -80,7 +83,7 @@ def test_policy_invariants(kind):
     for info in entries(kind):
         if info.drain_node:  # draining is never a quiet event
             assert info.severity is Severity.CRITICAL, info.code
-        if info.nvidia_action is Action.IGNORE:
+        if info.bucket is Action.IGNORE:
             assert info.severity is not Severity.CRITICAL, info.code
             assert not info.drain_node, info.code
 
@@ -95,7 +98,7 @@ def test_catalog_ships_as_package_data():
 
 
 def test_entries_match_table_sizes():
-    assert len(entries("xid")) == len(RAW["xids"]) == 172
+    assert len(entries("xid")) == len(RAW["xids"]) == 176
     assert len(entries("sxid")) == len(RAW["sxids"])
     assert len(entries("sxid")) >= 60
 
@@ -128,7 +131,7 @@ def test_entries_match_table_sizes():
         (120, Action.RESET_GPU, Severity.CRITICAL, CauseClass.DRIVER, True),
         (121, Action.IGNORE, Severity.INFO, CauseClass.NVLINK_FABRIC, False),
         (149, Action.WORKFLOW_NVLINK5_ERR, Severity.WARNING, CauseClass.NVLINK_FABRIC, False),
-        (151, Action.RESTART_VM, Severity.WARNING, CauseClass.DRIVER, False),
+        (151, Action.RESTART_VM, Severity.CRITICAL, CauseClass.DRIVER, True),  # bare metal: a reboot
         (154, Action.XID_154, Severity.WARNING, CauseClass.DRIVER, False),
         (159, Action.CHECK_UVM, Severity.WARNING, CauseClass.NVLINK_FABRIC, False),
     ],
@@ -159,7 +162,8 @@ def test_xid_lookup(code, action, severity, cause, drain):
 def test_sxid_lookup(code, name, fatality, action, severity, drain):
     info = lookup(code, "sxid")
     assert info.known and info.kind == "sxid"
-    assert (info.name, info.fatality, info.nvidia_action, info.severity, info.drain_node) == (
+    assert info.nvidia_action is None  # the Fabric Manager guide gives no buckets: ours is info.action
+    assert (info.name, info.fatality, info.bucket, info.severity, info.drain_node) == (
         name,
         fatality,
         action,
@@ -173,13 +177,13 @@ def test_10004_is_thermal():
 
 
 @pytest.mark.parametrize(
-    ("code", "kind"), [(999, "xid"), (173, "xid"), (0, "xid"), (-1, "xid"), (13, "sxid")]
+    ("code", "kind"), [(999, "xid"), (177, "xid"), (0, "xid"), (-1, "xid"), (13, "sxid")]
 )
 def test_unknown_code_gets_safe_default(code, kind):
     info = lookup(code, kind)
     assert info.known is False
     assert info.code == code and info.kind == kind
-    assert info.nvidia_action is Action.CONTACT_SUPPORT
+    assert info.nvidia_action is None and info.bucket is Action.CONTACT_SUPPORT
     assert info.severity is Severity.WARNING
     assert info.cause_class is CauseClass.UNKNOWN
     assert info.drain_node is False

@@ -28,9 +28,15 @@ HOUR = 60 * MIN
 T0 = 1_700_000_000_000  # any epoch ms; rules only look at differences
 
 
-def xid(code, at_min=0.0, pid=None, name=None, msg="", kind="xid"):
+def xid(code, at_min=0.0, pid=None, name=None, msg="", kind="xid", wl=None):
     return FaultEvent(
-        kind=kind, ts_ms=T0 + int(at_min * MIN), code=code, pid=pid, process_name=name, message=msg
+        kind=kind,
+        ts_ms=T0 + int(at_min * MIN),
+        code=code,
+        pid=pid,
+        process_name=name,
+        message=msg,
+        workload=wl,
     )
 
 
@@ -58,6 +64,7 @@ XID63_LINE = (
 )
 
 
+XID13_SM = "Graphics SM Warp Exception on (GPC 1, TPC 2, SM {sm}): Out Of Range Address"
 NVL74_BARE = "NVLink: fatal error detected on link 1"
 
 
@@ -83,6 +90,7 @@ class Case:
     codes: tuple[int, ...] | None = None
     known: bool = True
     reason_has: tuple[str, ...] = field(default_factory=tuple)
+    resets: tuple[float, ...] = ()  # minutes at which the GPU was seen reset (samples)
 
 
 W, C, I = Severity.WARNING, Severity.CRITICAL, Severity.INFO  # noqa: E741
@@ -99,21 +107,35 @@ CASES = [
          rule="app_fault.single"),
     Case("13 from 2 pids is below threshold", xid(13, 5, pid=200), prior=(xid(13, 0, pid=100),),
          action=Action.RESTART_APP, severity=W, rule="app_fault.single"),
-    Case("13 from 3 pids within 1h escalates", xid(13, 40, pid=300, name="train"),
-         prior=(xid(13, 0, pid=100, name="infer"), xid(13, 20, pid=200, name="eval")),
-         action=Action.RUN_DCGMEUD, severity=C, drain=True, rule="app_fault.repeat_distinct_processes",
-         cause=CauseClass.HARDWARE_MEMORY, reason_has=("3 different processes within 1h", "likely hardware")),
-    Case("13 from 3 pids but one outside the hour", xid(13, 70, pid=300),
-         prior=(xid(13, 0, pid=100), xid(13, 20, pid=200)), action=Action.RESTART_APP, severity=W,
+    # Review D4: pids are not workloads (a crash loop gets a new pid per restart); escalation is a ticket.
+    Case("13 from 3 pids of one workload stays application", xid(13, 40, pid=300, wl="ml/train"),
+         prior=(xid(13, 0, pid=100, wl="ml/train"), xid(13, 20, pid=200, wl="ml/train")),
+         action=Action.RESTART_APP, severity=W, rule="app_fault.single", cause=CauseClass.APPLICATION),
+    Case("13 from 3 workloads within 1h is a diagnostics ticket", xid(13, 40, pid=300, wl="c/infer"),
+         prior=(xid(13, 0, pid=100, wl="a/train"), xid(13, 20, pid=200, wl="b/eval")),
+         action=Action.RUN_DCGMEUD, severity=W, drain=False, rule="app_fault.repeat_distinct_workloads",
+         cause=CauseClass.HARDWARE_MEMORY, reason_has=("3 different workloads within 1h", "not a drain")),
+    Case("13 from 3 workloads but one outside the hour", xid(13, 70, wl="c/x"),
+         prior=(xid(13, 0, wl="a/x"), xid(13, 20, wl="b/x")), action=Action.RESTART_APP, severity=W,
          rule="app_fault.single"),
-    Case("13/31/43 mixed across 3 processes escalates", xid(31, 10, pid=3),
-         prior=(xid(13, 0, pid=1), xid(43, 5, pid=2)), action=Action.RUN_DCGMEUD, severity=C, drain=True,
-         rule="app_fault.repeat_distinct_processes", codes=(31, 13, 43)),
-    Case("unattributed 13s cannot prove distinct processes", xid(13, 10),
-         prior=(xid(13, 0), xid(13, 5)), action=Action.RESTART_APP, severity=W, rule="app_fault.single"),
-    Case("names count when pids are unknown", xid(13, 10, name="c"),
-         prior=(xid(13, 0, name="a"), xid(13, 5, name="b")), action=Action.RUN_DCGMEUD, severity=C,
-         drain=True, rule="app_fault.repeat_distinct_processes"),
+    Case("13/31 mixed across 3 workloads escalates", xid(31, 10, wl="c/x"),
+         prior=(xid(13, 0, wl="a/x"), xid(31, 5, wl="b/x")), action=Action.RUN_DCGMEUD, severity=W,
+         rule="app_fault.repeat_distinct_workloads", codes=(31, 13)),
+    Case("43 never counts toward the suspicion", xid(13, 10, wl="c/x"),
+         prior=(xid(43, 0, wl="a/x"), xid(43, 5, wl="b/x")), action=Action.RESTART_APP, severity=W,
+         rule="app_fault.single"),
+    Case("43 from 3 workloads stays IGNORE", xid(43, 10, wl="c/x"),
+         prior=(xid(43, 0, wl="a/x"), xid(43, 5, wl="b/x")), action=Action.IGNORE, severity=I,
+         rule="app_fault.single"),
+    Case("unattributed 13s cannot prove distinct workloads", xid(13, 10, pid=3),
+         prior=(xid(13, 0, pid=1), xid(13, 5, pid=2)), action=Action.RESTART_APP, severity=W,
+         rule="app_fault.single"),
+    Case("13 on one TPC from different SMs: NVIDIA's workflow", xid(13, 10, msg=XID13_SM.format(sm=1)),
+         prior=(xid(13, 0, msg=XID13_SM.format(sm=0)),), action=Action.RUN_DCGMEUD, severity=W,
+         rule="app_fault.xid13_same_tpc_diff_sm", reason_has=("repeat TPC and GPC, diff SMs",)),
+    Case("13 on one SM repeating is the app", xid(13, 10, msg=XID13_SM.format(sm=0)),
+         prior=(xid(13, 0, msg=XID13_SM.format(sm=0)),), action=Action.RESTART_APP, severity=W,
+         rule="app_fault.single"),
     Case("31 once", xid(31, pid=7), action=Action.RESTART_APP, severity=W, rule="app_fault.single"),
     Case("43 once is IGNORE per catalog", xid(43, pid=7), action=Action.IGNORE, severity=I,
          rule="app_fault.single", cause=CauseClass.APPLICATION),
@@ -145,10 +167,11 @@ CASES = [
          severity=C, drain=True, rule="ecc.dbe_solo"),
     Case("48 with remap failure -> RMA", xid(48), prior=(xid(64, -1),), health=GpuHealth(remap_failure=True),
          action=Action.CONTACT_SUPPORT, severity=C, drain=True, rule="ecc.dbe_remap_failure", codes=(48, 64)),
-    Case("48 with SRAM threshold exceeded", xid(48), health=GpuHealth(sram_threshold_exceeded=True),
-         action=Action.RUN_FIELDDIAG, severity=C, drain=True, rule="ecc.dbe_sram_threshold"),
-    Case("172 (SRAM detail of 48) handled as 48", xid(172), action=Action.RESET_GPU, severity=C, drain=True,
-         rule="ecc.dbe_solo"),
+    Case("48 with its SRAM qualifier 172: the SRAM branch", xid(48, 0.1), prior=(xid(172),),
+         action=Action.RESET_GPU, severity=C, drain=True, rule="ecc.dbe_sram",
+         reason_has=("SRAM error threshold flag",)),
+    Case("172 (SRAM detail of 48): SRAM branch", xid(172), action=Action.RESET_GPU, severity=C, drain=True,
+         rule="ecc.dbe_sram"),
     Case("63 with remap failure -> RMA", xid(63, msg=XID63_LINE), health=GpuHealth(remap_failure=True),
          action=Action.CONTACT_SUPPORT, severity=C, drain=True, rule="ecc.remap_failure"),
     Case("63 'reset gpu to activate' -> reset when convenient", xid(63, msg=XID63_LINE),
@@ -211,10 +234,13 @@ CASES = [
          drain=True, rule="gsp.reset", cause=CauseClass.DRIVER),
     Case("119 burst is one incident", xid(119, 0.1), prior=(xid(119, 0),), action=Action.RESET_GPU,
          severity=C, drain=True, rule="gsp.reset"),
-    Case("120 back after a reset -> power cycle", xid(120, 120), prior=(xid(119, 0),),
-         action=Action.RESTART_BM, severity=C, drain=True, rule="gsp.recurring"),
+    Case("120 back after a reset -> power cycle", xid(120, 120), prior=(xid(119, 0),), resets=(60,),
+         action=Action.RESTART_BM, severity=C, drain=True, rule="gsp.recurring", codes=(120, 119)),
     Case("119 third incident -> support", xid(119, 300), prior=(xid(119, 0), xid(120, 120)),
-         action=Action.CONTACT_SUPPORT, severity=C, drain=True, rule="gsp.persistent"),
+         resets=(60, 200), action=Action.CONTACT_SUPPORT, severity=C, drain=True, rule="gsp.persistent"),
+    # Review D11: a GSP timeout every 11 min while the GPU waits for its reset is one incident.
+    Case("119 repeating without a reset stays RESET_GPU", xid(119, 33), prior=(xid(119, 0), xid(119, 11),
+         xid(119, 22)), action=Action.RESET_GPU, severity=C, drain=True, rule="gsp.reset", codes=(119,)),
     # --- Xid 154 recovery action text
     Case("154 node reboot", xid(154, msg=recovery("0x2", "Node Reboot Required")), action=Action.RESTART_BM,
          severity=C, drain=True, rule="xid154.recovery_action"),
@@ -257,7 +283,7 @@ CASES = [
     Case("32 catalog row", xid(32), action=Action.RESTART_APP, severity=W, rule="catalog",
          cause=CauseClass.BUS),
     Case("62 catalog row", xid(62), action=Action.RESET_GPU, severity=C, drain=True, rule="catalog"),
-    Case("155 intentional link down", xid(155), action=Action.RESET_GPU, severity=W, rule="catalog"),
+    Case("155 link taken down", xid(155), action=Action.RESET_GPU, severity=C, drain=True, rule="catalog"),
     Case("unknown XID", xid(4242), action=Action.CONTACT_SUPPORT, severity=W, rule="unknown",
          cause=CauseClass.UNKNOWN, known=False, reason_has=("not in the pinned catalog",)),
     # --- SXids
@@ -293,7 +319,10 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_classify(case: Case):
-    result = classify(case.event, history_of(*case.prior), case.health)
+    history = history_of(*case.prior)
+    for minute in case.resets:
+        history.record_reset(T0 + int(minute * MIN))
+    result = classify(case.event, history, case.health)
     assert (result.action, result.severity, result.drain_node) == (case.action, case.severity, case.drain), (
         result.reason
     )
@@ -318,20 +347,20 @@ def test_recording_before_or_after_gives_the_same_answer(case: Case):
 
 def test_reason_explains_the_escalation():
     h = GpuXidHistory()
-    for i, pid in enumerate((11, 22)):
-        observe(xid(13, i * 10, pid=pid, name="python"), h)
-    result = observe(xid(13, 30, pid=33, name="python"), h)
-    assert result.reason.startswith("XID 13 seen on this GPU from 3 different processes within 1h")
-    assert "pid 11 (python)" in result.reason and "pid 33 (python)" in result.reason
+    for i, wl in enumerate(("a/train", "b/eval")):
+        observe(xid(13, i * 10, pid=i, name="python", wl=wl), h)
+    result = observe(xid(13, 30, pid=33, name="python", wl="c/infer"), h)
+    assert result.reason.startswith("XID 13 seen on this GPU from 3 different workloads within 1h")
+    assert "a/train" in result.reason and "c/infer" in result.reason
     assert "WORKFLOW_XID_13" in result.reason
     assert len(h) == 3
 
 
 def test_config_thresholds_are_used():
-    cfg = ClassifyConfig(app_fault_distinct_processes=2, app_fault_window_ms=5 * MIN)
-    h = history_of(xid(13, 0, pid=1))
-    assert classify(xid(13, 4, pid=2), h, config=cfg).action is Action.RUN_DCGMEUD
-    assert classify(xid(13, 6, pid=2), h, config=cfg).action is Action.RESTART_APP
+    cfg = ClassifyConfig(app_fault_distinct_workloads=2, app_fault_window_ms=5 * MIN)
+    h = history_of(xid(13, 0, wl="a/x"))
+    assert classify(xid(13, 4, wl="b/x"), h, config=cfg).action is Action.RUN_DCGMEUD
+    assert classify(xid(13, 6, wl="b/x"), h, config=cfg).action is Action.RESTART_APP
 
 
 def test_classify_does_not_mutate_history():

@@ -1,0 +1,73 @@
+"""``gpupipe alerts --ack ALERT_ID``: an operator's acknowledgement that a fault was dealt with.
+
+Faults that need a reset, reboot or RMA stay firing until evidence of recovery (see
+:mod:`consumers.alerts.dedupe`); when the samples cannot show it (no NVML on the node, a GPU replaced),
+a person says so. The ack is a ``GpuAlert`` record with status ``action`` and remediation kind ``ack`` on
+``gpu.alerts.v1``, keyed by the alert's id: the running service (which reads acks from that topic) resolves
+the alert with reason ``acknowledged``; a service that is down, or its standby, finds it when it restores.
+The topic is the one durable channel every instance already reads, so no extra API or port is needed.
+"""
+
+from __future__ import annotations
+
+import getpass
+import time
+from typing import Any
+
+from consumers.alerts.alert_record import action_record
+from consumers.alerts.service import KafkaAlertSink, restore_from_topic
+from gpupipe.errors import ConfigError
+from schemas.codec import AvroCodec
+
+__all__ = ["ack_record", "find_latest", "publish_ack"]
+
+
+def find_latest(records: list[dict[str, Any]], alert_id: str) -> dict[str, Any] | None:
+    """The latest firing/resolved revision of ``alert_id`` among ``records`` (oldest first)."""
+    latest = None
+    for rec in records:
+        if rec.get("alert_id") != alert_id or rec.get("status") not in ("firing", "resolved"):
+            continue
+        if latest is None or rec["sequence"] >= latest["sequence"]:
+            latest = rec
+    return latest
+
+
+def ack_record(latest: dict[str, Any], note: str, who: str, now_ms: int) -> dict[str, Any]:
+    """The ack record for an alert whose latest revision is ``latest``."""
+    rec = action_record(
+        latest,
+        outcome="acknowledged",
+        node=latest["hostname"],
+        dry_run=False,
+        detail=note[:500],
+        at_ms=now_ms,
+        kind="ack",
+    )
+    rec["instance"] = f"ack/{who}"
+    return rec
+
+
+def publish_ack(
+    bootstrap: str,
+    topic: str,
+    codec: AvroCodec,
+    alert_id: str,
+    note: str,
+    lookback_ms: int,
+    extra: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Find the alert on ``topic`` and publish its ack; :class:`ConfigError` when there is nothing to ack."""
+    latest = find_latest(restore_from_topic(bootstrap, topic, codec, lookback_ms, extra), alert_id)
+    if latest is None:
+        raise ConfigError(
+            f"no alert {alert_id} on {topic} in the last {lookback_ms // 3_600_000}h "
+            "(see --restore-lookback; the id is the alert_id field / annotation)"
+        )
+    if latest["status"] != "firing":
+        raise ConfigError(f"alert {alert_id} is already resolved ({latest.get('resolve_reason')})")
+    rec = ack_record(latest, note, getpass.getuser(), int(time.time() * 1000))
+    sink = KafkaAlertSink(bootstrap, topic, codec, extra)
+    sink.send(rec)
+    sink.flush(30.0)
+    return rec

@@ -1,0 +1,149 @@
+"""What the alert engine decides by (pure): decision ranks, which alerts stay until evidence, which XIDs
+feed node bursts or follow another fault, the workload of an event.
+
+Split out of :mod:`consumers.alerts.dedupe` so the engine module keeps to its state machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from consumers.alerts.alert_record import Alert
+from consumers.alerts.catalog import Action, CauseClass, Severity
+from consumers.alerts.classify_model import Classification, GpuXidHistory, workload_key
+from consumers.alerts.health_signals import LEVEL_SIGNALS
+
+__all__ = [
+    "FOLLOWER_CODES",
+    "JOB_KILL_CODES",
+    "STICKY_ACTIONS",
+    "counts_toward_burst",
+    "merge_codes",
+    "rank",
+    "sticky",
+    "unless_elsewhere",
+    "with_note",
+    "workload",
+    "worse",
+]
+
+_SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
+# Higher = more disruptive or more human work; decides which action a merged alert shows.
+_ACTION_RANK = {
+    "UNKNOWN": -1,
+    "IGNORE": 0,
+    "WORKFLOW_XID_45": 0,
+    "RESTART_APP": 1,
+    "CHECK_UVM": 1,
+    "UPDATE_SWFW": 1,
+    "RESTART_FM": 2,
+    "DRAIN_P2P": 2,
+    "XID_154": 2,
+    "WORKFLOW_NVLINK5_ERR": 2,
+    "RESTART_VM": 3,
+    "RESET_GPU": 3,
+    "WORKFLOW_XID_48": 4,
+    "WORKFLOW_NVLINK_ERR": 4,
+    "DRAIN_AND_RESET": 4,
+    "RESTART_BM": 5,
+    "CHECK_MECHANICALS": 5,
+    "RUN_DCGMEUD": 5,
+    "RUN_FIELDDIAG": 5,
+    "CONTACT_SUPPORT": 6,
+}
+
+
+def rank(severity: str, drain: bool, action: str) -> tuple[int, int, int]:
+    return (_SEVERITY_RANK.get(severity, 1), int(drain), _ACTION_RANK.get(action, 0))
+
+
+def worse(a: tuple[str, bool, str], b: tuple[str, bool, str]) -> bool:
+    """True when decision ``a`` (severity, drain, action) is worse than ``b``."""
+    return rank(*a) > rank(*b)
+
+
+# Xid 43 (job stopped, GPU healthy) and 45 (channels torn down: a job killed or preempted) are what every
+# multi-GPU job kill logs on each of its GPUs; they never make or feed a node burst.
+JOB_KILL_CODES = frozenset({43, 45})
+
+
+# Actions that need a reset, reboot or a person with a replacement GPU: silence is no evidence of recovery.
+STICKY_ACTIONS = frozenset({"RESET_GPU", "RESTART_BM", "RESTART_VM", "DRAIN_AND_RESET"})
+
+
+def sticky(a: Alert) -> bool:
+    """A GPU/NVSwitch fault that stays firing until evidence of recovery (see module doc)."""
+    if a.scope == "node" or a.key[3] in LEVEL_SIGNALS:
+        return False
+    return a.drain_node or a.action in STICKY_ACTIONS
+
+
+def counts_toward_burst(a: Alert) -> bool:
+    """A GPU alert counts toward a node burst when it is more than info and not a job-kill code."""
+    return a.severity != "info" and bool(a.codes) and a.codes[0] not in JOB_KILL_CODES
+
+
+def workload(allocations: Any) -> str | None:
+    """The workload of an event's first allocation (see :func:`classify_model.workload_key`)."""
+    for a in allocations or ():
+        try:
+            return workload_key(a.get("namespace"), a.get("pod"))
+        except AttributeError:
+            return None
+    return None
+
+
+# Xid 45 and 154 follow another fault on the same GPU: they fold into its alert (see _follows).
+FOLLOWER_CODES = frozenset({45, 154})
+
+
+def with_note(text: str, note: str) -> str:
+    return text if note in text else f"{text} {note}".strip()
+
+
+def merge_codes(have: tuple[int, ...], new: Iterable[int]) -> tuple[int, ...]:
+    out = list(have)
+    for c in new:
+        if c not in out:
+            out.append(c)
+    return tuple(out)
+
+
+def unless_elsewhere(
+    c: Classification,
+    history: GpuXidHistory,
+    histories: Mapping[tuple[str, str], GpuXidHistory],
+    gpu: tuple[str, str],
+    ts: int,
+    window_ms: int,
+) -> Classification:
+    """WORKFLOW_XID_31 "MMU faults ... to diff GPU: CHECK_APP/CUDA": when the workloads that hit this GPU
+    also hit another GPU of the node, they are the common factor, not this GPU (review D4). Called only on
+    an escalation, so the scan over the node's GPUs is rare."""
+    host, device = gpu
+    mine = {r.workload for r in history.records() if r.code in (13, 31) and r.workload}
+    for (h, d), other in histories.items():
+        if h != host or d == device:
+            continue
+        shared = {
+            r.workload
+            for r in other.records()
+            if r.code in (13, 31) and r.workload in mine and abs(ts - r.ts_ms) <= window_ms
+        }
+        if shared:
+            return replace(
+                c,
+                action=Action.RESTART_APP,
+                severity=Severity.WARNING,
+                drain_node=False,
+                cause_class=CauseClass.APPLICATION,
+                rule="app_fault.workloads_fault_elsewhere",
+                reason=f"{c.reason} But {', '.join(sorted(shared)[:3])} also faulted on GPU {d} of {host}: "
+                "the workloads, not this GPU, are the common factor. [CAT] WORKFLOW_XID_31 'to diff GPU: "
+                "CHECK_APP/CUDA'.",
+                runbook="Hand it to the owners of those workloads (CUDA error checking, compute-sanitizer); "
+                "the GPU needs nothing.",
+            )
+    return c

@@ -1,0 +1,125 @@
+"""Leader election for the alerts HA pair: leadership is ownership of a one-partition topic.
+
+Design (issue 9 item 6, review D12; one design for both). Two (or more) ``gpupipe alerts --ha``
+instances join the consumer group ``<group-id>-leader`` on the one-partition topic
+``gpu.alerts.leader.v1``. Kafka's group coordinator gives that partition to exactly one member: the
+*leader*. Only the leader restores the open alerts and the cordon ledger from ``gpu.alerts.v1``, joins
+the input group (``--group-id``, so it resumes at the offsets the previous leader committed), publishes
+revisions, talks to Alertmanager and cordons. The others are standbys: they hold no alert state and
+publish nothing.
+
+Why this and not keying XIDs by node: the node rollup, the per-node cordon decision and the cluster-wide
+rate limit all want one owner of everything, and a single active instance keeps the engine exactly as
+tested; a split by node would need every input (samples too) re-keyed and still a shared limit.
+
+Takeover: when the leader dies (kill -9, node loss) the coordinator expels it after
+``session.timeout.ms`` (``--ha-session-timeout``, default 10 s), gives the partition to a standby, which
+restores (seconds) and starts consuming; the input group's own session timeout is set to the same value
+so its partitions move as fast. Nothing is lost: the input is replayed from the last committed offsets
+(at least once; replayed event ids that made alerts are remembered by the restore), and a restored alert
+keeps its id, sequence and Alertmanager label set, so Alertmanager sees the same alert again, not a new
+one. The sticky cooperative assignor keeps the partition with its owner when a standby (re)joins.
+
+Fencing: a leader that loses the partition (revoked, or its session lost) stops at once: the service
+exits (the pod restarts as a standby), so two instances never publish contradictory revisions. The gap
+is bounded by the session timeout: a leader cut off from Kafka cannot publish either.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException
+
+from gpupipe import topics
+from gpupipe.kafka_admin import client_config, ensure_topics
+from gpupipe.logs import fields
+
+__all__ = ["LEASE_TOPIC", "LeaderElector"]
+
+log = logging.getLogger("gpupipe.alerts.leader")
+
+LEASE_TOPIC = "gpu.alerts.leader.v1"
+_LEASE_SPEC = topics.TopicSpec(partitions=1, retention_ms=3_600_000)
+
+
+class LeaderElector:
+    """Joins the leader group and tells when this instance leads (``acquired``) and when it lost it."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        *,
+        prefix: str,
+        group_id: str,
+        instance: str,
+        session_timeout_ms: int = 10_000,
+        extra: Mapping[str, str] | None = None,
+        create_topic: bool = True,
+    ) -> None:
+        self.topic = topics.with_prefix(prefix, LEASE_TOPIC)
+        if create_topic:
+            ensure_topics(
+                bootstrap, [LEASE_TOPIC], prefix=prefix, specs={LEASE_TOPIC: _LEASE_SPEC}, extra=extra
+            )
+        self.instance = instance
+        self.acquired = threading.Event()
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._consumer = Consumer(
+            client_config(
+                bootstrap,
+                extra,
+                **{
+                    "group.id": f"{group_id}-leader",
+                    "client.id": f"gpupipe-alerts-{instance}",
+                    "session.timeout.ms": session_timeout_ms,
+                    "heartbeat.interval.ms": max(500, session_timeout_ms // 5),
+                    "partition.assignment.strategy": "cooperative-sticky",
+                    "enable.auto.commit": False,
+                    "auto.offset.reset": "latest",
+                },
+            )
+        )
+        self._thread: threading.Thread | None = None
+
+    @property
+    def is_leader(self) -> bool:
+        return self.acquired.is_set() and not self.lost.is_set()
+
+    def _assign(self, consumer: Any, parts: list[Any]) -> None:
+        if parts and not self.acquired.is_set():
+            log.warning("leadership acquired", extra=fields(instance=self.instance, topic=self.topic))
+            self.acquired.set()
+
+    def _revoke(self, consumer: Any, parts: list[Any]) -> None:
+        if parts and self.acquired.is_set() and not self.lost.is_set():
+            log.warning("leadership lost: stopping", extra=fields(instance=self.instance))
+            self.lost.set()
+
+    def start(self) -> LeaderElector:
+        self._consumer.subscribe(
+            [self.topic], on_assign=self._assign, on_revoke=self._revoke, on_lost=self._revoke
+        )
+        self._thread = threading.Thread(target=self._run, name="alerts-leader", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._consumer.poll(0.2)  # serves the rebalance callbacks; nobody writes the topic
+            except KafkaException as exc:
+                log.warning("leader group poll failed", extra=fields(error=str(exc)))
+        try:
+            self._consumer.close()  # leaves the group: a standby takes over without waiting
+        except Exception:
+            log.warning("leader consumer close failed", exc_info=True)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)

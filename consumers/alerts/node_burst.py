@@ -1,0 +1,122 @@
+"""Node-level rollup of the alert engine: several GPUs of one node failing at once (``GpuNodeXidStorm``).
+
+A mixin of :class:`consumers.alerts.dedupe.AlertEngine` (it shares the engine's state); see that module's
+doc, "Node burst".
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from consumers.alerts.alert_policy import counts_toward_burst, merge_codes, rank
+from consumers.alerts.alert_record import Alert
+from consumers.alerts.catalog import CATALOG_VERSION
+
+if TYPE_CHECKING:
+    from consumers.alerts.dedupe import EngineConfig, Key
+
+__all__ = ["NodeBurstMixin"]
+
+
+class NodeBurstMixin:
+    """The engine's node-burst methods (state lives in the engine)."""
+
+    cfg: EngineConfig
+    _bursts: dict[str, dict[str, dict[str, int]]]
+    _open: dict[Key, Alert]
+    _ids: dict[str, Alert]
+    _node_worst: dict[str, tuple[int, int, int]]
+
+    def _touch(self, key: Key, ts: int, now_ms: int, count: int, *, anchor: str) -> Alert: ...
+
+    def _dirty(self, a: Alert) -> None: ...
+
+    def _node_burst(self, gpu_alert: Alert, ts: int, now_ms: int) -> None:
+        """Count a GPU occurrence toward its node's burst (see module doc).
+
+        Only faults that carry a health signal count (:func:`_counts_toward_burst`): killing an 8-GPU job
+        logs Xid 45 on every GPU, which says nothing about the node. Per node, the newest occurrence time
+        of each GPU's alerts is kept (bounded by GPUs x codes), so the cost of an event does not grow with
+        the node's history (a flood on one node costs what a flood spread over many does).
+        """
+        if not counts_toward_burst(gpu_alert):
+            return
+        cfg = self.cfg
+        host = gpu_alert.hostname
+        recent = self._bursts.get(host)
+        if recent is None:
+            recent = self._bursts[host] = {}
+        per_device = recent.setdefault(gpu_alert.device, {})
+        if ts > per_device.get(gpu_alert.alert_id, -1):
+            per_device[gpu_alert.alert_id] = ts
+        key: Key = ("node", host, "", "node_burst")
+        node = self._open.get(key)
+        if node is not None and ts <= node.last_seen_ms + cfg.dedupe_window_ms:
+            self._touch(key, ts, now_ms, 1, anchor="")
+            members = [(ts, gpu_alert.device, gpu_alert.alert_id)]
+        else:
+            # Events arrive out of event-time order (two topics, late records): compare each event with
+            # the window on both sides of its own time, so a late record is never grouped with faults an
+            # hour after it.
+            w = cfg.node_burst_window_ms
+            in_window = [
+                (t, device, aid)
+                for device, alerts in recent.items()
+                for aid, t in alerts.items()
+                if abs(t - ts) <= w
+            ]
+            devices = {m[1] for m in in_window}
+            if len(devices) < cfg.node_burst_gpus:
+                return
+            first = min(m[0] for m in in_window)
+            node = self._touch(key, first, now_ms, len(in_window), anchor=str(first))
+            if ts > node.last_seen_ms:
+                node.last_seen_ms = ts
+            members = in_window
+        if node.alertname == "":
+            node.alertname = "GpuNodeXidStorm"
+            node.name = "NODE_XID_BURST"
+            node.rule = "node_burst"
+            node.catalog_version = CATALOG_VERSION
+        changed = False
+        for _, device, member_id in members:
+            member = self._member(member_id)
+            if member is None:
+                continue
+            changed |= node.add_gpu(member.gpu_uuid or device)
+            if member.parent_alert_id != node.alert_id:
+                member.parent_alert_id = node.alert_id
+                self._dirty(member)
+            codes = merge_codes(node.codes, member.codes[:1]) if node.codes else member.codes[:1]
+            if codes != node.codes:
+                node.codes = tuple(sorted(codes))
+                changed = True
+            member_rank = rank(member.severity, member.drain_node, member.action)
+            if member_rank > self._node_worst.get(node.alert_id, (-1, -1, -1)):
+                self._node_worst[node.alert_id] = member_rank
+                node.severity = member.severity
+                node.drain_node = node.drain_node or member.drain_node
+                node.action = member.action
+                node.cause_class = member.cause_class
+                node.known = member.known
+                node.runbook = (
+                    "Several GPUs of this node reported errors at once: look at what they share (one "
+                    "multi-GPU job for application XIDs; the PCIe switch, power, cooling or driver for "
+                    "hardware ones). "
+                    "Per-GPU detail: the alerts naming this one as parent_alert_id. Worst GPU: "
+                    + member.runbook
+                )
+                node.urgent = True
+                changed = True
+            node.drain_node = node.drain_node or member.drain_node
+        node.description = (
+            f"{len(node.gpus)} GPUs of {host} reported XIDs ({', '.join(map(str, node.codes))}) within "
+            f"{cfg.node_burst_window_ms // 1000}s of each other (threshold {cfg.node_burst_gpus} GPUs); "
+            f"worst: {node.severity} {node.action}."
+        )
+        if changed:
+            self._dirty(node)
+
+    def _member(self, member_id: str) -> Alert | None:
+        a = self._ids.get(member_id)
+        return a if a is not None and a.status == "firing" else None

@@ -1,0 +1,156 @@
+"""`gpupipe alerts --ha` as a pair (issue 9 item 6, review D12): kill -9 the leader, the standby takes over.
+
+Real Kafka, real Alertmanager, the CLI in subprocesses, the Kubernetes API faked. Checks: takeover within
+30 s with the open-alert state (same alert id, sequence continues, no contradictory revision), nothing
+lost (an XID produced while no leader ran is alerted), nothing sent twice to Alertmanager (one entry per
+alert, the same label set), a cordon in flight when the leader died is done by the standby (review D3),
+and the cordon rate limit held across the failover (review D5).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpupipe import topics
+from tests.integration.test_alerts_service import (
+    Alertmanager,
+    AlertsProcess,
+    TopicReader,
+    _topics,
+    alertmanager,
+    produce,
+    wait_until,
+    xid_event,
+)
+from tests.k8s_api_fake import FakeKubeApi
+
+__all__ = ["alertmanager"]  # the fixture, imported for pytest
+
+pytestmark = pytest.mark.integration
+
+
+def role(p: AlertsProcess) -> str:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{p.port}/healthz", timeout=1) as r:
+            return str(json.loads(r.read())["role"])
+    except OSError:
+        return "down"
+
+
+def test_standby_takes_over_with_state_and_limits(
+    kafka: str, topic_prefix: str, alertmanager: Alertmanager, tmp_path: Path
+) -> None:
+    t = _topics(kafka, topic_prefix)
+    token = tmp_path / "token"
+    token.write_text("tok")
+    reader = TopicReader(kafka, t[topics.ALERTS])
+    with FakeKubeApi([f"node-{x}" for x in "abcdefgh"], token="tok") as kube:
+        flags = [
+            "--ha",
+            "--ha-session-timeout",
+            "6s",
+            "--alertmanager-url",
+            alertmanager.url,
+            "--resend-interval",
+            "2s",
+            "--update-interval",
+            "1s",
+            "--cordon",
+            "--cordon-max-per-hour",
+            "2",
+            "--kube-api-url",
+            kube.url,
+            "--kube-token-file",
+            str(token),
+            "--no-health-signals",
+        ]
+        group = f"alerts-ha-{topic_prefix}"
+        a = AlertsProcess(kafka, topic_prefix, tmp_path, *flags, "--instance-id", "a", group=group).start()
+        b = None
+        try:
+            wait_until(lambda: role(a) == "leader", 30, "instance a to lead")
+            b = AlertsProcess(
+                kafka, topic_prefix, tmp_path, *flags, "--instance-id", "b", group=group
+            ).start()
+            assert role(b) == "standby"
+            now = int(time.time() * 1000)
+            produce(kafka, t[topics.XID], "XidEvent", [xid_event("node-a", "0000:18:00", 79, now)])
+
+            def first79() -> dict[str, Any] | None:
+                return next((r for r in reader.latest().values() if r["hostname"] == "node-a"), None)
+
+            x79 = wait_until(first79, 20, "the Xid 79 alert from the leader")
+            assert x79["instance"] == "a" and x79["status"] == "firing"
+            wait_until(lambda: len(kube.patches("node-a")) == 1, 15, "node-a cordoned by the leader")
+            wait_until(lambda: alertmanager.alerts(), 15, "the alert in Alertmanager")
+            # review D3 (i01): a's next cordon is in flight (the API answers slowly) when a is killed
+            kube.set_delay(8.0)
+            produce(kafka, t[topics.XID], "XidEvent", [xid_event("node-d", "0000:18:00", 79, now + 1)])
+            wait_until(
+                lambda: any(r["hostname"] == "node-d" for r in reader.latest().values()), 20, "node-d alert"
+            )
+            time.sleep(1.5)  # let a's offsets commit (auto-commit) like a leader that ran a while
+
+            assert a.proc is not None
+            a.proc.kill()  # kill -9: no goodbye, the group coordinator must notice
+            killed = time.monotonic()
+            kube.set_delay(0.0)
+            assert len(kube.patches()) == 1  # node-d's cordon died with a
+            later = int(time.time() * 1000)
+            produce(  # while nobody leads: must not be lost
+                kafka,
+                t[topics.XID],
+                "XidEvent",
+                [
+                    xid_event("node-b", "0000:28:00", 13, later, pid=4),
+                    xid_event("node-c", "0000:38:00", 95, later, message="Uncontained: FBHUB. RST: Yes"),
+                ],
+            )
+            wait_until(lambda: role(b) == "leader", 30, "instance b to take over")
+
+            def from_b() -> list[dict[str, Any]] | None:
+                got = [r for r in reader.latest().values() if r["hostname"] in ("node-b", "node-c")]
+                return got if len(got) == 2 and all(r["instance"] == "b" for r in got) else None
+
+            wait_until(from_b, 30, "the standby to alert on what arrived during the failover")
+            takeover_s = time.monotonic() - killed
+            assert takeover_s < 30, takeover_s
+            # the cordon lost with a is reconciled by b, and the limit (2 per hour: a's node-a, b's node-d)
+            # holds: node-c's drain is refused, not cordoned
+            wait_until(lambda: len(kube.patches("node-d")) == 1, 20, "b to cordon node-d")
+            annotations = kube.node("node-d")["metadata"]["annotations"]
+            assert annotations["gpupipe.io/cordoned-by"] == "gpupipe-alerts/b"
+            acts = wait_until(
+                lambda: [r for r in reader.poll() if r["status"] == "action" and r["hostname"] == "node-c"],
+                15,
+                "node-c's cordon decision",
+            )
+            rem = acts[0]["remediation"]
+            assert rem["outcome"] == "rate_limited" and "--cordon-max-per-hour" in rem["detail"], rem
+            assert acts[0]["instance"] == "b"
+            assert "unschedulable" not in kube.node("node-c")["spec"] and len(kube.patches()) == 2
+
+            # the open alert continued: same id, no contradictory revision, one Alertmanager entry
+            revs = [r for r in reader.poll() if r["alert_id"] == x79["alert_id"] and r["status"] != "action"]
+            assert all(r["status"] == "firing" for r in revs)
+            seqs = [r["sequence"] for r in revs]
+            assert len(seqs) == len(set(seqs)), seqs  # no sequence published twice by two instances
+            am = wait_until(
+                lambda: (lambda got: got if len(got) == 4 else None)(alertmanager.alerts()),
+                15,
+                "four alerts in Alertmanager",
+            )
+            ids = [x["annotations"]["alert_id"] for x in am]
+            assert sorted(ids) == sorted(set(ids)) and x79["alert_id"] in ids
+            print(f"HA takeover: {takeover_s:.1f}s from kill -9 to the standby's first alerts")
+        finally:
+            if b is not None:
+                assert b.stop() == 0, b.log_text()[-3000:]
+            a.stop()
+    reader.close()
