@@ -27,11 +27,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from producer.simulated.models import (
+    COST_CENTERS,
     MIG_LAYOUT,
     MIG_LAYOUT_H200,
     MODEL_WEIGHTS,
     MODELS,
+    NAMESPACE_TEAMS,
     NAMESPACES,
+    NOTEBOOK_TEAMS,
     GpuModel,
 )
 from producer.simulated.xid_text import MESSAGES, WITH_PROCESS, XID_WEIGHTS
@@ -42,6 +45,7 @@ DEFAULT_XID_RATE_PER_GPU_HOUR = 0.002
 
 _IDLE, _TRAIN, _INFER, _NOTEBOOK, _BATCH = range(5)
 _KIND_NAMES = {_TRAIN: "train", _INFER: "serve", _NOTEBOOK: "notebook", _BATCH: "batch"}
+PRIORITY_CLASSES = {_TRAIN: "training", _INFER: "production"}
 _XID_CODES = tuple(XID_WEIGHTS)
 _XID_CUM = []
 _acc = 0
@@ -103,6 +107,40 @@ def _null_template() -> dict[str, Any]:
     for f in catalog.current("GpuSample").raw["fields"]:
         out[f["name"]] = f.get("default")
     return out
+
+
+def pod_metadata(namespace: str, pod: str, kind: int) -> dict[str, Any]:
+    """Owner, labels and priority class of a simulated pod, derived from its name (no RNG draw, so
+    adding them changed no other simulated value).
+
+    Top controllers as real clusters have them: training runs as a Kubeflow PyTorchJob, serving as
+    a Deployment (pod -> ReplicaSet -> Deployment), notebooks as Kubeflow Notebooks (pod ->
+    StatefulSet -> Notebook), batch as Jobs, every other one started by a CronJob. Labels ``team``,
+    ``project`` and ``cost-center``: the team follows the namespace, except in the shared
+    ``notebooks`` namespace, where it comes from the notebook (so billing by the team label differs
+    from billing by namespace, as it does in real clusters).
+    """
+    app = pod.rsplit("-", 1)[0]
+    tag = int(app.rsplit("-", 1)[-1], 16)
+    if kind == _TRAIN:
+        owner = ("PyTorchJob", app)
+    elif kind == _INFER:
+        owner = ("Deployment", app)
+    elif kind == _NOTEBOOK:
+        owner = ("Notebook", app)
+    else:
+        owner = ("CronJob", app) if tag % 2 == 0 else ("Job", app)
+    team = (
+        NOTEBOOK_TEAMS[tag % len(NOTEBOOK_TEAMS)] if namespace == "notebooks" else NAMESPACE_TEAMS[namespace]
+    )
+    return {
+        "owner_kind": owner[0],
+        "owner_name": owner[1],
+        "labels": {"team": team, "project": _KIND_NAMES[kind], "cost-center": COST_CENTERS[team]},
+        "priority_class": PRIORITY_CLASSES.get(kind),
+        "metadata_status": "ok",
+        "hpc_job": None,
+    }
 
 
 class SimulatedFleet:
@@ -221,6 +259,7 @@ class SimulatedFleet:
                     "container": "main",
                     "resource_name": p.resource,
                     "replica": p.replica,
+                    **pod_metadata(p.namespace, p.name, p.kind),
                 }
                 for p in slot.pods
             ]
