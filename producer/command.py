@@ -21,6 +21,7 @@ from gpupipe.errors import BrokerUnavailableError, ConfigError, GpupipeError
 from gpupipe.health_server import ServiceHttp
 from gpupipe.kafka_admin import ensure_topics, parse_kafka_overrides, parse_topic_overrides, wait_for_broker
 from gpupipe.logs import fields
+from producer.podmeta.extras import add_arguments as podmeta_arguments
 from producer.publish import Publisher, producer_config
 from producer.self_metrics import ProducerMetrics
 from producer.simulated.fleet import DEFAULT_XID_RATE_PER_GPU_HOUR, FleetConfig, SimulatedFleet
@@ -164,6 +165,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="/var/log/pods",
         help="kubelet pod log directory (pod UID -> namespace/name)",
     )
+    podmeta_arguments(p.add_argument_group("pod metadata and HPC jobs (nvml source)"))
 
 
 class _Stop:
