@@ -165,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
     detector = IdleDetector(
         cfg,
         gpu_price=lambda model: prices.gpu_price(model).per_gpu_hour,
-        team_of=lambda ns, labels: teams.match(ns),
+        team_of=lambda ns, labels: teams.match(ns, labels),
     )
     service = RecommendService(
         detector, KafkaRecommendationSink(args.bootstrap_servers, t_out, codec, extra), registry, alertmanager

@@ -71,7 +71,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         on_bad=lambda line: print(f"gpupipe report: {line}", file=err),
     )
     rows = build_idle_report(
-        records, by=args.by, since_ms=cutoff, team_of=lambda ns, labels: teams.match(ns), top=args.top or None
+        records,
+        by=args.by,
+        since_ms=cutoff,
+        team_of=lambda ns, labels: teams.match(ns, labels),
+        top=args.top or None,
     )
     out.write(render_idle(rows, args.format, focus=FocusOptions(provider_name=args.focus_provider)))
     out.flush()
