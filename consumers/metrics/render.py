@@ -24,7 +24,9 @@ Labels, in dcgm-exporter's order (``internal/pkg/rendermetrics`` template): ``gp
 #655; omitted when the host name is empty or the option is None), then the "Labels" map in sorted
 key order (label rows such as ``DCGM_FI_DRIVER_VERSION``; ``xid`` on the XID counter), then the
 "Attributes" in sorted key order: ``container``, ``namespace``, ``pod`` -- only when a pod holds
-the GPU (an unallocated GPU has no pod labels at all, as current dcgm-exporter). For a MIG slice
+the GPU (an unallocated GPU has no pod labels at all, as current dcgm-exporter); an HPC job holding
+it (``--hpc-job-mapping-dir`` on the producer) gives ``hpc_job`` instead, as dcgm-exporter's HPC
+mapping does, one series per job. For a MIG slice
 ``UUID`` is the parent GPU's UUID (as dcgm-exporter) and ``gpu``/``device`` the parent's index.
 
 Values: DCGM int64 fields as integers (``%d``), DCGM doubles as ``%f`` (``612.500000``), the way
@@ -201,17 +203,28 @@ class GpuView:
         self.pod_index = idx
 
 
+# Container slot of an HPC job holder (issue 14): never a Kubernetes container name (NUL).
+_HPC_JOB = "\x00hpc_job"
+
+
 def _pods(allocations: Sequence[Mapping[str, Any]] | None) -> tuple[tuple[str, str, str], ...]:
-    """Distinct (namespace, pod, container), first-seen order (replicas of one container count once)."""
+    """Distinct (namespace, pod, container), first-seen order (replicas of one container count once).
+    An HPC job (``hpc_job`` set, from --hpc-job-mapping-dir) is (namespace, job id, _HPC_JOB)."""
     out: dict[tuple[str, str, str], None] = {}
     for a in allocations or ():
-        out.setdefault((a["namespace"], a["pod"], a["container"]), None)
+        job = a["hpc_job"] if "hpc_job" in a else None  # noqa: SIM401 (a TypeError for a non-dict, as before)
+        if job:
+            out.setdefault((a["namespace"], job, _HPC_JOB), None)
+        else:
+            out.setdefault((a["namespace"], a["pod"], a["container"]), None)
     return tuple(out)
 
 
 def _pod_labels(pod: tuple[str, str, str]) -> str:
     ns, name, ctr = pod
     e = escape_label_value
+    if ctr == _HPC_JOB:  # as dcgm-exporter's HPC mapping: an hpc_job label, no pod labels
+        return f'hpc_job="{e(name)}"'
     return f'container="{e(ctr)}",namespace="{e(ns)}",pod="{e(name)}"'
 
 
