@@ -94,6 +94,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="mean XIDs per GPU-hour of simulated time",
     )
     sim.add_argument("--hostname-prefix", default="sim-node")
+    sim.add_argument(
+        "--hpc-nodes",
+        type=int,
+        default=0,
+        help="extra Slurm-style nodes whose GPUs are held by HPC jobs (hpc_job allocations) (default 0)",
+    )
     nv = p.add_argument_group("nvml source")
     nv.add_argument(
         "--hostname", default=None, help="node name on the records (default: $NODE_NAME, else the host name)"
@@ -260,6 +266,7 @@ def run_simulated(
             seed=args.seed,
             xid_rate_per_gpu_hour=args.xid_rate,
             hostname_prefix=args.hostname_prefix,
+            hpc_nodes=args.hpc_nodes,
         )
     )
     start_ms = (

@@ -4,6 +4,7 @@ the simulated fleet's ground truth, and the same invariant as the namespace view
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 from collections import defaultdict
 from pathlib import Path
@@ -171,3 +172,32 @@ def _iso(ms: int) -> str:
     from consumers.report.formats import iso
 
     return iso(ms)
+
+
+def test_hpc_node_jobs_in_samples_xids_and_per_job_chargeback() -> None:
+    base = FleetConfig(nodes=2, gpus_per_node=4, interval_ms=INTERVAL, seed=5, xid_rate_per_gpu_hour=30.0)
+    plain = SimulatedFleet(base)
+    fleet = SimulatedFleet(dataclasses.replace(base, hpc_nodes=1))
+    eng = build_engine(ChargebackSettings(), load_price_table(REPO / "deploy" / "prices.example.yaml"), "t")
+    per_job: dict[str, float] = defaultdict(float)
+    job_xids = 0
+    for i in range(2 * 60):
+        ts = START + i * INTERVAL
+        samples, xids = fleet.tick(ts)
+        other, _ = plain.tick(ts)
+        assert samples[: len(other)] == other  # the HPC node changes nothing of the others
+        for s in samples[len(other) :]:
+            assert s["hostname"] == "sim-node-hpc-00" and s["mig"] is None
+            for a in s["allocations"]:
+                assert (a["namespace"], a["owner_kind"], a["hpc_job"]) == ("hpc", "HpcJob", a["pod"])
+                per_job[a["hpc_job"]] += INTERVAL / 1000
+        for x in xids:
+            if x["hostname"] == "sim-node-hpc-00" and x["allocations"]:
+                assert x["allocations"][0]["hpc_job"]
+                job_xids += 1
+        for n, s in enumerate(samples):
+            eng.add(s, 0, i * len(samples) + n)
+    assert len(per_job) >= 4 and job_xids >= 1
+    rows = build_workload_report(eng.flush_all(), by=("namespace", "owner"), period="all")
+    got = {r.group: r.gpu_hours_allocated * 3600 for r in rows if r.namespace == "hpc"}
+    assert got == pytest.approx({f"hpc/HpcJob/{j}": v for j, v in per_job.items()}, rel=1e-12)
