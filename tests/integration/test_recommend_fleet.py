@@ -20,17 +20,31 @@ from typing import Any
 
 import pytest
 
+from consumers.chargeback.engine import ChargebackSettings, build_engine
 from consumers.chargeback.prices import load_price_table
+from consumers.report.carbon import load_carbon_config
+from consumers.report.workload_report import build_workload_report
 from producer.simulated.fleet import FleetConfig, SimulatedFleet
 from tests.conftest import free_port
-from tests.integration.chargeback_util import past_hour_ms, stop_service
+from tests.integration.chargeback_util import Progress, past_hour_ms, start_service, stop_service
 from tests.integration.kafka_util import GPUPIPE, REPO, gpupipe
 
 pytestmark = pytest.mark.integration
 
-NODES, GPUS, INTERVAL_MS, SEED, HOURS = 4, 4, 60_000, 1, 6
+NODES, GPUS, INTERVAL_MS, SEED, HOURS, HPC_NODES = 4, 4, 60_000, 1, 6, 1
 IDLE_AFTER_MS, UPDATE_MS = 2 * 3_600_000, 900_000
 PRICES = REPO / "deploy" / "prices.example.yaml"
+
+
+def fleet_config() -> FleetConfig:
+    return FleetConfig(
+        nodes=NODES,
+        gpus_per_node=GPUS,
+        interval_ms=INTERVAL_MS,
+        seed=SEED,
+        xid_rate_per_gpu_hour=0,
+        hpc_nodes=HPC_NODES,
+    )
 
 
 def ground_truth(start_ms: int) -> tuple[dict[tuple[str, str], dict[str, Any]], set[str]]:
@@ -57,7 +71,7 @@ def ground_truth(start_ms: int) -> tuple[dict[tuple[str, str], dict[str, Any]], 
                     },
                 )
                 h["last"] = ts
-    return held, {p.split("-")[0] for _, p in held}
+    return held, {p.split("-")[0] for ns, p in held if ns != "hpc"}
 
 
 def expected(start_ms: int) -> dict[str, dict[str, Any]]:
@@ -103,18 +117,27 @@ def metric(text: str, name: str, **labels: str) -> float:
     return total
 
 
-def test_idle_notebooks_and_nothing_else(kafka: str, topic_prefix: str, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def fleet(kafka: str) -> dict[str, Any]:
+    """The simulated fleet (with one HPC node) produced once for this module's tests."""
+    prefix = f"recfleet-{free_port()}."
     start_ms = past_hour_ms(HOURS + 1)
     start_iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start_ms / 1000))
-    want = expected(start_ms)
-    assert len(want) == 4 and {w["status"] for w in want.values()} == {"firing", "resolved"}
-    common = ["--bootstrap-servers", kafka, "--topic-prefix", topic_prefix, "--log-format", "text"]
+    common = ["--bootstrap-servers", kafka, "--topic-prefix", prefix, "--log-format", "text"]
     p = gpupipe(
         "produce", "--source", "simulated", "--nodes", str(NODES), "--gpus-per-node", str(GPUS),
-        "--interval", "60s", "--duration", f"{HOURS}h", "--start-time", start_iso, "--speed", "max",
-        "--seed", str(SEED), "--xid-rate", "0", "--log-level", "warning", *common,
+        "--hpc-nodes", str(HPC_NODES), "--interval", "60s", "--duration", f"{HOURS}h", "--start-time",
+        start_iso, "--speed", "max", "--seed", str(SEED), "--xid-rate", "0", "--log-level", "warning",
+        *common,
     )  # fmt: skip
     assert p.returncode == 0, p.stderr
+    return {"prefix": prefix, "start_ms": start_ms, "common": common}
+
+
+def test_idle_notebooks_and_nothing_else(kafka: str, fleet: dict[str, Any], tmp_path: Path) -> None:
+    start_ms, common, topic_prefix = fleet["start_ms"], fleet["common"], fleet["prefix"]
+    want = expected(start_ms)
+    assert len(want) == 4 and {w["status"] for w in want.values()} == {"firing", "resolved"}
     port = free_port()
     log = open(tmp_path / "recommend.log", "w")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(
@@ -130,7 +153,7 @@ def test_idle_notebooks_and_nothing_else(kafka: str, topic_prefix: str, tmp_path
                 text = scrape(port)
             except OSError:
                 text = ""
-            if metric(text, "gpupipe_consumer_records_total") >= NODES * GPUS * HOURS * 60:
+            if metric(text, "gpupipe_consumer_records_total") >= (NODES + HPC_NODES) * GPUS * HOURS * 60:
                 break
             assert time.monotonic() < deadline, text[-2000:]
             time.sleep(0.2)
@@ -166,3 +189,80 @@ def test_idle_notebooks_and_nothing_else(kafka: str, topic_prefix: str, tmp_path
     )
     total = sum(w["cost"] for w in want.values())
     assert p.stdout.splitlines()[-1].endswith(f"{total:.2f} USD wasted")
+
+
+def test_chargeback_by_label_owner_job_and_carbon_add_up(
+    kafka: str, fleet: dict[str, Any], tmp_path: Path
+) -> None:
+    """The chargeback service over Kafka, then report chargeback by namespace, owner, label:team, a
+    label-based team map and carbon: the same totals per window, the values of the pure engine run
+    on the same simulated input, and the HPC node's jobs as owners."""
+    prefix, start_ms = fleet["prefix"], fleet["start_ms"]
+    group, out = f"cb-{free_port()}", f"{prefix}out.cb"
+    proc = start_service(
+        kafka, prefix, tmp_path / "cb.log", "--window", "1h", "--grace", "1m", "--group-id", group,
+        "--output-topic", out, "--prices", str(PRICES), "--instance-id", "cb-0",
+    )  # fmt: skip
+    prog = Progress(kafka, group, prefix + "gpu.samples.v1")
+    try:
+        prog.wait_done(90, [proc])
+    finally:
+        prog.close()
+        assert stop_service(proc) == 0, (tmp_path / "cb.log").read_text()[-3000:]
+    closed = HOURS - 1  # the last hour's window waits for samples that never come
+
+    def report(*args: str) -> list[dict[str, Any]]:
+        p = gpupipe(
+            "report", "chargeback", "--bootstrap-servers", kafka, "--topic", out, "--format", "json", *args
+        )
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)
+
+    def per_window(rows: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
+        t: dict[tuple[str, str], float] = {}
+        for r in rows:
+            for k in ("gpu_hours_allocated", "energy_kwh", "cost"):
+                t[(r["window_start"], k)] = t.get((r["window_start"], k), 0.0) + r[k]
+        return t
+
+    by_ns = report("--by", "namespace")
+    assert len({r["window_start"] for r in by_ns}) == closed
+    ref = pytest.approx(per_window(by_ns), abs=1e-4)  # rows are rounded to 6 decimals
+    by_owner = report("--by", "owner")
+    by_label = report("--by", "label:team")
+    teams = tmp_path / "teams.yaml"
+    teams.write_text(
+        "teams:\n  - label: team\n    value: research\n    team: lab\n  - namespace: '*'\n    team: other\n"
+    )
+    by_team = report("--by", "team", "--teams", str(teams))
+    for rows in (by_owner, by_label, by_team):
+        assert per_window(rows) == ref
+    # Exact values: the pure engine on the same simulated input, closed windows only.
+    eng = build_engine(ChargebackSettings(), load_price_table(PRICES), "x")
+    fleet_sim = SimulatedFleet(fleet_config())
+    offset = 0
+    for i in range(HOURS * 3_600_000 // INTERVAL_MS):
+        samples, _ = fleet_sim.tick(start_ms + i * INTERVAL_MS)
+        for smp in samples:
+            eng.add(smp, 0, offset)
+            offset += 1
+    records = [r for r in eng.flush_all() if r["window_start_ms"] < start_ms + closed * 3_600_000]
+    want = {}
+    for r in build_workload_report(records, by=("label:team",), period="all"):
+        want[r.group] = want.get(r.group, 0.0) + r.gpu_hours_allocated
+    got: dict[str, float] = {}
+    for r in by_label:
+        got[r["group"]] = got.get(r["group"], 0.0) + r["gpu_hours_allocated"]
+    assert got == pytest.approx(want, abs=1e-6) and {"research", "serving", "__unallocated__"} <= set(got)
+    jobs = {r["group"] for r in by_owner if r["group"].startswith("hpc/HpcJob/")}
+    assert len(jobs) >= 2  # per-job chargeback for the HPC node
+    lab = sum(r["gpu_hours_allocated"] for r in by_team if r["team"] == "lab")
+    assert lab == pytest.approx(want["research"], abs=1e-6)
+    # Measured carbon per team: energy x the example file's intensity for each node's zone.
+    carbon = report("--by", "label:team", "--carbon", str(REPO / "deploy" / "carbon.example.yaml"))
+    cfg = load_carbon_config(REPO / "deploy" / "carbon.example.yaml")
+    want_kg = sum(
+        r["energy_joules"] / 3.6e6 * cfg.intensity(r["node"], r["window_start_ms"]) / 1000 for r in records
+    )
+    assert sum(r["co2e_kg"] for r in carbon) == pytest.approx(want_kg, rel=1e-4)
+    assert all(r["co2e_kg"] > 0 for r in carbon if r["energy_kwh"] > 0)
