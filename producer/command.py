@@ -266,7 +266,7 @@ def run_simulated(
             seed=args.seed,
             xid_rate_per_gpu_hour=args.xid_rate,
             hostname_prefix=args.hostname_prefix,
-            hpc_nodes=args.hpc_nodes,
+            hpc_nodes=getattr(args, "hpc_nodes", 0),
         )
     )
     start_ms = (

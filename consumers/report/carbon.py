@@ -14,8 +14,10 @@ File format (YAML; see ``deploy/carbon.example.yaml``)::
     zones:                            # static intensity per zone (or region)
       eu-north-1a: 45
       us-east-1a: 380
-    nodes:                            # node name (glob) -> zone, first match wins; e.g. from
-      - match: "gpu-eu-*"             #   kubectl get nodes -L topology.kubernetes.io/zone
+    node_list: nodes.json             # optional: `kubectl get nodes -o json`; each node's zone is
+    zone_label: topology.kubernetes.io/zone   # this label's value (the default shown); tried first
+    nodes:                            # node name (glob) -> zone, first match wins
+      - match: "gpu-eu-*"
         zone: eu-north-1a
     series: intensity.csv             # optional: CSV zone,start,gco2e_per_kwh (start ISO 8601, UTC);
                                       #   a value holds from its start until the next one of its zone
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 import csv
+import json
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -35,7 +38,8 @@ import yaml
 from consumers.report.chargeback_report import parse_time_ms
 from consumers.report.errors import ReportOptionError
 
-_KEYS = frozenset({"pue", "default_gco2e_per_kwh", "zones", "nodes", "series"})
+_KEYS = frozenset({"pue", "default_gco2e_per_kwh", "zones", "nodes", "series", "node_list", "zone_label"})
+ZONE_LABEL = "topology.kubernetes.io/zone"
 
 
 class CarbonConfigError(ReportOptionError):
@@ -50,7 +54,11 @@ class CarbonConfig:
     nodes: tuple[tuple[str, str], ...] = ()  # (node glob, zone)
     series: dict[str, tuple[list[int], list[float]]] = field(default_factory=dict)  # zone -> (starts, values)
 
+    node_zones: dict[str, str] = field(default_factory=dict)  # from a NodeList's zone labels
+
     def zone_of(self, node: str) -> str | None:
+        if node in self.node_zones:
+            return self.node_zones[node]
         for pattern, zone in self.nodes:
             if fnmatchcase(node, pattern):
                 return zone
@@ -103,6 +111,25 @@ def parse_series(text: str, source: str) -> dict[str, tuple[list[int], list[floa
     return out
 
 
+def parse_node_list(path: Path, label: str) -> dict[str, str]:
+    """Node name -> the value of ``label``, from ``kubectl get nodes -o json`` (a v1 NodeList)."""
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise CarbonConfigError(f"cannot read node list {path}: {exc.strerror or exc}") from exc
+    except ValueError as exc:
+        raise CarbonConfigError(f"node list {path} is not JSON: {exc}") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("items"), list):
+        raise CarbonConfigError(f"node list {path}: expected a NodeList (kubectl get nodes -o json)")
+    out = {}
+    for item in data["items"]:
+        md = item.get("metadata") or {} if isinstance(item, dict) else {}
+        value = (md.get("labels") or {}).get(label)
+        if md.get("name") and value:
+            out[str(md["name"])] = str(value)
+    return out
+
+
 def parse_carbon_config(data: Any, source: str = "<carbon>", base: Path | None = None) -> CarbonConfig:
     if not isinstance(data, dict) or not set(data) <= _KEYS:
         raise CarbonConfigError(f"{source}: expected a mapping with keys among {', '.join(sorted(_KEYS))}")
@@ -128,7 +155,14 @@ def parse_carbon_config(data: Any, source: str = "<carbon>", base: Path | None =
             series = parse_series(path.read_text(), str(path))
         except OSError as exc:
             raise CarbonConfigError(f"{source}: cannot read series {path}: {exc.strerror or exc}") from exc
+    node_zones: dict[str, str] = {}
+    if data.get("node_list"):
+        path = Path(str(data["node_list"]))
+        if base is not None and not path.is_absolute():
+            path = base / path
+        node_zones = parse_node_list(path, str(data.get("zone_label") or ZONE_LABEL))
     return CarbonConfig(
+        node_zones=node_zones,
         pue=pue,
         default=_number(default, f"{source}: default_gco2e_per_kwh") if default is not None else None,
         zones=zones,

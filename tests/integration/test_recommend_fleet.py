@@ -28,6 +28,7 @@ from producer.simulated.fleet import FleetConfig, SimulatedFleet
 from tests.conftest import free_port
 from tests.integration.chargeback_util import Progress, past_hour_ms, start_service, stop_service
 from tests.integration.kafka_util import GPUPIPE, REPO, gpupipe
+from tests.integration.test_alerts_service import Alertmanager, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -139,10 +140,11 @@ def test_idle_notebooks_and_nothing_else(kafka: str, fleet: dict[str, Any], tmp_
     want = expected(start_ms)
     assert len(want) == 4 and {w["status"] for w in want.values()} == {"firing", "resolved"}
     port = free_port()
+    am = Alertmanager(tmp_path).start()
     log = open(tmp_path / "recommend.log", "w")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(
         [*GPUPIPE, "recommend", "--from-beginning", "--prices", str(PRICES), "--listen", f"127.0.0.1:{port}",
-         "--group-id", f"rec-{topic_prefix}", *common],
+         "--group-id", f"rec-{topic_prefix}", "--alertmanager-url", am.url, *common],
         stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=dict(os.environ),
     )  # fmt: skip
     try:
@@ -165,9 +167,17 @@ def test_idle_notebooks_and_nothing_else(kafka: str, fleet: dict[str, Any], tmp_
                 text, "gpupipe_recommendation_cost_wasted", pod=pod, owner=w["owner"].split("/", 1)[1]
             ) == (pytest.approx(w["cost"], rel=1e-9))
         assert not re.search(r'gpupipe_recommendation_idle_seconds\{[^}]*pod="(train|serve|batch)-', text)
+        # Optionally Alertmanager, at severity info: the open ones are active there.
+        active = wait_until(
+            lambda: {a["labels"]["pod"] for a in am.alerts()} == set(firing) and am.alerts(), 20, "AM alerts"
+        )
+        assert {(a["labels"]["alertname"], a["labels"]["severity"]) for a in active} == {
+            ("GpuIdleRecommendation", "info")
+        }
     finally:
         assert stop_service(proc) == 0
         log.close()
+        am.stop()
 
     # report idle reads the topic by itself: per pod, exact waste; per owner and team; nothing busy.
     p = gpupipe("report", "idle", "--since", "7d", "--by", "pod", "--format", "json", *common)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
+import json
 from collections import defaultdict
 from pathlib import Path
 
@@ -201,3 +202,33 @@ def test_hpc_node_jobs_in_samples_xids_and_per_job_chargeback() -> None:
     rows = build_workload_report(eng.flush_all(), by=("namespace", "owner"), period="all")
     got = {r.group: r.gpu_hours_allocated * 3600 for r in rows if r.namespace == "hpc"}
     assert got == pytest.approx({f"hpc/HpcJob/{j}": v for j, v in per_job.items()}, rel=1e-12)
+
+
+def test_zone_from_the_nodes_zone_label(tmp_path: Path) -> None:
+    """The node's zone from `kubectl get nodes -o json` (NodeList shape), before the name globs."""
+    nodes = {
+        "kind": "NodeList",
+        "apiVersion": "v1",
+        "metadata": {"resourceVersion": "123"},
+        "items": [
+            {
+                "kind": "Node",
+                "apiVersion": "v1",
+                "metadata": {
+                    "name": "sim-node-0002",
+                    "labels": {"topology.kubernetes.io/zone": "eu-north-1a", "kubernetes.io/hostname": "x"},
+                },
+            },
+            {"kind": "Node", "apiVersion": "v1", "metadata": {"name": "sim-node-0003", "labels": {}}},
+        ],
+    }
+    (tmp_path / "nodes.json").write_text(json.dumps(nodes))
+    (tmp_path / "carbon.yaml").write_text(
+        "node_list: nodes.json\nzones: {eu-north-1a: 45, us-east-1a: 380}\n"
+        "nodes: [{match: 'sim-node-*', zone: us-east-1a}]\n"
+    )
+    cfg = load_carbon_config(tmp_path / "carbon.yaml")
+    assert cfg.intensity("sim-node-0002", 0) == 45 and cfg.intensity("sim-node-0003", 0) == 380
+    (tmp_path / "nodes.json").write_text("[]")
+    with pytest.raises(CarbonConfigError, match="NodeList"):
+        load_carbon_config(tmp_path / "carbon.yaml")

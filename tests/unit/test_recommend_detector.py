@@ -164,3 +164,96 @@ def test_suggest_picks_the_cheapest_fitting_option() -> None:
         cfg=RightSizeConfig(release_memory_bytes=4 * GIB),
     )
     assert s.action == "release" and s.saving_per_hour == pytest.approx(3.4)
+
+
+def test_restart_continues_open_recommendations_from_the_topic() -> None:
+    samples = [sample(i * MIN, 0.0) for i in range(60)] + [sample(60 * MIN, 0.9)]
+    whole = feed(detector(), samples)
+    first = feed(detector(), samples[:45])
+    again = detector()
+    assert again.restore(first) == 1  # the open one, from its revisions on the topic
+    rest = feed(again, samples[45:])
+    assert [(r["status"], r["sequence"]) for r in first + rest] == [
+        (r["status"], r["sequence"]) for r in whole
+    ]
+    assert rest[-1]["recommendation_id"] == whole[-1]["recommendation_id"]
+    assert rest[-1]["idle_seconds"] == whole[-1]["idle_seconds"] == 3600.0
+    # A restored recommendation whose GPU never comes back is resolved as gone.
+    lost = detector()
+    lost.restore(first)
+    feed(lost, [sample(50 * MIN + i * MIN, 0.5, uuid="GPU-9", pods=(("x", "y"),)) for i in range(10)])
+    (gone,) = lost.expire()
+    assert (gone["status"], gone["resolve_reason"], gone["sequence"]) == (
+        "resolved",
+        "gone",
+        first[-1]["sequence"] + 1,
+    )
+
+
+def test_an_idle_hpc_job_is_recommended_with_its_owner() -> None:
+    from producer.podmeta.hpc_jobs import job_allocation
+
+    det = detector()
+    recs = []
+    for i in range(31):
+        s = sample(i * MIN, 0.0, pods=())
+        s["allocations"] = [job_allocation("4242")]
+        recs += det.observe(s)
+    (rec,) = recs
+    assert (rec["namespace"], rec["pod"], rec["owner_kind"], rec["owner_name"]) == (
+        "hpc",
+        "4242",
+        "HpcJob",
+        "4242",
+    )
+
+
+def test_service_publishes_dead_letters_wrong_types_and_exposes_series() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from consumers.consume_loop import InRecord
+    from consumers.recommend.service import RecommendService, to_alert
+
+    class Sink:
+        def __init__(self) -> None:
+            self.sent: list[dict] = []
+
+        def send(self, rec: dict) -> None:
+            self.sent.append(rec)
+
+        def flush(self) -> None:
+            return None
+
+    class Am:
+        def __init__(self) -> None:
+            self.alerts: list[dict] = []
+
+        def update(self, rec: dict) -> None:
+            self.alerts.append(rec)
+
+    reg, sink, am = CollectorRegistry(), Sink(), Am()
+    svc = RecommendService(detector(), sink, reg, am)
+    recs = [InRecord("s", 0, i, None, "GpuSample", sample(i * MIN, 0.0), 0) for i in range(31)]
+    bad = [
+        InRecord("s", 0, 99, None, "XidEvent", {}, 0),
+        InRecord("s", 0, 100, None, "GpuSample", {"x": 1}, 0),
+    ]
+    rejected = svc.handle(recs + bad)
+    assert [(r[0].offset, r[1]) for r in rejected] == [(99, "wrong_record_type"), (100, "invalid_sample")]
+    assert len(sink.sent) == 1 and len(svc.open) == 1
+    text = generate_latest(reg).decode()
+    assert 'gpupipe_recommendations_open{action="right_size_mig"} 1.0' in text
+    assert "gpupipe_recommendation_cost_wasted{" in text and 'pod="nb-1"' in text
+    (alert,) = am.alerts
+    assert (alert["alertname"], alert["severity"], alert["status"]) == (
+        "GpuIdleRecommendation",
+        "info",
+        "firing",
+    )
+    from consumers.alerts.alert_record import am_annotations, am_labels
+
+    labels = am_labels(to_alert(sink.sent[0]))
+    assert labels["severity"] == "info" and labels["pod"] == "nb-1" and labels["namespace"] == "notebooks"
+    assert "1g.10gb" in am_annotations(to_alert(sink.sent[0]))["description"]
+    svc.handle([InRecord("s", 0, 200, None, "GpuSample", sample(31 * MIN, 0.9), 0)])
+    assert svc.open == {} and "gpupipe_recommendation_cost_wasted{" not in generate_latest(reg).decode()
