@@ -25,19 +25,26 @@ JOULES_PER_KWH = 3_600_000.0
 
 
 def workload_key(alloc: Mapping[str, Any]) -> WorkloadKey:
-    labels = alloc.get("labels") or {}
+    get = alloc.get
+    labels = get("labels")
     return (
-        alloc.get("owner_kind"),
-        alloc.get("owner_name"),
-        tuple(sorted(labels.items())),
-        alloc.get("hpc_job"),
+        get("owner_kind"),
+        get("owner_name"),
+        tuple(sorted(labels.items())) if labels else (),
+        get("hpc_job"),
     )
 
 
 def workload_keys(sample: Mapping[str, Any]) -> dict[tuple[str, str], WorkloadKey]:
     """(namespace, pod) -> workload key, from the sample's allocations (first allocation of a pod wins)."""
+    allocs = sample.get("allocations")
+    if not allocs:
+        return {}
+    if len(allocs) == 1:  # the common case: one holder
+        a = allocs[0]
+        return {(a["namespace"], a["pod"]): workload_key(a)}
     out: dict[tuple[str, str], WorkloadKey] = {}
-    for a in sample.get("allocations") or ():
+    for a in allocs:
         out.setdefault((a["namespace"], a["pod"]), workload_key(a))
     return out
 
