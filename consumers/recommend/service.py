@@ -230,6 +230,8 @@ class RecommendService:
                 rejected.append((rec, "invalid_sample", f"{type(exc).__name__}: {exc}"))
         out.extend(self.detector.expire())
         self.publish(out)
+        if out:  # delivered before the consume loop stores the batch's offsets: at least once
+            self.sink.flush()
         return rejected
 
     def publish(self, revisions: Sequence[dict[str, Any]]) -> None:

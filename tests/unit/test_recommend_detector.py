@@ -217,12 +217,13 @@ def test_service_publishes_dead_letters_wrong_types_and_exposes_series() -> None
     class Sink:
         def __init__(self) -> None:
             self.sent: list[dict] = []
+            self.flushed_at: list[int] = []
 
         def send(self, rec: dict) -> None:
             self.sent.append(rec)
 
         def flush(self) -> None:
-            return None
+            self.flushed_at.append(len(self.sent))
 
     class Am:
         def __init__(self) -> None:
@@ -241,6 +242,7 @@ def test_service_publishes_dead_letters_wrong_types_and_exposes_series() -> None
     rejected = svc.handle(recs + bad)
     assert [(r[0].offset, r[1]) for r in rejected] == [(99, "wrong_record_type"), (100, "invalid_sample")]
     assert len(sink.sent) == 1 and len(svc.open) == 1
+    assert sink.flushed_at == [1]  # delivered before the batch's offsets are stored
     text = generate_latest(reg).decode()
     assert 'gpupipe_recommendations_open{action="right_size_mig"} 1.0' in text
     assert "gpupipe_recommendation_cost_wasted{" in text and 'pod="nb-1"' in text
