@@ -9,6 +9,8 @@ nothing else; a pod still holding its GPU at the end reports its waste as of its
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import re
@@ -193,6 +195,17 @@ def test_idle_notebooks_and_nothing_else(kafka: str, fleet: dict[str, Any], tmp_
     p = gpupipe("report", "idle", "--since", "7d", "--by", "owner", "--format", "json", *common)
     owners = {r["group"]: r["cost_wasted"] for r in json.loads(p.stdout)}
     assert owners == {w["owner"]: pytest.approx(w["cost"], abs=1e-6) for w in want.values()}
+    teams = tmp_path / "teams.yaml"
+    teams.write_text("teams:\n  - label: team\n    value: research\n    team: lab\n")
+    p = gpupipe(
+        "report", "idle", "--since", "7d", "--by", "team", "--teams", str(teams), "--format", "csv", *common
+    )
+    by_team = {r["group"]: float(r["cost_wasted"]) for r in csv.DictReader(io.StringIO(p.stdout))}
+    want_team: dict[str, float] = {}
+    for w in want.values():
+        key = "lab" if w["team"] == "research" else w["namespace"]
+        want_team[key] = want_team.get(key, 0.0) + w["cost"]
+    assert by_team == pytest.approx(want_team, abs=1e-5)
     p = gpupipe("report", "idle", "--since", "7d", "--by", "namespace", *common)
     assert p.returncode == 0 and p.stdout.splitlines()[1].split()[:4] == ["notebooks", "4", "2", "4"], (
         p.stdout
