@@ -173,7 +173,15 @@ def run(args: argparse.Namespace) -> int:
     if args.restore_lookback:
         since = int(time.time() * 1000) - args.restore_lookback
         restored = service.restore(
-            read_topic(args.bootstrap_servers, t_out, codec, "GpuRecommendation", since_ms=since, extra=extra)
+            read_topic(
+                args.bootstrap_servers,
+                t_out,
+                codec,
+                "GpuRecommendation",
+                since_ms=since,
+                extra=extra,
+                missing_ok=True,  # first start with --no-create-topics: nothing to restore
+            )
         )
         log.info("open recommendations restored", extra=fields(count=restored))
     loop = ConsumeLoop(
