@@ -213,6 +213,27 @@ def test_idle_notebooks_and_nothing_else(kafka: str, fleet: dict[str, Any], tmp_
     total = sum(w["cost"] for w in want.values())
     assert p.stdout.splitlines()[-1].endswith(f"{total:.2f} USD wasted")
 
+    # A restart (same group: no sample left to read) restores the open recommendations from its topic.
+    log = open(tmp_path / "recommend2.log", "w")  # noqa: SIM115 (closed below)
+    again = subprocess.Popen(
+        [*GPUPIPE, "recommend", "--prices", str(PRICES), "--listen", f"127.0.0.1:{port}",
+         "--group-id", f"rec-{topic_prefix}", *common],
+        stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=dict(os.environ),
+    )  # fmt: skip
+    try:
+
+        def restored() -> float:
+            assert again.poll() is None, (tmp_path / "recommend2.log").read_text()[-3000:]
+            try:
+                return metric(scrape(port), "gpupipe_recommendations_open")
+            except OSError:
+                return 0.0
+
+        assert wait_until(restored, 30, "restored recommendations") == len(firing)
+    finally:
+        assert stop_service(again) == 0
+        log.close()
+
 
 def test_chargeback_by_label_owner_job_and_carbon_add_up(
     kafka: str, fleet: dict[str, Any], tmp_path: Path
