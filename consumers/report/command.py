@@ -198,6 +198,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     if args.timeout <= 0:
         raise ConfigError("--timeout must be greater than zero")
     teams = load_team_map(args.teams) if args.teams else TeamMap()
+    carbon = load_carbon_config(args.carbon).co2e_kg if getattr(args, "carbon", None) else None
     extra = parse_kafka_overrides(args.kafka_config)
     wait_for_broker(args.bootstrap_servers, extra=extra)
     topic = topics.with_prefix(args.topic_prefix, args.topic or topics.CHARGEBACK)
@@ -213,7 +214,6 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     records = read_chargeback_records(
         args.bootstrap_servers, topic, codec, extra=extra, timeout_s=args.timeout, on_bad=on_bad
     )
-    carbon = load_carbon_config(args.carbon).co2e_kg if getattr(args, "carbon", None) else None
     if carbon is not None or any(is_workload_dim(d) for d in args.by) or teams.has_label_rules:
         rows = build_workload_report(
             records,
