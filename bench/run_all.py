@@ -25,6 +25,7 @@ BENCHES = [
     "bench_chargeback.py",
     "bench_alerts.py",
     "bench_alerts_latency.py",
+    "bench_podmeta_load.py",
 ]
 RATIO = re.compile(r"^(\S+) ratio=([0-9.]+) target=([0-9.]+)")
 

@@ -29,6 +29,8 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("chargeback",), "consumers.chargeback.command", "aggregate GPU cost per namespace into windows"),
     (("report", "chargeback"), "consumers.report.command", "print chargeback reports per namespace or team"),
     (("alerts",), "consumers.alerts.command", "classify and deduplicate XIDs into alerts"),
+    (("recommend",), "consumers.recommend.command", "recommend what to do with GPUs that pods hold idle"),
+    (("report", "idle"), "consumers.report.idle_command", "print the top idle-GPU wasters per team or owner"),
 )
 
 

@@ -14,8 +14,9 @@ XID = "gpu.xid.v1"
 CHARGEBACK = "gpu.chargeback.v1"
 ALERTS = "gpu.alerts.v1"
 DEADLETTER = "gpu.deadletter.v1"
+RECOMMENDATIONS = "gpu.recommendations.v1"
 
-ALL = (SAMPLES, XID, CHARGEBACK, ALERTS, DEADLETTER)
+ALL = (SAMPLES, XID, CHARGEBACK, ALERTS, DEADLETTER, RECOMMENDATIONS)
 
 # Record types a topic carries; `tail` and the dead-letter logic use it.
 RECORDS_ON = {
@@ -23,6 +24,7 @@ RECORDS_ON = {
     XID: ("XidEvent",),
     CHARGEBACK: ("ChargebackWindow",),
     ALERTS: ("GpuAlert",),
+    RECOMMENDATIONS: ("GpuRecommendation",),
 }
 
 
@@ -41,6 +43,7 @@ DEFAULT_SPECS = {
     CHARGEBACK: TopicSpec(partitions=3, retention_ms=400 * 86_400_000),
     ALERTS: TopicSpec(partitions=3, retention_ms=30 * 86_400_000),
     DEADLETTER: TopicSpec(partitions=1, retention_ms=14 * 86_400_000),
+    RECOMMENDATIONS: TopicSpec(partitions=3, retention_ms=30 * 86_400_000),
 }
 
 
@@ -50,6 +53,7 @@ ALIASES = {
     "chargeback": CHARGEBACK,
     "alerts": ALERTS,
     "deadletter": DEADLETTER,
+    "recommendations": RECOMMENDATIONS,
 }
 
 

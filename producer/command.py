@@ -21,6 +21,7 @@ from gpupipe.errors import BrokerUnavailableError, ConfigError, GpupipeError
 from gpupipe.health_server import ServiceHttp
 from gpupipe.kafka_admin import ensure_topics, parse_kafka_overrides, parse_topic_overrides, wait_for_broker
 from gpupipe.logs import fields
+from producer.podmeta.extras import add_arguments as podmeta_arguments
 from producer.publish import Publisher, producer_config
 from producer.self_metrics import ProducerMetrics
 from producer.simulated.fleet import DEFAULT_XID_RATE_PER_GPU_HOUR, FleetConfig, SimulatedFleet
@@ -93,6 +94,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="mean XIDs per GPU-hour of simulated time",
     )
     sim.add_argument("--hostname-prefix", default="sim-node")
+    sim.add_argument(
+        "--hpc-nodes",
+        type=int,
+        default=0,
+        help="extra Slurm-style nodes whose GPUs are held by HPC jobs (hpc_job allocations) (default 0)",
+    )
     nv = p.add_argument_group("nvml source")
     nv.add_argument(
         "--hostname", default=None, help="node name on the records (default: $NODE_NAME, else the host name)"
@@ -164,6 +171,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="/var/log/pods",
         help="kubelet pod log directory (pod UID -> namespace/name)",
     )
+    podmeta_arguments(p.add_argument_group("pod metadata and HPC jobs (nvml source)"))
 
 
 class _Stop:
@@ -258,6 +266,7 @@ def run_simulated(
             seed=args.seed,
             xid_rate_per_gpu_hour=args.xid_rate,
             hostname_prefix=args.hostname_prefix,
+            hpc_nodes=getattr(args, "hpc_nodes", 0),
         )
     )
     start_ms = (

@@ -53,6 +53,7 @@ from producer.nvml.events import XidEventWatcher
 from producer.nvml.records import GpuRef, LostGpu, gpu_lost_xid_event
 from producer.nvml.source import NvmlSource, SourceHooks, default_nvml_module
 from producer.pid_pods import PidPodResolver
+from producer.podmeta.extras import AllocationExtras, extras_from_args
 from producer.publish import Publisher
 from producer.self_metrics import ProducerMetrics
 from producer.spool import XidSpool
@@ -102,6 +103,8 @@ class AgentConfig:
     pid_resolver: PidResolver | None = None
     resolve_pids: bool = True
     nvml_event_timeout_ms: int = 500
+    #: Pod metadata (owner, labels) and HPC jobs added to allocations (:mod:`producer.podmeta`).
+    extras: AllocationExtras | None = None
 
     def __post_init__(self) -> None:
         for name in ("interval_s", "slow_interval_s", "profiling_interval_s", "processes_interval_s"):
@@ -150,6 +153,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         sample_queue_max=int(get("sample_queue_max", DEFAULT_SAMPLE_QUEUE_MAX)),
         proc_root=get("proc_root", "/proc"),
         pod_logs_dir=get("pod_logs_dir", "/var/log/pods"),
+        extras=extras_from_args(args, get("hostname", "") or default_hostname()),
     )
 
 
@@ -414,6 +418,8 @@ class NodeAgent:
             self._spawn("kubelet-refresh", self._kubelet_loop)
         if c.kmsg_path:
             self._kmsg_thread = self._spawn("kmsg-reader", self._kmsg_loop)
+        if c.extras is not None:
+            c.extras.start(self.metrics.registry)
         log.info(
             "node agent started",
             extra=fields(
@@ -437,6 +443,8 @@ class NodeAgent:
     def _shutdown(self) -> None:
         """Stop whatever ``_start`` got to start (it may have failed half way); never raises for that."""
         self._threads_stop.set()
+        if self.config.extras is not None:
+            self.config.extras.stop()
         if self.sender is None:  # failed before anything was queued or spooled
             for t in self._threads:
                 t.join(self.config.kubelet_timeout_s + 2.0)
@@ -505,8 +513,11 @@ class NodeAgent:
         slices: dict[str, list[str]] = {}
         put, enc, topic = self.samples.put, self._enc_sample, self.t_samples
         ts = 0
+        extras = self.config.extras
         for s in samples:
             enrich_sample(s, amap, resolve)
+            if extras is not None:
+                extras.decorate(s)
             mig = s["mig"]
             if mig:
                 slices.setdefault(s["uuid"], []).append(mig["mig_uuid"])
@@ -598,6 +609,8 @@ class NodeAgent:
             self._emit(build_xid_event(m, ctx))
 
     def _emit(self, event: dict[str, Any]) -> None:
+        if self.config.extras is not None:
+            self.config.extras.decorate(event)
         try:
             value = self._enc_xid(event)
         except EncodeError as exc:

@@ -20,7 +20,7 @@ from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from schemas.errors import SchemaError
 
-RECORD_NAMES = ("GpuSample", "XidEvent", "ChargebackWindow", "GpuAlert")
+RECORD_NAMES = ("GpuSample", "XidEvent", "ChargebackWindow", "GpuAlert", "GpuRecommendation")
 _RELEASED = re.compile(r"^(?P<name>[A-Za-z]+)\.v(?P<version>\d+)\.avsc$")
 
 

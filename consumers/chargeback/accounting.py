@@ -61,6 +61,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from consumers.chargeback.workloads import WorkloadKey, workload_keys
+
 UNALLOCATED = "__unallocated__"
 MIG_SHARED = "__mig_shared__"
 PSEUDO_NAMESPACES = (UNALLOCATED, MIG_SHARED)
@@ -129,6 +131,7 @@ class Contribution:
     lost_s: float
     energy_j: float
     energy_estimated_j: float
+    workload: WorkloadKey | None = None  # owner, labels, HPC job of the pod (workloads.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +275,7 @@ def account(sample: dict[str, Any], ref: GpuRef | None, offset: int, cfg: Accoun
     is_mig = bool(sample.get("mig"))
     shares = pod_shares(sample)
     shared = len(shares) > 1
+    workload = workload_keys(sample)
     out = []
     for namespace, pod, weight in shares:
         alloc_s = gpu_s * weight
@@ -290,6 +294,7 @@ def account(sample: dict[str, Any], ref: GpuRef | None, offset: int, cfg: Accoun
                 lost_s=alloc_s if lost else 0.0,
                 energy_j=energy_j * weight,
                 energy_estimated_j=estimated_j * weight,
+                workload=workload.get((namespace, pod)) if pod is not None else None,
             )
         )
     return Accounted(key, status, dt_ms, fraction, tuple(out), new_ref, depends_on)

@@ -12,6 +12,9 @@ from typing import Any
 
 from consumers.chargeback.accounting import Contribution
 from consumers.chargeback.prices import PriceTable
+from consumers.chargeback.workloads import WorkloadKey, WorkloadSums
+from consumers.chargeback.workloads import add as add_workload
+from consumers.chargeback.workloads import to_records as workload_records
 
 WINDOW = "window"
 CORRECTION = "correction"
@@ -36,6 +39,7 @@ class GpuTimeAggregate:
         "shared_s",
         "unknown_s",
         "used_s",
+        "workloads",
     )
 
     def __init__(self) -> None:
@@ -49,6 +53,7 @@ class GpuTimeAggregate:
         self.energy_j = 0.0
         self.energy_estimated_j = 0.0
         self.samples = 0
+        self.workloads: dict[WorkloadKey, WorkloadSums] | None = None
 
     def add(self, c: Contribution) -> None:
         self.allocated_s += c.allocated_s
@@ -61,6 +66,10 @@ class GpuTimeAggregate:
         self.energy_j += c.energy_j
         self.energy_estimated_j += c.energy_estimated_j
         self.samples += 1
+        if c.workload is not None:
+            if self.workloads is None:
+                self.workloads = {}
+            add_workload(self.workloads, c.workload, c)
 
 
 def to_record(
@@ -108,4 +117,5 @@ def to_record(
         "source_partition": partition,
         "instance_id": instance_id,
         "emitted_at_ms": emitted_at_ms,
+        "workloads": workload_records(agg.workloads, price.per_gpu_hour, prices.energy_per_kwh),
     }

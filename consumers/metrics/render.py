@@ -22,7 +22,9 @@ and ``GPU_I_ID``, the host label (``Hostname`` as dcgm-exporter up to 4.8.2, or 
 key order (label rows such as ``DCGM_FI_DRIVER_VERSION``, then the ``DCGM_EXP_*`` labels
 ``window_size_in_ms``, ``xid``, ``clock_event``, ``health_*``), then the "Attributes" in sorted key
 order: ``container``, ``err_code``, ``err_msg`` (XID family only), ``namespace``, ``pod``,
-``pod_uid``, ``vgpu`` -- pod labels only when a pod holds the GPU. ``--use-old-namespace`` spells
+``pod_uid``, ``vgpu`` -- pod labels only when a pod holds the GPU. An HPC job holding it
+(``--hpc-job-mapping-dir`` on the producer) gives ``hpc_job`` instead of pod labels, as
+dcgm-exporter's HPC mapping does, one series per job. ``--use-old-namespace`` spells
 them ``uuid``, ``container_name``, ``pod_name``, ``pod_namespace`` as dcgm-exporter 1.x.
 
 Shared (time-sliced) GPUs, like dcgm-exporter:
@@ -188,6 +190,16 @@ class GpuView:
         return "".join(f"{name}{{{b}{labels}{a}}} {value}\n" for a in self.attr_texts)
 
 
+def _hpc_jobs(allocations: Sequence[Mapping[str, Any]] | None) -> tuple[str, ...]:
+    """Distinct HPC job ids (``hpc_job``, from the producer's --hpc-job-mapping-dir), first-seen order."""
+    out: dict[str, None] = {}
+    for a in allocations or ():
+        job = a.get("hpc_job")
+        if job:
+            out.setdefault(job, None)
+    return tuple(out)
+
+
 def _distinct_pods(allocations: Sequence[Mapping[str, Any]] | None) -> tuple[tuple[str, str, str], ...]:
     """Distinct (namespace, pod, container), first-seen order (replicas of one container count once)."""
     out: dict[tuple[str, str, str], None] = {}
@@ -336,8 +348,13 @@ class Renderer:
         o = self.options
         pods = _distinct_pods(allocations)
         share = pods if o.split_shared and len(pods) > 1 else ()
+        # As dcgm-exporter's HPC mapping: a series per HPC job, with an hpc_job label and no pod labels.
+        jobs = _hpc_jobs(allocations)
+        job_attrs: tuple[Attrs, ...] = tuple((("hpc_job", j),) for j in jobs)
+        if jobs:
+            allocations = [a for a in allocations or () if not a.get("hpc_job")]
         if not allocations:
-            attrs: tuple[Attrs, ...] = ((),)
+            attrs: tuple[Attrs, ...] = job_attrs or ((),)
         elif o.virtual_gpus:
             seen: dict[tuple, None] = {}
             for a in allocations:
@@ -349,6 +366,8 @@ class Renderer:
         else:  # dcgm-exporter's default: one PodInfo per device, the last one wins
             a = allocations[-1]
             attrs = (self.pod_attrs(a["namespace"], a["pod"], a["container"]),)
+        if jobs and allocations:
+            attrs = (*attrs, *job_attrs)
         age_head = f"{SAMPLE_AGE_METRIC}{{{base}}} ".encode()
         if len(attrs) == 1:
             labels = base + _attr_text(attrs[0])

@@ -21,9 +21,11 @@ from typing import Any, TextIO
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
+from consumers.report.carbon import load_carbon_config
 from consumers.report.chargeback_report import DIMENSIONS, PERIODS, build_report, parse_time_ms
 from consumers.report.formats import FORMATS, FocusOptions, render_report
 from consumers.report.teams import TeamMap, load_team_map
+from consumers.report.workload_report import build_workload_report, is_workload_dim, valid_dims
 from gpupipe import topics
 from gpupipe.errors import ConfigError, GpupipeError
 from gpupipe.kafka_admin import client_config, parse_kafka_overrides, wait_for_broker
@@ -38,10 +40,11 @@ log = logging.getLogger("gpupipe.report")
 
 def _by(text: str) -> tuple[str, ...]:
     dims = tuple(d.strip() for d in text.split(",") if d.strip())
-    bad = [d for d in dims if d not in DIMENSIONS]
-    if not dims or bad or len(set(dims)) != len(dims):
+    bad = [d for d in dims if d not in DIMENSIONS and not is_workload_dim(d)]
+    if not dims or bad or not valid_dims(dims):
         raise argparse.ArgumentTypeError(
-            f"expected one or more of {', '.join(DIMENSIONS)} separated by commas, got {text!r}"
+            f"expected one or more of {', '.join(DIMENSIONS)} and at most one of owner, label:<key>, "
+            f"separated by commas, got {text!r}"
         )
     return dims
 
@@ -65,7 +68,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--by",
         type=_by,
         default=("namespace",),
-        help="group by namespace (default), team or node; several with commas, e.g. team,node",
+        help="group by namespace (default), team or node, and by owner or label:<key> (the pods' top "
+        "controller, a pod label); several with commas, e.g. team,node or namespace,owner",
+    )
+    p.add_argument(
+        "--carbon",
+        default=None,
+        metavar="FILE",
+        help="grid carbon intensity YAML (static gCO2e/kWh per zone, or a time series): adds CO2e columns",
     )
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
     p.add_argument("--teams", default=None, metavar="FILE", help="namespace-to-team mapping YAML")
@@ -188,6 +198,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     if args.timeout <= 0:
         raise ConfigError("--timeout must be greater than zero")
     teams = load_team_map(args.teams) if args.teams else TeamMap()
+    carbon = load_carbon_config(args.carbon).co2e_kg if getattr(args, "carbon", None) else None
     extra = parse_kafka_overrides(args.kafka_config)
     wait_for_broker(args.bootstrap_servers, extra=extra)
     topic = topics.with_prefix(args.topic_prefix, args.topic or topics.CHARGEBACK)
@@ -203,15 +214,27 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     records = read_chargeback_records(
         args.bootstrap_servers, topic, codec, extra=extra, timeout_s=args.timeout, on_bad=on_bad
     )
-    rows = build_report(
-        records,
-        start_ms=start_ms,
-        end_ms=end_ms,
-        by=args.by,
-        teams=teams,
-        period=args.period,
-        split_corrections=args.split_corrections,
-    )
+    if carbon is not None or any(is_workload_dim(d) for d in args.by) or teams.has_label_rules:
+        rows = build_workload_report(
+            records,
+            by=args.by,
+            teams=teams,
+            start_ms=start_ms,
+            end_ms=end_ms,
+            period=args.period,
+            split_corrections=args.split_corrections,
+            carbon=carbon,
+        )
+    else:
+        rows = build_report(
+            records,
+            start_ms=start_ms,
+            end_ms=end_ms,
+            by=args.by,
+            teams=teams,
+            period=args.period,
+            split_corrections=args.split_corrections,
+        )
     focus = FocusOptions(provider_name=args.focus_provider, billing_account_id=args.focus_account)
     out.write(render_report(rows, args.format, focus=focus))
     out.flush()

@@ -97,6 +97,9 @@ FOCUS_COLUMNS = (
     "x_EnergyKwh",
     "x_DefaultPrice",
 )
+# Appended only when a report has them (a workload dimension; a --carbon config).
+FOCUS_GROUP_COLUMNS = ("x_GroupBy", "x_Group")
+FOCUS_CARBON_COLUMNS = ("x_CarbonGCO2e",)
 
 _DIGITS = 6  # machine formats: micro-units are plenty for hours, kWh and money
 
@@ -145,7 +148,18 @@ def row_dict(row: ReportRow) -> dict[str, Any]:
         "cost": _num(row.cost),
         "currency": row.currency,
         "default_price": row.default_price,
+        **_extra_columns(row),
     }
+
+
+def _extra_columns(row: ReportRow) -> dict[str, Any]:
+    """Columns only reports that use them have: the workload dimension, measured carbon."""
+    out: dict[str, Any] = {}
+    if row.group_by is not None:
+        out["group_by"], out["group"] = row.group_by, row.group
+    if row.co2e_kg is not None:
+        out["co2e_kg"] = _num(row.co2e_kg)
+    return out
 
 
 def render_report(rows: Sequence[ReportRow], fmt: str, *, focus: FocusOptions | None = None) -> str:
@@ -153,7 +167,8 @@ def render_report(rows: Sequence[ReportRow], fmt: str, *, focus: FocusOptions | 
     if fmt == "table":
         return render_table(rows)
     if fmt == "csv":
-        return _csv(COLUMNS, [_csv_values(row_dict(r)) for r in rows])
+        header = list(row_dict(rows[0])) if rows else list(COLUMNS)
+        return _csv(header, [_csv_values(row_dict(r)) for r in rows])
     if fmt == "json":
         return json.dumps([row_dict(r) for r in rows], indent=2) + "\n"
     if fmt == "jsonl":
@@ -191,14 +206,28 @@ def _csv(header: Sequence[str], rows: list[list[str]]) -> str:
 def render_table(rows: Sequence[ReportRow]) -> str:
     dims = [
         (name, title)
-        for name, title in (("namespace", "NAMESPACE"), ("team", "TEAM"), ("node", "NODE"))
+        for name, title in (
+            ("namespace", "NAMESPACE"),
+            ("team", "TEAM"),
+            ("group", (rows[0].group_by or "").upper() if rows else ""),
+            ("node", "NODE"),
+        )
         if any(getattr(r, name) is not None for r in rows)
     ]
+    carbon = any(r.co2e_kg is not None for r in rows)
     split = any(r.kind != "total" for r in rows)
     head = ["WINDOW START", "WINDOW END", *(t for _, t in dims), "GPU MODEL"]
     if split:
         head.append("KIND")
-    nums = ["GPU-H ALLOC", "GPU-H USED", "GPU-H IDLE", "ENERGY KWH", "COST", "CUR"]
+    nums = [
+        "GPU-H ALLOC",
+        "GPU-H USED",
+        "GPU-H IDLE",
+        "ENERGY KWH",
+        *(["CO2E KG"] if carbon else []),
+        "COST",
+        "CUR",
+    ]
     body: list[list[str]] = []
     for r in rows:
         left = [
@@ -216,23 +245,24 @@ def render_table(rows: Sequence[ReportRow]) -> str:
                 f"{r.gpu_hours_used:.2f}",
                 f"{r.gpu_hours_idle:.2f}",
                 f"{r.energy_kwh:.2f}",
+                *([f"{r.co2e_kg or 0.0:.2f}"] if carbon else []),
                 f"{r.cost:.2f}",
                 r.currency,
             ]
         )
     totals: dict[str, list[float]] = {}
     for r in rows:
-        t = totals.setdefault(r.currency, [0.0] * 5)
-        for i, v in enumerate(
-            (r.gpu_hours_allocated, r.gpu_hours_used, r.gpu_hours_idle, r.energy_kwh, r.cost)
-        ):
+        values = [r.gpu_hours_allocated, r.gpu_hours_used, r.gpu_hours_idle, r.energy_kwh]
+        values += [r.co2e_kg or 0.0] if carbon else []
+        t = totals.setdefault(r.currency, [0.0] * (len(values) + 1))
+        for i, v in enumerate((*values, r.cost)):
             t[i] += v
     foot = [
         ["TOTAL"] + [""] * (len(head) - 1) + [f"{v:.2f}" for v in t] + [cur]
         for cur, t in sorted(totals.items())
     ]
     if not foot:
-        foot = [["TOTAL"] + [""] * (len(head) - 1) + ["0.00"] * 5 + [""]]
+        foot = [["TOTAL"] + [""] * (len(head) - 1) + ["0.00"] * (len(nums) - 1) + [""]]
     header = head + nums
     table = [header, *body, *foot]
     widths = [max(len(line[i]) for line in table) for i in range(len(header))]
@@ -270,6 +300,8 @@ def _subject(r: ReportRow) -> str:
         parts.append(f"namespace {r.namespace}")
     elif r.team is not None:
         parts.append(f"team {r.team}")
+    if r.group_by is not None:
+        parts.append(f"{r.group_by} {r.group}")
     if r.node is not None:
         parts.append(f"node {r.node}")
     return ", ".join(parts) or "all namespaces"
@@ -278,14 +310,19 @@ def _subject(r: ReportRow) -> str:
 def _resource_id(r: ReportRow) -> str:
     parts = [
         f"{k}={v}"
-        for k, v in (("namespace", r.namespace), ("team", None if r.namespace else r.team), ("node", r.node))
-        if v is not None
+        for k, v in (
+            ("namespace", r.namespace),
+            ("team", None if r.namespace else r.team),
+            (r.group_by, r.group),
+            ("node", r.node),
+        )
+        if k is not None and v is not None
     ]
     return "/".join(["gpu", *parts, f"model={r.gpu_model}"])
 
 
 def render_focus(rows: Sequence[ReportRow], opts: FocusOptions) -> str:
-    out: list[list[str]] = []
+    out: list[dict[str, str]] = []
     for r in rows:
         bp_start, bp_end = _billing_period(r.window_start_ms)
         tags = {
@@ -295,6 +332,7 @@ def render_focus(rows: Sequence[ReportRow], opts: FocusOptions) -> str:
                 ("gpupipe/team", r.team),
                 ("gpupipe/node", r.node),
                 ("gpupipe/gpu-model", r.gpu_model),
+                (f"gpupipe/{r.group_by}", r.group),
             )
             if v is not None
         }
@@ -328,12 +366,20 @@ def render_focus(rows: Sequence[ReportRow], opts: FocusOptions) -> str:
             "x_Node": r.node or "",
             "x_GpuModel": r.gpu_model,
             "x_DefaultPrice": "true" if r.default_price else "false",
+            "x_GroupBy": r.group_by or "",
+            "x_Group": r.group or "",
+            "x_CarbonGCO2e": "",
         }
         if r.gpu_hours_allocated != 0 or r.cost_allocation != 0:
             out.append(_focus_line({**base, **_gpu_charge(r)}))
         if r.energy_kwh != 0 or r.cost_energy != 0:
             out.append(_focus_line({**base, **_energy_charge(r)}))
-    return _csv(FOCUS_COLUMNS, out)
+    header = list(FOCUS_COLUMNS)
+    if any(r.group_by is not None for r in rows):
+        header += FOCUS_GROUP_COLUMNS
+    if any(r.co2e_kg is not None for r in rows):
+        header += FOCUS_CARBON_COLUMNS
+    return _csv(header, [[values.get(c, "") for c in header] for values in out])
 
 
 def _gpu_charge(r: ReportRow) -> dict[str, str]:
@@ -367,6 +413,7 @@ def _energy_charge(r: ReportRow) -> dict[str, str]:
         "x_GpuHoursUsed": "",
         "x_GpuHoursIdle": "",
         "x_EnergyKwh": _fmt(r.energy_kwh),
+        "x_CarbonGCO2e": _fmt(r.co2e_kg * 1000.0) if r.co2e_kg is not None else "",
     }
 
 
@@ -388,5 +435,5 @@ def _costs(cost: float) -> dict[str, str]:
     return {"BilledCost": v, "EffectiveCost": v, "ListCost": v, "ContractedCost": v}
 
 
-def _focus_line(values: dict[str, str]) -> list[str]:
-    return [values[c] for c in FOCUS_COLUMNS]
+def _focus_line(values: dict[str, str]) -> dict[str, str]:
+    return values

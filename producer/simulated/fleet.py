@@ -14,6 +14,9 @@ What it models, per GPU slot (one slot = one whole GPU, or one MIG slice):
   occupy the node's last two slots (so the record count stays exactly
   nodes x gpus-per-node x ticks; the simulator does not emit the MIG parent
   record that the real NVML source adds);
+- optionally (``hpc_nodes``) Slurm-style nodes after the others, whose GPUs are held by HPC jobs
+  (allocations with ``hpc_job``, as the producer's ``--hpc-job-mapping-dir`` makes them), each
+  slot with its own RNG stream so the other nodes' records do not change;
 - power capping and thermal throttling (a few GPUs run hot), energy counters,
   slow ECC/row-remap counters that move with memory XIDs, and XIDs at a
   configurable rate per GPU-hour.
@@ -26,12 +29,17 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from producer.podmeta.hpc_jobs import DEFAULT_NAMESPACE as HPC_NAMESPACE
+from producer.podmeta.hpc_jobs import job_allocation
 from producer.simulated.models import (
+    COST_CENTERS,
     MIG_LAYOUT,
     MIG_LAYOUT_H200,
     MODEL_WEIGHTS,
     MODELS,
+    NAMESPACE_TEAMS,
     NAMESPACES,
+    NOTEBOOK_TEAMS,
     GpuModel,
 )
 from producer.simulated.xid_text import MESSAGES, WITH_PROCESS, XID_WEIGHTS
@@ -42,6 +50,7 @@ DEFAULT_XID_RATE_PER_GPU_HOUR = 0.002
 
 _IDLE, _TRAIN, _INFER, _NOTEBOOK, _BATCH = range(5)
 _KIND_NAMES = {_TRAIN: "train", _INFER: "serve", _NOTEBOOK: "notebook", _BATCH: "batch"}
+PRIORITY_CLASSES = {_TRAIN: "training", _INFER: "production"}
 _XID_CODES = tuple(XID_WEIGHTS)
 _XID_CUM = []
 _acc = 0
@@ -60,6 +69,7 @@ class FleetConfig:
     hostname_prefix: str = "sim-node"
     mig_node_ratio: float = 0.125
     shared_node_ratio: float = 0.125
+    hpc_nodes: int = 0  # extra nodes after the others, GPUs held by Slurm-style jobs (own RNG streams)
 
 
 @dataclass(slots=True)
@@ -85,6 +95,7 @@ class _Slot:
     slice_fraction: float
     hot: bool
     pods: list[_Pod] = field(default_factory=list)
+    hpc: bool = False
     idle_until_ms: int = 0
     energy_mj: int = 0
     burst: bool = False
@@ -103,6 +114,40 @@ def _null_template() -> dict[str, Any]:
     for f in catalog.current("GpuSample").raw["fields"]:
         out[f["name"]] = f.get("default")
     return out
+
+
+def pod_metadata(namespace: str, pod: str, kind: int) -> dict[str, Any]:
+    """Owner, labels and priority class of a simulated pod, derived from its name (no RNG draw, so
+    adding them changed no other simulated value).
+
+    Top controllers as real clusters have them: training runs as a Kubeflow PyTorchJob, serving as
+    a Deployment (pod -> ReplicaSet -> Deployment), notebooks as Kubeflow Notebooks (pod ->
+    StatefulSet -> Notebook), batch as Jobs, every other one started by a CronJob. Labels ``team``,
+    ``project`` and ``cost-center``: the team follows the namespace, except in the shared
+    ``notebooks`` namespace, where it comes from the notebook (so billing by the team label differs
+    from billing by namespace, as it does in real clusters).
+    """
+    app = pod.rsplit("-", 1)[0]
+    tag = int(app.rsplit("-", 1)[-1], 16)
+    if kind == _TRAIN:
+        owner = ("PyTorchJob", app)
+    elif kind == _INFER:
+        owner = ("Deployment", app)
+    elif kind == _NOTEBOOK:
+        owner = ("Notebook", app)
+    else:
+        owner = ("CronJob", app) if tag % 2 == 0 else ("Job", app)
+    team = (
+        NOTEBOOK_TEAMS[tag % len(NOTEBOOK_TEAMS)] if namespace == "notebooks" else NAMESPACE_TEAMS[namespace]
+    )
+    return {
+        "owner_kind": owner[0],
+        "owner_name": owner[1],
+        "labels": {"team": team, "project": _KIND_NAMES[kind], "cost-center": COST_CENTERS[team]},
+        "priority_class": PRIORITY_CLASSES.get(kind),
+        "metadata_status": "ok",
+        "hpc_job": None,
+    }
 
 
 class SimulatedFleet:
@@ -169,6 +214,45 @@ class SimulatedFleet:
                         idle_until_ms=0,
                     )
                 )
+        for n in range(cfg.hpc_nodes):
+            self._add_hpc_node(n, base)
+
+    def _add_hpc_node(self, n: int, base: dict[str, Any]) -> None:
+        """One Slurm-style node: whole GPUs (no MIG, no time-slicing) held by HPC jobs, not pods."""
+        cfg = self.cfg
+        node_rng = random.Random(f"{cfg.seed}/hpc-node/{n}")
+        model = MODELS[0]
+        hostname = f"{cfg.hostname_prefix}-hpc-{n:02d}"
+        for s in range(cfg.gpus_per_node):
+            rng = random.Random(f"{cfg.seed}/hpc-slot/{n}/{s}")
+            gpu_uuid = "GPU-" + str(uuid.UUID(int=node_rng.getrandbits(128), version=4))
+            t = dict(base)
+            t.update(
+                hostname=hostname,
+                gpu_index=s,
+                uuid=gpu_uuid,
+                pci_bus_id=f"00000000:{0x18 + 0x10 * s:02X}:00.0",
+                model_name=model.name,
+                driver_version=model.driver_version,
+                numa_node=0 if s < max(1, cfg.gpus_per_node // 2) else 1,
+                mig=None,
+                fb_total_bytes=model.fb_total_bytes,
+                fb_reserved_bytes=model.fb_reserved_bytes,
+                power_limit_w=model.power_limit_w,
+            )
+            self.slots.append(
+                _Slot(
+                    rng,
+                    model,
+                    t,
+                    gpu_uuid,
+                    False,
+                    1.0,
+                    False,
+                    energy_mj=rng.randrange(10**9, 10**11),
+                    hpc=True,
+                )
+            )
 
     @property
     def gpu_count(self) -> int:
@@ -177,6 +261,11 @@ class SimulatedFleet:
     # -- pod lifecycle ------------------------------------------------------------
     def _new_pod(self, slot: _Slot, ts_ms: int, replica: int | None = None) -> _Pod:
         rng = slot.rng
+        if slot.hpc:  # a Slurm job: training or batch, a numeric job id
+            kind = rng.choices((_TRAIN, _BATCH), (60, 40))[0]
+            life = int(rng.uniform(*((2, 8) if kind == _TRAIN else (0.5, 2))) * HOUR_MS)
+            job = str(rng.randrange(100_000, 1_000_000))
+            return _Pod(HPC_NAMESPACE, job, kind, ts_ms + life, rng.randrange(1000, 4_000_000), "", None)
         if slot.shared:
             kind = _INFER
         else:
@@ -213,7 +302,9 @@ class SimulatedFleet:
                 for i in range(want):
                     slot.pods.append(self._new_pod(slot, ts_ms, i if slot.shared else None))
                 changed = True
-        if changed:
+        if changed and slot.hpc:
+            slot.allocations = [job_allocation(p.name, HPC_NAMESPACE) for p in slot.pods]
+        elif changed:
             slot.allocations = [
                 {
                     "namespace": p.namespace,
@@ -221,6 +312,7 @@ class SimulatedFleet:
                     "container": "main",
                     "resource_name": p.resource,
                     "replica": p.replica,
+                    **pod_metadata(p.namespace, p.name, p.kind),
                 }
                 for p in slot.pods
             ]

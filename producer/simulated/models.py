@@ -48,3 +48,24 @@ NAMESPACES = (
     "recsys",
     "notebooks",
 )
+
+# Team label of the pods of each namespace; the shared "notebooks" namespace holds several teams'.
+NAMESPACE_TEAMS = {
+    "ml-research": "research",
+    "llm-training": "llm",
+    "inference-prod": "serving",
+    "inference-staging": "serving",
+    "data-science": "data-science",
+    "vision": "vision",
+    "recsys": "recsys",
+    "notebooks": "data-science",
+}
+NOTEBOOK_TEAMS = ("data-science", "research", "vision")
+COST_CENTERS = {
+    "research": "cc-1001",
+    "llm": "cc-1002",
+    "serving": "cc-2001",
+    "data-science": "cc-3001",
+    "vision": "cc-1003",
+    "recsys": "cc-2002",
+}

@@ -1,0 +1,96 @@
+"""Per-workload breakdown of each chargeback row: owner, selected pod labels, HPC job.
+
+A ChargebackWindow row is per (window, namespace, node, GPU model). Billing a team by a label, or a
+workload by its top controller, or a Slurm job, needs to know which workloads made up the row; the
+producer puts owner, labels and HPC job on every allocation, and this module keeps, per row, the
+sums per *workload key* ``(owner_kind, owner_name, labels, hpc_job)``. The row's ``workloads`` field
+lists them; every contribution of a pod lands in exactly one entry, so the entries of a row add up
+to the row (pseudo-namespaces have none). Reports group by ``owner`` or ``label:<key>`` from here
+and keep the invariant of the namespace view.
+
+Kept out of the window engine: the engine aggregates rows as before, and the row's aggregate
+delegates the breakdown here (one dict per row, no new row keys, no change to windows, replay or
+checkpoints). Cardinality: one entry per workload present in the row's hour on the node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+WorkloadKey = tuple[str | None, str | None, tuple[tuple[str, str], ...], str | None]
+
+SECONDS_PER_HOUR = 3600.0
+JOULES_PER_KWH = 3_600_000.0
+
+
+def workload_key(alloc: Mapping[str, Any]) -> WorkloadKey:
+    get = alloc.get
+    labels = get("labels")
+    return (
+        get("owner_kind"),
+        get("owner_name"),
+        tuple(sorted(labels.items())) if labels else (),
+        get("hpc_job"),
+    )
+
+
+def workload_keys(sample: Mapping[str, Any]) -> dict[tuple[str, str], WorkloadKey]:
+    """(namespace, pod) -> workload key, from the sample's allocations (first allocation of a pod wins)."""
+    allocs = sample.get("allocations")
+    if not allocs:
+        return {}
+    if len(allocs) == 1:  # the common case: one holder
+        a = allocs[0]
+        return {(a["namespace"], a["pod"]): workload_key(a)}
+    out: dict[tuple[str, str], WorkloadKey] = {}
+    for a in allocs:
+        out.setdefault((a["namespace"], a["pod"]), workload_key(a))
+    return out
+
+
+class WorkloadSums:
+    __slots__ = ("allocated_s", "energy_j", "idle_s", "used_s")
+
+    def __init__(self) -> None:
+        self.allocated_s = self.used_s = self.idle_s = self.energy_j = 0.0
+
+
+def add(target: dict[WorkloadKey, WorkloadSums], key: WorkloadKey, c: Any) -> None:
+    s = target.get(key)
+    if s is None:
+        s = target[key] = WorkloadSums()
+    s.allocated_s += c.allocated_s
+    s.used_s += c.used_s
+    s.idle_s += c.idle_s
+    s.energy_j += c.energy_j
+
+
+def to_records(
+    sums: Mapping[WorkloadKey, WorkloadSums] | None, per_gpu_hour: float, per_kwh: float
+) -> list[dict[str, Any]]:
+    """The ``workloads`` field of a ChargebackWindow record, sorted by key (deterministic output)."""
+    if not sums:
+        return []
+    out = []
+    for key in sorted(sums, key=lambda k: tuple("" if x is None else str(x) for x in k)):
+        s = sums[key]
+        kind, name, labels, job = key
+        cost_a = s.allocated_s / SECONDS_PER_HOUR * per_gpu_hour
+        cost_e = s.energy_j / JOULES_PER_KWH * per_kwh
+        out.append(
+            {
+                "owner_kind": kind,
+                "owner_name": name,
+                "labels": dict(labels),
+                "hpc_job": job,
+                "allocated_gpu_seconds": s.allocated_s,
+                "used_gpu_seconds": s.used_s,
+                "idle_gpu_seconds": s.idle_s,
+                "energy_joules": s.energy_j,
+                "cost_allocation": cost_a,
+                "cost_energy": cost_e,
+                "cost_total": cost_a + cost_e,
+            }
+        )
+    return out

@@ -1,0 +1,227 @@
+"""Find GPUs that pods hold and do not use, and say what to do: gpu.samples.v1 -> gpu.recommendations.v1.
+
+A pod holding a GPU, MIG slice or shared replica whose activity stays under --idle-threshold for
+longer than --idle-after gets a GpuRecommendation: who, what, how long, GPU-hours and cost wasted so
+far, and an action (release; right-size to a named MIG profile or a shared GPU; a cheaper model). It
+is updated every --update-interval while it lasts and resolved when the pod ends, gets busy, or its
+GPU goes silent. Open recommendations are Prometheus series on --listen and, optionally, info alerts
+in Alertmanager. A separate service (not part of chargeback or metrics) so that its state and its
+restarts touch neither billing's exactly-once transactions nor the metrics exposition; it restores
+its open recommendations from its own topic when it restarts. Run one active instance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+import time
+
+from prometheus_client import CollectorRegistry
+
+from consumers.alerts.alertmanager import AlertmanagerFanout, AlertmanagerMetrics, AlertmanagerSender
+from consumers.chargeback.prices import PriceTable, load_price_table
+from consumers.consume_loop import ConsumeLoop
+from consumers.recommend.detector import DetectorConfig, IdleDetector
+from consumers.recommend.rightsize import MIB, RightSizeConfig
+from consumers.recommend.service import KafkaRecommendationSink, RecommendService
+from consumers.report.teams import TeamMap, load_team_map
+from consumers.topic_reader import read_topic
+from gpupipe import topics
+from gpupipe.argtypes import duration_ms
+from gpupipe.errors import ConfigError
+from gpupipe.health_server import ServiceHttp
+from gpupipe.kafka_admin import ensure_topics, parse_kafka_overrides, wait_for_broker
+from gpupipe.logs import fields
+from schemas.codec import codec_from_url
+
+USES_KAFKA = True
+
+log = logging.getLogger("gpupipe.recommend")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--listen", default=None, help="HOST:PORT for /metrics (open recommendations) and /healthz"
+    )
+    p.add_argument("--group-id", default="gpupipe-recommend", help="Kafka consumer group")
+    p.add_argument(
+        "--from-beginning",
+        action="store_true",
+        help="a new consumer group starts at the oldest retained sample instead of the newest",
+    )
+    p.add_argument(
+        "--create-topics", action=argparse.BooleanOptionalAction, default=True, help="create missing topics"
+    )
+    p.add_argument(
+        "--idle-threshold",
+        type=float,
+        default=0.05,
+        help="activity (SM active, else GPU utilisation, 0..1) under which a sample is idle (default 0.05)",
+    )
+    p.add_argument(
+        "--idle-after",
+        type=duration_ms,
+        default=2 * 3_600_000,
+        metavar="DURATION",
+        help="idle this long before a recommendation fires (default 2h)",
+    )
+    p.add_argument(
+        "--update-interval",
+        type=duration_ms,
+        default=900_000,
+        metavar="DURATION",
+        help="publish an update of an open recommendation this often, in event time (default 15m)",
+    )
+    p.add_argument(
+        "--gone-after",
+        type=duration_ms,
+        default=600_000,
+        metavar="DURATION",
+        help="resolve a recommendation whose GPU sent nothing for this long (default 10m)",
+    )
+    p.add_argument(
+        "--prices", default=None, metavar="FILE", help="price table YAML (as chargeback's) for costs"
+    )
+    p.add_argument("--teams", default=None, metavar="FILE", help="team mapping YAML (as the reports')")
+    p.add_argument(
+        "--release-memory",
+        type=int,
+        default=1024,
+        metavar="MIB",
+        help="an idle pod whose memory peak stays under this many MiB should release its GPU (default 1024)",
+    )
+    p.add_argument(
+        "--shared-replicas",
+        type=int,
+        default=4,
+        metavar="N",
+        help="replicas per time-sliced GPU in your shared pool, for shared_gpu suggestions (default 4)",
+    )
+    p.add_argument(
+        "--restore-lookback",
+        type=duration_ms,
+        default=7 * 86_400_000,
+        metavar="DURATION",
+        help="how far back gpu.recommendations.v1 is read at start to continue open ones (default 7d)",
+    )
+    am = p.add_argument_group("Alertmanager (optional)")
+    am.add_argument(
+        "--alertmanager-url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="also post open recommendations as severity=info alerts (repeatable)",
+    )
+    am.add_argument(
+        "--resend-interval", type=duration_ms, default=60_000, metavar="DURATION", help="default 1m"
+    )
+
+
+def detector_config(args: argparse.Namespace, currency: str) -> DetectorConfig:
+    if not 0 < args.idle_threshold <= 1:
+        raise ConfigError("--idle-threshold must be within (0, 1]")
+    if args.idle_after <= 0 or args.update_interval <= 0 or args.gone_after <= 0:
+        raise ConfigError("--idle-after, --update-interval and --gone-after must be greater than zero")
+    if args.shared_replicas < 2 or args.release_memory < 0:
+        raise ConfigError("--shared-replicas must be at least 2 and --release-memory not negative")
+    for url in args.alertmanager_url:
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"--alertmanager-url must start with http:// or https://, got {url!r}")
+    return DetectorConfig(
+        idle_threshold=args.idle_threshold,
+        idle_after_ms=args.idle_after,
+        update_interval_ms=args.update_interval,
+        gone_after_ms=args.gone_after,
+        currency=currency,
+        rightsize=RightSizeConfig(
+            release_memory_bytes=args.release_memory * MIB, shared_replicas=args.shared_replicas
+        ),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    prices = load_price_table(args.prices) if args.prices else PriceTable()
+    teams = load_team_map(args.teams) if args.teams else TeamMap()
+    cfg = detector_config(args, prices.currency)
+    extra = parse_kafka_overrides(args.kafka_config)
+    wait_for_broker(args.bootstrap_servers, extra=extra)
+    if args.create_topics:
+        ensure_topics(args.bootstrap_servers, topics.ALL, prefix=args.topic_prefix, extra=extra)
+    t_samples = topics.with_prefix(args.topic_prefix, topics.SAMPLES)
+    t_out = topics.with_prefix(args.topic_prefix, topics.RECOMMENDATIONS)
+    codec = codec_from_url(args.schema_registry_url)
+    registry = CollectorRegistry()
+    alertmanager = None
+    if args.alertmanager_url:
+        am_metrics = AlertmanagerMetrics(registry)
+        alertmanager = AlertmanagerFanout(
+            [
+                AlertmanagerSender(url, resend_interval_ms=args.resend_interval, metrics=am_metrics)
+                for url in args.alertmanager_url
+            ]
+        )
+    detector = IdleDetector(
+        cfg,
+        gpu_price=lambda model: prices.gpu_price(model).per_gpu_hour,
+        team_of=lambda ns, labels: teams.match(ns, labels),
+    )
+    service = RecommendService(
+        detector, KafkaRecommendationSink(args.bootstrap_servers, t_out, codec, extra), registry, alertmanager
+    )
+    if args.restore_lookback:
+        since = int(time.time() * 1000) - args.restore_lookback
+        restored = service.restore(
+            read_topic(
+                args.bootstrap_servers,
+                t_out,
+                codec,
+                "GpuRecommendation",
+                since_ms=since,
+                extra=extra,
+                missing_ok=True,  # first start with --no-create-topics: nothing to restore
+            )
+        )
+        log.info("open recommendations restored", extra=fields(count=restored))
+    loop = ConsumeLoop(
+        bootstrap=args.bootstrap_servers,
+        group_id=args.group_id,
+        topics=[t_samples],
+        handler=service,
+        codec=codec,
+        deadletter_topic=topics.with_prefix(args.topic_prefix, topics.DEADLETTER),
+        service="recommend",
+        registry=registry,
+        extra=extra,
+        from_beginning=args.from_beginning,
+    )
+    stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+    def health() -> tuple[bool, dict[str, object]]:
+        return loop.healthy, {"open_recommendations": len(service.open)}
+
+    http = ServiceHttp(args.listen, registry, health).start() if args.listen else None
+    if alertmanager is not None:
+        alertmanager.start()
+    log.info(
+        "recommend service started",
+        extra=fields(
+            input=t_samples, output=t_out, idle_after_ms=cfg.idle_after_ms, threshold=cfg.idle_threshold
+        ),
+    )
+    try:
+        loop.run(stop)
+    finally:
+        try:
+            service.flush()
+        finally:
+            if alertmanager is not None:
+                alertmanager.stop()
+            if http is not None:
+                http.stop()
+    log.info("recommend service stopped", extra=fields(records=service.records_out))
+    return 0

@@ -1,0 +1,264 @@
+"""The recommend service: consume-loop handler, Kafka sink, Prometheus series, Alertmanager adapter.
+
+Thin I/O around :class:`~consumers.recommend.detector.IdleDetector`: each batch of ``GpuSample``
+records goes through the detector partition by partition, the revisions it yields go to
+``gpu.recommendations.v1`` (keyed by recommendation id, idempotent producer), to the Prometheus
+collector's view of open recommendations, and, when configured, to Alertmanager at severity
+``info``. Tracks of GPUs silent for ``--gone-after`` are resolved after every batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from confluent_kafka import Producer
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from consumers.consume_loop import InRecord, Rejected
+from consumers.recommend.detector import IdleDetector
+from gpupipe.errors import GpupipeError
+from gpupipe.kafka_admin import client_config
+from gpupipe.logs import fields
+from schemas.codec import AvroCodec
+
+log = logging.getLogger("gpupipe.recommend")
+
+ALERTNAME = "GpuIdleRecommendation"
+_SERIES_LABELS = (
+    "namespace",
+    "pod",
+    "owner",
+    "team",
+    "Hostname",
+    "UUID",
+    "GPU_I_PROFILE",
+    "modelName",
+    "action",
+    "target",
+)
+
+
+class KafkaRecommendationSink:
+    """GpuRecommendation records to their topic, keyed by recommendation id."""
+
+    def __init__(
+        self, bootstrap: str, topic: str, codec: AvroCodec, extra: dict[str, str] | None = None
+    ) -> None:
+        self.topic = topic
+        self._encode = codec.encoder("GpuRecommendation", topic).encode
+        self.failed = 0
+        self.sent = 0
+        self._producer = Producer(
+            client_config(
+                bootstrap,
+                extra,
+                **{"enable.idempotence": True, "acks": "all", "linger.ms": 5, "compression.type": "zstd"},
+            )
+        )
+
+    def _delivered(self, err: Any, _msg: Any) -> None:
+        if err is not None:
+            self.failed += 1
+            log.error("recommendation not delivered", extra=fields(topic=self.topic, error=str(err)))
+        else:
+            self.sent += 1
+
+    def send(self, record: dict[str, Any]) -> None:
+        value = self._encode(record)
+        while True:
+            try:
+                self._producer.produce(
+                    self.topic, value, record["recommendation_id"].encode(), on_delivery=self._delivered
+                )
+                break
+            except BufferError:
+                self._producer.poll(0.05)
+        self._producer.poll(0)
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        before = self.failed
+        left = self._producer.flush(timeout_s)
+        if left or self.failed != before:
+            raise GpupipeError(f"{left} recommendation records not delivered within {timeout_s:g}s")
+
+
+def to_alert(rec: dict[str, Any]) -> dict[str, Any]:
+    """A recommendation as the GpuAlert-shaped dict the Alertmanager sender takes (severity info)."""
+    return {
+        "alert_id": rec["recommendation_id"],
+        "alertname": ALERTNAME,
+        "status": rec["status"],
+        "severity": "info",
+        "hostname": rec["hostname"],
+        "action": rec["action"],
+        "cause_class": "idle",
+        "scope": "gpu",
+        "xid_codes": [],
+        "gpu_uuid": rec["mig_uuid"] or rec["uuid"],
+        "gpu_index": rec["gpu_index"],
+        "pci_bus_id": None,
+        "allocations": [{"namespace": rec["namespace"], "pod": rec["pod"]}],
+        "summary": f"GPU idle for {rec['idle_seconds'] / 3600:.1f} h in {rec['namespace']}/{rec['pod']}",
+        "description": rec["message"],
+        "runbook": "Release the GPU, or move the workload to the suggested target (see description).",
+        "occurrences": rec["sequence"],
+        "first_seen_ms": rec["idle_since_ms"],
+        "drain_node": False,
+        "catalog_version": "",
+        "resolved_at_ms": rec["timestamp_ms"] if rec["status"] == "resolved" else None,
+    }
+
+
+def _series_labels(rec: dict[str, Any]) -> list[str]:
+    owner = f"{rec['owner_kind']}/{rec['owner_name']}" if rec.get("owner_name") else ""
+    return [
+        rec["namespace"],
+        rec["pod"],
+        owner,
+        rec.get("team") or "",
+        rec["hostname"],
+        rec["mig_uuid"] or rec["uuid"],
+        rec.get("mig_profile") or "",
+        rec["model_name"],
+        rec["action"],
+        rec.get("target") or "",
+    ]
+
+
+class _OpenCollector(Collector):
+    """Gauges over the open recommendations (one series per idle pod and GPU, gone when resolved)."""
+
+    def __init__(self, service: RecommendService) -> None:
+        self.service = service
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        with self.service.lock:
+            open_recs = list(self.service.open.values())
+        idle = GaugeMetricFamily(
+            "gpupipe_recommendation_idle_seconds",
+            "How long an open idle-GPU recommendation's pod has held its GPU idle.",
+            labels=_SERIES_LABELS,
+        )
+        hours = GaugeMetricFamily(
+            "gpupipe_recommendation_gpu_hours_idle",
+            "GPU-hours wasted so far by an open recommendation's idle pod.",
+            labels=_SERIES_LABELS,
+        )
+        cost = GaugeMetricFamily(
+            "gpupipe_recommendation_cost_wasted",
+            "Cost of those GPU-hours at the price table's GPU-hour price (see the currency label).",
+            labels=[*_SERIES_LABELS, "currency"],
+        )
+        saving = GaugeMetricFamily(
+            "gpupipe_recommendation_saving_per_hour",
+            "Cost per hour the suggested action saves.",
+            labels=[*_SERIES_LABELS, "currency"],
+        )
+        count = GaugeMetricFamily(
+            "gpupipe_recommendations_open", "Open idle-GPU recommendations by action.", labels=["action"]
+        )
+        by_action: dict[str, int] = {}
+        for rec in open_recs:
+            lab = _series_labels(rec)
+            idle.add_metric(lab, rec["idle_seconds"])
+            hours.add_metric(lab, rec["gpu_hours_idle"])
+            cost.add_metric([*lab, rec["currency"]], rec["cost_wasted"])
+            saving.add_metric([*lab, rec["currency"]], rec["saving_per_hour"] or 0.0)
+            by_action[rec["action"]] = by_action.get(rec["action"], 0) + 1
+        for action, n in sorted(by_action.items()):
+            count.add_metric([action], n)
+        yield from (idle, hours, cost, saving, count)
+
+
+class RecommendService:
+    """Consume-loop handler: samples in, recommendation revisions out."""
+
+    def __init__(
+        self,
+        detector: IdleDetector,
+        sink: Any,
+        registry: CollectorRegistry,
+        alertmanager: Any = None,
+    ) -> None:
+        self.detector = detector
+        self.sink = sink
+        self.alertmanager = alertmanager
+        self.lock = threading.Lock()
+        self.open: dict[str, dict[str, Any]] = {}  # recommendation id -> latest firing revision
+        self.records_out = 0
+        self.revisions = Counter(
+            "gpupipe_recommendation_records",
+            "GpuRecommendation revisions published, by status and action.",
+            ["status", "action"],
+            registry=registry,
+        )
+        registry.register(_OpenCollector(self))
+
+    def restore(self, records: Sequence[dict[str, Any]]) -> int:
+        n = self.detector.restore(records)
+        latest: dict[str, dict[str, Any]] = {}
+        for r in records:
+            if r["sequence"] >= latest.get(r["recommendation_id"], {}).get("sequence", 0):
+                latest[r["recommendation_id"]] = r
+        with self.lock:
+            self.open = {k: r for k, r in latest.items() if r["status"] == "firing"}
+        return n
+
+    # -- Handler protocol --------------------------------------------------------------------------
+    def on_assign(self, partitions: Sequence[tuple[str, int]]) -> None:
+        return None
+
+    def on_revoke(self, partitions: Sequence[tuple[str, int]]) -> None:
+        self.detector.drop_partitions(p for _, p in partitions)
+
+    def handle(self, records: Sequence[InRecord]) -> Sequence[Rejected] | None:
+        rejected: list[Rejected] = []
+        out: list[dict[str, Any]] = []
+        observe = self.detector.observe
+        for rec in records:
+            if rec.name != "GpuSample":
+                rejected.append((rec, "wrong_record_type", f"{rec.name} on a samples topic"))
+                continue
+            try:
+                out.extend(observe(rec.value, rec.partition))
+            except (KeyError, TypeError, ValueError) as exc:
+                rejected.append((rec, "invalid_sample", f"{type(exc).__name__}: {exc}"))
+        out.extend(self.detector.expire())
+        self.publish(out)
+        if out:  # delivered before the consume loop stores the batch's offsets: at least once
+            self.sink.flush()
+        return rejected
+
+    def publish(self, revisions: Sequence[dict[str, Any]]) -> None:
+        for rev in revisions:
+            self.sink.send(rev)
+            self.records_out += 1
+            self.revisions.labels(rev["status"], rev["action"]).inc()
+            with self.lock:
+                if rev["status"] == "firing":
+                    self.open[rev["recommendation_id"]] = rev
+                else:
+                    self.open.pop(rev["recommendation_id"], None)
+            if self.alertmanager is not None:
+                self.alertmanager.update(to_alert(rev))
+            log.info(
+                "recommendation",
+                extra=fields(
+                    id=rev["recommendation_id"],
+                    status=rev["status"],
+                    sequence=rev["sequence"],
+                    namespace=rev["namespace"],
+                    pod=rev["pod"],
+                    action=rev["action"],
+                    target=rev["target"],
+                    gpu_hours_idle=round(rev["gpu_hours_idle"], 4),
+                ),
+            )
+
+    def flush(self) -> None:
+        self.sink.flush()

@@ -1,0 +1,201 @@
+"""Chargeback report rows by workload dimensions: ``owner``, ``label:<key>``, teams from label values,
+and measured carbon. Pure: ChargebackWindow records in, ReportRow objects out.
+
+Each record is split into *parts*: one per entry of its ``workloads`` breakdown (owner, selected
+labels, HPC job: see ``consumers/chargeback/workloads.py``), plus a remainder for what no entry
+covers (records of producers without pod metadata, records written before the breakdown existed,
+pseudo-namespaces). The parts of a record add up to the record, so any grouping here adds up to the
+namespace view of ``chargeback_report.build_report`` (the invariant, per window: namespaces plus
+``__unallocated__`` equal the GPU-seconds observed).
+
+Group values: ``owner`` is ``<namespace>/<Kind>/<name>`` (``<namespace>/(unknown)`` without owner
+data; an HPC job is ``hpc/HpcJob/<job id>``); ``label:<key>`` is the label's value, ``(no <key>)``
+for pods without it; ``team`` is the mapping's first matching rule for the namespace *or the pod's
+labels*, else the record's team, else the namespace. Pseudo-namespaces are their own group in every
+dimension. With a carbon intensity function, each part's energy becomes CO2e (``co2e_kg``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from consumers.chargeback.accounting import PSEUDO_NAMESPACES
+from consumers.report.chargeback_report import (
+    CORRECTION,
+    PERIODS,
+    TOTAL,
+    WINDOW,
+    ReportRow,
+    _ms,
+    _period,
+    _sort_key,
+)
+from consumers.report.errors import ReportOptionError
+from consumers.report.teams import TeamMap
+
+BASE_DIMENSIONS = ("namespace", "team", "node")
+# (node, window start ms, energy kWh) -> kg CO2e
+CarbonFn = Callable[[str, int, float], float]
+
+
+def is_workload_dim(dim: str) -> bool:
+    return dim == "owner" or (dim.startswith("label:") and len(dim) > len("label:"))
+
+
+def valid_dims(dims: Sequence[str]) -> bool:
+    workload = [d for d in dims if is_workload_dim(d)]
+    ok = all(d in BASE_DIMENSIONS or is_workload_dim(d) for d in dims)
+    return bool(dims) and ok and len(workload) <= 1 and len(set(dims)) == len(dims)
+
+
+def _parts(rec: dict[str, Any]) -> Iterable[tuple[dict[str, Any] | None, float]]:
+    """(workload entry or None for the remainder, share of the record's allocated time)."""
+    alloc = rec["allocated_gpu_seconds"]
+    covered = {
+        k: 0.0 for k in ("allocated_gpu_seconds", "used_gpu_seconds", "idle_gpu_seconds", "energy_joules")
+    }
+    costs = {"cost_allocation": 0.0, "cost_energy": 0.0}
+    for w in rec.get("workloads") or ():
+        for k in covered:
+            covered[k] += w[k]
+        for k in costs:
+            costs[k] += w[k]
+        yield w, (w["allocated_gpu_seconds"] / alloc if alloc else 0.0)
+    rest = {k: rec[k] - covered[k] for k in covered}
+    rest.update({k: rec[k] - costs[k] for k in costs})
+    if not rec.get("workloads") or any(abs(v) > 1e-9 * max(1.0, abs(rec[k])) for k, v in rest.items()):
+        rest.update(owner_kind=None, owner_name=None, labels={}, hpc_job=None)
+        yield (
+            rest,
+            (rest["allocated_gpu_seconds"] / alloc if alloc else (0.0 if rec.get("workloads") else 1.0)),
+        )
+
+
+def group_value(dim: str, ns: str, part: dict[str, Any]) -> str:
+    if ns in PSEUDO_NAMESPACES:
+        return ns
+    if dim == "owner":
+        if part.get("owner_name"):
+            return f"{ns}/{part.get('owner_kind') or 'Unknown'}/{part['owner_name']}"
+        return f"{ns}/(unknown)"
+    key = dim[len("label:") :]
+    return (part.get("labels") or {}).get(key) or f"(no {key})"
+
+
+class _Sum:
+    __slots__ = (
+        "alloc",
+        "co2e",
+        "cost_a",
+        "cost_e",
+        "default",
+        "energy",
+        "idle",
+        "records",
+        "unknown",
+        "used",
+    )
+
+    def __init__(self) -> None:
+        self.alloc = self.used = self.idle = self.unknown = self.energy = self.cost_a = self.cost_e = 0.0
+        self.co2e = 0.0
+        self.default = False
+        self.records = 0
+
+
+def build_workload_report(
+    records: Iterable[dict[str, Any]],
+    *,
+    by: Sequence[str] = ("owner",),
+    teams: TeamMap | None = None,
+    start_ms: int | None = None,
+    end_ms: int | None = None,
+    period: str = "window",
+    split_corrections: bool = False,
+    carbon: CarbonFn | None = None,
+) -> list[ReportRow]:
+    dims = tuple(by)
+    if not valid_dims(dims):
+        raise ReportOptionError(
+            "group by namespace, team, node and at most one of owner, label:<key> (each once), "
+            f"got {list(dims)}"
+        )
+    if period not in PERIODS:
+        raise ReportOptionError(f"period must be one of {', '.join(PERIODS)}, got {period!r}")
+    teams = teams if teams is not None else TeamMap()
+    wdim = next((d for d in dims if is_workload_dim(d)), None)
+    selected = []
+    first = last = None
+    for rec in records:
+        ws, we = _ms(rec["window_start_ms"]), _ms(rec["window_end_ms"])
+        if (start_ms is not None and ws < start_ms) or (end_ms is not None and ws >= end_ms):
+            continue
+        selected.append((ws, we, rec))
+        first = ws if first is None else min(first, ws)
+        last = we if last is None else max(last, we)
+    sums: dict[tuple[Any, ...], _Sum] = {}
+    for ws, we, rec in selected:
+        ns = rec["namespace"]
+        ps, pe = _period(ws, we, period, start_ms, end_ms, first, last)
+        kind = (CORRECTION if rec["kind"] == CORRECTION else WINDOW) if split_corrections else TOTAL
+        for part, share in _parts(rec):
+            assert part is not None
+            labels = part.get("labels") or {}
+            pseudo = ns in PSEUDO_NAMESPACES
+            team = ns if pseudo else (teams.match(ns, labels) or rec.get("team") or ns)
+            key = (
+                ps,
+                pe,
+                ns if "namespace" in dims else None,
+                team if "team" in dims else None,
+                rec["node"] if "node" in dims else None,
+                group_value(wdim, ns, part) if wdim else None,
+                rec["gpu_model"],
+                rec["currency"],
+                kind,
+            )
+            s = sums.get(key)
+            if s is None:
+                s = sums[key] = _Sum()
+            s.alloc += part["allocated_gpu_seconds"]
+            s.used += part["used_gpu_seconds"]
+            s.idle += part["idle_gpu_seconds"]
+            s.unknown += (rec.get("activity_unknown_gpu_seconds") or 0.0) * share
+            s.energy += part["energy_joules"]
+            s.cost_a += part["cost_allocation"]
+            s.cost_e += part["cost_energy"]
+            if carbon is not None:
+                s.co2e += carbon(rec["node"], ws, part["energy_joules"] / 3_600_000.0)
+            s.default = s.default or rec.get("price_source") == "default"
+            s.records += 1
+    rows = [
+        ReportRow(
+            window_start_ms=k[0],
+            window_end_ms=k[1],
+            namespace=k[2],
+            team=k[3],
+            node=k[4],
+            gpu_model=k[6],
+            currency=k[7],
+            kind=k[8],
+            gpu_hours_allocated=s.alloc / 3600.0,
+            gpu_hours_used=s.used / 3600.0,
+            gpu_hours_idle=s.idle / 3600.0,
+            gpu_hours_activity_unknown=s.unknown / 3600.0,
+            energy_kwh=s.energy / 3_600_000.0,
+            cost_allocation=s.cost_a,
+            cost_energy=s.cost_e,
+            cost=s.cost_a + s.cost_e,
+            default_price=s.default,
+            records=s.records,
+            group_by=wdim,
+            group=k[5],
+            co2e_kg=s.co2e if carbon is not None else None,
+        )
+        for k, s in sums.items()
+    ]
+    rows.sort(
+        key=lambda r: (*_sort_key(r)[:3], r.group in PSEUDO_NAMESPACES, r.group or "", *_sort_key(r)[3:])
+    )
+    return rows
