@@ -353,6 +353,9 @@ def am_labels(rec: dict[str, Any]) -> dict[str, str]:
         labels["xid"] = str(rec["xid_codes"][0])
     if rec.get("pci_bus_id"):
         labels["pci_bus_id"] = rec["pci_bus_id"]
+    # Senders whose alert is defined by more than the GPU (an idle recommendation is one pod's) name
+    # those labels themselves; they must be as stable as the alert.
+    labels.update(rec.get("identity_labels") or {})
     return labels
 
 

@@ -103,6 +103,12 @@ def to_alert(rec: dict[str, Any]) -> dict[str, Any]:
         "gpu_index": rec["gpu_index"],
         "pci_bus_id": None,
         "allocations": [{"namespace": rec["namespace"], "pod": rec["pod"]}],
+        # One recommendation per pod and GPU: both belong to the alert's identity.
+        "identity_labels": {
+            "namespace": rec["namespace"],
+            "pod": rec["pod"],
+            "gpu_uuid": rec["mig_uuid"] or rec["uuid"],
+        },
         "summary": f"GPU idle for {rec['idle_seconds'] / 3600:.1f} h in {rec['namespace']}/{rec['pod']}",
         "description": rec["message"],
         "runbook": "Release the GPU, or move the workload to the suggested target (see description).",

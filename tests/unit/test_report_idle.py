@@ -86,6 +86,9 @@ def test_every_format_renders(fmt: str) -> None:
         first = next(csv.DictReader(io.StringIO(text)))
         assert first["BilledCost"] == "0.000000" and first["x_WastedCost"] == "8.000000"
         assert first["x_RecommendedAction"] == "release"
+    elif fmt == "html":
+        assert text.startswith("<!DOCTYPE html>") and "http" not in text  # self-contained
+        assert "9.00 GPU-h idle, 18.00 USD wasted" in text and "<td>notebooks/Pod/nb-2</td>" in text
     else:
         lines = text.splitlines()
         assert lines[0].split()[0] == "OWNER" and "1g.10gb" in lines[2]
