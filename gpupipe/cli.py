@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from gpupipe import kafka_config
 from gpupipe.errors import BrokerUnavailableError, ConfigError, GpupipeError
 
 ENV_PREFIX = "GPUPIPE_"
@@ -29,6 +30,7 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("chargeback",), "consumers.chargeback.command", "aggregate GPU cost per namespace into windows"),
     (("report", "chargeback"), "consumers.report.command", "print chargeback reports per namespace or team"),
     (("alerts",), "consumers.alerts.command", "classify and deduplicate XIDs into alerts"),
+    (("acls",), "gpupipe.acls_command", "print or apply the least-privilege Kafka ACLs of each role"),
 )
 
 
@@ -80,13 +82,7 @@ def add_common(p: argparse.ArgumentParser, kafka: bool = True) -> None:
             default=None,
             help="use the Confluent wire format with this Schema Registry (default: single-object encoding)",
         )
-        g.add_argument(
-            "--kafka-config",
-            action="append",
-            default=[],
-            metavar="KEY=VALUE",
-            help="extra librdkafka setting, repeatable (env: ';'-separated)",
-        )
+        kafka_config.add_arguments(g)
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     g.add_argument(
         "--log-format", default="json", choices=["json", "text"], help="structured JSON or text logs"
@@ -120,6 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
     return root
 
 
+def _command_words(args: argparse.Namespace) -> tuple[str, ...]:
+    """('report', 'chargeback') for `gpupipe report chargeback`."""
+    words = (args.command,)
+    sub = getattr(args, f"{args.command}_command", None)
+    return (*words, sub) if sub else words
+
+
 def _version() -> str:
     try:
         from importlib.metadata import version
@@ -137,6 +140,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     setup_logging(args.log_level, args.log_format)
     try:
+        if hasattr(args, "kafka_config"):
+            # One place for every subcommand: file < GPUPIPE_KAFKA_* < --kafka-config, *.file read.
+            args.kafka_config = kafka_config.resolve(args.kafka_config, args.kafka_config_file, os.environ)
+            from gpupipe.kafka_admin import preflight
+
+            preflight(args, _command_words(args))
         return int(args._run(args) or 0)
     except ConfigError as exc:
         print(f"gpupipe: error: {exc}", file=sys.stderr)

@@ -1,0 +1,116 @@
+"""Issue 12: least privilege per role, the exact table `gpupipe acls` prints and applies."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpupipe import acls, cli
+from gpupipe.acls_command import render
+from gpupipe.kafka_auth import classify_client_error, denied_line, needs_for, principal_of
+
+
+def _ops(role: str, prefix: str = "") -> set[tuple[str, str, str, str]]:
+    return {(a.resource_type, a.pattern_type, a.name, a.operation) for a in acls.role_acls(role, prefix)}
+
+
+def test_producer_writes_samples_and_xid_and_reads_nothing() -> None:
+    assert _ops("producer", "staging.") == {
+        ("TOPIC", "LITERAL", "staging.gpu.samples.v1", "WRITE"),
+        ("TOPIC", "LITERAL", "staging.gpu.xid.v1", "WRITE"),
+        ("CLUSTER", "LITERAL", "kafka-cluster", "IDEMPOTENT_WRITE"),
+    }
+
+
+def test_chargeback_has_its_group_and_transactional_ids() -> None:
+    ops = _ops("chargeback")
+    assert ("TRANSACTIONAL_ID", "PREFIXED", "gpupipe-chargeback.", "WRITE") in ops
+    assert ("GROUP", "LITERAL", "gpupipe-chargeback", "READ") in ops
+    assert ("TOPIC", "LITERAL", "gpu.samples.v1", "READ") in ops
+    assert ("TOPIC", "LITERAL", "gpu.chargeback.v1", "WRITE") in ops
+    assert not any(o == "READ" and n == "gpu.chargeback.v1" for _, _, n, o in ops)
+    # a service started with --group-id billing gets transactional ids billing.<instance>
+    custom = {(a.resource_type, a.name) for a in acls.role_acls("chargeback", group="billing")}
+    assert ("TRANSACTIONAL_ID", "billing.") in custom and ("GROUP", "billing") in custom
+
+
+def test_the_group_ids_match_what_the_services_use() -> None:
+    """Read from the services' code: a renamed group must change the ACL table too."""
+    parser = cli.build_parser()
+    for role in ("metrics", "chargeback", "alerts"):
+        args = parser.parse_args([role])
+        assert args.group_id == acls.DEFAULT_GROUPS[role]
+    import inspect
+
+    from consumers import tail
+    from consumers.alerts import service as alerts_service
+    from consumers.metrics import service as metrics_service
+    from consumers.report import command as report_command
+
+    for module, role in (
+        (tail, "tail"),
+        (report_command, "report"),
+        (metrics_service, "metrics"),
+        (alerts_service, "alerts"),
+    ):
+        for prefix in acls.PRIVATE_GROUP_PREFIXES[role]:
+            assert f'"group.id": f"{prefix}{{' in inspect.getsource(module), (role, prefix)
+
+
+def test_report_is_read_only_and_only_chargeback() -> None:
+    ops = _ops("report")
+    assert {o for *_, o in ops} == {"READ"}
+    assert {n for t, _, n, _ in ops if t == "TOPIC"} == {"gpu.chargeback.v1"}
+
+
+def test_admin_creates_topics_but_reads_and_writes_nothing() -> None:
+    ops = {o for *_, o in _ops("admin")}
+    assert ops == {"CREATE", "DESCRIBE", "DESCRIBE_CONFIGS"}
+
+
+def test_print_formats() -> None:
+    bindings = acls.acls_for(["producer"], "p.", {"producer": "User:node-agent"})
+    table = render(bindings, "table")
+    assert "ALLOW User:node-agent    WRITE            TOPIC            LITERAL  p.gpu.samples.v1" in table
+    cmds = render(bindings, "kafka-acls").splitlines()
+    assert cmds[0].endswith(
+        "--add --allow-principal 'User:node-agent' --operation Write --topic 'p.gpu.samples.v1' "
+        "--resource-pattern-type literal"
+    )
+    assert "--operation IdempotentWrite --cluster" in cmds[2]
+    assert json.loads(render(bindings, "json"))[0]["resource_name"] == "p.gpu.samples.v1"
+
+
+def test_role_maps_are_checked() -> None:
+    with pytest.raises(ValueError, match="ROLE one of"):
+        acls.parse_role_map(["nobody=User:x"], "--principal")
+
+
+def test_error_lines_name_principal_resource_and_operation() -> None:
+    conf = {"security.protocol": "SASL_SSL", "sasl.username": "report"}
+    assert principal_of(conf) == "User:report"
+    assert principal_of({}) == "User:ANONYMOUS"
+    line = classify_client_error(
+        "_AUTHENTICATION",
+        "sasl_ssl://h:1/bootstrap: SASL authentication error: Authentication failed (invalid credentials)",
+        "h:1",
+        "User:report",
+    )
+    assert line is not None and line.startswith(
+        "Kafka at h:1 refused to authenticate User:report: wrong user"
+    )
+    line = classify_client_error(
+        "_SSL", "ssl://h:1/b: SSL handshake failed: certificate verify failed", "h:1", "U"
+    )
+    assert line is not None and "not signed by a CA we trust" in line
+    assert classify_client_error("_TRANSPORT", "Connection refused", "h:1", "U") is None
+    need = ("GROUP", "gpupipe-report-2f1c1f4e-0c55-4c1b-9d2f-1a2b3c4d5e6f", "READ")
+    assert denied_line("User:x", need, "report").startswith(
+        "Kafka denied User:x READ on group gpupipe-report-*:"
+    )
+
+
+def test_tail_checks_only_the_topic_it_reads() -> None:
+    needs = needs_for("tail", "p.", None, only_topic="p.gpu.xid.v1")
+    assert [n for n in needs if n[0] == "TOPIC"] == [("TOPIC", "p.gpu.xid.v1", "READ")]
