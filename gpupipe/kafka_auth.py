@@ -121,12 +121,8 @@ def missing_access(admin: Any, needs: list[Need], timeout_s: float = 10.0) -> li
                 allowed[("TOPIC", name)] = {o.name for o in ops or ()}
             except KafkaException as exc:
                 code = exc.args[0].code()
-                if code == KafkaError.UNKNOWN_TOPIC_OR_PART:
-                    allowed[("TOPIC", name)] = None  # absent: not our business here
-                elif code == KafkaError.TOPIC_AUTHORIZATION_FAILED:
-                    allowed[("TOPIC", name)] = set()
-                else:
-                    raise
+                # absent (creation handles it) or a transient broker error: not decided here
+                allowed[("TOPIC", name)] = set() if code == KafkaError.TOPIC_AUTHORIZATION_FAILED else None
     if group_names:
         futs = admin.describe_consumer_groups(
             group_names, include_authorized_operations=True, request_timeout=timeout_s
@@ -137,12 +133,9 @@ def missing_access(admin: Any, needs: list[Need], timeout_s: float = 10.0) -> li
                 # An unknown group comes back without operations; describing it proved DESCRIBE only.
                 allowed[("GROUP", name)] = {o.name for o in ops} if ops else None
             except KafkaException as exc:
-                if exc.args[0].code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
-                    allowed[("GROUP", name)] = set()
-                elif exc.args[0].code() == KafkaError.COORDINATOR_LOAD_IN_PROGRESS:
-                    allowed[("GROUP", name)] = None
-                else:
-                    raise
+                # coordinator not ready/moved and the like: the consumer itself will retry those
+                code = exc.args[0].code()
+                allowed[("GROUP", name)] = set() if code == KafkaError.GROUP_AUTHORIZATION_FAILED else None
     for rtype, name, op in needs:
         ops = allowed.get((rtype, name))
         if ops is not None and op not in ops:

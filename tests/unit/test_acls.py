@@ -114,3 +114,59 @@ def test_error_lines_name_principal_resource_and_operation() -> None:
 def test_tail_checks_only_the_topic_it_reads() -> None:
     needs = needs_for("tail", "p.", None, only_topic="p.gpu.xid.v1")
     assert [n for n in needs if n[0] == "TOPIC"] == [("TOPIC", "p.gpu.xid.v1", "READ")]
+
+
+class _Ops:
+    def __init__(self, names: list[str]) -> None:
+        self.authorized_operations = [type("Op", (), {"name": n})() for n in names]
+
+
+class _Fut:
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def result(self) -> object:
+        if isinstance(self.value, Exception):
+            raise self.value
+        return self.value
+
+
+class _Admin:
+    """Answers describe_topics like the broker: authorization failed until `grant_after` calls."""
+
+    def __init__(self, grant_after: int) -> None:
+        self.calls = 0
+        self.grant_after = grant_after
+
+    def describe_topics(self, coll: object, **kw: object) -> dict[str, _Fut]:
+        from confluent_kafka import KafkaError, KafkaException
+
+        self.calls += 1
+        if self.calls > self.grant_after:
+            return {"gpu.chargeback.v1": _Fut(_Ops(["READ", "DESCRIBE"]))}
+        return {"gpu.chargeback.v1": _Fut(KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)))}
+
+
+def test_a_transient_authorization_race_at_start_is_retried_for_a_bounded_time() -> None:
+    from gpupipe.kafka_auth import KafkaAuthError, check_access
+
+    now = [0.0]
+    needs = [("TOPIC", "gpu.chargeback.v1", "READ")]
+    conf = {"security.protocol": "SASL_SSL", "sasl.username": "report"}
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    admin = _Admin(grant_after=3)  # the ACL lands 1.5 s after start
+    check_access(lambda c: admin, conf, "report", needs, 10.0, sleep=sleep, clock=lambda: now[0])
+    assert admin.calls == 4 and now[0] == pytest.approx(1.5)
+
+    now[0] = 0.0
+    never = _Admin(grant_after=10**9)
+    with pytest.raises(KafkaAuthError) as exc:
+        check_access(lambda c: never, conf, "report", needs, 2.0, sleep=sleep, clock=lambda: now[0])
+    assert str(exc.value) == (
+        "Kafka denied User:report READ on topic gpu.chargeback.v1: no ACL allows it; "
+        "grant the 'report' role's ACLs (gpupipe acls --print --role report)"
+    )
+    assert now[0] == pytest.approx(2.0)
