@@ -154,7 +154,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpupipe: error: {exc}", file=sys.stderr)
         return 3
     except GpupipeError as exc:
-        print(f"gpupipe: error: {exc}", file=sys.stderr)
+        from gpupipe.kafka_auth import describe_denial
+
+        line = describe_denial(str(exc), args, _command_words(args)) or str(exc)
+        print(f"gpupipe: error: {line}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

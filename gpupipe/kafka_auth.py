@@ -182,3 +182,31 @@ def check_access(
             )
             logged = True
         sleep(min(0.5, max(0.0, deadline - clock())))
+
+
+_DENIALS = {
+    "TRANSACTIONAL_ID_AUTHORIZATION_FAILED": ("WRITE", "transactional id"),
+    "TOPIC_AUTHORIZATION_FAILED": ("READ/WRITE", "topic"),
+    "GROUP_AUTHORIZATION_FAILED": ("READ", "group"),
+    "CLUSTER_AUTHORIZATION_FAILED": ("IDEMPOTENT_WRITE/CREATE", "cluster"),
+}
+
+
+def describe_denial(message: str, args: Any, words: tuple[str, ...]) -> str | None:
+    """Name principal, resource and operation in an authorization failure a service raised at run
+    time (what the start-up check cannot see, e.g. transactional ids); None if `message` is none."""
+    code = next((c for c in _DENIALS if c in message), None)
+    if code is None or not isinstance(getattr(args, "kafka_config", None), Mapping):
+        return None
+    op, rtype = _DENIALS[code]
+    principal = principal_of(args.kafka_config)
+    role = acls.COMMAND_ROLES.get(words, "")
+    resource = rtype
+    if code.startswith("TRANSACTIONAL_ID") and getattr(args, "group_id", None):
+        import socket
+
+        resource = f"{rtype} {args.group_id}.{getattr(args, 'instance_id', None) or socket.gethostname()}"
+    elif code.startswith("GROUP") and getattr(args, "group_id", None):
+        resource = f"{rtype} {args.group_id}"
+    hint = f"; grant the '{role}' role's ACLs (gpupipe acls --print --role {role})" if role else ""
+    return f"Kafka denied {principal} {op} on {resource}{hint} ({message})"

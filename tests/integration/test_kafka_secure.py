@@ -118,15 +118,19 @@ def _metrics_consumed(port: int, topic: str) -> float:
     return float(m.group(1)) if m else 0.0
 
 
+def _create_topics(t: Target) -> None:
+    """As the admin (services run with --no-create-topics). One XID partition: the alerts service
+    sees the events in one order on both brokers (node bursts depend on it), so alert ids compare."""
+    admin_extra = {k: v for k, v in t.observer.items() if k != "bootstrap.servers"}
+    specs = {**topics.DEFAULT_SPECS, topics.XID: topics.TopicSpec(1, 86_400_000)}
+    ensure_topics(t.bootstrap, topics.ALL, prefix=t.prefix, specs=specs, extra=admin_extra)
+
+
 def run_pipeline(
     t: Target, tmp: Path, during: Callable[[list[subprocess.Popen]], None] | None = None
 ) -> dict:
     """Every stage with its own role; returns what is compared between brokers."""
-    admin_extra = {k: v for k, v in t.observer.items() if k != "bootstrap.servers"}
-    # one XID partition: the alerts service sees the events in one order on both brokers (node
-    # bursts depend on it), so alert ids compare exactly
-    specs = {**topics.DEFAULT_SPECS, topics.XID: topics.TopicSpec(1, 86_400_000)}
-    ensure_topics(t.bootstrap, topics.ALL, prefix=t.prefix, specs=specs, extra=admin_extra)
+    _create_topics(t)
     start_iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(START_MS / 1000))
     res = gpupipe(
         *t.argv(
@@ -193,6 +197,7 @@ def _secure_target(sk: Any) -> Target:
 def secured(kafka_secure: Any) -> tuple[Any, Target]:
     t = _secure_target(kafka_secure)
     _apply_acls(kafka_secure, t)
+    _create_topics(t)
     return kafka_secure, t
 
 
@@ -322,3 +327,42 @@ def test_mtls_principal_from_the_client_certificate(secured: tuple[Any, Target])
     assert res.returncode == 1
     assert f"Kafka denied User:report READ on topic {t.prefix}gpu.xid.v1" in res.stderr
     assert os.path.exists(sk.dir / "ca.pem")
+
+
+def test_a_missing_transactional_id_acl_is_named(secured: tuple[Any, Target]) -> None:
+    """What the start-up check cannot ask the broker about fails at run time, still as one line."""
+    from confluent_kafka.admin import (
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        AdminClient,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    sk, t = secured
+    group = f"txn-{uuid.uuid4().hex[:6]}"
+    res = gpupipe("acls", "--apply", "--role", "chargeback", "--group", f"chargeback={group}",
+                  "--topic-prefix", t.prefix, "--bootstrap-servers", sk.bootstrap,
+                  "--kafka-config-file", sk.config_file("admin"))  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    txn = AclBindingFilter(
+        ResourceType.TRANSACTIONAL_ID, f"{group}.", ResourcePatternType.PREFIXED, "User:chargeback", "*",
+        AclOperation.ANY, AclPermissionType.ANY,
+    )  # fmt: skip
+    admin = AdminClient(sk.conf("admin"))
+    for fut in admin.delete_acls([txn], request_timeout=30).values():
+        assert len(fut.result()) == 1
+    res = gpupipe("chargeback", "--group-id", group, "--instance-id", "i1", "--no-create-topics",
+                  "--bootstrap-servers", sk.bootstrap, "--topic-prefix", t.prefix,
+                  "--kafka-config-file", sk.config_file("chargeback"), timeout=60)  # fmt: skip
+    assert res.returncode == 1
+    assert (
+        res.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"gpupipe: error: Kafka denied User:chargeback WRITE on transactional id {group}.i1; grant the "
+            "'chargeback' role's ACLs (gpupipe acls --print --role chargeback) (fatal Kafka error "
+            "(TRANSACTIONAL_ID_AUTHORIZATION_FAILED)"
+        )
+    ), res.stderr
