@@ -83,6 +83,15 @@ def add_common(p: argparse.ArgumentParser, kafka: bool = True) -> None:
             help="use the Confluent wire format with this Schema Registry (default: single-object encoding)",
         )
         kafka_config.add_arguments(g)
+    dests = {a.dest for a in p._actions}
+    if "listen" in dests and "web_config_file" not in dests:
+        # the same exporter-toolkit web-config (TLS, basic auth) as `gpupipe metrics` has
+        g.add_argument(
+            "--web-config-file",
+            default=None,
+            metavar="FILE",
+            help="TLS and basic auth for --listen (Prometheus exporter-toolkit web-config YAML)",
+        )
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     g.add_argument(
         "--log-format", default="json", choices=["json", "text"], help="structured JSON or text logs"

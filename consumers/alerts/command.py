@@ -277,7 +277,11 @@ class AlertsApp:
     def run(self, stop: threading.Event) -> None:
         """Serve until ``stop`` is set (or the consume loop fails), then shut down in order."""
         args = self.args
-        http = ServiceHttp(args.listen, self.registry, self.health).start() if args.listen else None
+        http = (
+            ServiceHttp(args.listen, self.registry, self.health, args.web_config_file).start()
+            if args.listen
+            else None
+        )
         if self.alertmanager is not None:
             self.alertmanager.start()
         if self.cordoner is not None:
