@@ -117,7 +117,10 @@ def preflight(args: Any, words: tuple[str, ...], environ: Mapping[str, str] | No
     conf = client_config(args.bootstrap_servers, args.kafka_config)
     if role is None or not is_secured(conf):
         return
-    wait_for_broker(args.bootstrap_servers, extra=args.kafka_config)
+    try:
+        wait_for_broker(args.bootstrap_servers, extra=args.kafka_config)
+    except BrokerUnavailableError:
+        return  # unreachable is the command's call (a node agent starts anyway and spools XIDs)
     from gpupipe.durations import parse_duration_ms
 
     wait_s = parse_duration_ms(str(getattr(args, "kafka_authz_wait", "10s"))) / 1000.0

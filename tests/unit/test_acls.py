@@ -170,3 +170,43 @@ def test_a_transient_authorization_race_at_start_is_retried_for_a_bounded_time()
         "grant the 'report' role's ACLs (gpupipe acls --print --role report)"
     )
     assert now[0] == pytest.approx(2.0)
+
+
+def test_the_operator_doc_lists_exactly_what_gpupipe_acls_prints() -> None:
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "deploy" / "kafka-security.md").read_text()
+    assert render(acls.acls_for(list(acls.ROLES)), "table") in doc
+
+
+def test_the_example_secrets_and_manifests_agree(tmp_path) -> None:
+    """The manifests mount gpupipe-kafka-<role>; the example Secret's client.properties is valid for us."""
+    from pathlib import Path
+
+    import yaml
+
+    from gpupipe import kafka_config
+
+    deploy = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
+    secrets = {
+        d["metadata"]["name"]: d["stringData"]
+        for d in yaml.safe_load_all((deploy / "kafka-credentials.example.yaml").read_text())
+    }
+    mounted = set()
+    for f in ("producer-daemonset.yaml", "consumers.yaml"):
+        for d in yaml.safe_load_all((deploy / f).read_text()):
+            for v in (d or {}).get("spec", {}).get("template", {}).get("spec", {}).get("volumes", []):
+                if "secret" in v:
+                    mounted.add(v["secret"]["secretName"])
+                    assert v["secret"]["optional"] is True
+    assert (
+        mounted
+        == set(secrets)
+        == {f"gpupipe-kafka-{r}" for r in ("producer", "metrics", "chargeback", "alerts")}
+    )
+    for name, data in secrets.items():
+        props = tmp_path / "client.properties"
+        props.write_text(data["client.properties"].replace("/var/run/secrets/gpupipe/kafka", str(tmp_path)))
+        (tmp_path / "password").write_text(data["password"] + "\n")
+        conf = kafka_config.resolve([], str(props), {})
+        assert conf["sasl.password"] == "CHANGE-ME" and conf["sasl.username"] == name.rsplit("-", 1)[1]
