@@ -125,6 +125,18 @@ def build_parser() -> argparse.ArgumentParser:
     return root
 
 
+def _flag_env_names(parser: argparse.ArgumentParser) -> set[str]:
+    """GPUPIPE_* names of every flag (a future --kafka-foo flag's twin is not a librdkafka setting)."""
+    out: set[str] = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out |= _flag_env_names(sub)
+        else:
+            out |= {env_name(o) for o in action.option_strings if o.startswith("--")}
+    return out
+
+
 def _command_words(args: argparse.Namespace) -> tuple[str, ...]:
     """('report', 'chargeback') for `gpupipe report chargeback`."""
     words = (args.command,)
@@ -151,7 +163,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if hasattr(args, "kafka_config"):
             # One place for every subcommand: file < GPUPIPE_KAFKA_* < --kafka-config, *.file read.
-            args.kafka_config = kafka_config.resolve(args.kafka_config, args.kafka_config_file, os.environ)
+            args.kafka_config = kafka_config.resolve(
+                args.kafka_config, args.kafka_config_file, os.environ, _flag_env_names(parser)
+            )
             from gpupipe.kafka_admin import preflight
 
             preflight(args, _command_words(args))

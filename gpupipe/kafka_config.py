@@ -122,11 +122,13 @@ def read_properties(path: str | Path) -> dict[str, str]:
     return out
 
 
-def from_environ(environ: Mapping[str, str]) -> dict[str, str]:
-    """`GPUPIPE_KAFKA_SASL_PASSWORD_FILE=/x` -> `{'sasl.password.file': '/x'}` (our own flags excluded)."""
+def from_environ(environ: Mapping[str, str], own: Iterable[str] = ()) -> dict[str, str]:
+    """`GPUPIPE_KAFKA_SASL_PASSWORD_FILE=/x` -> `{'sasl.password.file': '/x'}`; the env twins of our own
+    flags (`own`, e.g. GPUPIPE_KAFKA_CONFIG_FILE) are not librdkafka settings."""
+    skip = _OWN_ENV | frozenset(own)
     out: dict[str, str] = {}
     for name, value in environ.items():
-        if not name.startswith(ENV_PREFIX) or name in _OWN_ENV:
+        if not name.startswith(ENV_PREFIX) or name in skip:
             continue
         key = name[len(ENV_PREFIX) :].lower().replace("_", ".")
         if key:
@@ -149,12 +151,13 @@ def resolve(
     items: Iterable[str] | Mapping[str, str],
     config_file: str | None,
     environ: Mapping[str, str],
+    own_env: Iterable[str] = (),
 ) -> KafkaSettings:
     """Merge file < environment < --kafka-config, then read `*.file` values (see module doc)."""
     merged: dict[str, str] = {}
     layers: list[dict[str, str]] = [
         read_properties(config_file) if config_file else {},
-        from_environ(environ),
+        from_environ(environ, own_env),
         dict(items) if isinstance(items, Mapping) else dict(split_items(items, "--kafka-config")),
     ]
     for layer in layers:

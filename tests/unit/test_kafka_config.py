@@ -124,3 +124,10 @@ def test_settings_repr_hides_secrets_and_commands_get_a_plain_dict() -> None:
     assert "hunter2" not in repr(conf) and "'u'" in repr(conf)
     assert parse_kafka_overrides(conf) == {"sasl.password": "hunter2", "sasl.username": "u"}
     assert parse_kafka_overrides(["a=1,b=2", "c=3"]) == {"a": "1", "b": "2", "c": "3"}
+
+
+def test_env_twins_of_any_gpupipe_flag_are_not_kafka_settings() -> None:
+    own = cli._flag_env_names(cli.build_parser())
+    assert {"GPUPIPE_KAFKA_CONFIG", "GPUPIPE_KAFKA_CONFIG_FILE", "GPUPIPE_KAFKA_AUTHZ_WAIT"} <= own
+    env = {"GPUPIPE_KAFKA_FUTURE_FLAG": "x", "GPUPIPE_KAFKA_SASL_USERNAME": "u"}
+    assert kafka_config.resolve([], None, env, own | {"GPUPIPE_KAFKA_FUTURE_FLAG"}) == {"sasl.username": "u"}
