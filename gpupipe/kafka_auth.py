@@ -210,3 +210,10 @@ def describe_denial(message: str, args: Any, words: tuple[str, ...]) -> str | No
         resource = f"{rtype} {args.group_id}"
     hint = f"; grant the '{role}' role's ACLs (gpupipe acls --print --role {role})" if role else ""
     return f"Kafka denied {principal} {op} on {resource}{hint} ({message})"
+
+
+def runtime_denial(principal: str, code_name: str, topic: str | None, group: str) -> str:
+    """The line for a consumer denied while running (topic READ or group READ revoked)."""
+    if code_name == "GROUP_AUTHORIZATION_FAILED" or not topic:
+        return f"Kafka denied {principal} READ on group {group} ({code_name})"
+    return f"Kafka denied {principal} READ on topic {topic} ({code_name})"
