@@ -107,7 +107,7 @@ def wait_for_broker(bootstrap: str, timeout_s: float = 10.0, extra: Mapping[str,
         raise BrokerUnavailableError(f"Kafka at {where} answered with no brokers")
 
 
-def preflight(args: Any, words: tuple[str, ...], environ: Mapping[str, str] | None = None) -> None:
+def preflight(args: Any, words: tuple[str, ...]) -> None:
     """On a secured cluster, check at start that this command's role has its ACLs (gpupipe.acls).
 
     Skipped on PLAINTEXT (no authorizer to ask). Retries up to --kafka-authz-wait for ACLs that
@@ -121,9 +121,7 @@ def preflight(args: Any, words: tuple[str, ...], environ: Mapping[str, str] | No
         wait_for_broker(args.bootstrap_servers, extra=args.kafka_config)
     except BrokerUnavailableError:
         return  # unreachable is the command's call (a node agent starts anyway and spools XIDs)
-    from gpupipe.durations import parse_duration_ms
-
-    wait_s = parse_duration_ms(str(getattr(args, "kafka_authz_wait", "10s"))) / 1000.0
+    wait_s = getattr(args, "kafka_authz_wait", 10_000) / 1000.0
     only = None
     if role == "tail":
         base = topics.resolve_alias(args.topic)

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from gpupipe.argtypes import duration_ms
 from gpupipe.errors import ConfigError
 
 SECRET_KEYS = frozenset(
@@ -188,6 +189,7 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
     )
     group.add_argument(
         "--kafka-authz-wait",
+        type=duration_ms,
         default="10s",
         metavar="DURATION",
         help="on a secured cluster, how long to retry at start while an ACL this role needs is missing "
