@@ -196,7 +196,9 @@ def describe_denial(message: str, args: Any, words: tuple[str, ...]) -> str | No
     """Name principal, resource and operation in an authorization failure a service raised at run
     time (what the start-up check cannot see, e.g. transactional ids); None if `message` is none."""
     code = next((c for c in _DENIALS if c in message), None)
-    if code is None or not isinstance(getattr(args, "kafka_config", None), Mapping):
+    if code is None or message.startswith("Kafka denied"):  # none, or already named
+        return None
+    if not isinstance(getattr(args, "kafka_config", None), Mapping):
         return None
     op, rtype = _DENIALS[code]
     principal = principal_of(args.kafka_config)

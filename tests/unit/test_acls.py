@@ -210,3 +210,24 @@ def test_the_example_secrets_and_manifests_agree(tmp_path) -> None:
         (tmp_path / "password").write_text(data["password"] + "\n")
         conf = kafka_config.resolve([], str(props), {})
         assert conf["sasl.password"] == "CHANGE-ME" and conf["sasl.username"] == name.rsplit("-", 1)[1]
+
+
+def test_run_time_denials_are_named_once() -> None:
+    import argparse
+
+    from gpupipe.kafka_auth import describe_denial
+    from gpupipe.kafka_config import KafkaSettings
+
+    args = argparse.Namespace(
+        kafka_config=KafkaSettings({"security.protocol": "SASL_SSL", "sasl.username": "chargeback"}),
+        group_id="billing",
+        instance_id="cb-0",
+    )
+    msg = "fatal Kafka error (TRANSACTIONAL_ID_AUTHORIZATION_FAILED): Transactional Id authorization failed."
+    assert describe_denial(msg, args, ("chargeback",)) == (
+        "Kafka denied User:chargeback WRITE on transactional id billing.cb-0; grant the 'chargeback' role's "
+        f"ACLs (gpupipe acls --print --role chargeback) ({msg})"
+    )
+    named = "Kafka denied User:alerts READ on topic gpu.xid.v1 (TOPIC_AUTHORIZATION_FAILED)"
+    assert describe_denial(named, args, ("alerts",)) is None
+    assert describe_denial("some other failure", args, ("alerts",)) is None
