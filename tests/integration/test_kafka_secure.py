@@ -368,3 +368,30 @@ def test_a_missing_transactional_id_acl_is_named(secured: tuple[Any, Target]) ->
             "(TRANSACTIONAL_ID_AUTHORIZATION_FAILED)"
         )
     ), res.stderr
+
+
+def test_acls_that_land_just_after_start_are_waited_for(secured: tuple[Any, Target], tmp_path: Path) -> None:
+    """A transient authorization race at start: the service waits (bounded), then runs."""
+    sk, _ = secured
+    race = Target(sk.bootstrap, lambda role: [], sk.conf("admin"))
+    _create_topics(race)
+    log = tmp_path / "tail.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [*GPUPIPE, "tail", "gpu.alerts.v1", "--from-beginning", "--idle-timeout", "1",
+             "--bootstrap-servers", sk.bootstrap, "--topic-prefix", race.prefix,
+             "--kafka-config-file", sk.config_file("report"), "--kafka-authz-wait", "60s"],
+            stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+        )  # fmt: skip
+    try:
+        _wait(lambda: "waiting for ACLs" in log.read_text(), 30, "the wait for ACLs", [proc])
+        res = gpupipe("acls", "--apply", "--role", "tail", "--principal", "tail=User:report",
+                      "--topic-prefix", race.prefix, "--bootstrap-servers", sk.bootstrap,
+                      "--kafka-config-file", sk.config_file("admin"))  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        assert proc.wait(30) == 0, log.read_text()[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert '"principal": "User:report"' in log.read_text()
