@@ -23,11 +23,14 @@ from prometheus_client.registry import Collector
 
 from consumers.deadletter import deadletter_headers
 from gpupipe.kafka_admin import client_config
+from gpupipe.kafka_auth import KafkaAuthError, principal_of, runtime_denial
 from gpupipe.logs import fields
 from schemas.codec import AvroCodec
 from schemas.errors import DecodeError
 
 log = logging.getLogger("gpupipe.consume")
+
+_DENIED = (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +152,8 @@ class ConsumeLoop:
             },
         )
         self.consumer = consumer_factory(conf)
+        self.group_id = group_id
+        self._principal = principal_of(conf)
         self._dlq = Producer(client_config(bootstrap, extra, **{"enable.idempotence": True, "linger.ms": 20}))
         registry.register(_LagCollector(self))
 
@@ -201,6 +206,11 @@ class ConsumeLoop:
         for msg in msgs:
             err = msg.error()
             if err is not None:
+                if err.code() in _DENIED:
+                    # an ACL revoked while running: exit with one line, do not log it forever
+                    raise KafkaAuthError(
+                        runtime_denial(self._principal, err.name(), msg.topic(), self.group_id)
+                    )
                 if err.code() != KafkaError._PARTITION_EOF:
                     log.warning("consume error", extra=fields(error=err.str()))
                 continue

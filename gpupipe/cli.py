@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from gpupipe import kafka_config
 from gpupipe.errors import BrokerUnavailableError, ConfigError, GpupipeError
 
 ENV_PREFIX = "GPUPIPE_"
@@ -31,6 +32,7 @@ COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("alerts",), "consumers.alerts.command", "classify and deduplicate XIDs into alerts"),
     (("recommend",), "consumers.recommend.command", "recommend what to do with GPUs that pods hold idle"),
     (("report", "idle"), "consumers.report.idle_command", "print the top idle-GPU wasters per team or owner"),
+    (("acls",), "gpupipe.acls_command", "print or apply the least-privilege Kafka ACLs of each role"),
 )
 
 
@@ -82,12 +84,15 @@ def add_common(p: argparse.ArgumentParser, kafka: bool = True) -> None:
             default=None,
             help="use the Confluent wire format with this Schema Registry (default: single-object encoding)",
         )
+        kafka_config.add_arguments(g)
+    dests = {a.dest for a in p._actions}
+    if "listen" in dests and "web_config_file" not in dests:
+        # the same exporter-toolkit web-config (TLS, basic auth) as `gpupipe metrics` has
         g.add_argument(
-            "--kafka-config",
-            action="append",
-            default=[],
-            metavar="KEY=VALUE",
-            help="extra librdkafka setting, repeatable (env: ';'-separated)",
+            "--web-config-file",
+            default=None,
+            metavar="FILE",
+            help="TLS and basic auth for --listen (Prometheus exporter-toolkit web-config YAML)",
         )
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     g.add_argument(
@@ -122,6 +127,25 @@ def build_parser() -> argparse.ArgumentParser:
     return root
 
 
+def _flag_env_names(parser: argparse.ArgumentParser) -> set[str]:
+    """GPUPIPE_* names of every flag (a future --kafka-foo flag's twin is not a librdkafka setting)."""
+    out: set[str] = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out |= _flag_env_names(sub)
+        else:
+            out |= {env_name(o) for o in action.option_strings if o.startswith("--")}
+    return out
+
+
+def _command_words(args: argparse.Namespace) -> tuple[str, ...]:
+    """('report', 'chargeback') for `gpupipe report chargeback`."""
+    words = (args.command,)
+    sub = getattr(args, f"{args.command}_command", None)
+    return (*words, sub) if sub else words
+
+
 def _version() -> str:
     try:
         from importlib.metadata import version
@@ -139,6 +163,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     setup_logging(args.log_level, args.log_format)
     try:
+        if hasattr(args, "kafka_config"):
+            # One place for every subcommand: file < GPUPIPE_KAFKA_* < --kafka-config, *.file read.
+            args.kafka_config = kafka_config.resolve(
+                args.kafka_config, args.kafka_config_file, os.environ, _flag_env_names(parser)
+            )
+            from gpupipe.kafka_admin import preflight
+
+            preflight(args, _command_words(args))
         return int(args._run(args) or 0)
     except ConfigError as exc:
         print(f"gpupipe: error: {exc}", file=sys.stderr)
@@ -147,7 +179,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpupipe: error: {exc}", file=sys.stderr)
         return 3
     except GpupipeError as exc:
-        print(f"gpupipe: error: {exc}", file=sys.stderr)
+        from gpupipe.kafka_auth import describe_denial
+
+        line = describe_denial(str(exc), args, _command_words(args)) or str(exc)
+        print(f"gpupipe: error: {line}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -2,21 +2,29 @@
 
 Tiny on purpose: a ThreadingHTTPServer in a daemon thread. The metrics consumer
 has its own, faster server for the GPU exposition; this one serves the service's
-self-metrics for producers, chargeback and alerts.
+self-metrics for producers, chargeback and alerts. It takes the same exporter-toolkit
+web-config file (`--web-config-file`: TLS, basic auth, headers) as the metrics service, parsed
+by the same code (consumers.metrics.http), so every /metrics of the pipeline is secured alike;
+`/healthz` stays open for probes.
 """
 
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from gpupipe.errors import ConfigError
+
+if TYPE_CHECKING:
+    from consumers.metrics.http import WebConfig
 
 HealthFn = Callable[[], tuple[bool, dict[str, Any]]]
 
@@ -28,14 +36,56 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host or "0.0.0.0", int(port)
 
 
+class _Server(ThreadingHTTPServer):
+    """Wraps accepted sockets in TLS when the web config asks for it (handshake in the request thread)."""
+
+    ssl_context: ssl.SSLContext | None = None
+
+    def get_request(self) -> tuple[Any, Any]:
+        sock, addr = self.socket.accept()
+        if self.ssl_context is not None:
+            sock = self.ssl_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return sock, addr
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        return  # a failed TLS handshake or a dropped scrape is the client's problem
+
+
 class ServiceHttp:
-    def __init__(self, listen: str, registry: CollectorRegistry, health: HealthFn) -> None:
+    def __init__(
+        self,
+        listen: str,
+        registry: CollectorRegistry,
+        health: HealthFn,
+        web_config: str | Path | WebConfig | None = None,
+    ) -> None:
+        from consumers.metrics.http import WebConfig, _Auth, load_web_config
+
         host, port = parse_listen(listen)
         reg, hfn = registry, health
+        wc = load_web_config(web_config) if isinstance(web_config, str | Path) else web_config or WebConfig()
+        auth = _Auth(wc.users) if wc.users else None
 
         class Handler(BaseHTTPRequestHandler):
+            def setup(self) -> None:
+                self.request.settimeout(30)
+                if isinstance(self.request, ssl.SSLSocket):
+                    self.request.do_handshake()
+                super().setup()
+
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
+                if (
+                    auth is not None
+                    and path not in ("/healthz", "/health")
+                    and not auth.check(self.headers.get("Authorization"))
+                ):
+                    self.send_response(401)
+                    self.send_header("WWW-Authenticate", 'Basic realm="gpupipe", charset="UTF-8"')
+                    self.send_header("Content-Length", "13")
+                    self.end_headers()
+                    self.wfile.write(b"Unauthorized\n")
+                    return
                 if path == "/metrics":
                     body, ctype, code = generate_latest(reg), CONTENT_TYPE_LATEST, 200
                 elif path in ("/healthz", "/health", "/"):
@@ -47,6 +97,8 @@ class ServiceHttp:
                 self.send_response(code)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
+                for k, v in wc.headers.items():
+                    self.send_header(k, v)
                 self.end_headers()
                 self.wfile.write(body)
 
@@ -54,10 +106,12 @@ class ServiceHttp:
                 return
 
         try:
-            self._server = ThreadingHTTPServer((host, port), Handler)
+            self._server = _Server((host, port), Handler)
         except OSError as exc:
             raise ConfigError(f"cannot listen on {listen}: {exc.strerror}") from exc
         self._server.daemon_threads = True
+        self._server.ssl_context = wc.ssl_context
+        self.scheme = "https" if wc.ssl_context else "http"
         self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
 
     @property

@@ -7,14 +7,24 @@ line and a non-zero exit, not a minute of librdkafka retry noise.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from gpupipe import topics
+from gpupipe import acls, topics
 from gpupipe.errors import BrokerUnavailableError, ConfigError
+from gpupipe.kafka_auth import (
+    KafkaAuthError,
+    check_access,
+    classify_client_error,
+    is_secured,
+    needs_for,
+    principal_of,
+)
+from gpupipe.kafka_config import KafkaSettings, split_items
 
 log = logging.getLogger("gpupipe.kafka")
 
@@ -31,18 +41,14 @@ def client_config(bootstrap: str, extra: Mapping[str, str] | None = None, **kw: 
     return conf
 
 
-def parse_kafka_overrides(items: Iterable[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in items:
-        for part in item.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            if "=" not in part:
-                raise ConfigError(f"--kafka-config expects key=value, got {part!r}")
-            k, v = part.split("=", 1)
-            out[k.strip()] = v.strip()
-    return out
+def parse_kafka_overrides(items: Iterable[str] | Mapping[str, str]) -> dict[str, str]:
+    """`--kafka-config` items as a dict; the CLI hands over the already merged settings (a Mapping).
+
+    See gpupipe.kafka_config for where settings come from and why secrets never come from argv.
+    """
+    if isinstance(items, Mapping):
+        return KafkaSettings(items)
+    return KafkaSettings(split_items(items, "--kafka-config"))
 
 
 def parse_topic_overrides(partitions: Iterable[str], retention: Iterable[str]) -> dict[str, topics.TopicSpec]:
@@ -71,17 +77,58 @@ def parse_topic_overrides(partitions: Iterable[str], retention: Iterable[str]) -
 
 
 def wait_for_broker(bootstrap: str, timeout_s: float = 10.0, extra: Mapping[str, str] | None = None) -> None:
-    """Raise BrokerUnavailableError unless the cluster answers a metadata request in time."""
+    """Raise BrokerUnavailableError unless the cluster answers a metadata request in time.
+
+    A wrong password or an untrusted broker certificate fails at the first attempt with one line
+    (KafkaAuthError) instead of retrying into a generic transport error.
+    """
     conf = client_config(bootstrap, extra)
     conf["logger"] = _quiet
-    try:
-        md = AdminClient(conf).list_topics(timeout=timeout_s)
-    except KafkaException as exc:
-        raise BrokerUnavailableError(
-            f"cannot reach Kafka at {bootstrap} within {timeout_s:g}s ({exc.args[0].str()})"
-        ) from exc
+    errors: list[KafkaError] = []
+    conf["error_cb"] = errors.append
+    where = str(conf["bootstrap.servers"])
+    principal = principal_of(conf)
+    admin = AdminClient(conf)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            md = admin.list_topics(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
+            break
+        except KafkaException as exc:
+            last = exc.args[0].str()
+        admin.poll(0)
+        for err in errors:
+            line = classify_client_error(err.name(), err.str(), where, principal)
+            if line:
+                raise KafkaAuthError(line)
+        if time.monotonic() >= deadline:
+            raise BrokerUnavailableError(f"cannot reach Kafka at {where} within {timeout_s:g}s ({last})")
     if not md.brokers:
-        raise BrokerUnavailableError(f"Kafka at {bootstrap} answered with no brokers")
+        raise BrokerUnavailableError(f"Kafka at {where} answered with no brokers")
+
+
+def preflight(args: Any, words: tuple[str, ...]) -> None:
+    """On a secured cluster, check at start that this command's role has its ACLs (gpupipe.acls).
+
+    Skipped on PLAINTEXT (no authorizer to ask). Retries up to --kafka-authz-wait for ACLs that
+    are still being applied, then fails with one line naming principal, resource and operation.
+    """
+    role = acls.COMMAND_ROLES.get(words)
+    conf = client_config(args.bootstrap_servers, args.kafka_config)
+    if role is None or not is_secured(conf):
+        return
+    try:
+        wait_for_broker(args.bootstrap_servers, extra=args.kafka_config)
+    except BrokerUnavailableError:
+        return  # unreachable is the command's call (a node agent starts anyway and spools XIDs)
+    wait_s = getattr(args, "kafka_authz_wait", 10_000) / 1000.0
+    only = None
+    if role == "tail":
+        base = topics.resolve_alias(args.topic)
+        only = topics.with_prefix(args.topic_prefix, base) if base else args.topic
+    needs = needs_for(role, args.topic_prefix, getattr(args, "group_id", None), only_topic=only)
+    conf["logger"] = _quiet
+    check_access(AdminClient, conf, role, needs, wait_s)
 
 
 def ensure_topics(
@@ -98,7 +145,8 @@ def ensure_topics(
     `replication_factor=-1` lets the broker apply its default, which is right for
     both a one-node dev broker and a production cluster.
     """
-    admin = AdminClient(client_config(bootstrap, extra))
+    admin_conf = client_config(bootstrap, extra)
+    admin = AdminClient(admin_conf)
     existing = set(admin.list_topics(timeout=timeout_s).topics)
     wanted = []
     for base in names:
@@ -123,6 +171,12 @@ def ensure_topics(
             created.append(name)
             log.info("created topic", extra={"fields": {"topic": name}})
         except KafkaException as exc:
-            if exc.args[0].code() != exc.args[0].TOPIC_ALREADY_EXISTS:
+            code = exc.args[0].code()
+            if code in (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED):
+                raise KafkaAuthError(
+                    f"Kafka denied {principal_of(admin_conf)} CREATE on topic {name}: create the topics "
+                    "with the admin role (gpupipe acls --role admin) and run with --no-create-topics"
+                ) from exc
+            if code != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise BrokerUnavailableError(f"cannot create topic {name}: {exc.args[0].str()}") from exc
     return created

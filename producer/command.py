@@ -226,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
             args.listen,
             metrics.registry,
             lambda: (True, {"sent": publisher.sent, "failed": publisher.failed}),
+            args.web_config_file,
         ).start()
     try:
         if args.source == "simulated":

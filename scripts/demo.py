@@ -1,6 +1,8 @@
 """`make demo`: a local broker, a simulated fleet, and every consumer service that exists.
 
 Ctrl-C (or SIGTERM) stops the services in reverse order, then the broker.
+GPUPIPE_DEMO_SECURE=1: the broker runs with `kafka-local start --secure` (SASL_SSL, ACLs; state in
+.run/kafka-secure), the ACLs of every role are applied and each service runs as its own role.
 Ports: Kafka 9092 (GPUPIPE_DEMO_KAFKA_PORT), producer self-metrics 9400, metrics 9401,
 chargeback 9402, alerts 9403; Prometheus 9090 and Alertmanager 9093 when their binaries are
 installed (Debian packages prometheus, prometheus-alertmanager).
@@ -122,6 +124,40 @@ def side_services() -> list[tuple[str, list[str], str]]:
     return out
 
 
+def secure_roles(bootstrap: str, secure_dir: Path) -> dict[str, dict[str, str]]:
+    """GPUPIPE_DEMO_SECURE=1: apply every role's ACLs, create the topics as admin, and return each
+    service's environment (its role's --kafka-config-file; no topic creation rights needed)."""
+    from gpupipe import kafka_config, topics
+    from gpupipe.kafka_admin import ensure_topics
+
+    clients = secure_dir / "clients"
+    admin = kafka_config.resolve([], str(clients / "admin.properties"), {})
+    ensure_topics(bootstrap, topics.ALL, extra=admin)
+    res = subprocess.run(
+        [
+            *GP,
+            "acls",
+            "--apply",
+            "--bootstrap-servers",
+            bootstrap,
+            "--kafka-config-file",
+            str(clients / "admin.properties"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if res.returncode != 0:
+        raise SystemExit(f"demo: applying ACLs failed: {res.stderr.strip()}")
+    roles = {"producer": "producer", "metrics": "metrics", "chargeback": "chargeback", "alerts": "alerts"}
+    return {
+        name: {
+            "GPUPIPE_KAFKA_CONFIG_FILE": str(clients / f"{role}.properties"),
+            "GPUPIPE_CREATE_TOPICS": "false",
+        }
+        for name, role in roles.items()
+    }
+
+
 def main() -> int:
     LOGS.mkdir(parents=True, exist_ok=True)
     print("demo: starting local Kafka (first run downloads the jars from Maven Central) ...", flush=True)
@@ -130,11 +166,22 @@ def main() -> int:
         **os.environ,
         "KAFKA_CONTROLLER_PORT": os.environ.get("GPUPIPE_DEMO_KAFKA_CONTROLLER_PORT", "29093"),
     }
-    out = subprocess.run([KAFKA, "start", "--port", PORT], capture_output=True, text=True, env=kenv)
+    secure = os.environ.get("GPUPIPE_DEMO_SECURE", "").lower() in ("1", "true", "yes")
+    if secure:
+        kenv["KAFKA_LOCAL_DIR"] = str(REPO / ".run" / "kafka-secure")
+    out = subprocess.run(
+        [KAFKA, "start", "--port", PORT, *(["--secure"] if secure else [])],
+        capture_output=True,
+        text=True,
+        env=kenv,
+    )
     if out.returncode != 0:
         print(out.stderr, file=sys.stderr)
         return 1
     bootstrap = out.stdout.strip().splitlines()[-1]
+    role_env = secure_roles(bootstrap, Path(kenv["KAFKA_LOCAL_DIR"]) / "secure") if secure else {}
+    if secure:
+        print("\n".join(line for line in out.stderr.splitlines() if "secure:" in line), flush=True)
     env = {**os.environ, "GPUPIPE_BOOTSTRAP_SERVERS": bootstrap, "GPUPIPE_LOG_FORMAT": "text"}
     procs: list[tuple[str, subprocess.Popen]] = []
     stopping = False
@@ -165,9 +212,12 @@ def main() -> int:
                 continue
             if name == "alerts" and have_am:
                 argv = [*argv, "--alertmanager-url", "http://127.0.0.1:9093"]
-            start(name, [*GP, *argv], hint, env)
+            start(name, [*GP, *argv], hint, {**env, **role_env.get(name, {})})
             time.sleep(1.0 if name == "producer" else 0.2)
-        print(f"demo: records as JSON:  {CLI} tail gpu.samples.v1 --bootstrap-servers {bootstrap}")
+        tail_cfg = (
+            f" --kafka-config-file {kenv['KAFKA_LOCAL_DIR']}/secure/clients/tail.properties" if secure else ""
+        )
+        print(f"demo: records as JSON:  {CLI} tail gpu.samples.v1 --bootstrap-servers {bootstrap}{tail_cfg}")
         print(f"demo: logs in {LOGS}/   Ctrl-C stops everything.", flush=True)
         while not stopping:
             for name, p in procs:

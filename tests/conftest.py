@@ -72,3 +72,11 @@ def topic_prefix(request: pytest.FixtureRequest) -> str:
     """A unique prefix per test so tests sharing the broker never see each other's records."""
     name = request.node.name.replace("[", "-").replace("]", "").replace("_", "-")[:40]
     return f"t{os.getpid()}-{name}-{free_port()}."
+
+
+@pytest.fixture(scope="session")
+def kafka_secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A second, secured broker (SASL_SSL + mTLS + ACLs), started once per session: tests/secure_kafka.py."""
+    from secure_kafka import start_secure_kafka
+
+    yield from start_secure_kafka(tmp_path_factory.mktemp("kafka-secure"))

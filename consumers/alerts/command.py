@@ -363,7 +363,11 @@ class AlertsApp:
     def run(self, stop: threading.Event) -> None:
         """Serve until ``stop`` is set (or the consume loop fails, or leadership is lost), then shut down."""
         args = self.args
-        http = ServiceHttp(args.listen, self.registry, self.health).start() if args.listen else None
+        http = (
+            ServiceHttp(args.listen, self.registry, self.health, args.web_config_file).start()
+            if args.listen
+            else None
+        )
         if self.elector is not None:
             self.elector.start()
             log.info("standing by for leadership", extra=fields(instance=self.instance))

@@ -271,7 +271,11 @@ def run(args: argparse.Namespace) -> int:
     check_topics(args.bootstrap_servers, [cfg.input_topic, cfg.output_topic, cfg.deadletter_topic], extra)
     if stop.is_set():
         return 0
-    http = ServiceHttp(args.listen, service.registry, service.health).start() if args.listen else None
+    http = (
+        ServiceHttp(args.listen, service.registry, service.health, args.web_config_file).start()
+        if args.listen
+        else None
+    )
     try:
         service.run(stop)
     finally:
