@@ -294,6 +294,8 @@ class FakeGpu:
         self.processes: list[FakeProcess] = list(processes or [])
         self.lost = False
         self.failures: dict[str, deque[int]] = {}  # fn name -> NVML error codes to raise next
+        #: Seconds every device call on this GPU blocks before answering (a hung GPU, ``hang``).
+        self.call_delay_s = 0.0
         self._fake: FakeNvml | None = None
         # Values (NVML units): a busy training GPU.
         self.util_gpu: Any = 87
@@ -396,6 +398,14 @@ class FakeGpu:
     def fail(self, fn_name: str, code: int = _real.NVML_ERROR_UNKNOWN, times: int = 1) -> None:
         """The next ``times`` calls of ``fn_name`` on this GPU raise NVMLError(code) (transient)."""
         self.failures.setdefault(fn_name, deque()).extend([code] * times)
+
+    def hang(self, seconds: float) -> None:
+        """Every device call on this GPU blocks ``seconds`` before answering (0 ends the hang).
+
+        A real driver can block an NVML call in the kernel (a GPU in a bad state, an RM lock held
+        by a reset); the call then returns late or with an error, and cannot be cancelled.
+        """
+        self.call_delay_s = float(seconds)
 
     def lose(self) -> None:
         """The GPU falls off the bus: every call on it raises NVMLError_GpuIsLost from now on."""
@@ -662,6 +672,8 @@ class FakeNvml:
             raise _err(_real.NVML_ERROR_INVALID_ARGUMENT)
         gpu, sl = target
         self.calls[(fn, gpu.index)] += 1
+        if gpu.call_delay_s:
+            time.sleep(gpu.call_delay_s)
         if gpu.lost:
             raise _err(_real.NVML_ERROR_GPU_IS_LOST)
         pending = gpu.failures.get(fn)

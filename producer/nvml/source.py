@@ -31,6 +31,12 @@ Per GPU, every poll yields:
   (``hooks.gpu_recovered``) after a reset.
 
 ``allocations`` is always empty here: kubelet enrichment is the caller's job.
+
+With ``call_timeout_s`` set (the node agent sets ``--nvml-timeout``), each GPU is polled on its own
+worker thread (:mod:`producer.nvml.workers`) and ``poll`` waits at most that long: a GPU whose
+calls have not returned is *stalled*, logged once, counted through ``hooks.nvml_error("call_timeout")``,
+and left out of this and later polls until its call returns. Without it (the default, for library
+use and tests) GPUs are polled one after the other on the caller's thread.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from producer.nvml.mig import MigSlice, enumerate_slices
 from producer.nvml.processes import ProcessCollector
 from producer.nvml.records import GpuRef, LostGpu, empty_sample
 from producer.nvml.slow import SlowCollector
+from producer.nvml.workers import GpuWorker
 
 log = logging.getLogger("gpupipe.nvml")
 
@@ -168,6 +175,10 @@ class NvmlSource:
         self.garbage_counts: Counter[str] = Counter()
         self.collector_failures: Counter[str] = Counter()
         self.collect_seconds: dict[str, float] = {}
+        #: Per-GPU time limit of a poll (None: sequential, no limit). See the module docstring.
+        self.call_timeout_s: float | None = None
+        self._workers: dict[int, GpuWorker] = {}
+        self._stalled: set[int] = set()
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -205,7 +216,12 @@ class NvmlSource:
         """Free GPM samples and shut NVML down (idempotent, never raises)."""
         if not self._started:
             return
+        for w in self._workers.values():
+            w.close()
         for gpu in self._gpus:
+            w = self._workers.get(gpu.ctx.index)
+            if w is not None and w.busy:
+                continue  # a hung call still uses this GPU's handles: leave them alone
             for ctx in (gpu.ctx, *(s.ctx for s in gpu.slices)):
                 self._release(ctx)
         self._started = False
@@ -236,25 +252,89 @@ class NvmlSource:
         spent = dict.fromkeys(self._groups_with_collectors, 0.0)
         ran: set[str] = set()
         out: list[dict[str, Any]] = []
-        for gpu in self._gpus:
-            if gpu.lost and not self._probe(gpu, now):
-                out.append(self._lost_sample(gpu, ts))
-                continue
-            try:
-                self._collect_gpu(gpu, due, spent, ran)
-            except self._errs.lost as exc:
-                self._mark_lost(gpu, ts, "poll", exc)
-            if gpu.lost:
-                out.append(self._lost_sample(gpu, ts))
-                continue
-            out.append(self._sample(gpu, gpu.ctx, ts, None))
-            for sl in gpu.slices:
-                out.append(self._sample(gpu, sl.ctx, ts, sl))
+        if self.call_timeout_s is None:
+            for gpu in self._gpus:
+                out += self._poll_gpu(gpu, due, now, ts, spent, ran)
+        else:
+            out = self._poll_parallel(due, now, ts, spent, ran, self.call_timeout_s)
         for group, seconds in spent.items():
             if group in ran:
                 self.collect_seconds[group] = seconds
                 self._hook("collect_duration", group, seconds)
         return out
+
+    def _poll_gpu(
+        self, gpu: _Gpu, due: set[str], now: float, ts: int, spent: dict[str, float], ran: set[str]
+    ) -> list[dict[str, Any]]:
+        if gpu.lost and not self._probe(gpu, now):
+            return [self._lost_sample(gpu, ts)]
+        try:
+            self._collect_gpu(gpu, due, spent, ran)
+        except self._errs.lost as exc:
+            self._mark_lost(gpu, ts, "poll", exc)
+        if gpu.lost:
+            return [self._lost_sample(gpu, ts)]
+        out = [self._sample(gpu, gpu.ctx, ts, None)]
+        for sl in gpu.slices:
+            out.append(self._sample(gpu, sl.ctx, ts, sl))
+        return out
+
+    def _poll_parallel(
+        self, due: set[str], now: float, ts: int, spent: dict[str, float], ran: set[str], limit: float
+    ) -> list[dict[str, Any]]:
+        jobs = []
+        for gpu in self._gpus:
+            idx = gpu.ctx.index
+            w = self._workers.get(idx)
+            if w is None:
+                w = self._workers[idx] = GpuWorker(f"nvml-gpu{idx}")
+            if w.busy:
+                continue  # still stalled in an earlier poll's call
+            local_spent: dict[str, float] = dict.fromkeys(spent, 0.0)
+            local_ran: set[str] = set()
+
+            def job(
+                gpu: _Gpu = gpu, sp: dict[str, float] = local_spent, rn: set[str] = local_ran
+            ) -> tuple[list[dict[str, Any]], dict[str, float], set[str]]:
+                return self._poll_gpu(gpu, set(due), now, ts, sp, rn), sp, rn
+
+            jobs.append((gpu, w.submit(job)))
+        deadline = time.monotonic() + limit
+        for _, j in jobs:
+            j.done.wait(max(0.0, deadline - time.monotonic()))
+        out: list[dict[str, Any]] = []
+        for gpu in self._gpus:
+            idx = gpu.ctx.index
+            w = self._workers[idx]
+            job = w.job
+            if w.busy or job is None or not any(job is j for _, j in jobs):
+                if idx not in self._stalled:
+                    self._stalled.add(idx)
+                    log.error(
+                        "GPU %d: NVML calls did not return within %.1fs; left out of the samples "
+                        "until they do (see gpupipe_producer_nvml_stalled_gpus)",
+                        idx,
+                        limit,
+                        extra={"fields": {"gpu": idx, "uuid": gpu.ctx.uuid}},
+                    )
+                    self.error_counts["call_timeout"] += 1
+                    self._hook("nvml_error", "call_timeout")
+                continue
+            if idx in self._stalled:
+                self._stalled.discard(idx)
+                log.warning("GPU %d: NVML calls return again", idx)
+            if job.error is not None:
+                raise job.error
+            samples, sp, rn = job.result
+            out += samples
+            for g, sec in sp.items():
+                spent[g] = spent.get(g, 0.0) + sec
+            ran |= rn
+        return out
+
+    def stalled_count(self) -> int:
+        """GPUs whose NVML calls did not return within ``call_timeout_s``."""
+        return len(self._stalled)
 
     @property
     def _errs(self) -> NvmlErrors:

@@ -132,6 +132,12 @@ class XidMerger:
         self._held.append(new)
         return out
 
+    def held_field_min(self, key: str) -> Any:
+        """The smallest non-null ``fields[key]`` among held sightings (None if none): the agent's
+        kernel-log cursor must not pass a sighting that is held and so not spooled yet."""
+        vals = [h.fields.get(key) for h in self._held]
+        return min((v for v in vals if v is not None), default=None)
+
     def expire(self, now_s: float) -> list[dict[str, Any]]:
         """Emit, alone, every held sighting with ``now_s - at_s >= window_s`` (oldest first)."""
         if not self._held:
