@@ -170,6 +170,9 @@ class _Hooks(SourceHooks):
     def gpu_recovered(self, gpu: GpuRef) -> None:
         log.info("GPU answers NVML again", extra=fields(gpu=gpu.gpu_index, uuid=gpu.uuid))
 
+    def unsupported(self, call: str, reason: str) -> None:
+        self._a.metrics.nvml_unsupported.labels(call, reason).inc()
+
 
 class NodeAgent:
     """One node's producer. Construct, then ``run(stop_event)`` on the thread that should poll."""

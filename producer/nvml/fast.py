@@ -170,6 +170,14 @@ class FastCollector:
         return None
 
 
+#: Any of these learned means GPM does not deliver PCIe bytes here (refused sampling included).
+_GPM_PCIE_KEYS = ("gpm", "gpm_alloc", "gpm_sample", "gpm_metrics", "gpm_metric:20", "gpm_metric:21")
+
+
 def _gpm_measures_pcie(ctx: DeviceContext) -> bool:
-    """GPM (Hopper+) measures PCIe over the whole interval; the legacy call samples 20 ms."""
-    return bool(ctx.gpm_supported) and "gpm_metric:20" not in ctx.unsupported
+    """GPM (Hopper+) measures PCIe over the whole interval; the legacy call samples 20 ms.
+
+    When GPM sampling is refused (NoPermission for a caller without profiling rights) the legacy
+    counter is read instead, so PCIe throughput does not vanish with the profiling metrics.
+    """
+    return bool(ctx.gpm_supported) and not any(k in ctx.unsupported for k in _GPM_PCIE_KEYS)

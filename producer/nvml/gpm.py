@@ -114,7 +114,12 @@ class GpmCollector:
     def _supported(self, ctx: DeviceContext) -> bool:
         if "gpm" in ctx.unsupported or "gpm_sample" in ctx.unsupported:
             return False
-        if ctx.gpm_supported is None and not ctx.is_mig:
+        if ctx.is_mig and ctx.parent is not None:
+            # Derived from the parent at collect time, not copied at creation: slices made when MIG
+            # was enabled after start would otherwise keep the parent's "unknown yet" forever.
+            parent = ctx.parent
+            return self._supported(parent) if parent.gpm_supported is None else bool(parent.gpm_supported)
+        if ctx.gpm_supported is None:
             support = ctx.call("gpm", "nvmlGpmQueryDeviceSupport", ctx.handle)
             if support is not None:
                 ctx.gpm_supported = bool(getattr(support, "isSupportedDevice", 0))

@@ -109,6 +109,10 @@ class SourceHooks:
     def gpu_recovered(self, gpu: GpuRef) -> None:
         """A GPU reported lost answers NVML again."""
 
+    def unsupported(self, call: str, reason: str) -> None:
+        """A call was learned as unanswerable on one device; ``reason`` is the NVML error class
+        without its prefix (``NotSupported``, ``NoPermission``, ``FunctionNotFound``...)."""
+
 
 COLLECTOR_FACTORIES: dict[str, Callable[[Any, Callable[[], float], frozenset[str]], Collector]] = {
     "fast": lambda nvml, clock, enabled: FastCollector(nvml, pcie_via_gpm="profiling" in enabled),
@@ -179,6 +183,7 @@ class NvmlSource:
         self.call_timeout_s: float | None = None
         self._workers: dict[int, GpuWorker] = {}
         self._stalled: set[int] = set()
+        self._warned_unsupported: set[tuple[str, str]] = set()
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -637,8 +642,26 @@ class _Reporter:
         src._hook("garbage", field)
 
     def learned(self, ctx: DeviceContext, key: str, reason: str) -> None:
-        # Expected on most GPUs (ECC off, no NVLink, pre-Hopper...): "no data", not a failure.
-        log.debug("GPU %d: %s unsupported (%s); not asked again", ctx.index, key, reason)
+        src = self._src
+        kind = reason.split(":", 1)[0].removeprefix("NVMLError_") or "unknown"
+        if "missing from the NVML binding" in reason:
+            kind = "FunctionNotFound"
+        call = key.split(":", 1)[0]
+        src._hook("unsupported", call, kind)
+        if kind in ("NotSupported", "InvalidArgument", "NotFound"):
+            # Expected on most GPUs (ECC off, no NVLink, pre-Hopper...): "no data", not a failure.
+            log.debug("GPU %d: %s unsupported (%s); not asked again", ctx.index, key, reason)
+            return
+        # A configuration problem (no rights, a binding too old): say so once per call.
+        if (call, kind) not in src._warned_unsupported:
+            src._warned_unsupported.add((call, kind))
+            log.warning(
+                "GPU %d: NVML refused %s (%s); its fields stay null on every GPU where this repeats. "
+                "See gpupipe_producer_nvml_unsupported_total{call,reason}",
+                ctx.index,
+                key,
+                reason,
+            )
 
 
 def _check_intervals(intervals: Mapping[str, float] | None) -> dict[str, float]:
