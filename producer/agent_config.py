@@ -38,6 +38,8 @@ class AgentConfig:
     processes_interval_s: float = 5.0
     kubelet_socket: str | None = DEFAULT_SOCKET_PATH  # None: kubelet enrichment off
     kubelet_timeout_s: float = 1.0
+    #: How long the last good kubelet map is kept after failed Lists (flagged meanwhile).
+    kubelet_grace_s: float = 10.0
     extra_resource_names: tuple[str, ...] = ()
     kmsg_path: str | None = DEFAULT_KMSG_PATH  # None: kernel-log reader off
     nvml_events: bool = True
@@ -100,6 +102,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         processes_interval_s=get("processes_interval", 5000) / 1000.0,
         kubelet_socket=get("kubelet_socket", DEFAULT_SOCKET_PATH) or None,
         kubelet_timeout_s=get("kubelet_timeout", 1000) / 1000.0,
+        kubelet_grace_s=get("kubelet_grace", 10_000) / 1000.0,
         extra_resource_names=tuple(n for n in names if n),
         kmsg_path=kmsg or None,
         nvml_events=not get("no_nvml_events", False),

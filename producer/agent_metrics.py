@@ -92,6 +92,16 @@ class AgentCollector(Collector):
         )
         amap = a.allocations
         yield GaugeMetricFamily(
+            "gpupipe_producer_kubelet_map_stale",
+            "1 while samples carry the last good kubelet attribution after failed Lists (grace period).",
+            value=1 if a.kubelet_map_stale else 0,
+        )
+        yield GaugeMetricFamily(
+            "gpupipe_producer_kubelet_dra_unresolved",
+            "gpu.nvidia.com DRA devices in the last List that match no GPU of this node (e.g. MIG).",
+            value=a.dra_unresolved(amap),
+        )
+        yield GaugeMetricFamily(
             "gpupipe_producer_kubelet_ignored_devices",
             "Device entries of non-GPU resource names in the last kubelet List.",
             value=sum(amap.ignored_resources.values()),

@@ -109,6 +109,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="deadline of one kubelet List (default 1s)",
     )
     nv.add_argument(
+        "--kubelet-grace",
+        type=positive_duration_ms,
+        default=10_000,
+        help="keep the last good pod attribution this long after failed kubelet Lists, flagged (default 10s)",
+    )
+    nv.add_argument(
         "--extra-resource-names",
         default="",
         metavar="NAMES",

@@ -62,7 +62,7 @@ from producer.delivery import SampleQueue, XidSender
 from producer.enrich import PidResolver, enrich_sample
 from producer.kmsg_input import KmsgInput
 from producer.kubelet.client import AllocationRefresher
-from producer.kubelet.mapping import AllocationMap
+from producer.kubelet.mapping import DEFAULT_DRA_DRIVERS, AllocationMap, AllocationMapper
 from producer.nvml.errors import NvmlSourceError
 from producer.nvml.events import XidEventWatcher
 from producer.nvml.records import GpuRef, LostGpu, gpu_lost_xid_event
@@ -83,6 +83,10 @@ log = logging.getLogger("gpupipe.agent")
 nvml_factory: Callable[[], Any] = default_nvml_module
 
 _WAKE_S = 0.25  # longest wait between main-loop passes (stop is noticed within this)
+#: DRA drivers whose claims are mapped: GPUs (resolved to UUIDs through NVML) and ComputeDomain
+#: IMEX channels (listed in the map's ``dra`` part: a ComputeDomain pod's GPUs come from its
+#: gpu.nvidia.com claim).
+DRA_DRIVERS = (*DEFAULT_DRA_DRIVERS, "compute-domain.nvidia.com")
 
 __all__ = [
     "DEFAULT_IN_FLIGHT_LIMIT",
@@ -241,15 +245,33 @@ class NodeAgent:
     # -- public state ---------------------------------------------------------------------------
     @property
     def allocations(self) -> AllocationMap:
-        """The newest kubelet map (empty when the last refresh failed or it is stale)."""
+        """The newest good kubelet map; after failed Lists the last good one for up to
+        ``--kubelet-grace`` (flagged: ``kubelet_map_stale``), then empty."""
         amap, at = self._amap_state
         if time.monotonic() - at > self._stale_after:
             return AllocationMap.empty()
         return amap
 
     @property
+    def kubelet_map_stale(self) -> bool:
+        """True while the map in use predates a failed List (the grace period)."""
+        r = self.refresher
+        return r is not None and not r.healthy and bool(self.allocations)
+
+    def dra_unresolved(self, amap: AllocationMap) -> int:
+        src = self.source
+        if src is None:
+            return 0
+        return sum(
+            1
+            for k in amap.dra
+            if k.driver == DEFAULT_DRA_DRIVERS[0] and src.dra_device_uuid(k.driver, k.pool, k.device) is None
+        )
+
+    @property
     def _stale_after(self) -> float:
-        return 2 * self.config.interval_s + self.config.kubelet_timeout_s
+        c = self.config
+        return max(2 * c.interval_s + c.kubelet_timeout_s, c.kubelet_grace_s)
 
     @property
     def kmsg_ready(self) -> threading.Event:
@@ -352,7 +374,11 @@ class NodeAgent:
             self.refresher = AllocationRefresher(
                 socket_path=c.kubelet_socket,
                 timeout_s=c.kubelet_timeout_s,
-                extra_resource_names=c.extra_resource_names,
+                mapper=AllocationMapper(
+                    c.extra_resource_names,
+                    DRA_DRIVERS,
+                    dra_device_resolver=self.source.dra_device_uuid,
+                ),
                 on_error=lambda kind: self.metrics.kubelet_errors.labels(kind).inc(),
             )
             self._spawn("kubelet-refresh", self._kubelet_loop)
@@ -469,11 +495,12 @@ class NodeAgent:
         self._tick_amap = amap
         resolve = self.pid_resolver
         samples = src.poll()  # may call _on_gpu_lost (hooks) on this thread
+        ids = src.device_ids()
         slices: dict[str, list[str]] = {}
         put, enc, topic = self.samples.put, self._enc_sample, self.t_samples
         ts = 0
         for s in samples:
-            enrich_sample(s, amap, resolve)
+            enrich_sample(s, amap, resolve, ids)
             mig = s["mig"]
             if mig:
                 slices.setdefault(s["uuid"], []).append(mig["mig_uuid"])
@@ -625,8 +652,20 @@ class NodeAgent:
         refresher = self.refresher
         assert refresher is not None
         interval = self.config.interval_s
+        was_ok = True
         while not self._threads_stop.is_set():
             began = time.monotonic()
             amap = refresher.refresh()  # never raises; empty on failure
-            self._amap_state = (amap, time.monotonic())  # one assignment: readers see a consistent pair
+            if refresher.healthy:
+                self._amap_state = (amap, time.monotonic())  # one assignment: a consistent pair
+                was_ok = True
+            elif was_ok:
+                was_ok = False
+                if self._amap_state[0]:
+                    # One failed List must not blank every GPU: keep the last good map, flagged,
+                    # until it is older than --kubelet-grace.
+                    log.warning(
+                        "kubelet List failed; keeping the last attribution for up to %.0fs (flagged)",
+                        self._stale_after,
+                    )
             self._threads_stop.wait(max(0.0, interval - (time.monotonic() - began)))

@@ -85,7 +85,7 @@ class XidContext:
                 device_holders(
                     self.amap,
                     uuid,
-                    aliases=gpu_aliases(gpu.gpu_index, gpu.pci_bus_id) if gpu is not None else (),
+                    aliases=gpu_aliases(gpu.gpu_index, gpu.pci_bus_id, gpu.minor) if gpu is not None else (),
                 )
             )
             for m in self.slices.get(uuid, ()):

@@ -296,6 +296,8 @@ class FakeGpu:
         self.failures: dict[str, deque[int]] = {}  # fn name -> NVML error codes to raise next
         #: Seconds every device call on this GPU blocks before answering (a hung GPU, ``hang``).
         self.call_delay_s = 0.0
+        #: /dev/nvidia<minor>: usually the index, but nothing guarantees it (nvmlDeviceGetMinorNumber).
+        self.minor = index
         self._fake: FakeNvml | None = None
         # Values (NVML units): a busy training GPU.
         self.util_gpu: Any = 87
@@ -754,6 +756,9 @@ class FakeNvml:
             raise _err(_real.NVML_ERROR_GPU_IS_LOST)
         # A new pointer object to the same address, as ctypes gives for every call.
         return ctypes.cast(self._gpu_handle[index], _real.c_nvmlDevice_t)
+
+    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
+        return self._gpu("nvmlDeviceGetMinorNumber", handle).minor
 
     def nvmlDeviceGetIndex(self, handle: Any) -> int:
         return self._target("nvmlDeviceGetIndex", handle)[0].index

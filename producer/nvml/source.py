@@ -55,7 +55,7 @@ from producer.nvml.gpm import GpmCollector
 from producer.nvml.identity import IdentityCollector, normalize_pci_bus_id, read_driver_version, text
 from producer.nvml.mig import MigSlice, enumerate_slices
 from producer.nvml.processes import ProcessCollector
-from producer.nvml.records import GpuRef, LostGpu, empty_sample
+from producer.nvml.records import DeviceIds, GpuRef, LostGpu, empty_sample
 from producer.nvml.slow import SlowCollector
 from producer.nvml.workers import GpuWorker
 
@@ -123,7 +123,7 @@ COLLECTOR_FACTORIES: dict[str, Callable[[Any, Callable[[], float], frozenset[str
 
 
 class _Gpu:
-    __slots__ = ("ctx", "identity", "lost", "next_probe", "slices")
+    __slots__ = ("ctx", "identity", "lost", "minor", "next_probe", "slices")
 
     def __init__(self, ctx: DeviceContext) -> None:
         self.ctx = ctx
@@ -131,6 +131,7 @@ class _Gpu:
         self.slices: list[MigSlice] = []
         self.lost = False
         self.next_probe = 0.0
+        self.minor: int | None = None
 
 
 class NvmlSource:
@@ -446,6 +447,7 @@ class NvmlSource:
             return None
         gpu = _Gpu(self._new_ctx(index, handle))
         try:
+            self._read_minor(gpu)
             self._set_identity(gpu, self._identity.collect(gpu.ctx))
             self._refresh_mig(gpu)
         except self._errs.lost as exc:
@@ -543,7 +545,45 @@ class NvmlSource:
     # -- lookups for the rest of the producer ------------------------------------------------------
     def _ref(self, gpu: _Gpu) -> GpuRef:
         c = gpu.ctx
-        return GpuRef(c.index, c.uuid, c.pci_bus_id, c.model_name, self._driver_version)
+        return GpuRef(c.index, c.uuid, c.pci_bus_id, c.model_name, self._driver_version, gpu.minor)
+
+    @staticmethod
+    def _read_minor(gpu: _Gpu) -> None:
+        """Read once at open (never on the XID path: a hung GPU must not block attribution)."""
+        c = gpu.ctx
+        minor = c.call("minor", "nvmlDeviceGetMinorNumber", c.handle)
+        gpu.minor = minor if isinstance(minor, int) and 0 <= minor < 1 << 20 else None
+
+    def device_ids(self) -> DeviceIds:
+        """What kubelet matching needs beyond UUIDs: minor numbers and MIG index ids."""
+        minors: dict[str, int] = {}
+        mig: dict[str, str] = {}
+        for g in self._gpus:
+            if g.ctx.uuid and g.minor is not None:
+                minors[g.ctx.uuid] = g.minor
+            for s in g.slices:
+                if s.mig_index >= 0:
+                    mig[s.mig_uuid] = f"{g.ctx.index}:{s.mig_index}"
+        return DeviceIds(minors, mig)
+
+    def dra_device_uuid(self, driver: str, pool: str, device: str) -> str | None:
+        """The GPU UUID of an NVIDIA DRA driver device name ``gpu-<n>`` (whole GPUs only).
+
+        Current drivers name a GPU by its minor number, older ones by its index: the minor is
+        tried first. MIG devices (``gpu-<n>-mig-...``) carry a placement NVML's handles here do
+        not expose, so they stay unresolved (counted by the agent) rather than guessed.
+        """
+        if not device.startswith("gpu-") or not device[4:].isdigit():
+            return None
+        n = int(device[4:])
+        refs = [self._ref(g) for g in self._gpus]
+        for r in refs:
+            if r.minor == n:
+                return r.uuid or None
+        for r in refs:
+            if r.minor is None and r.gpu_index == n:
+                return r.uuid or None
+        return None
 
     def gpus(self) -> list[GpuRef]:
         """Every GPU the source knows (lost ones included)."""

@@ -350,7 +350,15 @@ def test_a_stale_kubelet_map_is_not_used(tmp_path: Path) -> None:
     from producer.kubelet.mapping import build_allocation_map, pod_resources_from_dict
 
     pub, _ = memory_publisher()
-    agent = NodeAgent(config(tmp_path), pub, ProducerMetrics(), CODEC, "s", "x", nvml=node_for_fixtures())
+    agent = NodeAgent(
+        config(tmp_path, kubelet_grace_s=0.01),
+        pub,
+        ProducerMetrics(),
+        CODEC,
+        "s",
+        "x",
+        nvml=node_for_fixtures(),
+    )
     amap = build_allocation_map(pod_resources_from_dict(combined_fixture()))
     agent._amap_state = (amap, time.monotonic())
     assert agent.allocations is amap
