@@ -292,6 +292,21 @@ class FakeGpu:
         self.events_supported = events_supported
         self.supported_event_types = _real.nvmlEventTypeAll if events_supported else 0
         self.processes: list[FakeProcess] = list(processes or [])
+        #: Graphics contexts (nvmlDeviceGetGraphicsRunningProcesses; the mock answers []).
+        self.graphics_processes: list[FakeProcess] = []
+        #: MPS clients (nvmlDeviceGetMPSComputeRunningProcesses); None: NotSupported, as the mock.
+        self.mps_processes: list[FakeProcess] | None = None
+        #: Explicit per-process utilisation samples ``(timestamp_us, pid, sm %, mem %)``: NVML returns
+        #: one only for a sample period in which the process was busy. None: one sample per call
+        #: from FakeProcess.sm_util/mem_util.
+        self.util_samples: list[tuple[int, int, int, int]] | None = None
+        #: Device utilisation sample times (nvmlDeviceGetSamples): every period, busy or not.
+        #: None: NotSupported, as the mock.
+        self.util_periods: list[int] | None = None
+        #: What the binding raises when no process sample is newer than lastSeen: the mock (and a
+        #: driver whose size query answers SUCCESS) makes pynvml raise NVMLError(NVML_SUCCESS);
+        #: nvml.h documents NVML_ERROR_NOT_FOUND.
+        self.no_process_samples_code = _real.NVML_SUCCESS
         self.lost = False
         self.failures: dict[str, deque[int]] = {}  # fn name -> NVML error codes to raise next
         #: Seconds every device call on this GPU blocks before answering (a hung GPU, ``hang``).
@@ -1124,8 +1139,56 @@ class FakeNvml:
 
     nvmlDeviceGetComputeRunningProcesses_v3 = nvmlDeviceGetComputeRunningProcesses
 
+    @staticmethod
+    def _proc_objects(procs: Iterable[FakeProcess]) -> list[Any]:
+        return [
+            _real.nvmlFriendlyObject(
+                {
+                    "pid": p.pid,
+                    "usedGpuMemory": p.used_memory,
+                    "gpuInstanceId": p.gpu_instance_id,
+                    "computeInstanceId": p.compute_instance_id,
+                }
+            )
+            for p in procs
+        ]
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> list[Any]:
+        gpu, sl = self._target("nvmlDeviceGetGraphicsRunningProcesses", handle)
+        return self._proc_objects([] if sl is not None else gpu.graphics_processes)
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: Any) -> list[Any]:
+        gpu, sl = self._target("nvmlDeviceGetMPSComputeRunningProcesses", handle)
+        if gpu.mps_processes is None:
+            raise _err(_real.NVML_ERROR_NOT_SUPPORTED)
+        return self._proc_objects([] if sl is not None else gpu.mps_processes)
+
+    def nvmlDeviceGetSamples(self, device: Any, sampling_type: int, timeStamp: int) -> Any:
+        gpu = self._gpu("nvmlDeviceGetSamples", device)
+        if gpu.util_periods is None:
+            raise _err(_real.NVML_ERROR_NOT_SUPPORTED)
+        out = []
+        for ts in gpu.util_periods:
+            if ts > timeStamp:
+                s = _real.c_nvmlSample_t()
+                s.timeStamp = ts
+                out.append(s)
+        if not out:
+            raise _err(_real.NVML_ERROR_NOT_FOUND)
+        return _real.NVML_VALUE_TYPE_UNSIGNED_INT, out
+
     def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[Any]:
         gpu = self._gpu("nvmlDeviceGetProcessUtilization", handle)
+        if gpu.util_samples is not None:
+            out = []
+            for ts_us, pid, sm, mem in gpu.util_samples:
+                if ts_us > timeStamp:
+                    s = _real.c_nvmlProcessUtilizationSample_t()
+                    s.pid, s.timeStamp, s.smUtil, s.memUtil, s.encUtil, s.decUtil = pid, ts_us, sm, mem, 0, 0
+                    out.append(s)
+            if not out:
+                raise _err(gpu.no_process_samples_code)
+            return out
         ts = self._now_us()
         out = []
         for p in gpu.processes:
@@ -1137,7 +1200,7 @@ class FakeNvml:
             if ts > timeStamp:
                 out.append(s)
         if not out:
-            raise _err(_real.NVML_ERROR_NOT_FOUND)
+            raise _err(gpu.no_process_samples_code)
         return out
 
     # -- events ---------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import logging
 import pynvml
 import pytest
 
-from tests.fake_nvml import FakeMigSlice, FakeNvml
+from tests.fake_nvml import FakeMigSlice, FakeNvml, FakeProcess
 from tests.unit.test_nvml_source import RecordingHooks, by_gpu, make, tick
 
 
@@ -67,4 +67,58 @@ def test_not_supported_stays_quiet_but_counted() -> None:
     _, src, clock, _ = make(fake, hooks=hooks)
     tick(src, clock)
     assert ("power", "NotSupported") in hooks.unsupported_calls
+    src.shutdown()
+
+
+def test_no_process_samples_is_no_samples_not_an_error() -> None:
+    # Review 1.9a: pynvml raises NVMLError(NVML_SUCCESS) on every idle GPU (the mock does this).
+    hooks = UnsupportedHooks()
+    fake = FakeNvml.node("H100", 2)
+    for g in fake.gpus:
+        g.processes = [FakeProcess(100 + g.index, "idle", sm_util=None, mem_util=None)]
+    assert fake.gpus[0].no_process_samples_code == pynvml.NVML_SUCCESS
+    _, src, clock, _ = make(fake, hooks=hooks)
+    src.poll()
+    for _ in range(3):
+        s = by_gpu(tick(src, clock, 5.0))
+    assert hooks.errors == [] and src.error_counts == {}
+    assert s[0]["processes"][0]["sm_util_ratio"] is None
+    assert "proc_util" not in src.unsupported(0)
+
+
+def test_a_bursty_process_is_weighted_by_sample_coverage() -> None:
+    # Review 1.9b: NVML returns a sample only for periods in which the process was busy; one busy
+    # period out of 30 in a 5 s window is 1/30 of the window, not 100 %.
+    fake = FakeNvml.node("H100", 2)
+    period = 166_667  # 1/6 s, an H100's utilisation sample period
+    t0 = 1_000_000
+    for g in fake.gpus:
+        g.processes = [FakeProcess(7, "bursty")]
+        g.util_samples = [(t0, 7, 100, 50)]
+    fake.gpus[0].util_periods = [t0]
+    _, src, clock, _ = make(fake)
+    src.poll()  # primes lastSeen at t0
+    # GPU 0: NVML counts the periods (nvmlDeviceGetSamples); GPU 1: NotSupported (as the mock),
+    # the period is learned from the spacing of process samples and the window is estimated.
+    fake.gpus[0].util_periods = [t0 + k * period for k in range(31)]
+    fake.gpus[0].util_samples = [(t0 + 15 * period, 7, 100, 50)]
+    fake.gpus[1].util_samples = [(t0 + 29 * period, 7, 100, 50), (t0 + 30 * period, 7, 100, 50)]
+    s = by_gpu(tick(src, clock, 5.0))
+    p0, p1 = s[0]["processes"][0], s[1]["processes"][0]
+    assert p0["sm_util_ratio"] == pytest.approx(1 / 30) and p0["mem_util_ratio"] == pytest.approx(0.5 / 30)
+    assert p1["sm_util_ratio"] == pytest.approx(2 / 30, rel=0.05), "two busy periods of 30"
+
+
+def test_graphics_and_mps_clients_are_counted() -> None:
+    # Review 1.9c: only compute processes were read (Omniverse on L40S, MPS tenants were invisible).
+    fake = FakeNvml.node("L40S", 1)
+    g = fake.gpus[0]
+    g.processes = [FakeProcess(10, "nvidia-cuda-mps-server")]
+    g.graphics_processes = [FakeProcess(11, "omniverse-kit"), FakeProcess(10, "nvidia-cuda-mps-server")]
+    g.mps_processes = [FakeProcess(12, "tenant-a"), FakeProcess(13, "tenant-b")]
+    for p in (11, 12, 13):
+        fake.process_names[p] = {11: "omniverse-kit", 12: "tenant-a", 13: "tenant-b"}[p]
+    _, src, _clock, _ = make(fake)
+    s = by_gpu(src.poll())[0]
+    assert sorted(p["pid"] for p in s["processes"]) == [10, 11, 12, 13]
     src.shutdown()

@@ -514,7 +514,10 @@ def test_processes_with_per_process_utilisation_and_names():
         FakeProcess(4712, "sidecar", used_memory=None, sm_util=None, mem_util=None),
     ]
     fake, src, clock, _ = make(FakeNvml([FakeGpu.h100(0, processes=procs)]))
-    s = by_gpu(src.poll())[0]
+    first = by_gpu(src.poll())[0]
+    # The first utilisation call (lastSeen 0: the driver's whole buffer) only primes the window.
+    assert [p["sm_util_ratio"] for p in first["processes"]] == [None, None]
+    s = by_gpu(tick(src, clock, 5.0))[0]
     assert s["processes"] == [
         {
             "pid": 4711,
@@ -545,7 +548,7 @@ def test_processes_with_per_process_utilisation_and_names():
     later = by_gpu(tick(src, clock, 5.0))[0]
     assert [p["pid"] for p in later["processes"]] == [4712]
     assert fake.count("nvmlSystemGetProcessName") == 2  # names cached per pid
-    assert fake.count("nvmlDeviceGetComputeRunningProcesses", gpu=0) == 2
+    assert fake.count("nvmlDeviceGetComputeRunningProcesses", gpu=0) == 3
 
 
 def test_no_process_utilisation_samples_is_not_unsupported():
