@@ -350,6 +350,8 @@ class FakeGpu:
         self.nvlink_tx_kib: Any = 1_000_000 if m.nvlink_links else None
         self.nvlink_rx_kib: Any = 2_000_000 if m.nvlink_links else None
         self.numa_node: Any = (index // 4) if numa_node is None else numa_node
+        #: nvmlDeviceGetNumaNodeId: only where GPU memory is a NUMA node (GB200); None: NotSupported.
+        self.gpu_numa_node: int | None = None
         self.set_values(**values)
         # MIG
         self.mig_enabled = False
@@ -803,7 +805,13 @@ class FakeNvml:
     nvmlDeviceGetPciInfo_v3 = nvmlDeviceGetPciInfo
 
     def nvmlDeviceGetNumaNodeId(self, handle: Any) -> int:
-        return self._value(self._gpu("nvmlDeviceGetNumaNodeId", handle).numa_node)
+        # The GPU's own NUMA node where its memory is onlined as one (GB200); NotSupported on x86.
+        return self._value(self._gpu("nvmlDeviceGetNumaNodeId", handle).gpu_numa_node)
+
+    def nvmlDeviceGetMemoryAffinity(self, handle: Any, nodeSetSize: int, scope: int) -> list[int]:
+        # The CPU NUMA node(s) the GPU is attached to, as a bitmask (the mock answers [1, 0, ...]).
+        node = self._value(self._gpu("nvmlDeviceGetMemoryAffinity", handle).numa_node)
+        return [1 << node if node >= 0 else 0] + [0] * (nodeSetSize - 1)
 
     def nvmlDeviceGetArchitecture(self, handle: Any) -> int:
         return self._gpu("nvmlDeviceGetArchitecture", handle).arch
@@ -1317,6 +1325,10 @@ _FIELDS: dict[int, tuple[int, Callable[[FakeGpu], Any], bool]] = {
     _real.NVML_FI_DEV_REMAPPED_PENDING: (_UI, lambda g: g.remap_pending, False),
     _real.NVML_FI_DEV_REMAPPED_FAILURE: (_UI, lambda g: g.remap_failure, False),
     _real.NVML_FI_DEV_POWER_AVERAGE: (_UI, lambda g: g.power_mw, False),
+    _real.NVML_FI_DEV_POWER_CURRENT_LIMIT: (_UI, lambda g: g.power_limit_mw, False),
+    _real.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: (_ULL, lambda g: g.energy_mj, False),
+    _real.NVML_FI_DEV_PERF_POLICY_POWER: (_ULL, lambda g: g.power_violation_ns, False),
+    _real.NVML_FI_DEV_PERF_POLICY_THERMAL: (_ULL, lambda g: g.thermal_violation_ns, False),
     _real.NVML_FI_DEV_POWER_INSTANT: (_UI, lambda g: g.power_mw, False),
     _real.NVML_FI_DEV_ENERGY: (_ULL, lambda g: g.energy_mj, False),
     _real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: (_UI, lambda g: g.recovery_action, False),

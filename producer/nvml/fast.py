@@ -8,20 +8,30 @@ NVML call -> field (unit conversion):
 ``nvmlDeviceGetEncoderUtilization`` / ``Decoder`` [0] (%)   enc_util_ratio, dec_util_ratio
 ``nvmlDeviceGetMemoryInfo(version=nvmlMemory_v2)`` (B)     fb_total/free/used/reserved_bytes
   (falls back to v1, then reserved is null)
-``nvmlDeviceGetPowerUsage`` (mW)                           power_w (/1000)
-``nvmlDeviceGetEnforcedPowerLimit`` (mW)                   power_limit_w (/1000)
-``nvmlDeviceGetTotalEnergyConsumption`` (mJ)               total_energy_mj
+field ``POWER_AVERAGE`` (185, mW; 1 s average on every    power_w (/1000)
+  generation), else ``nvmlDeviceGetPowerUsage``
+field ``POWER_CURRENT_LIMIT`` (190, mW), else              power_limit_w (/1000)
+  ``nvmlDeviceGetEnforcedPowerLimit``
+field ``TOTAL_ENERGY_CONSUMPTION`` (83, mJ), else          total_energy_mj
+  ``nvmlDeviceGetTotalEnergyConsumption``
 ``nvmlDeviceGetTemperatureV(NVML_TEMPERATURE_GPU)`` (C)    gpu_temp_c (deprecated
                                                            ``nvmlDeviceGetTemperature`` if no V)
 field ``NVML_FI_DEV_MEMORY_TEMP`` (C)                      memory_temp_c
 ``nvmlDeviceGetClockInfo(NVML_CLOCK_SM / _MEM)`` (MHz)     sm_clock_mhz, mem_clock_mhz
 ``nvmlDeviceGetCurrentClocksEventReasons`` (bitmask)       clock_event_reasons
-``nvmlDeviceGetViolationStatus(POWER / THERMAL)`` (ns)     power_violation_ns, thermal_violation_ns
+fields ``PERF_POLICY_POWER / _THERMAL`` (74/75, ns), else  power_violation_ns, thermal_violation_ns
+  ``nvmlDeviceGetViolationStatus`` (deprecated in NVML 13,
+  removed in CUDA 14)
 ``nvmlDeviceGetPcieThroughput(TX / RX)`` (KB/s)            pcie_tx/rx_bytes_per_s (x1024); skipped
                                                            where GPM measures PCIe (gpm.py)
 fields ``NVLINK_THROUGHPUT_DATA_TX/RX``, scope UINT_MAX    nvlink_bandwidth_total_kib (tx + rx)
   (KiB, summed over links; InvalidArgument = no links)
 =========================================================  =====================================
+
+Batching (review 1.12): every ``NVML_FI_*`` value above is read in *one*
+``nvmlDeviceGetFieldValues`` call per GPU per tick; each field has its own return code, so a field
+a device does not answer is learned alone and its classic call takes over. Utilisation, memory,
+temperature, the two clocks and the clock-event reasons stay separate calls (no field ids).
 
 On a MIG slice only the memory of the slice is read: everything else is whole-GPU and NVML
 answers it on the parent only (it stays on the parent's record).
@@ -38,6 +48,11 @@ UINT_MAX = 0xFFFFFFFF
 FI_MEMORY_TEMP = 82
 FI_NVLINK_DATA_TX = 138
 FI_NVLINK_DATA_RX = 139
+FI_PERF_POLICY_POWER = 74
+FI_PERF_POLICY_THERMAL = 75
+FI_TOTAL_ENERGY = 83
+FI_POWER_AVERAGE = 185
+FI_POWER_CURRENT_LIMIT = 190
 
 
 class FastCollector:
@@ -77,7 +92,13 @@ class FastCollector:
         self._pcie_tx = getattr(nvml, "NVML_PCIE_UTIL_TX_BYTES", 0)
         self._pcie_rx = getattr(nvml, "NVML_PCIE_UTIL_RX_BYTES", 1)
         self._mem_v2 = getattr(nvml, "nvmlMemory_v2", None)
+        fi = lambda name, default: getattr(nvml, name, default)  # noqa: E731
         self._field_specs: tuple[FieldSpec, ...] = (
+            ("fi_power", fi("NVML_FI_DEV_POWER_AVERAGE", FI_POWER_AVERAGE), None, False),
+            ("fi_power_limit", fi("NVML_FI_DEV_POWER_CURRENT_LIMIT", FI_POWER_CURRENT_LIMIT), None, False),
+            ("fi_energy", fi("NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION", FI_TOTAL_ENERGY), None, False),
+            ("fi_viol_power", fi("NVML_FI_DEV_PERF_POLICY_POWER", FI_PERF_POLICY_POWER), None, False),
+            ("fi_viol_thermal", fi("NVML_FI_DEV_PERF_POLICY_THERMAL", FI_PERF_POLICY_THERMAL), None, False),
             ("fi_memory_temp", getattr(nvml, "NVML_FI_DEV_MEMORY_TEMP", FI_MEMORY_TEMP), None, False),
             (
                 "fi_nvlink_tx",
@@ -113,9 +134,30 @@ class FastCollector:
         if dec is not None:
             put(out, "dec_util_ratio", convert.pct_to_ratio, dec[0])
 
-        put(out, "power_w", convert.mw_to_w, call("power", "nvmlDeviceGetPowerUsage", h))
-        put(out, "power_limit_w", convert.mw_to_w, call("power_limit", "nvmlDeviceGetEnforcedPowerLimit", h))
-        put(out, "total_energy_mj", convert.count, call("energy", "nvmlDeviceGetTotalEnergyConsumption", h))
+        fv = read_field_values(ctx, self._field_specs)
+        unsupported = ctx.unsupported
+
+        def fielded(key: str, fallback_key: str, fn: str, *args: Any) -> Any:
+            """The batched field value, or the classic call once the field is learned unsupported."""
+            if key in fv:
+                return fv[key]
+            if key in unsupported or "field_values" in unsupported:
+                return call(fallback_key, fn, h, *args)
+            return None  # the batch failed this tick (counted): no second round trip
+
+        put(out, "power_w", convert.mw_to_w, fielded("fi_power", "power", "nvmlDeviceGetPowerUsage"))
+        put(
+            out,
+            "power_limit_w",
+            convert.mw_to_w,
+            fielded("fi_power_limit", "power_limit", "nvmlDeviceGetEnforcedPowerLimit"),
+        )
+        put(
+            out,
+            "total_energy_mj",
+            convert.count,
+            fielded("fi_energy", "energy", "nvmlDeviceGetTotalEnergyConsumption"),
+        )
 
         temp = call("temp_v", "nvmlDeviceGetTemperatureV", h, self._temp_gpu)
         if temp is None and "temp_v" in ctx.unsupported:
@@ -132,12 +174,12 @@ class FastCollector:
             convert.count,
             call("clock_reasons", "nvmlDeviceGetCurrentClocksEventReasons", h),
         )
-        viol = call("viol_power", "nvmlDeviceGetViolationStatus", h, self._perf_power)
-        if viol is not None:
-            put(out, "power_violation_ns", convert.count, viol.violationTime)
-        viol = call("viol_thermal", "nvmlDeviceGetViolationStatus", h, self._perf_thermal)
-        if viol is not None:
-            put(out, "thermal_violation_ns", convert.count, viol.violationTime)
+        for field, key, fallback, policy in (
+            ("power_violation_ns", "fi_viol_power", "viol_power", self._perf_power),
+            ("thermal_violation_ns", "fi_viol_thermal", "viol_thermal", self._perf_thermal),
+        ):
+            viol = fielded(key, fallback, "nvmlDeviceGetViolationStatus", policy)
+            put(out, field, convert.count, getattr(viol, "violationTime", viol))
 
         if not (self._pcie_via_gpm and _gpm_measures_pcie(ctx)):
             tx = call("pcie_tx", "nvmlDeviceGetPcieThroughput", h, self._pcie_tx)
@@ -145,7 +187,6 @@ class FastCollector:
             rx = call("pcie_rx", "nvmlDeviceGetPcieThroughput", h, self._pcie_rx)
             put(out, "pcie_rx_bytes_per_s", convert.kib_per_s_to_bytes_per_s, rx)
 
-        fv = read_field_values(ctx, self._field_specs)
         put(out, "memory_temp_c", convert.celsius, fv.get("fi_memory_temp"))
         tx_kib, rx_kib = fv.get("fi_nvlink_tx"), fv.get("fi_nvlink_rx")
         if tx_kib is not None or rx_kib is not None:

@@ -49,10 +49,17 @@ from typing import Any
 
 from gpupipe.errors import ConfigError
 from producer.nvml.base import Collector, DeviceContext, NvmlErrors
+from producer.nvml.driver_info import DRIVER_GPUS_DIR, driver_gpu
 from producer.nvml.errors import NvmlInitError, NvmlSourceError
 from producer.nvml.fast import FastCollector
 from producer.nvml.gpm import GpmCollector
-from producer.nvml.identity import IdentityCollector, normalize_pci_bus_id, read_driver_version, text
+from producer.nvml.identity import (
+    SYSFS_PCI_DEVICES,
+    IdentityCollector,
+    normalize_pci_bus_id,
+    read_driver_version,
+    text,
+)
 from producer.nvml.mig import MigSlice, enumerate_slices
 from producer.nvml.processes import ProcessCollector
 from producer.nvml.records import DeviceIds, GpuRef, LostGpu, empty_sample
@@ -147,6 +154,8 @@ class NvmlSource:
         *,
         collectors: Iterable[str] | None = None,
         hooks: SourceHooks | None = None,
+        sysfs_pci: str = SYSFS_PCI_DEVICES,
+        driver_gpus_dir: str = DRIVER_GPUS_DIR,
     ) -> None:
         self._nvml = nvml_module if nvml_module is not None else default_nvml_module()
         self.hostname = hostname
@@ -166,7 +175,10 @@ class NvmlSource:
             if n in enabled_set
         ]
         self._groups_with_collectors = frozenset(c.name for c in self._collectors)
-        self._identity = IdentityCollector()
+        self._identity = IdentityCollector(sysfs_pci)
+        self._driver_gpus_dir = driver_gpus_dir
+        #: GPUs NVML failed to open at start with an error other than "lost" (left out).
+        self.unusable_gpus = 0
         self._errors: NvmlErrors | None = None
         self._gpus: list[_Gpu] = []
         self._next_due: dict[str, float] = {}
@@ -437,13 +449,19 @@ class NvmlSource:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
         except self._errs.lost as exc:
             gpu = _Gpu(self._new_ctx(index, None))
+            # NVML gives no handle, hence no identity: the driver's own view still names the GPU.
+            known = driver_gpu(self._driver_gpus_dir, index)
+            if known is not None:
+                gpu.ctx.pci_bus_id, gpu.ctx.uuid, gpu.minor = known.pci_bus_id, known.uuid, known.minor
             self._set_identity(gpu, {})
             self._mark_lost(gpu, int(self._wall_clock() * 1000), "start", exc)
             gpu.next_probe = self._now + self.intervals["lost_retry"]
             return gpu
         except nvml.NVMLError as exc:
             self.error_counts[type(exc).__name__] += 1
+            self.unusable_gpus += 1
             log.error("GPU %d is not usable through NVML, skipped: %s", index, exc)
+            self._hook("nvml_error", type(exc).__name__)
             return None
         gpu = _Gpu(self._new_ctx(index, handle))
         try:

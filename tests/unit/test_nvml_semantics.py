@@ -63,10 +63,10 @@ def test_gpm_refused_is_reported_and_pcie_falls_back_to_the_legacy_call(
 def test_not_supported_stays_quiet_but_counted() -> None:
     hooks = UnsupportedHooks()
     fake = FakeNvml.node("H100", 1)
-    fake.gpus[0].unsupported.add("nvmlDeviceGetPowerUsage")
+    fake.gpus[0].unsupported.add("nvmlDeviceGetEncoderUtilization")
     _, src, clock, _ = make(fake, hooks=hooks)
     tick(src, clock)
-    assert ("power", "NotSupported") in hooks.unsupported_calls
+    assert ("enc", "NotSupported") in hooks.unsupported_calls
     src.shutdown()
 
 
@@ -121,4 +121,34 @@ def test_graphics_and_mps_clients_are_counted() -> None:
     _, src, _clock, _ = make(fake)
     s = by_gpu(src.poll())[0]
     assert sorted(p["pid"] for p in s["processes"]) == [10, 11, 12, 13]
+    src.shutdown()
+
+
+def test_the_fast_group_is_one_field_values_call_with_fallbacks_per_field() -> None:
+    # Review 1.12 / §3: power, limit, energy, violation counters (the replacements of the
+    # deprecated nvmlDeviceGetViolationStatus), memory temperature and NVLink in one call.
+    fake = FakeNvml.node("H100", 2)
+    fake.gpus[1].unsupported_fields |= {
+        pynvml.NVML_FI_DEV_PERF_POLICY_POWER,
+        pynvml.NVML_FI_DEV_POWER_AVERAGE,
+    }
+    _, src, clock, _ = make(fake, collectors=("fast",))
+    src.poll()
+    fake.reset_counts()
+    for _ in range(5):
+        s = by_gpu(tick(src, clock))
+    assert fake.count("nvmlDeviceGetFieldValues", gpu=0) == 5
+    for name in (
+        "nvmlDeviceGetPowerUsage",
+        "nvmlDeviceGetEnforcedPowerLimit",
+        "nvmlDeviceGetTotalEnergyConsumption",
+        "nvmlDeviceGetViolationStatus",
+    ):
+        assert fake.count(name, gpu=0) == 0, name
+    # GPU 1 refuses two fields: only those fall back to their classic (deprecated) calls.
+    assert fake.count("nvmlDeviceGetPowerUsage", gpu=1) == 5
+    assert fake.count("nvmlDeviceGetViolationStatus", gpu=1) == 5  # power policy only
+    for g in (0, 1):
+        assert s[g]["power_w"] == pytest.approx(512.345) and s[g]["power_violation_ns"] is not None
+        assert s[g]["thermal_violation_ns"] is not None and s[g]["total_energy_mj"] is not None
     src.shutdown()

@@ -220,14 +220,16 @@ def test_gpm_measures_pcie_so_the_20ms_legacy_call_is_not_made_on_hopper():
 def test_not_supported_learned_once_and_null():
     gpus = [FakeGpu.h100(i) for i in range(2)]
     gpus[0].unsupported |= {"nvmlDeviceGetPowerUsage", "nvmlDeviceGetEncoderUtilization"}
-    gpus[0].unsupported_fields.add(pynvml.NVML_FI_DEV_MEMORY_TEMP)
+    gpus[0].unsupported_fields |= {pynvml.NVML_FI_DEV_MEMORY_TEMP, pynvml.NVML_FI_DEV_POWER_AVERAGE}
     fake, src, clock, _ = make(FakeNvml(gpus))
     for _ in range(4):
         s = by_gpu(tick(src, clock))
     assert s[0]["power_w"] is None and s[0]["enc_util_ratio"] is None and s[0]["memory_temp_c"] is None
     assert s[1]["power_w"] is not None and s[1]["memory_temp_c"] == 70.0
+    # Power comes from the batched field; the classic call is tried once the field is refused.
     assert fake.count("nvmlDeviceGetPowerUsage", gpu=0) == 1
-    assert fake.count("nvmlDeviceGetPowerUsage", gpu=1) == 4
+    assert fake.count("nvmlDeviceGetPowerUsage", gpu=1) == 0
+    assert fake.field_requests[(1, pynvml.NVML_FI_DEV_POWER_AVERAGE)] == 4
     assert fake.count("nvmlDeviceGetEncoderUtilization", gpu=0) == 1
     assert fake.field_requests[(0, pynvml.NVML_FI_DEV_MEMORY_TEMP)] == 1
     assert fake.field_requests[(1, pynvml.NVML_FI_DEV_MEMORY_TEMP)] == 4
@@ -596,13 +598,13 @@ def test_poll_before_start_and_after_shutdown():
 
 def test_transient_nvml_error_counted_and_retried_next_time():
     fake, src, clock, hooks = make(FakeNvml.node("H100", 2))
-    fake.gpus[0].fail("nvmlDeviceGetPowerUsage", pynvml.NVML_ERROR_UNKNOWN)
+    fake.gpus[0].fail("nvmlDeviceGetUtilizationRates", pynvml.NVML_ERROR_UNKNOWN)
     s = by_gpu(src.poll())
-    assert s[0]["power_w"] is None and s[1]["power_w"] is not None
+    assert s[0]["gpu_util_ratio"] is None and s[1]["gpu_util_ratio"] is not None
     assert src.error_counts["NVMLError_Unknown"] == 1
     assert hooks.errors == ["NVMLError_Unknown"]
-    assert by_gpu(tick(src, clock))[0]["power_w"] == pytest.approx(512.345)
-    assert "power" not in src.unsupported(0)
+    assert by_gpu(tick(src, clock))[0]["gpu_util_ratio"] == s[1]["gpu_util_ratio"]
+    assert "util" not in src.unsupported(0)
 
 
 def test_a_failing_collector_never_stops_the_poll():
