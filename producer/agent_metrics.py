@@ -90,6 +90,19 @@ class AgentCollector(Collector):
             "GPUs whose NVML calls did not return within --nvml-timeout (left out until they do).",
             value=a.stalled_gpus(),
         )
+        gpus = GaugeMetricFamily(
+            "gpupipe_producer_gpus",
+            "GPUs of this node by state: ok, lost (NVML says GPU_IS_LOST), unusable (NVML could not "
+            "open it at start). No GPU at all makes /healthz unhealthy.",
+            labels=["state"],
+        )
+        src = a.source
+        if src is not None:
+            known, lost = len(src.gpus()), len(src.lost_gpus)
+            gpus.add_metric(["ok"], known - lost)
+            gpus.add_metric(["lost"], lost)
+            gpus.add_metric(["unusable"], src.unusable_gpus)
+        yield gpus
         amap = a.allocations
         yield GaugeMetricFamily(
             "gpupipe_producer_kubelet_map_stale",

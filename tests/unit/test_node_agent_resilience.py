@@ -120,6 +120,7 @@ def test_healthz_is_unhealthy_when_polling_stalls_and_when_nvml_sees_no_gpu(tmp_
         ok, detail = ra0.agent.health()
         ra0.stop()
     assert not ok and detail["problems"] == ["nvml_sees_no_gpu"]
+    assert metric(ra0.registry, "gpupipe_producer_gpus", {"state": "ok"}) == 0
 
 
 def test_an_unreadable_kernel_log_is_one_log_line_and_a_metric(

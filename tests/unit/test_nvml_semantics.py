@@ -152,3 +152,50 @@ def test_the_fast_group_is_one_field_values_call_with_fallbacks_per_field() -> N
         assert s[g]["power_w"] == pytest.approx(512.345) and s[g]["power_violation_ns"] is not None
         assert s[g]["thermal_violation_ns"] is not None and s[g]["total_energy_mj"] is not None
     src.shutdown()
+
+
+def test_numa_node_is_the_node_the_gpu_is_attached_to(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # §3: nvmlDeviceGetNumaNodeId is the GPU's own NUMA node (GPU memory onlined, GB200) and
+    # NotSupported on x86; the schema means the CPU-side node the GPU is attached to.
+    fake = FakeNvml.node("H100", 2)
+    fake.gpus[0].numa_node, fake.gpus[0].gpu_numa_node = 1, 4
+    fake.gpus[1].numa_node = 0
+    bdf = fake.gpus[1].pci_bus_id.lower()[4:-2]  # 00000000:xx:00.0 -> 0000:xx:00
+    (tmp_path / (bdf + ".0")).mkdir()
+    (tmp_path / (bdf + ".0") / "numa_node").write_text("3\n")  # the kernel's view wins
+    _, src, _clock, _ = make(fake, sysfs_pci=str(tmp_path))
+    s = by_gpu(src.poll())
+    assert (s[0]["numa_node"], s[1]["numa_node"]) == (1, 3)
+    assert fake.count("nvmlDeviceGetNumaNodeId") == 0
+    src.shutdown()
+
+
+def test_a_gpu_lost_before_start_keeps_its_identity_and_unusable_ones_are_counted(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Review 1.11: lost at start was published with uuid="" and pci_bus_id="".
+    fake = FakeNvml.node("H100", 3)
+    lost = fake.gpus[1]
+    lost.lost = True
+    for g in fake.gpus:
+        d = tmp_path / g.pci_bus_id.lower()[4:]
+        d.mkdir()
+        (d / "information").write_text(f"Model: NVIDIA H100\nGPU UUID: {g.uuid}\nDevice Minor: {g.minor}\n")
+    hooks = UnsupportedHooks()
+    _, src, _clock, _ = make(fake, hooks=hooks, driver_gpus_dir=str(tmp_path))
+    s = by_gpu(src.poll())
+    assert s[1]["gpu_lost"] is True
+    assert (s[1]["uuid"], s[1]["pci_bus_id"]) == (lost.uuid, lost.pci_bus_id)
+    src.shutdown()
+    broken = FakeNvml.node("H100", 2)
+    broken.gpus[1].lost = False
+    real = broken.nvmlDeviceGetHandleByIndex
+
+    def refuse(index: int):  # type: ignore[no-untyped-def]
+        if index == 1:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INSUFFICIENT_POWER)
+        return real(index)
+
+    broken.nvmlDeviceGetHandleByIndex = refuse  # type: ignore[method-assign]
+    hooks2 = UnsupportedHooks()
+    _, src2, _c, _ = make(broken, hooks=hooks2)
+    assert src2.unusable_gpus == 1 and hooks2.errors == ["NVMLError_InsufficientPower"]
+    src2.shutdown()
