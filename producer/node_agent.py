@@ -74,7 +74,14 @@ from producer.spool import XidSpool
 from producer.xid.kmsg_cursor import KmsgCursorStore, read_boot_id
 from producer.xid.kmsg_parse import FallenOffBus, KernelXid
 from producer.xid.xid_merge import XidMerger
-from producer.xid_events import XidContext, build_xid_event, fallen_off_bus_event, kmsg_fields, nvml_fields
+from producer.xid_events import (
+    XidContext,
+    build_xid_event,
+    fallen_off_bus_event,
+    kmsg_fields,
+    nvml_fields,
+    nvml_notice_event,
+)
 from schemas.errors import EncodeError
 
 log = logging.getLogger("gpupipe.agent")
@@ -496,11 +503,14 @@ class NodeAgent:
         resolve = self.pid_resolver
         samples = src.poll()  # may call _on_gpu_lost (hooks) on this thread
         ids = src.device_ids()
+        stale = self.kubelet_map_stale
         slices: dict[str, list[str]] = {}
         put, enc, topic = self.samples.put, self._enc_sample, self.t_samples
         ts = 0
         for s in samples:
             enrich_sample(s, amap, resolve, ids)
+            if stale:
+                s["allocations_stale"] = True
             mig = s["mig"]
             if mig:
                 slices.setdefault(s["uuid"], []).append(mig["mig_uuid"])
@@ -543,7 +553,8 @@ class NodeAgent:
 
     # -- XIDs -----------------------------------------------------------------------------------
     def _on_nvml_event(self, event: dict[str, Any]) -> None:  # watcher thread
-        self._events.put(("nvml", time.monotonic(), int(event["timestamp_ms"]), event, None))
+        kind = "notice" if event.get("type") in ("recovery_action", "gpu_unavailable") else "nvml"
+        self._events.put((kind, time.monotonic(), int(event["timestamp_ms"]), event, None))
 
     def _drain_events(self, timeout: float) -> None:
         try:
@@ -561,6 +572,9 @@ class NodeAgent:
         kind, at, seen_ms, payload, seq = item
         if kind == "lost":
             self._emit_lost(payload)
+            return
+        if kind == "notice":
+            self._emit(nvml_notice_event(payload, self._context()))
             return
         if kind == "nvml":
             released = self.merger.add(

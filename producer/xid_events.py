@@ -166,6 +166,53 @@ def build_xid_event(merged: Mapping[str, Any], ctx: XidContext) -> dict[str, Any
     }
 
 
+#: nvmlGpuRecoveryAction_t (nvml.h, nvidia-ml-py 13.615).
+RECOVERY_ACTIONS = {
+    0: "NONE",
+    1: "GPU_RESET",
+    2: "NODE_REBOOT",
+    3: "DRAIN_P2P",
+    4: "DRAIN_AND_RESET",
+    5: "RECOVER_IMEX_DOMAIN",
+    6: "BUS_RESET",
+    7: "SYSTEM_REBOOT",
+}
+
+
+def nvml_notice_event(notice: Mapping[str, Any], ctx: XidContext) -> dict[str, Any]:
+    """The XidEvent of an NVML recovery-action or GPU-unavailable event (no XID number)."""
+    kind = "recovery_action" if notice.get("type") == "recovery_action" else "gpu_unavailable"
+    bus = str(notice.get("pci_bus_id") or "")
+    gpu = ctx.gpu_for_bus(bus)
+    uuid = notice.get("uuid") or (gpu.uuid if gpu is not None else None) or None
+    data = int(notice.get("data") or 0)
+    if kind == "recovery_action":
+        message = f"GPU recovery action: {RECOVERY_ACTIONS.get(data, 'UNKNOWN')} ({data})"
+    else:
+        message = f"GPU unavailable (event data {data})"
+    ts = int(notice["timestamp_ms"])
+    return {
+        "event_id": event_id(ctx.hostname, "nvml", bus, f"{kind}{data}", ts),
+        "timestamp_ms": ts,
+        "hostname": ctx.hostname,
+        "kind": kind,
+        "xid": None,
+        "pci_bus_id": bus,
+        "gpu_index": notice.get("gpu_index"),
+        "uuid": uuid,
+        "model_name": (gpu.model_name or None) if gpu is not None else None,
+        "driver_version": gpu.driver_version if gpu is not None else None,
+        "pid": None,
+        "process_name": None,
+        "message": message,
+        "gpu_instance_id": None,
+        "compute_instance_id": None,
+        "mig_uuid": None,
+        "source": "nvml",
+        "allocations": ctx.allocations(uuid, None, gpu),
+    }
+
+
 def fallen_off_bus_event(ev: FallenOffBus, seen_ms: int, ctx: XidContext) -> dict[str, Any]:
     """The XidEvent (kind ``fallen_off_bus``, source ``kmsg``) of a kernel "fallen off the bus" report."""
     gpu = ctx.gpu_for_bus(ev.pci_bus_id)

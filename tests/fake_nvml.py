@@ -313,6 +313,23 @@ class FakeGpu:
         self.call_delay_s = 0.0
         #: /dev/nvidia<minor>: usually the index, but nothing guarantees it (nvmlDeviceGetMinorNumber).
         self.minor = index
+        # Blackwell / GB200 (see producer/nvml/fabric.py for what the mock showed).
+        #: nvmlDeviceGetGpuFabricInfoV answer (state, status, cliqueId, healthMask, healthSummary,
+        #: clusterUuid bytes); None: NotSupported (no fabric).
+        self.fabric: dict[str, Any] | None = None
+        #: nvmlDeviceGetPlatformInfo answer (chassisSerialNumber, slotNumber, trayIndex, hostId,
+        #: moduleId); None: NotSupported (the mock's GB200 profile).
+        self.platform: dict[str, Any] | None = None
+        self.nvlink_down: set[int] = set()  # link ids whose state (FI 165) is 0
+        #: Per-link error counters (FI 208 / 221 / 214): link id -> count (0 elsewhere, as the mock).
+        self.nvlink_rcv_errors: dict[int, int] = {}
+        self.nvlink_symbol_errors: dict[int, int] = {}
+        self.nvlink_recovery_failed: dict[int, int] = {}
+        self.c2c_links = 0  # FI 170; 0: NotSupported (the mock on every profile)
+        self.c2c_down: set[int] = set()
+        #: Superchip module scope (FI 185/191, scope 1); None: NotSupported (the mock).
+        self.module_power_mw: int | None = None
+        self.module_energy_mj: int | None = None
         self._fake: FakeNvml | None = None
         # Values (NVML units): a busy training GPU.
         self.util_gpu: Any = 87
@@ -417,6 +434,15 @@ class FakeGpu:
     def fail(self, fn_name: str, code: int = _real.NVML_ERROR_UNKNOWN, times: int = 1) -> None:
         """The next ``times`` calls of ``fn_name`` on this GPU raise NVMLError(code) (transient)."""
         self.failures.setdefault(fn_name, deque()).extend([code] * times)
+
+    def inject_recovery_action(self, action: int) -> None:
+        """NVML's GPU recovery-action event (R570+, Blackwell): delivered where it is registered.
+
+        The GPU must offer it (``supported_event_types``); the mock lists only XIDs (0x8).
+        """
+        if self._fake is None:
+            raise RuntimeError("add the GPU to a FakeNvml first")
+        self._fake._inject_event(self, _real.nvmlEventTypeGpuRecoveryAction, action, NO_INSTANCE, NO_INSTANCE)
 
     def hang(self, seconds: float) -> None:
         """Every device call on this GPU blocks ``seconds`` before answering (0 ends the hang).
@@ -971,6 +997,9 @@ class FakeNvml:
     def _field(self, gpu: FakeGpu, fid: int, scope: int) -> tuple[int, int, Any]:
         if fid in gpu.unsupported_fields:
             return _real.NVML_ERROR_NOT_SUPPORTED, 0, None
+        scoped = _scoped_field(gpu, fid, scope)
+        if scoped is not None:
+            return scoped
         getter = _FIELDS.get(fid)
         if getter is None:
             return _real.NVML_ERROR_NOT_SUPPORTED, 0, None
@@ -986,6 +1015,27 @@ class FakeNvml:
         if per_link and scope != UINT_MAX and isinstance(value, int):
             value //= gpu.nvlink_links
         return _real.NVML_SUCCESS, vtype, value
+
+    def nvmlDeviceGetGpuFabricInfoV(self, device: Any, gpuFabricInfo: Any) -> int:
+        gpu = self._gpu("nvmlDeviceGetGpuFabricInfoV", device)
+        gpuFabricInfo = _by_reference(gpuFabricInfo, "nvmlDeviceGetGpuFabricInfoV")
+        if gpu.fabric is None:
+            raise _err(_real.NVML_ERROR_NOT_SUPPORTED)
+        for key, value in gpu.fabric.items():
+            if key == "clusterUuid":
+                ctypes.memmove(gpuFabricInfo.clusterUuid, bytes(value), min(16, len(value)))
+            elif key != "healthSummary" or hasattr(gpuFabricInfo, "healthSummary"):
+                setattr(gpuFabricInfo, key, value)
+        return _real.NVML_SUCCESS
+
+    def nvmlDeviceGetPlatformInfo(self, device: Any, platformInfo: Any) -> int:
+        gpu = self._gpu("nvmlDeviceGetPlatformInfo", device)
+        platformInfo = _by_reference(platformInfo, "nvmlDeviceGetPlatformInfo")
+        if gpu.platform is None:
+            raise _err(_real.NVML_ERROR_NOT_SUPPORTED)
+        for key, value in gpu.platform.items():
+            setattr(platformInfo, key, bytes([value]) if isinstance(value, int) else value)
+        return _real.NVML_SUCCESS
 
     # -- GPM --------------------------------------------------------------------------------------
     def nvmlGpmQueryDeviceSupport(self, device: Any) -> Any:
@@ -1333,6 +1383,47 @@ _FIELDS: dict[int, tuple[int, Callable[[FakeGpu], Any], bool]] = {
     _real.NVML_FI_DEV_ENERGY: (_ULL, lambda g: g.energy_mj, False),
     _real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: (_UI, lambda g: g.recovery_action, False),
 }
+
+
+def _by_reference(arg: Any, fn: str) -> Any:
+    """The struct behind ``ctypes.byref(struct)``. A struct passed by value is refused loudly: the
+    real binding would hand it to C as is, and the C function reads it as a pointer (NVIDIA's mock
+    crashes with a wild pointer)."""
+    target = getattr(arg, "_obj", None)
+    if target is None:
+        raise TypeError(f"{fn} takes ctypes.byref(struct), got {type(arg).__name__}")
+    return target
+
+
+def _scoped_field(gpu: FakeGpu, fid: int, scope: int) -> tuple[int, int, Any] | None:
+    """Fields whose answer depends on the scope (link id, module): None for the others."""
+    ok, nsup, inval = _real.NVML_SUCCESS, _real.NVML_ERROR_NOT_SUPPORTED, _real.NVML_ERROR_INVALID_ARGUMENT
+    if fid in (_real.NVML_FI_DEV_POWER_AVERAGE, _real.NVML_FI_DEV_ENERGY) and scope == 1:
+        value = gpu.module_power_mw if fid == _real.NVML_FI_DEV_POWER_AVERAGE else gpu.module_energy_mj
+        return (nsup, 0, None) if value is None else (ok, _ULL, value)
+    if fid == _real.NVML_FI_DEV_NVLINK_LINK_COUNT:
+        return ok, _UI, gpu.nvlink_links
+    per_link = {
+        _real.NVML_FI_DEV_NVLINK_GET_STATE: lambda link: 0 if link in gpu.nvlink_down else 1,
+        _real.NVML_FI_DEV_NVLINK_COUNT_RCV_ERRORS: lambda link: gpu.nvlink_rcv_errors.get(link, 0),
+        _real.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS: lambda link: gpu.nvlink_symbol_errors.get(link, 0),
+        _real.NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS: lambda link: (
+            gpu.nvlink_recovery_failed.get(link, 0)
+        ),
+    }
+    if fid in per_link:
+        if gpu.nvlink_links == 0:
+            return nsup, 0, None
+        if scope >= gpu.nvlink_links:
+            return inval, 0, None
+        return ok, _ULL if fid != _real.NVML_FI_DEV_NVLINK_GET_STATE else _UI, per_link[fid](scope)
+    if fid == _real.NVML_FI_DEV_C2C_LINK_COUNT:
+        return (nsup, 0, None) if not gpu.c2c_links else (ok, _UI, gpu.c2c_links)
+    if fid == _real.NVML_FI_DEV_C2C_LINK_GET_STATUS:
+        if not gpu.c2c_links:
+            return nsup, 0, None
+        return (inval, 0, None) if scope >= gpu.c2c_links else (ok, _UI, 0 if scope in gpu.c2c_down else 1)
+    return None
 
 
 def _pct(attr: str) -> Callable[[FakeGpu, Any], None]:

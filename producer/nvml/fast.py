@@ -53,6 +53,10 @@ FI_PERF_POLICY_THERMAL = 75
 FI_TOTAL_ENERGY = 83
 FI_POWER_AVERAGE = 185
 FI_POWER_CURRENT_LIMIT = 190
+FI_ENERGY = 191
+SCOPE_MODULE = 1  # nvmlFieldValue_t.scopeId for power/energy: 0 GPU, 1 module (GPU + CPU + memory)
+#: nvmlDeviceGetPcieThroughput reads a byte counter over 20 ms (nvml.h).
+LEGACY_PCIE_WINDOW_MS = 20
 
 
 class FastCollector:
@@ -79,6 +83,9 @@ class FastCollector:
         "pcie_tx_bytes_per_s",
         "pcie_rx_bytes_per_s",
         "nvlink_bandwidth_total_kib",
+        "pcie_window_ms",
+        "module_power_w",
+        "module_energy_mj",
     )
 
     def __init__(self, nvml: Any, *, pcie_via_gpm: bool = True) -> None:
@@ -100,6 +107,9 @@ class FastCollector:
             ("fi_viol_power", fi("NVML_FI_DEV_PERF_POLICY_POWER", FI_PERF_POLICY_POWER), None, False),
             ("fi_viol_thermal", fi("NVML_FI_DEV_PERF_POLICY_THERMAL", FI_PERF_POLICY_THERMAL), None, False),
             ("fi_memory_temp", getattr(nvml, "NVML_FI_DEV_MEMORY_TEMP", FI_MEMORY_TEMP), None, False),
+            # GB200/GH200 superchip module (scope 1): NotSupported elsewhere, learned once.
+            ("fi_module_power", fi("NVML_FI_DEV_POWER_AVERAGE", FI_POWER_AVERAGE), SCOPE_MODULE, True),
+            ("fi_module_energy", fi("NVML_FI_DEV_ENERGY", FI_ENERGY), SCOPE_MODULE, True),
             (
                 "fi_nvlink_tx",
                 getattr(nvml, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", FI_NVLINK_DATA_TX),
@@ -186,8 +196,12 @@ class FastCollector:
             put(out, "pcie_tx_bytes_per_s", convert.kib_per_s_to_bytes_per_s, tx)
             rx = call("pcie_rx", "nvmlDeviceGetPcieThroughput", h, self._pcie_rx)
             put(out, "pcie_rx_bytes_per_s", convert.kib_per_s_to_bytes_per_s, rx)
+            if tx is not None or rx is not None:
+                out["pcie_window_ms"] = LEGACY_PCIE_WINDOW_MS
 
         put(out, "memory_temp_c", convert.celsius, fv.get("fi_memory_temp"))
+        put(out, "module_power_w", convert.mw_to_w, fv.get("fi_module_power"))
+        put(out, "module_energy_mj", convert.count, fv.get("fi_module_energy"))
         tx_kib, rx_kib = fv.get("fi_nvlink_tx"), fv.get("fi_nvlink_rx")
         if tx_kib is not None or rx_kib is not None:
             put(out, "nvlink_bandwidth_total_kib", convert.count, (tx_kib or 0) + (rx_kib or 0))

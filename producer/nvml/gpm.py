@@ -67,7 +67,7 @@ class _GpmState:
 
 class GpmCollector:
     name = "profiling"
-    fields = tuple(dict.fromkeys(m[2] for m in _METRICS))
+    fields = (*dict.fromkeys(m[2] for m in _METRICS), "pcie_window_ms")
 
     def __init__(self, nvml: Any, clock: Callable[[], float] = time.monotonic) -> None:
         self._nvml = nvml
@@ -105,10 +105,13 @@ class GpmCollector:
             if "gpm_sample" in ctx.unsupported:
                 self.release(ctx)
             return {}
-        prev, st.prev, st.prev_time, st.spare = st.prev, sample, now, st.prev
+        prev, prev_time = st.prev, st.prev_time
+        st.prev, st.prev_time, st.spare = sample, now, prev
         if prev is None:
             return {}  # first sample: rates need a second one
         st.last = out = self._rates(ctx, prev, sample)
+        if out.get("pcie_tx_bytes_per_s") is not None or out.get("pcie_rx_bytes_per_s") is not None:
+            out["pcie_window_ms"] = max(1, round((now - prev_time) * 1000))
         return dict(out)
 
     def _supported(self, ctx: DeviceContext) -> bool:

@@ -29,6 +29,7 @@ IDENTITY_FIELDS = frozenset(
         "allocations",
         "interval_ms",
         "gpu_lost",
+        "allocations_stale",
     }
 )
 _LIST_FIELDS = ("allocations", "processes")

@@ -51,6 +51,7 @@ from gpupipe.errors import ConfigError
 from producer.nvml.base import Collector, DeviceContext, NvmlErrors
 from producer.nvml.driver_info import DRIVER_GPUS_DIR, driver_gpu
 from producer.nvml.errors import NvmlInitError, NvmlSourceError
+from producer.nvml.fabric import FabricCollector
 from producer.nvml.fast import FastCollector
 from producer.nvml.gpm import GpmCollector
 from producer.nvml.identity import (
@@ -70,12 +71,13 @@ log = logging.getLogger("gpupipe.nvml")
 
 # Run order within a poll. Profiling goes first: when GPM turns out not to measure PCIe on a
 # device, the fast group reads the legacy PCIe counter in the same poll.
-GROUPS: tuple[str, ...] = ("profiling", "fast", "slow", "processes")
+GROUPS: tuple[str, ...] = ("profiling", "fast", "slow", "processes", "fabric")
 DEFAULT_INTERVALS: dict[str, float] = {
     "fast": 1.0,
     "slow": 30.0,
     "profiling": 1.0,
     "processes": 5.0,
+    "fabric": 10.0,
     "mig": 10.0,
     "lost_retry": 30.0,
 }
@@ -126,6 +128,7 @@ COLLECTOR_FACTORIES: dict[str, Callable[[Any, Callable[[], float], frozenset[str
     "slow": lambda nvml, clock, enabled: SlowCollector(nvml),
     "profiling": lambda nvml, clock, enabled: GpmCollector(nvml, clock),
     "processes": lambda nvml, clock, enabled: ProcessCollector(nvml),
+    "fabric": lambda nvml, clock, enabled: FabricCollector(nvml),
 }
 
 

@@ -63,6 +63,21 @@ H100_NULL_FIELDS = {
     "retired_pages_pending",
     "vgpu_license_status",
     "last_xid",
+    # Blackwell / GB200 only (an H100 has NVLink, but no fabric, C2C, module scope or placement)
+    "fabric_state",
+    "fabric_health",
+    "fabric_health_mask",
+    "fabric_clique_id",
+    "fabric_cluster_uuid",
+    "c2c_links",
+    "c2c_links_up",
+    "module_power_w",
+    "module_energy_mj",
+    "platform_chassis_serial",
+    "platform_slot",
+    "platform_tray",
+    "platform_host_id",
+    "platform_module_id",
 }
 
 
@@ -229,7 +244,8 @@ def test_not_supported_learned_once_and_null():
     # Power comes from the batched field; the classic call is tried once the field is refused.
     assert fake.count("nvmlDeviceGetPowerUsage", gpu=0) == 1
     assert fake.count("nvmlDeviceGetPowerUsage", gpu=1) == 0
-    assert fake.field_requests[(1, pynvml.NVML_FI_DEV_POWER_AVERAGE)] == 4
+    # 4 at GPU scope, plus the one module-scope probe (GB200 only: learned unsupported here).
+    assert fake.field_requests[(1, pynvml.NVML_FI_DEV_POWER_AVERAGE)] == 5
     assert fake.count("nvmlDeviceGetEncoderUtilization", gpu=0) == 1
     assert fake.field_requests[(0, pynvml.NVML_FI_DEV_MEMORY_TEMP)] == 1
     assert fake.field_requests[(1, pynvml.NVML_FI_DEV_MEMORY_TEMP)] == 4
@@ -688,12 +704,12 @@ def test_slow_values_are_carried_between_slow_polls():
 def test_hooks_see_durations_of_the_groups_that_ran():
     _fake, src, clock, hooks = make(FakeNvml.node("H100", 2))
     src.poll()
-    assert sorted(g for g, _ in hooks.durations) == ["fast", "processes", "profiling", "slow"]
+    assert sorted(g for g, _ in hooks.durations) == ["fabric", "fast", "processes", "profiling", "slow"]
     assert all(sec >= 0 for _, sec in hooks.durations)
     hooks.durations.clear()
     tick(src, clock)
     assert sorted(g for g, _ in hooks.durations) == ["fast", "profiling"]
-    assert set(src.collect_seconds) == {"fast", "processes", "profiling", "slow"}
+    assert set(src.collect_seconds) == {"fabric", "fast", "processes", "profiling", "slow"}
 
 
 def test_intervals_and_collectors_are_validated():
