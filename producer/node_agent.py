@@ -577,6 +577,10 @@ class NodeAgent:
             self._emit(nvml_notice_event(payload, self._context()))
             return
         if kind == "nvml":
+            if payload.get("gpu_instance_id") is not None and payload.get("uuid") not in self._slices:
+                # GI/CI only mean something on a GPU in MIG mode (NVIDIA's mock reports 0/0 on
+                # every GPU): never attribute an XID to "instance 0" of a whole GPU.
+                payload = {**payload, "gpu_instance_id": None, "compute_instance_id": None, "mig_uuid": None}
             released = self.merger.add(
                 "nvml", payload.get("pci_bus_id") or "", payload["xid"], at, nvml_fields(payload)
             )

@@ -114,3 +114,18 @@ def test_one_failed_list_keeps_the_last_attribution_for_the_grace_period(tmp_pat
             ra.ticks_after(2)
             ra.stop()
     assert _holders(mem, UUIDS[1]) == [], "then dropped, not kept forever"
+
+
+def test_gpu_instance_ids_on_a_gpu_without_mig_are_ignored(tmp_path: Path) -> None:
+    # Review §2: NVIDIA's mock reports GI/CI 0/0 for XIDs on non-MIG GPUs; they were published.
+    fake = node_for_fixtures()
+    pub, mem = memory_publisher()
+    with running_agent(config(tmp_path), pub, fake) as ra:
+        ra.ticks_after(2)
+        fake.gpus[0].inject_xid(48, gpu_instance_id=0, compute_instance_id=0)
+        fake.gpus[7].inject_xid(94, gpu_instance_id=5, compute_instance_id=0)  # GPU 7 is in MIG mode
+        wait_for(lambda: ra.agent.xids_sent >= 2, 5, "two XIDs")
+        ra.stop()
+    by_xid = {e["xid"]: e for e in mem.records("xid")}
+    assert (by_xid[48]["gpu_instance_id"], by_xid[48]["mig_uuid"]) == (None, None)
+    assert (by_xid[94]["gpu_instance_id"], by_xid[94]["mig_uuid"]) == (5, MIG_ALICE)
