@@ -391,14 +391,22 @@ class KmsgReader:
         finally:
             os.close(fd)
 
+    def _seen(self, seq: int) -> bool:
+        """True when record ``seq`` was handled already: at or below the cursor, or at or below the
+        newest record this reader yielded (a relay that restarts re-sends the kernel's backlog)."""
+        floor = self.after_seq
+        if self.last_seq is not None and (floor is None or self.last_seq > floor):
+            floor = self.last_seq
+        if floor is not None and seq <= floor:
+            self.stats.skipped += 1
+            return True
+        self.last_seq = seq
+        return False
+
     def _after_cursor(self, records: Iterable[KmsgRecord | None]) -> Iterator[KmsgRecord | None]:
-        after = self.after_seq
         for rec in records:
-            if rec is not None:
-                self.last_seq = rec.seq
-                if after is not None and rec.seq <= after:
-                    self.stats.skipped += 1
-                    continue
+            if rec is not None and self._seen(rec.seq):
+                continue
             yield rec
 
     def _render(self, records: Iterable[KmsgRecord | None]) -> Iterator[str]:
@@ -417,7 +425,6 @@ class KmsgReader:
         """Text lines as they are; raw kmsg records (a relay) decoded and rendered, with the cursor."""
         in_record = False
         prev_flag = "-"
-        after = self.after_seq
         for line in lines:
             if in_record and line.startswith(" ") and "=" in line:
                 continue  # a kmsg dictionary line (`` SUBSYSTEM=pci``)
@@ -429,9 +436,7 @@ class KmsgReader:
                 continue
             in_record = True
             self.stats.records += 1
-            self.last_seq = rec.seq
-            if after is not None and rec.seq <= after:
-                self.stats.skipped += 1
+            if self._seen(rec.seq):
                 continue
             cont = rec.flags == "+" or (rec.flags == "c" and prev_flag in ("c", "+"))
             prev_flag = rec.flags
