@@ -8,7 +8,8 @@ map, and the kubelet ``AllocationMap`` of the moment.
   ``nvml_kmsg``.
 * ``timestamp_ms``: when the agent first received the event (wall clock; the earlier of the two
   sightings of a merged pair). The kernel's own stamp is boot-relative and is not converted.
-* ``event_id``: ``hostname|source|bus id|code|timestamp_ms``, the format of
+* ``event_id``: ``hostname|source|bus id|code|timestamp_ms`` (plus ``|s<kmsg seq>`` for kernel-log
+  records read from ``/dev/kmsg`` or its relay), the format of
   :mod:`producer.nvml.records` (``code`` is ``xid<N>``, ``sxid<N>``, ``fallen_off_bus``). Built once
   per event; the spool replays the same bytes, so consumers can drop duplicates by id.
 * ``pci_bus_id``: NVML's form (``00000000:3B:00.0``) when the bus id matches a GPU of the node, else
@@ -144,8 +145,13 @@ def build_xid_event(merged: Mapping[str, Any], ctx: XidContext) -> dict[str, Any
     if gpu_index is None and gpu is not None:
         gpu_index = gpu.gpu_index
     pid = merged.get("pid")
+    eid = event_id(ctx.hostname, source, bus, f"{kind}{xid}", ts)
+    if merged.get("kmsg_seq") is not None:
+        # Two reports of the same code on the same GPU within one millisecond are two events: the
+        # kernel's record number tells them apart (and is stable when a backlog is read again).
+        eid += f"|s{int(merged['kmsg_seq'])}"
     return {
-        "event_id": event_id(ctx.hostname, source, bus, f"{kind}{xid}", ts),
+        "event_id": eid,
         "timestamp_ms": ts,
         "hostname": ctx.hostname,
         "kind": kind,

@@ -148,3 +148,19 @@ def test_an_unreadable_kernel_log_is_one_log_line_and_a_metric(
         ra.stop()
     lines = [r for r in caplog.records if "unreadable" in r.getMessage()]
     assert len(lines) == 1, [r.getMessage() for r in lines]
+
+
+def test_two_identical_xids_in_one_millisecond_are_two_events(tmp_path: Path) -> None:
+    # Review §2: event_id = host|source|bus|code|ms collided, and consumers drop duplicates by id.
+    kmsg, boot = tmp_path / "kmsg", tmp_path / "boot_id"
+    boot.write_text("b0a7-1\n")
+    kmsg.write_text("")
+    pub, mem = memory_publisher()
+    with running_agent(_kmsg_config(tmp_path, kmsg, boot), pub, node_for_fixtures()) as ra:
+        with kmsg.open("a") as f:
+            f.write(record(30, XID48, ts_usec=5_000_000) + record(31, XID48, ts_usec=5_000_200))
+        wait_for(lambda: ra.agent.xids_sent >= 2, 5, "two XIDs")
+        ra.stop()
+    a, b = mem.records("xid")
+    assert a["timestamp_ms"] == b["timestamp_ms"] and a["event_id"] != b["event_id"]
+    assert a["event_id"].endswith("|s30") and b["event_id"].endswith("|s31")
