@@ -64,6 +64,7 @@ from producer.nvml.identity import (
 from producer.nvml.mig import MigSlice, enumerate_slices
 from producer.nvml.processes import ProcessCollector
 from producer.nvml.records import DeviceIds, GpuRef, LostGpu, empty_sample
+from producer.nvml.reporting import SourceReporter, check_intervals
 from producer.nvml.slow import SlowCollector
 from producer.nvml.workers import GpuWorker
 
@@ -162,7 +163,7 @@ class NvmlSource:
     ) -> None:
         self._nvml = nvml_module if nvml_module is not None else default_nvml_module()
         self.hostname = hostname
-        self.intervals = _check_intervals(intervals)
+        self.intervals = check_intervals(intervals, DEFAULT_INTERVALS)
         self._clock = clock
         self._wall_clock = wall_clock
         self.hooks = hooks or SourceHooks()
@@ -444,7 +445,7 @@ class NvmlSource:
 
     # -- devices --------------------------------------------------------------------------------
     def _new_ctx(self, index: int, handle: Any, **kw: Any) -> DeviceContext:
-        return DeviceContext(self._nvml, index, handle, _Reporter(self), errors=self._errs, **kw)
+        return DeviceContext(self._nvml, index, handle, SourceReporter(self), errors=self._errs, **kw)
 
     def _open(self, index: int) -> _Gpu | None:
         nvml = self._nvml
@@ -680,61 +681,3 @@ class NvmlSource:
             log.warning(
                 "%s (logged at most once per %ds per kind)", message, ERROR_LOG_INTERVAL_S, exc_info=exc
             )
-
-
-class _Reporter:
-    """The ``Reporter`` every DeviceContext of one source reports to."""
-
-    __slots__ = ("_src",)
-
-    def __init__(self, src: NvmlSource) -> None:
-        self._src = src
-
-    def error(self, kind: str) -> None:
-        src = self._src
-        src.error_counts[kind] += 1
-        src._log_error(kind, f"NVML error {kind}")
-        src._hook("nvml_error", kind)
-
-    def garbage(self, field: str) -> None:
-        src = self._src
-        src.garbage_counts[field] += 1
-        src._log_error(f"garbage:{field}", f"NVML returned an impossible value for {field}; sent as null")
-        src._hook("garbage", field)
-
-    def learned(self, ctx: DeviceContext, key: str, reason: str) -> None:
-        src = self._src
-        kind = reason.split(":", 1)[0].removeprefix("NVMLError_") or "unknown"
-        if "missing from the NVML binding" in reason:
-            kind = "FunctionNotFound"
-        call = key.split(":", 1)[0]
-        src._hook("unsupported", call, kind)
-        if kind in ("NotSupported", "InvalidArgument", "NotFound"):
-            # Expected on most GPUs (ECC off, no NVLink, pre-Hopper...): "no data", not a failure.
-            log.debug("GPU %d: %s unsupported (%s); not asked again", ctx.index, key, reason)
-            return
-        # A configuration problem (no rights, a binding too old): say so once per call.
-        if (call, kind) not in src._warned_unsupported:
-            src._warned_unsupported.add((call, kind))
-            log.warning(
-                "GPU %d: NVML refused %s (%s); its fields stay null on every GPU where this repeats. "
-                "See gpupipe_producer_nvml_unsupported_total{call,reason}",
-                ctx.index,
-                key,
-                reason,
-            )
-
-
-def _check_intervals(intervals: Mapping[str, float] | None) -> dict[str, float]:
-    out = dict(DEFAULT_INTERVALS)
-    for key, value in (intervals or {}).items():
-        if key not in DEFAULT_INTERVALS:
-            raise ConfigError(f"unknown NVML interval {key!r}; known: {sorted(DEFAULT_INTERVALS)}")
-        try:
-            seconds = float(value)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"NVML interval {key!r} must be a number of seconds, got {value!r}") from exc
-        if not seconds > 0:
-            raise ConfigError(f"NVML interval {key!r} must be positive, got {value!r}")
-        out[key] = seconds
-    return out
