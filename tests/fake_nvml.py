@@ -327,6 +327,9 @@ class FakeGpu:
         self.nvlink_recovery_failed: dict[int, int] = {}
         self.c2c_links = 0  # FI 170; 0: NotSupported (the mock on every profile)
         self.c2c_down: set[int] = set()
+        #: PCIe byte counters (FI 197/198); None: NotSupported (the mock, every profile).
+        self.pcie_tx_count_bytes: int | None = None
+        self.pcie_rx_count_bytes: int | None = None
         #: Superchip module scope (FI 185/191, scope 1); None: NotSupported (the mock).
         self.module_power_mw: int | None = None
         self.module_energy_mj: int | None = None
@@ -1376,6 +1379,8 @@ _FIELDS: dict[int, tuple[int, Callable[[FakeGpu], Any], bool]] = {
     _real.NVML_FI_DEV_REMAPPED_FAILURE: (_UI, lambda g: g.remap_failure, False),
     _real.NVML_FI_DEV_POWER_AVERAGE: (_UI, lambda g: g.power_mw, False),
     _real.NVML_FI_DEV_POWER_CURRENT_LIMIT: (_UI, lambda g: g.power_limit_mw, False),
+    _real.NVML_FI_DEV_PCIE_COUNT_TX_BYTES: (_ULL, lambda g: g.pcie_tx_count_bytes, False),
+    _real.NVML_FI_DEV_PCIE_COUNT_RX_BYTES: (_ULL, lambda g: g.pcie_rx_count_bytes, False),
     _real.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: (_ULL, lambda g: g.energy_mj, False),
     _real.NVML_FI_DEV_PERF_POLICY_POWER: (_ULL, lambda g: g.power_violation_ns, False),
     _real.NVML_FI_DEV_PERF_POLICY_THERMAL: (_ULL, lambda g: g.thermal_violation_ns, False),

@@ -22,8 +22,10 @@ field ``NVML_FI_DEV_MEMORY_TEMP`` (C)                      memory_temp_c
 fields ``PERF_POLICY_POWER / _THERMAL`` (74/75, ns), else  power_violation_ns, thermal_violation_ns
   ``nvmlDeviceGetViolationStatus`` (deprecated in NVML 13,
   removed in CUDA 14)
-``nvmlDeviceGetPcieThroughput(TX / RX)`` (KB/s)            pcie_tx/rx_bytes_per_s (x1024); skipped
-                                                           where GPM measures PCIe (gpm.py)
+fields ``PCIE_COUNT_TX/RX_BYTES`` (197/198, byte         pcie_tx/rx_bytes_per_s: the average over
+  counters) where GPM does not measure PCIe                the interval between two reads, like GPM
+``nvmlDeviceGetPcieThroughput(TX / RX)`` (KB/s)            otherwise the 20 ms snapshot (x1024);
+                                                           pcie_window_ms says which (interval or 20)
 fields ``NVLINK_THROUGHPUT_DATA_TX/RX``, scope UINT_MAX    nvlink_bandwidth_total_kib (tx + rx)
   (KiB, summed over links; InvalidArgument = no links)
 =========================================================  =====================================
@@ -39,6 +41,8 @@ answers it on the parent only (it stays on the parent's record).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 from producer.nvml import convert
@@ -54,6 +58,8 @@ FI_TOTAL_ENERGY = 83
 FI_POWER_AVERAGE = 185
 FI_POWER_CURRENT_LIMIT = 190
 FI_ENERGY = 191
+FI_PCIE_COUNT_TX = 197
+FI_PCIE_COUNT_RX = 198
 SCOPE_MODULE = 1  # nvmlFieldValue_t.scopeId for power/energy: 0 GPU, 1 module (GPU + CPU + memory)
 #: nvmlDeviceGetPcieThroughput reads a byte counter over 20 ms (nvml.h).
 LEGACY_PCIE_WINDOW_MS = 20
@@ -88,9 +94,12 @@ class FastCollector:
         "module_energy_mj",
     )
 
-    def __init__(self, nvml: Any, *, pcie_via_gpm: bool = True) -> None:
+    def __init__(
+        self, nvml: Any, *, pcie_via_gpm: bool = True, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         """``pcie_via_gpm``: leave PCIe to the GPM collector where GPM works (it is enabled)."""
         self._pcie_via_gpm = pcie_via_gpm
+        self._clock = clock
         self._temp_gpu = getattr(nvml, "NVML_TEMPERATURE_GPU", 0)
         self._clock_sm = getattr(nvml, "NVML_CLOCK_SM", 1)
         self._clock_mem = getattr(nvml, "NVML_CLOCK_MEM", 2)
@@ -123,6 +132,11 @@ class FastCollector:
                 True,
             ),
         )
+        # Asked only where GPM does not measure PCIe (see _pcie).
+        self._pcie_specs: tuple[FieldSpec, ...] = (
+            ("fi_pcie_tx_count", fi("NVML_FI_DEV_PCIE_COUNT_TX_BYTES", FI_PCIE_COUNT_TX), None, False),
+            ("fi_pcie_rx_count", fi("NVML_FI_DEV_PCIE_COUNT_RX_BYTES", FI_PCIE_COUNT_RX), None, False),
+        )
 
     def collect(self, ctx: DeviceContext) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -144,7 +158,9 @@ class FastCollector:
         if dec is not None:
             put(out, "dec_util_ratio", convert.pct_to_ratio, dec[0])
 
-        fv = read_field_values(ctx, self._field_specs)
+        legacy_pcie = not (self._pcie_via_gpm and _gpm_measures_pcie(ctx))
+        specs = self._field_specs + self._pcie_specs if legacy_pcie else self._field_specs
+        fv = read_field_values(ctx, specs)
         unsupported = ctx.unsupported
 
         def fielded(key: str, fallback_key: str, fn: str, *args: Any) -> Any:
@@ -191,13 +207,8 @@ class FastCollector:
             viol = fielded(key, fallback, "nvmlDeviceGetViolationStatus", policy)
             put(out, field, convert.count, getattr(viol, "violationTime", viol))
 
-        if not (self._pcie_via_gpm and _gpm_measures_pcie(ctx)):
-            tx = call("pcie_tx", "nvmlDeviceGetPcieThroughput", h, self._pcie_tx)
-            put(out, "pcie_tx_bytes_per_s", convert.kib_per_s_to_bytes_per_s, tx)
-            rx = call("pcie_rx", "nvmlDeviceGetPcieThroughput", h, self._pcie_rx)
-            put(out, "pcie_rx_bytes_per_s", convert.kib_per_s_to_bytes_per_s, rx)
-            if tx is not None or rx is not None:
-                out["pcie_window_ms"] = LEGACY_PCIE_WINDOW_MS
+        if legacy_pcie:
+            self._pcie(ctx, fv, out)
 
         put(out, "memory_temp_c", convert.celsius, fv.get("fi_memory_temp"))
         put(out, "module_power_w", convert.mw_to_w, fv.get("fi_module_power"))
@@ -206,6 +217,31 @@ class FastCollector:
         if tx_kib is not None or rx_kib is not None:
             put(out, "nvlink_bandwidth_total_kib", convert.count, (tx_kib or 0) + (rx_kib or 0))
         return out
+
+    def _pcie(self, ctx: DeviceContext, fv: dict[str, Any], out: dict[str, Any]) -> None:
+        """PCIe throughput without GPM: byte counters over the interval where NVML has them (the
+        same meaning as GPM's), else the legacy 20 ms snapshot. A counter that went backwards
+        (driver reload, wrap) gives no value for that interval rather than a wrong one."""
+        txc, rxc = fv.get("fi_pcie_tx_count"), fv.get("fi_pcie_rx_count")
+        if txc is not None and rxc is not None:
+            now = self._clock()
+            prev = ctx.state.get("pcie_counts")
+            ctx.state["pcie_counts"] = (now, int(txc), int(rxc))
+            if prev is not None and now > prev[0] and txc >= prev[1] and rxc >= prev[2]:
+                dt = now - prev[0]
+                out["pcie_tx_bytes_per_s"] = (int(txc) - prev[1]) / dt
+                out["pcie_rx_bytes_per_s"] = (int(rxc) - prev[2]) / dt
+                out["pcie_window_ms"] = max(1, round(dt * 1000))
+            return
+        if "fi_pcie_tx_count" not in ctx.unsupported and "fi_pcie_rx_count" not in ctx.unsupported:
+            return  # the batch failed this tick (counted): no snapshot of another kind
+        h, call, put = ctx.handle, ctx.call, ctx.put
+        tx = call("pcie_tx", "nvmlDeviceGetPcieThroughput", h, self._pcie_tx)
+        put(out, "pcie_tx_bytes_per_s", convert.kib_per_s_to_bytes_per_s, tx)
+        rx = call("pcie_rx", "nvmlDeviceGetPcieThroughput", h, self._pcie_rx)
+        put(out, "pcie_rx_bytes_per_s", convert.kib_per_s_to_bytes_per_s, rx)
+        if tx is not None or rx is not None:
+            out["pcie_window_ms"] = LEGACY_PCIE_WINDOW_MS
 
     def _memory(self, ctx: DeviceContext, out: dict[str, Any]) -> None:
         mem = None

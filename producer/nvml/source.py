@@ -125,7 +125,9 @@ class SourceHooks:
 
 
 COLLECTOR_FACTORIES: dict[str, Callable[[Any, Callable[[], float], frozenset[str]], Collector]] = {
-    "fast": lambda nvml, clock, enabled: FastCollector(nvml, pcie_via_gpm="profiling" in enabled),
+    "fast": lambda nvml, clock, enabled: FastCollector(
+        nvml, pcie_via_gpm="profiling" in enabled, clock=clock
+    ),
     "slow": lambda nvml, clock, enabled: SlowCollector(nvml),
     "profiling": lambda nvml, clock, enabled: GpmCollector(nvml, clock),
     "processes": lambda nvml, clock, enabled: ProcessCollector(nvml),

@@ -199,3 +199,27 @@ def test_a_gpu_lost_before_start_keeps_its_identity_and_unusable_ones_are_counte
     _, src2, _c, _ = make(broken, hooks=hooks2)
     assert src2.unusable_gpus == 1 and hooks2.errors == ["NVMLError_InsufficientPower"]
     src2.shutdown()
+
+
+def test_pcie_throughput_has_one_meaning_where_nvml_has_byte_counters() -> None:
+    # §3 / 1.12: GPM gives an average over the interval, nvmlDeviceGetPcieThroughput a 20 ms
+    # snapshot (and may block 20 ms per call). Byte counters (FI 197/198) give the interval average
+    # without GPM; pcie_window_ms says what is behind the value on every generation.
+    fake = FakeNvml.node("A100", 2)
+    g0 = fake.gpus[0]
+    g0.pcie_tx_count_bytes, g0.pcie_rx_count_bytes = 10**12, 5 * 10**11
+    _, src, clock, _ = make(fake, collectors=("fast",))
+    first = by_gpu(src.poll())
+    assert first[0]["pcie_tx_bytes_per_s"] is None, "one read is not a rate"
+    g0.pcie_tx_count_bytes += 3 * 10**9
+    g0.pcie_rx_count_bytes += 10**9
+    s = by_gpu(tick(src, clock, 2.0))
+    assert s[0]["pcie_tx_bytes_per_s"] == pytest.approx(1.5e9) and s[0][
+        "pcie_rx_bytes_per_s"
+    ] == pytest.approx(5e8)
+    assert s[0]["pcie_window_ms"] == 2000
+    assert fake.count("nvmlDeviceGetPcieThroughput", gpu=0) == 0
+    assert s[1]["pcie_tx_bytes_per_s"] == 123_456 * 1024.0 and s[1]["pcie_window_ms"] == 20  # legacy
+    g0.pcie_tx_count_bytes = 5  # a driver reload reset the counter: no value, never a negative rate
+    assert by_gpu(tick(src, clock))[0]["pcie_tx_bytes_per_s"] is None
+    src.shutdown()
