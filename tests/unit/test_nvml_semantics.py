@@ -223,3 +223,21 @@ def test_pcie_throughput_has_one_meaning_where_nvml_has_byte_counters() -> None:
     g0.pcie_tx_count_bytes = 5  # a driver reload reset the counter: no value, never a negative rate
     assert by_gpu(tick(src, clock))[0]["pcie_tx_bytes_per_s"] is None
     src.shutdown()
+
+
+def test_row_remapping_pending_is_seen_on_a_gpu_in_mig_mode() -> None:
+    # §2: nvmlDeviceGetRemappedRows is NotSupported in MIG mode with instances, so a pending remap
+    # (reset needed) or a remap failure (RMA) went dark on MIG nodes. The field ids still answer.
+    fake = FakeNvml.node("H100", 1)
+    g = fake.gpus[0]
+    g.enable_mig([FakeMigSlice("3g.40gb", 1, index=0)])
+    g.remap_pending, g.remap_failure = 1, 0
+    _, src, _clock, _ = make(fake)
+    s = by_gpu(src.poll())[0]
+    assert s["mig_enabled"] is True and "remapped_rows" in src.unsupported(0)
+    assert (s["row_remap_pending"], s["row_remap_failure"], s["remapped_rows_correctable"]) == (
+        True,
+        False,
+        3,
+    )
+    src.shutdown()
