@@ -63,6 +63,7 @@ from producer.enrich import PidResolver, enrich_sample
 from producer.kmsg_input import KmsgInput
 from producer.kubelet.client import AllocationRefresher
 from producer.kubelet.mapping import DEFAULT_DRA_DRIVERS, AllocationMap, AllocationMapper
+from producer.lost_reported import LostReported
 from producer.nvml.errors import NvmlSourceError
 from producer.nvml.events import XidEventWatcher
 from producer.nvml.records import GpuRef, LostGpu, gpu_lost_xid_event
@@ -230,6 +231,7 @@ class NodeAgent:
         self._threads_stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.kmsg_input: KmsgInput | None = None
+        self._lost_reported: LostReported | None = None
         self.cursor: KmsgCursorStore | None = None
         self._kmsg_thread: threading.Thread | None = None
         self._poll_thread: threading.Thread | None = None
@@ -660,6 +662,12 @@ class NodeAgent:
         self._events.put(("lost", time.monotonic(), lost.timestamp_ms, lost, None))
 
     def _emit_lost(self, lost: LostGpu) -> None:  # main loop
+        if self._lost_reported is None:
+            self._lost_reported = LostReported(self.config.spool_dir, read_boot_id(self.config.boot_id_path))
+        if not self._lost_reported.should_report(lost):
+            log.info("GPU lost at start was reported earlier this boot", extra=fields(uuid=lost.gpu.uuid))
+            return
+        self._lost_reported.record(lost)
         event = gpu_lost_xid_event(lost, self.config.hostname)
         ctx = XidContext(self.config.hostname, {}, self._tick_amap, slices=self._slices)
         event["allocations"] = ctx.allocations(event["uuid"], None, lost.gpu)

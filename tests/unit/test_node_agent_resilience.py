@@ -164,3 +164,24 @@ def test_two_identical_xids_in_one_millisecond_are_two_events(tmp_path: Path) ->
     a, b = mem.records("xid")
     assert a["timestamp_ms"] == b["timestamp_ms"] and a["event_id"] != b["event_id"]
     assert a["event_id"].endswith("|s30") and b["event_id"].endswith("|s31")
+
+
+def test_a_gpu_lost_before_start_is_reported_once_per_boot(tmp_path: Path) -> None:
+    # Review 1.11: every restart emitted a new gpu_lost event (its id embeds the time it was seen).
+    boot = tmp_path / "boot_id"
+    boot.write_text("b0a7-1\n")
+
+    def run() -> list[dict[str, Any]]:
+        fake = node_for_fixtures()
+        fake.gpus[3].lost = True  # fell off the bus before the agent started
+        pub, mem = memory_publisher()
+        with running_agent(config(tmp_path, boot_id_path=str(boot)), pub, fake) as ra:
+            ra.ticks_after(3)
+            ra.stop()
+        return mem.records("xid")
+
+    first, second = run(), run()
+    assert [(e["kind"], e["gpu_index"]) for e in first] == [("gpu_lost", 3)]
+    assert second == [], "the restart does not report the same loss again"
+    boot.write_text("b0a7-2\n")  # after a reboot it is a new loss
+    assert [e["kind"] for e in run()] == ["gpu_lost"]
