@@ -328,6 +328,9 @@ class FakeGpu:
         self.c2c_links = 0  # FI 170; 0: NotSupported (the mock on every profile)
         self.c2c_down: set[int] = set()
         #: PCIe byte counters (FI 197/198); None: NotSupported (the mock, every profile).
+        #: The mock answers 0 for NVLink throughput at scope UINT_MAX (all links) while the
+        #: per-link values carry traffic; True reproduces that.
+        self.nvlink_aggregate_zero = False
         self.pcie_tx_count_bytes: int | None = None
         self.pcie_rx_count_bytes: int | None = None
         #: Superchip module scope (FI 185/191, scope 1); None: NotSupported (the mock).
@@ -1017,6 +1020,8 @@ class FakeNvml:
             return _real.NVML_ERROR_NOT_SUPPORTED, 0, None
         if per_link and scope != UINT_MAX and isinstance(value, int):
             value //= gpu.nvlink_links
+        elif per_link and gpu.nvlink_aggregate_zero:
+            value = 0
         return _real.NVML_SUCCESS, vtype, value
 
     def nvmlDeviceGetGpuFabricInfoV(self, device: Any, gpuFabricInfo: Any) -> int:

@@ -100,6 +100,8 @@ class FastCollector:
         """``pcie_via_gpm``: leave PCIe to the GPM collector where GPM works (it is enabled)."""
         self._pcie_via_gpm = pcie_via_gpm
         self._clock = clock
+        self._nvlink_tx_id = int(getattr(nvml, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", FI_NVLINK_DATA_TX))
+        self._nvlink_rx_id = int(getattr(nvml, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", FI_NVLINK_DATA_RX))
         self._temp_gpu = getattr(nvml, "NVML_TEMPERATURE_GPU", 0)
         self._clock_sm = getattr(nvml, "NVML_CLOCK_SM", 1)
         self._clock_mem = getattr(nvml, "NVML_CLOCK_MEM", 2)
@@ -214,9 +216,31 @@ class FastCollector:
         put(out, "module_power_w", convert.mw_to_w, fv.get("fi_module_power"))
         put(out, "module_energy_mj", convert.count, fv.get("fi_module_energy"))
         tx_kib, rx_kib = fv.get("fi_nvlink_tx"), fv.get("fi_nvlink_rx")
+        if (tx_kib or 0) + (rx_kib or 0) == 0 and (tx_kib is not None or rx_kib is not None):
+            tx_kib, rx_kib = self._nvlink_per_link(ctx, tx_kib, rx_kib)
         if tx_kib is not None or rx_kib is not None:
             put(out, "nvlink_bandwidth_total_kib", convert.count, (tx_kib or 0) + (rx_kib or 0))
         return out
+
+    def _nvlink_per_link(self, ctx: DeviceContext, tx: Any, rx: Any) -> tuple[Any, Any]:
+        """The aggregate (scope UINT_MAX) read 0: sum the links instead when they say otherwise.
+
+        nvml.h says UINT_MAX sums every link, but NVIDIA's mock answers 0 there while its links
+        carry traffic (review §2); publishing 0 would hide it. Only asked while the aggregate is 0
+        and the link count is known (the fabric group reads it), so a real driver pays nothing.
+        """
+        counts = ctx.state.get("link_counts")
+        links = counts[0] if counts else None
+        if not links:
+            return tx, rx
+        specs = [(f"fi_nvlink_tx:{i}", self._nvlink_tx_id, i, True) for i in range(links)]
+        specs += [(f"fi_nvlink_rx:{i}", self._nvlink_rx_id, i, True) for i in range(links)]
+        got = read_field_values(ctx, specs)
+        txs = [v for k, v in got.items() if k.startswith("fi_nvlink_tx:")]
+        rxs = [v for k, v in got.items() if k.startswith("fi_nvlink_rx:")]
+        if not txs and not rxs:
+            return tx, rx
+        return sum(int(v) for v in txs), sum(int(v) for v in rxs)
 
     def _pcie(self, ctx: DeviceContext, fv: dict[str, Any], out: dict[str, Any]) -> None:
         """PCIe throughput without GPM: byte counters over the interval where NVML has them (the

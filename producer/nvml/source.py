@@ -72,7 +72,8 @@ log = logging.getLogger("gpupipe.nvml")
 
 # Run order within a poll. Profiling goes first: when GPM turns out not to measure PCIe on a
 # device, the fast group reads the legacy PCIe counter in the same poll.
-GROUPS: tuple[str, ...] = ("profiling", "fast", "slow", "processes", "fabric")
+# Fabric before fast: the NVLink link count it reads lets fast sum links where the aggregate reads 0.
+GROUPS: tuple[str, ...] = ("profiling", "fabric", "fast", "slow", "processes")
 DEFAULT_INTERVALS: dict[str, float] = {
     "fast": 1.0,
     "slow": 30.0,

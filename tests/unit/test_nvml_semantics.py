@@ -241,3 +241,16 @@ def test_row_remapping_pending_is_seen_on_a_gpu_in_mig_mode() -> None:
         3,
     )
     src.shutdown()
+
+
+def test_nvlink_total_is_summed_per_link_when_the_aggregate_reads_zero() -> None:
+    # §2: NVIDIA's mock answers 0 for scope UINT_MAX while per-link counters read ~1e13 KiB; the
+    # producer published 0. Per-link sums are used while the aggregate says 0 and links exist.
+    fake = FakeNvml.node("H100", 2)
+    fake.gpus[0].nvlink_aggregate_zero = True
+    _, src, clock, _ = make(fake)
+    src.poll()
+    s = by_gpu(tick(src, clock))
+    total0, total1 = s[0]["nvlink_bandwidth_total_kib"], s[1]["nvlink_bandwidth_total_kib"]
+    assert total0 > 0 and total0 == pytest.approx(total1, rel=1e-4)  # the fake splits totals per link
+    src.shutdown()
