@@ -626,7 +626,10 @@ class NodeAgent:
             if m.get("source") == "nvml+kmsg":
                 self.xid_merged += 1
             self._emit(build_xid_event(m, ctx))
-            self._advance_cursor(m.get("kmsg_seq"))
+        # Once per batch (an XID storm releases thousands at once), past the newest spooled record.
+        seqs = [m["kmsg_seq"] for m in merged if m.get("kmsg_seq") is not None]
+        if seqs:
+            self._advance_cursor(max(seqs))
 
     def _emit(self, event: dict[str, Any]) -> None:
         try:
