@@ -19,6 +19,7 @@ BENCHES = [
     "bench_produce.py",
     "bench_kmsg.py",
     "bench_agent_tick.py",
+    "bench_nvml_tick.py",
     "bench_metrics_render.py",
     "bench_metrics_freshness.py",
     "bench_metrics_freshness_ha.py",

@@ -116,6 +116,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="deadline of one kubelet List (default 1s)",
     )
     nv.add_argument(
+        "--kubelet-grace",
+        type=positive_duration_ms,
+        default=10_000,
+        help="keep the last good pod attribution this long after failed kubelet Lists, flagged (default 10s)",
+    )
+    nv.add_argument(
         "--extra-resource-names",
         default="",
         metavar="NAMES",
@@ -164,6 +170,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=positive_duration_ms,
         default=5000,
         help="per-process memory/utilisation (default 5s)",
+    )
+    nv.add_argument(
+        "--nvml-timeout",
+        type=positive_duration_ms,
+        default=2000,
+        help="longest wait for one GPU's NVML calls in a poll; a GPU over it is left out and "
+        "reported (default 2s)",
     )
     nv.add_argument("--proc-root", default="/proc", help="procfs of the host (pid -> pod via cgroups)")
     nv.add_argument(
@@ -221,13 +234,10 @@ def run(args: argparse.Namespace) -> int:
     stop = _Stop()
     stop.install()
     http = None
+    # The node agent replaces this with its own check (stalled loops, no GPU) once it exists.
+    health: list[Any] = [lambda: (True, {"sent": publisher.sent, "failed": publisher.failed})]
     if args.listen:
-        http = ServiceHttp(
-            args.listen,
-            metrics.registry,
-            lambda: (True, {"sent": publisher.sent, "failed": publisher.failed}),
-            args.web_config_file,
-        ).start()
+        http = ServiceHttp(args.listen, metrics.registry, lambda: health[0](), args.web_config_file).start()
     try:
         if args.source == "simulated":
             enc_s = codec.encoder("GpuSample", t_samples).encode
@@ -236,7 +246,16 @@ def run(args: argparse.Namespace) -> int:
         else:
             from producer.node_agent import run_nvml  # needs NVML; imported only when asked for
 
-            run_nvml(args, publisher, metrics, stop.event, codec, t_samples, t_xid)
+            run_nvml(
+                args,
+                publisher,
+                metrics,
+                stop.event,
+                codec,
+                t_samples,
+                t_xid,
+                on_agent=lambda agent: health.__setitem__(0, agent.health),
+            )
     finally:
         left = publisher.flush(30.0)
         if http:

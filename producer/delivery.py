@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -33,6 +34,8 @@ class SampleQueue:
         self._produce = produce
         self._in_flight = in_flight
         self._q: deque[tuple[str, bytes, bytes]] = deque()
+        # put() runs on the NVML polling thread, pump() on both it and the main loop.
+        self._lock = threading.Lock()
         self.maxlen = maxlen
         self.in_flight_limit = in_flight_limit
         self.dropped = 0
@@ -41,17 +44,21 @@ class SampleQueue:
         return len(self._q)
 
     def put(self, topic: str, key: bytes, value: bytes) -> None:
-        if len(self._q) >= self.maxlen:
-            self._q.popleft()
-            self.dropped += 1
-        self._q.append((topic, key, value))
+        with self._lock:
+            if len(self._q) >= self.maxlen:
+                self._q.popleft()
+                self.dropped += 1
+            self._q.append((topic, key, value))
 
     def pump(self) -> int:
         """Hand queued samples to librdkafka while it has room; returns how many were handed over."""
         n = 0
         room = self.in_flight_limit - self._in_flight()
-        while self._q and room > 0:
-            topic, key, value = self._q.popleft()
+        while room > 0:
+            with self._lock:
+                if not self._q:
+                    break
+                topic, key, value = self._q.popleft()
             self._produce(topic, key, value)
             n += 1
             room -= 1

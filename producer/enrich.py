@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from producer.kubelet.mapping import AllocationMap, PodRef, lookup
+from producer.nvml.records import DeviceIds
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +67,19 @@ def allocation_record(ref: PodRef) -> dict[str, Any]:
     }
 
 
-def gpu_aliases(gpu_index: int | None, pci_bus_id: str | None) -> tuple[str, ...]:
-    """Other ids a device plugin may use for a whole GPU: index, ``nvidia<index>``, PCI bus id forms."""
+def gpu_aliases(gpu_index: int | None, pci_bus_id: str | None, minor: int | None = None) -> tuple[str, ...]:
+    """Other ids a device plugin may use for a whole GPU: index, ``nvidia<minor>``, PCI bus id forms.
+
+    ``nvidia<N>`` (GKE) names the /dev/nvidia<N> node, i.e. the device *minor* number, which need not
+    equal the NVML index; the index stands in only when the minor is unknown.
+    """
     out: list[str] = []
     if gpu_index is not None:
-        out += [str(gpu_index), f"nvidia{gpu_index}"]
+        out.append(str(gpu_index))
+    if minor is not None:
+        out.append(f"nvidia{minor}")
+    elif gpu_index is not None:
+        out.append(f"nvidia{gpu_index}")
     if pci_bus_id:
         out.append(pci_bus_id)
         short = pci_bus_id.lower()
@@ -88,12 +97,39 @@ def device_holders(
     *,
     aliases: Iterable[str] = (),
 ) -> tuple[PodRef, ...]:
-    """Pods holding a whole GPU (with its aliases) or one MIG slice (by MIG UUID only)."""
+    """Pods holding a whole GPU or one MIG slice (its MIG UUID, or its ``<gpu>:<mig>`` alias)."""
     if not amap:
         return ()
     if mig_uuid:
-        return lookup(amap, uuid or "", mig_uuid)
+        return lookup(amap, uuid or "", mig_uuid, aliases=aliases)
     return lookup(amap, uuid or "", None, aliases=aliases)
+
+
+def live_holders(
+    refs: tuple[PodRef, ...], procs: Iterable[Mapping[str, Any]], resolve: PidResolver | None
+) -> tuple[PodRef, ...]:
+    """Drop finished pods that still "hold" an exclusively allocated device.
+
+    Kubelets before 1.34 (``KubeletPodResourcesListUseActivePods``) also list pods in a terminal
+    phase, with their devices, until the pod is deleted; PodResources carries no phase. An exclusive
+    device (no replica ids) has at most one live holder pod, so when several pods hold it and the
+    processes on the device belong to some of them, only those are kept. With no process to tell
+    (an idle GPU), all are kept: better a doubtful attribution than a wrong one.
+    """
+    if len(refs) < 2 or resolve is None or any(r.replica is not None for r in refs):
+        return refs
+    if len({(r.namespace, r.pod) for r in refs}) < 2:
+        return refs
+    running: set[tuple[str, str]] = set()
+    for p in procs:
+        try:
+            info = resolve(int(p["pid"]))
+        except Exception:
+            info = None
+        if info is not None and info.namespace and info.pod:
+            running.add((info.namespace, info.pod))
+    kept = tuple(r for r in refs if (r.namespace, r.pod) in running)
+    return kept or refs
 
 
 def _holders(refs: Iterable[PodRef]) -> list[_Holder]:
@@ -130,6 +166,7 @@ def enrich_sample(
     sample: dict[str, Any],
     amap: AllocationMap,
     resolve: PidResolver | None = None,
+    ids: DeviceIds | None = None,
 ) -> dict[str, Any]:
     """Fill ``allocations`` and the processes' pod fields of one GpuSample dict (in place; returned).
 
@@ -137,13 +174,18 @@ def enrich_sample(
     """
     mig = sample.get("mig")
     if mig:
-        refs = device_holders(amap, sample.get("uuid"), mig.get("mig_uuid"))
+        mig_alias = ids.mig.get(mig.get("mig_uuid") or "") if ids is not None else None
+        refs = device_holders(
+            amap, sample.get("uuid"), mig.get("mig_uuid"), aliases=(mig_alias,) if mig_alias else ()
+        )
     else:
+        minor = ids.minors.get(sample.get("uuid") or "") if ids is not None else None
         refs = device_holders(
             amap,
             sample.get("uuid"),
-            aliases=gpu_aliases(sample.get("gpu_index"), sample.get("pci_bus_id")),
+            aliases=gpu_aliases(sample.get("gpu_index"), sample.get("pci_bus_id"), minor),
         )
+    refs = live_holders(refs, sample.get("processes") or (), resolve)
     sample["allocations"] = [allocation_record(r) for r in refs]
     procs = sample.get("processes")
     if procs:

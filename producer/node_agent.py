@@ -2,18 +2,27 @@
 
 Threads (all daemon, all joined on shutdown):
 
-* **main loop** (the caller's thread): every ``--interval`` polls the :class:`NvmlSource`, attaches
+* **main loop** (the caller's thread): waits on one queue fed by the threads below, pairs XIDs in
+  the :class:`XidMerger`, builds XidEvent records (:mod:`producer.xid_events`) and sends them
+  through the spooled :class:`XidSender`, and services librdkafka. It never calls NVML, so a GPU
+  whose NVML calls hang cannot delay an XID (review finding 1.6). Merger, sender and cursor are
+  touched here only.
+* **nvml-poll**: every ``--interval`` polls the :class:`NvmlSource` (each GPU on its own worker,
+  bounded by ``--nvml-timeout``: a hung GPU is left out and reported, the others go on), attaches
   the kubelet allocations and the processes' pods (:mod:`producer.enrich`), encodes and queues the
-  samples in a bounded :class:`SampleQueue` (oldest dropped first, counted). Between ticks it waits
-  on one queue fed by the threads below, pairs XIDs in the :class:`XidMerger`, builds XidEvent
-  records (:mod:`producer.xid_events`) and sends them through the spooled :class:`XidSender`. All
-  state that is not thread-safe (merger, sender, sample queue, NVML source) is touched here only.
+  samples in a bounded :class:`SampleQueue` (oldest dropped first, counted). A lost GPU's event is
+  queued to the main loop like any other XID.
 * **kubelet**: ``List`` on the PodResources socket once per interval, with ``--kubelet-timeout``;
   the main loop never waits on it and uses the newest map (empty after a failure: no stale labels;
   ignored when older than two intervals plus the timeout).
 * **NVML events** (:class:`XidEventWatcher`): XID critical-error events, pushed to the queue.
-* **kernel log**: :class:`KmsgReader` (``/dev/kmsg``, a file, or ``-`` for stdin) + :class:`KmsgParser`,
-  Xid/SXid/fallen-off-the-bus events pushed to the queue with their arrival time.
+* **kernel log** (:class:`producer.kmsg_input.KmsgInput`): ``/dev/kmsg``, a relay FIFO, a file, or
+  ``-``; the backlog after the persisted cursor (:mod:`producer.xid.kmsg_cursor`) is read at start,
+  so an XID logged while the agent was down is reported once. The cursor advances only past
+  records whose events are in the spool.
+
+``/healthz`` (:meth:`NodeAgent.health`) is unhealthy when NVML polling, the main loop or the
+kernel-log reader stalls, or when NVML sees no GPU at all.
 
 The NVML module is injected: ``run_nvml(..., nvml=module)``, else the module-level
 :data:`nvml_factory` (``pynvml`` through :func:`default_nvml_module`) is called. Tests and the
@@ -30,37 +39,50 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import queue
-import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
-
-from gpupipe.errors import ConfigError
 from gpupipe.logs import fields
+from producer.agent_config import (
+    DEFAULT_IN_FLIGHT_LIMIT,
+    DEFAULT_SAMPLE_QUEUE_MAX,
+    DEFAULT_SPOOL_DIR,
+    DEFAULT_SPOOL_MAX_BYTES,
+    KMSG_RETRY_S,
+    SHUTDOWN_FLUSH_S,
+    AgentConfig,
+    config_from_args,
+    default_hostname,
+)
+from producer.agent_metrics import AgentCollector
 from producer.delivery import SampleQueue, XidSender
 from producer.enrich import PidResolver, enrich_sample
-from producer.kubelet.client import DEFAULT_SOCKET_PATH, AllocationRefresher
-from producer.kubelet.mapping import AllocationMap
+from producer.kmsg_input import KmsgInput
+from producer.kubelet.client import AllocationRefresher
+from producer.kubelet.mapping import DEFAULT_DRA_DRIVERS, AllocationMap, AllocationMapper
+from producer.lost_reported import LostReported
 from producer.nvml.errors import NvmlSourceError
 from producer.nvml.events import XidEventWatcher
 from producer.nvml.records import GpuRef, LostGpu, gpu_lost_xid_event
 from producer.nvml.source import NvmlSource, SourceHooks, default_nvml_module
 from producer.pid_pods import PidPodResolver
-from producer.podmeta.extras import AllocationExtras, extras_from_args
 from producer.publish import Publisher
 from producer.self_metrics import ProducerMetrics
 from producer.spool import XidSpool
-from producer.xid.kmsg_parse import FallenOffBus, KernelXid, KmsgParser, parse_line
-from producer.xid.kmsg_reader import DEFAULT_KMSG_PATH, KmsgReader
-from producer.xid.xid_merge import DEFAULT_WINDOW_S, XidMerger
-from producer.xid_events import XidContext, build_xid_event, fallen_off_bus_event, kmsg_fields, nvml_fields
+from producer.xid.kmsg_cursor import KmsgCursorStore, read_boot_id
+from producer.xid.kmsg_parse import FallenOffBus, KernelXid
+from producer.xid.xid_merge import XidMerger
+from producer.xid_events import (
+    XidContext,
+    build_xid_event,
+    fallen_off_bus_event,
+    kmsg_fields,
+    nvml_fields,
+    nvml_notice_event,
+)
 from schemas.errors import EncodeError
 
 log = logging.getLogger("gpupipe.agent")
@@ -68,93 +90,25 @@ log = logging.getLogger("gpupipe.agent")
 #: Returns the NVML module to use. Tests replace it; the default imports ``pynvml``.
 nvml_factory: Callable[[], Any] = default_nvml_module
 
-DEFAULT_SPOOL_DIR = "/var/lib/gpupipe/spool"
-DEFAULT_SPOOL_MAX_BYTES = 64 * 1024 * 1024
-DEFAULT_SAMPLE_QUEUE_MAX = 10_000
-DEFAULT_IN_FLIGHT_LIMIT = 2_000
-SHUTDOWN_FLUSH_S = 5.0
-KMSG_RETRY_S = 10.0
-_WAKE_S = 0.25  # longest wait between loop passes (stop is noticed within this)
+_WAKE_S = 0.25  # longest wait between main-loop passes (stop is noticed within this)
+#: DRA drivers whose claims are mapped: GPUs (resolved to UUIDs through NVML) and ComputeDomain
+#: IMEX channels (listed in the map's ``dra`` part: a ComputeDomain pod's GPUs come from its
+#: gpu.nvidia.com claim).
+DRA_DRIVERS = (*DEFAULT_DRA_DRIVERS, "compute-domain.nvidia.com")
 
-
-@dataclass
-class AgentConfig:
-    """Everything the agent needs; ``config_from_args`` builds it from the ``produce`` flags."""
-
-    hostname: str
-    interval_s: float = 1.0
-    slow_interval_s: float = 30.0
-    profiling_interval_s: float = 1.0
-    processes_interval_s: float = 5.0
-    kubelet_socket: str | None = DEFAULT_SOCKET_PATH  # None: kubelet enrichment off
-    kubelet_timeout_s: float = 1.0
-    extra_resource_names: tuple[str, ...] = ()
-    kmsg_path: str | None = DEFAULT_KMSG_PATH  # None: kernel-log reader off
-    nvml_events: bool = True
-    xid_merge_window_s: float = DEFAULT_WINDOW_S
-    spool_dir: str = DEFAULT_SPOOL_DIR
-    spool_max_bytes: int = DEFAULT_SPOOL_MAX_BYTES
-    sample_queue_max: int = DEFAULT_SAMPLE_QUEUE_MAX
-    in_flight_limit: int = DEFAULT_IN_FLIGHT_LIMIT
-    xid_retry_after_s: float = 5.0
-    proc_root: str = "/proc"
-    pod_logs_dir: str = "/var/log/pods"
-    #: Overrides the /proc + /var/log/pods resolver (tests); ``resolve_pids=False`` turns it off.
-    pid_resolver: PidResolver | None = None
-    resolve_pids: bool = True
-    nvml_event_timeout_ms: int = 500
-    #: Pod metadata (owner, labels) and HPC jobs added to allocations (:mod:`producer.podmeta`).
-    extras: AllocationExtras | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("interval_s", "slow_interval_s", "profiling_interval_s", "processes_interval_s"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name.removesuffix('_s').replace('_', '-')} must be positive")
-        if not self.kubelet_timeout_s > 0:
-            raise ConfigError("--kubelet-timeout must be positive")
-        if self.xid_merge_window_s < 0:
-            raise ConfigError("--xid-merge-window must not be negative")
-        if self.sample_queue_max < 1 or self.spool_max_bytes < 1024:
-            raise ConfigError("--sample-queue-max must be >= 1 and --spool-max-bytes >= 1024")
-        if self.kubelet_socket and not os.path.isabs(self.kubelet_socket):
-            raise ConfigError(f"--kubelet-socket must be an absolute path, got {self.kubelet_socket!r}")
-
-
-def default_hostname(environ: dict[str, str] | os._Environ[str] = os.environ) -> str:
-    """The node name: ``NODE_NAME`` (``spec.nodeName`` in the DaemonSet), else the host name."""
-    return environ.get("NODE_NAME") or socket.gethostname()
-
-
-def config_from_args(args: argparse.Namespace) -> AgentConfig:
-    """Build the agent config from ``gpupipe produce`` flags (defaults where a flag is absent)."""
-
-    def get(name: str, default: Any) -> Any:
-        value = getattr(args, name, None)
-        return default if value is None else value
-
-    names = get("extra_resource_names", "")
-    if isinstance(names, str):
-        names = [n.strip() for n in names.split(",")]
-    kmsg = None if get("no_kmsg", False) else get("kmsg_path", DEFAULT_KMSG_PATH)
-    return AgentConfig(
-        hostname=get("hostname", "") or default_hostname(),
-        interval_s=get("interval", 1000) / 1000.0,
-        slow_interval_s=get("slow_interval", 30_000) / 1000.0,
-        profiling_interval_s=get("profiling_interval", 1000) / 1000.0,
-        processes_interval_s=get("processes_interval", 5000) / 1000.0,
-        kubelet_socket=get("kubelet_socket", DEFAULT_SOCKET_PATH) or None,
-        kubelet_timeout_s=get("kubelet_timeout", 1000) / 1000.0,
-        extra_resource_names=tuple(n for n in names if n),
-        kmsg_path=kmsg or None,
-        nvml_events=not get("no_nvml_events", False),
-        xid_merge_window_s=get("xid_merge_window", round(DEFAULT_WINDOW_S * 1000)) / 1000.0,
-        spool_dir=get("spool_dir", DEFAULT_SPOOL_DIR),
-        spool_max_bytes=int(get("spool_max_bytes", DEFAULT_SPOOL_MAX_BYTES)),
-        sample_queue_max=int(get("sample_queue_max", DEFAULT_SAMPLE_QUEUE_MAX)),
-        proc_root=get("proc_root", "/proc"),
-        pod_logs_dir=get("pod_logs_dir", "/var/log/pods"),
-        extras=extras_from_args(args, get("hostname", "") or default_hostname()),
-    )
+__all__ = [
+    "DEFAULT_IN_FLIGHT_LIMIT",
+    "DEFAULT_SAMPLE_QUEUE_MAX",
+    "DEFAULT_SPOOL_DIR",
+    "DEFAULT_SPOOL_MAX_BYTES",
+    "KMSG_RETRY_S",
+    "AgentConfig",
+    "NodeAgent",
+    "config_from_args",
+    "default_hostname",
+    "nvml_factory",
+    "run_nvml",
+]
 
 
 def run_nvml(
@@ -167,13 +121,18 @@ def run_nvml(
     t_xid: str,
     *,
     nvml: Any = None,
+    on_agent: Callable[[NodeAgent], None] | None = None,
 ) -> int:
     """``gpupipe produce --source nvml``: run the agent until ``stop`` is set; returns the ticks run.
+
+    ``on_agent`` receives the agent before it starts (the command wires ``/healthz`` to it).
 
     Raises :class:`producer.nvml.errors.NvmlInitError` (a GpupipeError: one line, non-zero exit)
     when NVML cannot be initialised.
     """
     agent = NodeAgent(config_from_args(args), publisher, metrics, codec, t_samples, t_xid, nvml=nvml)
+    if on_agent is not None:
+        on_agent(agent)
     return agent.run(stop)
 
 
@@ -223,62 +182,8 @@ class _Hooks(SourceHooks):
     def gpu_recovered(self, gpu: GpuRef) -> None:
         log.info("GPU answers NVML again", extra=fields(gpu=gpu.gpu_index, uuid=gpu.uuid))
 
-
-class _AgentCollector(Collector):
-    """Agent counters read at scrape time (plain ints on the hot paths, no locks)."""
-
-    def __init__(self, agent: NodeAgent) -> None:
-        self._a = agent
-
-    def collect(self) -> Iterator[Any]:
-        a = self._a
-        st = a.kmsg_stats()
-        yield CounterMetricFamily(
-            "gpupipe_producer_kmsg_lines", "Kernel-log lines read.", value=st.get("lines", 0)
-        )
-        yield CounterMetricFamily(
-            "gpupipe_producer_kmsg_malformed_lines",
-            "Kernel-log lines that looked like an Xid report, or kmsg records, that did not parse.",
-            value=a.kmsg_malformed + st.get("malformed", 0),
-        )
-        yield CounterMetricFamily(
-            "gpupipe_producer_kmsg_overruns",
-            "Times /dev/kmsg overwrote records before the agent read them.",
-            value=st.get("overrun", 0),
-        )
-        yield CounterMetricFamily(
-            "gpupipe_producer_xid_merged",
-            "XIDs seen by both NVML and the kernel log and sent as one event.",
-            value=a.xid_merged,
-        )
-        yield CounterMetricFamily(
-            "gpupipe_producer_xid_spool_dropped",
-            "XID events dropped because the spool exceeded --spool-max-bytes (oldest first).",
-            value=a.sender.spool.dropped if a.sender is not None else 0,
-        )
-        yield CounterMetricFamily(
-            "gpupipe_producer_encode_errors",
-            "Records that did not match their schema.",
-            value=a.encode_errors,
-        )
-        amap = a.allocations
-        yield GaugeMetricFamily(
-            "gpupipe_producer_kubelet_ignored_devices",
-            "Device entries of non-GPU resource names in the last kubelet List.",
-            value=sum(amap.ignored_resources.values()),
-        )
-        yield GaugeMetricFamily(
-            "gpupipe_producer_kubelet_odd_device_ids",
-            "Malformed or non-UUID device ids in the last kubelet List.",
-            value=amap.odd_device_ids,
-        )
-        up = GaugeMetricFamily(
-            "gpupipe_producer_source_up", "1 when an input of the agent works.", labels=["input"]
-        )
-        up.add_metric(["kubelet"], 1 if a.refresher is not None and a.refresher.healthy else 0)
-        up.add_metric(["nvml_events"], 1 if a.watcher is not None and a.watcher.running else 0)
-        up.add_metric(["kmsg"], 1 if a.kmsg_ready.is_set() and a.kmsg_alive() else 0)
-        yield up
+    def unsupported(self, call: str, reason: str) -> None:
+        self._a.metrics.nvml_unsupported.labels(call, reason).inc()
 
 
 class NodeAgent:
@@ -320,15 +225,20 @@ class NodeAgent:
             self.pid_resolver = c.pid_resolver
         elif c.resolve_pids:
             self.pid_resolver = PidPodResolver(c.proc_root, c.pod_logs_dir)
-        # Shared with the threads.
-        self._events: queue.SimpleQueue[tuple[str, float, int, Any]] = queue.SimpleQueue()
+        # Shared with the threads: (kind, monotonic arrival, wall ms, payload, kmsg seq or None).
+        self._events: queue.SimpleQueue[tuple[str, float, int, Any, int | None]] = queue.SimpleQueue()
         self._amap_state: tuple[AllocationMap, float] = (AllocationMap.empty(), float("-inf"))  # map, when
         self._threads_stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._kmsg_reader: KmsgReader | None = None
+        self.kmsg_input: KmsgInput | None = None
+        self._lost_reported: LostReported | None = None
+        self.cursor: KmsgCursorStore | None = None
         self._kmsg_thread: threading.Thread | None = None
-        self.kmsg_ready = threading.Event()  # set once the kernel-log reader is positioned
+        self._poll_thread: threading.Thread | None = None
         self.started = threading.Event()
+        # Progress marks (monotonic) for /healthz.
+        self._main_beat = time.monotonic()
+        self._poll_beat = time.monotonic()
         # Counters (main loop or the one thread that owns them).
         self.ticks = 0
         self.kmsg_malformed = 0
@@ -338,28 +248,83 @@ class NodeAgent:
         self._dropped_seen = 0
         self._slices: dict[str, list[str]] = {}
         self._tick_amap: AllocationMap = AllocationMap.empty()
-        self._collector = _AgentCollector(self)
+        self._collector = AgentCollector(self)
         metrics.registry.register(self._collector)
 
     # -- public state ---------------------------------------------------------------------------
     @property
     def allocations(self) -> AllocationMap:
-        """The newest kubelet map (empty when the last refresh failed or it is stale)."""
+        """The newest good kubelet map; after failed Lists the last good one for up to
+        ``--kubelet-grace`` (flagged: ``kubelet_map_stale``), then empty."""
         amap, at = self._amap_state
         if time.monotonic() - at > self._stale_after:
             return AllocationMap.empty()
         return amap
 
     @property
+    def kubelet_map_stale(self) -> bool:
+        """True while the map in use predates a failed List (the grace period)."""
+        r = self.refresher
+        return r is not None and not r.healthy and bool(self.allocations)
+
+    def dra_unresolved(self, amap: AllocationMap) -> int:
+        src = self.source
+        if src is None:
+            return 0
+        return sum(
+            1
+            for k in amap.dra
+            if k.driver == DEFAULT_DRA_DRIVERS[0] and src.dra_device_uuid(k.driver, k.pool, k.device) is None
+        )
+
+    @property
     def _stale_after(self) -> float:
-        return 2 * self.config.interval_s + self.config.kubelet_timeout_s
+        c = self.config
+        return max(2 * c.interval_s + c.kubelet_timeout_s, c.kubelet_grace_s)
+
+    @property
+    def kmsg_ready(self) -> threading.Event:
+        """Set once the kernel-log reader is positioned (tests wait on it)."""
+        return self.kmsg_input.ready if self.kmsg_input is not None else self._no_kmsg
+
+    _no_kmsg = threading.Event()
 
     def kmsg_stats(self) -> dict[str, int]:
-        r = self._kmsg_reader
+        r = self.kmsg_input.reader if self.kmsg_input is not None else None
         if r is None:
             return {}
         s = r.stats
-        return {"lines": s.lines, "malformed": s.malformed, "overrun": s.overrun}
+        return {"lines": s.lines, "malformed": s.malformed, "overrun": s.overrun, "skipped": s.skipped}
+
+    def stalled_gpus(self) -> int:
+        return self.source.stalled_count() if self.source is not None else 0
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """(healthy, details) for /healthz: False when a loop stalls or NVML sees no GPU."""
+        c = self.config
+        stall = c.stall_after_s or max(3 * c.interval_s, 2 * c.nvml_timeout_s + c.interval_s, 10.0)
+        now = time.monotonic()
+        problems: list[str] = []
+        if not self.started.is_set():
+            return False, {"problems": ["starting"]}
+        if self.source is not None and not self.source.gpus():
+            problems.append("nvml_sees_no_gpu")
+        if now - self._poll_beat > stall:
+            problems.append("nvml_polling_stalled")
+        if now - self._main_beat > stall:
+            problems.append("xid_loop_stalled")
+        kin = self.kmsg_input
+        if kin is not None and self.kmsg_alive() and now - kin.heartbeat > max(stall, c.kmsg_retry_s + stall):
+            problems.append("kmsg_reader_stalled")
+        detail: dict[str, Any] = {
+            "ticks": self.ticks,
+            "xids_sent": self.xids_sent,
+            "stalled_gpus": self.stalled_gpus(),
+            "spool_on_disk": bool(self.sender and self.sender.spool.on_disk),
+        }
+        if problems:
+            detail["problems"] = problems
+        return not problems, detail
 
     def kmsg_alive(self) -> bool:
         return self._kmsg_thread is not None and self._kmsg_thread.is_alive()
@@ -388,10 +353,16 @@ class NodeAgent:
             hooks=_Hooks(self),
         )
         self.source.start()  # NvmlInitError: the caller exits with NVML's message
+        self.source.call_timeout_s = c.nvml_timeout_s
+        if not self.source.gpus():
+            log.error("NVML sees no GPU on this node: nothing to report; /healthz is unhealthy")
+        # Never raises: an unusable directory (root-owned hostPath, full disk) keeps XIDs in
+        # memory, logged once and counted, instead of a crash loop.
+        spool = XidSpool(c.spool_dir, c.spool_max_bytes)
         self.sender = XidSender(
             _XidProducer(self.publisher, self.metrics),
             self.t_xid,
-            XidSpool(c.spool_dir, c.spool_max_bytes),  # ConfigError when the directory cannot be made
+            spool,
             retry_after_s=c.xid_retry_after_s,
         )
         if c.nvml_events:
@@ -412,14 +383,28 @@ class NodeAgent:
             self.refresher = AllocationRefresher(
                 socket_path=c.kubelet_socket,
                 timeout_s=c.kubelet_timeout_s,
-                extra_resource_names=c.extra_resource_names,
+                mapper=AllocationMapper(
+                    c.extra_resource_names,
+                    DRA_DRIVERS,
+                    dra_device_resolver=self.source.dra_device_uuid,
+                ),
                 on_error=lambda kind: self.metrics.kubelet_errors.labels(kind).inc(),
             )
             self._spawn("kubelet-refresh", self._kubelet_loop)
         if c.kmsg_path:
-            self._kmsg_thread = self._spawn("kmsg-reader", self._kmsg_loop)
+            self.cursor = KmsgCursorStore(c.spool_dir, read_boot_id(c.boot_id_path))
+            self.kmsg_input = KmsgInput(
+                c.kmsg_path,
+                self._events.put,
+                self._threads_stop,
+                after_seq=self.cursor.start_after(),
+                retry_s=c.kmsg_retry_s,
+            )
+            self._kmsg_thread = self._spawn("kmsg-reader", self.kmsg_input.run)
         if c.extras is not None:
             c.extras.start(self.metrics.registry)
+        self._poll_beat = time.monotonic()
+        self._poll_thread = self._spawn("nvml-poll", self._poll_loop)
         log.info(
             "node agent started",
             extra=fields(
@@ -430,6 +415,8 @@ class NodeAgent:
                 kmsg=c.kmsg_path,
                 kubelet=c.kubelet_socket,
                 spooled_xids=self.sender.depth,
+                spool_on_disk=spool.on_disk,
+                kmsg_after_seq=self.kmsg_input._after_seq if self.kmsg_input else None,
             ),
         )
         self.started.set()
@@ -453,8 +440,6 @@ class NodeAgent:
             if self.source is not None:
                 self.source.shutdown()
             return
-        if self._kmsg_reader is not None:
-            self._kmsg_reader.stop()
         if self.watcher is not None:
             self.watcher.stop()
         for t in self._threads:
@@ -488,19 +473,32 @@ class NodeAgent:
 
     # -- main loop ------------------------------------------------------------------------------
     def _loop(self, stop: threading.Event) -> None:
+        """XIDs and delivery only: never NVML (see the module docstring)."""
+        while not stop.is_set():
+            self._main_beat = time.monotonic()
+            self._drain_events(0.05 if len(self.merger) else _WAKE_S)
+            self._service()
+            if self._poll_thread is not None and not self._poll_thread.is_alive():
+                log.error("the NVML polling thread died; stopping the agent")
+                break
+
+    def _poll_loop(self) -> None:
         interval = self.config.interval_s
+        stop = self._threads_stop
         next_tick = time.monotonic()
         while not stop.is_set():
             now = time.monotonic()
             if now >= next_tick:
-                self._tick()
+                try:
+                    self._tick()
+                except Exception:
+                    log.exception("NVML poll failed; the next tick tries again")
+                self._poll_beat = time.monotonic()
                 next_tick += interval
                 now = time.monotonic()
                 if next_tick <= now:  # fell behind (a slow tick): skip, never burst
                     next_tick = now + interval - (now - next_tick) % interval
-            wait = min(next_tick - now, 0.05 if len(self.merger) else _WAKE_S)
-            self._drain_events(max(0.0, wait))
-            self._service()
+            stop.wait(max(0.0, next_tick - now))
 
     def _tick(self) -> None:
         src = self.source
@@ -510,14 +508,18 @@ class NodeAgent:
         self._tick_amap = amap
         resolve = self.pid_resolver
         samples = src.poll()  # may call _on_gpu_lost (hooks) on this thread
+        ids = src.device_ids()
+        stale = self.kubelet_map_stale
         slices: dict[str, list[str]] = {}
         put, enc, topic = self.samples.put, self._enc_sample, self.t_samples
         ts = 0
         extras = self.config.extras
         for s in samples:
-            enrich_sample(s, amap, resolve)
+            enrich_sample(s, amap, resolve, ids)
             if extras is not None:
                 extras.decorate(s)
+            if stale:
+                s["allocations_stale"] = True
             mig = s["mig"]
             if mig:
                 slices.setdefault(s["uuid"], []).append(mig["mig_uuid"])
@@ -560,7 +562,8 @@ class NodeAgent:
 
     # -- XIDs -----------------------------------------------------------------------------------
     def _on_nvml_event(self, event: dict[str, Any]) -> None:  # watcher thread
-        self._events.put(("nvml", time.monotonic(), int(event["timestamp_ms"]), event))
+        kind = "notice" if event.get("type") in ("recovery_action", "gpu_unavailable") else "nvml"
+        self._events.put((kind, time.monotonic(), int(event["timestamp_ms"]), event, None))
 
     def _drain_events(self, timeout: float) -> None:
         try:
@@ -574,19 +577,42 @@ class NodeAgent:
             except queue.Empty:
                 return
 
-    def _handle(self, item: tuple[str, float, int, Any]) -> None:
-        kind, at, seen_ms, payload = item
+    def _handle(self, item: tuple[str, float, int, Any, int | None]) -> None:
+        kind, at, seen_ms, payload, seq = item
+        if kind == "lost":
+            self._emit_lost(payload)
+            return
+        if kind == "notice":
+            self._emit(nvml_notice_event(payload, self._context()))
+            return
         if kind == "nvml":
+            if payload.get("gpu_instance_id") is not None and payload.get("uuid") not in self._slices:
+                # GI/CI only mean something on a GPU in MIG mode (NVIDIA's mock reports 0/0 on
+                # every GPU): never attribute an XID to "instance 0" of a whole GPU.
+                payload = {**payload, "gpu_instance_id": None, "compute_instance_id": None, "mig_uuid": None}
             released = self.merger.add(
                 "nvml", payload.get("pci_bus_id") or "", payload["xid"], at, nvml_fields(payload)
             )
         elif isinstance(payload, FallenOffBus):
             self._emit(fallen_off_bus_event(payload, seen_ms, self._context()))
+            self._advance_cursor(seq)
             return
         else:
             ev: KernelXid = payload
-            released = self.merger.add("kmsg", ev.pci_bus_id, ev.xid, at, kmsg_fields(ev, seen_ms))
+            f = kmsg_fields(ev, seen_ms)
+            f["kmsg_seq"] = seq
+            released = self.merger.add("kmsg", ev.pci_bus_id, ev.xid, at, f)
         self._emit_all(released)
+
+    def _advance_cursor(self, seq: int | None) -> None:
+        """Persist the kernel-log cursor past ``seq`` (its event is spooled), but never past a
+        kernel-log sighting the merger still holds (it is not spooled yet)."""
+        if seq is None or self.cursor is None:
+            return
+        held = self.merger.held_field_min("kmsg_seq")
+        if held is not None:
+            seq = min(seq, held - 1)
+        self.cursor.save(seq)
 
     def _context(self) -> XidContext:
         src = self.source
@@ -607,6 +633,10 @@ class NodeAgent:
             if m.get("source") == "nvml+kmsg":
                 self.xid_merged += 1
             self._emit(build_xid_event(m, ctx))
+        # Once per batch (an XID storm releases thousands at once), past the newest spooled record.
+        seqs = [m["kmsg_seq"] for m in merged if m.get("kmsg_seq") is not None]
+        if seqs:
+            self._advance_cursor(max(seqs))
 
     def _emit(self, event: dict[str, Any]) -> None:
         if self.config.extras is not None:
@@ -640,7 +670,16 @@ class NodeAgent:
             ),
         )
 
-    def _on_gpu_lost(self, lost: LostGpu) -> None:  # main loop (NvmlSource.poll)
+    def _on_gpu_lost(self, lost: LostGpu) -> None:  # nvml-poll thread (NvmlSource.poll)
+        self._events.put(("lost", time.monotonic(), lost.timestamp_ms, lost, None))
+
+    def _emit_lost(self, lost: LostGpu) -> None:  # main loop
+        if self._lost_reported is None:
+            self._lost_reported = LostReported(self.config.spool_dir, read_boot_id(self.config.boot_id_path))
+        if not self._lost_reported.should_report(lost):
+            log.info("GPU lost at start was reported earlier this boot", extra=fields(uuid=lost.gpu.uuid))
+            return
+        self._lost_reported.record(lost)
         event = gpu_lost_xid_event(lost, self.config.hostname)
         ctx = XidContext(self.config.hostname, {}, self._tick_amap, slices=self._slices)
         event["allocations"] = ctx.allocations(event["uuid"], None, lost.gpu)
@@ -651,47 +690,20 @@ class NodeAgent:
         refresher = self.refresher
         assert refresher is not None
         interval = self.config.interval_s
+        was_ok = True
         while not self._threads_stop.is_set():
             began = time.monotonic()
             amap = refresher.refresh()  # never raises; empty on failure
-            self._amap_state = (amap, time.monotonic())  # one assignment: readers see a consistent pair
+            if refresher.healthy:
+                self._amap_state = (amap, time.monotonic())  # one assignment: a consistent pair
+                was_ok = True
+            elif was_ok:
+                was_ok = False
+                if self._amap_state[0]:
+                    # One failed List must not blank every GPU: keep the last good map, flagged,
+                    # until it is older than --kubelet-grace.
+                    log.warning(
+                        "kubelet List failed; keeping the last attribution for up to %.0fs (flagged)",
+                        self._stale_after,
+                    )
             self._threads_stop.wait(max(0.0, interval - (time.monotonic() - began)))
-
-    # -- kernel-log thread ----------------------------------------------------------------------
-    def _kmsg_loop(self) -> None:
-        path = self.config.kmsg_path
-        assert path
-        stop = self._threads_stop
-        while not stop.is_set():
-            reader = KmsgReader(path, follow=True, from_start=False, idle_ticks=True, stop_event=stop)
-            self._kmsg_reader = reader
-            try:
-                self._read_kmsg(reader)
-            except OSError as exc:
-                log.error(
-                    "kernel log unreadable; XIDs come from NVML events only until it is (retry in %ds): %s",
-                    KMSG_RETRY_S,
-                    exc,
-                )
-            else:
-                if path == "-":
-                    return  # stdin ended
-            if stop.wait(KMSG_RETRY_S):
-                return
-
-    def _read_kmsg(self, reader: KmsgReader) -> None:
-        parser = KmsgParser()
-        feed, put, ready = parser.feed, self._events.put, self.kmsg_ready
-        for line in reader:
-            if not ready.is_set():
-                ready.set()
-            events = feed(line)
-            if "Xid (" in line and parse_line(line) is None:
-                self.kmsg_malformed += 1
-                log.debug("kernel-log line looks like an Xid report but does not parse: %r", line[:300])
-            if events:
-                at, seen_ms = time.monotonic(), int(time.time() * 1000)
-                for ev in events:
-                    put(("kmsg", at, seen_ms, ev))
-        for ev in parser.flush():
-            put(("kmsg", time.monotonic(), int(time.time() * 1000), ev))

@@ -32,11 +32,13 @@ from producer.enrich import ProcPod
 
 __all__ = ["PidPodResolver", "parse_cgroup", "parse_pod_log_dir"]
 
+# A pod UID: a UUID, or for static (mirror) pods the 32-hex config hash the kubelet uses instead.
 _POD_UID = re.compile(
-    r"pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12})"
+    r"pod([0-9a-fA-F]{8}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{4}[-_][0-9a-fA-F]{12}"
+    r"|[0-9a-fA-F]{32}(?![0-9a-fA-F]))"
 )
 _CONTAINER_ID = re.compile(r"(?:^|[-:])([0-9a-f]{64})(?:\.scope)?$")
-_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+_UUID = re.compile(r"^(?:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|[0-9a-f]{32})$")
 
 
 def parse_cgroup(text: str) -> ProcPod | None:

@@ -61,6 +61,13 @@ class ProducerMetrics:
         self.nvml_errors = Counter(
             "gpupipe_producer_nvml_errors", "NVML errors by kind.", ["kind"], registry=r
         )
+        self.nvml_unsupported = Counter(
+            "gpupipe_producer_nvml_unsupported",
+            "NVML calls learned as unanswerable, per device, by call and reason (NoPermission means the "
+            "agent lacks rights, FunctionNotFound an NVML binding or driver too old).",
+            ["call", "reason"],
+            registry=r,
+        )
         self.gpus_lost = Gauge(
             "gpupipe_producer_gpus_lost", "GPUs currently reported lost by NVML.", registry=r
         )

@@ -5,94 +5,132 @@ producer, and acknowledged when Kafka confirms delivery. Unacknowledged events
 are replayed in their original order: after a delivery failure (the broker was
 down longer than the message timeout) and after a restart of the producer.
 
-Format: one file of records `seq\\tkey_b64\\tvalue_b64\\n` plus an `acked` file
-holding the highest sequence number below which everything was delivered.
-When everything is acknowledged the data file is truncated. The spool is
-bounded by bytes; over the bound the oldest events are dropped and counted,
-because an agent that fills the node's disk would do more harm than good.
+Format (:mod:`producer.spool_format`): length-prefixed records with a CRC32, so
+a write torn by a crash loses only that record (never the next one) and a
+damaged record is counted and skipped, never replayed as other bytes. An
+``acked`` file holds the highest sequence number below which everything was
+delivered (written to a temp file, fsynced, renamed, directory fsynced).
+
+Bounds: ``max_bytes`` holds for the pending events *and* the file. Over it the
+oldest events are dropped (counted) down to 7/8 of the bound, and the file is
+compacted (rewritten with only the pending events) before it would grow past
+the bound; a restart applies the same bound while loading. The hysteresis keeps
+compaction amortised (one rewrite per bound/8 of appended bytes).
+
+Degraded mode: when the directory cannot be created or written (a root-owned
+hostPath, a full disk: ``ENOSPC``), events are kept in memory under the same
+bound, ``write_errors`` counts it, ``on_disk`` is false and one ERROR line says
+so. Appends retry the disk every ``retry_s``; on success the whole pending set
+is rewritten to disk. The agent never dies of its spool.
 """
 
 from __future__ import annotations
 
-import base64
+import contextlib
 import logging
 import os
 import threading
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
-from gpupipe.errors import ConfigError
+from producer.spool_format import LEGACY_FILE, SPOOL_FILE, encode_record, read_legacy, scan_records
 
 log = logging.getLogger("gpupipe.spool")
 
+#: After dropping for the bound, pending bytes are at most this fraction of it (hysteresis).
+_LOW_WATER = 7 / 8
+
 
 class XidSpool:
-    def __init__(self, directory: str | Path, max_bytes: int = 64 * 1024 * 1024) -> None:
+    """Durable, ordered, bounded store of unacknowledged XID events (thread-safe)."""
+
+    def __init__(
+        self,
+        directory: str | Path,
+        max_bytes: int = 64 * 1024 * 1024,
+        *,
+        retry_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.dir = Path(directory)
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"cannot create XID spool directory {self.dir}: {exc.strerror}") from exc
         self.max_bytes = max_bytes
+        self.retry_s = retry_s
+        self._clock = clock
+        #: Oldest events dropped for the bound (in memory, on disk and at load).
         self.dropped = 0
+        #: Damaged records skipped at load (bad checksum, garbage between records).
+        self.damaged = 0
+        #: Incomplete last records found at load (a write torn by a crash); they were never sent.
+        self.torn = 0
+        #: Failed disk operations (create, open, write, fsync, compaction).
+        self.write_errors = 0
         self._lock = threading.Lock()
-        self._data = self.dir / "xid.spool"
+        self._data = self.dir / SPOOL_FILE
         self._acked_file = self.dir / "acked"
         self._pending: OrderedDict[int, tuple[bytes, bytes, int]] = OrderedDict()  # seq -> (key, value, size)
         self._bytes = 0
-        self._acked_through = self._read_acked()
-        self._next = self._acked_through + 1
-        self._load()
-        self._fh = open(self._data, "ab")  # noqa: SIM115 (lives as long as the spool)
-
-    def _read_acked(self) -> int:
+        self._file_bytes = 0
+        self._fd = -1
+        self._retry_at = 0.0
+        self._legacy_to_remove: Path | None = None
+        self._acked_through = 0
+        self._next = 1
         try:
-            return int(self._acked_file.read_text().strip() or 0)
-        except (FileNotFoundError, ValueError):
-            return 0
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._acked_through = self._read_acked()
+            self._next = self._acked_through + 1
+            needs_rewrite = self._load()
+            if needs_rewrite:
+                self._compact_locked()
+            else:
+                self._open_append()
+        except OSError as exc:
+            self._degrade("cannot use the XID spool directory", exc)
 
-    def _load(self) -> None:
-        if not self._data.exists():
-            return
-        with open(self._data, "rb") as fh:
-            for raw in fh:
-                parts = raw.rstrip(b"\n").split(b"\t")
-                if len(parts) != 3:
-                    continue  # a torn last line after a crash: the event was never handed to Kafka
-                try:
-                    seq = int(parts[0])
-                    key, value = base64.b64decode(parts[1]), base64.b64decode(parts[2])
-                except ValueError:
-                    continue
-                self._next = max(self._next, seq + 1)
-                if seq > self._acked_through:
-                    self._pending[seq] = (key, value, len(raw))
-                    self._bytes += len(raw)
-        if self._pending:
-            log.info(
-                "xid spool has undelivered events from a previous run",
-                extra={"fields": {"events": len(self)}},
-            )
+    # -- public -----------------------------------------------------------------------------------
+    @property
+    def on_disk(self) -> bool:
+        """False while events are kept in memory only (directory unusable, disk full)."""
+        return self._fd >= 0
+
+    @property
+    def file_bytes(self) -> int:
+        return self._file_bytes
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._bytes
 
     def __len__(self) -> int:
         return len(self._pending)
 
     def append(self, key: bytes, value: bytes) -> int:
-        """Durably record an event; returns its sequence number."""
+        """Record an event (durably when the disk allows); returns its sequence number. Never raises."""
         with self._lock:
             seq = self._next
             self._next += 1
-            line = b"%d\t%s\t%s\n" % (seq, base64.b64encode(key), base64.b64encode(value))
-            self._fh.write(line)
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
-            self._pending[seq] = (key, value, len(line))
-            self._bytes += len(line)
-            while self._bytes > self.max_bytes and len(self._pending) > 1:
-                old, (_, _, size) = self._pending.popitem(last=False)
-                self._bytes -= size
-                self.dropped += 1
-                log.error("xid spool full: dropped the oldest event", extra={"fields": {"seq": old}})
+            rec = encode_record(seq, key, value)
+            size = len(rec)
+            if self._bytes + size > self.max_bytes:
+                self._drop_oldest(int(self.max_bytes * _LOW_WATER) - size)
+            self._pending[seq] = (key, value, size)
+            self._bytes += size
+            if self._fd < 0:
+                if self._clock() >= self._retry_at:
+                    self._compact_locked()  # back on disk with everything pending, or still degraded
+                return seq
+            if self._file_bytes + size > self.max_bytes:
+                self._compact_locked()  # rewrites the pending set, this record included
+                return seq
+            try:
+                os.write(self._fd, rec)
+                os.fsync(self._fd)
+                self._file_bytes += size
+            except OSError as exc:
+                self._undo_partial_write()
+                self._degrade("XID spool write failed; keeping events in memory", exc)
             return seq
 
     def ack(self, seq: int) -> None:
@@ -104,12 +142,17 @@ class XidSpool:
             through = first - 1
             if through > self._acked_through:
                 self._acked_through = through
-                tmp = self._acked_file.with_suffix(".tmp")
-                tmp.write_text(str(through))
-                os.replace(tmp, self._acked_file)
-            if not self._pending:
-                self._fh.truncate(0)
-                self._fh.seek(0)
+                if self._fd >= 0:
+                    try:
+                        self._write_acked(through)
+                    except OSError as exc:
+                        self._degrade("cannot persist the XID spool's acknowledged mark", exc)
+            if not self._pending and self._fd >= 0:
+                try:
+                    os.ftruncate(self._fd, 0)
+                    self._file_bytes = 0
+                except OSError as exc:
+                    self._degrade("cannot truncate the XID spool", exc)
 
     def pending(self) -> list[tuple[int, bytes, bytes]]:
         """Unacknowledged events, oldest first."""
@@ -117,4 +160,145 @@ class XidSpool:
             return [(seq, k, v) for seq, (k, v, _) in self._pending.items()]
 
     def close(self) -> None:
-        self._fh.close()
+        with self._lock:
+            self._close_fd()
+
+    # -- load -------------------------------------------------------------------------------------
+    def _read_acked(self) -> int:
+        try:
+            return int(self._acked_file.read_text().strip() or 0)
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    def _load(self) -> bool:
+        """Load pending events; True when the file must be rewritten (damage, torn tail, bound, legacy)."""
+        rewrite = False
+        records: list[tuple[int, bytes, bytes]] = []
+        legacy = self.dir / LEGACY_FILE
+        if legacy.exists():
+            old, bad = read_legacy(legacy.read_bytes())
+            records += old
+            self.damaged += bad
+            rewrite = True
+        if self._data.exists():
+            scan = scan_records(self._data.read_bytes())
+            records += scan.records
+            self.damaged += scan.damaged
+            self.torn += scan.torn
+            self._file_bytes = scan.size
+            rewrite = rewrite or scan.damaged > 0 or scan.torn > 0
+        for seq, key, value in records:
+            self._next = max(self._next, seq + 1)
+            if seq > self._acked_through and seq not in self._pending:
+                size = len(encode_record(seq, key, value))
+                self._pending[seq] = (key, value, size)
+                self._bytes += size
+        if self._bytes > self.max_bytes:
+            self._drop_oldest(int(self.max_bytes * _LOW_WATER))
+            rewrite = True
+        if self._file_bytes > self.max_bytes:
+            rewrite = True
+        if self.damaged or self.torn:
+            log.error(
+                "xid spool had damaged or incomplete records; skipped them",
+                extra={"fields": {"damaged": self.damaged, "torn": self.torn, "dir": str(self.dir)}},
+            )
+        if self._pending:
+            log.info(
+                "xid spool has undelivered events from a previous run",
+                extra={"fields": {"events": len(self._pending)}},
+            )
+        if rewrite and legacy.exists():
+            self._legacy_to_remove = legacy
+        return rewrite
+
+    # -- disk -------------------------------------------------------------------------------------
+    def _open_append(self) -> None:
+        created = not self._data.exists()
+        self._fd = os.open(self._data, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._file_bytes = os.fstat(self._fd).st_size
+        if created:
+            self._fsync_dir()
+
+    def _fsync_dir(self) -> None:
+        fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _write_acked(self, through: int) -> None:
+        tmp = self._acked_file.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, str(through).encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self._acked_file)
+        self._fsync_dir()
+
+    def _compact_locked(self) -> None:
+        """Rewrite the file with exactly the pending events (tmp + fsync + rename + dir fsync)."""
+        self._close_fd()
+        tmp = self._data.with_name(SPOOL_FILE + ".tmp")
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            blob = b"".join(encode_record(s, k, v) for s, (k, v, _) in self._pending.items())
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            try:
+                view = memoryview(blob)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self._data)
+            self._fsync_dir()
+            legacy = self._legacy_to_remove
+            if legacy is not None:
+                legacy.unlink(missing_ok=True)
+                self._legacy_to_remove = None
+            self._open_append()
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            self._degrade("XID spool rewrite failed; keeping events in memory", exc)
+            return
+        if self.write_errors:
+            log.warning(
+                "xid spool is on disk again",
+                extra={"fields": {"dir": str(self.dir), "events": len(self._pending)}},
+            )
+
+    def _undo_partial_write(self) -> None:
+        # If this fails too, the checksum makes the partial record a counted, skipped one at load.
+        with contextlib.suppress(OSError):
+            os.ftruncate(self._fd, self._file_bytes)
+
+    def _degrade(self, what: str, exc: OSError) -> None:
+        first = self.write_errors == 0 or self._fd >= 0
+        self.write_errors += 1
+        self._close_fd()
+        self._retry_at = self._clock() + self.retry_s
+        if first:
+            log.error(
+                "%s (%s); XIDs are kept in memory (bounded) and the disk is retried every %.0fs",
+                what,
+                exc,
+                self.retry_s,
+                extra={"fields": {"dir": str(self.dir), "errno": exc.errno}},
+            )
+
+    def _close_fd(self) -> None:
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
+
+    def _drop_oldest(self, target: int) -> None:
+        while self._bytes > max(target, 0) and self._pending:
+            old, (_, _, size) = self._pending.popitem(last=False)
+            self._bytes -= size
+            self.dropped += 1
+            log.error("xid spool full: dropped the oldest event", extra={"fields": {"seq": old}})

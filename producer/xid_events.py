@@ -8,7 +8,8 @@ map, and the kubelet ``AllocationMap`` of the moment.
   ``nvml_kmsg``.
 * ``timestamp_ms``: when the agent first received the event (wall clock; the earlier of the two
   sightings of a merged pair). The kernel's own stamp is boot-relative and is not converted.
-* ``event_id``: ``hostname|source|bus id|code|timestamp_ms``, the format of
+* ``event_id``: ``hostname|source|bus id|code|timestamp_ms`` (plus ``|s<kmsg seq>`` for kernel-log
+  records read from ``/dev/kmsg`` or its relay), the format of
   :mod:`producer.nvml.records` (``code`` is ``xid<N>``, ``sxid<N>``, ``fallen_off_bus``). Built once
   per event; the spool replays the same bytes, so consumers can drop duplicates by id.
 * ``pci_bus_id``: NVML's form (``00000000:3B:00.0``) when the bus id matches a GPU of the node, else
@@ -85,7 +86,7 @@ class XidContext:
                 device_holders(
                     self.amap,
                     uuid,
-                    aliases=gpu_aliases(gpu.gpu_index, gpu.pci_bus_id) if gpu is not None else (),
+                    aliases=gpu_aliases(gpu.gpu_index, gpu.pci_bus_id, gpu.minor) if gpu is not None else (),
                 )
             )
             for m in self.slices.get(uuid, ()):
@@ -144,8 +145,13 @@ def build_xid_event(merged: Mapping[str, Any], ctx: XidContext) -> dict[str, Any
     if gpu_index is None and gpu is not None:
         gpu_index = gpu.gpu_index
     pid = merged.get("pid")
+    eid = event_id(ctx.hostname, source, bus, f"{kind}{xid}", ts)
+    if merged.get("kmsg_seq") is not None:
+        # Two reports of the same code on the same GPU within one millisecond are two events: the
+        # kernel's record number tells them apart (and is stable when a backlog is read again).
+        eid += f"|s{int(merged['kmsg_seq'])}"
     return {
-        "event_id": event_id(ctx.hostname, source, bus, f"{kind}{xid}", ts),
+        "event_id": eid,
         "timestamp_ms": ts,
         "hostname": ctx.hostname,
         "kind": kind,
@@ -163,6 +169,53 @@ def build_xid_event(merged: Mapping[str, Any], ctx: XidContext) -> dict[str, Any
         "mig_uuid": mig_uuid,
         "source": source,
         "allocations": ctx.allocations(uuid, mig_uuid, gpu),
+    }
+
+
+#: nvmlGpuRecoveryAction_t (nvml.h, nvidia-ml-py 13.615).
+RECOVERY_ACTIONS = {
+    0: "NONE",
+    1: "GPU_RESET",
+    2: "NODE_REBOOT",
+    3: "DRAIN_P2P",
+    4: "DRAIN_AND_RESET",
+    5: "RECOVER_IMEX_DOMAIN",
+    6: "BUS_RESET",
+    7: "SYSTEM_REBOOT",
+}
+
+
+def nvml_notice_event(notice: Mapping[str, Any], ctx: XidContext) -> dict[str, Any]:
+    """The XidEvent of an NVML recovery-action or GPU-unavailable event (no XID number)."""
+    kind = "recovery_action" if notice.get("type") == "recovery_action" else "gpu_unavailable"
+    bus = str(notice.get("pci_bus_id") or "")
+    gpu = ctx.gpu_for_bus(bus)
+    uuid = notice.get("uuid") or (gpu.uuid if gpu is not None else None) or None
+    data = int(notice.get("data") or 0)
+    if kind == "recovery_action":
+        message = f"GPU recovery action: {RECOVERY_ACTIONS.get(data, 'UNKNOWN')} ({data})"
+    else:
+        message = f"GPU unavailable (event data {data})"
+    ts = int(notice["timestamp_ms"])
+    return {
+        "event_id": event_id(ctx.hostname, "nvml", bus, f"{kind}{data}", ts),
+        "timestamp_ms": ts,
+        "hostname": ctx.hostname,
+        "kind": kind,
+        "xid": None,
+        "pci_bus_id": bus,
+        "gpu_index": notice.get("gpu_index"),
+        "uuid": uuid,
+        "model_name": (gpu.model_name or None) if gpu is not None else None,
+        "driver_version": gpu.driver_version if gpu is not None else None,
+        "pid": None,
+        "process_name": None,
+        "message": message,
+        "gpu_instance_id": None,
+        "compute_instance_id": None,
+        "mig_uuid": None,
+        "source": "nvml",
+        "allocations": ctx.allocations(uuid, None, gpu),
     }
 
 

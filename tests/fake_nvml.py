@@ -292,8 +292,50 @@ class FakeGpu:
         self.events_supported = events_supported
         self.supported_event_types = _real.nvmlEventTypeAll if events_supported else 0
         self.processes: list[FakeProcess] = list(processes or [])
+        #: Graphics contexts (nvmlDeviceGetGraphicsRunningProcesses; the mock answers []).
+        self.graphics_processes: list[FakeProcess] = []
+        #: MPS clients (nvmlDeviceGetMPSComputeRunningProcesses); None: NotSupported, as the mock.
+        self.mps_processes: list[FakeProcess] | None = None
+        #: Explicit per-process utilisation samples ``(timestamp_us, pid, sm %, mem %)``: NVML returns
+        #: one only for a sample period in which the process was busy. None: one sample per call
+        #: from FakeProcess.sm_util/mem_util.
+        self.util_samples: list[tuple[int, int, int, int]] | None = None
+        #: Device utilisation sample times (nvmlDeviceGetSamples): every period, busy or not.
+        #: None: NotSupported, as the mock.
+        self.util_periods: list[int] | None = None
+        #: What the binding raises when no process sample is newer than lastSeen: the mock (and a
+        #: driver whose size query answers SUCCESS) makes pynvml raise NVMLError(NVML_SUCCESS);
+        #: nvml.h documents NVML_ERROR_NOT_FOUND.
+        self.no_process_samples_code = _real.NVML_SUCCESS
         self.lost = False
         self.failures: dict[str, deque[int]] = {}  # fn name -> NVML error codes to raise next
+        #: Seconds every device call on this GPU blocks before answering (a hung GPU, ``hang``).
+        self.call_delay_s = 0.0
+        #: /dev/nvidia<minor>: usually the index, but nothing guarantees it (nvmlDeviceGetMinorNumber).
+        self.minor = index
+        # Blackwell / GB200 (see producer/nvml/fabric.py for what the mock showed).
+        #: nvmlDeviceGetGpuFabricInfoV answer (state, status, cliqueId, healthMask, healthSummary,
+        #: clusterUuid bytes); None: NotSupported (no fabric).
+        self.fabric: dict[str, Any] | None = None
+        #: nvmlDeviceGetPlatformInfo answer (chassisSerialNumber, slotNumber, trayIndex, hostId,
+        #: moduleId); None: NotSupported (the mock's GB200 profile).
+        self.platform: dict[str, Any] | None = None
+        self.nvlink_down: set[int] = set()  # link ids whose state (FI 165) is 0
+        #: Per-link error counters (FI 208 / 221 / 214): link id -> count (0 elsewhere, as the mock).
+        self.nvlink_rcv_errors: dict[int, int] = {}
+        self.nvlink_symbol_errors: dict[int, int] = {}
+        self.nvlink_recovery_failed: dict[int, int] = {}
+        self.c2c_links = 0  # FI 170; 0: NotSupported (the mock on every profile)
+        self.c2c_down: set[int] = set()
+        #: PCIe byte counters (FI 197/198); None: NotSupported (the mock, every profile).
+        #: The mock answers 0 for NVLink throughput at scope UINT_MAX (all links) while the
+        #: per-link values carry traffic; True reproduces that.
+        self.nvlink_aggregate_zero = False
+        self.pcie_tx_count_bytes: int | None = None
+        self.pcie_rx_count_bytes: int | None = None
+        #: Superchip module scope (FI 185/191, scope 1); None: NotSupported (the mock).
+        self.module_power_mw: int | None = None
+        self.module_energy_mj: int | None = None
         self._fake: FakeNvml | None = None
         # Values (NVML units): a busy training GPU.
         self.util_gpu: Any = 87
@@ -331,6 +373,8 @@ class FakeGpu:
         self.nvlink_tx_kib: Any = 1_000_000 if m.nvlink_links else None
         self.nvlink_rx_kib: Any = 2_000_000 if m.nvlink_links else None
         self.numa_node: Any = (index // 4) if numa_node is None else numa_node
+        #: nvmlDeviceGetNumaNodeId: only where GPU memory is a NUMA node (GB200); None: NotSupported.
+        self.gpu_numa_node: int | None = None
         self.set_values(**values)
         # MIG
         self.mig_enabled = False
@@ -396,6 +440,23 @@ class FakeGpu:
     def fail(self, fn_name: str, code: int = _real.NVML_ERROR_UNKNOWN, times: int = 1) -> None:
         """The next ``times`` calls of ``fn_name`` on this GPU raise NVMLError(code) (transient)."""
         self.failures.setdefault(fn_name, deque()).extend([code] * times)
+
+    def inject_recovery_action(self, action: int) -> None:
+        """NVML's GPU recovery-action event (R570+, Blackwell): delivered where it is registered.
+
+        The GPU must offer it (``supported_event_types``); the mock lists only XIDs (0x8).
+        """
+        if self._fake is None:
+            raise RuntimeError("add the GPU to a FakeNvml first")
+        self._fake._inject_event(self, _real.nvmlEventTypeGpuRecoveryAction, action, NO_INSTANCE, NO_INSTANCE)
+
+    def hang(self, seconds: float) -> None:
+        """Every device call on this GPU blocks ``seconds`` before answering (0 ends the hang).
+
+        A real driver can block an NVML call in the kernel (a GPU in a bad state, an RM lock held
+        by a reset); the call then returns late or with an error, and cannot be cancelled.
+        """
+        self.call_delay_s = float(seconds)
 
     def lose(self) -> None:
         """The GPU falls off the bus: every call on it raises NVMLError_GpuIsLost from now on."""
@@ -662,6 +723,8 @@ class FakeNvml:
             raise _err(_real.NVML_ERROR_INVALID_ARGUMENT)
         gpu, sl = target
         self.calls[(fn, gpu.index)] += 1
+        if gpu.call_delay_s:
+            time.sleep(gpu.call_delay_s)
         if gpu.lost:
             raise _err(_real.NVML_ERROR_GPU_IS_LOST)
         pending = gpu.failures.get(fn)
@@ -743,6 +806,9 @@ class FakeNvml:
         # A new pointer object to the same address, as ctypes gives for every call.
         return ctypes.cast(self._gpu_handle[index], _real.c_nvmlDevice_t)
 
+    def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
+        return self._gpu("nvmlDeviceGetMinorNumber", handle).minor
+
     def nvmlDeviceGetIndex(self, handle: Any) -> int:
         return self._target("nvmlDeviceGetIndex", handle)[0].index
 
@@ -771,7 +837,13 @@ class FakeNvml:
     nvmlDeviceGetPciInfo_v3 = nvmlDeviceGetPciInfo
 
     def nvmlDeviceGetNumaNodeId(self, handle: Any) -> int:
-        return self._value(self._gpu("nvmlDeviceGetNumaNodeId", handle).numa_node)
+        # The GPU's own NUMA node where its memory is onlined as one (GB200); NotSupported on x86.
+        return self._value(self._gpu("nvmlDeviceGetNumaNodeId", handle).gpu_numa_node)
+
+    def nvmlDeviceGetMemoryAffinity(self, handle: Any, nodeSetSize: int, scope: int) -> list[int]:
+        # The CPU NUMA node(s) the GPU is attached to, as a bitmask (the mock answers [1, 0, ...]).
+        node = self._value(self._gpu("nvmlDeviceGetMemoryAffinity", handle).numa_node)
+        return [1 << node if node >= 0 else 0] + [0] * (nodeSetSize - 1)
 
     def nvmlDeviceGetArchitecture(self, handle: Any) -> int:
         return self._gpu("nvmlDeviceGetArchitecture", handle).arch
@@ -931,6 +1003,9 @@ class FakeNvml:
     def _field(self, gpu: FakeGpu, fid: int, scope: int) -> tuple[int, int, Any]:
         if fid in gpu.unsupported_fields:
             return _real.NVML_ERROR_NOT_SUPPORTED, 0, None
+        scoped = _scoped_field(gpu, fid, scope)
+        if scoped is not None:
+            return scoped
         getter = _FIELDS.get(fid)
         if getter is None:
             return _real.NVML_ERROR_NOT_SUPPORTED, 0, None
@@ -945,7 +1020,30 @@ class FakeNvml:
             return _real.NVML_ERROR_NOT_SUPPORTED, 0, None
         if per_link and scope != UINT_MAX and isinstance(value, int):
             value //= gpu.nvlink_links
+        elif per_link and gpu.nvlink_aggregate_zero:
+            value = 0
         return _real.NVML_SUCCESS, vtype, value
+
+    def nvmlDeviceGetGpuFabricInfoV(self, device: Any, gpuFabricInfo: Any) -> int:
+        gpu = self._gpu("nvmlDeviceGetGpuFabricInfoV", device)
+        gpuFabricInfo = _by_reference(gpuFabricInfo, "nvmlDeviceGetGpuFabricInfoV")
+        if gpu.fabric is None:
+            raise _err(_real.NVML_ERROR_NOT_SUPPORTED)
+        for key, value in gpu.fabric.items():
+            if key == "clusterUuid":
+                ctypes.memmove(gpuFabricInfo.clusterUuid, bytes(value), min(16, len(value)))
+            elif key != "healthSummary" or hasattr(gpuFabricInfo, "healthSummary"):
+                setattr(gpuFabricInfo, key, value)
+        return _real.NVML_SUCCESS
+
+    def nvmlDeviceGetPlatformInfo(self, device: Any, platformInfo: Any) -> int:
+        gpu = self._gpu("nvmlDeviceGetPlatformInfo", device)
+        platformInfo = _by_reference(platformInfo, "nvmlDeviceGetPlatformInfo")
+        if gpu.platform is None:
+            raise _err(_real.NVML_ERROR_NOT_SUPPORTED)
+        for key, value in gpu.platform.items():
+            setattr(platformInfo, key, bytes([value]) if isinstance(value, int) else value)
+        return _real.NVML_SUCCESS
 
     # -- GPM --------------------------------------------------------------------------------------
     def nvmlGpmQueryDeviceSupport(self, device: Any) -> Any:
@@ -1107,8 +1205,56 @@ class FakeNvml:
 
     nvmlDeviceGetComputeRunningProcesses_v3 = nvmlDeviceGetComputeRunningProcesses
 
+    @staticmethod
+    def _proc_objects(procs: Iterable[FakeProcess]) -> list[Any]:
+        return [
+            _real.nvmlFriendlyObject(
+                {
+                    "pid": p.pid,
+                    "usedGpuMemory": p.used_memory,
+                    "gpuInstanceId": p.gpu_instance_id,
+                    "computeInstanceId": p.compute_instance_id,
+                }
+            )
+            for p in procs
+        ]
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: Any) -> list[Any]:
+        gpu, sl = self._target("nvmlDeviceGetGraphicsRunningProcesses", handle)
+        return self._proc_objects([] if sl is not None else gpu.graphics_processes)
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: Any) -> list[Any]:
+        gpu, sl = self._target("nvmlDeviceGetMPSComputeRunningProcesses", handle)
+        if gpu.mps_processes is None:
+            raise _err(_real.NVML_ERROR_NOT_SUPPORTED)
+        return self._proc_objects([] if sl is not None else gpu.mps_processes)
+
+    def nvmlDeviceGetSamples(self, device: Any, sampling_type: int, timeStamp: int) -> Any:
+        gpu = self._gpu("nvmlDeviceGetSamples", device)
+        if gpu.util_periods is None:
+            raise _err(_real.NVML_ERROR_NOT_SUPPORTED)
+        out = []
+        for ts in gpu.util_periods:
+            if ts > timeStamp:
+                s = _real.c_nvmlSample_t()
+                s.timeStamp = ts
+                out.append(s)
+        if not out:
+            raise _err(_real.NVML_ERROR_NOT_FOUND)
+        return _real.NVML_VALUE_TYPE_UNSIGNED_INT, out
+
     def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[Any]:
         gpu = self._gpu("nvmlDeviceGetProcessUtilization", handle)
+        if gpu.util_samples is not None:
+            out = []
+            for ts_us, pid, sm, mem in gpu.util_samples:
+                if ts_us > timeStamp:
+                    s = _real.c_nvmlProcessUtilizationSample_t()
+                    s.pid, s.timeStamp, s.smUtil, s.memUtil, s.encUtil, s.decUtil = pid, ts_us, sm, mem, 0, 0
+                    out.append(s)
+            if not out:
+                raise _err(gpu.no_process_samples_code)
+            return out
         ts = self._now_us()
         out = []
         for p in gpu.processes:
@@ -1120,7 +1266,7 @@ class FakeNvml:
             if ts > timeStamp:
                 out.append(s)
         if not out:
-            raise _err(_real.NVML_ERROR_NOT_FOUND)
+            raise _err(gpu.no_process_samples_code)
         return out
 
     # -- events ---------------------------------------------------------------------------------
@@ -1237,10 +1383,57 @@ _FIELDS: dict[int, tuple[int, Callable[[FakeGpu], Any], bool]] = {
     _real.NVML_FI_DEV_REMAPPED_PENDING: (_UI, lambda g: g.remap_pending, False),
     _real.NVML_FI_DEV_REMAPPED_FAILURE: (_UI, lambda g: g.remap_failure, False),
     _real.NVML_FI_DEV_POWER_AVERAGE: (_UI, lambda g: g.power_mw, False),
+    _real.NVML_FI_DEV_POWER_CURRENT_LIMIT: (_UI, lambda g: g.power_limit_mw, False),
+    _real.NVML_FI_DEV_PCIE_COUNT_TX_BYTES: (_ULL, lambda g: g.pcie_tx_count_bytes, False),
+    _real.NVML_FI_DEV_PCIE_COUNT_RX_BYTES: (_ULL, lambda g: g.pcie_rx_count_bytes, False),
+    _real.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: (_ULL, lambda g: g.energy_mj, False),
+    _real.NVML_FI_DEV_PERF_POLICY_POWER: (_ULL, lambda g: g.power_violation_ns, False),
+    _real.NVML_FI_DEV_PERF_POLICY_THERMAL: (_ULL, lambda g: g.thermal_violation_ns, False),
     _real.NVML_FI_DEV_POWER_INSTANT: (_UI, lambda g: g.power_mw, False),
     _real.NVML_FI_DEV_ENERGY: (_ULL, lambda g: g.energy_mj, False),
     _real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: (_UI, lambda g: g.recovery_action, False),
 }
+
+
+def _by_reference(arg: Any, fn: str) -> Any:
+    """The struct behind ``ctypes.byref(struct)``. A struct passed by value is refused loudly: the
+    real binding would hand it to C as is, and the C function reads it as a pointer (NVIDIA's mock
+    crashes with a wild pointer)."""
+    target = getattr(arg, "_obj", None)
+    if target is None:
+        raise TypeError(f"{fn} takes ctypes.byref(struct), got {type(arg).__name__}")
+    return target
+
+
+def _scoped_field(gpu: FakeGpu, fid: int, scope: int) -> tuple[int, int, Any] | None:
+    """Fields whose answer depends on the scope (link id, module): None for the others."""
+    ok, nsup, inval = _real.NVML_SUCCESS, _real.NVML_ERROR_NOT_SUPPORTED, _real.NVML_ERROR_INVALID_ARGUMENT
+    if fid in (_real.NVML_FI_DEV_POWER_AVERAGE, _real.NVML_FI_DEV_ENERGY) and scope == 1:
+        value = gpu.module_power_mw if fid == _real.NVML_FI_DEV_POWER_AVERAGE else gpu.module_energy_mj
+        return (nsup, 0, None) if value is None else (ok, _ULL, value)
+    if fid == _real.NVML_FI_DEV_NVLINK_LINK_COUNT:
+        return ok, _UI, gpu.nvlink_links
+    per_link = {
+        _real.NVML_FI_DEV_NVLINK_GET_STATE: lambda link: 0 if link in gpu.nvlink_down else 1,
+        _real.NVML_FI_DEV_NVLINK_COUNT_RCV_ERRORS: lambda link: gpu.nvlink_rcv_errors.get(link, 0),
+        _real.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS: lambda link: gpu.nvlink_symbol_errors.get(link, 0),
+        _real.NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS: lambda link: (
+            gpu.nvlink_recovery_failed.get(link, 0)
+        ),
+    }
+    if fid in per_link:
+        if gpu.nvlink_links == 0:
+            return nsup, 0, None
+        if scope >= gpu.nvlink_links:
+            return inval, 0, None
+        return ok, _ULL if fid != _real.NVML_FI_DEV_NVLINK_GET_STATE else _UI, per_link[fid](scope)
+    if fid == _real.NVML_FI_DEV_C2C_LINK_COUNT:
+        return (nsup, 0, None) if not gpu.c2c_links else (ok, _UI, gpu.c2c_links)
+    if fid == _real.NVML_FI_DEV_C2C_LINK_GET_STATUS:
+        if not gpu.c2c_links:
+            return nsup, 0, None
+        return (inval, 0, None) if scope >= gpu.c2c_links else (ok, _UI, 0 if scope in gpu.c2c_down else 1)
+    return None
 
 
 def _pct(attr: str) -> Callable[[FakeGpu, Any], None]:

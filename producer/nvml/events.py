@@ -38,6 +38,8 @@ log = logging.getLogger("gpupipe.nvml.events")
 
 NO_INSTANCE = 0xFFFFFFFF
 XID_CRITICAL_ERROR = 0x8  # nvmlEventTypeXidCriticalError
+GPU_UNAVAILABLE = 0x4000
+RECOVERY_ACTION = 0x8000
 
 EventCallback = Callable[[dict[str, Any]], None]
 MigLookup = Callable[[str, int | None, int | None], str | None]
@@ -78,7 +80,12 @@ class XidEventWatcher:
         self._backoff_max = backoff_max_s
         self._rebuild_after = max(1, rebuild_after)
         self._thread_name = thread_name
-        self._types = int(getattr(nvml, "nvmlEventTypeXidCriticalError", XID_CRITICAL_ERROR))
+        self._xid_type = int(getattr(nvml, "nvmlEventTypeXidCriticalError", XID_CRITICAL_ERROR))
+        self._recovery_type = int(getattr(nvml, "nvmlEventTypeGpuRecoveryAction", RECOVERY_ACTION))
+        self._unavailable_type = int(getattr(nvml, "nvmlEventTypeGpuUnavailableError", GPU_UNAVAILABLE))
+        # XIDs, plus the R570+ recovery-action and GPU-unavailable events where a GPU offers them
+        # (Blackwell reports reset / reboot / drain-required through these at once).
+        self._types = self._xid_type | self._recovery_type | self._unavailable_type
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._set: Any = None
@@ -205,9 +212,26 @@ class XidEventWatcher:
             self._deliver(data)
 
     def _deliver(self, data: Any) -> None:
-        if not int(data.eventType) & self._types:
+        etype = int(data.eventType)
+        if not etype & self._types:
             return
         index, uuid, bus = self._who(data.device)
+        if not etype & self._xid_type:
+            kind = "recovery_action" if etype & self._recovery_type else "gpu_unavailable"
+            notice = {
+                "type": kind,
+                "data": int(data.eventData),
+                "uuid": uuid,
+                "pci_bus_id": bus,
+                "gpu_index": index,
+                "timestamp_ms": int(self._wall_clock() * 1000),
+            }
+            self.delivered += 1
+            try:
+                self._on_event(notice)
+            except Exception:
+                log.exception("NVML event callback failed for %s", notice)
+            return
         gi = int(data.gpuInstanceId)
         ci = int(data.computeInstanceId)
         gpu_instance_id = None if gi == NO_INSTANCE else gi

@@ -8,20 +8,32 @@ NVML call -> field (unit conversion):
 ``nvmlDeviceGetEncoderUtilization`` / ``Decoder`` [0] (%)   enc_util_ratio, dec_util_ratio
 ``nvmlDeviceGetMemoryInfo(version=nvmlMemory_v2)`` (B)     fb_total/free/used/reserved_bytes
   (falls back to v1, then reserved is null)
-``nvmlDeviceGetPowerUsage`` (mW)                           power_w (/1000)
-``nvmlDeviceGetEnforcedPowerLimit`` (mW)                   power_limit_w (/1000)
-``nvmlDeviceGetTotalEnergyConsumption`` (mJ)               total_energy_mj
+field ``POWER_AVERAGE`` (185, mW; 1 s average on every    power_w (/1000)
+  generation), else ``nvmlDeviceGetPowerUsage``
+field ``POWER_CURRENT_LIMIT`` (190, mW), else              power_limit_w (/1000)
+  ``nvmlDeviceGetEnforcedPowerLimit``
+field ``TOTAL_ENERGY_CONSUMPTION`` (83, mJ), else          total_energy_mj
+  ``nvmlDeviceGetTotalEnergyConsumption``
 ``nvmlDeviceGetTemperatureV(NVML_TEMPERATURE_GPU)`` (C)    gpu_temp_c (deprecated
                                                            ``nvmlDeviceGetTemperature`` if no V)
 field ``NVML_FI_DEV_MEMORY_TEMP`` (C)                      memory_temp_c
 ``nvmlDeviceGetClockInfo(NVML_CLOCK_SM / _MEM)`` (MHz)     sm_clock_mhz, mem_clock_mhz
 ``nvmlDeviceGetCurrentClocksEventReasons`` (bitmask)       clock_event_reasons
-``nvmlDeviceGetViolationStatus(POWER / THERMAL)`` (ns)     power_violation_ns, thermal_violation_ns
-``nvmlDeviceGetPcieThroughput(TX / RX)`` (KB/s)            pcie_tx/rx_bytes_per_s (x1024); skipped
-                                                           where GPM measures PCIe (gpm.py)
+fields ``PERF_POLICY_POWER / _THERMAL`` (74/75, ns), else  power_violation_ns, thermal_violation_ns
+  ``nvmlDeviceGetViolationStatus`` (deprecated in NVML 13,
+  removed in CUDA 14)
+fields ``PCIE_COUNT_TX/RX_BYTES`` (197/198, byte         pcie_tx/rx_bytes_per_s: the average over
+  counters) where GPM does not measure PCIe                the interval between two reads, like GPM
+``nvmlDeviceGetPcieThroughput(TX / RX)`` (KB/s)            otherwise the 20 ms snapshot (x1024);
+                                                           pcie_window_ms says which (interval or 20)
 fields ``NVLINK_THROUGHPUT_DATA_TX/RX``, scope UINT_MAX    nvlink_bandwidth_total_kib (tx + rx)
   (KiB, summed over links; InvalidArgument = no links)
 =========================================================  =====================================
+
+Batching (review 1.12): every ``NVML_FI_*`` value above is read in *one*
+``nvmlDeviceGetFieldValues`` call per GPU per tick; each field has its own return code, so a field
+a device does not answer is learned alone and its classic call takes over. Utilisation, memory,
+temperature, the two clocks and the clock-event reasons stay separate calls (no field ids).
 
 On a MIG slice only the memory of the slice is read: everything else is whole-GPU and NVML
 answers it on the parent only (it stays on the parent's record).
@@ -29,6 +41,8 @@ answers it on the parent only (it stays on the parent's record).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 from producer.nvml import convert
@@ -38,6 +52,17 @@ UINT_MAX = 0xFFFFFFFF
 FI_MEMORY_TEMP = 82
 FI_NVLINK_DATA_TX = 138
 FI_NVLINK_DATA_RX = 139
+FI_PERF_POLICY_POWER = 74
+FI_PERF_POLICY_THERMAL = 75
+FI_TOTAL_ENERGY = 83
+FI_POWER_AVERAGE = 185
+FI_POWER_CURRENT_LIMIT = 190
+FI_ENERGY = 191
+FI_PCIE_COUNT_TX = 197
+FI_PCIE_COUNT_RX = 198
+SCOPE_MODULE = 1  # nvmlFieldValue_t.scopeId for power/energy: 0 GPU, 1 module (GPU + CPU + memory)
+#: nvmlDeviceGetPcieThroughput reads a byte counter over 20 ms (nvml.h).
+LEGACY_PCIE_WINDOW_MS = 20
 
 
 class FastCollector:
@@ -64,11 +89,19 @@ class FastCollector:
         "pcie_tx_bytes_per_s",
         "pcie_rx_bytes_per_s",
         "nvlink_bandwidth_total_kib",
+        "pcie_window_ms",
+        "module_power_w",
+        "module_energy_mj",
     )
 
-    def __init__(self, nvml: Any, *, pcie_via_gpm: bool = True) -> None:
+    def __init__(
+        self, nvml: Any, *, pcie_via_gpm: bool = True, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         """``pcie_via_gpm``: leave PCIe to the GPM collector where GPM works (it is enabled)."""
         self._pcie_via_gpm = pcie_via_gpm
+        self._clock = clock
+        self._nvlink_tx_id = int(getattr(nvml, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", FI_NVLINK_DATA_TX))
+        self._nvlink_rx_id = int(getattr(nvml, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", FI_NVLINK_DATA_RX))
         self._temp_gpu = getattr(nvml, "NVML_TEMPERATURE_GPU", 0)
         self._clock_sm = getattr(nvml, "NVML_CLOCK_SM", 1)
         self._clock_mem = getattr(nvml, "NVML_CLOCK_MEM", 2)
@@ -77,8 +110,17 @@ class FastCollector:
         self._pcie_tx = getattr(nvml, "NVML_PCIE_UTIL_TX_BYTES", 0)
         self._pcie_rx = getattr(nvml, "NVML_PCIE_UTIL_RX_BYTES", 1)
         self._mem_v2 = getattr(nvml, "nvmlMemory_v2", None)
+        fi = lambda name, default: getattr(nvml, name, default)  # noqa: E731
         self._field_specs: tuple[FieldSpec, ...] = (
+            ("fi_power", fi("NVML_FI_DEV_POWER_AVERAGE", FI_POWER_AVERAGE), None, False),
+            ("fi_power_limit", fi("NVML_FI_DEV_POWER_CURRENT_LIMIT", FI_POWER_CURRENT_LIMIT), None, False),
+            ("fi_energy", fi("NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION", FI_TOTAL_ENERGY), None, False),
+            ("fi_viol_power", fi("NVML_FI_DEV_PERF_POLICY_POWER", FI_PERF_POLICY_POWER), None, False),
+            ("fi_viol_thermal", fi("NVML_FI_DEV_PERF_POLICY_THERMAL", FI_PERF_POLICY_THERMAL), None, False),
             ("fi_memory_temp", getattr(nvml, "NVML_FI_DEV_MEMORY_TEMP", FI_MEMORY_TEMP), None, False),
+            # GB200/GH200 superchip module (scope 1): NotSupported elsewhere, learned once.
+            ("fi_module_power", fi("NVML_FI_DEV_POWER_AVERAGE", FI_POWER_AVERAGE), SCOPE_MODULE, True),
+            ("fi_module_energy", fi("NVML_FI_DEV_ENERGY", FI_ENERGY), SCOPE_MODULE, True),
             (
                 "fi_nvlink_tx",
                 getattr(nvml, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", FI_NVLINK_DATA_TX),
@@ -91,6 +133,11 @@ class FastCollector:
                 UINT_MAX,
                 True,
             ),
+        )
+        # Asked only where GPM does not measure PCIe (see _pcie).
+        self._pcie_specs: tuple[FieldSpec, ...] = (
+            ("fi_pcie_tx_count", fi("NVML_FI_DEV_PCIE_COUNT_TX_BYTES", FI_PCIE_COUNT_TX), None, False),
+            ("fi_pcie_rx_count", fi("NVML_FI_DEV_PCIE_COUNT_RX_BYTES", FI_PCIE_COUNT_RX), None, False),
         )
 
     def collect(self, ctx: DeviceContext) -> dict[str, Any]:
@@ -113,9 +160,32 @@ class FastCollector:
         if dec is not None:
             put(out, "dec_util_ratio", convert.pct_to_ratio, dec[0])
 
-        put(out, "power_w", convert.mw_to_w, call("power", "nvmlDeviceGetPowerUsage", h))
-        put(out, "power_limit_w", convert.mw_to_w, call("power_limit", "nvmlDeviceGetEnforcedPowerLimit", h))
-        put(out, "total_energy_mj", convert.count, call("energy", "nvmlDeviceGetTotalEnergyConsumption", h))
+        legacy_pcie = not (self._pcie_via_gpm and _gpm_measures_pcie(ctx))
+        specs = self._field_specs + self._pcie_specs if legacy_pcie else self._field_specs
+        fv = read_field_values(ctx, specs)
+        unsupported = ctx.unsupported
+
+        def fielded(key: str, fallback_key: str, fn: str, *args: Any) -> Any:
+            """The batched field value, or the classic call once the field is learned unsupported."""
+            if key in fv:
+                return fv[key]
+            if key in unsupported or "field_values" in unsupported:
+                return call(fallback_key, fn, h, *args)
+            return None  # the batch failed this tick (counted): no second round trip
+
+        put(out, "power_w", convert.mw_to_w, fielded("fi_power", "power", "nvmlDeviceGetPowerUsage"))
+        put(
+            out,
+            "power_limit_w",
+            convert.mw_to_w,
+            fielded("fi_power_limit", "power_limit", "nvmlDeviceGetEnforcedPowerLimit"),
+        )
+        put(
+            out,
+            "total_energy_mj",
+            convert.count,
+            fielded("fi_energy", "energy", "nvmlDeviceGetTotalEnergyConsumption"),
+        )
 
         temp = call("temp_v", "nvmlDeviceGetTemperatureV", h, self._temp_gpu)
         if temp is None and "temp_v" in ctx.unsupported:
@@ -132,25 +202,70 @@ class FastCollector:
             convert.count,
             call("clock_reasons", "nvmlDeviceGetCurrentClocksEventReasons", h),
         )
-        viol = call("viol_power", "nvmlDeviceGetViolationStatus", h, self._perf_power)
-        if viol is not None:
-            put(out, "power_violation_ns", convert.count, viol.violationTime)
-        viol = call("viol_thermal", "nvmlDeviceGetViolationStatus", h, self._perf_thermal)
-        if viol is not None:
-            put(out, "thermal_violation_ns", convert.count, viol.violationTime)
+        for field, key, fallback, policy in (
+            ("power_violation_ns", "fi_viol_power", "viol_power", self._perf_power),
+            ("thermal_violation_ns", "fi_viol_thermal", "viol_thermal", self._perf_thermal),
+        ):
+            viol = fielded(key, fallback, "nvmlDeviceGetViolationStatus", policy)
+            put(out, field, convert.count, getattr(viol, "violationTime", viol))
 
-        if not (self._pcie_via_gpm and _gpm_measures_pcie(ctx)):
-            tx = call("pcie_tx", "nvmlDeviceGetPcieThroughput", h, self._pcie_tx)
-            put(out, "pcie_tx_bytes_per_s", convert.kib_per_s_to_bytes_per_s, tx)
-            rx = call("pcie_rx", "nvmlDeviceGetPcieThroughput", h, self._pcie_rx)
-            put(out, "pcie_rx_bytes_per_s", convert.kib_per_s_to_bytes_per_s, rx)
+        if legacy_pcie:
+            self._pcie(ctx, fv, out)
 
-        fv = read_field_values(ctx, self._field_specs)
         put(out, "memory_temp_c", convert.celsius, fv.get("fi_memory_temp"))
+        put(out, "module_power_w", convert.mw_to_w, fv.get("fi_module_power"))
+        put(out, "module_energy_mj", convert.count, fv.get("fi_module_energy"))
         tx_kib, rx_kib = fv.get("fi_nvlink_tx"), fv.get("fi_nvlink_rx")
+        if (tx_kib or 0) + (rx_kib or 0) == 0 and (tx_kib is not None or rx_kib is not None):
+            tx_kib, rx_kib = self._nvlink_per_link(ctx, tx_kib, rx_kib)
         if tx_kib is not None or rx_kib is not None:
             put(out, "nvlink_bandwidth_total_kib", convert.count, (tx_kib or 0) + (rx_kib or 0))
         return out
+
+    def _nvlink_per_link(self, ctx: DeviceContext, tx: Any, rx: Any) -> tuple[Any, Any]:
+        """The aggregate (scope UINT_MAX) read 0: sum the links instead when they say otherwise.
+
+        nvml.h says UINT_MAX sums every link, but NVIDIA's mock answers 0 there while its links
+        carry traffic (review §2); publishing 0 would hide it. Only asked while the aggregate is 0
+        and the link count is known (the fabric group reads it), so a real driver pays nothing.
+        """
+        counts = ctx.state.get("link_counts")
+        links = counts[0] if counts else None
+        if not links:
+            return tx, rx
+        specs = [(f"fi_nvlink_tx:{i}", self._nvlink_tx_id, i, True) for i in range(links)]
+        specs += [(f"fi_nvlink_rx:{i}", self._nvlink_rx_id, i, True) for i in range(links)]
+        got = read_field_values(ctx, specs)
+        txs = [v for k, v in got.items() if k.startswith("fi_nvlink_tx:")]
+        rxs = [v for k, v in got.items() if k.startswith("fi_nvlink_rx:")]
+        if not txs and not rxs:
+            return tx, rx
+        return sum(int(v) for v in txs), sum(int(v) for v in rxs)
+
+    def _pcie(self, ctx: DeviceContext, fv: dict[str, Any], out: dict[str, Any]) -> None:
+        """PCIe throughput without GPM: byte counters over the interval where NVML has them (the
+        same meaning as GPM's), else the legacy 20 ms snapshot. A counter that went backwards
+        (driver reload, wrap) gives no value for that interval rather than a wrong one."""
+        txc, rxc = fv.get("fi_pcie_tx_count"), fv.get("fi_pcie_rx_count")
+        if txc is not None and rxc is not None:
+            now = self._clock()
+            prev = ctx.state.get("pcie_counts")
+            ctx.state["pcie_counts"] = (now, int(txc), int(rxc))
+            if prev is not None and now > prev[0] and txc >= prev[1] and rxc >= prev[2]:
+                dt = now - prev[0]
+                out["pcie_tx_bytes_per_s"] = (int(txc) - prev[1]) / dt
+                out["pcie_rx_bytes_per_s"] = (int(rxc) - prev[2]) / dt
+                out["pcie_window_ms"] = max(1, round(dt * 1000))
+            return
+        if "fi_pcie_tx_count" not in ctx.unsupported and "fi_pcie_rx_count" not in ctx.unsupported:
+            return  # the batch failed this tick (counted): no snapshot of another kind
+        h, call, put = ctx.handle, ctx.call, ctx.put
+        tx = call("pcie_tx", "nvmlDeviceGetPcieThroughput", h, self._pcie_tx)
+        put(out, "pcie_tx_bytes_per_s", convert.kib_per_s_to_bytes_per_s, tx)
+        rx = call("pcie_rx", "nvmlDeviceGetPcieThroughput", h, self._pcie_rx)
+        put(out, "pcie_rx_bytes_per_s", convert.kib_per_s_to_bytes_per_s, rx)
+        if tx is not None or rx is not None:
+            out["pcie_window_ms"] = LEGACY_PCIE_WINDOW_MS
 
     def _memory(self, ctx: DeviceContext, out: dict[str, Any]) -> None:
         mem = None
@@ -170,6 +285,14 @@ class FastCollector:
         return None
 
 
+#: Any of these learned means GPM does not deliver PCIe bytes here (refused sampling included).
+_GPM_PCIE_KEYS = ("gpm", "gpm_alloc", "gpm_sample", "gpm_metrics", "gpm_metric:20", "gpm_metric:21")
+
+
 def _gpm_measures_pcie(ctx: DeviceContext) -> bool:
-    """GPM (Hopper+) measures PCIe over the whole interval; the legacy call samples 20 ms."""
-    return bool(ctx.gpm_supported) and "gpm_metric:20" not in ctx.unsupported
+    """GPM (Hopper+) measures PCIe over the whole interval; the legacy call samples 20 ms.
+
+    When GPM sampling is refused (NoPermission for a caller without profiling rights) the legacy
+    counter is read instead, so PCIe throughput does not vanish with the profiling metrics.
+    """
+    return bool(ctx.gpm_supported) and not any(k in ctx.unsupported for k in _GPM_PCIE_KEYS)

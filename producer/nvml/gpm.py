@@ -67,7 +67,7 @@ class _GpmState:
 
 class GpmCollector:
     name = "profiling"
-    fields = tuple(dict.fromkeys(m[2] for m in _METRICS))
+    fields = (*dict.fromkeys(m[2] for m in _METRICS), "pcie_window_ms")
 
     def __init__(self, nvml: Any, clock: Callable[[], float] = time.monotonic) -> None:
         self._nvml = nvml
@@ -105,16 +105,24 @@ class GpmCollector:
             if "gpm_sample" in ctx.unsupported:
                 self.release(ctx)
             return {}
-        prev, st.prev, st.prev_time, st.spare = st.prev, sample, now, st.prev
+        prev, prev_time = st.prev, st.prev_time
+        st.prev, st.prev_time, st.spare = sample, now, prev
         if prev is None:
             return {}  # first sample: rates need a second one
         st.last = out = self._rates(ctx, prev, sample)
+        if out.get("pcie_tx_bytes_per_s") is not None or out.get("pcie_rx_bytes_per_s") is not None:
+            out["pcie_window_ms"] = max(1, round((now - prev_time) * 1000))
         return dict(out)
 
     def _supported(self, ctx: DeviceContext) -> bool:
         if "gpm" in ctx.unsupported or "gpm_sample" in ctx.unsupported:
             return False
-        if ctx.gpm_supported is None and not ctx.is_mig:
+        if ctx.is_mig and ctx.parent is not None:
+            # Derived from the parent at collect time, not copied at creation: slices made when MIG
+            # was enabled after start would otherwise keep the parent's "unknown yet" forever.
+            parent = ctx.parent
+            return self._supported(parent) if parent.gpm_supported is None else bool(parent.gpm_supported)
+        if ctx.gpm_supported is None:
             support = ctx.call("gpm", "nvmlGpmQueryDeviceSupport", ctx.handle)
             if support is not None:
                 ctx.gpm_supported = bool(getattr(support, "isSupportedDevice", 0))

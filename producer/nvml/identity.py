@@ -7,12 +7,16 @@ and GPM support (``ctx.gpm_supported``, Hopper or newer).
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
 from producer.nvml.base import DeviceContext
 
 _BUS_ID = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})(?:\.([0-7]))?$")
+
+#: Where the kernel shows each PCI device (numa_node: the node it is attached to).
+SYSFS_PCI_DEVICES = "/sys/bus/pci/devices"
 
 
 def text(value: Any) -> str:
@@ -54,6 +58,9 @@ class IdentityCollector:
     name = "identity"
     fields = ("uuid", "model_name", "pci_bus_id", "numa_node", "mig_enabled")
 
+    def __init__(self, sysfs_pci: str = SYSFS_PCI_DEVICES) -> None:
+        self.sysfs_pci = sysfs_pci
+
     def collect(self, ctx: DeviceContext) -> dict[str, Any]:
         h = ctx.handle
         out: dict[str, Any] = {}
@@ -66,12 +73,38 @@ class IdentityCollector:
         pci = ctx.call("pci", "nvmlDeviceGetPciInfo", h)
         if pci is not None:
             ctx.pci_bus_id = out["pci_bus_id"] = text(pci.busId)
-        numa = ctx.call("numa", "nvmlDeviceGetNumaNodeId", h)
-        if isinstance(numa, int) and 0 <= numa < 2**31:
-            out["numa_node"] = numa  # -1: the platform does not say
+        numa = self._numa_node(ctx)
+        if numa is not None:
+            out["numa_node"] = numa
         ctx.mig_enabled = out["mig_enabled"] = self._mig_mode(ctx)
         ctx.gpm_supported = self._gpm_support(ctx)
         return out
+
+    def _numa_node(self, ctx: DeviceContext) -> int | None:
+        """The CPU-side NUMA node the GPU is attached to (the schema's meaning) on every platform.
+
+        Not ``nvmlDeviceGetNumaNodeId``: that is the GPU's *own* NUMA node where GPU memory is
+        onlined as one (GH200/GB200) and NotSupported on x86 HGX. The kernel's PCI view
+        (``/sys/bus/pci/devices/<bdf>/numa_node``) first, else NVML's memory affinity at node
+        scope when it names exactly one node; -1 or several nodes: null (unknown).
+        """
+        bdf = normalize_pci_bus_id(ctx.pci_bus_id or "")
+        if bdf is not None:
+            try:
+                with open(os.path.join(self.sysfs_pci, bdf + ".0", "numa_node")) as fh:
+                    node = int(fh.read().strip())
+                return node if node >= 0 else None
+            except (OSError, ValueError):
+                pass
+        scope = getattr(ctx.nvml, "NVML_AFFINITY_SCOPE_NODE", 0)
+        mask = ctx.call("numa_affinity", "nvmlDeviceGetMemoryAffinity", ctx.handle, 1, scope)
+        try:
+            bits = int(mask[0]) if mask is not None else 0
+        except (TypeError, ValueError, IndexError):
+            return None
+        if bits <= 0 or bits & (bits - 1) or bits >= 1 << 63:
+            return None
+        return bits.bit_length() - 1
 
     @staticmethod
     def _mig_mode(ctx: DeviceContext) -> bool | None:

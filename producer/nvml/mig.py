@@ -91,6 +91,9 @@ class MigSlice:
     compute_instance_id: int
     profile: str
     slice_fraction: float
+    #: Position under the parent (nvmlDeviceGetMigDeviceHandleByIndex): the device plugin's
+    #: ``deviceIDStrategy=index`` names the slice ``<gpu index>:<mig index>``.
+    mig_index: int = -1
 
     def identity(self) -> dict[str, Any]:
         return {
@@ -150,6 +153,7 @@ def enumerate_slices(
             known.ctx.handle = h
             known.profile = prof.profile
             known.slice_fraction = slice_fraction(prof.slices, limit)
+            known.mig_index = i
             out.append(known)
             continue
         ctx = make_ctx(h, gi, ci)
@@ -157,5 +161,5 @@ def enumerate_slices(
         ctx.model_name = parent.model_name
         ctx.pci_bus_id = parent.pci_bus_id
         ctx.gpm_supported = parent.gpm_supported
-        out.append(MigSlice(ctx, mig_uuid, gi, ci, prof.profile, slice_fraction(prof.slices, limit)))
+        out.append(MigSlice(ctx, mig_uuid, gi, ci, prof.profile, slice_fraction(prof.slices, limit), i))
     return out

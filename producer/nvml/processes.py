@@ -1,12 +1,21 @@
 """Processes group (default every 5 s): the ``processes`` array of GpuSample.
 
-* ``nvmlDeviceGetComputeRunningProcesses`` -> pid, used_memory_bytes (bytes; NVML's
-  "not available" is None in the binding and stays null).
+* ``nvmlDeviceGetComputeRunningProcesses``, ``...GraphicsRunningProcesses`` (graphics contexts:
+  Omniverse, Isaac) and ``...MPSComputeRunningProcesses`` (MPS clients; the compute list shows
+  only the MPS server) -> pid, used_memory_bytes (bytes; NVML's "not available" is None in the
+  binding and stays null). A pid in several lists is one process; each list that a device cannot
+  answer is learned separately.
 * ``nvmlDeviceGetProcessUtilization(handle, lastSeenTimeStamp)`` -> sm_util_ratio,
-  mem_util_ratio (% /100): NVML returns the samples newer than the timestamp (several per pid
-  over a long interval); they are averaged per pid and the newest timestamp is kept for the next
-  call, so each value covers exactly the time since the previous collection.
-  ``NVMLError_NotFound`` means "no sample since then" (ratios null), not "unsupported".
+  mem_util_ratio (% /100). NVML returns one sample per sample period *in which the process was
+  busy* (none for idle periods), so averaging the returned samples overstates a bursty process.
+  The ratio is the sum over the window divided by the number of sample periods in it: counted by
+  ``nvmlDeviceGetSamples(GPU_UTILIZATION)`` (every period, busy or not) where NVML answers it,
+  else the window length over the shortest spacing of sample times seen on the device; the plain
+  average only when neither is known yet. The first call (lastSeen 0 returns the driver's whole
+  buffer: an undefined window) only primes the timestamp. "No sample since then" is
+  ``NVMLError_NotFound`` per nvml.h, or ``NVMLError`` with value ``NVML_SUCCESS`` from pynvml when
+  the library's size query answers success with zero samples (NVIDIA's mock does): both mean no
+  samples (ratios null), never an error.
 * ``nvmlSystemGetProcessName(pid)`` -> process_name, cached per pid while the pid runs.
 
 NVML answers per-process utilisation neither for MIG slices nor for a GPU in MIG mode; a slice
@@ -16,6 +25,7 @@ an empty list so no process is counted twice. namespace/pod/container are filled
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from producer.nvml import convert
@@ -29,6 +39,7 @@ class ProcessCollector:
 
     def __init__(self, nvml: Any) -> None:
         self._nvml = nvml
+        self._gpu_util_samples = getattr(nvml, "NVML_GPU_UTILIZATION_SAMPLES", 1)
 
     def collect(self, ctx: DeviceContext) -> dict[str, Any]:
         if not ctx.is_mig and ctx.mig_enabled:
@@ -36,6 +47,14 @@ class ProcessCollector:
         procs = ctx.call("procs", "nvmlDeviceGetComputeRunningProcesses", ctx.handle)
         if procs is None:
             return {}
+        procs = list(procs)
+        for key, fn in (
+            ("procs_graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
+            ("procs_mps", "nvmlDeviceGetMPSComputeRunningProcesses"),
+        ):
+            more = ctx.call(key, fn, ctx.handle)
+            if more:
+                procs += list(more)
         util = {} if ctx.is_mig or ctx.mig_enabled else self._utilization(ctx)
         names: dict[int, str | None] = ctx.state.setdefault("proc_names", {})
         out: list[dict[str, Any]] = []
@@ -85,14 +104,15 @@ class ProcessCollector:
             ctx.learn("proc_util", f"{type(exc).__name__}: {exc}")
             return {}
         except ctx.errors.base as exc:
+            if getattr(exc, "value", None) == 0:  # NVML_SUCCESS with zero samples (see docstring)
+                return {}
             ctx.reporter.error(type(exc).__name__)
             return {}
         acc: dict[int, list[float]] = {}  # pid -> [sm sum, sm n, mem sum, mem n]
-        newest = last_seen
+        stamps: set[int] = set()
         for s in samples:
             ts = int(getattr(s, "timeStamp", 0) or 0)
-            if ts > newest:
-                newest = ts
+            stamps.add(ts)
             a = acc.setdefault(int(s.pid), [0.0, 0, 0.0, 0])
             sm = convert.pct_to_ratio(s.smUtil)
             if sm is None:
@@ -106,8 +126,52 @@ class ProcessCollector:
             else:
                 a[2] += mu
                 a[3] += 1
-        ctx.state["proc_util_ts"] = newest
-        return {pid: (a[0] / a[1] if a[1] else None, a[2] / a[3] if a[3] else None) for pid, a in acc.items()}
+        newest = max(stamps, default=last_seen)
+        counted, period_end = self._counted_periods(ctx, last_seen)
+        ctx.state["proc_util_ts"] = max(newest, last_seen, period_end)
+        ordered = sorted(stamps)
+        gaps = [b - a for a, b in itertools.pairwise(ordered) if b > a]
+        if gaps:
+            ctx.state["proc_util_period_us"] = min([*gaps, ctx.state.get("proc_util_period_us", gaps[0])])
+        if last_seen == 0:
+            return {}  # the whole driver buffer: its window is undefined; this call primes lastSeen
+        periods = counted or self._estimated_periods(ctx, last_seen, newest)
+
+        def ratio(total: float, n: float) -> float | None:
+            if not n:
+                return None
+            return min(1.0, total / periods) if periods else total / n
+
+        return {pid: (ratio(a[0], a[1]), ratio(a[2], a[3])) for pid, a in acc.items()}
+
+    def _counted_periods(self, ctx: DeviceContext, last_seen: int) -> tuple[float | None, int]:
+        """(sample periods after ``last_seen``, newest period time) from nvmlDeviceGetSamples."""
+        if "util_samples" in ctx.unsupported:
+            return None, 0
+        try:
+            got = self._nvml.nvmlDeviceGetSamples(ctx.handle, self._gpu_util_samples, last_seen)
+        except AttributeError:
+            ctx.learn("util_samples", "nvmlDeviceGetSamples missing from the NVML binding")
+            return None, 0
+        except ctx.errors.lost:
+            raise
+        except ctx.errors.unsupported as exc:
+            ctx.learn("util_samples", f"{type(exc).__name__}: {exc}")
+            return None, 0
+        except ctx.errors.base:
+            return None, 0  # NotFound / SUCCESS-with-none: no period to count; estimate instead
+        if not got:
+            return None, 0
+        stamps = [int(getattr(p, "timeStamp", 0) or 0) for p in got[1]]
+        stamps = [t for t in stamps if t > last_seen]
+        return (float(len(stamps)) or None), max(stamps, default=0)
+
+    @staticmethod
+    def _estimated_periods(ctx: DeviceContext, last_seen: int, newest: int) -> float | None:
+        period = ctx.state.get("proc_util_period_us")
+        if period and newest > last_seen:
+            return max(1.0, round((newest - last_seen) / period))
+        return None
 
     def _name(self, ctx: DeviceContext, cache: dict[int, str | None], pid: int) -> str | None:
         if pid in cache:

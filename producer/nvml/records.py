@@ -7,7 +7,8 @@ contract's field list.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from schemas import catalog
@@ -34,6 +35,7 @@ IDENTITY_FIELDS = frozenset(
         "brand",
         "nvml_version",
         "inforom_image_version",
+        "allocations_stale",
     }
 )
 _LIST_FIELDS = ("allocations", "processes")
@@ -71,6 +73,20 @@ class GpuRef:
     pci_bus_id: str  # NVML form, 00000000:3B:00.0
     model_name: str
     driver_version: str | None
+    #: /dev/nvidia<minor> (nvmlDeviceGetMinorNumber); None when NVML does not say.
+    minor: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceIds:
+    """Ids device plugins use besides UUIDs (see :func:`producer.enrich.gpu_aliases`).
+
+    ``minors``: GPU UUID -> /dev/nvidia<minor> number (GKE's ``nvidia<N>`` is the minor, not the
+    NVML index). ``mig``: MIG UUID -> ``<gpu index>:<mig index>`` (``deviceIDStrategy=index``).
+    """
+
+    minors: Mapping[str, int] = field(default_factory=dict)
+    mig: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

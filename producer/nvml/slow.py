@@ -71,6 +71,16 @@ class SlowCollector:
             ),
         )
 
+        self._remap_specs: tuple[FieldSpec, ...] = tuple(
+            (key, int(getattr(nvml, const, default)), None, False)
+            for key, const, default in (
+                ("fi_remap_cor", "NVML_FI_DEV_REMAPPED_COR", 142),
+                ("fi_remap_unc", "NVML_FI_DEV_REMAPPED_UNC", 143),
+                ("fi_remap_pending", "NVML_FI_DEV_REMAPPED_PENDING", 144),
+                ("fi_remap_failure", "NVML_FI_DEV_REMAPPED_FAILURE", 145),
+            )
+        )
+
     def collect(self, ctx: DeviceContext) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if ctx.is_mig:
@@ -95,6 +105,14 @@ class SlowCollector:
             put(out, "remapped_rows_uncorrectable", convert.count, unc)
             put(out, "row_remap_pending", convert.flag, pending)
             put(out, "row_remap_failure", convert.flag, failure)
+        elif ctx.mig_enabled and "remapped_rows" in ctx.unsupported:
+            # nvml.h: NotSupported "on MIG-enabled GPUs with active instances". Pending / failure
+            # (reset or RMA needed) must not go dark on MIG nodes: try the field ids instead.
+            rv = read_field_values(ctx, self._remap_specs)
+            put(out, "remapped_rows_correctable", convert.count, rv.get("fi_remap_cor"))
+            put(out, "remapped_rows_uncorrectable", convert.count, rv.get("fi_remap_unc"))
+            put(out, "row_remap_pending", convert.flag, rv.get("fi_remap_pending"))
+            put(out, "row_remap_failure", convert.flag, rv.get("fi_remap_failure"))
         put(out, "pcie_replay_count", convert.count, call("pcie_replay", "nvmlDeviceGetPcieReplayCounter", h))
         fv = read_field_values(ctx, self._field_specs)
         put(out, "gpu_recovery_action", convert.small_int, fv.get("fi_recovery_action"))

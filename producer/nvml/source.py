@@ -31,6 +31,12 @@ Per GPU, every poll yields:
   (``hooks.gpu_recovered``) after a reset.
 
 ``allocations`` is always empty here: kubelet enrichment is the caller's job.
+
+With ``call_timeout_s`` set (the node agent sets ``--nvml-timeout``), each GPU is polled on its own
+worker thread (:mod:`producer.nvml.workers`) and ``poll`` waits at most that long: a GPU whose
+calls have not returned is *stalled*, logged once, counted through ``hooks.nvml_error("call_timeout")``,
+and left out of this and later polls until its call returns. Without it (the default, for library
+use and tests) GPUs are polled one after the other on the caller's thread.
 """
 
 from __future__ import annotations
@@ -43,25 +49,37 @@ from typing import Any
 
 from gpupipe.errors import ConfigError
 from producer.nvml.base import Collector, DeviceContext, NvmlErrors
+from producer.nvml.driver_info import DRIVER_GPUS_DIR, driver_gpu
 from producer.nvml.errors import NvmlInitError, NvmlSourceError
+from producer.nvml.fabric import FabricCollector
 from producer.nvml.fast import FastCollector
 from producer.nvml.gpm import GpmCollector
-from producer.nvml.identity import IdentityCollector, normalize_pci_bus_id, read_driver_version, text
+from producer.nvml.identity import (
+    SYSFS_PCI_DEVICES,
+    IdentityCollector,
+    normalize_pci_bus_id,
+    read_driver_version,
+    text,
+)
 from producer.nvml.mig import MigSlice, enumerate_slices
 from producer.nvml.processes import ProcessCollector
-from producer.nvml.records import GpuRef, LostGpu, empty_sample
+from producer.nvml.records import DeviceIds, GpuRef, LostGpu, empty_sample
+from producer.nvml.reporting import SourceReporter, check_intervals
 from producer.nvml.slow import SlowCollector
+from producer.nvml.workers import GpuWorker
 
 log = logging.getLogger("gpupipe.nvml")
 
 # Run order within a poll. Profiling goes first: when GPM turns out not to measure PCIe on a
 # device, the fast group reads the legacy PCIe counter in the same poll.
-GROUPS: tuple[str, ...] = ("profiling", "fast", "slow", "processes")
+# Fabric before fast: the NVLink link count it reads lets fast sum links where the aggregate reads 0.
+GROUPS: tuple[str, ...] = ("profiling", "fabric", "fast", "slow", "processes")
 DEFAULT_INTERVALS: dict[str, float] = {
     "fast": 1.0,
     "slow": 30.0,
     "profiling": 1.0,
     "processes": 5.0,
+    "fabric": 10.0,
     "mig": 10.0,
     "lost_retry": 30.0,
 }
@@ -102,17 +120,24 @@ class SourceHooks:
     def gpu_recovered(self, gpu: GpuRef) -> None:
         """A GPU reported lost answers NVML again."""
 
+    def unsupported(self, call: str, reason: str) -> None:
+        """A call was learned as unanswerable on one device; ``reason`` is the NVML error class
+        without its prefix (``NotSupported``, ``NoPermission``, ``FunctionNotFound``...)."""
+
 
 COLLECTOR_FACTORIES: dict[str, Callable[[Any, Callable[[], float], frozenset[str]], Collector]] = {
-    "fast": lambda nvml, clock, enabled: FastCollector(nvml, pcie_via_gpm="profiling" in enabled),
+    "fast": lambda nvml, clock, enabled: FastCollector(
+        nvml, pcie_via_gpm="profiling" in enabled, clock=clock
+    ),
     "slow": lambda nvml, clock, enabled: SlowCollector(nvml),
     "profiling": lambda nvml, clock, enabled: GpmCollector(nvml, clock),
     "processes": lambda nvml, clock, enabled: ProcessCollector(nvml),
+    "fabric": lambda nvml, clock, enabled: FabricCollector(nvml),
 }
 
 
 class _Gpu:
-    __slots__ = ("ctx", "identity", "lost", "next_probe", "slices")
+    __slots__ = ("ctx", "identity", "lost", "minor", "next_probe", "slices")
 
     def __init__(self, ctx: DeviceContext) -> None:
         self.ctx = ctx
@@ -120,6 +145,7 @@ class _Gpu:
         self.slices: list[MigSlice] = []
         self.lost = False
         self.next_probe = 0.0
+        self.minor: int | None = None
 
 
 class NvmlSource:
@@ -135,10 +161,12 @@ class NvmlSource:
         *,
         collectors: Iterable[str] | None = None,
         hooks: SourceHooks | None = None,
+        sysfs_pci: str = SYSFS_PCI_DEVICES,
+        driver_gpus_dir: str = DRIVER_GPUS_DIR,
     ) -> None:
         self._nvml = nvml_module if nvml_module is not None else default_nvml_module()
         self.hostname = hostname
-        self.intervals = _check_intervals(intervals)
+        self.intervals = check_intervals(intervals, DEFAULT_INTERVALS)
         self._clock = clock
         self._wall_clock = wall_clock
         self.hooks = hooks or SourceHooks()
@@ -154,7 +182,10 @@ class NvmlSource:
             if n in enabled_set
         ]
         self._groups_with_collectors = frozenset(c.name for c in self._collectors)
-        self._identity = IdentityCollector()
+        self._identity = IdentityCollector(sysfs_pci)
+        self._driver_gpus_dir = driver_gpus_dir
+        #: GPUs NVML failed to open at start with an error other than "lost" (left out).
+        self.unusable_gpus = 0
         self._errors: NvmlErrors | None = None
         self._gpus: list[_Gpu] = []
         self._next_due: dict[str, float] = {}
@@ -168,6 +199,11 @@ class NvmlSource:
         self.garbage_counts: Counter[str] = Counter()
         self.collector_failures: Counter[str] = Counter()
         self.collect_seconds: dict[str, float] = {}
+        #: Per-GPU time limit of a poll (None: sequential, no limit). See the module docstring.
+        self.call_timeout_s: float | None = None
+        self._workers: dict[int, GpuWorker] = {}
+        self._stalled: set[int] = set()
+        self._warned_unsupported: set[tuple[str, str]] = set()
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -205,7 +241,12 @@ class NvmlSource:
         """Free GPM samples and shut NVML down (idempotent, never raises)."""
         if not self._started:
             return
+        for w in self._workers.values():
+            w.close()
         for gpu in self._gpus:
+            w = self._workers.get(gpu.ctx.index)
+            if w is not None and w.busy:
+                continue  # a hung call still uses this GPU's handles: leave them alone
             for ctx in (gpu.ctx, *(s.ctx for s in gpu.slices)):
                 self._release(ctx)
         self._started = False
@@ -236,25 +277,89 @@ class NvmlSource:
         spent = dict.fromkeys(self._groups_with_collectors, 0.0)
         ran: set[str] = set()
         out: list[dict[str, Any]] = []
-        for gpu in self._gpus:
-            if gpu.lost and not self._probe(gpu, now):
-                out.append(self._lost_sample(gpu, ts))
-                continue
-            try:
-                self._collect_gpu(gpu, due, spent, ran)
-            except self._errs.lost as exc:
-                self._mark_lost(gpu, ts, "poll", exc)
-            if gpu.lost:
-                out.append(self._lost_sample(gpu, ts))
-                continue
-            out.append(self._sample(gpu, gpu.ctx, ts, None))
-            for sl in gpu.slices:
-                out.append(self._sample(gpu, sl.ctx, ts, sl))
+        if self.call_timeout_s is None:
+            for gpu in self._gpus:
+                out += self._poll_gpu(gpu, due, now, ts, spent, ran)
+        else:
+            out = self._poll_parallel(due, now, ts, spent, ran, self.call_timeout_s)
         for group, seconds in spent.items():
             if group in ran:
                 self.collect_seconds[group] = seconds
                 self._hook("collect_duration", group, seconds)
         return out
+
+    def _poll_gpu(
+        self, gpu: _Gpu, due: set[str], now: float, ts: int, spent: dict[str, float], ran: set[str]
+    ) -> list[dict[str, Any]]:
+        if gpu.lost and not self._probe(gpu, now):
+            return [self._lost_sample(gpu, ts)]
+        try:
+            self._collect_gpu(gpu, due, spent, ran)
+        except self._errs.lost as exc:
+            self._mark_lost(gpu, ts, "poll", exc)
+        if gpu.lost:
+            return [self._lost_sample(gpu, ts)]
+        out = [self._sample(gpu, gpu.ctx, ts, None)]
+        for sl in gpu.slices:
+            out.append(self._sample(gpu, sl.ctx, ts, sl))
+        return out
+
+    def _poll_parallel(
+        self, due: set[str], now: float, ts: int, spent: dict[str, float], ran: set[str], limit: float
+    ) -> list[dict[str, Any]]:
+        jobs = []
+        for gpu in self._gpus:
+            idx = gpu.ctx.index
+            w = self._workers.get(idx)
+            if w is None:
+                w = self._workers[idx] = GpuWorker(f"nvml-gpu{idx}")
+            if w.busy:
+                continue  # still stalled in an earlier poll's call
+            local_spent: dict[str, float] = dict.fromkeys(spent, 0.0)
+            local_ran: set[str] = set()
+
+            def job(
+                gpu: _Gpu = gpu, sp: dict[str, float] = local_spent, rn: set[str] = local_ran
+            ) -> tuple[list[dict[str, Any]], dict[str, float], set[str]]:
+                return self._poll_gpu(gpu, set(due), now, ts, sp, rn), sp, rn
+
+            jobs.append((gpu, w.submit(job)))
+        deadline = time.monotonic() + limit
+        for _, j in jobs:
+            j.done.wait(max(0.0, deadline - time.monotonic()))
+        out: list[dict[str, Any]] = []
+        for gpu in self._gpus:
+            idx = gpu.ctx.index
+            w = self._workers[idx]
+            job = w.job
+            if w.busy or job is None or not any(job is j for _, j in jobs):
+                if idx not in self._stalled:
+                    self._stalled.add(idx)
+                    log.error(
+                        "GPU %d: NVML calls did not return within %.1fs; left out of the samples "
+                        "until they do (see gpupipe_producer_nvml_stalled_gpus)",
+                        idx,
+                        limit,
+                        extra={"fields": {"gpu": idx, "uuid": gpu.ctx.uuid}},
+                    )
+                    self.error_counts["call_timeout"] += 1
+                    self._hook("nvml_error", "call_timeout")
+                continue
+            if idx in self._stalled:
+                self._stalled.discard(idx)
+                log.warning("GPU %d: NVML calls return again", idx)
+            if job.error is not None:
+                raise job.error
+            samples, sp, rn = job.result
+            out += samples
+            for g, sec in sp.items():
+                spent[g] = spent.get(g, 0.0) + sec
+            ran |= rn
+        return out
+
+    def stalled_count(self) -> int:
+        """GPUs whose NVML calls did not return within ``call_timeout_s``."""
+        return len(self._stalled)
 
     @property
     def _errs(self) -> NvmlErrors:
@@ -343,7 +448,7 @@ class NvmlSource:
 
     # -- devices --------------------------------------------------------------------------------
     def _new_ctx(self, index: int, handle: Any, **kw: Any) -> DeviceContext:
-        return DeviceContext(self._nvml, index, handle, _Reporter(self), errors=self._errs, **kw)
+        return DeviceContext(self._nvml, index, handle, SourceReporter(self), errors=self._errs, **kw)
 
     def _open(self, index: int) -> _Gpu | None:
         nvml = self._nvml
@@ -351,16 +456,23 @@ class NvmlSource:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
         except self._errs.lost as exc:
             gpu = _Gpu(self._new_ctx(index, None))
+            # NVML gives no handle, hence no identity: the driver's own view still names the GPU.
+            known = driver_gpu(self._driver_gpus_dir, index)
+            if known is not None:
+                gpu.ctx.pci_bus_id, gpu.ctx.uuid, gpu.minor = known.pci_bus_id, known.uuid, known.minor
             self._set_identity(gpu, {})
             self._mark_lost(gpu, int(self._wall_clock() * 1000), "start", exc)
             gpu.next_probe = self._now + self.intervals["lost_retry"]
             return gpu
         except nvml.NVMLError as exc:
             self.error_counts[type(exc).__name__] += 1
+            self.unusable_gpus += 1
             log.error("GPU %d is not usable through NVML, skipped: %s", index, exc)
+            self._hook("nvml_error", type(exc).__name__)
             return None
         gpu = _Gpu(self._new_ctx(index, handle))
         try:
+            self._read_minor(gpu)
             self._set_identity(gpu, self._identity.collect(gpu.ctx))
             self._refresh_mig(gpu)
         except self._errs.lost as exc:
@@ -458,7 +570,45 @@ class NvmlSource:
     # -- lookups for the rest of the producer ------------------------------------------------------
     def _ref(self, gpu: _Gpu) -> GpuRef:
         c = gpu.ctx
-        return GpuRef(c.index, c.uuid, c.pci_bus_id, c.model_name, self._driver_version)
+        return GpuRef(c.index, c.uuid, c.pci_bus_id, c.model_name, self._driver_version, gpu.minor)
+
+    @staticmethod
+    def _read_minor(gpu: _Gpu) -> None:
+        """Read once at open (never on the XID path: a hung GPU must not block attribution)."""
+        c = gpu.ctx
+        minor = c.call("minor", "nvmlDeviceGetMinorNumber", c.handle)
+        gpu.minor = minor if isinstance(minor, int) and 0 <= minor < 1 << 20 else None
+
+    def device_ids(self) -> DeviceIds:
+        """What kubelet matching needs beyond UUIDs: minor numbers and MIG index ids."""
+        minors: dict[str, int] = {}
+        mig: dict[str, str] = {}
+        for g in self._gpus:
+            if g.ctx.uuid and g.minor is not None:
+                minors[g.ctx.uuid] = g.minor
+            for s in g.slices:
+                if s.mig_index >= 0:
+                    mig[s.mig_uuid] = f"{g.ctx.index}:{s.mig_index}"
+        return DeviceIds(minors, mig)
+
+    def dra_device_uuid(self, driver: str, pool: str, device: str) -> str | None:
+        """The GPU UUID of an NVIDIA DRA driver device name ``gpu-<n>`` (whole GPUs only).
+
+        Current drivers name a GPU by its minor number, older ones by its index: the minor is
+        tried first. MIG devices (``gpu-<n>-mig-...``) carry a placement NVML's handles here do
+        not expose, so they stay unresolved (counted by the agent) rather than guessed.
+        """
+        if not device.startswith("gpu-") or not device[4:].isdigit():
+            return None
+        n = int(device[4:])
+        refs = [self._ref(g) for g in self._gpus]
+        for r in refs:
+            if r.minor == n:
+                return r.uuid or None
+        for r in refs:
+            if r.minor is None and r.gpu_index == n:
+                return r.uuid or None
+        return None
 
     def gpus(self) -> list[GpuRef]:
         """Every GPU the source knows (lost ones included)."""
@@ -534,43 +684,3 @@ class NvmlSource:
             log.warning(
                 "%s (logged at most once per %ds per kind)", message, ERROR_LOG_INTERVAL_S, exc_info=exc
             )
-
-
-class _Reporter:
-    """The ``Reporter`` every DeviceContext of one source reports to."""
-
-    __slots__ = ("_src",)
-
-    def __init__(self, src: NvmlSource) -> None:
-        self._src = src
-
-    def error(self, kind: str) -> None:
-        src = self._src
-        src.error_counts[kind] += 1
-        src._log_error(kind, f"NVML error {kind}")
-        src._hook("nvml_error", kind)
-
-    def garbage(self, field: str) -> None:
-        src = self._src
-        src.garbage_counts[field] += 1
-        src._log_error(f"garbage:{field}", f"NVML returned an impossible value for {field}; sent as null")
-        src._hook("garbage", field)
-
-    def learned(self, ctx: DeviceContext, key: str, reason: str) -> None:
-        # Expected on most GPUs (ECC off, no NVLink, pre-Hopper...): "no data", not a failure.
-        log.debug("GPU %d: %s unsupported (%s); not asked again", ctx.index, key, reason)
-
-
-def _check_intervals(intervals: Mapping[str, float] | None) -> dict[str, float]:
-    out = dict(DEFAULT_INTERVALS)
-    for key, value in (intervals or {}).items():
-        if key not in DEFAULT_INTERVALS:
-            raise ConfigError(f"unknown NVML interval {key!r}; known: {sorted(DEFAULT_INTERVALS)}")
-        try:
-            seconds = float(value)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"NVML interval {key!r} must be a number of seconds, got {value!r}") from exc
-        if not seconds > 0:
-            raise ConfigError(f"NVML interval {key!r} must be positive, got {value!r}")
-        out[key] = seconds
-    return out

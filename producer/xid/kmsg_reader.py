@@ -31,6 +31,16 @@ stdin, pipes, FIFOs, other character devices
 
 With ``idle_ticks=True`` the iterator also yields ``""`` after each ``poll_interval_s`` without data, so
 the consumer can flush a held-back Xid (``KmsgParser.feed("")`` does exactly that).
+
+Relayed records and the cursor
+    A file or FIFO may carry raw ``/dev/kmsg`` records (what ``cat /dev/kmsg`` writes: the shipped
+    DaemonSet's privileged ``kmsg-relay`` sidecar pipes them into a FIFO, because an unprivileged
+    container cannot open the device). Such lines are decoded and rendered like records read from
+    the device (dictionary lines dropped), so sequence numbers work the same on every path.
+    ``after_seq`` skips records with ``seq <= after_seq`` (a persisted cursor: a restarted agent
+    reads the backlog without repeating what it already handled); ``last_seq`` is the sequence
+    number of the newest record seen. A FIFO whose writer is gone (the relay restarting) is waited
+    on, not treated as the end of input.
 """
 
 from __future__ import annotations
@@ -105,6 +115,8 @@ class KmsgReaderStats:
     truncated: int = 0
     #: Times a followed file was re-opened after rotation/truncation.
     reopened: int = 0
+    #: Records skipped because their sequence number was at or below the cursor (``after_seq``).
+    skipped: int = 0
 
 
 def decode_kmsg_record(data: bytes | str) -> KmsgRecord | None:
@@ -286,6 +298,7 @@ class KmsgReader:
         stream: BinaryIO | None = None,
         max_line_bytes: int = 65536,
         stop_event: threading.Event | None = None,
+        after_seq: int | None = None,
     ) -> None:
         if poll_interval_s <= 0:
             raise ValueError("poll_interval_s must be > 0")
@@ -298,6 +311,11 @@ class KmsgReader:
         self.idle_ticks = idle_ticks
         self.max_line_bytes = max_line_bytes
         self.stats = KmsgReaderStats()
+        self.after_seq = after_seq
+        #: Sequence number of the newest kmsg record seen (None until one was).
+        self.last_seq: int | None = None
+        #: Sequence number of the record the line just yielded came from (None for plain text).
+        self.line_seq: int | None = None
         self._stream = stream
         self._stop = stop_event if stop_event is not None else threading.Event()
 
@@ -328,9 +346,9 @@ class KmsgReader:
         if mode == "kmsg":
             gen = self._iter_kmsg()
         elif mode == "file":
-            gen = self._iter_file()
+            gen = self._relayed(self._iter_file())
         else:
-            gen = self._iter_stream()
+            gen = self._relayed(self._iter_stream())
         for line in gen:
             if line:
                 self.stats.lines += 1
@@ -366,12 +384,64 @@ class KmsgReader:
             records = iter_kmsg_records(
                 lambda n: os.read(fd, n), wait, follow=self.follow, stats=self.stats, idle=self.idle_ticks
             )
-            for line in kmsg_records_to_lines(records):
+            for line in self._render(self._after_cursor(records)):
                 yield line
                 if self._stop.is_set():
                     return
         finally:
             os.close(fd)
+
+    def _seen(self, seq: int) -> bool:
+        """True when record ``seq`` was handled already: at or below the cursor, or at or below the
+        newest record this reader yielded (a relay that restarts re-sends the kernel's backlog)."""
+        floor = self.after_seq
+        if self.last_seq is not None and (floor is None or self.last_seq > floor):
+            floor = self.last_seq
+        if floor is not None and seq <= floor:
+            self.stats.skipped += 1
+            return True
+        self.last_seq = seq
+        return False
+
+    def _after_cursor(self, records: Iterable[KmsgRecord | None]) -> Iterator[KmsgRecord | None]:
+        for rec in records:
+            if rec is not None and self._seen(rec.seq):
+                continue
+            yield rec
+
+    def _render(self, records: Iterable[KmsgRecord | None]) -> Iterator[str]:
+        """kmsg_records_to_lines, noting which record each line came from in ``line_seq``."""
+        prev_flag = "-"
+        for rec in records:
+            if rec is None:
+                yield ""
+                continue
+            cont = rec.flags == "+" or (rec.flags == "c" and prev_flag in ("c", "+"))
+            prev_flag = rec.flags
+            self.line_seq = rec.seq
+            yield from kmsg_record_lines(rec, continues_previous=cont)
+
+    def _relayed(self, lines: Iterable[str]) -> Iterator[str]:
+        """Text lines as they are; raw kmsg records (a relay) decoded and rendered, with the cursor."""
+        in_record = False
+        prev_flag = "-"
+        for line in lines:
+            if in_record and line.startswith(" ") and "=" in line:
+                continue  # a kmsg dictionary line (`` SUBSYSTEM=pci``)
+            rec = decode_kmsg_record(line) if line[:1].isdigit() else None
+            if rec is None:
+                in_record = False
+                self.line_seq = None
+                yield line
+                continue
+            in_record = True
+            self.stats.records += 1
+            if self._seen(rec.seq):
+                continue
+            cont = rec.flags == "+" or (rec.flags == "c" and prev_flag in ("c", "+"))
+            prev_flag = rec.flags
+            self.line_seq = rec.seq
+            yield from kmsg_record_lines(rec, continues_previous=cont)
 
     # ---------------------------------------------------------------- regular files
     def _iter_file(self) -> Iterator[str]:
@@ -434,6 +504,9 @@ class KmsgReader:
         else:
             opened_fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
             fd = opened_fd
+        # A FIFO without a writer reads as end of file (and selects as readable): the relay that
+        # feeds it is (re)starting. Keep the FIFO open and wait for it instead of ending.
+        fifo = opened_fd is not None and self.follow and stat.S_ISFIFO(os.fstat(fd).st_mode)
         splitter = _LineSplitter(self.max_line_bytes, self.stats)
         try:
             while True:
@@ -450,6 +523,12 @@ class KmsgReader:
                     continue
                 if not data:
                     yield from splitter.finish()
+                    if fifo:
+                        if self.idle_ticks:
+                            yield ""
+                        if not self._sleep():
+                            return
+                        continue
                     return
                 yield from splitter.feed(data)
         finally:

@@ -45,6 +45,7 @@ stall, e.g. under CPU pressure or a slow Kafka ``poll``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -94,13 +95,17 @@ class _Held:
 class XidMerger:
     """Pair NVML and kmsg sightings of the same Xid; see the module docstring for the rules."""
 
-    __slots__ = ("_held", "_seq", "window_s")
+    __slots__ = ("_by_key", "_held", "_oldest", "_seq", "window_s")
 
     def __init__(self, window_s: float = DEFAULT_WINDOW_S) -> None:
         if not window_s >= 0:
             raise ValueError("window_s must be >= 0")
         self.window_s = float(window_s)
         self._held: list[_Held] = []
+        # (source, xid, pci) -> held sightings in arrival order, and the oldest arrival held: an
+        # XID storm (thousands held in one window) costs O(1) per sighting, not a scan of all.
+        self._by_key: dict[tuple[str, int, str], list[_Held]] = {}
+        self._oldest = math.inf
         self._seq = 0
 
     def __len__(self) -> int:
@@ -124,29 +129,50 @@ class XidMerger:
         if source == "kmsg" and fields.get("kind") == "sxid":
             out.append(_single(new, emitted_at_s=new.at_s))
             return out
-        for i, held in enumerate(self._held):
-            if held.source != source and held.xid == xid and held.pci == pci:
-                del self._held[i]
-                out.append(_pair(held, new))
-                return out
+        other = "kmsg" if source == "nvml" else "nvml"
+        partners = self._by_key.get((other, xid, pci))
+        if partners:
+            held = partners.pop(0)
+            if not partners:
+                del self._by_key[(other, xid, pci)]
+            self._held.remove(held)
+            if held.at_s <= self._oldest:
+                self._oldest = min((h.at_s for h in self._held), default=math.inf)
+            out.append(_pair(held, new))
+            return out
         self._held.append(new)
+        self._by_key.setdefault((source, xid, pci), []).append(new)
+        self._oldest = min(self._oldest, new.at_s)
         return out
+
+    def held_field_min(self, key: str) -> Any:
+        """The smallest non-null ``fields[key]`` among held sightings (None if none): the agent's
+        kernel-log cursor must not pass a sighting that is held and so not spooled yet."""
+        vals = [h.fields.get(key) for h in self._held]
+        return min((v for v in vals if v is not None), default=None)
 
     def expire(self, now_s: float) -> list[dict[str, Any]]:
         """Emit, alone, every held sighting with ``now_s - at_s >= window_s`` (oldest first)."""
-        if not self._held:
+        if not self._held or now_s - self._oldest < self.window_s:
             return []
         due = [h for h in self._held if now_s - h.at_s >= self.window_s]
         if not due:
             return []
-        self._held = [h for h in self._held if now_s - h.at_s < self.window_s]
+        self._reindex([h for h in self._held if now_s - h.at_s < self.window_s])
         due.sort(key=lambda h: (h.at_s, h.seq))
         return [_single(h, emitted_at_s=now_s) for h in due]
+
+    def _reindex(self, held: list[_Held]) -> None:
+        self._held = held
+        self._by_key = {}
+        for h in held:
+            self._by_key.setdefault((h.source, h.xid, h.pci), []).append(h)
+        self._oldest = min((h.at_s for h in held), default=math.inf)
 
     def flush(self, now_s: float | None = None) -> list[dict[str, Any]]:
         """Emit everything still held, alone (shutdown)."""
         held = sorted(self._held, key=lambda h: (h.at_s, h.seq))
-        self._held = []
+        self._reindex([])
         return [_single(h, emitted_at_s=now_s) for h in held]
 
 

@@ -224,9 +224,13 @@ def test_kubelet_absent_churn_odd_and_slow(kafka: str, topic_prefix: str, tmp_pa
     assert ("job-old",) in pods0 and ("job-new",) in pods0
     first_new = pods0.index(("job-new",))
     assert ("job-old",) not in pods0[first_new:], "no stale label after the pod ended"
-    assert all(not s["allocations"] for s in gpu1 if s["timestamp_ms"] > marks["after"] + 1000), (
-        "GPU 1 is free after the churn"
-    )
+    # Failed Lists (garbage, a slow kubelet) keep the last good map for the grace period, flagged
+    # allocations_stale: those samples say so and are not a stale label.
+    assert all(
+        not s["allocations"]
+        for s in gpu1
+        if s["timestamp_ms"] > marks["after"] + 1000 and not s["allocations_stale"]
+    ), "GPU 1 is free after the churn"
     assert any(s["allocations"] for s in gpu1 if s["timestamp_ms"] < marks["before"])
 
 

@@ -16,6 +16,7 @@ from gpupipe import topics
 from gpupipe.kafka_admin import ensure_topics
 from producer.node_agent import AgentConfig
 from producer.publish import Publisher, producer_config
+from producer.spool_format import SPOOL_FILE
 from schemas.codec import AvroCodec
 from tests.agent_harness import UUIDS, find_line, metric, node_for_fixtures, running_agent, wait_for
 from tests.conftest import REPO, _free_pair
@@ -87,7 +88,7 @@ def test_xids_spooled_while_the_broker_is_down_then_delivered(tmp_path: Path) ->
             wait_for(lambda: metric(reg, "gpupipe_producer_xid_spool_depth") == 0, 60, "spool drained")
             ra.ticks_after(3)
             ra.stop()
-        assert (tmp_path / "spool" / "xid.spool").stat().st_size == 0
+        assert (tmp_path / "spool" / SPOOL_FILE).stat().st_size == 0
         codec = AvroCodec()
         events = [codec.decode(m.value()).record for m in read_all(bootstrap, t_xid, expect=3, timeout_s=30)]
         assert sorted((e["kind"], e["xid"], e["uuid"]) for e in events) == sorted(

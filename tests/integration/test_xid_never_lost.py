@@ -13,6 +13,7 @@ from confluent_kafka import Producer
 from gpupipe.kafka_admin import ensure_topics
 from producer.delivery import XidSender
 from producer.spool import XidSpool
+from producer.spool_format import SPOOL_FILE
 from tests.conftest import REPO, _free_pair
 from tests.integration.kafka_util import read_all
 
@@ -70,6 +71,6 @@ def test_xids_survive_a_broker_outage_and_a_restart(tmp_path: Path) -> None:
         assert sender2.depth == 0
         msgs = read_all(bootstrap, "xid-test", expect=6)
         assert [m.value() for m in msgs] == [f"xid-{i}".encode() for i in range(6)]
-        assert (spool_dir / "xid.spool").stat().st_size == 0
+        assert (spool_dir / SPOOL_FILE).stat().st_size == 0
     finally:
         subprocess.run([script, "stop"], env=env, capture_output=True, timeout=120)

@@ -369,3 +369,19 @@ def test_reader_is_an_iterator_of_str(tmp_path: Path) -> None:
     assert next(it) == "a"
     with pytest.raises(StopIteration):
         next(it)
+
+
+def test_relayed_records_after_the_cursor_and_a_relay_restart_are_yielded_once(tmp_path: Path) -> None:
+    # The DaemonSet's kmsg-relay sidecar re-sends the kernel's whole backlog whenever it restarts;
+    # the persisted cursor (after_seq) and the newest seq seen skip what was handled.
+    def rec(seq: int, text: str) -> str:
+        return f"3,{seq},{1_000_000 + seq},-;{text}\n"
+
+    f = tmp_path / "relay"
+    backlog = rec(5, "old") + rec(6, "handled before the restart") + rec(7, "new after the cursor")
+    f.write_text(backlog + " SUBSYSTEM=pci\n" + backlog + rec(8, "newest") + "plain text line\n")
+    r = KmsgReader(str(f), follow=False, from_start=True, after_seq=6)
+    lines = list(r)
+    assert [ln.split("] ", 1)[1] for ln in lines[:2]] == ["new after the cursor", "newest"]
+    assert lines[2] == "plain text line"
+    assert r.last_seq == 8 and r.stats.skipped == 5  # 5, 6, then 5, 6, 7 again

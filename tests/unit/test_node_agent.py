@@ -328,24 +328,20 @@ def test_spool_replays_events_of_a_previous_run(tmp_path: Path) -> None:
     assert [m.value() for m in mem.delivered if m.topic() == "xid"] == [b"left-over-event"]
 
 
-def test_unusable_spool_dir_is_a_config_error_and_nvml_is_shut_down(tmp_path: Path) -> None:
-    from gpupipe.errors import ConfigError
-
+def test_unusable_spool_dir_keeps_xids_in_memory_instead_of_a_crash(tmp_path: Path) -> None:
+    # Review 1.1a: a root-owned hostPath made the spool raise PermissionError and the agent exit at
+    # start (crash loop). Now: one log line, a metric, XIDs kept in memory and still delivered.
     (tmp_path / "file").write_text("")
     fake = node_for_fixtures()
-    pub, _ = memory_publisher()
-    agent = NodeAgent(
-        config(tmp_path, spool_dir=str(tmp_path / "file" / "spool")),
-        pub,
-        ProducerMetrics(),
-        CODEC,
-        "s",
-        "x",
-        nvml=fake,
-    )
-    with pytest.raises(ConfigError, match="spool"):
-        agent.run(threading.Event())
-    assert fake.init_count == 0
+    pub, mem = memory_publisher()
+    with running_agent(config(tmp_path, spool_dir=str(tmp_path / "file" / "spool")), pub, fake) as ra:
+        ra.ticks_after(1)
+        fake.gpus[1].inject_xid(48)
+        wait_for(lambda: ra.agent.xids_sent >= 1, 5, "XID event")
+        assert metric(ra.registry, "gpupipe_producer_xid_spool_on_disk") == 0
+        assert metric(ra.registry, "gpupipe_producer_xid_spool_write_errors_total") >= 1
+        ra.stop()
+    assert [e["xid"] for e in mem.records("xid")] == [48]
 
 
 def test_a_stale_kubelet_map_is_not_used(tmp_path: Path) -> None:
@@ -354,7 +350,15 @@ def test_a_stale_kubelet_map_is_not_used(tmp_path: Path) -> None:
     from producer.kubelet.mapping import build_allocation_map, pod_resources_from_dict
 
     pub, _ = memory_publisher()
-    agent = NodeAgent(config(tmp_path), pub, ProducerMetrics(), CODEC, "s", "x", nvml=node_for_fixtures())
+    agent = NodeAgent(
+        config(tmp_path, kubelet_grace_s=0.01),
+        pub,
+        ProducerMetrics(),
+        CODEC,
+        "s",
+        "x",
+        nvml=node_for_fixtures(),
+    )
     amap = build_allocation_map(pod_resources_from_dict(combined_fixture()))
     agent._amap_state = (amap, time.monotonic())
     assert agent.allocations is amap

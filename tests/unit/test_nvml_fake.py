@@ -269,8 +269,14 @@ def test_processes_as_friendly_objects(nvml):
     )
     (u,) = nvml.nvmlDeviceGetProcessUtilization(h, 0)
     assert isinstance(u, pynvml.c_nvmlProcessUtilizationSample_t) and (u.pid, u.smUtil) == (42, 50)
+    # No sample newer than that: pynvml raises NVMLError(NVML_SUCCESS), as against NVIDIA's mock
+    # (its size query answers success with zero samples); nvml.h documents NOT_FOUND, also modelled.
+    with pytest.raises(pynvml.NVMLError) as info:
+        nvml.nvmlDeviceGetProcessUtilization(h, 2**63)
+    assert info.value.value == pynvml.NVML_SUCCESS
+    nvml.gpus[0].no_process_samples_code = pynvml.NVML_ERROR_NOT_FOUND
     with pytest.raises(pynvml.NVMLError_NotFound):
-        nvml.nvmlDeviceGetProcessUtilization(h, 2**63)  # no sample newer than that
+        nvml.nvmlDeviceGetProcessUtilization(h, 2**63)
     assert nvml.nvmlSystemGetProcessName(42) == "python3"
     with pytest.raises(pynvml.NVMLError_NotFound):
         nvml.nvmlSystemGetProcessName(43)

@@ -63,6 +63,21 @@ H100_NULL_FIELDS = {
     "retired_pages_pending",
     "vgpu_license_status",
     "last_xid",
+    # Blackwell / GB200 only (an H100 has NVLink, but no fabric, C2C, module scope or placement)
+    "fabric_state",
+    "fabric_health",
+    "fabric_health_mask",
+    "fabric_clique_id",
+    "fabric_cluster_uuid",
+    "c2c_links",
+    "c2c_links_up",
+    "module_power_w",
+    "module_energy_mj",
+    "platform_chassis_serial",
+    "platform_slot",
+    "platform_tray",
+    "platform_host_id",
+    "platform_module_id",
 }
 
 
@@ -220,14 +235,17 @@ def test_gpm_measures_pcie_so_the_20ms_legacy_call_is_not_made_on_hopper():
 def test_not_supported_learned_once_and_null():
     gpus = [FakeGpu.h100(i) for i in range(2)]
     gpus[0].unsupported |= {"nvmlDeviceGetPowerUsage", "nvmlDeviceGetEncoderUtilization"}
-    gpus[0].unsupported_fields.add(pynvml.NVML_FI_DEV_MEMORY_TEMP)
+    gpus[0].unsupported_fields |= {pynvml.NVML_FI_DEV_MEMORY_TEMP, pynvml.NVML_FI_DEV_POWER_AVERAGE}
     fake, src, clock, _ = make(FakeNvml(gpus))
     for _ in range(4):
         s = by_gpu(tick(src, clock))
     assert s[0]["power_w"] is None and s[0]["enc_util_ratio"] is None and s[0]["memory_temp_c"] is None
     assert s[1]["power_w"] is not None and s[1]["memory_temp_c"] == 70.0
+    # Power comes from the batched field; the classic call is tried once the field is refused.
     assert fake.count("nvmlDeviceGetPowerUsage", gpu=0) == 1
-    assert fake.count("nvmlDeviceGetPowerUsage", gpu=1) == 4
+    assert fake.count("nvmlDeviceGetPowerUsage", gpu=1) == 0
+    # 4 at GPU scope, plus the one module-scope probe (GB200 only: learned unsupported here).
+    assert fake.field_requests[(1, pynvml.NVML_FI_DEV_POWER_AVERAGE)] == 5
     assert fake.count("nvmlDeviceGetEncoderUtilization", gpu=0) == 1
     assert fake.field_requests[(0, pynvml.NVML_FI_DEV_MEMORY_TEMP)] == 1
     assert fake.field_requests[(1, pynvml.NVML_FI_DEV_MEMORY_TEMP)] == 4
@@ -514,7 +532,10 @@ def test_processes_with_per_process_utilisation_and_names():
         FakeProcess(4712, "sidecar", used_memory=None, sm_util=None, mem_util=None),
     ]
     fake, src, clock, _ = make(FakeNvml([FakeGpu.h100(0, processes=procs)]))
-    s = by_gpu(src.poll())[0]
+    first = by_gpu(src.poll())[0]
+    # The first utilisation call (lastSeen 0: the driver's whole buffer) only primes the window.
+    assert [p["sm_util_ratio"] for p in first["processes"]] == [None, None]
+    s = by_gpu(tick(src, clock, 5.0))[0]
     assert s["processes"] == [
         {
             "pid": 4711,
@@ -545,7 +566,7 @@ def test_processes_with_per_process_utilisation_and_names():
     later = by_gpu(tick(src, clock, 5.0))[0]
     assert [p["pid"] for p in later["processes"]] == [4712]
     assert fake.count("nvmlSystemGetProcessName") == 2  # names cached per pid
-    assert fake.count("nvmlDeviceGetComputeRunningProcesses", gpu=0) == 2
+    assert fake.count("nvmlDeviceGetComputeRunningProcesses", gpu=0) == 3
 
 
 def test_no_process_utilisation_samples_is_not_unsupported():
@@ -593,13 +614,13 @@ def test_poll_before_start_and_after_shutdown():
 
 def test_transient_nvml_error_counted_and_retried_next_time():
     fake, src, clock, hooks = make(FakeNvml.node("H100", 2))
-    fake.gpus[0].fail("nvmlDeviceGetPowerUsage", pynvml.NVML_ERROR_UNKNOWN)
+    fake.gpus[0].fail("nvmlDeviceGetUtilizationRates", pynvml.NVML_ERROR_UNKNOWN)
     s = by_gpu(src.poll())
-    assert s[0]["power_w"] is None and s[1]["power_w"] is not None
+    assert s[0]["gpu_util_ratio"] is None and s[1]["gpu_util_ratio"] is not None
     assert src.error_counts["NVMLError_Unknown"] == 1
     assert hooks.errors == ["NVMLError_Unknown"]
-    assert by_gpu(tick(src, clock))[0]["power_w"] == pytest.approx(512.345)
-    assert "power" not in src.unsupported(0)
+    assert by_gpu(tick(src, clock))[0]["gpu_util_ratio"] == s[1]["gpu_util_ratio"]
+    assert "util" not in src.unsupported(0)
 
 
 def test_a_failing_collector_never_stops_the_poll():
@@ -683,12 +704,12 @@ def test_slow_values_are_carried_between_slow_polls():
 def test_hooks_see_durations_of_the_groups_that_ran():
     _fake, src, clock, hooks = make(FakeNvml.node("H100", 2))
     src.poll()
-    assert sorted(g for g, _ in hooks.durations) == ["fast", "processes", "profiling", "slow"]
+    assert sorted(g for g, _ in hooks.durations) == ["fabric", "fast", "processes", "profiling", "slow"]
     assert all(sec >= 0 for _, sec in hooks.durations)
     hooks.durations.clear()
     tick(src, clock)
     assert sorted(g for g, _ in hooks.durations) == ["fast", "profiling"]
-    assert set(src.collect_seconds) == {"fast", "processes", "profiling", "slow"}
+    assert set(src.collect_seconds) == {"fabric", "fast", "processes", "profiling", "slow"}
 
 
 def test_intervals_and_collectors_are_validated():

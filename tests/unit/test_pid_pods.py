@@ -127,3 +127,24 @@ def test_resolver_relists_pod_logs_for_a_new_uid(tmp_path: Path) -> None:
     now[0] = 2.0
     _proc_tree(tmp_path, 2, f"0::/kubepods/pod{UID}/{CID}\n")
     assert r(2) == ProcPod(True, UID, CID, "ns", "new-pod")
+
+
+def test_static_pod_uids_are_recognised() -> None:
+    # Review §2: static/mirror pods use a 32-hex config hash as UID (no dashes).
+    from producer.pid_pods import parse_cgroup, parse_pod_log_dir
+
+    uid = "6d2b4f7a9c1e3b5d7f9a1c3e5b7d9f1a"
+    cid = "a" * 64
+    v2 = (
+        "0::/kubepods.slice/kubepods-burstable.slice/"
+        f"kubepods-burstable-pod{uid}.slice/cri-containerd-{cid}.scope\n"
+    )
+    got = parse_cgroup(v2)
+    assert got is not None and (got.pod_uid, got.container_id) == (uid, cid)
+    v1 = f"11:devices:/kubepods/besteffort/pod{uid}/{cid}\n"
+    assert parse_cgroup(v1).pod_uid == uid  # type: ignore[union-attr]
+    assert parse_pod_log_dir(f"kube-system_nvidia-dcgm-node-1_{uid}") == (
+        "kube-system",
+        "nvidia-dcgm-node-1",
+        uid,
+    )

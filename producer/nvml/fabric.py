@@ -1,0 +1,212 @@
+"""Fabric group (default every 10 s): what a Blackwell / GB200 NVL72 node needs beyond Hopper.
+
+=========================================================  =====================================
+``nvmlDeviceGetGpuFabricInfoV`` (v3, else v2)              fabric_state, fabric_health,
+                                                           fabric_health_mask, fabric_clique_id,
+                                                           fabric_cluster_uuid
+field ``NVLINK_LINK_COUNT`` (91), then per link            nvlink_links, nvlink_links_up
+  ``NVLINK_GET_STATE`` (165)
+per link ``NVLINK_COUNT_RCV_ERRORS`` (208),                nvlink_rcv_errors_total,
+  ``..._SYMBOL_ERRORS`` (221),                             nvlink_symbol_errors_total,
+  ``..._LINK_RECOVERY_FAILED_EVENTS`` (214), summed        nvlink_recovery_failed_total
+field ``C2C_LINK_COUNT`` (170), per link ``..._STATUS``    c2c_links, c2c_links_up
+``nvmlDeviceGetPlatformInfo`` (v2), once                   platform_chassis_serial, _slot,
+                                                           _tray, _host_id, _module_id
+=========================================================  =====================================
+
+Why: on NVL72 a GPU whose fabric registration has not completed cannot use NVLink (jobs fail or
+hang); a single flapping link is invisible in the aggregate throughput; "GPU-x had Xid 149" is
+actionable only as "rack R, tray T". Link and error counters are two ``nvmlDeviceGetFieldValues``
+calls per GPU (counts, then every link at once). Everything a device does not answer is learned
+once and stays null (Hopper has no C2C or platform info; x86 no fabric).
+
+Checked against NVIDIA's mock libnvidia-ml through the real pynvml (GB200, H100, B200 profiles):
+fabric state completed / health healthy / mask 426 on GB200 and H100, none on B200; 18 NVLink
+links up with error counters 0 (none on B200); C2C and module scope NotSupported; platform info
+NotSupported (GB200) or missing (H100). The fabric and platform structs go by reference: passed
+by value, the binding hands the struct's bytes to C as a pointer, and the mock crashed on it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from producer.nvml.base import DeviceContext, FieldSpec, read_field_values
+
+FI_NVLINK_LINK_COUNT = 91
+FI_NVLINK_GET_STATE = 165
+FI_C2C_LINK_COUNT = 170
+FI_C2C_LINK_GET_STATUS = 171
+FI_NVLINK_RCV_ERRORS = 208
+FI_NVLINK_RECOVERY_FAILED = 214
+FI_NVLINK_SYMBOL_ERRORS = 221
+MAX_LINKS = 36  # NVML_NVLINK_MAX_LINKS in NVML 13
+
+FABRIC_STATES = {1: "not_started", 2: "in_progress", 3: "completed"}
+FABRIC_HEALTH = {1: "healthy", 2: "unhealthy", 3: "limited_capacity"}
+
+
+class FabricCollector:
+    name = "fabric"
+    fields = (
+        "fabric_state",
+        "fabric_health",
+        "fabric_health_mask",
+        "fabric_clique_id",
+        "fabric_cluster_uuid",
+        "nvlink_links",
+        "nvlink_links_up",
+        "nvlink_rcv_errors_total",
+        "nvlink_symbol_errors_total",
+        "nvlink_recovery_failed_total",
+        "c2c_links",
+        "c2c_links_up",
+        "platform_chassis_serial",
+        "platform_slot",
+        "platform_tray",
+        "platform_host_id",
+        "platform_module_id",
+    )
+
+    def __init__(self, nvml: Any) -> None:
+        self._nvml = nvml
+        self._fi = {
+            "count": int(getattr(nvml, "NVML_FI_DEV_NVLINK_LINK_COUNT", FI_NVLINK_LINK_COUNT)),
+            "state": int(getattr(nvml, "NVML_FI_DEV_NVLINK_GET_STATE", FI_NVLINK_GET_STATE)),
+            "c2c_count": int(getattr(nvml, "NVML_FI_DEV_C2C_LINK_COUNT", FI_C2C_LINK_COUNT)),
+            "c2c_status": int(getattr(nvml, "NVML_FI_DEV_C2C_LINK_GET_STATUS", FI_C2C_LINK_GET_STATUS)),
+            "rcv": int(getattr(nvml, "NVML_FI_DEV_NVLINK_COUNT_RCV_ERRORS", FI_NVLINK_RCV_ERRORS)),
+            "symbol": int(getattr(nvml, "NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS", FI_NVLINK_SYMBOL_ERRORS)),
+            "recovery_failed": int(
+                getattr(
+                    nvml, "NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_FAILED_EVENTS", FI_NVLINK_RECOVERY_FAILED
+                )
+            ),
+        }
+
+    def collect(self, ctx: DeviceContext) -> dict[str, Any]:
+        if ctx.is_mig:
+            return {}
+        out: dict[str, Any] = {}
+        self._fabric(ctx, out)
+        self._links(ctx, out)
+        out.update(self._platform(ctx))
+        return out
+
+    # -- fabric -----------------------------------------------------------------------------------
+    def _fabric(self, ctx: DeviceContext, out: dict[str, Any]) -> None:
+        nvml = self._nvml
+        for key, struct in (
+            ("fabric_v3", "c_nvmlGpuFabricInfo_v3_t"),
+            ("fabric_v2", "c_nvmlGpuFabricInfo_v2_t"),
+        ):
+            if key in ctx.unsupported or not hasattr(nvml, struct):
+                continue
+            info = getattr(nvml, struct)()
+            # By reference: the binding hands the argument to C as is, and the C function takes a
+            # pointer (a struct passed by value crashed NVIDIA's mock with a wild pointer).
+            if ctx.call(key, "nvmlDeviceGetGpuFabricInfoV", ctx.handle, ctypes.byref(info)) is None:
+                continue
+            state = FABRIC_STATES.get(int(info.state))
+            if state is None:  # NOT_SUPPORTED (0): no fabric on this GPU
+                ctx.learn(key, "fabric state NOT_SUPPORTED")
+                return
+            out["fabric_state"] = state
+            out["fabric_health_mask"] = int(info.healthMask)
+            out["fabric_clique_id"] = int(info.cliqueId)
+            uuid = bytes(info.clusterUuid)
+            out["fabric_cluster_uuid"] = uuid.hex() if any(uuid) else None
+            summary = getattr(info, "healthSummary", None)
+            out["fabric_health"] = FABRIC_HEALTH.get(int(summary)) if summary is not None else None
+            return
+
+    # -- NVLink and C2C links -----------------------------------------------------------------------
+    def _links(self, ctx: DeviceContext, out: dict[str, Any]) -> None:
+        fi = self._fi
+        counts = ctx.state.get("link_counts")
+        if counts is None:
+            got = read_field_values(
+                ctx,
+                (("fi_nvlink_count", fi["count"], None, True), ("fi_c2c_count", fi["c2c_count"], None, True)),
+            )
+            counts = ctx.state["link_counts"] = (
+                _small(got.get("fi_nvlink_count")),
+                _small(got.get("fi_c2c_count")),
+            )
+        nvlinks, c2c = counts
+        per_link: list[FieldSpec] = []
+        for link in range(nvlinks or 0):
+            per_link += [
+                (f"fi_nvlink_state:{link}", fi["state"], link, True),
+                (f"fi_nvlink_rcv:{link}", fi["rcv"], link, True),
+                (f"fi_nvlink_symbol:{link}", fi["symbol"], link, True),
+                (f"fi_nvlink_recovery_failed:{link}", fi["recovery_failed"], link, True),
+            ]
+        for link in range(c2c or 0):
+            per_link.append((f"fi_c2c_status:{link}", fi["c2c_status"], link, True))
+        got = read_field_values(ctx, per_link) if per_link else {}
+        if nvlinks:
+            out["nvlink_links"] = nvlinks
+            states = [got.get(f"fi_nvlink_state:{i}") for i in range(nvlinks)]
+            if any(s is not None for s in states):
+                out["nvlink_links_up"] = sum(1 for s in states if s == 1)
+            for field, kind in (
+                ("nvlink_rcv_errors_total", "rcv"),
+                ("nvlink_symbol_errors_total", "symbol"),
+                ("nvlink_recovery_failed_total", "recovery_failed"),
+            ):
+                vals = [got.get(f"fi_nvlink_{kind}:{i}") for i in range(nvlinks)]
+                if any(v is not None for v in vals):
+                    out[field] = sum(int(v) for v in vals if v is not None)
+        if c2c:
+            out["c2c_links"] = c2c
+            status = [got.get(f"fi_c2c_status:{i}") for i in range(c2c)]
+            if any(s is not None for s in status):
+                out["c2c_links_up"] = sum(1 for s in status if s == 1)
+
+    # -- placement --------------------------------------------------------------------------------
+    def _platform(self, ctx: DeviceContext) -> dict[str, Any]:
+        cached = ctx.state.get("platform")
+        if cached is not None:
+            return cached
+        nvml = self._nvml
+        out: dict[str, Any] = {}
+        if "platform" not in ctx.unsupported and hasattr(nvml, "c_nvmlPlatformInfo_v2_t"):
+            info = nvml.c_nvmlPlatformInfo_v2_t()
+            if ctx.call("platform", "nvmlDeviceGetPlatformInfo", ctx.handle, ctypes.byref(info)) is not None:
+                raw = info.chassisSerialNumber  # pynvml turns char arrays into str
+                raw = raw.encode("latin-1") if isinstance(raw, str) else bytes(raw)
+                serial = raw.split(b"\0", 1)[0].decode("ascii", "replace")
+                out = {
+                    "platform_chassis_serial": serial or None,
+                    "platform_slot": _byte(info.slotNumber),
+                    "platform_tray": _byte(info.trayIndex),
+                    "platform_host_id": _byte(info.hostId),
+                    "platform_module_id": _byte(info.moduleId),
+                }
+        if out or "platform" in ctx.unsupported:
+            ctx.state["platform"] = out  # placement does not change while the GPU is up
+        return out
+
+    def release(self, ctx: DeviceContext) -> None:
+        return None
+
+
+def _small(value: Any) -> int | None:
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        return None
+    return n if 0 <= n <= MAX_LINKS else None
+
+
+def _byte(value: Any) -> int | None:
+    if isinstance(value, str):
+        return ord(value[0]) if value else 0  # an empty c_char reads as "" (NUL)
+    if isinstance(value, bytes | bytearray):
+        return value[0] if value else 0
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,187 @@
+"""The node agent under what a real node does to it (review findings 1.2, 1.6, 1.11, 1.1 no-crash).
+
+* XIDs logged while the agent was down are reported after it starts, once: the kmsg backlog is
+  read and a persisted cursor (boot id + seq) skips what was handled (1.2).
+* A GPU whose NVML calls hang (8 s per call) does not delay a kernel-log Xid 79 (< 1 s), the other
+  GPUs keep reporting, the stalled GPU is counted (1.6).
+* /healthz turns unhealthy when NVML polling stalls, and when NVML sees no GPU (1.6, 1.11).
+* A kernel log the agent may not open is one log line and a metric, never a crash (1.1c).
+
+Kernel-log input is in the relay format (raw ``/dev/kmsg`` records, what ``cat /dev/kmsg`` writes),
+which carries the sequence numbers the cursor needs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.agent_harness import metric, node_for_fixtures, running_agent, wait_for
+from tests.fake_nvml import FakeNvml
+from tests.unit.test_node_agent import config, memory_publisher
+
+XID79 = "NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+XID48 = "NVRM: Xid (PCI:0000:9b:00): 48, pid=1234, name=python3, An uncorrectable double bit error"
+
+
+def record(seq: int, message: str, ts_usec: int | None = None) -> str:
+    """One /dev/kmsg record as the device (and the relay) writes it."""
+    return f"3,{seq},{ts_usec if ts_usec is not None else 1_000_000 + seq * 1000},-;{message}\n"
+
+
+def _kmsg_config(tmp_path: Path, kmsg: Path, boot: Path, **kw: Any) -> Any:
+    return config(tmp_path, kmsg_path=str(kmsg), boot_id_path=str(boot), xid_merge_window_s=0.0, **kw)
+
+
+def test_xids_logged_while_the_agent_was_down_are_reported_once_after_restart(tmp_path: Path) -> None:
+    kmsg, boot = tmp_path / "kmsg", tmp_path / "boot_id"
+    boot.write_text("b0a7-1\n")
+    # Logged before the agent ever started (this boot): reported at the first start.
+    kmsg.write_text(record(10, "usb 1-1: new device") + record(11, XID48))
+    pub, mem = memory_publisher()
+    with running_agent(_kmsg_config(tmp_path, kmsg, boot), pub, node_for_fixtures()) as ra:
+        wait_for(lambda: ra.agent.xids_sent >= 1, 5, "backlog Xid 48")
+        ra.stop()
+    # The agent is down (rolling update, crash loop, OOM kill): the GPU falls off the bus.
+    with kmsg.open("a") as f:
+        f.write(record(12, "eth0: link up") + record(13, XID79))
+    pub2, mem2 = memory_publisher()
+    with running_agent(_kmsg_config(tmp_path, kmsg, boot), pub2, node_for_fixtures()) as ra2:
+        wait_for(lambda: ra2.agent.xids_sent >= 1, 5, "Xid 79 from while the agent was down")
+        ra2.ticks_after(3)
+        assert metric(ra2.registry, "gpupipe_producer_kmsg_skipped_records_total") >= 2
+        ra2.stop()
+    first, second = mem.records("xid"), mem2.records("xid")
+    assert [e["xid"] for e in first] == [48]
+    assert [e["xid"] for e in second] == [79], "nothing lost, nothing repeated"
+    # The event time is the record's own (boot time + kernel time), not when the agent read it.
+    assert second[0]["timestamp_ms"] < int(time.time() * 1000) - 1000
+    # A reboot (another boot id): seq restarts at 0, the new boot's backlog is read from its start.
+    boot.write_text("b0a7-2\n")
+    kmsg.write_text(record(0, "Linux version ...") + record(1, XID48))
+    pub3, mem3 = memory_publisher()
+    with running_agent(_kmsg_config(tmp_path, kmsg, boot), pub3, node_for_fixtures()) as ra3:
+        wait_for(lambda: ra3.agent.xids_sent >= 1, 5, "the new boot's Xid 48")
+        ra3.stop()
+    assert [e["xid"] for e in mem3.records("xid")] == [48]
+
+
+def test_a_hung_gpu_delays_neither_xids_nor_the_other_gpus(tmp_path: Path) -> None:
+    kmsg, boot = tmp_path / "kmsg", tmp_path / "boot_id"
+    boot.write_text("b0a7-1\n")
+    kmsg.write_text("")
+    fake = node_for_fixtures()
+    pub, mem = memory_publisher()
+    cfg = _kmsg_config(tmp_path, kmsg, boot, nvml_timeout_s=0.5, interval_s=0.2)
+    with running_agent(cfg, pub, fake) as ra:
+        ra.ticks_after(2)
+        fake.gpus[2].hang(8.0)  # every NVML call on GPU 2 now takes 8 s
+        wait_for(lambda: metric(ra.registry, "gpupipe_producer_nvml_stalled_gpus") == 1, 5, "stall seen")
+        began = time.monotonic()
+        with kmsg.open("a") as f:
+            f.write(record(5, XID79))
+        wait_for(lambda: ra.agent.xids_sent >= 1, 5, "Xid 79")
+        latency = time.monotonic() - began
+        cut = int(time.time() * 1000)
+        ra.ticks_after(3)
+        ok, detail = ra.agent.health()
+        fake.gpus[2].hang(0)
+        ra.stop()
+    assert latency < 1.0, f"Xid 79 took {latency:.2f}s while GPU 2 hung"
+    (x79,) = mem.records("xid")
+    assert (x79["xid"], x79["gpu_index"]) == (79, 2)
+    later = {s["gpu_index"] for s in mem.records("samples") if s["timestamp_ms"] >= cut}
+    assert later == {0, 1, 3, 4, 5, 6, 7}, "the other GPUs kept reporting; the hung one is left out"
+    assert metric(ra.registry, "gpupipe_producer_nvml_errors_total", {"kind": "call_timeout"}) == 1
+    assert ok and detail["stalled_gpus"] == 1  # polling goes on: a restart would not help
+
+
+def test_healthz_is_unhealthy_when_polling_stalls_and_when_nvml_sees_no_gpu(tmp_path: Path) -> None:
+    fake = node_for_fixtures()
+    pub, _ = memory_publisher()
+    cfg = config(tmp_path, nvml_timeout_s=30.0, stall_after_s=0.6)
+    with running_agent(cfg, pub, fake) as ra:
+        ra.ticks_after(1)
+        assert ra.agent.health()[0]
+        for g in fake.gpus:
+            g.hang(3.0)
+        wait_for(lambda: not ra.agent.health()[0], 5, "unhealthy")
+        assert "nvml_polling_stalled" in ra.agent.health()[1]["problems"]
+        for g in fake.gpus:
+            g.hang(0)
+        wait_for(lambda: ra.agent.health()[0], 10, "healthy again")
+        ra.stop()
+    none = FakeNvml([])
+    with running_agent(config(tmp_path / "none"), *memory_publisher()[:1], none) as ra0:
+        ok, detail = ra0.agent.health()
+        ra0.stop()
+    assert not ok and detail["problems"] == ["nvml_sees_no_gpu"]
+    assert metric(ra0.registry, "gpupipe_producer_gpus", {"state": "ok"}) == 0
+
+
+def test_an_unreadable_kernel_log_is_one_log_line_and_a_metric(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Here the path is absent (ENOENT); tests/integration/test_producer_privileges.py opens the
+    # real /dev/kmsg without CAP_SYSLOG (EPERM) under the manifest's privileges.
+    cfg = config(tmp_path, kmsg_path=str(tmp_path / "kmsg-denied"), kmsg_retry_s=0.05)
+    pub, _ = memory_publisher()
+    with caplog.at_level(logging.ERROR, "gpupipe.agent"), running_agent(cfg, pub, node_for_fixtures()) as ra:
+        wait_for(
+            lambda: (
+                metric(
+                    ra.registry,
+                    "gpupipe_producer_input_errors_total",
+                    {"input": "kmsg", "reason": "ENOENT"},
+                )
+                >= 5
+            ),
+            5,
+            "retries",
+        )
+        ra.ticks_after(2)
+        assert metric(ra.registry, "gpupipe_producer_source_up", {"input": "kmsg"}) == 0
+        ra.stop()
+    lines = [r for r in caplog.records if "unreadable" in r.getMessage()]
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+
+
+def test_two_identical_xids_in_one_millisecond_are_two_events(tmp_path: Path) -> None:
+    # Review §2: event_id = host|source|bus|code|ms collided, and consumers drop duplicates by id.
+    kmsg, boot = tmp_path / "kmsg", tmp_path / "boot_id"
+    boot.write_text("b0a7-1\n")
+    kmsg.write_text("")
+    pub, mem = memory_publisher()
+    with running_agent(_kmsg_config(tmp_path, kmsg, boot), pub, node_for_fixtures()) as ra:
+        with kmsg.open("a") as f:
+            f.write(record(30, XID48, ts_usec=5_000_000) + record(31, XID48, ts_usec=5_000_200))
+        wait_for(lambda: ra.agent.xids_sent >= 2, 5, "two XIDs")
+        ra.stop()
+    a, b = mem.records("xid")
+    assert a["timestamp_ms"] == b["timestamp_ms"] and a["event_id"] != b["event_id"]
+    assert a["event_id"].endswith("|s30") and b["event_id"].endswith("|s31")
+
+
+def test_a_gpu_lost_before_start_is_reported_once_per_boot(tmp_path: Path) -> None:
+    # Review 1.11: every restart emitted a new gpu_lost event (its id embeds the time it was seen).
+    boot = tmp_path / "boot_id"
+    boot.write_text("b0a7-1\n")
+
+    def run() -> list[dict[str, Any]]:
+        fake = node_for_fixtures()
+        fake.gpus[3].lost = True  # fell off the bus before the agent started
+        pub, mem = memory_publisher()
+        with running_agent(config(tmp_path, boot_id_path=str(boot)), pub, fake) as ra:
+            ra.ticks_after(3)
+            ra.stop()
+        return mem.records("xid")
+
+    first, second = run(), run()
+    assert [(e["kind"], e["gpu_index"]) for e in first] == [("gpu_lost", 3)]
+    assert second == [], "the restart does not report the same loss again"
+    boot.write_text("b0a7-2\n")  # after a reboot it is a new loss
+    assert [e["kind"] for e in run()] == ["gpu_lost"]
