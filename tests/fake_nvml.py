@@ -816,6 +816,28 @@ class FakeNvml:
         gpu, sl = self._target("nvmlDeviceGetUUID", handle)
         return sl.uuid if sl is not None else gpu.uuid
 
+    # Identity label rows (values shaped like an HGX H100's nvidia-smi -q; MIG handles answer for the parent).
+    def nvmlDeviceGetSerial(self, handle: Any) -> str:
+        gpu, _ = self._target("nvmlDeviceGetSerial", handle)
+        return f"165322{int(gpu.uuid[-6:], 16) % 10**7:07d}"
+
+    def nvmlDeviceGetVbiosVersion(self, handle: Any) -> str:
+        self._target("nvmlDeviceGetVbiosVersion", handle)
+        return "96.00.99.00.01"
+
+    def nvmlDeviceGetInforomImageVersion(self, handle: Any) -> str:
+        self._target("nvmlDeviceGetInforomImageVersion", handle)
+        return "G520.0200.00.05"
+
+    def nvmlDeviceGetBrand(self, handle: Any) -> int:
+        self._target("nvmlDeviceGetBrand", handle)
+        return 14  # NVML_BRAND_NVIDIA: what data-center GPUs report
+
+    def nvmlSystemGetNVMLVersion(self) -> str:
+        self._check_init()
+        self.calls[("nvmlSystemGetNVMLVersion", None)] += 1
+        return "12." + self.driver_version
+
     def nvmlDeviceGetName(self, handle: Any) -> str:
         gpu, sl = self._target("nvmlDeviceGetName", handle)
         return f"{gpu.name} MIG {sl.profile}" if sl is not None else gpu.name

@@ -52,11 +52,51 @@ def read_driver_version(nvml: Any) -> str | None:
         return None
 
 
+#: nvmlBrandType -> the words nvidia-smi prints as "Product Brand" (DCGM_FI_DEV_BRAND's label value).
+BRANDS = {
+    0: "Unknown",
+    1: "Quadro",
+    2: "Tesla",
+    3: "NVS",
+    4: "Grid",
+    5: "GeForce",
+    6: "Titan",
+    7: "NVIDIA Virtual Applications",
+    8: "NVIDIA Virtual PC",
+    9: "NVIDIA Virtual Compute Server",
+    10: "NVIDIA RTX Virtual Workstation",
+    11: "NVIDIA Cloud Gaming",
+    12: "Quadro RTX",
+    13: "NVIDIA RTX",
+    14: "NVIDIA",
+    15: "GeForce RTX",
+    16: "TITAN RTX",
+}
+
+
+def read_nvml_version(nvml: Any) -> str | None:
+    """The NVML library version (DCGM_FI_NVML_VERSION's label value), or None; never raises."""
+    try:
+        return text(nvml.nvmlSystemGetNVMLVersion()) or None
+    except (nvml.NVMLError, AttributeError):
+        return None
+
+
 class IdentityCollector:
     """Reads who a GPU is; run once per GPU at start (and when a lost GPU is found again)."""
 
     name = "identity"
-    fields = ("uuid", "model_name", "pci_bus_id", "numa_node", "mig_enabled")
+    fields = (
+        "uuid",
+        "model_name",
+        "pci_bus_id",
+        "numa_node",
+        "mig_enabled",
+        "serial",
+        "vbios_version",
+        "brand",
+        "inforom_image_version",
+    )
 
     def __init__(self, sysfs_pci: str = SYSFS_PCI_DEVICES) -> None:
         self.sysfs_pci = sysfs_pci
@@ -76,6 +116,18 @@ class IdentityCollector:
         numa = self._numa_node(ctx)
         if numa is not None:
             out["numa_node"] = numa
+        # Label rows of dcgm-exporter (serial, VBIOS, brand, InfoROM image): read once, never fatal.
+        for key, fn in (
+            ("serial", "nvmlDeviceGetSerial"),
+            ("vbios_version", "nvmlDeviceGetVbiosVersion"),
+            ("inforom_image_version", "nvmlDeviceGetInforomImageVersion"),
+        ):
+            value = ctx.call(key, fn, h)
+            if value is not None and text(value):
+                out[key] = text(value)
+        brand = ctx.call("brand", "nvmlDeviceGetBrand", h)
+        if brand is not None:
+            out["brand"] = BRANDS.get(brand if isinstance(brand, int) else -1, "Unknown")
         ctx.mig_enabled = out["mig_enabled"] = self._mig_mode(ctx)
         ctx.gpm_supported = self._gpm_support(ctx)
         return out

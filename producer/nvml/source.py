@@ -59,6 +59,7 @@ from producer.nvml.identity import (
     IdentityCollector,
     normalize_pci_bus_id,
     read_driver_version,
+    read_nvml_version,
     text,
 )
 from producer.nvml.mig import MigSlice, enumerate_slices
@@ -190,6 +191,7 @@ class NvmlSource:
         self._gpus: list[_Gpu] = []
         self._next_due: dict[str, float] = {}
         self._driver_version: str | None = None
+        self._nvml_version: str | None = None
         self._started = False
         self._interval_ms = round(self.intervals["fast"] * 1000)
         self._last_xid: dict[tuple[int, int | None], int] = {}
@@ -225,6 +227,7 @@ class NvmlSource:
             self._quiet_shutdown()
             raise NvmlInitError(f"NVML init failed: cannot count GPUs: {exc}") from exc
         self._driver_version = read_driver_version(nvml)
+        self._nvml_version = read_nvml_version(nvml)
         self._now = self._clock()
         for index in range(count):
             gpu = self._open(index)
@@ -492,6 +495,11 @@ class NvmlSource:
             "numa_node": ident.get("numa_node", gpu.identity.get("numa_node")),
             "mig_enabled": ctx.mig_enabled,
             "interval_ms": self._interval_ms,
+            "nvml_version": self._nvml_version,
+            **{
+                k: ident.get(k, gpu.identity.get(k))
+                for k in ("serial", "vbios_version", "brand", "inforom_image_version")
+            },
         }
 
     def _refresh_mig(self, gpu: _Gpu, *, check_mode: bool = False) -> None:
