@@ -24,6 +24,7 @@ from confluent_kafka.admin import AdminClient
 from consumers.chargeback.accounting import AccountingConfig
 from consumers.chargeback.engine import ChargebackSettings, build_engine, projected_sample_schema
 from consumers.chargeback.fastdecode import SampleDecoder
+from consumers.chargeback.identity import default_group_id
 from consumers.chargeback.prices import PriceTable, load_price_table, parse_price_table
 from consumers.chargeback.service import ChargebackService, ServiceConfig
 from gpupipe import topics
@@ -134,7 +135,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     k = p.add_argument_group("kafka")
     k.add_argument(
-        "--group-id", default="gpupipe-chargeback", help="consumer group (default gpupipe-chargeback)"
+        "--group-id",
+        default=None,
+        help="consumer group (default <topic prefix>gpupipe-chargeback, so environments sharing a "
+        "cluster never share a group)",
+    )
+    k.add_argument(
+        "--transactional-id",
+        default=None,
+        help="the producer's transactional.id (default <group id>.<instance id>)",
     )
     k.add_argument(
         "--instance-id",
@@ -225,7 +234,8 @@ def build_service(args: argparse.Namespace, extra: dict[str, str]) -> Chargeback
         input_topic=args.input_topic or topics.with_prefix(args.topic_prefix, topics.SAMPLES),
         output_topic=args.output_topic or topics.with_prefix(args.topic_prefix, topics.CHARGEBACK),
         deadletter_topic=topics.with_prefix(args.topic_prefix, topics.DEADLETTER),
-        group_id=args.group_id,
+        group_id=args.group_id or default_group_id(args.topic_prefix),
+        transactional_id_override=args.transactional_id,
         instance_id=instance_id,
         static_membership=args.static_membership,
         commit_interval_s=args.commit_interval / 1000.0,

@@ -53,6 +53,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from consumers.chargeback.identity import check_client_overrides, transactional_id
 from consumers.chargeback.windows import Checkpoint, WindowEngine
 from consumers.deadletter import deadletter_headers
 from gpupipe.errors import GpupipeError
@@ -93,10 +94,12 @@ class ServiceConfig:
     start: str = "earliest"  # where a partition without a checkpoint starts: earliest | latest
     transaction_timeout_ms: int = 30_000
     extra: dict[str, str] | None = None
+    transactional_id_override: str | None = None
+    idle_timeout_s: float | None = None  # close an idle partition's windows by broker time after this
 
     @property
     def transactional_id(self) -> str:
-        return f"{self.group_id}.{self.instance_id}"
+        return transactional_id(self.group_id, self.instance_id, self.transactional_id_override)
 
 
 class ChargebackMetrics:
@@ -246,11 +249,16 @@ class ChargebackService:
         self.last_commit = time.monotonic()
         self.last_loop = 0.0
         self.fatal: BaseException | None = None
+        # Set once the loop ended on an error: from then on nothing may commit (not even the revoke
+        # callback that consumer.close() runs), or checkpoints would pass windows that were drained
+        # from the engine but never committed (review D1).
+        self.failed = False
         self.started = False
         self._lock = threading.Lock()
         self._info: dict[int, dict[str, Any]] = {}
         if cfg.start not in ("earliest", "latest"):
             raise ValueError(f"start must be earliest or latest, got {cfg.start!r}")
+        check_client_overrides(cfg.extra)
         consumer_conf = {
             "group.id": cfg.group_id,
             "enable.auto.commit": False,
@@ -261,6 +269,9 @@ class ChargebackService:
             # assignment restores from the committed checkpoints; simple and always consistent.
             "partition.assignment.strategy": "roundrobin",
             "fetch.wait.max.ms": 100,
+            # A fenced static member or a fatal idempotence error is reported here (fatal() true),
+            # not always as a consume() error: either way the process must end (review D2).
+            "error_cb": self._on_client_error,
         }
         if cfg.static_membership:
             consumer_conf["group.instance.id"] = cfg.instance_id
@@ -274,6 +285,7 @@ class ChargebackService:
                     "transaction.timeout.ms": cfg.transaction_timeout_ms,
                     "linger.ms": 20,
                     "compression.type": "zstd",
+                    "error_cb": self._on_client_error,
                 },
             )
         )
@@ -334,6 +346,8 @@ class ChargebackService:
             self._close(clean)
 
     def _close(self, clean: bool) -> None:
+        if not clean:
+            self.failed = True  # before close(): its revoke callback must not commit anything
         if clean:
             try:
                 self.consumer.close()  # eager revoke -> _on_revoke commits nothing new, drops state
@@ -413,7 +427,9 @@ class ChargebackService:
     def _consume_error(self, err: KafkaError) -> None:
         if err.code() == KafkaError._PARTITION_EOF:
             return
-        if err.fatal():
+        if err.fatal() or err.code() == KafkaError._FATAL:
+            # librdkafka reports a consumer's fatal error (e.g. a fenced group.instance.id) as an
+            # event with code _FATAL whose fatal() is False; after it the consumer is dead.
             raise ChargebackFatalError(f"fatal consumer error: {err.str()}")
         log.warning("consume error", extra=fields(error=err.str(), code=err.name()))
 
@@ -597,12 +613,28 @@ class ChargebackService:
         )
         return low if self.cfg.start == "earliest" else high
 
+    def _on_client_error(self, err: KafkaError) -> None:
+        """librdkafka's error callback (runs inside consume()/poll()): remember fatal errors."""
+        if (err.fatal() or err.code() == KafkaError._FATAL) and self.fatal is None:
+            self.fatal = ChargebackFatalError(f"fatal Kafka error ({err.name()}): {err.str()}")
+            log.error("fatal Kafka client error", extra=fields(error=err.str(), code=err.name()))
+
+    def _our_partitions(self, parts: list[TopicPartition]) -> list[int]:
+        """Partition ids of ``parts``; a topic we did not subscribe to is a fatal error (review D3)."""
+        foreign = sorted({tp.topic for tp in parts if tp.topic != self.cfg.input_topic})
+        if foreign:
+            raise ChargebackFatalError(
+                f"the group handed us partitions of {foreign}, not of {self.cfg.input_topic}: another "
+                f"environment shares the group id {self.cfg.group_id!r}; give each its own --group-id"
+            )
+        return sorted(tp.partition for tp in parts)
+
     # -- rebalance callbacks (run inside consume()) -----------------------------------------------
     def _on_assign(self, consumer: Any, parts: list[TopicPartition]) -> None:
         if self.fatal is not None:
             return
         try:
-            ids = sorted(tp.partition for tp in parts)
+            ids = self._our_partitions(parts)
             self.metrics.rebalances.labels("assign").inc()
             self.rebalances += 1
             starts = self._restore(ids) if ids else {}
@@ -620,10 +652,10 @@ class ChargebackService:
         if self.fatal is not None:
             return
         try:
-            ids = sorted(tp.partition for tp in parts)
+            ids = self._our_partitions(parts)
             self.rebalances += 1
             self.metrics.rebalances.labels("revoke").inc()
-            if self.started:
+            if self.started and not self.failed:
                 self.commit(rewind=False)  # the normal end-of-batch transaction
             for part in ids:
                 self.engine.drop_partition(part)
@@ -639,7 +671,7 @@ class ChargebackService:
         if self.fatal is not None:
             return
         try:
-            ids = sorted(tp.partition for tp in parts)
+            ids = self._our_partitions(parts)
             self.rebalances += 1
             self.metrics.rebalances.labels("lost").inc()
             log.warning(
@@ -694,7 +726,7 @@ class ChargebackService:
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         age = time.monotonic() - self.last_loop if self.last_loop else None
-        ok = self.fatal is None and self.started and age is not None and age < 60
+        ok = self.fatal is None and not self.failed and self.started and age is not None and age < 60
         return ok, {
             "assigned_partitions": sorted(self.assigned),
             "seconds_since_poll": None if age is None else round(age, 3),
