@@ -129,9 +129,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     w.add_argument(
         "--max-clock-skew",
         type=_skew,
-        default=900_000,
-        help="samples stamped further ahead of their Kafka timestamp are accounted at the latter "
-        "(default 15m; 'off' disables)",
+        default=60_000,
+        help="samples stamped further ahead of their Kafka timestamp (broker time: the samples topic is "
+        "created with LogAppendTime) are billed once, at that time, and counted (default 1m; 'off' "
+        "disables)",
     )
     k = p.add_argument_group("kafka")
     k.add_argument(

@@ -62,8 +62,9 @@ class ChargebackSettings:
     window_ms: int = DEFAULT_WINDOW_MS
     grace_ms: int = DEFAULT_GRACE_MS
     accounting: AccountingConfig = field(default_factory=AccountingConfig)
-    max_clock_skew_ms: int | None = 900_000
-    """Samples stamped further ahead of their Kafka record timestamp are accounted at the latter."""
+    max_clock_skew_ms: int | None = 60_000
+    """Samples stamped further ahead of their Kafka record timestamp (broker time with LogAppendTime)
+    are accounted at the latter: a sample can never be newer than its append to the log."""
 
 
 def build_engine(

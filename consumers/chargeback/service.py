@@ -41,6 +41,7 @@ from typing import Any
 
 from confluent_kafka import (
     OFFSET_INVALID,
+    TIMESTAMP_CREATE_TIME,
     TIMESTAMP_NOT_AVAILABLE,
     Consumer,
     KafkaError,
@@ -176,6 +177,13 @@ class _StateCollector(Collector):
         )
         late.add_metric([], stats.get("late", 0))
         yield late
+        skewed = CounterMetricFamily(
+            "gpupipe_chargeback_clock_skewed_samples",
+            "Samples stamped ahead of their record's (broker) timestamp by more than --max-clock-skew: "
+            "billed once, in the window of the record timestamp.",
+        )
+        skewed.add_metric([], stats.get("clock_ahead", 0))
+        yield skewed
         skipped = CounterMetricFamily(
             "gpupipe_chargeback_replay_skipped",
             "Replayed samples skipped because their window's output was committed already.",
@@ -254,6 +262,7 @@ class ChargebackService:
         # from the engine but never committed (review D1).
         self.failed = False
         self.started = False
+        self.warned_create_time = False
         self._lock = threading.Lock()
         self._info: dict[int, dict[str, Any]] = {}
         if cfg.start not in ("earliest", "latest"):
@@ -399,6 +408,13 @@ class ChargebackService:
                 if d.name != _SAMPLE:
                     raise DecodeError("unexpected-record-type", f"{d.name} on the samples topic")
                 ts_type, ts = msg.timestamp()
+                if ts_type == TIMESTAMP_CREATE_TIME and not self.warned_create_time:
+                    self.warned_create_time = True
+                    log.warning(
+                        "input topic uses CreateTime: a node clock running ahead cannot be bounded by "
+                        "broker time; set message.timestamp.type=LogAppendTime on it",
+                        extra=fields(topic=msg.topic()),
+                    )
                 add(d.record, part, off, None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts)
             except DecodeError as exc:
                 if not engine.is_replay(part, off):

@@ -65,11 +65,14 @@ def samples(ns: str, gpus: int, k_from: int, k_to: int) -> list[dict[str, Any]]:
     ]
 
 
-def produce(kafka: str, topic: str, items: list[dict[str, Any]]) -> None:
+def produce(kafka: str, topic: str, items: list[dict[str, Any]], partition: int | None = None) -> None:
     enc = AvroCodec().encoder("GpuSample").encode
     p = Producer({"bootstrap.servers": kafka, "enable.idempotence": True, "linger.ms": 20})
     for s in items:
-        p.produce(topic, enc(s), s["uuid"].encode())
+        if partition is None:
+            p.produce(topic, enc(s), s["uuid"].encode())
+        else:
+            p.produce(topic, enc(s), s["uuid"].encode(), partition=partition)
     assert p.flush(30) == 0
 
 

@@ -26,7 +26,7 @@ def test_chargeback_defaults_and_env() -> None:
     args = parser.parse_args(["chargeback"])
     assert (args.window, args.grace, args.commit_interval) == (3_600_000, 300_000, 1000)
     assert args.group_id is None and args.instance_id is None and args.static_membership
-    assert args.start == "earliest" and args.max_clock_skew == 900_000 and args.prices is None
+    assert args.start == "earliest" and args.max_clock_skew == 60_000 and args.prices is None
     args = parser.parse_args(["chargeback", "--window", "10m", "--grace", "0", "--max-clock-skew", "off"])
     assert (args.window, args.grace, args.max_clock_skew) == (600_000, 0, None)
     parser = build_parser()

@@ -1,0 +1,74 @@
+"""Review D4 on a real broker: the samples topic stamps LogAppendTime, so a node clock running a day
+ahead is bounded by broker time; its samples are billed once, in the broker's window, and the
+correctly clocked GPU sharing its partition keeps final window records (no corrections)."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient, ConfigResource
+
+from gpupipe import topics
+from gpupipe.kafka_admin import ensure_topics
+from tests.integration.chargeback_util import (
+    Progress,
+    new_id,
+    read_output,
+    start_service,
+    stop_service,
+    totals,
+    wait_log,
+)
+from tests.integration.test_chargeback_environments import produce, samples
+
+pytestmark = pytest.mark.integration
+
+DAY_MS = 86_400_000
+
+
+def test_a_node_a_day_ahead_is_bounded_by_broker_time(kafka: str, topic_prefix: str, tmp_path: Path) -> None:
+    ensure_topics(kafka, [topics.SAMPLES, topics.CHARGEBACK, topics.DEADLETTER], prefix=topic_prefix)
+    t_in = topic_prefix + topics.SAMPLES
+    res = ConfigResource(ConfigResource.Type.TOPIC, t_in)
+    admin = AdminClient({"bootstrap.servers": kafka})
+    conf = admin.describe_configs([res])[res].result(timeout=30)
+    assert conf["message.timestamp.type"].value == "LogAppendTime"
+
+    now = int(time.time() * 1000)
+    start = now - now % 300_000 - 1_200_000  # 20-25 min ago, on a 5-minute boundary
+    ticks = (now - start) // 10_000
+    (good,), (fast,) = samples("good", 1, 0, 1), samples("fast", 1, 0, 1)
+    items = [dict(good, timestamp_ms=start + k * 10_000) for k in range(ticks)]
+    # Then, in the same partition, a node that booted with its clock a day ahead (fixed after 5 min).
+    items += [dict(fast, timestamp_ms=start + k * 10_000 + (DAY_MS if k < 30 else 0)) for k in range(ticks)]
+    produce(kafka, t_in, items, partition=0)
+    group, log = f"cb-clock-{new_id()}", tmp_path / "cb.log"
+    prog = Progress(kafka, group, t_in)
+    svc = start_service(kafka, topic_prefix, log, "--window", "5m", "--grace", "30s", "--group-id", group)
+    try:
+        wait_log(log, "partitions assigned")
+        prog.wait_done(60, [svc])
+        assert stop_service(svc) == 0, log.read_text()[-3000:]
+    finally:
+        if svc.poll() is None:
+            svc.kill()
+            svc.wait()
+        prog.close()
+    out = read_output(kafka, topic_prefix + topics.CHARGEBACK)
+    assert out, log.read_text()[-3000:]
+    assert [r for r in out if r["kind"] == "correction" and r["namespace"] == "good"] == []
+    assert max(r["window_start_ms"] for r in out) < now + 60_000  # nothing billed a day ahead
+    by_ns = totals(out, ("window_start_ms", "namespace"))
+    for (ws, ns), v in by_ns.items():
+        if ns == "good":  # every closed window of the good GPU is whole: 30 samples x 10 s
+            assert v["allocated_gpu_seconds"] == pytest.approx(300.0), ws
+    # The day-ahead samples closed the windows before them (broker time is now), so the fixed
+    # clock's later samples land in corrections; each sample is still counted once.
+    fast_samples = sum(r["sample_count"] for r in out if r["namespace"] == "fast")
+    closed_fast = sum(1 for s in items[ticks:] if s["timestamp_ms"] < now)
+    assert 0 < fast_samples <= closed_fast + 30
+    m = re.search(r"clock_ahead=(\d+)", log.read_text())
+    assert m and int(m.group(1)) == 30, log.read_text()[-2000:]
