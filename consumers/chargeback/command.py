@@ -25,7 +25,8 @@ from consumers.chargeback.accounting import AccountingConfig
 from consumers.chargeback.engine import ChargebackSettings, build_engine, projected_sample_schema
 from consumers.chargeback.fastdecode import SampleDecoder
 from consumers.chargeback.identity import default_group_id
-from consumers.chargeback.prices import PriceTable, load_price_table, parse_price_table
+from consumers.chargeback.price_schedule import PriceSchedule, load_price_schedule
+from consumers.chargeback.prices import parse_price_table
 from consumers.chargeback.service import ChargebackService, ServiceConfig
 from gpupipe import topics
 from gpupipe.argtypes import duration_ms, positive_duration_ms
@@ -202,11 +203,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", default=None, help="HOST:PORT for /metrics and /healthz")
 
 
-def load_prices(path: str | None) -> PriceTable:
+def load_prices(path: str | None) -> PriceSchedule:
     if path is None:
         log.warning("no --prices file: using the built-in example prices (deploy/prices.example.yaml)")
-        return parse_price_table(EXAMPLE_PRICES, "<built-in example prices>")
-    return load_price_table(path)
+        table = parse_price_table(EXAMPLE_PRICES, "<built-in example prices>")
+        return PriceSchedule((0,), (table,))
+    return load_price_schedule(path)
 
 
 def build_service(args: argparse.Namespace, extra: dict[str, str]) -> ChargebackService:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from consumers.chargeback.accounting import AccountingConfig
+from consumers.chargeback.price_schedule import PriceSchedule
 from consumers.chargeback.prices import PriceTable
 from consumers.chargeback.windows import DEFAULT_GRACE_MS, DEFAULT_WINDOW_MS, Checkpoint, WindowEngine
 
@@ -69,7 +70,7 @@ class ChargebackSettings:
 
 def build_engine(
     settings: ChargebackSettings,
-    prices: PriceTable,
+    prices: PriceTable | PriceSchedule,
     instance_id: str,
     team_of: Callable[[str], str | None] | None = None,
 ) -> WindowEngine:

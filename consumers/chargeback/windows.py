@@ -76,6 +76,7 @@ from consumers.chargeback.errors import (
     ChargebackStateError,
     CheckpointMismatchError,
 )
+from consumers.chargeback.price_schedule import PriceSchedule
 from consumers.chargeback.prices import PriceTable
 from consumers.chargeback.records import CORRECTION, WINDOW, GpuTimeAggregate, RowKey, to_record
 
@@ -179,7 +180,7 @@ class WindowEngine:
         self,
         window_ms: int = DEFAULT_WINDOW_MS,
         grace_ms: int = DEFAULT_GRACE_MS,
-        prices: PriceTable | None = None,
+        prices: PriceTable | PriceSchedule | None = None,
         instance_id: str = "chargeback",
         *,
         accounting: AccountingConfig | None = None,
@@ -193,6 +194,8 @@ class WindowEngine:
         self.window_ms = int(window_ms)
         self.grace_ms = int(grace_ms)
         self.prices = prices if prices is not None else PriceTable()
+        if isinstance(self.prices, PriceSchedule):
+            self.prices.check_windows(self.window_ms)
         self.instance_id = instance_id
         self.accounting = accounting if accounting is not None else AccountingConfig()
         self.team_of = team_of
@@ -324,7 +327,7 @@ class WindowEngine:
             agg,
             kind=kind,
             window_ms=self.window_ms,
-            prices=self.prices,
+            prices=self.prices.at(key[0]),  # the price in force when the GPU was used (D6)
             partition=pid,
             instance_id=self.instance_id,
             emitted_at_ms=emitted_at,
