@@ -135,6 +135,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "created with LogAppendTime) are billed once, at that time, and counted (default 1m; 'off' "
         "disables)",
     )
+    w.add_argument(
+        "--idle-timeout",
+        type=_skew,
+        default=300_000,
+        help="a caught-up input partition that delivers nothing for this long has its event time "
+        "advanced to broker time, so its last window closes and its checkpoint moves (default 5m; "
+        "'off' disables)",
+    )
     k = p.add_argument_group("kafka")
     k.add_argument(
         "--group-id",
@@ -246,6 +254,7 @@ def build_service(args: argparse.Namespace, extra: dict[str, str]) -> Chargeback
         batch_size=args.batch_size,
         start=args.start,
         transaction_timeout_ms=args.transaction_timeout,
+        idle_timeout_s=None if args.idle_timeout is None else args.idle_timeout / 1000.0,
         extra=extra,
     )
     return ChargebackService(cfg, engine, codec, decode=SampleDecoder(codec, projected).decode)

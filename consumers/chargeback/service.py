@@ -42,6 +42,7 @@ from typing import Any
 from confluent_kafka import (
     OFFSET_INVALID,
     TIMESTAMP_CREATE_TIME,
+    TIMESTAMP_LOG_APPEND_TIME,
     TIMESTAMP_NOT_AVAILABLE,
     Consumer,
     KafkaError,
@@ -263,6 +264,11 @@ class ChargebackService:
         self.failed = False
         self.started = False
         self.warned_create_time = False
+        # Idleness (D7): when each partition last delivered a record, and the newest broker
+        # (LogAppendTime) timestamp seen with the monotonic time it was seen at.
+        self.last_input: dict[int, float] = {}
+        self.broker_seen: tuple[int, float] | None = None
+        self.last_idle_check = 0.0
         self._lock = threading.Lock()
         self._info: dict[int, dict[str, Any]] = {}
         if cfg.start not in ("earliest", "latest"):
@@ -346,6 +352,7 @@ class ChargebackService:
                         self.process(msgs)
                     except _Abort as exc:
                         self._abort_and_rewind(str(exc))
+                self._advance_idle()
                 if self._commit_due():
                     self.commit()
                 self.producer.poll(0)
@@ -408,7 +415,10 @@ class ChargebackService:
                 if d.name != _SAMPLE:
                     raise DecodeError("unexpected-record-type", f"{d.name} on the samples topic")
                 ts_type, ts = msg.timestamp()
-                if ts_type == TIMESTAMP_CREATE_TIME and not self.warned_create_time:
+                if ts_type == TIMESTAMP_LOG_APPEND_TIME:
+                    if self.broker_seen is None or ts > self.broker_seen[0]:
+                        self.broker_seen = (ts, time.monotonic())
+                elif ts_type == TIMESTAMP_CREATE_TIME and not self.warned_create_time:
                     self.warned_create_time = True
                     log.warning(
                         "input topic uses CreateTime: a node clock running ahead cannot be bounded by "
@@ -423,7 +433,9 @@ class ChargebackService:
                 if not engine.is_replay(part, off):
                     self.dead_letter(msg, "chargeback-rejected", f"{type(exc).__name__}: {exc}")
         replayed = 0
+        now = time.monotonic()
         for part, off in last.items():
+            self.last_input[part] = now
             self.positions[part] = off + 1
             lo = first[part]
             if engine.is_replay(part, lo):
@@ -435,6 +447,37 @@ class ChargebackService:
         if replayed:
             self.metrics.replayed.inc(replayed)
         self.stats_snapshot = dict(engine.stats)
+
+    def broker_now_ms(self) -> int:
+        """Broker time now: the newest LogAppendTime seen plus the time since; else the wall clock."""
+        if self.broker_seen is None:
+            return int(time.time() * 1000)
+        ts, seen = self.broker_seen
+        return ts + int((time.monotonic() - seen) * 1000)
+
+    def _advance_idle(self) -> None:
+        """Close the windows of partitions that delivered nothing for ``idle_timeout_s`` (D7)."""
+        timeout = self.cfg.idle_timeout_s
+        now = time.monotonic()
+        if timeout is None or now - self.last_idle_check < min(1.0, timeout):
+            return
+        self.last_idle_check = now
+        broker_ms = None
+        for part in sorted(self.assigned):
+            if now - self.last_input.setdefault(part, now) < timeout:
+                continue
+            try:
+                _, high = self.consumer.get_watermark_offsets(
+                    TopicPartition(self.cfg.input_topic, part), timeout=0.5, cached=True
+                )
+            except KafkaException:
+                continue
+            if high < 0 or self.positions.get(part, high) < high:
+                continue  # not caught up: it is not idle, its records are on their way
+            if broker_ms is None:
+                broker_ms = self.broker_now_ms()
+            if self.engine.advance_idle(part, broker_ms):
+                log.debug("idle partition advanced", extra=fields(partition=part, watermark_ms=broker_ms))
 
     def _count_replay(self, part: int, lo: int, hi: int) -> int:
         is_replay = self.engine.is_replay
@@ -651,6 +694,8 @@ class ChargebackService:
             return
         try:
             ids = self._our_partitions(parts)
+            for part in ids:
+                self.last_input.pop(part, None)
             self.metrics.rebalances.labels("assign").inc()
             self.rebalances += 1
             starts = self._restore(ids) if ids else {}

@@ -296,6 +296,25 @@ class WindowEngine:
         for start in sorted(due):
             p.closed.append((start, p.windows.pop(start)))
 
+    def advance_idle(self, partition: int, broker_ms: int) -> bool:
+        """Move an idle partition's watermark to ``broker_ms`` (review D7); True if it moved.
+
+        Called by the service when the partition delivered nothing for ``--idle-timeout`` and is
+        caught up: its GPUs stopped sending (scale-down, a quiet fleet), so event time would never
+        close its last window nor free its checkpoint. Broker time is what its samples would carry
+        if any came; later ones for closed windows become corrections, as any late sample. The
+        advanced watermark is committed with the checkpoint, so a replay agrees with it.
+        """
+        p = self._parts.get(partition)
+        if p is None or p.watermark is None or broker_ms <= p.watermark:
+            return False
+        if p.replay_until is not None and (p.next_offset is None or p.next_offset < p.replay_until):
+            return False  # still replaying: the restored state is the truth
+        p.watermark = int(broker_ms)
+        self.stats["idle_advances"] += 1
+        self._close_due(p)
+        return True
+
     # -- output -----------------------------------------------------------------------------------
     def poll_closed(self) -> list[dict[str, Any]]:
         """ChargebackWindow records ready to emit: closed windows, then corrections, per partition."""

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from gpupipe import topics
@@ -72,3 +73,43 @@ def test_a_node_a_day_ahead_is_bounded_by_broker_time(kafka: str, topic_prefix: 
     assert 0 < fast_samples <= closed_fast + 30
     m = re.search(r"clock_ahead=(\d+)", log.read_text())
     assert m and int(m.group(1)) == 30, log.read_text()[-2000:]
+
+
+def test_an_idle_partition_closes_its_last_window(kafka: str, topic_prefix: str, tmp_path: Path) -> None:
+    """Review D7: GPUs of partition 1 stopped 20 minutes ago; after --idle-timeout their last
+    window closes by broker time and the partition's checkpoint reaches its end."""
+    ensure_topics(kafka, [topics.SAMPLES, topics.CHARGEBACK, topics.DEADLETTER], prefix=topic_prefix)
+    t_in = topic_prefix + topics.SAMPLES
+    now = int(time.time() * 1000)
+    start = now - now % 300_000 - 1_800_000
+    (busy,), (gone,) = samples("busy", 1, 0, 1), samples("gone", 1, 0, 1)
+    produce(kafka, t_in, [dict(busy, timestamp_ms=t) for t in range(start, now, 10_000)], partition=0)
+    gone_items = [
+        dict(gone, timestamp_ms=t) for t in range(start, now - 1_200_000, 10_000)
+    ]  # stale after 15.5 min
+    produce(kafka, t_in, gone_items, partition=1)
+    group, log = f"cb-idle-{new_id()}", tmp_path / "cb.log"
+    prog = Progress(kafka, group, t_in)
+    args = ("--window", "5m", "--grace", "30s", "--group-id", group, "--idle-timeout", "2s")
+    svc = start_service(kafka, topic_prefix, log, *args)
+    try:
+        wait_log(log, "partitions assigned")
+        prog.wait_done(60, [svc])
+        deadline = time.monotonic() + 30
+        while True:  # the checkpoint of the idle partition reaches its end (nothing to replay)
+            committed = {
+                tp.partition: tp.offset for tp in prog.c.committed([TopicPartition(t_in, 1)], timeout=10)
+            }
+            if committed[1] == len(gone_items):
+                break
+            assert time.monotonic() < deadline, f"checkpoint pinned at {committed} of {len(gone_items)}"
+            time.sleep(0.2)
+        assert stop_service(svc) == 0, log.read_text()[-3000:]
+    finally:
+        if svc.poll() is None:
+            svc.kill()
+            svc.wait()
+        prog.close()
+    out = read_output(kafka, topic_prefix + topics.CHARGEBACK)
+    gone_total = sum(r["allocated_gpu_seconds"] for r in out if r["namespace"] == "gone")
+    assert gone_total == pytest.approx(10.0 * len(gone_items))  # its last window included
