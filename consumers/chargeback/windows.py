@@ -86,6 +86,12 @@ _METADATA_TAG = "gpupipe-chargeback"
 _METADATA_VERSION = 1
 
 
+def record_id(kind: str, partition: int, key: RowKey, sequence: str) -> str:
+    """The output record's idempotency key (see ChargebackWindow.record_id; review L2/W5)."""
+    start, namespace, node, model = key
+    return f"{kind}|{partition}|{start}|{namespace}|{node}|{model}|{sequence}"
+
+
 def window_bounds(ts_ms: int, window_ms: int) -> tuple[int, int]:
     """The tumbling window ``[start, end)`` holding ``ts_ms``; windows are aligned to the epoch."""
     start = ts_ms - ts_ms % window_ms
@@ -151,6 +157,7 @@ class _Window:
 class _Partition:
     __slots__ = (
         "closed",
+        "correction_spans",
         "corrections",
         "flushed_end",
         "gpus",
@@ -166,6 +173,7 @@ class _Partition:
         self.windows: dict[int, _Window] = {}  # open windows by start
         self.closed: list[tuple[int, _Window]] = []  # closed, not yet polled
         self.corrections: dict[RowKey, GpuTimeAggregate] = {}
+        self.correction_spans: dict[RowKey, tuple[int, int]] = {}  # first, last input offset
         self.gpus: dict[str, GpuRef] = {}
         self.next_offset: int | None = None  # highest offset seen + 1
         self.replay_until: int | None = None
@@ -255,6 +263,13 @@ class WindowEngine:
             if res.contributions:
                 self.stats["late"] += 1
                 self._fold(p.corrections, start, res.contributions)
+                spans = p.correction_spans
+                for c in res.contributions:
+                    rk = (start, c.namespace, c.node, c.gpu_model)
+                    lo_hi = spans.get(rk)
+                    spans[rk] = (
+                        (offset, offset) if lo_hi is None else (min(lo_hi[0], offset), max(lo_hi[1], offset))
+                    )
             return
 
         anchor = offset if res.depends_on is None else min(offset, res.depends_on)
@@ -324,17 +339,20 @@ class WindowEngine:
             emitted_at = p.watermark if p.watermark is not None else 0
             for start, win in p.closed:
                 for ns, node, model in sorted(win.rows):
-                    out.append(
-                        self._record(
-                            (start, ns, node, model), win.rows[(ns, node, model)], WINDOW, pid, emitted_at
-                        )
-                    )
+                    rk = (start, ns, node, model)
+                    rec = self._record(rk, win.rows[(ns, node, model)], WINDOW, pid, emitted_at)
+                    rec["record_id"] = record_id(WINDOW, pid, rk, "0")
+                    out.append(rec)
                 self.stats["windows_closed"] += 1
             p.closed.clear()
             for rk in sorted(p.corrections):
-                out.append(self._record(rk, p.corrections[rk], CORRECTION, pid, emitted_at))
+                rec = self._record(rk, p.corrections[rk], CORRECTION, pid, emitted_at)
+                lo, hi = p.correction_spans.get(rk, (0, 0))
+                rec["record_id"] = record_id(CORRECTION, pid, rk, f"{lo}-{hi}")
+                out.append(rec)
                 self.stats["corrections_emitted"] += 1
             p.corrections.clear()
+            p.correction_spans.clear()
         self.stats["records_emitted"] += len(out)
         return out
 

@@ -128,21 +128,19 @@ def build_report(
         raise ReportOptionError("the end of the range must be after its start")
     teams = teams if teams is not None else TeamMap()
 
-    selected = []
+    # One pass, no list of records (review L4): memory is the number of rows, not of records. With
+    # period "all" the span is known only at the end, so those rows are keyed without it first.
     first = last = None
+    sums: dict[tuple[Any, ...], _Sum] = {}
     for rec in records:
         ws, we = _ms(rec["window_start_ms"]), _ms(rec["window_end_ms"])
         if (start_ms is not None and ws < start_ms) or (end_ms is not None and ws >= end_ms):
             continue
-        selected.append((ws, we, rec))
         first = ws if first is None else min(first, ws)
         last = we if last is None else max(last, we)
-
-    sums: dict[tuple[Any, ...], _Sum] = {}
-    for ws, we, rec in selected:
         ns = rec["namespace"]
         team = ns if ns in PSEUDO_NAMESPACES else (teams.match(ns) or rec.get("team") or ns)
-        ps, pe = _period(ws, we, period, start_ms, end_ms, first, last)
+        ps, pe = (0, 0) if period == "all" else _period(ws, we, period, start_ms, end_ms, ws, we)
         kind = (CORRECTION if rec["kind"] == CORRECTION else WINDOW) if split_corrections else TOTAL
         key = (
             ps,
@@ -167,6 +165,9 @@ def build_report(
         s.default = s.default or rec.get("price_source") == "default"
         s.records += 1
 
+    if period == "all" and first is not None and last is not None:
+        span = _period(first, last, "all", start_ms, end_ms, first, last)
+        sums = {(*span, *k[2:]): s for k, s in sums.items()}
     rows = [
         ReportRow(
             window_start_ms=k[0],
