@@ -257,7 +257,13 @@ def build_service(args: argparse.Namespace, extra: dict[str, str]) -> Chargeback
         idle_timeout_s=None if args.idle_timeout is None else args.idle_timeout / 1000.0,
         extra=extra,
     )
-    return ChargebackService(cfg, engine, codec, decode=SampleDecoder(codec, projected).decode)
+    return ChargebackService(
+        cfg,
+        engine,
+        codec,
+        decode=SampleDecoder(codec, projected).decode,
+        admin_factory=AdminClient,  # publishes true positions to <group>.progress (lag tooling)
+    )
 
 
 def check_topics(bootstrap: str, names: list[str], extra: dict[str, str]) -> None:

@@ -35,7 +35,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,10 +52,11 @@ from confluent_kafka import (
     TopicPartition,
 )
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from consumers.chargeback.identity import check_client_overrides, transactional_id
+from consumers.chargeback.idle import IdleDetector
+from consumers.chargeback.progress import ProgressPublisher
+from consumers.chargeback.state_metrics import StateCollector
 from consumers.chargeback.windows import Checkpoint, WindowEngine
 from consumers.deadletter import deadletter_headers
 from gpupipe.errors import GpupipeError
@@ -98,6 +99,7 @@ class ServiceConfig:
     extra: dict[str, str] | None = None
     transactional_id_override: str | None = None
     idle_timeout_s: float | None = None  # close an idle partition's windows by broker time after this
+    progress_group: str | None = None  # where true positions go for lag tooling (None: <group>.progress)
 
     @property
     def transactional_id(self) -> str:
@@ -155,69 +157,6 @@ class ChargebackMetrics:
         )
 
 
-class _StateCollector(Collector):
-    """Engine counters, watermarks and lag, read from snapshots the loop takes after each batch."""
-
-    def __init__(self, service: ChargebackService) -> None:
-        self._svc = service
-
-    def collect(self) -> Iterator[Any]:
-        svc = self._svc
-        stats = dict(svc.stats_snapshot)
-        events = CounterMetricFamily(
-            "gpupipe_chargeback_engine_events",
-            "Window-engine events: samples, first/continued/duplicate/backwards placements, late "
-            "(into corrections), replay_skipped, clock_ahead, windows_closed, corrections_emitted.",
-            labels=["event"],
-        )
-        for name, value in sorted(stats.items()):
-            events.add_metric([name], value)
-        yield events
-        late = CounterMetricFamily(
-            "gpupipe_chargeback_late_samples", "Samples whose window had closed: counted in corrections."
-        )
-        late.add_metric([], stats.get("late", 0))
-        yield late
-        skewed = CounterMetricFamily(
-            "gpupipe_chargeback_clock_skewed_samples",
-            "Samples stamped ahead of their record's (broker) timestamp by more than --max-clock-skew: "
-            "billed once, in the window of the record timestamp.",
-        )
-        skewed.add_metric([], stats.get("clock_ahead", 0))
-        yield skewed
-        skipped = CounterMetricFamily(
-            "gpupipe_chargeback_replay_skipped",
-            "Replayed samples skipped because their window's output was committed already.",
-        )
-        skipped.add_metric([], stats.get("replay_skipped", 0))
-        yield skipped
-        lag = GaugeMetricFamily(
-            "gpupipe_chargeback_lag_records",
-            "High watermark minus the consumer position, per input partition.",
-            labels=["partition"],
-        )
-        behind = GaugeMetricFamily(
-            "gpupipe_chargeback_checkpoint_behind_records",
-            "Consumer position minus the committed checkpoint offset: what a restart replays.",
-            labels=["partition"],
-        )
-        watermark = GaugeMetricFamily(
-            "gpupipe_chargeback_watermark_seconds",
-            "Event-time watermark (newest sample timestamp) per input partition.",
-            labels=["partition"],
-        )
-        for part, info in sorted(svc.partition_info().items()):
-            if info.get("lag") is not None:
-                lag.add_metric([str(part)], info["lag"])
-            if info.get("checkpoint_behind") is not None:
-                behind.add_metric([str(part)], info["checkpoint_behind"])
-            if info.get("watermark_ms") is not None:
-                watermark.add_metric([str(part)], info["watermark_ms"] / 1000.0)
-        yield lag
-        yield behind
-        yield watermark
-
-
 def _default_consumer(conf: dict[str, Any]) -> Any:
     return Consumer(conf)
 
@@ -239,6 +178,7 @@ class ChargebackService:
         decode: Callable[[bytes | None], Decoded] | None = None,
         consumer_factory: Callable[[dict[str, Any]], Any] = _default_consumer,
         producer_factory: Callable[[dict[str, Any]], Any] = _default_producer,
+        admin_factory: Callable[[dict[str, Any]], Any] | None = None,
     ) -> None:
         self.cfg = cfg
         self.engine = engine
@@ -266,9 +206,7 @@ class ChargebackService:
         self.warned_create_time = False
         # Idleness (D7): when each partition last delivered a record, and the newest broker
         # (LogAppendTime) timestamp seen with the monotonic time it was seen at.
-        self.last_input: dict[int, float] = {}
-        self.broker_seen: tuple[int, float] | None = None
-        self.last_idle_check = 0.0
+        self.idle = IdleDetector(cfg.idle_timeout_s)
         self._lock = threading.Lock()
         self._info: dict[int, dict[str, Any]] = {}
         if cfg.start not in ("earliest", "latest"):
@@ -304,7 +242,16 @@ class ChargebackService:
                 },
             )
         )
-        self.registry.register(_StateCollector(self))
+        self.registry.register(StateCollector(self))
+        self.progress = (
+            ProgressPublisher(
+                admin_factory(client_config(cfg.bootstrap, cfg.extra)),
+                cfg.progress_group or f"{cfg.group_id}.progress",
+                cfg.input_topic,
+            )
+            if admin_factory is not None
+            else None
+        )
 
     # -- main loop --------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -352,11 +299,13 @@ class ChargebackService:
                         self.process(msgs)
                     except _Abort as exc:
                         self._abort_and_rewind(str(exc))
-                self._advance_idle()
+                self.idle.advance(self.assigned, self._caught_up, self.engine.advance_idle)
                 if self._commit_due():
                     self.commit()
                 self.producer.poll(0)
             self.commit()  # the normal end-of-batch commit; open windows are NOT flushed
+            if self.progress is not None:
+                self.progress.maybe_publish(self.positions, force=True)
             clean = True
         finally:
             self._close(clean)
@@ -416,8 +365,7 @@ class ChargebackService:
                     raise DecodeError("unexpected-record-type", f"{d.name} on the samples topic")
                 ts_type, ts = msg.timestamp()
                 if ts_type == TIMESTAMP_LOG_APPEND_TIME:
-                    if self.broker_seen is None or ts > self.broker_seen[0]:
-                        self.broker_seen = (ts, time.monotonic())
+                    self.idle.saw_broker_time(ts)
                 elif ts_type == TIMESTAMP_CREATE_TIME and not self.warned_create_time:
                     self.warned_create_time = True
                     log.warning(
@@ -433,9 +381,8 @@ class ChargebackService:
                 if not engine.is_replay(part, off):
                     self.dead_letter(msg, "chargeback-rejected", f"{type(exc).__name__}: {exc}")
         replayed = 0
-        now = time.monotonic()
+        self.idle.saw_input(last)
         for part, off in last.items():
-            self.last_input[part] = now
             self.positions[part] = off + 1
             lo = first[part]
             if engine.is_replay(part, lo):
@@ -448,36 +395,14 @@ class ChargebackService:
             self.metrics.replayed.inc(replayed)
         self.stats_snapshot = dict(engine.stats)
 
-    def broker_now_ms(self) -> int:
-        """Broker time now: the newest LogAppendTime seen plus the time since; else the wall clock."""
-        if self.broker_seen is None:
-            return int(time.time() * 1000)
-        ts, seen = self.broker_seen
-        return ts + int((time.monotonic() - seen) * 1000)
-
-    def _advance_idle(self) -> None:
-        """Close the windows of partitions that delivered nothing for ``idle_timeout_s`` (D7)."""
-        timeout = self.cfg.idle_timeout_s
-        now = time.monotonic()
-        if timeout is None or now - self.last_idle_check < min(1.0, timeout):
-            return
-        self.last_idle_check = now
-        broker_ms = None
-        for part in sorted(self.assigned):
-            if now - self.last_input.setdefault(part, now) < timeout:
-                continue
-            try:
-                _, high = self.consumer.get_watermark_offsets(
-                    TopicPartition(self.cfg.input_topic, part), timeout=0.5, cached=True
-                )
-            except KafkaException:
-                continue
-            if high < 0 or self.positions.get(part, high) < high:
-                continue  # not caught up: it is not idle, its records are on their way
-            if broker_ms is None:
-                broker_ms = self.broker_now_ms()
-            if self.engine.advance_idle(part, broker_ms):
-                log.debug("idle partition advanced", extra=fields(partition=part, watermark_ms=broker_ms))
+    def _caught_up(self, part: int) -> bool:
+        try:
+            _, high = self.consumer.get_watermark_offsets(
+                TopicPartition(self.cfg.input_topic, part), timeout=0.5, cached=True
+            )
+        except KafkaException:
+            return False
+        return high >= 0 and self.positions.get(part, high) >= high
 
     def _count_replay(self, part: int, lo: int, hi: int) -> int:
         is_replay = self.engine.is_replay
@@ -559,6 +484,8 @@ class ChargebackService:
             return False
         self.in_txn = False
         self.committed.update(checkpoints)
+        if self.progress is not None:
+            self.progress.maybe_publish(self.positions)
         self.pending = 0
         self.last_commit = time.monotonic()
         for rec in records:
@@ -694,8 +621,7 @@ class ChargebackService:
             return
         try:
             ids = self._our_partitions(parts)
-            for part in ids:
-                self.last_input.pop(part, None)
+            self.idle.forget(ids)
             self.metrics.rebalances.labels("assign").inc()
             self.rebalances += 1
             starts = self._restore(ids) if ids else {}

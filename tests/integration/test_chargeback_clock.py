@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from gpupipe import topics
@@ -113,3 +113,12 @@ def test_an_idle_partition_closes_its_last_window(kafka: str, topic_prefix: str,
     out = read_output(kafka, topic_prefix + topics.CHARGEBACK)
     gone_total = sum(r["allocated_gpu_seconds"] for r in out if r["namespace"] == "gone")
     assert gone_total == pytest.approx(10.0 * len(gone_items))  # its last window included
+    # W1: the true positions, for lag tooling, on <group>.progress (the group's own offset is a
+    # checkpoint, a window behind by design).
+    progress = Consumer({"bootstrap.servers": kafka, "group.id": f"{group}.progress"})
+    try:
+        tps = progress.committed([TopicPartition(t_in, 0), TopicPartition(t_in, 1)], timeout=10)
+    finally:
+        progress.close()
+    busy_count = len(range(start, now, 10_000))
+    assert [tp.offset for tp in tps] == [busy_count, len(gone_items)]

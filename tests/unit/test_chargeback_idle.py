@@ -46,7 +46,7 @@ def run(broker: Broker, idle_timeout_s: float | None) -> ChargebackService:
         consumer_factory=lambda conf: FakeConsumer(broker, stop),
         producer_factory=lambda conf: FakeProducer(broker),
     )
-    svc.broker_now_ms = lambda: T0 + 10 * H  # type: ignore[method-assign]  # broker time went on
+    svc.idle.broker_now_ms = lambda: T0 + 10 * H  # type: ignore[method-assign]  # broker time went on
     svc.run(stop)
     return svc
 
