@@ -347,6 +347,14 @@ class NodeAgent:
         return amap
 
     @property
+    def allocations_known(self) -> bool:
+        """False while kubelet enrichment is on but its map is missing or stale (chargeback L1)."""
+        if not self.config.kubelet_socket:
+            return True
+        r = self.refresher  # a failed refresh also stores a (fresh) empty map: ask the refresher
+        return r is not None and r.healthy and time.monotonic() - self._amap_state[1] <= self._stale_after
+
+    @property
     def _stale_after(self) -> float:
         return 2 * self.config.interval_s + self.config.kubelet_timeout_s
 
@@ -499,6 +507,7 @@ class NodeAgent:
         assert src is not None
         began = time.perf_counter()
         amap = self.allocations
+        known = self.allocations_known
         self._tick_amap = amap
         resolve = self.pid_resolver
         samples = src.poll()  # may call _on_gpu_lost (hooks) on this thread
@@ -507,6 +516,7 @@ class NodeAgent:
         ts = 0
         for s in samples:
             enrich_sample(s, amap, resolve)
+            s["allocations_known"] = known
             mig = s["mig"]
             if mig:
                 slices.setdefault(s["uuid"], []).append(mig["mig_uuid"])

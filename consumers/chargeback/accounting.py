@@ -202,6 +202,10 @@ def pod_shares(sample: dict[str, Any]) -> list[tuple[str, str | None, float]]:
     """(namespace, pod, weight) of the holders of the sample's GPU; weights add up to 1."""
     if sample.get("gpu_lost"):
         return [(UNALLOCATED, None, 1.0)]
+    if sample.get("allocations_known") is False:
+        # Review L1: the kubelet was unreachable, so "no allocation" means "unknown": tenants' time
+        # must not silently become __unallocated__ capacity.
+        return [(UNATTRIBUTED, None, 1.0)]
     pods: list[tuple[str, str]] = []
     for alloc in sample.get("allocations") or ():
         pair = (alloc["namespace"], alloc["pod"])

@@ -54,6 +54,7 @@ SAMPLE_FIELDS = (
     "sm_active_ratio",
     "power_w",
     "total_energy_mj",
+    "allocations_known",
 )
 """GpuSample fields the accounting reads; everything else may be skipped when decoding."""
 
