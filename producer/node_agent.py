@@ -511,6 +511,10 @@ class NodeAgent:
         self._tick_amap = amap
         resolve = self.pid_resolver
         samples = src.poll()  # may call _on_gpu_lost (hooks) on this thread
+        configured: dict[str, float] = {}  # per MIG-mode GPU: the fractions its slices cover
+        for s in samples:
+            if s["mig"]:
+                configured[s["uuid"]] = configured.get(s["uuid"], 0.0) + (s["mig"]["slice_fraction"] or 0.0)
         slices: dict[str, list[str]] = {}
         put, enc, topic = self.samples.put, self._enc_sample, self.t_samples
         ts = 0
@@ -518,6 +522,8 @@ class NodeAgent:
             enrich_sample(s, amap, resolve)
             s["allocations_known"] = known
             mig = s["mig"]
+            if not mig and s.get("mig_enabled"):
+                s["mig_configured_fraction"] = configured.get(s["uuid"], 0.0)
             if mig:
                 slices.setdefault(s["uuid"], []).append(mig["mig_uuid"])
             try:

@@ -299,7 +299,18 @@ def account(sample: dict[str, Any], ref: GpuRef | None, offset: int, cfg: Accoun
         contrib = Contribution(
             MIG_SHARED, None, node, model, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, energy_j, estimated_j
         )
-        return Accounted(key, status, dt_ms, 0.0, (contrib,), new_ref, depends_on)
+        configured = sample.get("mig_configured_fraction")
+        if configured is None:
+            return Accounted(key, status, dt_ms, 0.0, (contrib,), new_ref, depends_on)
+        # Review L5: capacity no slice covers is capacity nobody can use: __unallocated__, so the
+        # namespaces plus __unallocated__ reconcile with physical GPU-hours.
+        uncovered = min(max(1.0 - float(configured), 0.0), 1.0)
+        free_s = dt_ms / 1000.0 * uncovered
+        free = Contribution(
+            UNALLOCATED, None, node, model, free_s, 0.0, 0.0, free_s, 0.0, free_s, 0.0, 0.0, 0.0
+        )
+        contribs = (contrib, free) if free_s > 0 else (contrib,)
+        return Accounted(key, status, dt_ms, uncovered, contribs, new_ref, depends_on)
 
     gpu_s = dt_ms / 1000.0 * fraction
     activity = activity_ratio(sample)

@@ -55,6 +55,7 @@ SAMPLE_FIELDS = (
     "power_w",
     "total_energy_mj",
     "allocations_known",
+    "mig_configured_fraction",
 )
 """GpuSample fields the accounting reads; everything else may be skipped when decoding."""
 
