@@ -23,6 +23,7 @@ from consumers.report.formats import FORMATS, FocusOptions, render_report
 from consumers.report.reader import Deduplicator, deduplicated, iter_chargeback_records
 from consumers.report.teams import TeamMap, load_team_map
 from gpupipe import topics
+from gpupipe.argtypes import positive_duration_ms
 from gpupipe.errors import ConfigError
 from gpupipe.kafka_admin import parse_kafka_overrides, wait_for_broker
 from gpupipe.logs import fields
@@ -87,6 +88,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="give up if the end offsets are not reached in time (an open transaction holds "
         "read_committed readers until it ends) (default 60)",
+    )
+    p.add_argument(
+        "--invoice-lag",
+        type=positive_duration_ms,
+        default=86_400_000,
+        help="FOCUS export: how long after a month ends its invoice is cut (default 1d); records "
+        "recorded later are billed in the month they were recorded in, as ChargeClass=Correction, "
+        "and --from/--to select billing periods",
     )
     p.add_argument("--focus-provider", default="gpupipe", help="FOCUS ProviderName/InvoiceIssuerName")
     p.add_argument("--focus-account", default="gpupipe", help="FOCUS BillingAccountId")
@@ -156,6 +165,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         teams=teams,
         period=args.period,
         split_corrections=args.split_corrections,
+        billing_lag_ms=args.invoice_lag if args.format == "focus" else None,
     )
     if dedup.dropped:
         print(
