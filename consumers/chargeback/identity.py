@@ -5,10 +5,11 @@ a consumer group, a ``group.instance.id`` namespace or a ``transactional.id``: w
 later process fences the earlier one and takes its partitions, and billing stops without an error
 (review D3). So every identity derives from the topic prefix unless it is given explicitly.
 
-The loop assigns partitions eagerly with ``consumer.assign()`` inside the rebalance callbacks and
-drops every partition's state on revocation. A cooperative assignor (``cooperative-sticky``) or
-the KIP-848 ``group.protocol=consumer`` would need ``incremental_assign`` and keep partitions
-across callbacks, so such overrides are refused at start (review L3) instead of failing mid-run.
+The loop assigns partitions itself inside the rebalance callbacks: eagerly by default (every
+rebalance revokes, commits and restores everything), or incrementally with
+``partition.assignment.strategy=cooperative-sticky`` (only moved partitions are restored and
+replayed, review W1). Other assignors, and the KIP-848 ``group.protocol=consumer`` (whose
+callbacks the loop does not handle), are refused at start (review L3) instead of failing mid-run.
 """
 
 from __future__ import annotations
@@ -33,11 +34,11 @@ def transactional_id(group_id: str, instance_id: str, override: str | None = Non
 def check_client_overrides(extra: Mapping[str, str] | None) -> None:
     """Refuse ``--kafka-config`` settings that break the eager assign/revoke protocol."""
     extra = extra or {}
-    strategy = extra.get("partition.assignment.strategy", "")
-    if "cooperative" in strategy.lower():
+    strategy = extra.get("partition.assignment.strategy", "").strip().lower()
+    if strategy and strategy not in ("roundrobin", "range", "cooperative-sticky"):
         raise ConfigError(
-            f"partition.assignment.strategy={strategy} is not supported by chargeback: its rebalance "
-            "protocol is eager (every revocation commits and drops state); remove the override"
+            f"partition.assignment.strategy={strategy} is not supported by chargeback: use "
+            "cooperative-sticky (incremental: only moved partitions replay), roundrobin or range"
         )
     protocol = extra.get("group.protocol", "classic").strip().lower()
     if protocol != "classic":

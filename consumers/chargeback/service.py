@@ -228,7 +228,10 @@ class ChargebackService:
         }
         if cfg.static_membership:
             consumer_conf["group.instance.id"] = cfg.instance_id
-        self.consumer = consumer_factory(client_config(cfg.bootstrap, cfg.extra, **consumer_conf))
+        conf = client_config(cfg.bootstrap, cfg.extra, **consumer_conf)
+        # Incremental (cooperative-sticky) rebalancing when configured: only moved partitions replay.
+        self.cooperative = "cooperative" in str(conf.get("partition.assignment.strategy", "")).lower()
+        self.consumer = consumer_factory(conf)
         self.producer = producer_factory(
             client_config(
                 cfg.bootstrap,
@@ -290,10 +293,12 @@ class ChargebackService:
                 self.last_loop = time.monotonic()
                 if msgs and rebalances != self.rebalances:
                     # The assignment changed inside this consume() call: the batch may hold messages
-                    # fetched for the old assignment, whose state was committed and dropped. Discard
-                    # it and start every partition again where its restored state begins.
-                    self._reposition()
-                    msgs = []
+                    # fetched for the old assignment, whose state was committed and dropped.
+                    if self.cooperative:  # keep what continues each partition exactly
+                        msgs = self._contiguous(msgs)
+                    else:  # discard it; every partition starts again where its state begins
+                        self._reposition()
+                        msgs = []
                 if msgs:
                     try:
                         self.process(msgs)
@@ -584,14 +589,48 @@ class ChargebackService:
     def _reposition(self) -> None:
         """Seek every assigned partition to where its restored state begins."""
         topic = self.cfg.input_topic
-        tps = [TopicPartition(topic, p, self.starts[p]) for p in sorted(self.assigned) if p in self.starts]
+        # A partition restored since its last record (all of them with eager assignment) starts
+        # where its restored state begins; one kept across an incremental rebalance where it was.
+        tps = [
+            TopicPartition(topic, p, self.positions.get(p, self.starts[p]))
+            for p in sorted(self.assigned)
+            if p in self.starts
+        ]
         log.debug("repositioning after an assignment change", extra=fields(starts=self.starts))
         try:
             for tp in tps:
                 self.consumer.seek(tp)
         except KafkaException as exc:  # a partition not fetching yet: re-assigning sets positions too
+            if self.cooperative:  # assign() is not allowed: end rather than guess
+                raise ChargebackFatalError(f"seek failed: {exc.args[0].str()}") from exc
             log.info("seek failed, re-assigning instead", extra=fields(error=exc.args[0].str()))
             self.consumer.assign(tps)
+
+    def _contiguous(self, msgs: list[Message]) -> list[Message]:
+        """The messages that continue each assigned partition exactly where its state is (after an
+        incremental rebalance); a partition with a stale or missing offset is sought back there."""
+        expected: dict[int, int] = {}
+        broken: set[int] = set()
+        out: list[Message] = []
+        for m in msgs:
+            if m.error() is not None:
+                out.append(m)
+                continue
+            p = m.partition()
+            if p not in self.assigned or p in broken:
+                continue
+            exp = expected.get(p, self.positions.get(p, self.starts.get(p)))
+            if exp is None or m.offset() != exp:
+                broken.add(p)
+                if exp is not None:
+                    expected[p] = exp
+                continue
+            expected[p] = exp + 1
+            out.append(m)
+        for p in sorted(broken):
+            if p in expected:
+                self.consumer.seek(TopicPartition(self.cfg.input_topic, p, expected[p]))
+        return out
 
     def _fresh_start(self, part: int) -> int:
         low, high = self.consumer.get_watermark_offsets(
@@ -624,6 +663,17 @@ class ChargebackService:
             self.idle.forget(ids)
             self.metrics.rebalances.labels("assign").inc()
             self.rebalances += 1
+            if self.cooperative:
+                # Incremental (W1): ``parts`` are only the added partitions; the kept ones go on
+                # with their state, so only what moved is restored and replayed.
+                new = [p for p in ids if p not in self.assigned]
+                starts = self._restore(new) if new else {}
+                self.starts.update(starts)
+                self.assigned.update(new)
+                consumer.incremental_assign([TopicPartition(self.cfg.input_topic, p, starts[p]) for p in new])
+                log.info("partitions assigned", extra=fields(partitions=new, incremental=True))
+                self._refresh_info()
+                return
             starts = self._restore(ids) if ids else {}
             self.starts = starts
             self.assigned = set(ids)
@@ -649,6 +699,8 @@ class ChargebackService:
                 self.positions.pop(part, None)
                 self.committed.pop(part, None)
             self.assigned.difference_update(ids)
+            if self.cooperative:
+                consumer.incremental_unassign(parts)
             log.info("partitions revoked", extra=fields(partitions=ids))
             self._refresh_info()
         except BaseException as exc:
@@ -677,6 +729,13 @@ class ChargebackService:
                 self.committed.pop(part, None)
             self.assigned.difference_update(ids)
             self.pending = 0
+            if self.cooperative:
+                consumer.incremental_unassign(parts)
+                kept = sorted(self.assigned)  # eager: none (a new assignment restores everything)
+                if kept:
+                    self.starts.update(self._restore(kept))
+                    self.rebalances += 1  # a batch fetched before this must be discarded
+                    self._reposition()
             self._refresh_info()
         except BaseException as exc:
             self.fatal = exc

@@ -173,7 +173,7 @@ def test_partitions_of_another_topic_are_refused() -> None:
 @pytest.mark.parametrize(
     "extra",
     [
-        {"partition.assignment.strategy": "cooperative-sticky"},
+        {"partition.assignment.strategy": "cooperative-weird"},
         {"group.protocol": "consumer"},
         {"transactional.id": "x"},
     ],
