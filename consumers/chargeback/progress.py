@@ -11,6 +11,7 @@ of the transaction, and a failure only logs.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -40,13 +41,19 @@ class ProgressPublisher:
         self.last = float("-inf")
         self.published: dict[int, int] = {}
         self.failures = 0
+        # Futures are polled from the loop's thread, never given callbacks: a Python callback run by
+        # librdkafka's thread while the interpreter shuts down can crash the process.
+        self.pending: list[Any] = []
 
     def maybe_publish(self, positions: Mapping[int, int], force: bool = False) -> None:
         now = self.clock()
         if not force and now - self.last < self.interval_s:
             return
+        if force:
+            self._wait(5.0)
+        self._reap()
         changed = {p: o for p, o in positions.items() if self.published.get(p) != o}
-        if not changed:
+        if not changed or self.pending:
             return
         self.last = now
         req = ConsumerGroupTopicPartitions(
@@ -54,15 +61,34 @@ class ProgressPublisher:
         )
         try:
             futures = self.admin.alter_consumer_group_offsets([req])
-            for fut in futures.values():
-                fut.add_done_callback(self._done)
+            self.pending.extend(futures.values())
             self.published.update(changed)
         except Exception as exc:  # best effort: never stops billing
             self.failures += 1
             log.debug("progress offsets not published", extra=fields(group=self.group, error=str(exc)))
 
-    def _done(self, fut: Any) -> None:
-        exc = fut.exception()
-        if exc is not None:
-            self.failures += 1
-            log.debug("progress offsets not published", extra=fields(group=self.group, error=str(exc)))
+    def _reap(self) -> None:
+        still = []
+        for fut in self.pending:
+            if not fut.done():
+                still.append(fut)
+                continue
+            exc = fut.exception()
+            if exc is not None:
+                self.failures += 1
+                self.published.clear()  # publish everything again next time
+                log.debug("progress offsets not published", extra=fields(group=self.group, error=str(exc)))
+        self.pending = still
+
+    def _wait(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for fut in self.pending:
+            with contextlib.suppress(Exception):  # best effort; _reap counts it
+                fut.result(timeout=max(0.0, deadline - time.monotonic()))
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Wait (bounded) for requests in flight, then let the admin client go."""
+        self._wait(timeout_s)
+        self._reap()
+        self.pending = []
+        self.admin = None

@@ -313,6 +313,8 @@ class ChargebackService:
                 self.progress.maybe_publish(self.positions, force=True)
             clean = True
         finally:
+            if self.progress is not None:
+                self.progress.close()
             self._close(clean)
 
     def _close(self, clean: bool) -> None:
