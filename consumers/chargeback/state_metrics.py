@@ -68,7 +68,15 @@ class StateCollector(Collector):
             "progress lag is gpupipe_chargeback_lag_records, and <group>.progress carries positions.",
             labels=["partition"],
         )
+        replaying = GaugeMetricFamily(
+            "gpupipe_chargeback_replay_remaining_records",
+            "Records still to replay before a restored partition makes new progress (review L7: alert "
+            "when it does not fall, e.g. a crash loop that never finishes its replay).",
+            labels=["partition"],
+        )
         for part, info in sorted(svc.partition_info().items()):
+            if info.get("replay_remaining") is not None:
+                replaying.add_metric([str(part)], info["replay_remaining"])
             if info.get("lag") is not None:
                 lag.add_metric([str(part)], info["lag"])
                 if info.get("checkpoint_behind") is not None:
@@ -78,6 +86,7 @@ class StateCollector(Collector):
             if info.get("watermark_ms") is not None:
                 watermark.add_metric([str(part)], info["watermark_ms"] / 1000.0)
         yield lag
+        yield replaying
         yield checkpoint_lag
         yield behind
         yield watermark

@@ -433,6 +433,11 @@ class WindowEngine:
         p.replay_until = checkpoint.replay_until
         p.restored = checkpoint
 
+    def replay_until(self, partition: int) -> int | None:
+        """The restored position below which records are replays (None: not restored)."""
+        p = self._parts.get(partition)
+        return None if p is None else p.replay_until
+
     def is_replay(self, partition: int, offset: int) -> bool:
         """True for a record below the restored position: its output was committed already."""
         p = self._parts.get(partition)

@@ -190,3 +190,52 @@ def test_unsupported_client_overrides_are_refused_at_start(extra: dict[str, str]
             consumer_factory=lambda conf: None,
             producer_factory=lambda conf: None,
         )
+
+
+class AbortFailsProducer(FakeProducer):
+    """The commit needs an abort (abortable error), and the abort itself fails fatally (review L6)."""
+
+    def commit_transaction(self, timeout: float) -> None:
+        if any(t == OUT for t, _ in self.staged):
+            raise KafkaException(KafkaError(KafkaError._STATE, "needs abort", txn_requires_abort=True))
+        super().commit_transaction(timeout)
+
+    def abort_transaction(self, timeout: float) -> None:
+        raise KafkaException(KafkaError(KafkaError._FENCED, "fenced while aborting", fatal=True))
+
+
+def test_a_failing_abort_ends_the_service_without_committing_past_anything() -> None:
+    log, fed = input_log()
+    broker = Broker(log)
+    stop = threading.Event()
+    svc = make_service(broker, stop, AbortFailsProducer(broker))
+    with pytest.raises(ChargebackFatalError):
+        svc.run(stop)
+    assert [t for t, _ in broker.output if t == OUT] == []
+    assert all(until_ok(meta, 37) for _, meta in broker.offsets.values()), broker.offsets
+    run_service(broker, **FAST)
+    assert output(broker) == expected_output(fed)
+    assert [v for t, v in broker.output if t == DLQ] == [b"garbage"]
+
+
+def test_output_is_keyed_by_namespace_and_node() -> None:
+    """L8: one large namespace must not make one output partition hot."""
+    from consumers.chargeback.service import output_key
+
+    assert output_key({"namespace": "ml", "node": "gpu-07"}) == b"ml/gpu-07"
+
+
+def test_replay_remaining_is_exported_per_partition() -> None:
+    """L7: a restored partition shows how much it still has to replay (alert if it never falls)."""
+    from consumers.chargeback.windows import Checkpoint
+
+    broker = Broker(input_log(ticks=10)[0])
+    stop = threading.Event()
+    svc = make_service(broker, stop, FakeProducer(broker))
+    svc.engine.restore(0, Checkpoint(100, None, 250, 600_000, 60_000))
+    svc.assigned = {0}
+    svc.positions = {0: 180}
+    svc._refresh_info()
+    assert (
+        svc.registry.get_sample_value("gpupipe_chargeback_replay_remaining_records", {"partition": "0"}) == 70
+    )
