@@ -28,6 +28,9 @@ IDENTITY_FIELDS = frozenset(
         "allocations",
         "interval_ms",
         "gpu_lost",
+        # Set by the node agent for chargeback (issue 10), not measured by NVML.
+        "allocations_known",
+        "mig_configured_fraction",
     }
 )
 _LIST_FIELDS = ("allocations", "processes")
