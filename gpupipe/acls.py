@@ -9,8 +9,9 @@ ids are the ones the services use (read from their code, overridable per role):
   `enable.idempotence`; later ones accept WRITE alone). No READ anywhere, no group.
 - metrics:    READ samples (group ``gpupipe-metrics``) and xid (a private, never-committing group
   ``gpupipe-metrics-xid-<uuid>``: prefix); WRITE deadletter (idempotent producer).
-- chargeback: READ samples (group ``gpupipe-chargeback``); transactional WRITE of chargeback and
-  deadletter with transactional ids ``gpupipe-chargeback.<instance>`` (prefix ``<group>.``).
+- chargeback: READ samples (group ``<topic prefix>gpupipe-chargeback``); transactional WRITE of
+  chargeback and deadletter with transactional ids ``<group>.<instance>`` (prefix ``<group>.``);
+  progress offsets in group ``<group>.progress``.
 - alerts:     READ xid and samples (group ``gpupipe-alerts``); WRITE alerts and deadletter; READ alerts
   to restore open alerts at start (group prefix ``gpupipe-alerts-restore-``); with ``--ha`` READ the
   lease topic ``gpu.alerts.leader.v1`` (group ``gpupipe-alerts-leader``).
@@ -107,6 +108,8 @@ def role_acls(
         raise ValueError(f"unknown role {role!r}; roles: {', '.join(ROLES)}")
     p = principal or f"User:{role}"
     g = group or DEFAULT_GROUPS.get(role)
+    if role == "chargeback" and group is None and prefix:
+        g = f"{prefix}{g}"  # chargeback's group (and so its transactional ids) carries the prefix
     out: list[Acl] = []
     idem = Acl(p, "CLUSTER", "LITERAL", CLUSTER, "IDEMPOTENT_WRITE")
     if role == "producer":
@@ -118,6 +121,8 @@ def role_acls(
         out += _topic(p, prefix, topics.SAMPLES, "READ")
         out += _topic(p, prefix, topics.CHARGEBACK, "WRITE") + _topic(p, prefix, topics.DEADLETTER, "WRITE")
         out += [Acl(p, "TRANSACTIONAL_ID", "PREFIXED", f"{g}.", "WRITE"), idem]
+        # Progress offsets (position vs end, for lag tooling) are committed to ``<group>.progress``.
+        out.append(Acl(p, "GROUP", "LITERAL", f"{g}.progress", "READ"))
     elif role == "alerts":
         out += _topic(p, prefix, topics.XID, "READ") + _topic(p, prefix, topics.SAMPLES, "READ")
         out += _topic(p, prefix, topics.ALERTS, "READ", "WRITE")

@@ -6,6 +6,7 @@ line and a non-zero exit, not a minute of librdkafka retry noise.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -68,11 +69,9 @@ def parse_topic_overrides(partitions: Iterable[str], retention: Iterable[str]) -
             if flag == "--topic-partitions":
                 if not value.strip().isdigit() or int(value) < 1:
                     raise ConfigError(f"{flag} {item!r}: partitions must be a positive integer")
-                specs[base] = topics.TopicSpec(int(value), spec.retention_ms, spec.cleanup_policy)
+                specs[base] = dataclasses.replace(spec, partitions=int(value))
             else:
-                specs[base] = topics.TopicSpec(
-                    spec.partitions, parse_positive_duration_ms(value), spec.cleanup_policy
-                )
+                specs[base] = dataclasses.replace(spec, retention_ms=parse_positive_duration_ms(value))
     return specs
 
 
@@ -161,7 +160,11 @@ def ensure_topics(
                 name,
                 num_partitions=spec.partitions,
                 replication_factor=replication_factor,
-                config={"retention.ms": str(spec.retention_ms), "cleanup.policy": spec.cleanup_policy},
+                config={
+                    "retention.ms": str(spec.retention_ms),
+                    "cleanup.policy": spec.cleanup_policy,
+                    **({"message.timestamp.type": spec.timestamp_type} if spec.timestamp_type else {}),
+                },
             )
         )
     created = []

@@ -35,10 +35,15 @@ class TopicSpec:
     partitions: int
     retention_ms: int
     cleanup_policy: str = "delete"
+    timestamp_type: str | None = None
+    """``message.timestamp.type`` at creation (None: the broker's default, CreateTime)."""
 
 
 DEFAULT_SPECS = {
-    SAMPLES: TopicSpec(partitions=12, retention_ms=3 * 86_400_000),
+    # LogAppendTime: the broker stamps each sample, so chargeback can bound a node clock that runs
+    # ahead by broker time (a sample is never newer than its append); with CreateTime the bound
+    # would come from the same skewed node clock.
+    SAMPLES: TopicSpec(partitions=12, retention_ms=3 * 86_400_000, timestamp_type="LogAppendTime"),
     XID: TopicSpec(partitions=3, retention_ms=30 * 86_400_000),
     CHARGEBACK: TopicSpec(partitions=3, retention_ms=400 * 86_400_000),
     ALERTS: TopicSpec(partitions=3, retention_ms=30 * 86_400_000),

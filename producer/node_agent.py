@@ -278,6 +278,20 @@ class NodeAgent:
         )
 
     @property
+    def allocations_known(self) -> bool:
+        """False while kubelet enrichment is on but no attribution is known (chargeback L1): no map
+        yet, or the List failed past the grace period. Within the grace period the last good map is
+        kept (flagged ``allocations_stale``), so tenants stay billed to their pods."""
+        if not self.config.kubelet_socket:
+            return True
+        r = self.refresher
+        if r is None:
+            return False
+        if r.healthy:
+            return time.monotonic() - self._amap_state[1] <= self._stale_after
+        return self.kubelet_map_stale
+
+    @property
     def _stale_after(self) -> float:
         c = self.config
         return max(2 * c.interval_s + c.kubelet_timeout_s, c.kubelet_grace_s)
@@ -505,11 +519,16 @@ class NodeAgent:
         assert src is not None
         began = time.perf_counter()
         amap = self.allocations
+        known = self.allocations_known
         self._tick_amap = amap
         resolve = self.pid_resolver
         samples = src.poll()  # may call _on_gpu_lost (hooks) on this thread
         ids = src.device_ids()
         stale = self.kubelet_map_stale
+        configured: dict[str, float] = {}  # per MIG-mode GPU: the fractions its slices cover
+        for s in samples:
+            if s["mig"]:
+                configured[s["uuid"]] = configured.get(s["uuid"], 0.0) + (s["mig"]["slice_fraction"] or 0.0)
         slices: dict[str, list[str]] = {}
         put, enc, topic = self.samples.put, self._enc_sample, self.t_samples
         ts = 0
@@ -520,7 +539,10 @@ class NodeAgent:
                 extras.decorate(s)
             if stale:
                 s["allocations_stale"] = True
+            s["allocations_known"] = known
             mig = s["mig"]
+            if not mig and s.get("mig_enabled"):
+                s["mig_configured_fraction"] = configured.get(s["uuid"], 0.0)
             if mig:
                 slices.setdefault(s["uuid"], []).append(mig["mig_uuid"])
             try:

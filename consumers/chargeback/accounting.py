@@ -15,14 +15,16 @@ and ``cap = min(max_gap_factor x interval, max_gap_limit_ms)``:
 ========================  ====================================  ===========  ==================
 case                      condition (gap = ts - ref.ts)          accounted    reference becomes
 ========================  ====================================  ===========  ==================
-first / after a long gap  no (usable) reference, or gap > cap    interval     this sample
+first                     no (usable) reference                  interval     this sample
+after a long gap          gap > cap                              cap          this sample
 continued                 0 < gap <= cap                         gap          this sample
 duplicate / reordered     -cap <= gap <= 0                       nothing      unchanged
 clock went backwards      gap < -cap                             interval     unchanged
 ========================  ====================================  ===========  ==================
 
 So N samples of a steadily sampled GPU account N intervals (the first one its nominal interval),
-a gap longer than ``cap`` is *not* billed (only the sample's own interval is), a repeated sample
+a gap longer than ``cap`` is billed ``cap`` (so a longer gap never bills less than a shorter
+one; the rest of it is not billed as use), a repeated sample
 (same key, same timestamp) counts once, and a clock that jumps back never yields negative time:
 its samples count their nominal interval until the clock passes the old maximum again (the last
 ``cap`` before that are taken for duplicates and skipped, a bounded loss of about two samples).
@@ -42,7 +44,9 @@ Fractions and shares
   (flagged in ``lost_s``): no tenant can use a GPU that fell off the bus, so none pays for it.
 * A GPU (or slice, or time-sliced GPU) held by several distinct (namespace, pod) pairs is split by
   the pods' summed per-process ``sm_util_ratio`` when processes carry pod attribution and the sum
-  is positive (pods with no process get nothing for that sample), else equally.
+  is positive (pods with no process get nothing for that sample), else equally. The SM share of
+  processes no holder owns (unattributed, or of a pod that does not hold the GPU) goes to
+  ``__unattributed__``, never to the other holders.
 
 Activity, idle, energy
 ----------------------
@@ -50,8 +54,11 @@ Activity, idle, energy
   ``used = allocated x activity``. With neither, the time counts as ``unknown``.
 * ``idle`` is allocated time of samples whose activity is below ``idle_activity_threshold``:
   held but inactive (what a chargeback reader looks for), rather than ``allocated - used``.
-* Energy is the ``total_energy_mj`` delta against the reference sample for a *continued* sample;
-  otherwise, or when a counter is missing, went backwards (driver reload) or implies more than
+* Energy is the ``total_energy_mj`` delta against the reference sample for a *continued* sample
+  and for one after a long gap (the whole gap's energy: the counter survives telemetry gaps); a
+  sample of a clock that stepped back, with the counter still going up, adds none (the next sample
+  past the reference measures it). Otherwise, or when a counter is missing, went backwards (driver
+  reload) or implies more than
   ``max_plausible_power_w``, it is ``power_w x accounted time`` (counted as estimated). With
   neither it is 0. It is split like the time.
 """
@@ -65,7 +72,10 @@ from consumers.chargeback.workloads import WorkloadKey, workload_keys
 
 UNALLOCATED = "__unallocated__"
 MIG_SHARED = "__mig_shared__"
-PSEUDO_NAMESPACES = (UNALLOCATED, MIG_SHARED)
+UNATTRIBUTED = "__unattributed__"
+"""Held GPU time that cannot be attributed to a tenant: the SM share of processes on a shared GPU
+that no holder pod owns, and (from producers that flag it) time while the kubelet was unreachable."""
+PSEUDO_NAMESPACES = (UNALLOCATED, MIG_SHARED, UNATTRIBUTED)
 
 # How a sample was placed on its GPU's timeline (see the module docstring).
 FIRST = "first"
@@ -195,6 +205,10 @@ def pod_shares(sample: dict[str, Any]) -> list[tuple[str, str | None, float]]:
     """(namespace, pod, weight) of the holders of the sample's GPU; weights add up to 1."""
     if sample.get("gpu_lost"):
         return [(UNALLOCATED, None, 1.0)]
+    if sample.get("allocations_known") is False:
+        # Review L1: the kubelet was unreachable, so "no allocation" means "unknown": tenants' time
+        # must not silently become __unallocated__ capacity.
+        return [(UNATTRIBUTED, None, 1.0)]
     pods: list[tuple[str, str]] = []
     for alloc in sample.get("allocations") or ():
         pair = (alloc["namespace"], alloc["pod"])
@@ -210,9 +224,19 @@ def pod_shares(sample: dict[str, Any]) -> list[tuple[str, str | None, float]]:
         util = proc.get("sm_util_ratio")
         if pair in use and util is not None and util > 0:
             use[pair] += float(util)
-    total = sum(use.values())
+    unattributed = 0.0  # SM of processes no holder owns (attribution failed, or a stale pod)
+    for proc in sample.get("processes") or ():
+        pair = (proc.get("namespace"), proc.get("pod"))
+        util = proc.get("sm_util_ratio")
+        if pair not in use and util is not None and util > 0:
+            unattributed += float(util)
+    total = sum(use.values()) + unattributed
     if total > 0:
-        return [(ns, pod, use[(ns, pod)] / total) for ns, pod in pods]
+        # Review D8: the unattributed share is nobody's to pay; never give it to the other holders.
+        shares = [(ns, pod, use[(ns, pod)] / total) for ns, pod in pods]
+        if unattributed > 0:
+            shares.append((UNATTRIBUTED, None, unattributed / total))
+        return shares
     return [(ns, pod, 1.0 / len(pods)) for ns, pod in pods]
 
 
@@ -220,12 +244,19 @@ def _energy_j(
     sample: dict[str, Any], ref: GpuRef | None, status: str, dt_ms: int, cfg: AccountingConfig
 ) -> tuple[float, float]:
     """(energy in joules, the part of it estimated from power) for the accounted time."""
-    if status == CONTINUED and ref is not None and ref.energy_mj is not None:
-        now = sample.get("total_energy_mj")
-        if now is not None:
-            delta_mj = now - ref.energy_mj
-            if delta_mj >= 0 and delta_mj <= cfg.max_plausible_power_w * dt_ms:  # W x ms == mJ
+    now = sample.get("total_energy_mj")
+    if ref is not None and ref.energy_mj is not None and now is not None:
+        delta_mj = now - ref.energy_mj
+        if status == CONTINUED or (status == FIRST and sample["timestamp_ms"] > ref.ts_ms):
+            # After a gap too (review D8): the counter is the one measurement that survives
+            # telemetry gaps, so its delta over the whole gap is kept when it is continuous.
+            span_ms = max(dt_ms, int(sample["timestamp_ms"]) - ref.ts_ms)
+            if delta_mj >= 0 and delta_mj <= cfg.max_plausible_power_w * span_ms:  # W x ms == mJ
                 return delta_mj / 1000.0, 0.0
+        elif status == BACKWARDS and delta_mj >= 0:
+            # The clock stepped back but the counter went on: the reference stays, so the next
+            # sample past it measures this energy in its delta. Counting it here too doubled it.
+            return 0.0, 0.0
     power = sample.get("power_w")
     if power is None or power < 0:
         return 0.0, 0.0
@@ -243,8 +274,12 @@ def account(sample: dict[str, Any], ref: GpuRef | None, offset: int, cfg: Accoun
 
     depends_on: int | None = None
     new_ref: GpuRef | None = this_ref
-    if ref is None or ts - ref.ts_ms > cap:
+    if ref is None:
         status, dt_ms = FIRST, interval
+    elif ts - ref.ts_ms > cap:
+        # A gap longer than the cap bills the cap, never less than a shorter gap would (review D8:
+        # a 2.6 s gap used to bill 1 s while a 2.5 s one billed 2.5 s). Depends on the reference.
+        status, dt_ms, depends_on = FIRST, max(interval, cap), ref.offset
     else:
         depends_on = ref.offset
         gap = ts - ref.ts_ms
@@ -267,7 +302,18 @@ def account(sample: dict[str, Any], ref: GpuRef | None, offset: int, cfg: Accoun
         contrib = Contribution(
             MIG_SHARED, None, node, model, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, energy_j, estimated_j
         )
-        return Accounted(key, status, dt_ms, 0.0, (contrib,), new_ref, depends_on)
+        configured = sample.get("mig_configured_fraction")
+        if configured is None:
+            return Accounted(key, status, dt_ms, 0.0, (contrib,), new_ref, depends_on)
+        # Review L5: capacity no slice covers is capacity nobody can use: __unallocated__, so the
+        # namespaces plus __unallocated__ reconcile with physical GPU-hours.
+        uncovered = min(max(1.0 - float(configured), 0.0), 1.0)
+        free_s = dt_ms / 1000.0 * uncovered
+        free = Contribution(
+            UNALLOCATED, None, node, model, free_s, 0.0, 0.0, free_s, 0.0, free_s, 0.0, 0.0, 0.0
+        )
+        contribs = (contrib, free) if free_s > 0 else (contrib,)
+        return Accounted(key, status, dt_ms, uncovered, contribs, new_ref, depends_on)
 
     gpu_s = dt_ms / 1000.0 * fraction
     activity = activity_ratio(sample)

@@ -24,7 +24,9 @@ from confluent_kafka.admin import AdminClient
 from consumers.chargeback.accounting import AccountingConfig
 from consumers.chargeback.engine import ChargebackSettings, build_engine, projected_sample_schema
 from consumers.chargeback.fastdecode import SampleDecoder
-from consumers.chargeback.prices import PriceTable, load_price_table, parse_price_table
+from consumers.chargeback.identity import default_group_id
+from consumers.chargeback.price_schedule import PriceSchedule, load_price_schedule
+from consumers.chargeback.prices import parse_price_table
 from consumers.chargeback.service import ChargebackService, ServiceConfig
 from gpupipe import topics
 from gpupipe.argtypes import duration_ms, positive_duration_ms
@@ -128,13 +130,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     w.add_argument(
         "--max-clock-skew",
         type=_skew,
-        default=900_000,
-        help="samples stamped further ahead of their Kafka timestamp are accounted at the latter "
-        "(default 15m; 'off' disables)",
+        default=60_000,
+        help="samples stamped further ahead of their Kafka timestamp (broker time: the samples topic is "
+        "created with LogAppendTime) are billed once, at that time, and counted (default 1m; 'off' "
+        "disables)",
+    )
+    w.add_argument(
+        "--idle-timeout",
+        type=_skew,
+        default=300_000,
+        help="a caught-up input partition that delivers nothing for this long has its event time "
+        "advanced to broker time, so its last window closes and its checkpoint moves (default 5m; "
+        "'off' disables)",
     )
     k = p.add_argument_group("kafka")
     k.add_argument(
-        "--group-id", default="gpupipe-chargeback", help="consumer group (default gpupipe-chargeback)"
+        "--group-id",
+        default=None,
+        help="consumer group (default <topic prefix>gpupipe-chargeback, so environments sharing a "
+        "cluster never share a group)",
+    )
+    k.add_argument(
+        "--transactional-id",
+        default=None,
+        help="the producer's transactional.id (default <group id>.<instance id>)",
     )
     k.add_argument(
         "--instance-id",
@@ -192,11 +211,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", default=None, help="HOST:PORT for /metrics and /healthz")
 
 
-def load_prices(path: str | None) -> PriceTable:
+def load_prices(path: str | None) -> PriceSchedule:
     if path is None:
         log.warning("no --prices file: using the built-in example prices (deploy/prices.example.yaml)")
-        return parse_price_table(EXAMPLE_PRICES, "<built-in example prices>")
-    return load_price_table(path)
+        table = parse_price_table(EXAMPLE_PRICES, "<built-in example prices>")
+        return PriceSchedule((0,), (table,))
+    return load_price_schedule(path)
 
 
 def build_service(args: argparse.Namespace, extra: dict[str, str]) -> ChargebackService:
@@ -225,7 +245,8 @@ def build_service(args: argparse.Namespace, extra: dict[str, str]) -> Chargeback
         input_topic=args.input_topic or topics.with_prefix(args.topic_prefix, topics.SAMPLES),
         output_topic=args.output_topic or topics.with_prefix(args.topic_prefix, topics.CHARGEBACK),
         deadletter_topic=topics.with_prefix(args.topic_prefix, topics.DEADLETTER),
-        group_id=args.group_id,
+        group_id=args.group_id or default_group_id(args.topic_prefix),
+        transactional_id_override=args.transactional_id,
         instance_id=instance_id,
         static_membership=args.static_membership,
         commit_interval_s=args.commit_interval / 1000.0,
@@ -233,9 +254,16 @@ def build_service(args: argparse.Namespace, extra: dict[str, str]) -> Chargeback
         batch_size=args.batch_size,
         start=args.start,
         transaction_timeout_ms=args.transaction_timeout,
+        idle_timeout_s=None if args.idle_timeout is None else args.idle_timeout / 1000.0,
         extra=extra,
     )
-    return ChargebackService(cfg, engine, codec, decode=SampleDecoder(codec, projected).decode)
+    return ChargebackService(
+        cfg,
+        engine,
+        codec,
+        decode=SampleDecoder(codec, projected).decode,
+        admin_factory=AdminClient,  # publishes true positions to <group>.progress (lag tooling)
+    )
 
 
 def check_topics(bootstrap: str, names: list[str], extra: dict[str, str]) -> None:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from consumers.chargeback.accounting import AccountingConfig
+from consumers.chargeback.price_schedule import PriceSchedule
 from consumers.chargeback.prices import PriceTable
 from consumers.chargeback.windows import DEFAULT_GRACE_MS, DEFAULT_WINDOW_MS, Checkpoint, WindowEngine
 
@@ -53,6 +54,8 @@ SAMPLE_FIELDS = (
     "sm_active_ratio",
     "power_w",
     "total_energy_mj",
+    "allocations_known",
+    "mig_configured_fraction",
 )
 """GpuSample fields the accounting reads; everything else may be skipped when decoding."""
 
@@ -62,13 +65,14 @@ class ChargebackSettings:
     window_ms: int = DEFAULT_WINDOW_MS
     grace_ms: int = DEFAULT_GRACE_MS
     accounting: AccountingConfig = field(default_factory=AccountingConfig)
-    max_clock_skew_ms: int | None = 900_000
-    """Samples stamped further ahead of their Kafka record timestamp are accounted at the latter."""
+    max_clock_skew_ms: int | None = 60_000
+    """Samples stamped further ahead of their Kafka record timestamp (broker time with LogAppendTime)
+    are accounted at the latter: a sample can never be newer than its append to the log."""
 
 
 def build_engine(
     settings: ChargebackSettings,
-    prices: PriceTable,
+    prices: PriceTable | PriceSchedule,
     instance_id: str,
     team_of: Callable[[str], str | None] | None = None,
 ) -> WindowEngine:

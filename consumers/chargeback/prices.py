@@ -62,6 +62,10 @@ class PriceTable:
             self._cache[model] = hit
         return hit
 
+    def at(self, ts_ms: int) -> PriceTable:
+        """A plain table is valid at every time (see ``price_schedule.py`` for dated changes)."""
+        return self
+
     def _lookup(self, model: str) -> GpuPrice:
         name = model.strip().lower()
         if name in self.exact:

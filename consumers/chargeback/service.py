@@ -35,12 +35,14 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import (
     OFFSET_INVALID,
+    TIMESTAMP_CREATE_TIME,
+    TIMESTAMP_LOG_APPEND_TIME,
     TIMESTAMP_NOT_AVAILABLE,
     Consumer,
     KafkaError,
@@ -50,10 +52,12 @@ from confluent_kafka import (
     TopicPartition,
 )
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
 
+from consumers.chargeback.identity import check_client_overrides, transactional_id
+from consumers.chargeback.idle import IdleDetector
+from consumers.chargeback.progress import ProgressPublisher
 from consumers.chargeback.prom_counters import WindowCounters
+from consumers.chargeback.state_metrics import StateCollector
 from consumers.chargeback.windows import Checkpoint, WindowEngine
 from consumers.deadletter import deadletter_headers
 from gpupipe.errors import GpupipeError
@@ -94,10 +98,13 @@ class ServiceConfig:
     start: str = "earliest"  # where a partition without a checkpoint starts: earliest | latest
     transaction_timeout_ms: int = 30_000
     extra: dict[str, str] | None = None
+    transactional_id_override: str | None = None
+    idle_timeout_s: float | None = None  # close an idle partition's windows by broker time after this
+    progress_group: str | None = None  # where true positions go for lag tooling (None: <group>.progress)
 
     @property
     def transactional_id(self) -> str:
-        return f"{self.group_id}.{self.instance_id}"
+        return transactional_id(self.group_id, self.instance_id, self.transactional_id_override)
 
 
 class ChargebackMetrics:
@@ -151,60 +158,10 @@ class ChargebackMetrics:
         )
 
 
-class _StateCollector(Collector):
-    """Engine counters, watermarks and lag, read from snapshots the loop takes after each batch."""
-
-    def __init__(self, service: ChargebackService) -> None:
-        self._svc = service
-
-    def collect(self) -> Iterator[Any]:
-        svc = self._svc
-        stats = dict(svc.stats_snapshot)
-        events = CounterMetricFamily(
-            "gpupipe_chargeback_engine_events",
-            "Window-engine events: samples, first/continued/duplicate/backwards placements, late "
-            "(into corrections), replay_skipped, clock_ahead, windows_closed, corrections_emitted.",
-            labels=["event"],
-        )
-        for name, value in sorted(stats.items()):
-            events.add_metric([name], value)
-        yield events
-        late = CounterMetricFamily(
-            "gpupipe_chargeback_late_samples", "Samples whose window had closed: counted in corrections."
-        )
-        late.add_metric([], stats.get("late", 0))
-        yield late
-        skipped = CounterMetricFamily(
-            "gpupipe_chargeback_replay_skipped",
-            "Replayed samples skipped because their window's output was committed already.",
-        )
-        skipped.add_metric([], stats.get("replay_skipped", 0))
-        yield skipped
-        lag = GaugeMetricFamily(
-            "gpupipe_chargeback_lag_records",
-            "High watermark minus the consumer position, per input partition.",
-            labels=["partition"],
-        )
-        behind = GaugeMetricFamily(
-            "gpupipe_chargeback_checkpoint_behind_records",
-            "Consumer position minus the committed checkpoint offset: what a restart replays.",
-            labels=["partition"],
-        )
-        watermark = GaugeMetricFamily(
-            "gpupipe_chargeback_watermark_seconds",
-            "Event-time watermark (newest sample timestamp) per input partition.",
-            labels=["partition"],
-        )
-        for part, info in sorted(svc.partition_info().items()):
-            if info.get("lag") is not None:
-                lag.add_metric([str(part)], info["lag"])
-            if info.get("checkpoint_behind") is not None:
-                behind.add_metric([str(part)], info["checkpoint_behind"])
-            if info.get("watermark_ms") is not None:
-                watermark.add_metric([str(part)], info["watermark_ms"] / 1000.0)
-        yield lag
-        yield behind
-        yield watermark
+def output_key(rec: dict[str, Any]) -> bytes:
+    """``namespace/node``: spreads a large namespace over the output partitions (review L8); records
+    are additive partials, so nothing relies on one namespace's records sharing a partition."""
+    return f"{rec['namespace']}/{rec['node']}".encode()
 
 
 def _default_consumer(conf: dict[str, Any]) -> Any:
@@ -228,6 +185,7 @@ class ChargebackService:
         decode: Callable[[bytes | None], Decoded] | None = None,
         consumer_factory: Callable[[dict[str, Any]], Any] = _default_consumer,
         producer_factory: Callable[[dict[str, Any]], Any] = _default_producer,
+        admin_factory: Callable[[dict[str, Any]], Any] | None = None,
     ) -> None:
         self.cfg = cfg
         self.engine = engine
@@ -248,11 +206,20 @@ class ChargebackService:
         self.last_commit = time.monotonic()
         self.last_loop = 0.0
         self.fatal: BaseException | None = None
+        # Set once the loop ended on an error: from then on nothing may commit (not even the revoke
+        # callback that consumer.close() runs), or checkpoints would pass windows that were drained
+        # from the engine but never committed (review D1).
+        self.failed = False
         self.started = False
+        self.warned_create_time = False
+        # Idleness (D7): when each partition last delivered a record, and the newest broker
+        # (LogAppendTime) timestamp seen with the monotonic time it was seen at.
+        self.idle = IdleDetector(cfg.idle_timeout_s)
         self._lock = threading.Lock()
         self._info: dict[int, dict[str, Any]] = {}
         if cfg.start not in ("earliest", "latest"):
             raise ValueError(f"start must be earliest or latest, got {cfg.start!r}")
+        check_client_overrides(cfg.extra)
         consumer_conf = {
             "group.id": cfg.group_id,
             "enable.auto.commit": False,
@@ -263,10 +230,16 @@ class ChargebackService:
             # assignment restores from the committed checkpoints; simple and always consistent.
             "partition.assignment.strategy": "roundrobin",
             "fetch.wait.max.ms": 100,
+            # A fenced static member or a fatal idempotence error is reported here (fatal() true),
+            # not always as a consume() error: either way the process must end (review D2).
+            "error_cb": self._on_client_error,
         }
         if cfg.static_membership:
             consumer_conf["group.instance.id"] = cfg.instance_id
-        self.consumer = consumer_factory(client_config(cfg.bootstrap, cfg.extra, **consumer_conf))
+        conf = client_config(cfg.bootstrap, cfg.extra, **consumer_conf)
+        # Incremental (cooperative-sticky) rebalancing when configured: only moved partitions replay.
+        self.cooperative = "cooperative" in str(conf.get("partition.assignment.strategy", "")).lower()
+        self.consumer = consumer_factory(conf)
         self.producer = producer_factory(
             client_config(
                 cfg.bootstrap,
@@ -276,10 +249,20 @@ class ChargebackService:
                     "transaction.timeout.ms": cfg.transaction_timeout_ms,
                     "linger.ms": 20,
                     "compression.type": "zstd",
+                    "error_cb": self._on_client_error,
                 },
             )
         )
-        self.registry.register(_StateCollector(self))
+        self.registry.register(StateCollector(self))
+        self.progress = (
+            ProgressPublisher(
+                admin_factory(client_config(cfg.bootstrap, cfg.extra)),
+                cfg.progress_group or f"{cfg.group_id}.progress",
+                cfg.input_topic,
+            )
+            if admin_factory is not None
+            else None
+        )
 
     # -- main loop --------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -318,24 +301,33 @@ class ChargebackService:
                 self.last_loop = time.monotonic()
                 if msgs and rebalances != self.rebalances:
                     # The assignment changed inside this consume() call: the batch may hold messages
-                    # fetched for the old assignment, whose state was committed and dropped. Discard
-                    # it and start every partition again where its restored state begins.
-                    self._reposition()
-                    msgs = []
+                    # fetched for the old assignment, whose state was committed and dropped.
+                    if self.cooperative:  # keep what continues each partition exactly
+                        msgs = self._contiguous(msgs)
+                    else:  # discard it; every partition starts again where its state begins
+                        self._reposition()
+                        msgs = []
                 if msgs:
                     try:
                         self.process(msgs)
                     except _Abort as exc:
                         self._abort_and_rewind(str(exc))
+                self.idle.advance(self.assigned, self._caught_up, self.engine.advance_idle)
                 if self._commit_due():
                     self.commit()
                 self.producer.poll(0)
             self.commit()  # the normal end-of-batch commit; open windows are NOT flushed
+            if self.progress is not None:
+                self.progress.maybe_publish(self.positions, force=True)
             clean = True
         finally:
+            if self.progress is not None:
+                self.progress.close()
             self._close(clean)
 
     def _close(self, clean: bool) -> None:
+        if not clean:
+            self.failed = True  # before close(): its revoke callback must not commit anything
         if clean:
             try:
                 self.consumer.close()  # eager revoke -> _on_revoke commits nothing new, drops state
@@ -387,6 +379,15 @@ class ChargebackService:
                 if d.name != _SAMPLE:
                     raise DecodeError("unexpected-record-type", f"{d.name} on the samples topic")
                 ts_type, ts = msg.timestamp()
+                if ts_type == TIMESTAMP_LOG_APPEND_TIME:
+                    self.idle.saw_broker_time(ts)
+                elif ts_type == TIMESTAMP_CREATE_TIME and not self.warned_create_time:
+                    self.warned_create_time = True
+                    log.warning(
+                        "input topic uses CreateTime: a node clock running ahead cannot be bounded by "
+                        "broker time; set message.timestamp.type=LogAppendTime on it",
+                        extra=fields(topic=msg.topic()),
+                    )
                 add(d.record, part, off, None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts)
             except DecodeError as exc:
                 if not engine.is_replay(part, off):
@@ -395,6 +396,7 @@ class ChargebackService:
                 if not engine.is_replay(part, off):
                     self.dead_letter(msg, "chargeback-rejected", f"{type(exc).__name__}: {exc}")
         replayed = 0
+        self.idle.saw_input(last)
         for part, off in last.items():
             self.positions[part] = off + 1
             lo = first[part]
@@ -408,6 +410,15 @@ class ChargebackService:
             self.metrics.replayed.inc(replayed)
         self.stats_snapshot = dict(engine.stats)
 
+    def _caught_up(self, part: int) -> bool:
+        try:
+            _, high = self.consumer.get_watermark_offsets(
+                TopicPartition(self.cfg.input_topic, part), timeout=0.5, cached=True
+            )
+        except KafkaException:
+            return False
+        return high >= 0 and self.positions.get(part, high) >= high
+
     def _count_replay(self, part: int, lo: int, hi: int) -> int:
         is_replay = self.engine.is_replay
         return sum(1 for o in range(lo, hi + 1) if is_replay(part, o))
@@ -415,7 +426,9 @@ class ChargebackService:
     def _consume_error(self, err: KafkaError) -> None:
         if err.code() == KafkaError._PARTITION_EOF:
             return
-        if err.fatal():
+        if err.fatal() or err.code() == KafkaError._FATAL:
+            # librdkafka reports a consumer's fatal error (e.g. a fenced group.instance.id) as an
+            # event with code _FATAL whose fatal() is False; after it the consumer is dead.
             raise ChargebackFatalError(f"fatal consumer error: {err.str()}")
         log.warning("consume error", extra=fields(error=err.str(), code=err.name()))
 
@@ -469,7 +482,7 @@ class ChargebackService:
             self._begin()
             encode, topic = self.encode, self.cfg.output_topic
             for rec in records:
-                self._produce(topic, encode(rec), rec["namespace"].encode())
+                self._produce(topic, encode(rec), output_key(rec))
             if checkpoints:
                 offsets = [
                     TopicPartition(self.cfg.input_topic, part, cp.offset, cp.to_metadata())
@@ -487,6 +500,8 @@ class ChargebackService:
             return False
         self.in_txn = False
         self.committed.update(checkpoints)
+        if self.progress is not None:
+            self.progress.maybe_publish(self.positions)
         self.pending = 0
         self.last_commit = time.monotonic()
         for rec in records:
@@ -586,14 +601,48 @@ class ChargebackService:
     def _reposition(self) -> None:
         """Seek every assigned partition to where its restored state begins."""
         topic = self.cfg.input_topic
-        tps = [TopicPartition(topic, p, self.starts[p]) for p in sorted(self.assigned) if p in self.starts]
+        # A partition restored since its last record (all of them with eager assignment) starts
+        # where its restored state begins; one kept across an incremental rebalance where it was.
+        tps = [
+            TopicPartition(topic, p, self.positions.get(p, self.starts[p]))
+            for p in sorted(self.assigned)
+            if p in self.starts
+        ]
         log.debug("repositioning after an assignment change", extra=fields(starts=self.starts))
         try:
             for tp in tps:
                 self.consumer.seek(tp)
         except KafkaException as exc:  # a partition not fetching yet: re-assigning sets positions too
+            if self.cooperative:  # assign() is not allowed: end rather than guess
+                raise ChargebackFatalError(f"seek failed: {exc.args[0].str()}") from exc
             log.info("seek failed, re-assigning instead", extra=fields(error=exc.args[0].str()))
             self.consumer.assign(tps)
+
+    def _contiguous(self, msgs: list[Message]) -> list[Message]:
+        """The messages that continue each assigned partition exactly where its state is (after an
+        incremental rebalance); a partition with a stale or missing offset is sought back there."""
+        expected: dict[int, int] = {}
+        broken: set[int] = set()
+        out: list[Message] = []
+        for m in msgs:
+            if m.error() is not None:
+                out.append(m)
+                continue
+            p = m.partition()
+            if p not in self.assigned or p in broken:
+                continue
+            exp = expected.get(p, self.positions.get(p, self.starts.get(p)))
+            if exp is None or m.offset() != exp:
+                broken.add(p)
+                if exp is not None:
+                    expected[p] = exp
+                continue
+            expected[p] = exp + 1
+            out.append(m)
+        for p in sorted(broken):
+            if p in expected:
+                self.consumer.seek(TopicPartition(self.cfg.input_topic, p, expected[p]))
+        return out
 
     def _fresh_start(self, part: int) -> int:
         low, high = self.consumer.get_watermark_offsets(
@@ -601,14 +650,42 @@ class ChargebackService:
         )
         return low if self.cfg.start == "earliest" else high
 
+    def _on_client_error(self, err: KafkaError) -> None:
+        """librdkafka's error callback (runs inside consume()/poll()): remember fatal errors."""
+        if (err.fatal() or err.code() == KafkaError._FATAL) and self.fatal is None:
+            self.fatal = ChargebackFatalError(f"fatal Kafka error ({err.name()}): {err.str()}")
+            log.error("fatal Kafka client error", extra=fields(error=err.str(), code=err.name()))
+
+    def _our_partitions(self, parts: list[TopicPartition]) -> list[int]:
+        """Partition ids of ``parts``; a topic we did not subscribe to is a fatal error (review D3)."""
+        foreign = sorted({tp.topic for tp in parts if tp.topic != self.cfg.input_topic})
+        if foreign:
+            raise ChargebackFatalError(
+                f"the group handed us partitions of {foreign}, not of {self.cfg.input_topic}: another "
+                f"environment shares the group id {self.cfg.group_id!r}; give each its own --group-id"
+            )
+        return sorted(tp.partition for tp in parts)
+
     # -- rebalance callbacks (run inside consume()) -----------------------------------------------
     def _on_assign(self, consumer: Any, parts: list[TopicPartition]) -> None:
         if self.fatal is not None:
             return
         try:
-            ids = sorted(tp.partition for tp in parts)
+            ids = self._our_partitions(parts)
+            self.idle.forget(ids)
             self.metrics.rebalances.labels("assign").inc()
             self.rebalances += 1
+            if self.cooperative:
+                # Incremental (W1): ``parts`` are only the added partitions; the kept ones go on
+                # with their state, so only what moved is restored and replayed.
+                new = [p for p in ids if p not in self.assigned]
+                starts = self._restore(new) if new else {}
+                self.starts.update(starts)
+                self.assigned.update(new)
+                consumer.incremental_assign([TopicPartition(self.cfg.input_topic, p, starts[p]) for p in new])
+                log.info("partitions assigned", extra=fields(partitions=new, incremental=True))
+                self._refresh_info()
+                return
             starts = self._restore(ids) if ids else {}
             self.starts = starts
             self.assigned = set(ids)
@@ -624,16 +701,18 @@ class ChargebackService:
         if self.fatal is not None:
             return
         try:
-            ids = sorted(tp.partition for tp in parts)
+            ids = self._our_partitions(parts)
             self.rebalances += 1
             self.metrics.rebalances.labels("revoke").inc()
-            if self.started:
+            if self.started and not self.failed:
                 self.commit(rewind=False)  # the normal end-of-batch transaction
             for part in ids:
                 self.engine.drop_partition(part)
                 self.positions.pop(part, None)
                 self.committed.pop(part, None)
             self.assigned.difference_update(ids)
+            if self.cooperative:
+                consumer.incremental_unassign(parts)
             log.info("partitions revoked", extra=fields(partitions=ids))
             self._refresh_info()
         except BaseException as exc:
@@ -643,7 +722,7 @@ class ChargebackService:
         if self.fatal is not None:
             return
         try:
-            ids = sorted(tp.partition for tp in parts)
+            ids = self._our_partitions(parts)
             self.rebalances += 1
             self.metrics.rebalances.labels("lost").inc()
             log.warning(
@@ -662,6 +741,13 @@ class ChargebackService:
                 self.committed.pop(part, None)
             self.assigned.difference_update(ids)
             self.pending = 0
+            if self.cooperative:
+                consumer.incremental_unassign(parts)
+                kept = sorted(self.assigned)  # eager: none (a new assignment restores everything)
+                if kept:
+                    self.starts.update(self._restore(kept))
+                    self.rebalances += 1  # a batch fetched before this must be discarded
+                    self._reposition()
             self._refresh_info()
         except BaseException as exc:
             self.fatal = exc
@@ -672,7 +758,11 @@ class ChargebackService:
         for part in self.assigned:
             pos = self.positions.get(part)
             cp = self.committed.get(part)
+            until = self.engine.replay_until(part)
             info[part] = {
+                "replay_remaining": (until - pos)
+                if until is not None and pos is not None and pos < until
+                else 0,
                 "position": pos,
                 "watermark_ms": self.engine.watermark(part),
                 "checkpoint_behind": (pos - cp.offset) if pos is not None and cp is not None else None,
@@ -698,7 +788,7 @@ class ChargebackService:
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         age = time.monotonic() - self.last_loop if self.last_loop else None
-        ok = self.fatal is None and self.started and age is not None and age < 60
+        ok = self.fatal is None and not self.failed and self.started and age is not None and age < 60
         return ok, {
             "assigned_partitions": sorted(self.assigned),
             "seconds_since_poll": None if age is None else round(age, 3),

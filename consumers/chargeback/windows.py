@@ -76,6 +76,7 @@ from consumers.chargeback.errors import (
     ChargebackStateError,
     CheckpointMismatchError,
 )
+from consumers.chargeback.price_schedule import PriceSchedule
 from consumers.chargeback.prices import PriceTable
 from consumers.chargeback.records import CORRECTION, WINDOW, GpuTimeAggregate, RowKey, to_record
 
@@ -83,6 +84,12 @@ DEFAULT_WINDOW_MS = 3_600_000
 DEFAULT_GRACE_MS = 300_000
 _METADATA_TAG = "gpupipe-chargeback"
 _METADATA_VERSION = 1
+
+
+def record_id(kind: str, partition: int, key: RowKey, sequence: str) -> str:
+    """The output record's idempotency key (see ChargebackWindow.record_id; review L2/W5)."""
+    start, namespace, node, model = key
+    return f"{kind}|{partition}|{start}|{namespace}|{node}|{model}|{sequence}"
 
 
 def window_bounds(ts_ms: int, window_ms: int) -> tuple[int, int]:
@@ -150,6 +157,7 @@ class _Window:
 class _Partition:
     __slots__ = (
         "closed",
+        "correction_spans",
         "corrections",
         "flushed_end",
         "gpus",
@@ -165,6 +173,7 @@ class _Partition:
         self.windows: dict[int, _Window] = {}  # open windows by start
         self.closed: list[tuple[int, _Window]] = []  # closed, not yet polled
         self.corrections: dict[RowKey, GpuTimeAggregate] = {}
+        self.correction_spans: dict[RowKey, tuple[int, int]] = {}  # first, last input offset
         self.gpus: dict[str, GpuRef] = {}
         self.next_offset: int | None = None  # highest offset seen + 1
         self.replay_until: int | None = None
@@ -179,7 +188,7 @@ class WindowEngine:
         self,
         window_ms: int = DEFAULT_WINDOW_MS,
         grace_ms: int = DEFAULT_GRACE_MS,
-        prices: PriceTable | None = None,
+        prices: PriceTable | PriceSchedule | None = None,
         instance_id: str = "chargeback",
         *,
         accounting: AccountingConfig | None = None,
@@ -193,6 +202,8 @@ class WindowEngine:
         self.window_ms = int(window_ms)
         self.grace_ms = int(grace_ms)
         self.prices = prices if prices is not None else PriceTable()
+        if isinstance(self.prices, PriceSchedule):
+            self.prices.check_windows(self.window_ms)
         self.instance_id = instance_id
         self.accounting = accounting if accounting is not None else AccountingConfig()
         self.team_of = team_of
@@ -252,6 +263,13 @@ class WindowEngine:
             if res.contributions:
                 self.stats["late"] += 1
                 self._fold(p.corrections, start, res.contributions)
+                spans = p.correction_spans
+                for c in res.contributions:
+                    rk = (start, c.namespace, c.node, c.gpu_model)
+                    lo_hi = spans.get(rk)
+                    spans[rk] = (
+                        (offset, offset) if lo_hi is None else (min(lo_hi[0], offset), max(lo_hi[1], offset))
+                    )
             return
 
         anchor = offset if res.depends_on is None else min(offset, res.depends_on)
@@ -293,6 +311,25 @@ class WindowEngine:
         for start in sorted(due):
             p.closed.append((start, p.windows.pop(start)))
 
+    def advance_idle(self, partition: int, broker_ms: int) -> bool:
+        """Move an idle partition's watermark to ``broker_ms`` (review D7); True if it moved.
+
+        Called by the service when the partition delivered nothing for ``--idle-timeout`` and is
+        caught up: its GPUs stopped sending (scale-down, a quiet fleet), so event time would never
+        close its last window nor free its checkpoint. Broker time is what its samples would carry
+        if any came; later ones for closed windows become corrections, as any late sample. The
+        advanced watermark is committed with the checkpoint, so a replay agrees with it.
+        """
+        p = self._parts.get(partition)
+        if p is None or p.watermark is None or broker_ms <= p.watermark:
+            return False
+        if p.replay_until is not None and (p.next_offset is None or p.next_offset < p.replay_until):
+            return False  # still replaying: the restored state is the truth
+        p.watermark = int(broker_ms)
+        self.stats["idle_advances"] += 1
+        self._close_due(p)
+        return True
+
     # -- output -----------------------------------------------------------------------------------
     def poll_closed(self) -> list[dict[str, Any]]:
         """ChargebackWindow records ready to emit: closed windows, then corrections, per partition."""
@@ -302,17 +339,20 @@ class WindowEngine:
             emitted_at = p.watermark if p.watermark is not None else 0
             for start, win in p.closed:
                 for ns, node, model in sorted(win.rows):
-                    out.append(
-                        self._record(
-                            (start, ns, node, model), win.rows[(ns, node, model)], WINDOW, pid, emitted_at
-                        )
-                    )
+                    rk = (start, ns, node, model)
+                    rec = self._record(rk, win.rows[(ns, node, model)], WINDOW, pid, emitted_at)
+                    rec["record_id"] = record_id(WINDOW, pid, rk, "0")
+                    out.append(rec)
                 self.stats["windows_closed"] += 1
             p.closed.clear()
             for rk in sorted(p.corrections):
-                out.append(self._record(rk, p.corrections[rk], CORRECTION, pid, emitted_at))
+                rec = self._record(rk, p.corrections[rk], CORRECTION, pid, emitted_at)
+                lo, hi = p.correction_spans.get(rk, (0, 0))
+                rec["record_id"] = record_id(CORRECTION, pid, rk, f"{lo}-{hi}")
+                out.append(rec)
                 self.stats["corrections_emitted"] += 1
             p.corrections.clear()
+            p.correction_spans.clear()
         self.stats["records_emitted"] += len(out)
         return out
 
@@ -324,7 +364,7 @@ class WindowEngine:
             agg,
             kind=kind,
             window_ms=self.window_ms,
-            prices=self.prices,
+            prices=self.prices.at(key[0]),  # the price in force when the GPU was used (D6)
             partition=pid,
             instance_id=self.instance_id,
             emitted_at_ms=emitted_at,
@@ -401,6 +441,11 @@ class WindowEngine:
         p.watermark = checkpoint.watermark_ms
         p.replay_until = checkpoint.replay_until
         p.restored = checkpoint
+
+    def replay_until(self, partition: int) -> int | None:
+        """The restored position below which records are replays (None: not restored)."""
+        p = self._parts.get(partition)
+        return None if p is None else p.replay_until
 
     def is_replay(self, partition: int, offset: int) -> bool:
         """True for a record below the restored position: its output was committed already."""

@@ -58,6 +58,12 @@ class ReportRow:
     group_by: str | None = None  # "owner" | "label:<key>" when grouping by a workload dimension
     group: str | None = None
     co2e_kg: float | None = None  # with a --carbon config: energy x grid intensity (x PUE)
+    # Billing mode only (``billing_lag_ms`` given; the FOCUS export): the billing period the row is
+    # invoiced in, and the unit prices the records carried (part of the key: one price per row).
+    billing_period_start_ms: int | None = None
+    billing_period_end_ms: int | None = None
+    price_per_gpu_hour: float | None = None
+    price_per_kwh: float | None = None
 
     @property
     def is_pseudo(self) -> bool:
@@ -119,8 +125,19 @@ def build_report(
     teams: TeamMap | None = None,
     period: str = "window",
     split_corrections: bool = False,
+    billing_lag_ms: int | None = None,
 ) -> list[ReportRow]:
-    """Sum ChargebackWindow records into report rows (see the module docstring)."""
+    """Sum ChargebackWindow records into report rows (see the module docstring).
+
+    ``billing_lag_ms`` switches to *billing mode* (the FOCUS export): a record belongs to the billing
+    period (UTC month) of its window, unless it was recorded (``emitted_at_ms``) more than
+    ``billing_lag_ms`` after that month ended, i.e. after the month was invoiced: then it is billed
+    in the month in which it was recorded, as a ``correction`` row whose charge period is still the
+    corrected window's. In-period corrections merge into their rows. ``start_ms``/``end_ms`` select
+    by billing date (the window start, or for such a late record the time it was recorded less the
+    lag), so a month's range gives that month's invoice; a charge period never extends outside its
+    billing period.
+    """
     dims = tuple(by)
     if not dims or any(d not in DIMENSIONS for d in dims) or len(set(dims)) != len(dims):
         raise ReportOptionError(
@@ -132,22 +149,46 @@ def build_report(
         raise ReportOptionError("the end of the range must be after its start")
     teams = teams if teams is not None else TeamMap()
 
-    selected = []
+    # One pass, no list of records (review L4): memory is the number of rows, not of records. With
+    # period "all" the span is known only at the end, so those rows are keyed without it first.
     first = last = None
+    sums: dict[tuple[Any, ...], _Sum] = {}
+    billing = billing_lag_ms is not None
     for rec in records:
         ws, we = _ms(rec["window_start_ms"]), _ms(rec["window_end_ms"])
-        if (start_ms is not None and ws < start_ms) or (end_ms is not None and ws >= end_ms):
+        bp: tuple[int, int] | None = None
+        late = False
+        if billing:
+            bp = _month(ws)
+            recorded = _ms(rec.get("emitted_at_ms") or ws) - int(billing_lag_ms or 0)
+            billed_at = ws
+            if recorded >= bp[1]:
+                bp, late, billed_at = _month(recorded), True, recorded
+            if (start_ms is not None and billed_at < start_ms) or (
+                end_ms is not None and billed_at >= end_ms
+            ):
+                continue
+        elif (start_ms is not None and ws < start_ms) or (end_ms is not None and ws >= end_ms):
             continue
-        selected.append((ws, we, rec))
         first = ws if first is None else min(first, ws)
         last = we if last is None else max(last, we)
-
-    sums: dict[tuple[Any, ...], _Sum] = {}
-    for ws, we, rec in selected:
         ns = rec["namespace"]
         team = ns if ns in PSEUDO_NAMESPACES else (teams.match(ns) or rec.get("team") or ns)
-        ps, pe = _period(ws, we, period, start_ms, end_ms, first, last)
-        kind = (CORRECTION if rec["kind"] == CORRECTION else WINDOW) if split_corrections else TOTAL
+        if bp is not None:
+            ps, pe = _period(ws, we, "month" if period == "all" else period, None, None, ws, we)
+            if not late:  # never outside the billing period (a window or day cannot cross a month)
+                ps, pe = max(ps, bp[0]), min(pe, bp[1])
+                if period == "all" and start_ms is not None:
+                    ps = max(ps, start_ms)
+                if period == "all" and end_ms is not None:
+                    pe = min(pe, end_ms)
+            kind = CORRECTION if late else TOTAL
+        else:
+            ps, pe = (0, 0) if period == "all" else _period(ws, we, period, start_ms, end_ms, ws, we)
+            kind = (CORRECTION if rec["kind"] == CORRECTION else WINDOW) if split_corrections else TOTAL
+        extra: tuple[Any, ...] = ()
+        if bp is not None:
+            extra = (*bp, rec.get("price_per_gpu_hour"), rec.get("price_per_kwh"))
         key = (
             ps,
             pe,
@@ -157,6 +198,7 @@ def build_report(
             rec["gpu_model"],
             rec["currency"],
             kind,
+            *extra,
         )
         s = sums.get(key)
         if s is None:
@@ -171,6 +213,9 @@ def build_report(
         s.default = s.default or rec.get("price_source") == "default"
         s.records += 1
 
+    if period == "all" and first is not None and last is not None and not billing:
+        span = _period(first, last, "all", start_ms, end_ms, first, last)
+        sums = {(*span, *k[2:]): s for k, s in sums.items()}
     rows = [
         ReportRow(
             window_start_ms=k[0],
@@ -191,11 +236,26 @@ def build_report(
             cost=s.cost_a + s.cost_e,
             default_price=s.default,
             records=s.records,
+            **(
+                dict(
+                    billing_period_start_ms=k[8],
+                    billing_period_end_ms=k[9],
+                    price_per_gpu_hour=k[10],
+                    price_per_kwh=k[11],
+                )
+                if billing
+                else {}
+            ),
         )
         for k, s in sums.items()
     ]
     rows.sort(key=_sort_key)
     return rows
+
+
+def _month(ms: int) -> tuple[int, int]:
+    """The UTC month holding ``ms``: (start, end) in epoch milliseconds."""
+    return _period(ms, ms, "month", None, None, ms, ms)
 
 
 def _sort_key(r: ReportRow) -> tuple[Any, ...]:

@@ -15,23 +15,21 @@ import argparse
 import logging
 import sys
 import time
-import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO
-
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from consumers.report.carbon import load_carbon_config
 from consumers.report.chargeback_report import DIMENSIONS, PERIODS, build_report, parse_time_ms
 from consumers.report.formats import FORMATS, FocusOptions, render_report
+from consumers.report.reader import Deduplicator, deduplicated, iter_chargeback_records
 from consumers.report.teams import TeamMap, load_team_map
 from consumers.report.workload_report import build_workload_report, is_workload_dim, valid_dims
 from gpupipe import topics
-from gpupipe.errors import ConfigError, GpupipeError
-from gpupipe.kafka_admin import client_config, parse_kafka_overrides, wait_for_broker
+from gpupipe.argtypes import positive_duration_ms
+from gpupipe.errors import ConfigError
+from gpupipe.kafka_admin import parse_kafka_overrides, wait_for_broker
 from gpupipe.logs import fields
 from schemas.codec import AvroCodec, codec_from_url
-from schemas.errors import DecodeError
 
 USES_KAFKA = True
 
@@ -101,6 +99,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="give up if the end offsets are not reached in time (an open transaction holds "
         "read_committed readers until it ends) (default 60)",
     )
+    p.add_argument(
+        "--invoice-lag",
+        type=positive_duration_ms,
+        default=86_400_000,
+        help="FOCUS export: how long after a month ends its invoice is cut (default 1d); records "
+        "recorded later are billed in the month they were recorded in, as ChargeClass=Correction, "
+        "and --from/--to select billing periods",
+    )
     p.add_argument("--focus-provider", default="gpupipe", help="FOCUS ProviderName/InvoiceIssuerName")
     p.add_argument("--focus-account", default="gpupipe", help="FOCUS BillingAccountId")
 
@@ -114,78 +120,11 @@ def read_chargeback_records(
     timeout_s: float = 60.0,
     on_bad: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every committed ChargebackWindow record of ``topic`` up to the end offsets seen at the start."""
-    consumer = Consumer(
-        client_config(
-            bootstrap,
-            extra,
-            **{
-                "group.id": f"gpupipe-report-{uuid.uuid4()}",
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-                "isolation.level": "read_committed",
-                "enable.partition.eof": True,
-                "auto.offset.reset": "earliest",
-            },
-        )
+    """Every committed ChargebackWindow record of ``topic`` (duplicates included), as a list."""
+    records = iter_chargeback_records(
+        bootstrap, topic, codec, extra=extra, timeout_s=timeout_s, on_bad=on_bad
     )
-    out: list[dict[str, Any]] = []
-    try:
-        md = consumer.list_topics(topic, timeout=10)
-        tmd = md.topics.get(topic)
-        if tmd is None or tmd.error is not None:
-            raise ConfigError(f"topic {topic} does not exist (has chargeback run with this --topic-prefix?)")
-        ends: dict[int, int] = {}
-        assign = []
-        for part in sorted(tmd.partitions):
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, part), timeout=10)
-            if high > low:
-                ends[part] = high
-                assign.append(TopicPartition(topic, part, OFFSET_BEGINNING))
-        if not assign:
-            return out
-        consumer.assign(assign)
-        pending = set(ends)
-        deadline = time.monotonic() + timeout_s
-        decode = codec.decode
-        while pending:
-            if time.monotonic() > deadline:
-                where = ", ".join(f"[{p}] (end {ends[p]})" for p in sorted(pending))
-                raise GpupipeError(
-                    f"timed out after {timeout_s:g}s reading {topic} partitions {where}: an open "
-                    "transaction of a crashed chargeback instance blocks read_committed readers until "
-                    "the instance restarts or its transaction times out; retry, or raise --timeout"
-                )
-            for msg in consumer.consume(1000, 0.5):
-                err = msg.error()
-                part = msg.partition()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        if msg.offset() >= ends.get(part, 0):
-                            pending.discard(part)
-                    elif err.fatal():
-                        raise GpupipeError(f"reading {topic}: {err.str()}")
-                    continue
-                if part not in ends or msg.offset() >= ends[part]:
-                    pending.discard(part)
-                    continue
-                try:
-                    d = decode(msg.value())
-                except DecodeError as exc:
-                    if on_bad:
-                        on_bad(
-                            f"{topic}[{part}]@{msg.offset()}: not a ChargebackWindow record ({exc.reason})"
-                        )
-                    continue
-                if d.name == "ChargebackWindow":
-                    out.append(d.record)
-                if msg.offset() + 1 >= ends[part]:
-                    pending.discard(part)
-    except KafkaException as exc:
-        raise GpupipeError(f"reading {topic}: {exc.args[0].str()}") from exc
-    finally:
-        consumer.close()
-    return out
+    return [rec for rec, _ in records]
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
@@ -211,12 +150,27 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         print(f"gpupipe report: {line}", file=err)
 
     began = time.monotonic()
-    records = read_chargeback_records(
-        args.bootstrap_servers, topic, codec, extra=extra, timeout_s=args.timeout, on_bad=on_bad
+    dedup = Deduplicator()
+    stream = iter_chargeback_records(
+        args.bootstrap_servers,
+        topic,
+        codec,
+        extra=extra,
+        timeout_s=args.timeout,
+        on_bad=on_bad,
+        since_ms=start_ms,
     )
+    counted = 0
+
+    def counting() -> Iterator[dict[str, Any]]:
+        nonlocal counted
+        for rec in deduplicated(stream, dedup):
+            counted += 1
+            yield rec
+
     if carbon is not None or any(is_workload_dim(d) for d in args.by) or teams.has_label_rules:
         rows = build_workload_report(
-            records,
+            counting(),
             by=args.by,
             teams=teams,
             start_ms=start_ms,
@@ -227,13 +181,19 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         )
     else:
         rows = build_report(
-            records,
+            counting(),
             start_ms=start_ms,
             end_ms=end_ms,
             by=args.by,
             teams=teams,
             period=args.period,
             split_corrections=args.split_corrections,
+            billing_lag_ms=args.invoice_lag if args.format == "focus" else None,
+        )
+    if dedup.dropped:
+        print(
+            f"gpupipe report: {dedup.dropped} re-emitted records counted once (same record_id)",
+            file=err,
         )
     focus = FocusOptions(provider_name=args.focus_provider, billing_account_id=args.focus_account)
     out.write(render_report(rows, args.format, focus=focus))
@@ -241,7 +201,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     log.debug(
         "report done",
         extra=fields(
-            records=len(records), rows=len(rows), skipped=bad, seconds=round(time.monotonic() - began, 3)
+            records=counted,
+            duplicates=dedup.dropped,
+            rows=len(rows),
+            skipped=bad,
+            seconds=round(time.monotonic() - began, 3),
         ),
     )
     return 0

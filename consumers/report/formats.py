@@ -1,4 +1,4 @@
-"""Render report rows: an aligned terminal table, CSV, JSON, JSON lines, FinOps FOCUS 1.2 CSV, or HTML.
+"""Render report rows: an aligned terminal table, CSV, JSON, JSON lines, FinOps FOCUS 1.3 CSV, or HTML.
 
 Pure string building. ``csv``/``json``/``jsonl`` share one stable column set (columns that are not
 grouping dimensions are empty / null) so scripts can rely on it; ``table`` shows only the grouping
@@ -7,7 +7,9 @@ columns and adds a totals row per currency.
 FOCUS: every report row becomes up to two charge rows, because FOCUS prices one unit per row: a
 GPU-time charge (``GPU-Hours``, at the GPU model's hourly price) and an energy charge (``kWh``).
 Costs are internal chargeback prices with no discounts, so BilledCost = EffectiveCost = ListCost =
-ContractedCost. Correction rows (with ``split_corrections``) carry ChargeClass ``Correction``.
+ContractedCost. ChargeClass is ``Correction`` only on rows that correct an already invoiced billing
+period (billing mode, see ``build_report(billing_lag_ms=...)``); split cost allocation columns
+(``Allocated*``, FOCUS 1.3) name the namespace or team each GPU charge is allocated to.
 The team is the SubAccount. Custom columns are prefixed ``x_`` and come after the FOCUS ones.
 """
 
@@ -48,6 +50,11 @@ COLUMNS = (
 )
 
 FOCUS_COLUMNS = (
+    "AllocatedMethodDetails",
+    "AllocatedMethodId",
+    "AllocatedResourceId",
+    "AllocatedResourceName",
+    "AllocatedTags",
     "BilledCost",
     "BillingAccountId",
     "BillingAccountName",
@@ -65,6 +72,7 @@ FOCUS_COLUMNS = (
     "ContractedCost",
     "ContractedUnitPrice",
     "EffectiveCost",
+    "HostProviderName",
     "InvoiceIssuerName",
     "ListCost",
     "ListUnitPrice",
@@ -80,6 +88,7 @@ FOCUS_COLUMNS = (
     "ResourceType",
     "ServiceCategory",
     "ServiceName",
+    "ServiceProviderName",
     "ServiceSubcategory",
     "SkuId",
     "SkuMeter",
@@ -321,21 +330,45 @@ def _resource_id(r: ReportRow) -> str:
     return "/".join(["gpu", *parts, f"model={r.gpu_model}"])
 
 
+def _origin(r: ReportRow) -> tuple[Any, ...]:
+    """The origin charge a row is an allocated part of: the GPUs of one model (on one node)."""
+    return (r.billing_period_start_ms, r.window_start_ms, r.window_end_ms, r.kind, r.node, r.gpu_model)
+
+
 def render_focus(rows: Sequence[ReportRow], opts: FocusOptions) -> str:
+    """FOCUS 1.3 Cost and Usage rows, two charges (GPU time, energy) per report row.
+
+    Split cost allocation (1.3): each row is an *allocated charge* of an origin charge, the GPUs of
+    one model (on one node when grouped by node) in one charge period; ``ResourceId`` names the
+    origin, ``AllocatedResourceId`` the namespace or team it is allocated to (null for the
+    unallocated portion: pseudo-namespaces), ``AllocatedMethodDetails`` the ratio of the origin.
+    ``ChargeClass`` is ``Correction`` only for rows of billing mode that correct an earlier,
+    already invoiced billing period (see ``build_report(billing_lag_ms=...)``), else null.
+    """
+    origin_gpu: dict[tuple[Any, ...], float] = {}
+    origin_kwh: dict[tuple[Any, ...], float] = {}
+    for r in rows:
+        o = _origin(r)
+        origin_gpu[o] = origin_gpu.get(o, 0.0) + r.gpu_hours_allocated
+        origin_kwh[o] = origin_kwh.get(o, 0.0) + r.energy_kwh
     out: list[dict[str, str]] = []
     for r in rows:
-        bp_start, bp_end = _billing_period(r.window_start_ms)
-        tags = {
+        if r.billing_period_start_ms is not None and r.billing_period_end_ms is not None:
+            bp_start, bp_end = iso(r.billing_period_start_ms), iso(r.billing_period_end_ms)
+        else:
+            bp_start, bp_end = _billing_period(r.window_start_ms)
+        billed_late = r.billing_period_start_ms is not None and r.kind == CORRECTION
+        tags = {k: v for k, v in (("gpupipe/node", r.node), ("gpupipe/gpu-model", r.gpu_model)) if v}
+        allocated_tags = {
             k: v
             for k, v in (
                 ("gpupipe/namespace", r.namespace),
                 ("gpupipe/team", r.team),
-                ("gpupipe/node", r.node),
-                ("gpupipe/gpu-model", r.gpu_model),
                 (f"gpupipe/{r.group_by}", r.group),
             )
             if v is not None
         }
+        holder = next((h for h in (r.namespace, r.team, r.group) if h is not None), None)
         base = {
             "BillingAccountId": opts.billing_account_id,
             "BillingAccountName": opts.billing_account_name,
@@ -343,20 +376,25 @@ def render_focus(rows: Sequence[ReportRow], opts: FocusOptions) -> str:
             "BillingPeriodEnd": bp_end,
             "BillingPeriodStart": bp_start,
             "ChargeCategory": "Usage",
-            "ChargeClass": "Correction" if r.kind == CORRECTION else "",
+            "ChargeClass": "Correction" if billed_late else "",
             "ChargeFrequency": "Usage-Based",
             "ChargePeriodEnd": iso(r.window_end_ms),
             "ChargePeriodStart": iso(r.window_start_ms),
+            "HostProviderName": opts.provider_name,
             "InvoiceIssuerName": opts.provider_name,
             "PricingCategory": "Standard",
             "ProviderName": opts.provider_name,
             "PublisherName": opts.provider_name,
             "RegionId": "",
             "RegionName": "",
-            "ResourceId": _resource_id(r),
-            "ResourceName": f"{r.gpu_model} ({_subject(r)})",
+            "ResourceId": _origin_id(r),
+            "ResourceName": f"{r.gpu_model} GPUs" + (f" on {r.node}" if r.node else ""),
+            "AllocatedResourceId": "" if r.is_pseudo else _resource_id(r),
+            "AllocatedResourceName": "" if r.is_pseudo else (holder or ""),
+            "AllocatedTags": json.dumps(allocated_tags, separators=(",", ":"), sort_keys=True),
             "ServiceCategory": "Compute",
             "ServiceName": opts.service_name,
+            "ServiceProviderName": opts.provider_name,
             "ServiceSubcategory": "Containers",
             "SubAccountId": r.team or "",
             "SubAccountName": r.team or "",
@@ -370,10 +408,13 @@ def render_focus(rows: Sequence[ReportRow], opts: FocusOptions) -> str:
             "x_Group": r.group or "",
             "x_CarbonGCO2e": "",
         }
+        o = _origin(r)
         if r.gpu_hours_allocated != 0 or r.cost_allocation != 0:
-            out.append(_focus_line({**base, **_gpu_charge(r)}))
+            alloc = _allocation("gpupipe-gpu-time", r.gpu_hours_allocated, origin_gpu[o], "GPU-Hours")
+            out.append(_focus_line({**base, **alloc, **_gpu_charge(r)}))
         if r.energy_kwh != 0 or r.cost_energy != 0:
-            out.append(_focus_line({**base, **_energy_charge(r)}))
+            alloc = _allocation("gpupipe-gpu-energy", r.energy_kwh, origin_kwh[o], "kWh")
+            out.append(_focus_line({**base, **alloc, **_energy_charge(r)}))
     header = list(FOCUS_COLUMNS)
     if any(r.group_by is not None for r in rows):
         header += FOCUS_GROUP_COLUMNS
@@ -382,8 +423,27 @@ def render_focus(rows: Sequence[ReportRow], opts: FocusOptions) -> str:
     return _csv(header, [[values.get(c, "") for c in header] for values in out])
 
 
+def _origin_id(r: ReportRow) -> str:
+    return "/".join(["gpu", *([f"node={r.node}"] if r.node else []), f"model={r.gpu_model}"])
+
+
+def _allocation(method: str, quantity: float, origin: float, unit: str) -> dict[str, str]:
+    """AllocatedMethodId and AllocatedMethodDetails (FOCUS 1.3 split cost allocation) of one charge."""
+    ratio = quantity / origin if origin else 0.0
+    details = {
+        "Elements": [{"AllocatedRatio": _num(ratio), "UsageUnit": unit, "UsageQuantity": _num(quantity)}]
+    }
+    return {
+        "AllocatedMethodId": method,
+        "AllocatedMethodDetails": json.dumps(details, separators=(",", ":")),
+    }
+
+
 def _gpu_charge(r: ReportRow) -> dict[str, str]:
-    unit_price = r.cost_allocation / r.gpu_hours_allocated if r.gpu_hours_allocated else 0.0
+    if r.price_per_gpu_hour is not None:  # billing mode: the price-table entry, stable over time
+        unit_price = r.price_per_gpu_hour
+    else:
+        unit_price = r.cost_allocation / r.gpu_hours_allocated if r.gpu_hours_allocated else 0.0
     what = f"{r.gpu_hours_allocated:.3f} GPU-hours of {r.gpu_model}"
     return {
         "ChargeDescription": f"GPU time: {what} for {_subject(r)}",
@@ -400,7 +460,10 @@ def _gpu_charge(r: ReportRow) -> dict[str, str]:
 
 
 def _energy_charge(r: ReportRow) -> dict[str, str]:
-    unit_price = r.cost_energy / r.energy_kwh if r.energy_kwh else 0.0
+    if r.price_per_kwh is not None:
+        unit_price = r.price_per_kwh
+    else:
+        unit_price = r.cost_energy / r.energy_kwh if r.energy_kwh else 0.0
     what = f"{r.energy_kwh:.3f} kWh drawn by {r.gpu_model} GPUs"
     return {
         "ChargeDescription": f"GPU energy: {what} for {_subject(r)}",

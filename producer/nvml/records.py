@@ -36,6 +36,9 @@ IDENTITY_FIELDS = frozenset(
         "nvml_version",
         "inforom_image_version",
         "allocations_stale",
+        # Set by the node agent for chargeback (issue 10), not measured by NVML.
+        "allocations_known",
+        "mig_configured_fraction",
     }
 )
 _LIST_FIELDS = ("allocations", "processes")

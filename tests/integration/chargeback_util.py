@@ -20,6 +20,11 @@ from schemas.codec import AvroCodec
 from tests.integration.kafka_util import GPUPIPE, REPO
 
 HOUR_MS = 3_600_000
+_COORDINATOR_LOADING = (
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+)
 
 
 def past_hour_ms(hours_back: int) -> int:
@@ -80,7 +85,17 @@ class Progress:
     def until(self) -> dict[int, int]:
         """Per partition, the position up to which output is committed (0 when none)."""
         out = {}
-        for tp in self.c.committed([TopicPartition(self.topic, p) for p in self.parts], timeout=10):
+        deadline = time.monotonic() + 20
+        while True:  # a fresh broker may not have loaded the group coordinator yet (NOT_COORDINATOR)
+            try:
+                committed = self.c.committed([TopicPartition(self.topic, p) for p in self.parts], timeout=10)
+                break
+            except KafkaException as exc:
+                transient = exc.args[0].retriable() or exc.args[0].code() in _COORDINATOR_LOADING
+                if not transient or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        for tp in committed:
             until = 0
             if tp.offset is not None and tp.offset >= 0 and tp.metadata:
                 until = json.loads(tp.metadata)["until"]

@@ -38,15 +38,22 @@ def test_chargeback_has_its_group_and_transactional_ids() -> None:
 def test_the_group_ids_match_what_the_services_use() -> None:
     """Read from the services' code: a renamed group must change the ACL table too."""
     parser = cli.build_parser()
-    for role in ("metrics", "chargeback", "alerts", "recommend"):
+    for role in ("metrics", "alerts", "recommend"):
         args = parser.parse_args([role])
         assert args.group_id == acls.DEFAULT_GROUPS[role]
+    from consumers.chargeback.identity import default_group_id
+
+    assert default_group_id("") == acls.DEFAULT_GROUPS["chargeback"]
+    assert {a.name for a in acls.role_acls("chargeback", "staging.") if a.resource_type == "GROUP"} == {
+        default_group_id("staging."),
+        default_group_id("staging.") + ".progress",
+    }
     import inspect
 
     from consumers import tail, topic_reader
     from consumers.alerts import service as alerts_service
     from consumers.metrics import service as metrics_service
-    from consumers.report import command as report_command
+    from consumers.report import reader as report_command  # the report's Kafka reader
 
     for module, role in (
         (tail, "tail"),

@@ -11,6 +11,7 @@ from consumers.chargeback.accounting import (
     FIRST,
     MIG_SHARED,
     UNALLOCATED,
+    UNATTRIBUTED,
     AccountingConfig,
     GpuRef,
     account,
@@ -77,8 +78,8 @@ def ref(ts: int, energy_mj: int | None = None, offset: int = 0) -> GpuRef:
         (T0, T0 + 10_037, CONTINUED, 10_037, True),  # jitter is billed as measured
         (T0, T0 + 20_050, CONTINUED, 20_050, True),  # one lost sample: still billed
         (T0, T0 + 25_000, CONTINUED, 25_000, True),  # exactly the cap
-        (T0, T0 + 25_001, FIRST, 10_000, True),  # a longer gap is not billed: own interval only
-        (T0, T0 + 3_600_000, FIRST, 10_000, True),
+        (T0, T0 + 25_001, FIRST, 25_000, True),  # a longer gap bills the cap, never less (D8)
+        (T0, T0 + 3_600_000, FIRST, 25_000, True),
         (T0, T0, DUPLICATE, 0, False),  # same key, same timestamp: counted once
         (T0, T0 - 10_000, DUPLICATE, 0, False),  # re-sent / reordered within the cap
         (T0, T0 - 25_000, DUPLICATE, 0, False),
@@ -96,7 +97,7 @@ def test_timeline(ref_ts, ts, status, dt_ms, moves_ref):
     assert res.dt_ms >= 0
     assert sum(c.allocated_s for c in res.contributions) == pytest.approx(dt_ms / 1000)
     # the decision depended on the reference unless the outcome is the same as without one
-    assert res.depends_on == (None if status == FIRST else 41)
+    assert res.depends_on == (None if ref_ts is None else 41)
 
 
 @pytest.mark.parametrize(
@@ -148,11 +149,17 @@ def test_gpu_key_is_mig_uuid_for_slices():
         ),
         # a holder with no process that ran gets nothing this sample
         ([alloc("a", "p1"), alloc("b", "p2")], [proc("a", "p1", 0.4)], {("a", "p1"): 1.0, ("b", "p2"): 0.0}),
-        # processes of pods that do not hold the GPU, unattributed or idle processes: equal split
+        # processes of pods that do not hold the GPU, or unattributed: their share is nobody's (D8)
         (
             [alloc("a", "p1"), alloc("b", "p2")],
             [proc("c", "p9", 0.9), proc(None, None, 0.5)],
-            {("a", "p1"): 0.5, ("b", "p2"): 0.5},
+            {("a", "p1"): 0.0, ("b", "p2"): 0.0, (UNATTRIBUTED, None): 1.0},
+        ),
+        # review D8: A (5% SM) and an unattributed process of B (90%) never bills A 100%
+        (
+            [alloc("a", "p1"), alloc("b", "p2")],
+            [proc("a", "p1", 0.05), proc(None, None, 0.9)],
+            {("a", "p1"): 0.05 / 0.95, ("b", "p2"): 0.0, (UNATTRIBUTED, None): 0.9 / 0.95},
         ),
         (
             [alloc("a", "p1"), alloc("b", "p2")],
@@ -299,6 +306,39 @@ def test_backwards_sample_energy_is_power_times_interval():
     res = account(sample(T0 - 60_000, total_energy_mj=5, power_w=100.0), ref(T0, 10**9), 1, CFG)
     assert res.status == BACKWARDS
     assert res.contributions[0].energy_j == pytest.approx(1000.0)
+
+
+def test_clock_step_back_never_double_counts_energy():
+    """D8: the counter went on while the clock stepped back; the reference stays, so the next
+    sample past it measures that energy: the backwards samples must not add power x interval."""
+    res = account(sample(T0 - 60_000, total_energy_mj=2 * 10**9, power_w=100.0), ref(T0, 10**9), 1, CFG)
+    assert res.status == BACKWARDS and res.contributions[0].energy_j == 0.0
+
+
+def test_energy_series_through_a_step_back_and_a_gap_matches_the_counter():
+    """D8 end to end: 300 W for 30 min at 10 s with a 60 s clock step back and a 5-minute gap."""
+    cfg, power, r, total_j, off = CFG, 300.0, None, 0.0, 0
+    true_ts = list(range(T0, T0 + 1_800_000 + 1, 10_000))
+    for t in true_ts:
+        if T0 + 600_000 < t < T0 + 900_000:
+            continue  # telemetry gap of 5 minutes (the counter keeps counting)
+        clock = t - 60_000 if T0 + 1_200_000 <= t < T0 + 1_300_000 else t  # stepped back 60 s
+        s = sample(clock, total_energy_mj=int((t - T0) * power), power_w=power)
+        res = account(s, r, off, cfg)
+        off += 1
+        total_j += sum(c.energy_j for c in res.contributions)
+        if res.new_ref is not None:
+            r = res.new_ref
+    true_j = 1_800_000 / 1000 * power
+    assert total_j == pytest.approx(true_j + 10 * power)  # + the first sample's own interval
+
+
+def test_a_longer_gap_never_bills_less():
+    """D8: the gap cap is monotonic (it was a cliff: 2.5 s billed 2.5 s, 2.6 s billed 1 s)."""
+    billed = [
+        account(sample(T0 + gap, interval_ms=1_000), ref(T0), 1, CFG).dt_ms for gap in range(1, 30_000, 100)
+    ]
+    assert billed == sorted(billed) and billed[-1] == 2_500
 
 
 def test_duplicate_contributes_nothing():

@@ -11,6 +11,7 @@ from consumers.chargeback.command import EXAMPLE_PRICES, load_prices
 from gpupipe.cli import apply_env_defaults, build_parser
 
 REPO = Path(__file__).resolve().parents[2]
+NOWHERE = ("--bootstrap-servers", "127.0.0.1:9")  # clients are built, never used
 
 
 def test_built_in_prices_are_the_example_file() -> None:
@@ -24,14 +25,31 @@ def test_chargeback_defaults_and_env() -> None:
     parser = build_parser()
     args = parser.parse_args(["chargeback"])
     assert (args.window, args.grace, args.commit_interval) == (3_600_000, 300_000, 1000)
-    assert args.group_id == "gpupipe-chargeback" and args.instance_id is None and args.static_membership
-    assert args.start == "earliest" and args.max_clock_skew == 900_000 and args.prices is None
+    assert args.group_id is None and args.instance_id is None and args.static_membership
+    assert args.start == "earliest" and args.max_clock_skew == 60_000 and args.prices is None
     args = parser.parse_args(["chargeback", "--window", "10m", "--grace", "0", "--max-clock-skew", "off"])
     assert (args.window, args.grace, args.max_clock_skew) == (600_000, 0, None)
     parser = build_parser()
     apply_env_defaults(parser, {"GPUPIPE_WINDOW": "15m", "GPUPIPE_INSTANCE_ID": "cb-0"})
     args = parser.parse_args(["chargeback"])
     assert args.window == 900_000 and args.instance_id == "cb-0"
+
+
+def test_every_kafka_identity_carries_the_topic_prefix() -> None:
+    """Review D3: environments sharing a cluster must never share a group or transactional id."""
+    from consumers.chargeback.command import build_service
+
+    args = build_parser().parse_args(
+        ["chargeback", *NOWHERE, "--topic-prefix", "staging.", "--instance-id", "cb-0"]
+    )
+    svc = build_service(args, {})
+    assert svc.cfg.group_id == "staging.gpupipe-chargeback"
+    assert svc.cfg.transactional_id == "staging.gpupipe-chargeback.cb-0"
+    args = build_parser().parse_args(
+        ["chargeback", *NOWHERE, "--group-id", "g", "--transactional-id", "tx-1", "--instance-id", "cb-0"]
+    )
+    svc = build_service(args, {})
+    assert (svc.cfg.group_id, svc.cfg.transactional_id) == ("g", "tx-1")
 
 
 @pytest.mark.parametrize("bad", [["--window", "0"], ["--grace", "-1m"], ["--commit-records", "0"]])

@@ -32,12 +32,20 @@ def _fields(schema: dict) -> list[dict]:
     return out
 
 
-def test_current_is_released_v1_plus_appended_fields_with_defaults():
+def test_current_is_released_v1_plus_defaulted_fields_at_the_end():
     current = json.loads((SCHEMAS / "ChargebackWindow.avsc").read_text())
     released = json.loads((SCHEMAS / "released" / "ChargebackWindow.v1.avsc").read_text())
     n = len(released["fields"])
+    assert {k: v for k, v in current.items() if k != "fields"} == {
+        k: v for k, v in released.items() if k != "fields"
+    }
     assert current["fields"][:n] == released["fields"]
-    assert all("default" in f for f in current["fields"][n:])  # e.g. workloads (issue 14)
+    added = current["fields"][n:]
+    assert [f["name"] for f in added] == [
+        "workloads",
+        "record_id",
+    ]  # issue 14; the idempotency key (review L2)
+    assert all("default" in f for f in added)
 
 
 def test_every_field_is_documented_and_timestamps_are_millis():

@@ -38,8 +38,8 @@ GOLDEN = [
     ("json", {}, "report.json"),
     ("jsonl", {"by": ("team",), "period": "all"}, "report-by-team.jsonl"),
     ("table", {"by": ("team",), "period": "all"}, "report-by-team.table.txt"),
-    ("focus", {}, "report.focus.csv"),
-    ("focus", {"split_corrections": True, "by": ("team",)}, "report-by-team-split.focus.csv"),
+    ("focus", {"billing_lag_ms": 86_400_000}, "report.focus.csv"),
+    ("focus", {"billing_lag_ms": 86_400_000, "by": ("team",)}, "report-by-team-split.focus.csv"),
 ]
 
 
@@ -134,8 +134,7 @@ def test_focus_costs_add_up_to_the_report():
     assert [line["ConsumedUnit"] for line in mig] == ["kWh"]
 
 
-def test_focus_corrections_are_flagged_when_split():
-    lines = _focus(split_corrections=True)
-    corrections = [line for line in lines if line["ChargeClass"] == "Correction"]
-    assert corrections and all(line["x_Namespace"] == "ml-train" for line in corrections)
-    assert {line["SubAccountId"] for line in corrections} == {"ml-platform"}
+def test_focus_in_period_corrections_are_not_flagged():
+    """FOCUS: ChargeClass MUST be null for a correction within the current billing period (D5)."""
+    lines = _focus(split_corrections=True) + _focus(billing_lag_ms=86_400_000)
+    assert lines and {line["ChargeClass"] for line in lines} == {""}
