@@ -8,17 +8,15 @@ kernel log (``input_errors{input="kmsg",reason}``), the kubelet (``source_up``),
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-if TYPE_CHECKING:
-    from producer.node_agent import NodeAgent
-
 
 class AgentCollector(Collector):
-    def __init__(self, agent: NodeAgent) -> None:
+    def __init__(self, agent: Any) -> None:
+        """``agent``: the :class:`producer.node_agent.NodeAgent` (not imported: it imports us)."""
         self._a = agent
 
     def collect(self) -> Iterator[Any]:

@@ -57,7 +57,6 @@ Each published revision increments ``sequence``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from consumers.alerts.alert_policy import (
@@ -73,14 +72,13 @@ from consumers.alerts.alert_policy import (
 from consumers.alerts.alert_record import Alert, alert_id, signal_code
 from consumers.alerts.catalog import CATALOG_VERSION
 from consumers.alerts.classify import (
-    DEFAULT_CONFIG,
     Classification,
-    ClassifyConfig,
     FaultEvent,
     GpuHealth,
     GpuXidHistory,
     classify,
 )
+from consumers.alerts.engine_config import EngineConfig, Key
 from consumers.alerts.engine_evidence import EvidenceMixin
 from consumers.alerts.health_signals import (
     LEVEL_SIGNALS,
@@ -95,36 +93,10 @@ from consumers.alerts.node_burst import NodeBurstMixin
 
 __all__ = ["STICKY_ACTIONS", "AlertEngine", "EngineConfig", "sticky", "worse"]
 
-MINUTE_MS = 60_000
 _EVENT_KINDS = frozenset({"xid", "sxid", "fallen_off_bus", "gpu_lost", "unknown"})
 _SINGLE_SOURCES = frozenset({"nvml", "kmsg"})
 
 
-@dataclass(frozen=True, slots=True)
-class EngineConfig:
-    dedupe_window_ms: int = 10 * MINUTE_MS
-    resolve_after_ms: int = 30 * MINUTE_MS
-    update_interval_ms: int = 30_000
-    node_burst_gpus: int = 3
-    node_burst_window_ms: int = MINUTE_MS
-    sighting_merge_ms: int = 2_000
-    max_future_skew_ms: int = 5 * MINUTE_MS
-    event_id_memory: int = 200_000
-    classify: ClassifyConfig = field(default=DEFAULT_CONFIG)
-
-    def __post_init__(self) -> None:
-        for name in ("dedupe_window_ms", "resolve_after_ms", "node_burst_window_ms"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive")
-        if self.update_interval_ms < 0 or self.sighting_merge_ms < 0 or self.max_future_skew_ms < 0:
-            raise ValueError("intervals must not be negative")
-        if self.node_burst_gpus < 2:
-            raise ValueError("node_burst_gpus must be at least 2")
-        if self.event_id_memory < 1:
-            raise ValueError("event_id_memory must be positive")
-
-
-Key = tuple[str, str, str, str]
 HealthFn = Callable[[str, str], GpuHealth | None]
 IdentityFn = Callable[[str, str], GpuIdentity | None]
 

@@ -16,7 +16,7 @@ from consumers.alerts.classify import FaultEvent, GpuXidHistory
 from consumers.alerts.health_signals import LEVEL_SIGNALS
 
 if TYPE_CHECKING:
-    from consumers.alerts.dedupe import EngineConfig, Key
+    from consumers.alerts.engine_config import EngineConfig, Key
 
 __all__ = ["EvidenceMixin"]
 

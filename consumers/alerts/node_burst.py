@@ -13,7 +13,7 @@ from consumers.alerts.alert_record import Alert
 from consumers.alerts.catalog import CATALOG_VERSION
 
 if TYPE_CHECKING:
-    from consumers.alerts.dedupe import EngineConfig, Key
+    from consumers.alerts.engine_config import EngineConfig, Key
 
 __all__ = ["NodeBurstMixin"]
 

@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import Any
 
 from gpupipe.errors import ConfigError
 from producer.nvml.base import DeviceContext
-
-if TYPE_CHECKING:
-    from producer.nvml.source import NvmlSource
 
 log = logging.getLogger("gpupipe.nvml")
 
@@ -26,7 +23,8 @@ class SourceReporter:
 
     __slots__ = ("_src",)
 
-    def __init__(self, src: NvmlSource) -> None:
+    def __init__(self, src: Any) -> None:
+        """``src``: the :class:`producer.nvml.source.NvmlSource` (not imported: it imports us)."""
         self._src = src
 
     def error(self, kind: str) -> None:
