@@ -36,9 +36,8 @@ from tests.integration.metrics_helpers import (
 
 pytestmark = pytest.mark.integration
 
-_REF = Path(__file__).resolve().parents[3] / "shared" / "reference"
-if not _REF.is_dir():
-    _REF = Path("/work/shared/reference")
+# A copy of NVIDIA's dashboard (source named in tests/fixtures/reference/README.md).
+_REF = Path(__file__).resolve().parents[1] / "fixtures" / "reference"
 DASHBOARD = _REF / "dcgm-exporter-dashboard.json"
 
 NODES, GPUS_PER_NODE = 2, 4
