@@ -17,7 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import random
+import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -28,7 +31,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from gpupipe import topics
-from gpupipe.errors import BrokerUnavailableError, ConfigError
+from gpupipe.errors import BrokerUnavailableError, ConfigError, GpupipeError
 from gpupipe.logs import fields
 
 log = logging.getLogger("gpupipe.startup")
@@ -71,18 +74,22 @@ def process_start_ms() -> int:
 
 
 # -- flags -------------------------------------------------------------------------------------------
-def add_arguments(p: argparse.ArgumentParser, *, startup_default: str = "0") -> None:
-    """``--startup-timeout`` and ``--shutdown-timeout`` (env twins GPUPIPE_STARTUP_TIMEOUT, ...)."""
+def add_arguments(p: argparse.ArgumentParser, *, startup_default: str | None = "0") -> None:
+    """``--startup-timeout`` and ``--shutdown-timeout`` (env twins GPUPIPE_STARTUP_TIMEOUT, ...).
+
+    `startup_default` None leaves the default to the command (the producer: 10s for a --duration
+    job, else for ever)."""
     from gpupipe.argtypes import duration_ms
 
     g = p.add_argument_group("start-up and shutdown")
+    shown = "0: for ever" if startup_default == "0" else (startup_default or "10s with --duration, else 0")
     g.add_argument(
         "--startup-timeout",
         type=duration_ms,
-        default=duration_ms(startup_default),
+        default=None if startup_default is None else duration_ms(startup_default),
         metavar="DURATION",
         help="give up (exit 3) when Kafka and the topics are not usable within this time; 0 waits for "
-        f"ever, answering 503 on /healthz meanwhile (default {startup_default})",
+        f"ever, answering 503 on /healthz meanwhile (default {shown})",
     )
     g.add_argument(
         "--shutdown-timeout",
@@ -168,11 +175,12 @@ def retry(
             state.last_error = message
             elapsed = time.monotonic() - began
             if timeout_s and elapsed >= timeout_s:
-                raise BrokerUnavailableError(f"{what}: gave up after {elapsed:.0f}s: {message}") from exc
+                raise BrokerUnavailableError(f"{message} (gave up waiting after {elapsed:.0f}s)") from exc
             delay = backoff.next()
             if timeout_s:
                 delay = min(delay, max(0.0, timeout_s - elapsed))
-            if state.attempts == 1 or time.monotonic() - last_log >= 10.0:
+            # Quiet on the first failure (a job's one-line error stays one line), then every 10s.
+            if state.attempts >= 2 and time.monotonic() - last_log >= 10.0:
                 last_log = time.monotonic()
                 log.warning(
                     "waiting: %s",
@@ -329,3 +337,121 @@ class StartupHealth:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+# -- bounded shutdown ------------------------------------------------------------------------------
+class ShutdownDeadline:
+    """SIGTERM/SIGINT set `stop` and arm a deadline: past it, one line on stderr and exit now.
+
+    Why: with the broker gone, librdkafka's flush/close and a transaction abort can each wait for
+    their own timeouts (30 s and more), longer than Kubernetes' grace period; SIGKILL would then
+    lose what a clean exit could still say. Services should finish well within the budget (the
+    producer sizes its flush by :meth:`remaining`); the deadline is the backstop.
+    """
+
+    def __init__(self, stop: threading.Event, timeout_ms: int, service: str) -> None:
+        self.stop = stop
+        self.timeout_s = max(0.1, timeout_ms / 1000.0) if timeout_ms else DEFAULT_SHUTDOWN_S
+        self.service = service
+        self.signalled_at: float | None = None
+        self._timer: threading.Timer | None = None
+        self._lock = threading.Lock()
+        self._wakeup: tuple[Any, Any] | None = None
+
+    def install(self) -> ShutdownDeadline:
+        """Handle SIGTERM/SIGINT. The countdown is also armed from a watcher thread woken through
+        ``signal.set_wakeup_fd``: a Python signal handler runs only when the main thread gets back
+        to Python, which a librdkafka call stuck in C (see the chargeback's commit) may never do."""
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        import socket
+
+        reader, writer = socket.socketpair()
+        writer.setblocking(False)
+        signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        self._wakeup = (reader, writer)  # kept open for the life of the process
+
+        def watch() -> None:
+            while True:
+                data = reader.recv(64)
+                if not data or any(b in (signal.SIGTERM, signal.SIGINT) for b in data):
+                    break
+            self.begin()
+
+        threading.Thread(target=watch, name="shutdown-watch", daemon=True).start()
+        return self
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.begin()
+
+    def begin(self) -> None:
+        """Start the countdown (also for a stop that does not come from a signal)."""
+        self.stop.set()
+        with self._lock:
+            if self._timer is not None:
+                return
+            self.signalled_at = time.monotonic()
+            self._timer = threading.Timer(self.timeout_s, self._expired)
+            self._timer.daemon = True
+            self._timer.name = "shutdown-deadline"
+            self._timer.start()
+
+    def remaining(self, default_s: float | None = None) -> float:
+        """Seconds left before the deadline (minus a margin to report), or `default_s` when not stopping."""
+        if self.signalled_at is None:
+            return self.timeout_s if default_s is None else default_s
+        left = self.timeout_s - (time.monotonic() - self.signalled_at) - 1.0
+        return max(0.0, left)
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _expired(self) -> None:
+        if os.environ.get("GPUPIPE_SHUTDOWN_TRACEBACK"):  # diagnosis: where every thread is stuck
+            import faulthandler
+
+            faulthandler.dump_traceback(all_threads=True)
+        try:
+            sys.stderr.write(
+                f"gpupipe: error: {self.service} did not stop within {self.timeout_s:g}s of the stop "
+                "signal (broker unreachable?); exiting now, unfinished work is redone on restart\n"
+            )
+            sys.stderr.flush()
+        finally:
+            os._exit(1)
+
+
+class StuckCallError(GpupipeError):
+    """A client call did not return within its deadline (see :func:`with_deadline`)."""
+
+
+def with_deadline(fn: Callable[..., T], deadline_s: float, what: str) -> Callable[..., T]:
+    """``fn`` run in a helper thread that the caller waits on for at most ``deadline_s``.
+
+    For the few librdkafka calls that can block past their own timeout (send_offsets_to_transaction
+    with the group coordinator gone, confluentinc/librdkafka#5456): the caller gets
+    StuckCallError instead of hanging, and replaces the client. The stuck thread is left behind
+    (a daemon; it cannot be interrupted) along with the abandoned client."""
+
+    def call(*args: Any) -> T:
+        box: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                box["value"] = fn(*args)
+            except BaseException as exc:
+                box["error"] = exc
+
+        t = threading.Thread(target=target, name=f"deadline:{what}", daemon=True)
+        t.start()
+        t.join(deadline_s)
+        if t.is_alive():
+            raise StuckCallError(f"{what} did not return within {deadline_s:g}s")
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    return call

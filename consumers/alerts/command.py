@@ -25,11 +25,11 @@ from consumers.alerts.dedupe import EngineConfig
 from consumers.alerts.health_signals import HealthConfig
 from consumers.alerts.service import AlertsService, KafkaAlertSink, restore_from_topic
 from consumers.consume_loop import ConsumeLoop
-from gpupipe import topics
+from gpupipe import startup, topics
 from gpupipe.argtypes import duration_ms
-from gpupipe.errors import ConfigError
+from gpupipe.errors import ConfigError, GpupipeError
 from gpupipe.health_server import ServiceHttp
-from gpupipe.kafka_admin import ensure_topics, parse_kafka_overrides, wait_for_broker
+from gpupipe.kafka_admin import parse_kafka_overrides
 from gpupipe.logs import fields
 from schemas.codec import codec_from_url
 
@@ -158,6 +158,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     k8s.add_argument("--kube-api-url", default=None, help="API server URL (default: in-cluster config)")
     k8s.add_argument("--kube-token-file", default=None, help="bearer token file (default: service account)")
     k8s.add_argument("--kube-ca-file", default=None, help="CA bundle for the API server's certificate")
+    startup.add_arguments(p)
 
 
 def _configs(args: argparse.Namespace) -> tuple[EngineConfig, HealthConfig]:
@@ -203,7 +204,7 @@ class _Stop:
 class AlertsApp:
     """The service wired from parsed arguments; :func:`run` and the storm benchmark use it."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, state: startup.StartupState | None = None) -> None:
         engine_cfg, health_cfg = _configs(args)
         self.args = args
         self.instance = args.instance_id or socket.gethostname()
@@ -211,9 +212,16 @@ class AlertsApp:
         if args.cordon and not args.dry_run:
             kube = KubeNodeApi(kube_config(args.kube_api_url, args.kube_token_file, args.kube_ca_file))
         extra = parse_kafka_overrides(args.kafka_config)
-        wait_for_broker(args.bootstrap_servers, extra=extra)
-        if args.create_topics:
-            ensure_topics(args.bootstrap_servers, topics.ALL, prefix=args.topic_prefix, extra=extra)
+        needed = [topics.XID, topics.ALERTS, topics.DEADLETTER] + ([topics.SAMPLES] * args.health_signals)
+        startup.prepare_kafka(  # waits (503 on /healthz) until Kafka and the topics are usable
+            args.bootstrap_servers,
+            topics.ALL if args.create_topics else needed,
+            prefix=args.topic_prefix,
+            create=args.create_topics,
+            extra=extra,
+            timeout_s=getattr(args, "startup_timeout", 0) / 1000,
+            state=state,
+        )
         t_xid = topics.with_prefix(args.topic_prefix, topics.XID)
         t_samples = topics.with_prefix(args.topic_prefix, topics.SAMPLES)
         self.alerts_topic = topics.with_prefix(args.topic_prefix, topics.ALERTS)
@@ -254,8 +262,14 @@ class AlertsApp:
             instance=self.instance,
         )
         if args.restore_lookback:
-            records = restore_from_topic(
-                args.bootstrap_servers, self.alerts_topic, codec, args.restore_lookback, extra
+            records = startup.retry(  # a fresh topic's leaders may still be moving: wait, do not crash
+                lambda: restore_from_topic(
+                    args.bootstrap_servers, self.alerts_topic, codec, args.restore_lookback, extra
+                ),
+                what=f"restore of open alerts from {self.alerts_topic}",
+                transient=(GpupipeError,),
+                timeout_s=getattr(args, "startup_timeout", 0) / 1000,
+                state=state,
             )
             self.service.restore(records)
         self.loop = ConsumeLoop(
@@ -316,10 +330,12 @@ class AlertsApp:
 
 
 def run(args: argparse.Namespace) -> int:
-    app = AlertsApp(args)
-    stop = _Stop()
-    stop.install()
-    app.run(stop.event)
+    state = startup.StartupState()
+    with startup.StartupHealth(args.listen, state, "alerts"):
+        app = AlertsApp(args, state)
+    stop = threading.Event()
+    startup.ShutdownDeadline(stop, args.shutdown_timeout, "alerts").install()
+    app.run(stop)
     return 0
 
 

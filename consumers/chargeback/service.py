@@ -58,6 +58,7 @@ from consumers.deadletter import deadletter_headers
 from gpupipe.errors import GpupipeError
 from gpupipe.kafka_admin import client_config
 from gpupipe.logs import fields
+from gpupipe.startup import StuckCallError, retry, with_deadline
 from schemas.codec import AvroCodec, Decoded
 from schemas.errors import DecodeError
 
@@ -67,6 +68,7 @@ SERVICE = "chargeback"
 _SAMPLE = "GpuSample"
 _OP_TIMEOUT_S = 30.0
 _RETRY_FOR_S = 120.0
+_STUCK_S = 15.0  # send_offsets_to_transaction takes milliseconds; past this it is stuck (librdkafka#5456)
 
 
 class ChargebackFatalError(GpupipeError):
@@ -265,7 +267,7 @@ class ChargebackService:
         if cfg.static_membership:
             consumer_conf["group.instance.id"] = cfg.instance_id
         self.consumer = consumer_factory(client_config(cfg.bootstrap, cfg.extra, **consumer_conf))
-        self.producer = producer_factory(
+        self._new_producer = lambda: producer_factory(  # again when a stuck one is replaced
             client_config(
                 cfg.bootstrap,
                 cfg.extra,
@@ -277,6 +279,7 @@ class ChargebackService:
                 },
             )
         )
+        self.producer = self._new_producer()
         self.registry.register(_StateCollector(self))
 
     # -- main loop --------------------------------------------------------------------------------
@@ -452,6 +455,8 @@ class ChargebackService:
         seeks there (``rewind``); on revocation the partitions are dropped instead.
         """
         began = time.perf_counter()
+        if not self._broker_answers():
+            return False  # keep the transaction open; the next commit tries again
         try:
             records = self.engine.poll_closed()
             checkpoints: dict[int, Checkpoint] = {}
@@ -473,13 +478,17 @@ class ChargebackService:
                     for part, cp in checkpoints.items()
                 ]
                 self._call(
-                    self.producer.send_offsets_to_transaction,
+                    with_deadline(self.producer.send_offsets_to_transaction, _STUCK_S, "send_offsets"),
                     offsets,
                     self.consumer.consumer_group_metadata(),
                     _OP_TIMEOUT_S,
                 )
             self._call(self.producer.commit_transaction, _OP_TIMEOUT_S)
         except _Abort as exc:
+            self._abort_and_rewind(str(exc), rewind)
+            return False
+        except StuckCallError as exc:  # a fresh producer fences the stuck one and aborts its transaction
+            self._replace_producer(str(exc))
             self._abort_and_rewind(str(exc), rewind)
             return False
         self.in_txn = False
@@ -494,6 +503,32 @@ class ChargebackService:
         self.stats_snapshot = dict(self.engine.stats)
         self._refresh_info()
         return True
+
+    def _broker_answers(self) -> bool:
+        """Commit only while the cluster answers: librdkafka's send_offsets_to_transaction can block
+        for ever, past its timeout, when called with the coordinator down and stays stuck after it
+        returns (confluentinc/librdkafka#5456, seen in the outage drill). A metadata request first
+        (2 s at most) keeps the loop alive through an outage; commits resume when the broker does."""
+        try:
+            self.consumer.list_topics(self.cfg.input_topic, timeout=2.0)
+        except KafkaException:
+            self._broker_was_down = True
+            return False
+        if getattr(self, "_broker_was_down", False):
+            # Back after an outage: the transactional producer may keep a dead coordinator and hang
+            # in its next send_offsets (confluentinc/librdkafka#5511). Start from a fresh one.
+            self._broker_was_down = False
+            self._replace_producer("the broker answers again after an outage")
+            self._abort_and_rewind("producer replaced after an outage")
+        return True
+
+    def _replace_producer(self, why: str) -> None:
+        """A fresh producer with the same transactional.id fences the old one and aborts its open
+        transaction at the coordinator; the old one is abandoned (it may be stuck in a call)."""
+        log.warning("replacing the transactional producer", extra=fields(why=why))
+        self.producer = self._new_producer()
+        self._call(self.producer.init_transactions, _OP_TIMEOUT_S)
+        self.in_txn = False
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Call a transactional API, retrying retriable errors; abortable -> _Abort; fatal -> raise."""
@@ -550,7 +585,10 @@ class ChargebackService:
     def _restore(self, parts: list[int]) -> dict[int, int]:
         """Restore ``parts`` from their committed checkpoints; return where to consume each from."""
         topic = self.cfg.input_topic
-        committed = self.consumer.committed([TopicPartition(topic, p) for p in parts], timeout=_OP_TIMEOUT_S)
+        committed = retry(  # an assignment can land as the broker goes away: wait, do not exit
+            lambda: self.consumer.committed([TopicPartition(topic, p) for p in parts], timeout=_OP_TIMEOUT_S),
+            what=f"committed offsets of {topic}",
+        )
         starts: dict[int, int] = {}
         for tp in committed:
             if tp.error is not None:
@@ -592,8 +630,11 @@ class ChargebackService:
             self.consumer.assign(tps)
 
     def _fresh_start(self, part: int) -> int:
-        low, high = self.consumer.get_watermark_offsets(
-            TopicPartition(self.cfg.input_topic, part), timeout=_OP_TIMEOUT_S
+        low, high = retry(
+            lambda: self.consumer.get_watermark_offsets(
+                TopicPartition(self.cfg.input_topic, part), timeout=_OP_TIMEOUT_S
+            ),
+            what=f"offsets of {self.cfg.input_topic}[{part}]",
         )
         return low if self.cfg.start == "earliest" else high
 
