@@ -402,7 +402,7 @@ class ShutdownDeadline:
         """Seconds left before the deadline (minus a margin to report), or `default_s` when not stopping."""
         if self.signalled_at is None:
             return self.timeout_s if default_s is None else default_s
-        left = self.timeout_s - (time.monotonic() - self.signalled_at) - 1.0
+        left = self.timeout_s - (time.monotonic() - self.signalled_at) - 2.0
         return max(0.0, left)
 
     def cancel(self) -> None:

@@ -145,7 +145,7 @@ class Publisher:
         spooled XID) stays in its spool and every drop is counted in ``failed``."""
         self.purged_by_topic = {}
         self._producer.purge(in_queue=True, in_flight=True, blocking=False)
-        self._producer.flush(1.0)  # runs the purged records' callbacks
+        self._producer.flush(0.5)  # runs the purged records' callbacks
         return dict(self.purged_by_topic)
 
     def _count_purged(self, err: KafkaError | None, msg: Message) -> None:

@@ -189,6 +189,8 @@ class Figures:
     alert_gpus: int = 0
     alert_occurrences_lost: int = 0
     alert_records_duplicated: int = 0
+    producer_stop_rc: int | None = None
+    producer_stop_line: str = ""
     notes: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
@@ -270,8 +272,28 @@ def run_drill(tmp: Path, down_s: float, run_s: int, restarts: bool = True) -> Fi
         ["alerts", *common, "--update-interval", "0s", "--node-burst-gpus", "99", "--from-beginning"],
         tmp / "alerts.log",
     )
+    # A second producer (own topics), stopped while the broker is down: it must exit within its
+    # shutdown budget and say in one line what it could not deliver.
+    spare = Service(
+        "producer-2",
+        [
+            "produce",
+            *common[:2],
+            "--topic-prefix",
+            "drill2.",
+            "--startup-timeout",
+            "0",
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "4",
+            "--xid-rate",
+            "36000",
+        ],
+        tmp / "producer-2.log",
+    )
     consumers = [metrics, chargeback, alerts]
-    services = [producer, *consumers]
+    services = [producer, spare, *consumers]
     try:
         # 1. services first, broker second, no topics yet
         for s in services:
@@ -289,8 +311,13 @@ def run_drill(tmp: Path, down_s: float, run_s: int, restarts: bool = True) -> Fi
         time.sleep(3)
         broker.kill9()
         t_down = time.monotonic()
-        time.sleep(down_s)
-        for s in services:
+        time.sleep(2)
+        rc, took = spare.sigterm()
+        fig.shutdown_s["producer_broker_down"] = round(took, 2)
+        fig.producer_stop_line = spare.log.read_text().strip().splitlines()[-1]
+        fig.producer_stop_rc = rc
+        time.sleep(max(0.0, down_s - (time.monotonic() - t_down)))
+        for s in [producer, *consumers]:
             assert s.proc is not None and s.proc.poll() is None, s.died()
         t_restart = time.monotonic()
         fig.outage_s = round(t_restart - t_down, 1)

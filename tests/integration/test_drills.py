@@ -5,6 +5,7 @@ nothing counted twice, and every service must stop within its 10 s shutdown budg
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -24,3 +25,9 @@ def test_start_order_outage_and_restart_drill(tmp_path: Path) -> None:
     assert fig.alert_records_duplicated == 0
     assert not fig.notes, fig.notes
     assert all(s <= 10.0 for s in fig.shutdown_s.values()), fig.shutdown_s
+    # the producer stopped with the broker down: one line saying what it dropped, exit 1
+    assert fig.producer_stop_rc == 1
+    assert re.fullmatch(
+        r"gpupipe: error: stopped with records undelivered: \d+ samples dropped, \d+ XIDs dropped",
+        fig.producer_stop_line,
+    ), fig.producer_stop_line
