@@ -170,7 +170,9 @@ def retry(
             if is_fatal(exc):
                 if isinstance(exc, ConfigError):
                     raise
-                raise ConfigError(f"{what}: {message} (will not pass by waiting)") from exc
+                err = kafka_error(exc)
+                detail = err.str() if err is not None else message
+                raise ConfigError(f"Kafka refused: {detail} (will not pass by waiting; {what})") from exc
             state.attempts += 1
             state.last_error = message
             elapsed = time.monotonic() - began

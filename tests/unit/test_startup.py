@@ -127,3 +127,26 @@ def test_shutdown_deadline_exits_with_one_line() -> None:
     assert out.returncode == 1
     assert out.stderr.strip().count("\n") == 0
     assert "stuck did not stop within 0.3s" in out.stderr
+
+
+def test_bad_client_setting_is_one_line_and_exit_2_at_once() -> None:
+    began = time.monotonic()
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpupipe",
+            "alerts",
+            "--bootstrap-servers",
+            "127.0.0.1:1",
+            "--kafka-config",
+            "security.protocol=SASL_PLAINTEXT,sasl.mechanism=BOGUS",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert time.monotonic() - began < 20
+    assert out.stderr.strip().count("\n") == 0, out.stderr
+    assert "Kafka refused: Failed to create admin client: Unsupported SASL mechanism: BOGUS" in out.stderr
