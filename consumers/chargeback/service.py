@@ -416,6 +416,8 @@ class ChargebackService:
     def _consume_error(self, err: KafkaError) -> None:
         if err.code() == KafkaError._PARTITION_EOF:
             return
+        if err.code() == KafkaError._ALL_BROKERS_DOWN:
+            self._broker_was_down = True  # commit() checks the broker before its next transaction
         if err.fatal():
             raise ChargebackFatalError(f"fatal consumer error: {err.str()}")
         log.warning("consume error", extra=fields(error=err.str(), code=err.name()))
@@ -505,27 +507,30 @@ class ChargebackService:
         return True
 
     def _broker_answers(self) -> bool:
-        """Commit only while the cluster answers: librdkafka's send_offsets_to_transaction can block
-        for ever, past its timeout, when called with the coordinator down and stays stuck after it
-        returns (confluentinc/librdkafka#5456, seen in the outage drill). A metadata request first
-        (2 s at most) keeps the loop alive through an outage; commits resume when the broker does."""
+        """After "all brokers down", commit only once the cluster answers again: librdkafka's
+        send_offsets_to_transaction can block for ever, past its timeout, when called with the
+        coordinator down (confluentinc/librdkafka#5456, seen in the outage drill). A metadata request
+        (2 s at most) per commit while the outage lasts keeps the loop alive; commits resume after."""
+        if not getattr(self, "_broker_was_down", False):
+            return True  # no sign of an outage: no extra request
         try:
             self.consumer.list_topics(self.cfg.input_topic, timeout=2.0)
         except KafkaException:
-            self._broker_was_down = True
             return False
-        if getattr(self, "_broker_was_down", False):
-            # Back after an outage: the transactional producer may keep a dead coordinator and hang
-            # in its next send_offsets (confluentinc/librdkafka#5511). Start from a fresh one.
-            self._broker_was_down = False
-            self._replace_producer("the broker answers again after an outage")
-            self._abort_and_rewind("producer replaced after an outage")
+        # Back after an outage: the transactional producer may keep a dead coordinator and hang in
+        # its next send_offsets (confluentinc/librdkafka#5511). Start from a fresh one.
+        self._broker_was_down = False
+        self._replace_producer("the broker answers again after an outage")
+        self._abort_and_rewind("producer replaced after an outage")
         return True
 
     def _replace_producer(self, why: str) -> None:
         """A fresh producer with the same transactional.id fences the old one and aborts its open
         transaction at the coordinator; the old one is abandoned (it may be stuck in a call)."""
         log.warning("replacing the transactional producer", extra=fields(why=why))
+        # Keep the old one referenced: destroying a producer that is stuck in a transactional call
+        # can abort the process; it is a few threads and buffers, and replacements are rare.
+        self._abandoned = [*getattr(self, "_abandoned", []), self.producer]
         self.producer = self._new_producer()
         self._call(self.producer.init_transactions, _OP_TIMEOUT_S)
         self.in_txn = False
