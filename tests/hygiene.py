@@ -33,7 +33,7 @@ import pytest
 
 _PR_SET_PDEATHSIG = 1
 _RECORDED: weakref.WeakSet[subprocess.Popen[Any]] = weakref.WeakSet()
-GRACE_S = 5.0
+GRACE_S = float(os.environ.get("GPUPIPE_TEST_GRACE_S", "5"))  # how long a test's leftovers may take to end
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec

@@ -25,7 +25,7 @@ def _inner(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "."],
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": str(REPO), "GPUPIPE_TEST_GRACE_S": "0.5"},
         capture_output=True,
         text=True,
         timeout=120,
