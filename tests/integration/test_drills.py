@@ -25,6 +25,10 @@ def test_start_order_outage_and_restart_drill(tmp_path: Path) -> None:
     assert fig.alert_records_duplicated == 0
     assert not fig.notes, fig.notes
     assert all(s <= 10.0 for s in fig.shutdown_s.values()), fig.shutdown_s
+    # broker down: every consumer is gone within its 10 s budget (+1 s for the process to exit)
+    assert len(fig.shutdown_broker_down_s) == 3
+    assert all(s <= 11.0 for s in fig.shutdown_broker_down_s.values()), fig.shutdown_broker_down_s
+    assert all(rc in (0, 1) for rc in fig.shutdown_broker_down_rc.values()), fig.shutdown_broker_down_rc
     # the producer stopped with the broker down: one line saying what it dropped, exit 1
     assert fig.producer_stop_rc == 1
     assert re.fullmatch(
