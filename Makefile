@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv install test test-unit test-integration lint fmt demo bench kafka-start kafka-stop compose-check proto clean chart-check
+.PHONY: deps venv install test test-unit test-integration lint fmt demo bench kafka-start kafka-stop compose-check proto clean chart-check
 
 venv: $(STAMP)
 
@@ -17,8 +17,14 @@ $(STAMP): pyproject.toml
 
 install: venv
 
+## Debian packages (Prometheus, promtool, Alertmanager, openssl, kcat, chromium, docker-compose), Kafka's jars
+## and helm (built from its Go module once): installed when
+## root, else one line naming the exact command (scripts/ensure-deps; GPUPIPE_SKIP_DEPS=1 skips it).
+deps:
+	scripts/ensure-deps
+
 ## The whole suite, real services included (Kafka is started by the tests' own fixture).
-test: venv
+test: deps venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/pytest -q -ra --durations=10 tests
@@ -26,7 +32,7 @@ test: venv
 test-unit: venv
 	$(BIN)/pytest -q tests/unit
 
-test-integration: venv
+test-integration: deps venv
 	$(BIN)/pytest -q -ra tests/integration
 
 lint: venv
@@ -38,7 +44,7 @@ fmt: venv
 	$(BIN)/ruff check --fix .
 
 ## Local broker, simulated fleet and every consumer; Ctrl-C stops everything.
-demo: venv
+demo: deps venv
 	$(BIN)/python scripts/demo.py
 
 ## Benchmarks print `NAME ratio=X target=Y` lines (higher is better). Not part of `make test`.

@@ -25,6 +25,7 @@ from consumers.deadletter import deadletter_headers
 from gpupipe.kafka_admin import client_config
 from gpupipe.kafka_auth import KafkaAuthError, principal_of, runtime_denial
 from gpupipe.logs import fields
+from gpupipe.startup import process_start_ms, start_offsets
 from schemas.codec import AvroCodec
 from schemas.errors import DecodeError
 
@@ -122,8 +123,13 @@ class ConsumeLoop:
         poll_timeout_s: float = 0.2,
         consumer_factory: Callable[[dict[str, Any]], Any] = Consumer,
         from_beginning: bool = False,
+        start_ms: int | None = None,
     ) -> None:
         self.handler = handler
+        # A partition without a committed offset starts at the first record at or after this time
+        # (the service's start): records written while it was starting are not skipped.
+        self.from_beginning = from_beginning
+        self.start_ms = process_start_ms() if start_ms is None else start_ms
         self.codec = codec
         self.topics = list(topics)
         self.service = service
@@ -163,7 +169,18 @@ class ConsumeLoop:
         self.assigned.update(tps)
         self.metrics.rebalances.labels("assign").inc()
         log.info("partitions assigned", extra=fields(partitions=[f"{t}[{p}]" for t, p in tps]))
+        if not self.from_beginning:
+            self._assign_from_start(consumer, parts)
         self.handler.on_assign(tps)
+
+    def _assign_from_start(self, consumer: Any, parts: list[TopicPartition]) -> None:
+        try:
+            offsets = start_offsets(consumer, parts, self.start_ms)
+        except Exception as exc:  # broker trouble: the default (latest) is the fallback
+            log.warning("start offsets unknown, starting at the end", extra=fields(error=str(exc)))
+            return
+        if offsets is not None:
+            consumer.incremental_assign(offsets)
 
     def _revoke(self, consumer: Any, parts: list[TopicPartition]) -> None:
         tps = [(p.topic, p.partition) for p in parts]

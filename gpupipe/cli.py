@@ -156,6 +156,9 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from gpupipe.startup import mark_start
+
+    mark_start()  # a new consumer group reads from this moment on (no gap while starting)
     parser = build_parser()
     apply_env_defaults(parser, os.environ)
     args = parser.parse_args(argv)

@@ -87,7 +87,10 @@ def wait_for_broker(bootstrap: str, timeout_s: float = 10.0, extra: Mapping[str,
     conf["error_cb"] = errors.append
     where = str(conf["bootstrap.servers"])
     principal = principal_of(conf)
-    admin = AdminClient(conf)
+    try:
+        admin = AdminClient(conf)
+    except KafkaException as exc:  # a client setting librdkafka rejects: waiting will not help
+        raise ConfigError(f"Kafka refused: {exc.args[0].str()} (check --kafka-config)") from exc
     deadline = time.monotonic() + timeout_s
     while True:
         try:

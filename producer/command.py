@@ -15,11 +15,11 @@ import threading
 import time
 from typing import Any
 
-from gpupipe import topics
+from gpupipe import startup, topics
 from gpupipe.argtypes import iso_time_ms, positive_duration_ms
 from gpupipe.errors import BrokerUnavailableError, ConfigError, GpupipeError
 from gpupipe.health_server import ServiceHttp
-from gpupipe.kafka_admin import ensure_topics, parse_kafka_overrides, parse_topic_overrides, wait_for_broker
+from gpupipe.kafka_admin import parse_kafka_overrides, parse_topic_overrides, wait_for_broker
 from gpupipe.logs import fields
 from producer.podmeta.extras import add_arguments as podmeta_arguments
 from producer.publish import Publisher, producer_config
@@ -185,6 +185,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="kubelet pod log directory (pod UID -> namespace/name)",
     )
     podmeta_arguments(p.add_argument_group("pod metadata and HPC jobs (nvml source)"))
+    startup.add_arguments(p, startup_default=None)
 
 
 class _Stop:
@@ -204,8 +205,26 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--nodes and --gpus-per-node must be at least 1")
     extra = parse_kafka_overrides(args.kafka_config)
     specs = parse_topic_overrides(args.topic_partitions, args.topic_retention)
+    # A finite run (--duration) is a job: an unreachable broker is one line and exit 3 after 10s.
+    # Otherwise a service: wait for ever (503 on /healthz meanwhile), whatever starts first.
+    startup_s = (10_000 if args.duration else 0) if args.startup_timeout is None else args.startup_timeout
+    state = startup.StartupState()
     try:
-        wait_for_broker(args.bootstrap_servers, extra=extra)
+        if args.source == "nvml":
+            wait_for_broker(args.bootstrap_servers, extra=extra)
+        else:
+            with startup.StartupHealth(args.listen, state, "producer"):
+                startup.prepare_kafka(
+                    args.bootstrap_servers,
+                    topics.ALL if args.create_topics else [topics.SAMPLES, topics.XID],
+                    prefix=args.topic_prefix,
+                    create=args.create_topics,
+                    specs=specs,
+                    extra=extra,
+                    timeout_s=startup_s / 1000,
+                    state=state,
+                )
+            args.create_topics = False  # done
     except BrokerUnavailableError:
         if args.source != "nvml":
             raise
@@ -216,7 +235,9 @@ def run(args: argparse.Namespace) -> int:
         )
         args.create_topics = False
     if args.create_topics:
-        ensure_topics(args.bootstrap_servers, topics.ALL, prefix=args.topic_prefix, specs=specs, extra=extra)
+        startup.prepare_kafka(
+            args.bootstrap_servers, topics.ALL, prefix=args.topic_prefix, specs=specs, extra=extra
+        )
     metrics = ProducerMetrics()
     codec = codec_from_url(args.schema_registry_url)
     t_samples = topics.with_prefix(args.topic_prefix, topics.SAMPLES)
@@ -232,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
     )
     metrics.watch_publisher(publisher)
     stop = _Stop()
-    stop.install()
+    deadline = startup.ShutdownDeadline(stop.event, args.shutdown_timeout, "producer").install()
     http = None
     # The node agent replaces this with its own check (stalled loops, no GPU) once it exists.
     health: list[Any] = [lambda: (True, {"sent": publisher.sent, "failed": publisher.failed})]
@@ -257,13 +278,28 @@ def run(args: argparse.Namespace) -> int:
                 on_agent=lambda agent: health.__setitem__(0, agent.health),
             )
     finally:
-        left = publisher.flush(30.0)
+        # Within the shutdown budget, broker up or down: what is still undelivered then is purged,
+        # counted per topic, and said in one line (the nvml source's XIDs stay in its spool).
+        left = publisher.flush(deadline.remaining(default_s=30.0))
+        dropped = publisher.drop_pending() if left else {}
         if http:
             http.stop()
     log.info("producer stopped", extra=fields(sent=publisher.sent, failed=publisher.failed, undelivered=left))
+    if dropped:
+        raise GpupipeError(_dropped_line(dropped, t_samples, t_xid, spooled=args.source == "nvml"))
     if left or publisher.failed:
         raise GpupipeError(f"{publisher.failed} records failed and {left} were not delivered (see logs)")
     return 0
+
+
+def _dropped_line(dropped: dict[str, int], t_samples: str, t_xid: str, spooled: bool) -> str:
+    """One line: what a stop with the broker unreachable left undelivered, and where XIDs went."""
+    xids = dropped.get(t_xid, 0)
+    samples = dropped.get(t_samples, 0)
+    other = sum(dropped.values()) - xids - samples
+    where = "kept in the spool for the next start" if spooled else "dropped"
+    text = f"stopped with records undelivered: {samples} samples dropped, {xids} XIDs {where}"
+    return text + (f", {other} other records dropped" if other else "")
 
 
 def run_simulated(

@@ -61,6 +61,7 @@ class Publisher:
         self.sent_by_topic: dict[str, int] = {}
         self.failures_by_reason: dict[str, int] = {}
         self._last_error_log = 0.0
+        self.purged_by_topic: dict[str, int] = {}
         self._user_cb = on_delivery
         conf = dict(conf)
         conf["on_delivery"] = self._delivered
@@ -73,6 +74,7 @@ class Publisher:
             self.sent_by_topic[t] = self.sent_by_topic.get(t, 0) + 1
         else:
             self.failed += 1
+            self._count_purged(err, msg)
             reason = err.name()
             self.failures_by_reason[reason] = self.failures_by_reason.get(reason, 0) + 1
             now = time.monotonic()
@@ -118,6 +120,8 @@ class Publisher:
                 self.sent += 1
                 t = msg.topic()
                 self.sent_by_topic[t] = self.sent_by_topic.get(t, 0) + 1
+            else:
+                self._count_purged(err, msg)
             on_delivery(err, msg)
 
         while True:
@@ -133,6 +137,20 @@ class Publisher:
     def flush(self, timeout: float = 30.0) -> int:
         """Wait for outstanding deliveries; returns how many are still in flight (0 = all done)."""
         return self._producer.flush(timeout)
+
+    def drop_pending(self) -> dict[str, int]:
+        """Purge what is still queued or in flight (shutdown with the broker gone); count it per topic.
+
+        The purged records' delivery callbacks run here with a purge error, so a tracked record (a
+        spooled XID) stays in its spool and every drop is counted in ``failed``."""
+        self.purged_by_topic = {}
+        self._producer.purge(in_queue=True, in_flight=True, blocking=False)
+        self._producer.flush(0.5)  # runs the purged records' callbacks
+        return dict(self.purged_by_topic)
+
+    def _count_purged(self, err: KafkaError | None, msg: Message) -> None:
+        if err is not None and err.code() in (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT):
+            self.purged_by_topic[msg.topic()] = self.purged_by_topic.get(msg.topic(), 0) + 1
 
     def __len__(self) -> int:
         return len(self._producer)

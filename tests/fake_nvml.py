@@ -311,6 +311,7 @@ class FakeGpu:
         self.failures: dict[str, deque[int]] = {}  # fn name -> NVML error codes to raise next
         #: Seconds every device call on this GPU blocks before answering (a hung GPU, ``hang``).
         self.call_delay_s = 0.0
+        self._hang_over = threading.Event()  # set by hang(0): calls blocked in a hang return at once
         #: /dev/nvidia<minor>: usually the index, but nothing guarantees it (nvmlDeviceGetMinorNumber).
         self.minor = index
         # Blackwell / GB200 (see producer/nvml/fabric.py for what the mock showed).
@@ -456,7 +457,10 @@ class FakeGpu:
         A real driver can block an NVML call in the kernel (a GPU in a bad state, an RM lock held
         by a reset); the call then returns late or with an error, and cannot be cancelled.
         """
+        self._hang_over.set()  # calls still blocked in an earlier hang answer now (late)
         self.call_delay_s = float(seconds)
+        if seconds:
+            self._hang_over = threading.Event()
 
     def lose(self) -> None:
         """The GPU falls off the bus: every call on it raises NVMLError_GpuIsLost from now on."""
@@ -724,7 +728,7 @@ class FakeNvml:
         gpu, sl = target
         self.calls[(fn, gpu.index)] += 1
         if gpu.call_delay_s:
-            time.sleep(gpu.call_delay_s)
+            gpu._hang_over.wait(gpu.call_delay_s)
         if gpu.lost:
             raise _err(_real.NVML_ERROR_GPU_IS_LOST)
         pending = gpu.failures.get(fn)

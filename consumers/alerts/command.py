@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import socket
 import threading
 
@@ -27,11 +26,11 @@ from consumers.alerts.health_signals import HealthConfig
 from consumers.alerts.leader import LeaderElector
 from consumers.alerts.service import AlertsService, KafkaAlertSink, restore_from_topic
 from consumers.consume_loop import ConsumeLoop
-from gpupipe import topics
+from gpupipe import startup, topics
 from gpupipe.argtypes import duration_ms
-from gpupipe.errors import ConfigError
+from gpupipe.errors import ConfigError, GpupipeError
 from gpupipe.health_server import ServiceHttp
-from gpupipe.kafka_admin import ensure_topics, parse_kafka_overrides, wait_for_broker
+from gpupipe.kafka_admin import parse_kafka_overrides, wait_for_broker
 from gpupipe.logs import fields
 from schemas.codec import codec_from_url
 
@@ -195,6 +194,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     k8s.add_argument("--kube-api-url", default=None, help="API server URL (default: in-cluster config)")
     k8s.add_argument("--kube-token-file", default=None, help="bearer token file (default: service account)")
     k8s.add_argument("--kube-ca-file", default=None, help="CA bundle for the API server's certificate")
+    startup.add_arguments(p)
 
 
 def _configs(args: argparse.Namespace) -> tuple[EngineConfig, HealthConfig]:
@@ -231,20 +231,10 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, HealthConfig]:
     return engine, HealthConfig(thermal_for_ms=args.thermal_for)
 
 
-class _Stop:
-    def __init__(self) -> None:
-        self.event = threading.Event()
-
-    def install(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, lambda *_: self.event.set())
-            signal.signal(signal.SIGINT, lambda *_: self.event.set())
-
-
 class AlertsApp:
     """The service wired from parsed arguments; :func:`run` and the storm benchmark use it."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, state: startup.StartupState | None = None) -> None:
         engine_cfg, health_cfg = _configs(args)
         self.args = args
         self.instance = args.instance_id or socket.gethostname()
@@ -252,9 +242,16 @@ class AlertsApp:
         if args.cordon and not args.dry_run:
             kube = KubeNodeApi(kube_config(args.kube_api_url, args.kube_token_file, args.kube_ca_file))
         extra = parse_kafka_overrides(args.kafka_config)
-        wait_for_broker(args.bootstrap_servers, extra=extra)
-        if args.create_topics:
-            ensure_topics(args.bootstrap_servers, topics.ALL, prefix=args.topic_prefix, extra=extra)
+        needed = [topics.XID, topics.ALERTS, topics.DEADLETTER] + ([topics.SAMPLES] * args.health_signals)
+        startup.prepare_kafka(  # waits (503 on /healthz) until Kafka and the topics are usable
+            args.bootstrap_servers,
+            topics.ALL if args.create_topics else needed,
+            prefix=args.topic_prefix,
+            create=args.create_topics,
+            extra=extra,
+            timeout_s=getattr(args, "startup_timeout", 0) / 1000,
+            state=state,
+        )
         t_xid = topics.with_prefix(args.topic_prefix, topics.XID)
         t_samples = topics.with_prefix(args.topic_prefix, topics.SAMPLES)
         self.alerts_topic = topics.with_prefix(args.topic_prefix, topics.ALERTS)
@@ -299,7 +296,7 @@ class AlertsApp:
             cordoner=self.cordoner,
             instance=self.instance,
         )
-        self._codec, self._extra = codec, extra
+        self._codec, self._extra, self._state = codec, extra, state
         self.loop: ConsumeLoop | None = None
         self.elector: LeaderElector | None = None
         if args.ha:
@@ -321,7 +318,13 @@ class AlertsApp:
         # The cordon ledger always needs the rate-limit window, however short --restore-lookback is.
         lookback = max(args.restore_lookback, HOUR_MS if self.cordoner is not None else 0)
         if lookback:
-            records = restore_from_topic(args.bootstrap_servers, self.alerts_topic, codec, lookback, extra)
+            records = startup.retry(  # a fresh topic's leaders may still be moving: wait, do not crash
+                lambda: restore_from_topic(args.bootstrap_servers, self.alerts_topic, codec, lookback, extra),
+                what=f"restore of open alerts from {self.alerts_topic}",
+                transient=(GpupipeError,),
+                timeout_s=getattr(args, "startup_timeout", 0) / 1000,
+                state=self._state,
+            )
             since = self.service.now_ms() - args.restore_lookback
             alerts = [r for r in records if args.restore_lookback and r["emitted_at_ms"] >= since]
             self.service.restore(alerts, ledger=records)
@@ -429,10 +432,12 @@ class AlertsApp:
 def run(args: argparse.Namespace) -> int:
     if args.ack:
         return _ack(args)
-    app = AlertsApp(args)
-    stop = _Stop()
-    stop.install()
-    app.run(stop.event)
+    state = startup.StartupState()
+    with startup.StartupHealth(args.listen, state, "alerts"):
+        app = AlertsApp(args, state)
+    stop = threading.Event()
+    startup.ShutdownDeadline(stop, args.shutdown_timeout, "alerts").install()
+    app.run(stop)
     return 0
 
 

@@ -124,6 +124,11 @@ class KafkaAlertSink:
     def flush(self, timeout_s: float = 30.0) -> None:
         before = self.failed
         left = self._producer.flush(timeout_s)
+        while left and self.failed == before:
+            # Undelivered but not failed: the broker is away (an outage passes). Wait for it: the
+            # input is not committed until this returns, so nothing is lost and nothing sent twice.
+            log.warning("alert records waiting for the broker", extra=fields(topic=self.topic, left=left))
+            left = self._producer.flush(timeout_s)
         if left or self.failed != before:
             raise GpupipeError(
                 f"{left} alert records not delivered within {timeout_s:g}s and {self.failed - before} "

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import socket
 import threading
 from typing import Any
@@ -28,11 +27,11 @@ from consumers.chargeback.identity import default_group_id
 from consumers.chargeback.price_schedule import PriceSchedule, load_price_schedule
 from consumers.chargeback.prices import parse_price_table
 from consumers.chargeback.service import ChargebackService, ServiceConfig
-from gpupipe import topics
+from gpupipe import startup, topics
 from gpupipe.argtypes import duration_ms, positive_duration_ms
 from gpupipe.errors import ConfigError
 from gpupipe.health_server import ServiceHttp
-from gpupipe.kafka_admin import client_config, ensure_topics, parse_kafka_overrides, wait_for_broker
+from gpupipe.kafka_admin import client_config, parse_kafka_overrides
 from gpupipe.logs import fields
 from schemas import catalog
 from schemas.codec import codec_from_url
@@ -209,6 +208,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="create missing topics with default partitions and retention",
     )
     p.add_argument("--listen", default=None, help="HOST:PORT for /metrics and /healthz")
+    startup.add_arguments(p)
 
 
 def load_prices(path: str | None) -> PriceSchedule:
@@ -275,28 +275,32 @@ def check_topics(bootstrap: str, names: list[str], extra: dict[str, str]) -> Non
 
 
 def run(args: argparse.Namespace) -> int:
-    stop = threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        signal.signal(signal.SIGINT, lambda *_: stop.set())
     extra = parse_kafka_overrides(args.kafka_config)
-    wait_for_broker(args.bootstrap_servers, extra=extra)
-    if args.create_topics:
-        ensure_topics(
-            args.bootstrap_servers,
-            [topics.SAMPLES, topics.CHARGEBACK, topics.DEADLETTER],
-            prefix=args.topic_prefix,
-            extra=extra,
-        )
-    service = build_service(args, extra)
+    service = build_service(args, extra)  # config errors (prices, teams, flags) before any network
     cfg = service.cfg
-    if args.create_topics:
-        overridden = [
-            t for t, o in ((cfg.input_topic, args.input_topic), (cfg.output_topic, args.output_topic)) if o
-        ]
-        if overridden:
-            ensure_topics(args.bootstrap_servers, overridden, extra=extra)
+    overridden = [
+        t for t, o in ((cfg.input_topic, args.input_topic), (cfg.output_topic, args.output_topic)) if o
+    ]
+    state = startup.StartupState()
+    with startup.StartupHealth(args.listen, state, "chargeback"):  # 503 on /healthz while waiting
+        startup.prepare_kafka(
+            args.bootstrap_servers,
+            [
+                b
+                for b, t in ((topics.SAMPLES, args.input_topic), (topics.CHARGEBACK, args.output_topic))
+                if not t
+            ]
+            + [topics.DEADLETTER],
+            prefix=args.topic_prefix,
+            create=args.create_topics,
+            extra=extra,
+            timeout_s=args.startup_timeout / 1000,
+            state=state,
+            exact=overridden,
+        )
     check_topics(args.bootstrap_servers, [cfg.input_topic, cfg.output_topic, cfg.deadletter_topic], extra)
+    stop = threading.Event()
+    startup.ShutdownDeadline(stop, args.shutdown_timeout, "chargeback").install()
     if stop.is_set():
         return 0
     http = (

@@ -63,6 +63,7 @@ from consumers.deadletter import deadletter_headers
 from gpupipe.errors import GpupipeError
 from gpupipe.kafka_admin import client_config
 from gpupipe.logs import fields
+from gpupipe.startup import StuckCallError, retry, with_deadline
 from schemas.codec import AvroCodec, Decoded
 from schemas.errors import DecodeError
 
@@ -72,6 +73,7 @@ SERVICE = "chargeback"
 _SAMPLE = "GpuSample"
 _OP_TIMEOUT_S = 30.0
 _RETRY_FOR_S = 120.0
+_STUCK_S = 15.0  # send_offsets_to_transaction takes milliseconds; past this it is stuck (librdkafka#5456)
 
 
 class ChargebackFatalError(GpupipeError):
@@ -240,7 +242,7 @@ class ChargebackService:
         # Incremental (cooperative-sticky) rebalancing when configured: only moved partitions replay.
         self.cooperative = "cooperative" in str(conf.get("partition.assignment.strategy", "")).lower()
         self.consumer = consumer_factory(conf)
-        self.producer = producer_factory(
+        self._new_producer = lambda: producer_factory(  # again when a stuck one is replaced
             client_config(
                 cfg.bootstrap,
                 cfg.extra,
@@ -253,6 +255,7 @@ class ChargebackService:
                 },
             )
         )
+        self.producer = self._new_producer()
         self.registry.register(StateCollector(self))
         self.progress = (
             ProgressPublisher(
@@ -426,6 +429,8 @@ class ChargebackService:
     def _consume_error(self, err: KafkaError) -> None:
         if err.code() == KafkaError._PARTITION_EOF:
             return
+        if err.code() == KafkaError._ALL_BROKERS_DOWN:
+            self._broker_was_down = True  # commit() checks the broker before its next transaction
         if err.fatal() or err.code() == KafkaError._FATAL:
             # librdkafka reports a consumer's fatal error (e.g. a fenced group.instance.id) as an
             # event with code _FATAL whose fatal() is False; after it the consumer is dead.
@@ -467,6 +472,8 @@ class ChargebackService:
         seeks there (``rewind``); on revocation the partitions are dropped instead.
         """
         began = time.perf_counter()
+        if not self._broker_answers():
+            return False  # keep the transaction open; the next commit tries again
         self.window_counters.prime(self.engine.open_rows(), self.engine.team_of)
         try:
             records = self.engine.poll_closed()
@@ -489,13 +496,17 @@ class ChargebackService:
                     for part, cp in checkpoints.items()
                 ]
                 self._call(
-                    self.producer.send_offsets_to_transaction,
+                    with_deadline(self.producer.send_offsets_to_transaction, _STUCK_S, "send_offsets"),
                     offsets,
                     self.consumer.consumer_group_metadata(),
                     _OP_TIMEOUT_S,
                 )
             self._call(self.producer.commit_transaction, _OP_TIMEOUT_S)
         except _Abort as exc:
+            self._abort_and_rewind(str(exc), rewind)
+            return False
+        except StuckCallError as exc:  # a fresh producer fences the stuck one and aborts its transaction
+            self._replace_producer(str(exc))
             self._abort_and_rewind(str(exc), rewind)
             return False
         self.in_txn = False
@@ -513,6 +524,35 @@ class ChargebackService:
         self.stats_snapshot = dict(self.engine.stats)
         self._refresh_info()
         return True
+
+    def _broker_answers(self) -> bool:
+        """After "all brokers down", commit only once the cluster answers again: librdkafka's
+        send_offsets_to_transaction can block for ever, past its timeout, when called with the
+        coordinator down (confluentinc/librdkafka#5456, seen in the outage drill). A metadata request
+        (2 s at most) per commit while the outage lasts keeps the loop alive; commits resume after."""
+        if not getattr(self, "_broker_was_down", False):
+            return True  # no sign of an outage: no extra request
+        try:
+            self.consumer.list_topics(self.cfg.input_topic, timeout=2.0)
+        except KafkaException:
+            return False
+        # Back after an outage: the transactional producer may keep a dead coordinator and hang in
+        # its next send_offsets (confluentinc/librdkafka#5511). Start from a fresh one.
+        self._broker_was_down = False
+        self._replace_producer("the broker answers again after an outage")
+        self._abort_and_rewind("producer replaced after an outage")
+        return True
+
+    def _replace_producer(self, why: str) -> None:
+        """A fresh producer with the same transactional.id fences the old one and aborts its open
+        transaction at the coordinator; the old one is abandoned (it may be stuck in a call)."""
+        log.warning("replacing the transactional producer", extra=fields(why=why))
+        # Keep the old one referenced: destroying a producer that is stuck in a transactional call
+        # can abort the process; it is a few threads and buffers, and replacements are rare.
+        self._abandoned = [*getattr(self, "_abandoned", []), self.producer]
+        self.producer = self._new_producer()
+        self._call(self.producer.init_transactions, _OP_TIMEOUT_S)
+        self.in_txn = False
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Call a transactional API, retrying retriable errors; abortable -> _Abort; fatal -> raise."""
@@ -569,7 +609,10 @@ class ChargebackService:
     def _restore(self, parts: list[int]) -> dict[int, int]:
         """Restore ``parts`` from their committed checkpoints; return where to consume each from."""
         topic = self.cfg.input_topic
-        committed = self.consumer.committed([TopicPartition(topic, p) for p in parts], timeout=_OP_TIMEOUT_S)
+        committed = retry(  # an assignment can land as the broker goes away: wait, do not exit
+            lambda: self.consumer.committed([TopicPartition(topic, p) for p in parts], timeout=_OP_TIMEOUT_S),
+            what=f"committed offsets of {topic}",
+        )
         starts: dict[int, int] = {}
         for tp in committed:
             if tp.error is not None:
@@ -645,8 +688,11 @@ class ChargebackService:
         return out
 
     def _fresh_start(self, part: int) -> int:
-        low, high = self.consumer.get_watermark_offsets(
-            TopicPartition(self.cfg.input_topic, part), timeout=_OP_TIMEOUT_S
+        low, high = retry(
+            lambda: self.consumer.get_watermark_offsets(
+                TopicPartition(self.cfg.input_topic, part), timeout=_OP_TIMEOUT_S
+            ),
+            what=f"offsets of {self.cfg.input_topic}[{part}]",
         )
         return low if self.cfg.start == "earliest" else high
 

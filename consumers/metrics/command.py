@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import threading
 
 from consumers.metrics import dcgm_compat
@@ -24,6 +23,7 @@ from consumers.metrics.collectors_csv import load_counters
 from consumers.metrics.http import DEFAULT_PORT
 from consumers.metrics.render import MIG_LAYOUTS, RenderOptions
 from consumers.metrics.service import MetricsConfig, MetricsService
+from gpupipe import startup, topics
 from gpupipe.argtypes import duration_ms
 from gpupipe.errors import ConfigError
 from gpupipe.kafka_admin import parse_kafka_overrides
@@ -176,6 +176,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="1-9",
         help="gzip level for scrapers that accept gzip (default 1: fast, still ~10x smaller)",
     )
+    startup.add_arguments(p)
 
     dcgm_compat.apply_dcgm_env(p)
 
@@ -239,10 +240,20 @@ def run(args: argparse.Namespace) -> int:
         from consumers.metrics.http import load_web_config
 
         load_web_config(cfg.web_config)
-    service = MetricsService(cfg)
+    state = startup.StartupState()
+    timeout_s = args.startup_timeout / 1000
+    with startup.StartupHealth(args.listen, state, "metrics"):  # 503 on /healthz while waiting
+        startup.prepare_kafka(
+            cfg.bootstrap,
+            topics.ALL if cfg.create_topics else [topics.SAMPLES, topics.XID, topics.DEADLETTER],
+            prefix=cfg.topic_prefix,
+            create=cfg.create_topics,
+            extra=cfg.extra,
+            timeout_s=timeout_s,
+            state=state,
+        )
+    service = startup.retry(lambda: MetricsService(cfg), what="metrics service start", timeout_s=timeout_s)
     stop = threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        signal.signal(signal.SIGINT, lambda *_: stop.set())
+    startup.ShutdownDeadline(stop, args.shutdown_timeout, "metrics").install()
     service.run(stop)
     return 0

@@ -61,6 +61,7 @@ from consumers.metrics.store import InvalidRecord, SeriesStore
 from gpupipe import topics
 from gpupipe.kafka_admin import client_config, ensure_topics, wait_for_broker
 from gpupipe.logs import fields
+from gpupipe.startup import process_start_ms, start_offsets
 from schemas.codec import AvroCodec, codec_from_url
 from schemas.errors import DecodeError
 
@@ -422,7 +423,10 @@ class XidReader:
         new = sorted(set(xt.partitions) - self._parts)
         if new:
             start = OFFSET_BEGINNING if self.from_beginning or self._parts else OFFSET_END
-            self.consumer.incremental_assign([TopicPartition(self.topic, p, start) for p in new])
+            parts = [TopicPartition(self.topic, p, start) for p in new]
+            if start == OFFSET_END:  # first assignment: from the service's start, not "latest now"
+                parts = start_offsets(self.consumer, parts, process_start_ms()) or parts
+            self.consumer.incremental_assign(parts)
             self._parts.update(new)
 
     def run(self, stop: threading.Event) -> None:

@@ -17,6 +17,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from consumers.report.command import read_chargeback_records
 from schemas.codec import AvroCodec
+from tests import hygiene  # own process group, dies with pytest, recorded for the leak guard
 from tests.integration.kafka_util import GPUPIPE, REPO
 
 HOUR_MS = 3_600_000
@@ -38,7 +39,7 @@ def start_service(
 ) -> subprocess.Popen:
     """`gpupipe chargeback` in a subprocess, logs to ``log_path`` (appended)."""
     log = open(log_path, "a")  # noqa: SIM115 (owned by the process' lifetime)
-    return subprocess.Popen(
+    return hygiene.popen(
         [
             *GPUPIPE,
             "chargeback",

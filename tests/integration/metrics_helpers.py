@@ -26,6 +26,7 @@ import yaml
 from confluent_kafka import Producer
 
 from schemas.codec import AvroCodec
+from tests import hygiene  # own process group, dies with pytest, recorded for the leak guard
 
 REPO = Path(__file__).resolve().parents[2]
 GPUPIPE = [sys.executable, "-m", "gpupipe"]
@@ -74,7 +75,7 @@ class Proc:
     def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.popen = subprocess.Popen(
+        self.popen = hygiene.popen(
             [*GPUPIPE, *args],
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -203,7 +204,7 @@ class Prometheus:
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = workdir / "prometheus.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.popen = subprocess.Popen(
+        self.popen = hygiene.popen(
             [
                 binary,
                 f"--config.file={self.config_path}",

@@ -25,6 +25,7 @@ from consumers.alerts.dedupe import sticky
 from gpupipe import topics
 from gpupipe.kafka_admin import ensure_topics
 from schemas.codec import AvroCodec
+from tests import hygiene  # own process group, dies with pytest, recorded for the leak guard
 from tests.conftest import free_port
 from tests.integration.kafka_util import GPUPIPE, REPO, gpupipe, read_all
 from tests.k8s_api_fake import FakeKubeApi
@@ -75,7 +76,7 @@ class Alertmanager:
 
     def start(self) -> Alertmanager:
         self.log = open(self.dir / "am.log", "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
+        self.proc = hygiene.popen(
             [
                 ALERTMANAGER,
                 f"--config.file={self.dir / 'am.yml'}",
@@ -152,7 +153,7 @@ class AlertsProcess:
 
     def start(self) -> AlertsProcess:
         self._log = open(self.logfile, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(self.cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = hygiene.popen(self.cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT)
         wait_until(self._healthy, 60, "alerts /healthz")
         return self
 

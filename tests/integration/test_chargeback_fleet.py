@@ -22,6 +22,7 @@ from gpupipe import topics
 from gpupipe.cli import build_parser
 from gpupipe.kafka_admin import ensure_topics
 from producer.simulated.fleet import FleetConfig, SimulatedFleet
+from tests import hygiene  # own process group, dies with pytest, recorded for the leak guard
 from tests.integration.chargeback_util import (
     Progress,
     assert_same_totals,
@@ -77,7 +78,7 @@ def produce_fleet(
         "--log-level",
         "warning",
     ]
-    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = hygiene.popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if not wait:
         return proc
     _, err = proc.communicate(timeout=120)

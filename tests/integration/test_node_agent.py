@@ -25,6 +25,7 @@ from gpupipe.kafka_admin import ensure_topics
 from producer.node_agent import AgentConfig
 from producer.publish import Publisher, producer_config
 from schemas.codec import AvroCodec
+from tests import hygiene  # own process group, dies with pytest, recorded for the leak guard
 from tests.agent_harness import (
     MIG_ALICE,
     SHARED,
@@ -272,7 +273,7 @@ def test_cli_produce_source_nvml_runs_and_stops_on_sigterm(
         "--log-format",
         "text",
     ]
-    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = hygiene.popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: _get(f"http://127.0.0.1:{port}/metrics")[0] == 200, 20, "/metrics")
         wait_for(

@@ -7,6 +7,7 @@ stay exactly the engine's output on the whole input: no window lost, none twice.
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -90,6 +91,10 @@ class FakeConsumer:
 
     def assign(self, tps: list[TopicPartition]) -> None:
         self.pos = {tp.partition: tp.offset for tp in tps}
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
+        """The service asks before each commit whether the broker answers (it always does here)."""
+        return SimpleNamespace(topics={IN: SimpleNamespace(partitions=dict.fromkeys(self.b.log))})
 
     def seek(self, tp: TopicPartition) -> None:
         self.pos[tp.partition] = tp.offset

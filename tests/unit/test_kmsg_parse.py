@@ -38,12 +38,9 @@ def _lines(name: str, *, keep_blank: bool = False) -> list[str]:
     return out
 
 
-def _shared(name: str) -> Path | None:
-    for base in (REPO.parent / "shared", REPO / "shared", Path("/work/shared")):
-        p = base / "reference" / name
-        if p.is_file():
-            return p
-    return None
+def _shared(name: str) -> Path:
+    """The shared corpus, copied into tests/fixtures/reference (sources named in its README)."""
+    return REPO / "tests" / "fixtures" / "reference" / name
 
 
 class X(NamedTuple):
@@ -475,8 +472,6 @@ def test_real_xid_lines_through_streaming_parser() -> None:
 
 def test_shared_corpus_every_line() -> None:
     path = _shared("xid-kmsg-corpus-from-repos.txt")
-    if path is None:
-        pytest.skip("shared/reference not present; the same lines are in tests/fixtures/kmsg/xid_real.txt")
     rows = [r.split("\t")[0] for r in path.read_text(encoding="utf-8").splitlines() if r.strip()]
     assert rows == _lines("xid_real.txt")[: len(rows)]
     for row, exp in zip(rows, EXPECTED_REAL, strict=False):
@@ -485,10 +480,6 @@ def test_shared_corpus_every_line() -> None:
 
 def test_shared_non_xid_corpus_yields_nothing() -> None:
     path = _shared("non-xid-kmsg-from-repos.txt")
-    if path is None:
-        pytest.skip(
-            "shared/reference not present; the same lines are in tests/fixtures/kmsg/non_xid_real.txt"
-        )
     rows = [r.split("\t")[0] for r in path.read_text(encoding="utf-8").splitlines() if r.strip()]
     assert len(rows) == 7
     parser = KmsgParser()

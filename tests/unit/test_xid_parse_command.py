@@ -5,9 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-REF = Path(__file__).resolve().parents[3] / "shared" / "reference"
-if not REF.exists():
-    REF = Path("/work/shared/reference")
+# Copies of the shared corpus, sources named in tests/fixtures/reference/README.md.
+REF = Path(__file__).resolve().parents[1] / "fixtures" / "reference"
 
 
 def _run(text: str) -> subprocess.CompletedProcess:

@@ -1,0 +1,59 @@
+"""scripts/ensure-deps on a machine that lacks the Debian packages, as a user who cannot install them.
+
+A PATH with only the few tools the script itself needs stands in for a fresh machine; the run must
+stop at once with exactly one line that names the apt-get command, and change nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "ensure-deps"
+
+
+def _bare_path(tmp_path: Path) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("bash", "id", "dirname"):
+        found = shutil.which(tool)
+        assert found, tool
+        (bin_dir / tool).symlink_to(found)
+    return bin_dir
+
+
+def _as_user(cmd: list[str]) -> list[str]:
+    if os.getuid() != 0:
+        return cmd
+    setpriv = shutil.which("setpriv")
+    assert setpriv, "setpriv (util-linux) is needed to run the check as an unprivileged user"
+    return [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", *cmd]
+
+
+def test_non_root_stops_with_one_line_naming_the_command() -> None:
+    with tempfile.TemporaryDirectory(prefix="gpupipe-deps-") as tmp:  # pytest's tmp is root-only
+        Path(tmp).chmod(0o755)
+        bin_dir = _bare_path(Path(tmp))
+        out = subprocess.run(
+            _as_user([str(bin_dir / "bash"), str(SCRIPT)]),
+            env={"PATH": str(bin_dir)},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    assert out.returncode == 1
+    assert out.stdout == ""
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1, out.stderr
+    assert "sudo apt-get install -y --no-install-recommends" in lines[0]
+    for pkg in ("prometheus", "prometheus-alertmanager", "openssl", "kcat"):
+        assert f" {pkg}" in lines[0]
+
+
+def test_check_mode_passes_on_this_machine() -> None:
+    out = subprocess.run([str(SCRIPT), "--check"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
