@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -139,6 +140,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from gpupipe.logs import setup_logging
 
     setup_logging(args.log_level, args.log_format)
+    from gpupipe.startup import RepeatThrottle
+
+    logging.getLogger("gpupipe.kafka").addFilter(RepeatThrottle())  # reconnect storms during outages
     try:
         return int(args._run(args) or 0)
     except ConfigError as exc:
