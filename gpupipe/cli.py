@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -165,6 +166,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from gpupipe.logs import setup_logging
 
     setup_logging(args.log_level, args.log_format)
+    from gpupipe.startup import RepeatThrottle
+
+    logging.getLogger("gpupipe.kafka").addFilter(RepeatThrottle())  # reconnect storms during outages
     try:
         if hasattr(args, "kafka_config"):
             # One place for every subcommand: file < GPUPIPE_KAFKA_* < --kafka-config, *.file read.

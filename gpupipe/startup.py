@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import random
+import re
 import signal
 import sys
 import threading
@@ -430,13 +431,16 @@ class StuckCallError(GpupipeError):
     """A client call did not return within its deadline (see :func:`with_deadline`)."""
 
 
-def with_deadline(fn: Callable[..., T], deadline_s: float, what: str) -> Callable[..., T]:
+def with_deadline(
+    fn: Callable[..., T], deadline_s: float, what: str, stop: threading.Event | None = None
+) -> Callable[..., T]:
     """``fn`` run in a helper thread that the caller waits on for at most ``deadline_s``.
 
     For the few librdkafka calls that can block past their own timeout (send_offsets_to_transaction
     with the group coordinator gone, confluentinc/librdkafka#5456): the caller gets
     StuckCallError instead of hanging, and replaces the client. The stuck thread is left behind
-    (a daemon; it cannot be interrupted) along with the abandoned client."""
+    (a daemon; it cannot be interrupted) along with the abandoned client. A set `stop` ends the
+    wait early (the service is shutting down: it must not wait out the deadline)."""
 
     def call(*args: Any) -> T:
         box: dict[str, Any] = {}
@@ -449,7 +453,11 @@ def with_deadline(fn: Callable[..., T], deadline_s: float, what: str) -> Callabl
 
         t = threading.Thread(target=target, name=f"deadline:{what}", daemon=True)
         t.start()
-        t.join(deadline_s)
+        end = time.monotonic() + deadline_s
+        while t.is_alive() and time.monotonic() < end:
+            t.join(0.1)
+            if stop is not None and stop.is_set() and t.is_alive():
+                raise StuckCallError(f"{what} still running when the service was asked to stop")
         if t.is_alive():
             raise StuckCallError(f"{what} did not return within {deadline_s:g}s")
         if "error" in box:
@@ -457,3 +465,39 @@ def with_deadline(fn: Callable[..., T], deadline_s: float, what: str) -> Callabl
         return box["value"]
 
     return call
+
+
+# -- quiet outages ---------------------------------------------------------------------------------
+class RepeatThrottle(logging.Filter):
+    """Let a log line through once per `every_s` per shape (digits ignored), counting the rest.
+
+    Why: while the broker is down, librdkafka reports every reconnect attempt of every client
+    ("Connect to ... failed: Connection refused"), about 20 lines a second per service; the first
+    line and a periodic reminder with how many were held back say the same."""
+
+    def __init__(self, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self._clock = clock
+        self._seen: dict[str, tuple[float, int]] = {}
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = _DIGITS.sub("N", record.getMessage())
+        now = self._clock()
+        with self._lock:
+            last, held = self._seen.get(key, (-1e18, 0))
+            if now - last < self.every_s:
+                self._seen[key] = (last, held + 1)
+                return False
+            self._seen[key] = (now, 0)
+            if len(self._seen) > 1000:  # bounded: forget the oldest shapes
+                for k in sorted(self._seen, key=lambda k: self._seen[k][0])[:500]:
+                    del self._seen[k]
+        if held:
+            record.msg = f"{record.getMessage()} ({held} similar lines held back)"
+            record.args = ()
+        return True
+
+
+_DIGITS = re.compile(r"\d+")

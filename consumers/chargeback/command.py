@@ -317,4 +317,10 @@ def run(args: argparse.Namespace) -> int:
         "chargeback stopped",
         extra=fields(**{k: int(v) for k, v in sorted(service.stats_snapshot.items())}),
     )
+    if service.abandoned_producers:
+        # Producers replaced after an outage may still be inside a librdkafka call; tearing them
+        # down at interpreter exit can abort the process (confluent-kafka CallState assertion).
+        # Everything of ours is done and logged: leave without that teardown.
+        logging.shutdown()
+        os._exit(0)
     return 0

@@ -256,6 +256,12 @@ class ChargebackService:
             )
         )
         self.producer = self._new_producer()
+        # outage handling (see _broker_answers, _replace_producer)
+        self._broker_was_down = False
+        self._last_probe = 0.0
+        self._wedged = False
+        self._stop: threading.Event | None = None
+        self._abandoned: list[Any] = []
         self.registry.register(StateCollector(self))
         self.progress = (
             ProgressPublisher(
@@ -270,6 +276,7 @@ class ChargebackService:
     # -- main loop --------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         """Consume until ``stop`` is set; raise ChargebackFatalError when the service cannot go on."""
+        self._stop = stop  # a commit stuck in librdkafka gives up at once when the service stops
         try:
             self._call(self.producer.init_transactions, _OP_TIMEOUT_S)
         except _Abort as exc:  # cannot happen before a transaction began; treat as fatal
@@ -331,6 +338,11 @@ class ChargebackService:
     def _close(self, clean: bool) -> None:
         if not clean:
             self.failed = True  # before close(): its revoke callback must not commit anything
+        if self._wedged:
+            # A helper thread is still inside send_offsets_to_transaction: closing the clients under
+            # it can abort the process. Leave them; the command exits without their teardown.
+            log.warning("stopping with a transactional call stuck: uncommitted input is read again")
+            return
         if clean:
             try:
                 self.consumer.close()  # eager revoke -> _on_revoke commits nothing new, drops state
@@ -472,7 +484,7 @@ class ChargebackService:
         seeks there (``rewind``); on revocation the partitions are dropped instead.
         """
         began = time.perf_counter()
-        if not self._broker_answers():
+        if not self._broker_answers(probe=rewind):
             return False  # keep the transaction open; the next commit tries again
         self.window_counters.prime(self.engine.open_rows(), self.engine.team_of)
         try:
@@ -496,7 +508,12 @@ class ChargebackService:
                     for part, cp in checkpoints.items()
                 ]
                 self._call(
-                    with_deadline(self.producer.send_offsets_to_transaction, _STUCK_S, "send_offsets"),
+                    with_deadline(
+                        self.producer.send_offsets_to_transaction,
+                        _STUCK_S,
+                        "send_offsets",
+                        self._stop,
+                    ),
                     offsets,
                     self.consumer.consumer_group_metadata(),
                     _OP_TIMEOUT_S,
@@ -506,6 +523,12 @@ class ChargebackService:
             self._abort_and_rewind(str(exc), rewind)
             return False
         except StuckCallError as exc:  # a fresh producer fences the stuck one and aborts its transaction
+            stop = self._stop
+            if stop is not None and stop.is_set():
+                # Stopping: no new producer, no further commit. The open transaction is aborted by
+                # the broker (transaction.timeout.ms) or fenced by the next start; input is replayed.
+                self._wedged = True
+                return False
             self._replace_producer(str(exc))
             self._abort_and_rewind(str(exc), rewind)
             return False
@@ -525,17 +548,26 @@ class ChargebackService:
         self._refresh_info()
         return True
 
-    def _broker_answers(self) -> bool:
+    def _broker_answers(self, probe: bool = True) -> bool:
         """After "all brokers down", commit only once the cluster answers again: librdkafka's
         send_offsets_to_transaction can block for ever, past its timeout, when called with the
         coordinator down (confluentinc/librdkafka#5456, seen in the outage drill). A metadata request
         (2 s at most) per commit while the outage lasts keeps the loop alive; commits resume after."""
-        if not getattr(self, "_broker_was_down", False):
-            return True  # no sign of an outage: no extra request
+        if self._wedged:
+            return False  # stopping with a producer stuck in a call: leave the transaction open
+        if not probe:  # inside a rebalance callback (close, revoke): no nested client call
+            return not self._broker_was_down
+        now = time.monotonic()
+        if not self._broker_was_down and now - self._last_probe < 1.0:
+            return True  # probed within the last second (commits can be every 100 ms)
+        self._last_probe = now
         try:
             self.consumer.list_topics(self.cfg.input_topic, timeout=2.0)
         except KafkaException:
+            self._broker_was_down = True
             return False
+        if not self._broker_was_down:
+            return True
         # Back after an outage: the transactional producer may keep a dead coordinator and hang in
         # its next send_offsets (confluentinc/librdkafka#5511). Start from a fresh one.
         self._broker_was_down = False
@@ -543,13 +575,18 @@ class ChargebackService:
         self._abort_and_rewind("producer replaced after an outage")
         return True
 
+    @property
+    def abandoned_producers(self) -> int:
+        """Producers replaced after an outage or left in a stuck call (kept, never torn down)."""
+        return len(self._abandoned) + int(self._wedged)
+
     def _replace_producer(self, why: str) -> None:
         """A fresh producer with the same transactional.id fences the old one and aborts its open
         transaction at the coordinator; the old one is abandoned (it may be stuck in a call)."""
         log.warning("replacing the transactional producer", extra=fields(why=why))
         # Keep the old one referenced: destroying a producer that is stuck in a transactional call
         # can abort the process; it is a few threads and buffers, and replacements are rare.
-        self._abandoned = [*getattr(self, "_abandoned", []), self.producer]
+        self._abandoned.append(self.producer)
         self.producer = self._new_producer()
         self._call(self.producer.init_transactions, _OP_TIMEOUT_S)
         self.in_txn = False
