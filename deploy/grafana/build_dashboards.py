@@ -276,11 +276,11 @@ def fleet() -> dict[str, Any]:
                 "Utilisation per pod on time-sliced GPUs",
                 "percent",
                 q(
-                    f"DCGM_FI_DEV_GPU_UTIL{{{pods}}} and on (UUID) "
-                    f'(count by (UUID) (DCGM_FI_DEV_GPU_UTIL{{{sel}, pod!=""}}) > 1)',
+                    f"gpupipe_pod_gpu_util_percent{{{pods}}}",
                     "{{Hostname}} gpu {{gpu}} {{namespace}}/{{pod}}",
                 ),
-                desc="GPUs shared by several pods: each pod's share (per-process SM use).",
+                desc="GPUs shared by several pods: each pod's share (per-process SM use). The DCGM_* "
+                "series carry one pod per GPU, as dcgm-exporter's; the shares are gpupipe's own.",
             )
         )
         .with_panel(
