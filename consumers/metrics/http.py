@@ -128,6 +128,9 @@ def _deflate(data: bytes, level: int, final: bool) -> bytes:
     return c.compress(data) + c.flush(zlib.Z_FINISH if final else zlib.Z_SYNC_FLUSH)
 
 
+_WRITE_SLICE = 1 << 20
+
+
 class GzipCache:
     """gzip of ``[body, tail]`` as one member, reusing the body's deflate blocks while the body is
     the same object (the store hands out the same ``bytes`` until it changes)."""
@@ -322,7 +325,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(k, v)
         self.end_headers()
         for p in parts:
-            self.wfile.write(p)
+            # in slices: the socket timeout bounds each write, and one write of a whole 80 MB body
+            # to a client that reads slowly but steadily would run past it and cut the scrape
+            view = memoryview(p)
+            for i in range(0, len(view), _WRITE_SLICE):
+                self.wfile.write(view[i : i + _WRITE_SLICE])
 
 
 def make_metrics_server(

@@ -250,10 +250,9 @@ class MetricsHandler:
         now = self.clock()
         cutoff_ms = None if self.max_sample_age_s is None else (now - self.max_sample_age_s) * 1000.0
         rejected: list[Rejected] = []
-        apply = self.store.apply_sample
         samples_topic = self.samples_topic
         old = 0
-        oldest_ms = None
+        taken: list[InRecord] = []
         for rec in records:
             if rec.topic != samples_topic:  # XIDs come through handle_xids, not the group
                 rejected.append((rec, "unexpected-topic", f"{rec.name} on {rec.topic}"))
@@ -261,23 +260,34 @@ class MetricsHandler:
             if rec.name != "GpuSample":
                 rejected.append((rec, "unexpected-record-type", f"{rec.name} on {rec.topic}"))
                 continue
-            value = rec.value
             if cutoff_ms is not None:
-                ts = value.get("timestamp_ms")
+                ts = rec.value.get("timestamp_ms")
                 if isinstance(ts, int) and ts < cutoff_ms:
                     old += 1
                     continue
-            try:
-                apply(value, (samples_topic, rec.partition), now)
-            except InvalidRecord as exc:
+            taken.append(rec)
+        # the whole batch in one hold of the store's lock (see SeriesStore.apply_samples)
+        failed = self.store.apply_samples([(r.value, (samples_topic, r.partition)) for r in taken], now)
+        bad: set[int] = set()
+        for i, exc in failed:
+            rec = taken[i]
+            bad.add(i)
+            if isinstance(exc, InvalidRecord):
                 rejected.append((rec, "invalid-record", str(exc)))
-                continue
-            except Exception as exc:  # a poison record must not stop the service
-                log.exception("sample could not be applied", extra=fields(offset=rec.offset))
+            else:  # a poison record must not stop the service
+                log.error(
+                    "sample could not be applied",
+                    exc_info=exc,
+                    extra=fields(offset=rec.offset),
+                )
                 rejected.append((rec, "apply-failed", f"{type(exc).__name__}: {exc}"))
+        oldest_ms = None
+        checked = self._checked_keys
+        for i, rec in enumerate(taken):
+            if bad and i in bad:
                 continue
             key = rec.key
-            if key is not None and key not in self._checked_keys:
+            if key is not None and key not in checked:
                 self._check_key(key, rec.partition)
             if rec.kafka_ts_ms > 0 and (oldest_ms is None or rec.kafka_ts_ms < oldest_ms):
                 oldest_ms = rec.kafka_ts_ms
