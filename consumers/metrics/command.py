@@ -23,7 +23,7 @@ from consumers.metrics import dcgm_compat
 from consumers.metrics.collectors_csv import load_counters
 from consumers.metrics.http import DEFAULT_PORT
 from consumers.metrics.render import MIG_LAYOUTS, RenderOptions
-from consumers.metrics.service import MetricsConfig, MetricsService
+from consumers.metrics.service import MetricsConfig, MetricsService, tune_gc
 from gpupipe.argtypes import duration_ms
 from gpupipe.errors import ConfigError
 from gpupipe.kafka_admin import parse_kafka_overrides
@@ -240,6 +240,7 @@ def run(args: argparse.Namespace) -> int:
 
         load_web_config(cfg.web_config)
     service = MetricsService(cfg)
+    tune_gc()
     stop = threading.Event()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
