@@ -309,8 +309,10 @@ class _Gen:
         idx = self.var("u")
         self.emit(ind, f"{idx} = buf[pos]")
         self.emit(ind, "pos += 1")
-        for i, branch in enumerate(branches):
-            self.emit(ind, f"{'if' if i == 0 else 'elif'} {idx} == {2 * i}:")
+        # the non-null branch first: a reading is usually there, so one comparison is usually enough
+        order = sorted(enumerate(branches), key=lambda ib: ib[1] == "null")
+        for n, (i, branch) in enumerate(order):
+            self.emit(ind, f"{'if' if n == 0 else 'elif'} {idx} == {2 * i}:")
             if target is None:
                 self.skip(branch, ind + 1)
                 if branch == "null" or (
