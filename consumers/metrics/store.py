@@ -11,7 +11,7 @@ counters-file order and, per family, writes the ``# HELP``/``# TYPE`` header onc
 family's lines from every GPU, so each family's lines are contiguous: one valid exposition. The
 lines are ready bytes -- the GPU's label head (rendered per identity) and the sample's value text
 (rendered at ingest) -- gathered with C-level copies only (``zip(*line_lists)`` into columns, then
-slice assignments), with no Python work per series, and joined in one copy. The joined body is
+slice assignments), with no Python work per series, and joined per family. The joined body is
 cached until the next change (a version counter), so a repeated scrape, and its gzip in the HTTP
 layer, cost next to nothing. Then come the store's own
 families (computed at scrape: ``gpupipe_sample_age_seconds`` per GPU...) and those of an optional
@@ -165,7 +165,7 @@ class SeriesStore:
         self._xid_results = dict.fromkeys(XID_RESULTS, 0)
         self._expired = 0
         self._version = 0
-        self._body = b""  # the joined GPU families of version _body_version
+        self._body: tuple[bytes, ...] = ()  # the GPU families of version _body_version, per family
         self._body_version = -1
         self._headers = [f.header.encode("utf-8") for f in self.families]
         self._own_names = frozenset((*(f.name for f in self.families), *OWN_METRICS))
@@ -534,15 +534,16 @@ class SeriesStore:
     # -- scrape ----------------------------------------------------------------------------------
     def render(self, now_s: float | None = None) -> bytes:
         """The whole exposition (text format 0.0.4), in one copy."""
-        body, pieces, tail, _ = self._scrape(now_s)
-        if body is not None:
-            return body + tail
-        pieces.append(tail)
-        return b"".join(pieces)
+        chunks, tail = self._scrape(now_s)
+        return b"".join((*chunks, tail))
 
     def render_parts(self, now_s: float | None = None) -> list[bytes]:
-        """The exposition as ``[body, tail]``: the GPUs' families (the same object while nothing
-        changed, so a gzip of it can be reused), then the store's and the registry's families.
+        """The exposition in parts: the GPUs' families, one chunk per family (the same objects
+        while nothing changed, so a gzip of them can be reused), then, last, the store's and the
+        registry's families. Per-family chunks, not one joined body: a scrape of 80 MB then holds
+        the GIL for one family's join at a time (ingest runs between), and each chunk fits in
+        memory the allocator reuses, where one 80 MB body was a fresh mapping to fault in at every
+        scrape (the largest single cost of a scrape at 10k GPUs).
 
         Concurrent scrapes (an HA Prometheus pair, a slow client) share one build: a scrape that
         arrives while another is being built gets that one, as of at most one build earlier,
@@ -571,15 +572,10 @@ class SeriesStore:
                 self._flight.notify_all()
 
     def _render_parts(self, now_s: float | None) -> list[bytes]:
-        body, pieces, tail, version = self._scrape(now_s)
-        if body is None:
-            body = b"".join(pieces)
-            with self._lock:
-                if self._body_version < version:
-                    self._body, self._body_version = body, version
-        return [body, tail]
+        chunks, tail = self._scrape(now_s)
+        return [*chunks, tail]
 
-    def _scrape(self, now_s: float | None) -> tuple[bytes | None, list[bytes], bytes, int]:
+    def _scrape(self, now_s: float | None) -> tuple[tuple[bytes, ...], bytes]:
         now = time.time() if now_s is None else now_s
         self._flush_in_chunks()
         with self._lock:
@@ -597,8 +593,12 @@ class SeriesStore:
         tail = own_text(now, ages, *stats, self._unsupported_text)
         if self._registry is not None:
             tail += registry_text(self._registry, self._own_names).encode("utf-8")
-        pieces = [] if lines is None else self._body_pieces(lines)
-        return body, pieces, tail, version
+        if body is None:
+            body = self._body_chunks(lines or [])
+            with self._lock:
+                if self._body_version < version:
+                    self._body, self._body_version = body, version
+        return body, tail
 
     def _flush_in_chunks(self) -> None:
         """Render most changed GPUs a chunk per lock hold, so ingest (which takes the same lock per
@@ -614,13 +614,13 @@ class SeriesStore:
                 self._flush(chunk)
             time.sleep(0)  # let a waiting ingest thread take the lock (and the GIL)
 
-    def _body_pieces(self, lines: list[list[bytes]]) -> list[bytes]:
-        """Header, then head and value of every GPU, family by family: C-level copies only.
+    def _body_chunks(self, lines: list[list[bytes]]) -> tuple[bytes, ...]:
+        """Per family: header, then head and value of every GPU, joined: C-level copies only.
 
         ``zip(*lines)`` turns the per-GPU line lists into one column per slot; a family's pieces
         are its head column and value column interleaved by two slice assignments."""
         if not lines:
-            return []
+            return ()
         cols = list(zip(*lines, strict=True))
         n = len(lines)
         out: list[bytes] = []
@@ -629,12 +629,12 @@ class SeriesStore:
             values = cols[i + 1]
             if not any(values):  # no GPU has a line: no header either
                 continue
-            seg: list[bytes] = [b""] * (2 * n)
-            seg[0::2] = cols[i]
-            seg[1::2] = values
-            out.append(self._headers[fam.index])
-            out += seg
-        return out
+            seg: list[bytes] = [b""] * (2 * n + 1)
+            seg[0] = self._headers[fam.index]
+            seg[1::2] = cols[i]
+            seg[2::2] = values
+            out.append(b"".join(seg))
+        return tuple(out)
 
 
 def _complete(record: Mapping[str, Any]) -> dict[str, Any]:
