@@ -141,7 +141,8 @@ class SeriesStore:
         fallback_interval_s: float = 30.0,
         xid_only_stale_after_s: float = 3600.0,
         max_event_ids: int = 100_000,
-        max_expired_views: int = 50_000,
+        max_expired_views: int = 20_000,
+        expired_view_ttl_s: float = 600.0,
         flush_chunk: int = 256,
     ) -> None:
         self.renderer = Renderer(counters if counters is not None else default_counters(), options)
@@ -179,11 +180,12 @@ class SeriesStore:
         self._want_exp = r.has_xid_count or r.has_health or r.has_clock_count or r.has_clock_total
         self._unsupported_text = unsupported_text(r.counters)
         self._dirty: set[str] = set()  # keys sampled since the last scrape (rendered by _flush)
-        # label views of expired GPUs, oldest first: a GPU that comes back (its samples were only
-        # late: a consumer behind by more than the staleness limit) costs no label rendering, so
-        # falling behind does not make catching up dearer
-        self._expired_views: dict[str, tuple[tuple, GpuView]] = {}
+        # label views of GPUs expired in the last expired_view_ttl_s, oldest first: a GPU that comes
+        # back (its samples were only late: a consumer behind by more than the staleness limit)
+        # costs no label rendering, so falling behind does not make catching up dearer
+        self._expired_views: dict[str, tuple[tuple, GpuView, float]] = {}
         self._max_expired_views = max_expired_views
+        self._expired_view_ttl_s = expired_view_ttl_s
         self._check_needed = itemgetter(*sorted(r.needed_fields()))
         self._identity = r.identity_getter()
 
@@ -224,7 +226,7 @@ class SeriesStore:
             g = _Gpu(key)
             kept = self._expired_views.pop(key, None)
             if kept is not None:  # back after expiring (a consumer that fell behind): same labels
-                g.ident, g.view = kept
+                g.ident, g.view, _ = kept
         try:
             try:
                 self._accept(g, record)
@@ -483,8 +485,12 @@ class SeriesStore:
         for key in gone:
             g = self._gpus.pop(key)
             if g.ident is not None and g.view is not None:
-                kept[key] = (g.ident, g.view)
-        while len(kept) > self._max_expired_views:
+                kept[key] = (g.ident, g.view, now_s)
+        # a view is some 10 KB (a label head per family): keep them for a lag episode, not forever
+        while kept and (
+            len(kept) > self._max_expired_views
+            or now_s - next(iter(kept.values()))[2] > self._expired_view_ttl_s
+        ):
             del kept[next(iter(kept))]
         if gone:
             self._expired += len(gone)

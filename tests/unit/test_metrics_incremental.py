@@ -124,3 +124,15 @@ def test_concurrent_scrapes_share_one_build() -> None:
     # a scrape after that builds anew
     store.render_parts()
     assert len(builds) == 2
+
+
+def test_kept_label_views_are_bounded_in_time_and_number() -> None:
+    store = SeriesStore(stale_after_s=3, max_expired_views=2, expired_view_ttl_s=60)
+    now = T_MS / 1000
+    for i in range(3):
+        store.apply_sample(blank(f"GPU-{i}"), 0, now)
+    store.render(now + 10)  # all three expire; two views are kept
+    assert len(store._expired_views) == 2
+    store.apply_sample(blank("GPU-9"), 0, now + 20)
+    store.render(now + 100)  # GPU-9 expires; the other two are older than the TTL
+    assert list(store._expired_views) == ["GPU-9"]
