@@ -46,7 +46,6 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from operator import itemgetter
 from typing import Any
 
 from consumers.metrics import exp
@@ -186,7 +185,6 @@ class SeriesStore:
         self._expired_views: dict[str, tuple[tuple, GpuView, float]] = {}
         self._max_expired_views = max_expired_views
         self._expired_view_ttl_s = expired_view_ttl_s
-        self._check_needed = itemgetter(*sorted(r.needed_fields()))
         self._identity = r.identity_getter()
 
     # -- ingest ----------------------------------------------------------------------------------
@@ -255,9 +253,10 @@ class SeriesStore:
     def _accept(self, g: _Gpu, record: Mapping[str, Any]) -> None:
         """Labels, MIG layout and exporter-derived state for one sample (no value text yet).
 
-        Raises KeyError when the record lacks a field the exposition reads (the caller completes it
-        with nulls), TypeError/AttributeError for a malformed one."""
-        self._check_needed(record)  # KeyError when a field the exposition reads is missing (C-level)
+        Raises KeyError when the record lacks an identity or label field (the caller completes it
+        with nulls, or finds it invalid), TypeError/AttributeError for a malformed one. Missing
+        metric fields are completed at render (:meth:`_render`): checking ~50 keys per sample was
+        most of ingest's apply time."""
         r = self.renderer
         ident = self._identity(record)
         if ident != g.ident:
@@ -323,7 +322,14 @@ class SeriesStore:
             xid_last = record.get("last_xid")
             if xid_last is None:
                 xid_last = 0
-        lines = self.renderer.render(record, g.view, xid_last, g.xid_counts, self._invalid)
+        invalid: dict[tuple[str, str], int] = {}
+        try:
+            lines = self.renderer.render(record, g.view, xid_last, g.xid_counts, invalid)
+        except KeyError:  # a projected or hand-made record: missing metric fields are null
+            invalid = {}  # counted once, from the completed record
+            lines = self.renderer.render(_complete(record), g.view, xid_last, g.xid_counts, invalid)
+        for k, n in invalid.items():
+            self._invalid[k] = self._invalid.get(k, 0) + n
         if self._want_exp:
             self._fill_exp(g, lines, sampled=True)
         return lines

@@ -136,3 +136,15 @@ def test_kept_label_views_are_bounded_in_time_and_number() -> None:
     store.apply_sample(blank("GPU-9"), 0, now + 20)
     store.render(now + 100)  # GPU-9 expires; the other two are older than the TTL
     assert list(store._expired_views) == ["GPU-9"]
+
+
+def test_a_record_without_some_metric_fields_renders_them_as_null_and_counts_bad_values_once() -> None:
+    store = SeriesStore(stale_after_s=3600)
+    now = T_MS / 1000
+    rec = blank("GPU-0", gpu_temp_c=float("nan"), sm_clock_mhz=1980)
+    del rec["power_w"], rec["fb_used_bytes"]  # a projected or hand-made record
+    store.apply_sample(rec, 0, now)
+    text = store.render(now).decode()
+    assert lines_of(text, "DCGM_FI_DEV_SM_CLOCK")[0].endswith(" 1980")
+    assert not lines_of(text, "DCGM_FI_DEV_POWER_USAGE") and not lines_of(text, "DCGM_FI_DEV_GPU_TEMP")
+    assert sum(store.stats()["invalid"].values()) == 1
