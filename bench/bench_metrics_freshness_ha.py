@@ -42,6 +42,7 @@ from producer.publish import producer_config
 SCRAPE_INTERVAL_S = 5.0
 DELAY = "gpupipe_metrics_ingest_delay_seconds"
 _BUCKET = re.compile(rb"^" + DELAY.encode() + rb'_bucket\{le="([^"]+)"\} (\S+)$', re.M)
+_CONSUMED = re.compile(rb"^gpupipe_consumer_records_total\{[^}]*\} (\S+)$", re.M)
 _LAG = re.compile(rb"^gpupipe_consumer_lag_records\{[^}]*\} (\S+)$", re.M)
 
 
@@ -66,9 +67,22 @@ class PeriodicScraper(threading.Thread):
 
 
 def delay_buckets(url: str) -> dict[float, float]:
+    return read_state(url)[0]
+
+
+def read_state(url: str) -> tuple[dict[float, float], float]:
+    """The ingest-delay histogram and the samples consumed so far, from one scrape."""
     with urllib.request.urlopen(url, timeout=60) as r:
         body = r.read()
-    return {float(le): float(v) for le, v in _BUCKET.findall(body)}
+    consumed = sum(float(v) for v in _CONSUMED.findall(body))
+    return {float(le): float(v) for le, v in _BUCKET.findall(body)}, consumed
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc): what the service spent, whatever the
+    machine's load, so figures from a busy machine stay comparable."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def lag_records(url: str) -> float:
@@ -116,9 +130,11 @@ def main() -> None:
         for s in scrapers:
             s.start()
         before: dict[float, float] = {}
+        consumed0 = cpu0 = wall0 = 0.0
         for tick in range(base.TICKS):
             if tick == 1:
-                before = delay_buckets(url + "/metrics")
+                before, consumed0 = read_state(url + "/metrics")
+                cpu0, wall0 = cpu_seconds(svc.pid), time.time()
             row = payloads[tick]
             for sl in range(base.SLICES):
                 delay = t0 + tick + sl / base.SLICES - time.time()
@@ -137,7 +153,8 @@ def main() -> None:
         producer.flush(30)
         time.sleep(1.0)
         lag_end = lag_records(url + "/metrics")
-        after = delay_buckets(url + "/metrics")
+        after, consumed1 = read_state(url + "/metrics")
+        cpu1, wall1 = cpu_seconds(svc.pid), time.time()
     finally:
         for s in scrapers:
             s.stop.set()
@@ -161,6 +178,11 @@ def main() -> None:
         figure("scrape_duration_p50_s", durations[len(durations) // 2], "s")
         figure("scrape_mb", max(sizes) / 1e6, "MB")
     figure("publisher_behind_schedule_s", behind, "s")
+    consumed = consumed1 - consumed0
+    if consumed > 0:
+        # the service's whole CPU (consume, decode, apply, render, HTTP) per sample consumed
+        figure("service_cpu_us_per_sample", (cpu1 - cpu0) / consumed * 1e6, "us")
+        figure("service_cpu_cores_used", (cpu1 - cpu0) / (wall1 - wall0), "cores")
     ratio_line("metrics_freshness_p99_ha_pair", 1.0 / p99 if 0 < p99 < float("inf") else 0.0, 1.0)
 
 

@@ -115,6 +115,7 @@ def _shape(t: Any, names: _Names, namespace: str | None = None) -> Any:
     raise ValueError(f"unsupported type {t!r}")
 
 
+_NULLABLE_DOUBLE = ["null", "double"]
 _COMPLEX = frozenset({"record", "error", "enum", "fixed", "array", "map"})
 
 
@@ -125,6 +126,7 @@ class _Gen:
         self.lines: list[str] = []
         self.n = 0
         self.consts: dict[str, Any] = {}
+        self.runs: set[int] = set()  # lengths of the double runs (one struct per length)
 
     def var(self, stem: str = "v") -> str:
         self.n += 1
@@ -137,6 +139,50 @@ class _Gen:
 
     def emit(self, indent: int, line: str) -> None:
         self.lines.append("    " * indent + line)
+
+    def double_run(
+        self, fields: list[tuple[str, Any]], wanted: dict[str, Any], out_vars: dict[str, str]
+    ) -> None:
+        """Consecutive ``["null", "double"]`` fields (metric readings): when all are set -- the
+        common case -- their union bytes and values are read by one ``struct`` call and checked
+        at once; otherwise field by field."""
+        k = len(fields)
+        self.runs.add(k)
+        r = self.var("r")
+        for name, _ in fields:
+            if name in wanted:
+                out_vars[name] = self.var("o")
+        self.emit(1, f"{r} = _run{k}(buf, pos) if pos + {9 * k} <= end else None")
+        self.emit(1, f"if {r} is not None and {r}[0::2] == {self.const((2,) * k)}:")
+        for n, (name, _) in enumerate(fields):
+            if name in out_vars:
+                self.emit(2, f"{out_vars[name]} = {r}[{2 * n + 1}]")
+        self.emit(2, f"pos += {9 * k}")
+        self.emit(1, "else:")
+        for name, ftype in fields:
+            if name in wanted:
+                self.read(ftype, 2, out_vars[name])
+            else:
+                self.skip(ftype, 2)
+        self.emit(2, "pass")
+
+    def varint(self, ind: int, target: str) -> None:
+        """A zig-zag varint into ``target``, inline: a call per field was most of the decoder's
+        time (one-byte values -- lengths, indexes, small counts -- skip the loop)."""
+        b, sh = self.var("b"), self.var("h")
+        self.emit(ind, f"{target} = buf[pos]")
+        self.emit(ind, "pos += 1")
+        self.emit(ind, f"if {target} > 127:")
+        self.emit(ind + 1, f"{target} &= 127")
+        self.emit(ind + 1, f"{sh} = 7")
+        self.emit(ind + 1, "while True:")
+        self.emit(ind + 2, f"{b} = buf[pos]")
+        self.emit(ind + 2, "pos += 1")
+        self.emit(ind + 2, f"{target} |= ({b} & 127) << {sh}")
+        self.emit(ind + 2, f"if {b} < 128: break")
+        self.emit(ind + 2, f"{sh} += 7")
+        self.emit(ind + 2, f"if {sh} > 70: raise ValueError('varint too long')")
+        self.emit(ind, f"{target} = ({target} >> 1) ^ -({target} & 1)")
 
     # -- skipping ----------------------------------------------------------------------------------
     def skip(self, shape: Any, ind: int) -> None:
@@ -155,7 +201,7 @@ class _Gen:
                 self.emit(ind, "pos += 8")
             elif shape in ("bytes", "string"):
                 n = self.var("n")
-                self.emit(ind, f"{n}, pos = _long(buf, pos)")
+                self.varint(ind, n)
                 self.emit(ind, f"if {n} < 0: raise ValueError('negative length')")
                 self.emit(ind, f"pos += {n}")
             else:
@@ -175,7 +221,7 @@ class _Gen:
         elif kind in ("array", "map"):
             count, size = self.var("c"), self.var("s")
             self.emit(ind, "while True:")
-            self.emit(ind + 1, f"{count}, pos = _long(buf, pos)")
+            self.varint(ind + 1, count)
             self.emit(ind + 1, f"if {count} == 0: break")
             self.emit(ind + 1, f"if {count} < 0:")
             self.emit(ind + 2, f"{size}, pos = _long(buf, pos)")  # block size in bytes: jump over
@@ -200,7 +246,7 @@ class _Gen:
                 self.emit(ind, f"{target} = buf[pos] == 1")
                 self.emit(ind, "pos += 1")
             elif shape in ("int", "long"):
-                self.emit(ind, f"{target}, pos = _long(buf, pos)")
+                self.varint(ind, target)
             elif shape == "float":
                 self.emit(ind, f"{target} = _float(buf, pos)[0]")
                 self.emit(ind, "pos += 4")
@@ -209,8 +255,8 @@ class _Gen:
                 self.emit(ind, "pos += 8")
             elif shape in ("bytes", "string"):
                 n = self.var("n")
-                self.emit(ind, f"{n}, pos = _long(buf, pos)")
-                self.emit(ind, f"if {n} < 0 or pos + {n} > len(buf): raise ValueError('bad length')")
+                self.varint(ind, n)
+                self.emit(ind, f"if {n} < 0 or pos + {n} > end: raise ValueError('bad length')")
                 tail = ".decode()" if shape == "string" else ""
                 self.emit(ind, f"{target} = buf[pos:pos + {n}]{tail}")
                 self.emit(ind, f"pos += {n}")
@@ -230,17 +276,17 @@ class _Gen:
             self.emit(ind, f"{target} = {{{items}}}")
         elif kind == "enum":
             i = self.var("i")
-            self.emit(ind, f"{i}, pos = _long(buf, pos)")
+            self.varint(ind, i)
             self.emit(ind, f"{target} = {self.const(shape[1])}[{i}]")
         elif kind == "fixed":
-            self.emit(ind, f"if pos + {shape[1]} > len(buf): raise ValueError('truncated')")
+            self.emit(ind, f"if pos + {shape[1]} > end: raise ValueError('truncated')")
             self.emit(ind, f"{target} = buf[pos:pos + {shape[1]}]")
             self.emit(ind, f"pos += {shape[1]}")
         elif kind in ("array", "map"):
             count, size, item, key = self.var("c"), self.var("s"), self.var("x"), self.var("k")
             self.emit(ind, f"{target} = {{}}" if kind == "map" else f"{target} = []")
             self.emit(ind, "while True:")
-            self.emit(ind + 1, f"{count}, pos = _long(buf, pos)")
+            self.varint(ind + 1, count)
             self.emit(ind + 1, f"if {count} == 0: break")
             self.emit(ind + 1, f"if {count} < 0:")
             self.emit(ind + 2, f"{count} = -{count}")
@@ -263,8 +309,10 @@ class _Gen:
         idx = self.var("u")
         self.emit(ind, f"{idx} = buf[pos]")
         self.emit(ind, "pos += 1")
-        for i, branch in enumerate(branches):
-            self.emit(ind, f"{'if' if i == 0 else 'elif'} {idx} == {2 * i}:")
+        # the non-null branch first: a reading is usually there, so one comparison is usually enough
+        order = sorted(enumerate(branches), key=lambda ib: ib[1] == "null")
+        for n, (i, branch) in enumerate(order):
+            self.emit(ind, f"{'if' if n == 0 else 'elif'} {idx} == {2 * i}:")
             if target is None:
                 self.skip(branch, ind + 1)
                 if branch == "null" or (
@@ -299,20 +347,33 @@ def build_fast_decoder(writer_raw: dict[str, Any], reader_raw: dict[str, Any]) -
         return None
     gen = _Gen()
     out_vars = {}
-    for name, ftype in wshape[1]:
+    fields = list(wshape[1])
+    i = 0
+    while i < len(fields):
+        j = i
+        while j < len(fields) and fields[j][1] == _NULLABLE_DOUBLE:
+            j += 1
+        if j - i >= 2:  # a run of nullable doubles: one struct call when every one is set
+            gen.double_run(fields[i:j], wanted, out_vars)
+            i = j
+            continue
+        name, ftype = fields[i]
         if name in wanted:
             out_vars[name] = gen.var("o")
             gen.read(ftype, 1, out_vars[name])
         else:
             gen.skip(ftype, 1)
+        i += 1
     items = ", ".join(f"{name!r}: {out_vars[name]}" for name, _ in rshape[1])
     src = [
         "def decode(buf, pos):",
+        "    end = len(buf)",
         *gen.lines,
-        "    if pos > len(buf): raise ValueError('truncated')",
+        "    if pos > end: raise ValueError('truncated')",
         f"    return {{{items}}}",
     ]
     env: dict[str, Any] = {
+        **{f"_run{k}": struct.Struct("<" + "Bd" * k).unpack_from for k in gen.runs},
         "_long": _long,
         "_double": struct.Struct("<d").unpack_from,
         "_float": struct.Struct("<f").unpack_from,

@@ -22,7 +22,7 @@ from consumers.metrics import dcgm_compat
 from consumers.metrics.collectors_csv import load_counters
 from consumers.metrics.http import DEFAULT_PORT
 from consumers.metrics.render import MIG_LAYOUTS, RenderOptions
-from consumers.metrics.service import MetricsConfig, MetricsService
+from consumers.metrics.service import MetricsConfig, MetricsService, tune_gc
 from gpupipe import startup, topics
 from gpupipe.argtypes import duration_ms
 from gpupipe.errors import ConfigError
@@ -253,6 +253,7 @@ def run(args: argparse.Namespace) -> int:
             state=state,
         )
     service = startup.retry(lambda: MetricsService(cfg), what="metrics service start", timeout_s=timeout_s)
+    tune_gc()
     stop = threading.Event()
     startup.ShutdownDeadline(stop, args.shutdown_timeout, "metrics").install()
     service.run(stop)

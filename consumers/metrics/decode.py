@@ -13,11 +13,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from consumers.chargeback.fastdecode import _CORRUPT as CORRUPT
 from consumers.chargeback.fastdecode import SampleDecoder
 from consumers.metrics.fields import Kind
 from consumers.metrics.render import Renderer
 from schemas import catalog
-from schemas.codec import AvroCodec, Decoded
+from schemas.codec import SINGLE_OBJECT_MAGIC, AvroCodec, Decoded
 
 #: Read with ``.get`` by the store and renderer: kept when present in the writer schema.
 OPTIONAL = ("mig_enabled", "interval_ms", "last_xid", "gpu_lost", "driver_version")
@@ -52,12 +53,32 @@ def projected_schema(renderer: Renderer) -> dict[str, Any]:
     return raw
 
 
+class DecodedSample:
+    """What the consume loop reads of a :class:`~schemas.codec.Decoded` (``name``, ``record``), for
+    a sample: built in a third of the frozen dataclass's time, once per record."""
+
+    __slots__ = ("record",)
+    name = "GpuSample"
+    framing = "single-object"
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        self.record = record
+
+
 class MetricsDecoder:
     """Codec-shaped (``.decode(payload) -> Decoded``) for the consume loop."""
 
     def __init__(self, codec: AvroCodec, renderer: Renderer) -> None:
         self.codec = codec
         self._samples = SampleDecoder(codec, projected_schema(renderer))
+        self._fast = self._samples.fast
 
-    def decode(self, payload: bytes | None) -> Decoded:
+    def decode(self, payload: bytes | None) -> Decoded | DecodedSample:
+        if payload and payload[:2] == SINGLE_OBJECT_MAGIC:
+            fn = self._fast.get(payload[2:10])
+            if fn is not None:
+                try:
+                    return DecodedSample(fn(payload, 10))
+                except CORRUPT:
+                    pass  # the shared path raises the DecodeError with its reason
         return self._samples.decode(payload)

@@ -128,29 +128,46 @@ def _deflate(data: bytes, level: int, final: bool) -> bytes:
     return c.compress(data) + c.flush(zlib.Z_FINISH if final else zlib.Z_SYNC_FLUSH)
 
 
+_WRITE_SLICE = 1 << 20
+
+
 class GzipCache:
-    """gzip of ``[body, tail]`` as one member, reusing the body's deflate blocks while the body is
-    the same object (the store hands out the same ``bytes`` until it changes)."""
+    """gzip of ``[*body, tail]`` (the store's parts: body chunks, then the tail) as one member,
+    reusing the body's deflate blocks while its chunks are the same objects (the store hands out
+    the same ``bytes`` until they change)."""
 
     def __init__(self, level: int = 1) -> None:
         self.level = level
         self.hits = 0  # answers that reused the cached body blocks
         self._lock = threading.Lock()
-        self._body: tuple[bytes, bytes, int] | None = None  # (body object, its deflate blocks, CRC-32)
+        # (body chunks, their deflate blocks, CRC-32, length)
+        self._body: tuple[list[bytes], bytes, int, int] | None = None
 
     def compress(self, parts: list[bytes]) -> list[bytes]:
-        body, tail = parts
+        body, tail = parts[:-1], parts[-1]
         with self._lock:
             cached = self._body
-            if cached is not None and cached[0] is body:
+            hit = (
+                cached is not None
+                and len(cached[0]) == len(body)
+                and all(a is b for a, b in zip(cached[0], body, strict=True))
+            )
+            if hit:
                 self.hits += 1
-        if cached is not None and cached[0] is body:
-            _, blocks, crc = cached
+        if hit and cached is not None:
+            _, blocks, crc, length = cached
         else:
-            blocks, crc = _deflate(body, self.level, final=False), zlib.crc32(body)
+            c = zlib.compressobj(self.level, zlib.DEFLATED, -15)
+            out = [c.compress(chunk) for chunk in body]
+            out.append(c.flush(zlib.Z_SYNC_FLUSH))  # byte-aligned: the tail's blocks follow
+            blocks = b"".join(out)
+            crc = length = 0
+            for chunk in body:
+                crc = zlib.crc32(chunk, crc)
+                length += len(chunk)
             with self._lock:
-                self._body = (body, blocks, crc)
-        size = (len(body) + len(tail)) & 0xFFFFFFFF
+                self._body = (body, blocks, crc, length)
+        size = (length + len(tail)) & 0xFFFFFFFF
         trailer = struct.pack("<II", zlib.crc32(tail, crc), size)
         return [_GZIP_HEADER, blocks, _deflate(tail, self.level, final=True), trailer]
 
@@ -322,7 +339,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(k, v)
         self.end_headers()
         for p in parts:
-            self.wfile.write(p)
+            # in slices: the socket timeout bounds each write, and one write of a whole 80 MB body
+            # to a client that reads slowly but steadily would run past it and cut the scrape
+            view = memoryview(p)
+            for i in range(0, len(view), _WRITE_SLICE):
+                self.wfile.write(view[i : i + _WRITE_SLICE])
 
 
 def make_metrics_server(

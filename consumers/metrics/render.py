@@ -309,6 +309,10 @@ class Renderer:
         call: this runs for every sample)."""
         return self._identity(rec)
 
+    def identity_getter(self) -> Any:
+        """:meth:`identity` as the bare C callable (no method call per sample)."""
+        return self._identity
+
     def _base(
         self,
         gpu_index: int | None,

@@ -11,7 +11,7 @@ counters-file order and, per family, writes the ``# HELP``/``# TYPE`` header onc
 family's lines from every GPU, so each family's lines are contiguous: one valid exposition. The
 lines are ready bytes -- the GPU's label head (rendered per identity) and the sample's value text
 (rendered at ingest) -- gathered with C-level copies only (``zip(*line_lists)`` into columns, then
-slice assignments), with no Python work per series, and joined in one copy. The joined body is
+slice assignments), with no Python work per series, and joined per family. The joined body is
 cached until the next change (a version counter), so a repeated scrape, and its gzip in the HTTP
 layer, cost next to nothing. Then come the store's own
 families (computed at scrape: ``gpupipe_sample_age_seconds`` per GPU...) and those of an optional
@@ -46,35 +46,25 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from operator import itemgetter
 from typing import Any
 
 from consumers.metrics import exp
 from consumers.metrics.collectors_csv import CounterSet, default_counters
 from consumers.metrics.layout import merge_parent
+from consumers.metrics.own_text import (
+    OWN_METRICS,
+    own_text,
+    registry_text,
+    unsupported_text,
+)
 from consumers.metrics.render import (
-    SAMPLE_AGE_METRIC,
     GpuView,
     Renderer,
     RenderOptions,
     bus_id_nvml_form,
-    escape_label_value,
 )
 
-GPUS_METRIC = "gpupipe_metrics_gpus"
-INVALID_METRIC = "gpupipe_metrics_invalid_values_total"
-EXPIRED_METRIC = "gpupipe_metrics_expired_total"
-XID_EVENTS_METRIC = "gpupipe_metrics_xid_events_total"
-UNSUPPORTED_METRIC = "gpupipe_metrics_unsupported_fields"
 XID_RESULTS = ("counted", "duplicate", "ignored", "unattributed")
-OWN_METRICS = (
-    SAMPLE_AGE_METRIC,
-    GPUS_METRIC,
-    INVALID_METRIC,
-    EXPIRED_METRIC,
-    XID_EVENTS_METRIC,
-    UNSUPPORTED_METRIC,
-)
 
 log = logging.getLogger("gpupipe.metrics")
 
@@ -150,6 +140,9 @@ class SeriesStore:
         fallback_interval_s: float = 30.0,
         xid_only_stale_after_s: float = 3600.0,
         max_event_ids: int = 100_000,
+        max_expired_views: int = 20_000,
+        expired_view_ttl_s: float = 600.0,
+        flush_chunk: int = 256,
     ) -> None:
         self.renderer = Renderer(counters if counters is not None else default_counters(), options)
         self.families = self.renderer.families
@@ -159,7 +152,12 @@ class SeriesStore:
         self._fallback_interval_s = fallback_interval_s
         self._xid_only_stale_after_s = xid_only_stale_after_s
         self._max_event_ids = max_event_ids
+        self._flush_chunk = flush_chunk
         self._lock = threading.Lock()
+        self._flight = threading.Condition()  # one scrape build at a time; others take its result
+        self._building = False
+        self._built: list[bytes] | None = None
+        self._built_gen = 0
         self._gpus: dict[str, _Gpu] = {}
         self._by_bus: dict[tuple[str, str], str] = {}  # (hostname, NVML bus id) -> GPU UUID
         self._event_ids: dict[str, None] = {}  # recent XID event ids, oldest first
@@ -167,7 +165,7 @@ class SeriesStore:
         self._xid_results = dict.fromkeys(XID_RESULTS, 0)
         self._expired = 0
         self._version = 0
-        self._body = b""  # the joined GPU families of version _body_version
+        self._body: tuple[bytes, ...] = ()  # the GPU families of version _body_version, per family
         self._body_version = -1
         self._headers = [f.header.encode("utf-8") for f in self.families]
         self._own_names = frozenset((*(f.name for f in self.families), *OWN_METRICS))
@@ -179,9 +177,15 @@ class SeriesStore:
         self._windowed: set[str] = set()  # keys with XIDs in their window (pruned at scrape)
         self._want_xid_win = r.has_xid_count or r.has_health
         self._want_exp = r.has_xid_count or r.has_health or r.has_clock_count or r.has_clock_total
-        self._unsupported_text = _unsupported_text(r.counters)
+        self._unsupported_text = unsupported_text(r.counters)
         self._dirty: set[str] = set()  # keys sampled since the last scrape (rendered by _flush)
-        self._check_needed = itemgetter(*sorted(r.needed_fields()))
+        # label views of GPUs expired in the last expired_view_ttl_s, oldest first: a GPU that comes
+        # back (its samples were only late: a consumer behind by more than the staleness limit)
+        # costs no label rendering, so falling behind does not make catching up dearer
+        self._expired_views: dict[str, tuple[tuple, GpuView, float]] = {}
+        self._max_expired_views = max_expired_views
+        self._expired_view_ttl_s = expired_view_ttl_s
+        self._identity = r.identity_getter()
 
     # -- ingest ----------------------------------------------------------------------------------
     def apply_sample(self, record: Mapping[str, Any], partition: Any, now_s: float) -> str:
@@ -189,49 +193,72 @@ class SeriesStore:
 
         Labels, MIG bookkeeping and the exporter-derived state are updated here; the value text is
         rendered at the next scrape, once, from the GPU's latest sample (see :meth:`_flush`)."""
+        with self._lock:
+            return self._apply_locked(record, partition, now_s)
+
+    def apply_samples(
+        self, items: Iterable[tuple[Mapping[str, Any], Any]], now_s: float
+    ) -> list[tuple[int, Exception]]:
+        """:meth:`apply_sample` for a consumed batch of ``(record, partition)``, under one hold of
+        the lock: a scrape rendering in chunks then delays a batch at most once, not each of its
+        samples. Returns ``(index, exception)`` for the records that failed (the rest are in)."""
+        failed: list[tuple[int, Exception]] = []
+        apply = self._apply_locked
+        with self._lock:
+            for i, (record, partition) in enumerate(items):
+                try:
+                    apply(record, partition, now_s)
+                except Exception as exc:  # InvalidRecord, or a poison record: the caller decides
+                    failed.append((i, exc))
+        return failed
+
+    def _apply_locked(self, record: Mapping[str, Any], partition: Any, now_s: float) -> str:
         mig = record.get("mig")
         try:
             key = mig["mig_uuid"] if mig else record["uuid"]
         except (KeyError, TypeError) as exc:
             raise InvalidRecord(f"GpuSample without uuid/mig_uuid: {exc}") from exc
-        with self._lock:
-            g = self._gpus.get(key)
-            new = g is None
-            if g is None:
-                g = _Gpu(key)
+        g = self._gpus.get(key)
+        new = g is None
+        if g is None:
+            g = _Gpu(key)
+            kept = self._expired_views.pop(key, None)
+            if kept is not None:  # back after expiring (a consumer that fell behind): same labels
+                g.ident, g.view, _ = kept
+        try:
             try:
-                try:
-                    self._accept(g, record)
-                except KeyError:  # a projected or hand-made record: missing fields are null
-                    record = _complete(record)
-                    self._accept(g, record)
-            except (KeyError, TypeError, AttributeError) as exc:  # e.g. an allocation without a pod
-                raise InvalidRecord(f"GpuSample {key}: {type(exc).__name__}: {exc}") from exc
-            if new:
-                self._gpus[key] = g
-            g.pending = record
-            self._dirty.add(key)
-            g.partition = partition
-            g.seen_s = now_s
-            g.ts_ms = record["timestamp_ms"]
-            if self._stale_after_s is not None:
-                g.stale_s = self._stale_after_s
-            else:
-                iv = record.get("interval_ms")
-                g.stale_s = self._stale_intervals * (iv / 1000.0 if iv else self._fallback_interval_s)
-            if g.hidden:  # its instances take its device-wide readings again
-                self._dirty.update(self._children.get(key, ()))
-            self._version += 1
+                self._accept(g, record)
+            except KeyError:  # a projected or hand-made record: missing fields are null
+                record = _complete(record)
+                self._accept(g, record)
+        except (KeyError, TypeError, AttributeError) as exc:  # e.g. an allocation without a pod
+            raise InvalidRecord(f"GpuSample {key}: {type(exc).__name__}: {exc}") from exc
+        if new:
+            self._gpus[key] = g
+        g.pending = record
+        self._dirty.add(key)
+        g.partition = partition
+        g.seen_s = now_s
+        g.ts_ms = record["timestamp_ms"]
+        if self._stale_after_s is not None:
+            g.stale_s = self._stale_after_s
+        else:
+            iv = record.get("interval_ms")
+            g.stale_s = self._stale_intervals * (iv / 1000.0 if iv else self._fallback_interval_s)
+        if g.hidden:  # its instances take its device-wide readings again
+            self._dirty.update(self._children.get(key, ()))
+        self._version += 1
         return key
 
     def _accept(self, g: _Gpu, record: Mapping[str, Any]) -> None:
         """Labels, MIG layout and exporter-derived state for one sample (no value text yet).
 
-        Raises KeyError when the record lacks a field the exposition reads (the caller completes it
-        with nulls), TypeError/AttributeError for a malformed one."""
-        self._check_needed(record)  # KeyError when a field the exposition reads is missing (C-level)
+        Raises KeyError when the record lacks an identity or label field (the caller completes it
+        with nulls, or finds it invalid), TypeError/AttributeError for a malformed one. Missing
+        metric fields are completed at render (:meth:`_render`): checking ~50 keys per sample was
+        most of ingest's apply time."""
         r = self.renderer
-        ident = r.identity(record)
+        ident = self._identity(record)
         if ident != g.ident:
             g.view = r.view(record)
             g.ident = ident
@@ -256,11 +283,15 @@ class SeriesStore:
         if self._want_exp:
             self._sample_exp_state(g, record)
 
-    def _flush(self) -> None:
-        """Render the GPUs sampled since the last scrape, each from its latest sample only: the work
-        of a scrape is proportional to the GPUs that changed, and samples a scrape never showed
-        are never rendered."""
-        dirty, self._dirty = self._dirty, set()
+    def _flush(self, limit: int | None = None) -> None:
+        """Render the GPUs sampled since the last scrape (at most ``limit`` of them), each from its
+        latest sample only: the work of a scrape is proportional to the GPUs that changed, and
+        samples a scrape never showed are never rendered."""
+        if limit is None or limit >= len(self._dirty):
+            dirty, self._dirty = self._dirty, set()
+        else:
+            pop = self._dirty.pop
+            dirty = {pop() for _ in range(limit)}
         for key in dirty:
             g = self._gpus.get(key)
             if g is None or g.ts_ms is None or g.view is None:
@@ -291,7 +322,14 @@ class SeriesStore:
             xid_last = record.get("last_xid")
             if xid_last is None:
                 xid_last = 0
-        lines = self.renderer.render(record, g.view, xid_last, g.xid_counts, self._invalid)
+        invalid: dict[tuple[str, str], int] = {}
+        try:
+            lines = self.renderer.render(record, g.view, xid_last, g.xid_counts, invalid)
+        except KeyError:  # a projected or hand-made record: missing metric fields are null
+            invalid = {}  # counted once, from the completed record
+            lines = self.renderer.render(_complete(record), g.view, xid_last, g.xid_counts, invalid)
+        for k, n in invalid.items():
+            self._invalid[k] = self._invalid.get(k, 0) + n
         if self._want_exp:
             self._fill_exp(g, lines, sampled=True)
         return lines
@@ -449,8 +487,17 @@ class SeriesStore:
                     gone.append(key)
             elif now_s - g.xid_seen_s > xid_ttl:
                 gone.append(key)
+        kept = self._expired_views
         for key in gone:
-            del self._gpus[key]
+            g = self._gpus.pop(key)
+            if g.ident is not None and g.view is not None:
+                kept[key] = (g.ident, g.view, now_s)
+        # a view is some 10 KB (a label head per family): keep them for a lag episode, not forever
+        while kept and (
+            len(kept) > self._max_expired_views
+            or now_s - next(iter(kept.values()))[2] > self._expired_view_ttl_s
+        ):
+            del kept[next(iter(kept))]
         if gone:
             self._expired += len(gone)
             self._version += 1
@@ -499,25 +546,50 @@ class SeriesStore:
     # -- scrape ----------------------------------------------------------------------------------
     def render(self, now_s: float | None = None) -> bytes:
         """The whole exposition (text format 0.0.4), in one copy."""
-        body, pieces, tail, _ = self._scrape(now_s)
-        if body is not None:
-            return body + tail
-        pieces.append(tail)
-        return b"".join(pieces)
+        chunks, tail = self._scrape(now_s)
+        return b"".join((*chunks, tail))
 
     def render_parts(self, now_s: float | None = None) -> list[bytes]:
-        """The exposition as ``[body, tail]``: the GPUs' families (the same object while nothing
-        changed, so a gzip of it can be reused), then the store's and the registry's families."""
-        body, pieces, tail, version = self._scrape(now_s)
-        if body is None:
-            body = b"".join(pieces)
-            with self._lock:
-                if self._body_version < version:
-                    self._body, self._body_version = body, version
-        return [body, tail]
+        """The exposition in parts: the GPUs' families, one chunk per family (the same objects
+        while nothing changed, so a gzip of them can be reused), then, last, the store's and the
+        registry's families. Per-family chunks, not one joined body: a scrape of 80 MB then holds
+        the GIL for one family's join at a time (ingest runs between), and each chunk fits in
+        memory the allocator reuses, where one 80 MB body was a fresh mapping to fault in at every
+        scrape (the largest single cost of a scrape at 10k GPUs).
 
-    def _scrape(self, now_s: float | None) -> tuple[bytes | None, list[bytes], bytes, int]:
+        Concurrent scrapes (an HA Prometheus pair, a slow client) share one build: a scrape that
+        arrives while another is being built gets that one, as of at most one build earlier,
+        instead of rendering and joining tens of MB again beside it."""
+        if now_s is not None:  # an explicit clock (tests, tools): always its own build
+            return self._render_parts(now_s)
+        with self._flight:
+            gen = self._built_gen
+            if self._building:
+                while self._building:
+                    self._flight.wait()
+                if self._built_gen != gen and self._built is not None:
+                    return self._built
+            while self._building:  # another waiter builds (the one we waited for failed)
+                self._flight.wait()
+            self._building = True
+        parts: list[bytes] | None = None
+        try:
+            parts = self._render_parts(None)
+            return parts
+        finally:
+            with self._flight:
+                self._building = False
+                self._built = parts
+                self._built_gen += 1
+                self._flight.notify_all()
+
+    def _render_parts(self, now_s: float | None) -> list[bytes]:
+        chunks, tail = self._scrape(now_s)
+        return [*chunks, tail]
+
+    def _scrape(self, now_s: float | None) -> tuple[tuple[bytes, ...], bytes]:
         now = time.time() if now_s is None else now_s
+        self._flush_in_chunks()
         with self._lock:
             self._expire_locked(now)
             if self._dirty:
@@ -530,19 +602,37 @@ class SeriesStore:
             lines = None if body is not None else [g.lines for g in gpus]
             stats = (len(gpus), sorted(self._invalid.items()), list(self._xid_results.items()), self._expired)
             ages = [(g.view.age_head, g.ts_ms) for g in gpus if g.ts_ms is not None]
-        tail = self._own_text(now, ages, *stats)
+        tail = own_text(now, ages, *stats, self._unsupported_text)
         if self._registry is not None:
-            tail += self._registry_text().encode("utf-8")
-        pieces = [] if lines is None else self._body_pieces(lines)
-        return body, pieces, tail, version
+            tail += registry_text(self._registry, self._own_names).encode("utf-8")
+        if body is None:
+            body = self._body_chunks(lines or [])
+            with self._lock:
+                if self._body_version < version:
+                    self._body, self._body_version = body, version
+        return body, tail
 
-    def _body_pieces(self, lines: list[list[bytes]]) -> list[bytes]:
-        """Header, then head and value of every GPU, family by family: C-level copies only.
+    def _flush_in_chunks(self) -> None:
+        """Render most changed GPUs a chunk per lock hold, so ingest (which takes the same lock per
+        sample) waits for one chunk, not for all of them; what changes meanwhile is rendered under
+        the scrape's final hold. Bounded: samples arriving faster than this renders cannot hold a
+        scrape back."""
+        chunk = self._flush_chunk
+        rounds = len(self._dirty) // chunk + 2
+        for _ in range(rounds):
+            with self._lock:
+                if len(self._dirty) <= chunk:
+                    return
+                self._flush(chunk)
+            time.sleep(0)  # let a waiting ingest thread take the lock (and the GIL)
+
+    def _body_chunks(self, lines: list[list[bytes]]) -> tuple[bytes, ...]:
+        """Per family: header, then head and value of every GPU, joined: C-level copies only.
 
         ``zip(*lines)`` turns the per-GPU line lists into one column per slot; a family's pieces
         are its head column and value column interleaved by two slice assignments."""
         if not lines:
-            return []
+            return ()
         cols = list(zip(*lines, strict=True))
         n = len(lines)
         out: list[bytes] = []
@@ -551,78 +641,12 @@ class SeriesStore:
             values = cols[i + 1]
             if not any(values):  # no GPU has a line: no header either
                 continue
-            seg: list[bytes] = [b""] * (2 * n)
-            seg[0::2] = cols[i]
-            seg[1::2] = values
-            out.append(self._headers[fam.index])
-            out += seg
-        return out
-
-    def _own_text(
-        self,
-        now: float,
-        ages: list[tuple[bytes, int]],
-        ngpus: int,
-        invalid: list[tuple[tuple[str, str], int]],
-        xid_results: list[tuple[str, int]],
-        expired: int,
-    ) -> bytes:
-        out: list[bytes] = []
-        if ages:
-            out.append(
-                f"# HELP {SAMPLE_AGE_METRIC} Seconds from the GPU's latest sample time to this scrape.\n"
-                f"# TYPE {SAMPLE_AGE_METRIC} gauge\n".encode()
-            )
-            out.extend(b"%s%.3f\n" % (head, now - ts / 1000.0) for head, ts in ages)
-        text = [
-            f"# HELP {GPUS_METRIC} GPUs and MIG slices with series in this exposition.\n"
-            f"# TYPE {GPUS_METRIC} gauge\n{GPUS_METRIC} {ngpus}\n"
-            f"# HELP {INVALID_METRIC} Sample values left out: NaN, infinite, negative or not a number.\n"
-            f"# TYPE {INVALID_METRIC} counter\n"
-        ]
-        text.extend(
-            f'{INVALID_METRIC}{{field="{escape_label_value(f)}",reason="{reason}"}} {n}\n'
-            for (f, reason), n in invalid
-        )
-        text.append(
-            f"# HELP {EXPIRED_METRIC} GPUs removed because no sample came within the staleness limit.\n"
-            f"# TYPE {EXPIRED_METRIC} counter\n{EXPIRED_METRIC} {expired}\n"
-            f"# HELP {XID_EVENTS_METRIC} gpu.xid events by outcome (ignored: SXid, GPU lost, XID 0...).\n"
-            f"# TYPE {XID_EVENTS_METRIC} counter\n"
-        )
-        text.extend(f'{XID_EVENTS_METRIC}{{result="{res}"}} {n}\n' for res, n in xid_results)
-        text.append(self._unsupported_text)
-        out.append("".join(text).encode("utf-8"))
-        return b"".join(out)
-
-    def _registry_text(self) -> str:
-        from prometheus_client import generate_latest
-
-        text = generate_latest(self._registry).decode("utf-8")
-        own = self._own_names
-        out = []
-        skip = False
-        for line in text.splitlines(keepends=True):
-            if line.startswith(("# HELP ", "# TYPE ")):
-                skip = line.split(" ", 3)[2] in own
-            if not skip:
-                out.append(line)
-        return "".join(out)
-
-
-def _unsupported_text(counters: CounterSet) -> str:
-    """The info metric listing counters-CSV rows the service cannot serve (empty when none)."""
-    if not counters.unsupported:
-        return ""
-    head = (
-        f"# HELP {UNSUPPORTED_METRIC} Counters-CSV rows this service cannot serve (left out; see the log).\n"
-        f"# TYPE {UNSUPPORTED_METRIC} gauge\n"
-    )
-    return head + "".join(
-        f'{UNSUPPORTED_METRIC}{{field="{escape_label_value(u.name)}",line="{u.line}",'
-        f'reason="{escape_label_value(u.reason)}"}} 1\n'
-        for u in counters.unsupported
-    )
+            seg: list[bytes] = [b""] * (2 * n + 1)
+            seg[0] = self._headers[fam.index]
+            seg[1::2] = cols[i]
+            seg[2::2] = values
+            out.append(b"".join(seg))
+        return tuple(out)
 
 
 def _complete(record: Mapping[str, Any]) -> dict[str, Any]:

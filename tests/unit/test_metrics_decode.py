@@ -3,12 +3,16 @@ decode, and falls back to the codec for what it does not know (pure)."""
 
 from __future__ import annotations
 
+import io
+
 import pytest
+from fastavro import parse_schema, schemaless_reader
 
 from consumers.metrics.collectors_csv import all_counters, default_counters
-from consumers.metrics.decode import MetricsDecoder, projected_fields
+from consumers.metrics.decode import MetricsDecoder, projected_fields, projected_schema
 from consumers.metrics.render import RenderOptions
 from consumers.metrics.store import SeriesStore
+from schemas import catalog
 from schemas.codec import AvroCodec
 from schemas.errors import DecodeError
 from tests.unit.test_metrics_parity import STATES, complete_sample, complete_xid
@@ -50,3 +54,32 @@ def test_other_records_and_bad_bytes_go_through_the_codec() -> None:
         dec.decode(good[:-40])  # truncated body
     with pytest.raises(DecodeError):
         dec.decode(b"not avro at all")
+
+
+def test_generated_paths_match_fastavro_on_edge_values() -> None:
+    """The generator reads runs of nullable doubles with one struct call and varints inline: a null
+    inside a run, zero, negative and 64-bit values, and a body cut inside a run decode as fastavro
+    decodes them (or fail as corrupt)."""
+    codec = AvroCodec()
+    enc = codec.encoder("GpuSample")
+    store = SeriesStore(all_counters())
+    dec = MetricsDecoder(codec, store.renderer)
+    reader = parse_schema(projected_schema(store.renderer))
+    base = complete_sample(STATES["samples"][0])
+    variants = [
+        {"gpu_util_ratio": None},  # first of a run
+        {"dec_util_ratio": None, "power_w": 0.0},  # last of a run
+        {"gr_engine_active_ratio": 0.5, "sm_active_ratio": None, "nvlink_rx_bytes_per_s": -1.5},
+        {"fb_used_bytes": 2**62, "total_energy_mj": 2**40 + 3, "timestamp_ms": 2**50},
+        {"sm_clock_mhz": -(2**31), "mem_clock_mhz": 63, "last_xid": 64, "gpu_index": -1},
+    ]
+    writer = catalog.current("GpuSample").parsed
+    for change in variants:
+        payload = enc.encode({**base, **change})
+        want = schemaless_reader(io.BytesIO(payload[10:]), writer, reader)
+        assert dec.decode(payload).record == want, change
+    payload = enc.encode(base)
+    run_at = payload.index(b"\x02", 60)  # somewhere in the readings: cut there
+    for cut in (run_at, run_at + 5, len(payload) - 1):
+        with pytest.raises(DecodeError):
+            dec.decode(payload[:cut])

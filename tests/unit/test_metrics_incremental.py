@@ -7,6 +7,9 @@ of them never shown).
 
 from __future__ import annotations
 
+import threading
+import time
+
 from consumers.metrics.store import SeriesStore
 from tests.unit.test_metrics_store import T_MS, blank, lines_of, xid
 
@@ -49,3 +52,99 @@ def test_xid_between_sample_and_scrape_is_in_the_render() -> None:
     (line,) = lines_of(text, "DCGM_FI_DEV_XID_ERRORS")
     assert line.endswith('err_code="48",err_msg="Double Bit ECC Error"} 48')
     assert lines_of(text, "DCGM_EXP_XID_ERRORS_TOTAL")[0].endswith(" 1")
+
+
+def test_a_gpu_back_after_expiring_keeps_its_label_view() -> None:
+    """A consumer that falls behind by more than the staleness limit expires GPUs whose samples are
+    only late; before, each came back by rendering its label sets again (about 50 us a GPU), which
+    made catching up dearer the further behind it was."""
+    store = SeriesStore(stale_after_s=3)
+    views: list[str] = []
+    inner = store.renderer.view
+
+    def view(rec):
+        views.append(rec["uuid"])
+        return inner(rec)
+
+    store.renderer.view = view  # type: ignore[method-assign]
+    now = T_MS / 1000
+    store.apply_sample(blank("GPU-0"), 0, now)
+    assert 'UUID="GPU-0"' in store.render(now).decode()
+    assert 'UUID="GPU-0"' not in store.render(now + 10).decode()  # expired
+    store.apply_sample(blank("GPU-0", timestamp_ms=T_MS + 1000, gpu_temp_c=51.0), 0, now + 11)
+    text = store.render(now + 11).decode()
+    assert lines_of(text, "DCGM_FI_DEV_GPU_TEMP")[0].endswith(" 51")
+    assert views == ["GPU-0"]
+    # labels that changed while it was away are rendered anew
+    store.apply_sample(blank("GPU-0", hostname="node-2"), 0, now + 30)
+    assert 'Hostname="node-2"' in store.render(now + 30).decode()
+    assert views == ["GPU-0", "GPU-0"]
+
+
+def test_a_batch_is_applied_under_one_lock_and_reports_its_bad_records() -> None:
+    store = SeriesStore(stale_after_s=3600)
+    now = T_MS / 1000
+    bad = blank("GPU-1")
+    del bad["uuid"]
+    failed = store.apply_samples([(blank("GPU-0"), 0), (bad, 0), (blank("GPU-2"), 1)], now)
+    assert [(i, type(e).__name__) for i, e in failed] == [(1, "InvalidRecord")]
+    assert sorted(store.keys()) == ["GPU-0", "GPU-2"]
+
+
+def test_concurrent_scrapes_share_one_build() -> None:
+    """Two scrapes at once (an HA Prometheus pair, or a slow scrape overlapping the next) join the
+    GPUs' families once: the second takes the first one's answer."""
+    store = SeriesStore(stale_after_s=3600)
+    store.apply_sample(blank("GPU-0"), 0, time.time())
+    builds: list[int] = []
+    release = threading.Event()
+    inner = store._render_parts
+
+    def slow(now_s):
+        builds.append(1)
+        release.wait(10)
+        return inner(now_s)
+
+    store._render_parts = slow  # type: ignore[method-assign]
+    out: dict[str, list[bytes]] = {}
+    first = threading.Thread(target=lambda: out.setdefault("a", store.render_parts()))
+    first.start()
+    deadline = time.monotonic() + 10
+    while not builds and time.monotonic() < deadline:
+        time.sleep(0.001)
+    second = threading.Thread(target=lambda: out.setdefault("b", store.render_parts()))
+    second.start()
+    while not store._flight._waiters and time.monotonic() < deadline:  # type: ignore[attr-defined]
+        time.sleep(0.001)
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert len(builds) == 1
+    assert out["a"] is out["b"] and b'UUID="GPU-0"' in out["a"][0]
+    # a scrape after that builds anew
+    store.render_parts()
+    assert len(builds) == 2
+
+
+def test_kept_label_views_are_bounded_in_time_and_number() -> None:
+    store = SeriesStore(stale_after_s=3, max_expired_views=2, expired_view_ttl_s=60)
+    now = T_MS / 1000
+    for i in range(3):
+        store.apply_sample(blank(f"GPU-{i}"), 0, now)
+    store.render(now + 10)  # all three expire; two views are kept
+    assert len(store._expired_views) == 2
+    store.apply_sample(blank("GPU-9"), 0, now + 20)
+    store.render(now + 100)  # GPU-9 expires; the other two are older than the TTL
+    assert list(store._expired_views) == ["GPU-9"]
+
+
+def test_a_record_without_some_metric_fields_renders_them_as_null_and_counts_bad_values_once() -> None:
+    store = SeriesStore(stale_after_s=3600)
+    now = T_MS / 1000
+    rec = blank("GPU-0", gpu_temp_c=float("nan"), sm_clock_mhz=1980)
+    del rec["power_w"], rec["fb_used_bytes"]  # a projected or hand-made record
+    store.apply_sample(rec, 0, now)
+    text = store.render(now).decode()
+    assert lines_of(text, "DCGM_FI_DEV_SM_CLOCK")[0].endswith(" 1980")
+    assert not lines_of(text, "DCGM_FI_DEV_POWER_USAGE") and not lines_of(text, "DCGM_FI_DEV_GPU_TEMP")
+    assert sum(store.stats()["invalid"].values()) == 1

@@ -241,14 +241,16 @@ def test_registry_appended_without_duplicate_families():
 
 def test_render_parts_cache_and_render_agree():
     store = loaded_store()
-    body1, tail1 = store.render_parts(NOW)
-    body2, _ = store.render_parts(NOW + 1)
-    assert body1 is body2  # nothing changed: the same object (the HTTP layer reuses its gzip)
-    assert store.render(NOW) == body1 + tail1
+    *body1, tail1 = store.render_parts(NOW)
+    *body2, _ = store.render_parts(NOW + 1)
+    assert len(body1) > 1 and all(c.startswith(b"# HELP ") for c in body1)  # one chunk per family
+    # nothing changed: the same objects (the HTTP layer reuses their gzip)
+    assert all(a is b for a, b in zip(body1, body2, strict=True))
+    assert store.render(NOW) == b"".join(body1) + tail1
     store.apply_sample(blank(), ("s", 0), NOW)
-    body3, _ = store.render_parts(NOW)
-    assert body3 is not body1
-    assert store.render(NOW).startswith(body3)
+    *body3, _ = store.render_parts(NOW)
+    assert body3[0] is not body1[0]
+    assert store.render(NOW).startswith(b"".join(body3))
 
 
 def test_sample_age_computed_at_scrape():

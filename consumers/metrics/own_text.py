@@ -1,0 +1,97 @@
+"""The store's own families and the service registry's, as exposition text (pure).
+
+Written at every scrape after the GPUs' families: ``gpupipe_sample_age_seconds`` per GPU, the
+store's counters (GPUs, invalid values, expiries, XID outcomes), the unsupported counters-CSV
+rows, and the ``prometheus_client`` registry's families minus any whose name is one of ours, so
+no family appears twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from consumers.metrics.collectors_csv import CounterSet
+from consumers.metrics.render import SAMPLE_AGE_METRIC, escape_label_value
+
+GPUS_METRIC = "gpupipe_metrics_gpus"
+INVALID_METRIC = "gpupipe_metrics_invalid_values_total"
+EXPIRED_METRIC = "gpupipe_metrics_expired_total"
+XID_EVENTS_METRIC = "gpupipe_metrics_xid_events_total"
+UNSUPPORTED_METRIC = "gpupipe_metrics_unsupported_fields"
+OWN_METRICS = (
+    SAMPLE_AGE_METRIC,
+    GPUS_METRIC,
+    INVALID_METRIC,
+    EXPIRED_METRIC,
+    XID_EVENTS_METRIC,
+    UNSUPPORTED_METRIC,
+)
+
+
+def own_text(
+    now: float,
+    ages: list[tuple[bytes, int]],
+    ngpus: int,
+    invalid: list[tuple[tuple[str, str], int]],
+    xid_results: list[tuple[str, int]],
+    expired: int,
+    unsupported: str,
+) -> bytes:
+    """The store's families; ``ages``: (label head, sample time in ms) per GPU."""
+    out: list[bytes] = []
+    if ages:
+        out.append(
+            f"# HELP {SAMPLE_AGE_METRIC} Seconds from the GPU's latest sample time to this scrape.\n"
+            f"# TYPE {SAMPLE_AGE_METRIC} gauge\n".encode()
+        )
+        out.extend(b"%s%.3f\n" % (head, now - ts / 1000.0) for head, ts in ages)
+    text = [
+        f"# HELP {GPUS_METRIC} GPUs and MIG slices with series in this exposition.\n"
+        f"# TYPE {GPUS_METRIC} gauge\n{GPUS_METRIC} {ngpus}\n"
+        f"# HELP {INVALID_METRIC} Sample values left out: NaN, infinite, negative or not a number.\n"
+        f"# TYPE {INVALID_METRIC} counter\n"
+    ]
+    text.extend(
+        f'{INVALID_METRIC}{{field="{escape_label_value(f)}",reason="{reason}"}} {n}\n'
+        for (f, reason), n in invalid
+    )
+    text.append(
+        f"# HELP {EXPIRED_METRIC} GPUs removed because no sample came within the staleness limit.\n"
+        f"# TYPE {EXPIRED_METRIC} counter\n{EXPIRED_METRIC} {expired}\n"
+        f"# HELP {XID_EVENTS_METRIC} gpu.xid events by outcome (ignored: SXid, GPU lost, XID 0...).\n"
+        f"# TYPE {XID_EVENTS_METRIC} counter\n"
+    )
+    text.extend(f'{XID_EVENTS_METRIC}{{result="{res}"}} {n}\n' for res, n in xid_results)
+    text.append(unsupported)
+    out.append("".join(text).encode("utf-8"))
+    return b"".join(out)
+
+
+def registry_text(registry: Any, own: frozenset[str]) -> str:
+    """A prometheus_client registry's exposition without the families named in ``own``."""
+    from prometheus_client import generate_latest
+
+    text = generate_latest(registry).decode("utf-8")
+    out = []
+    skip = False
+    for line in text.splitlines(keepends=True):
+        if line.startswith(("# HELP ", "# TYPE ")):
+            skip = line.split(" ", 3)[2] in own
+        if not skip:
+            out.append(line)
+    return "".join(out)
+
+
+def unsupported_text(counters: CounterSet) -> str:
+    """The info metric listing counters-CSV rows the service cannot serve (empty when none)."""
+    if not counters.unsupported:
+        return ""
+    head = (
+        f"# HELP {UNSUPPORTED_METRIC} Counters-CSV rows this service cannot serve (left out; see the log).\n"
+        f"# TYPE {UNSUPPORTED_METRIC} gauge\n"
+    )
+    return head + "".join(
+        f'{UNSUPPORTED_METRIC}{{field="{escape_label_value(u.name)}",line="{u.line}",'
+        f'reason="{escape_label_value(u.reason)}"}} 1\n'
+        for u in counters.unsupported
+    )
