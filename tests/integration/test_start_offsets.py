@@ -42,17 +42,28 @@ class Collect:
             self.done.set()
 
 
-def _produce(kafka: str, topic: str, start_ms: int) -> tuple[list[str], str]:
-    """One record an hour before `start_ms`, then eight after it; returns (new uuids, old uuid)."""
+def _produce_old(kafka: str, topic: str) -> str:
+    """One record written before the service starts; returns its uuid.
+
+    The samples topic uses broker time (LogAppendTime, chargeback review D4), so "before" is when it
+    is written, whatever timestamp the producer asks for.
+    """
+    (old, *_), _ = SimulatedFleet(FleetConfig(nodes=3, gpus_per_node=3)).tick(int(time.time() * 1000))
+    p = Producer({"bootstrap.servers": kafka})
+    p.produce(topic, AvroCodec().encoder("GpuSample").encode(old), old["uuid"].encode())
+    assert p.flush(10) == 0
+    return old["uuid"]
+
+
+def _produce_new(kafka: str, topic: str, start_ms: int) -> list[str]:
+    """Eight records written after `start_ms` (the service's start), before it subscribes."""
     samples, _ = SimulatedFleet(FleetConfig(nodes=3, gpus_per_node=3)).tick(start_ms)
     enc = AvroCodec().encoder("GpuSample")
     p = Producer({"bootstrap.servers": kafka})
-    old, new = samples[0], samples[1:]
-    p.produce(topic, enc.encode(old), old["uuid"].encode(), timestamp=start_ms - 3_600_000)
-    for r in new:
+    for r in samples[1:]:
         p.produce(topic, enc.encode(r), r["uuid"].encode(), timestamp=start_ms + 10)
     assert p.flush(10) == 0
-    return [r["uuid"] for r in new], old["uuid"]
+    return [r["uuid"] for r in samples[1:]]
 
 
 def _consume(kafka: str, topic: str, start_ms: int, want: int, from_beginning: bool) -> Collect:
@@ -85,8 +96,10 @@ def _consume(kafka: str, topic: str, start_ms: int, want: int, from_beginning: b
 def test_new_group_reads_what_was_written_while_it_started(kafka: str, topic_prefix: str) -> None:
     ensure_topics(kafka, [topics.SAMPLES], prefix=topic_prefix)
     topic = topic_prefix + topics.SAMPLES
+    old = _produce_old(kafka, topic)  # before the service started
+    time.sleep(0.01)  # broker time moves past the old record's append time
     start_ms = int(time.time() * 1000)
-    new, old = _produce(kafka, topic, start_ms)  # after the "service start", before it subscribed
+    new = _produce_new(kafka, topic, start_ms)  # after the "service start", before it subscribed
     rec = _consume(kafka, topic, start_ms, len(new), from_beginning=False)
     got = [r.value["uuid"] for r in rec.records]
     assert sorted(got) == sorted(new), f"{len(got)} of {len(new)} records written while starting"
@@ -96,7 +109,9 @@ def test_new_group_reads_what_was_written_while_it_started(kafka: str, topic_pre
 def test_from_beginning_still_reads_everything(kafka: str, topic_prefix: str) -> None:
     ensure_topics(kafka, [topics.SAMPLES], prefix=topic_prefix)
     topic = topic_prefix + topics.SAMPLES
+    old = _produce_old(kafka, topic)
+    time.sleep(0.01)
     start_ms = int(time.time() * 1000)
-    new, old = _produce(kafka, topic, start_ms)
+    new = _produce_new(kafka, topic, start_ms)
     rec = _consume(kafka, topic, start_ms, len(new) + 1, from_beginning=True)
     assert sorted(r.value["uuid"] for r in rec.records) == sorted([*new, old])
