@@ -49,8 +49,8 @@ class ProgressPublisher:
         now = self.clock()
         if not force and now - self.last < self.interval_s:
             return
-        if force:
-            self._wait(5.0)
+        if force:  # at stop: bounded well inside the service's shutdown budget (--shutdown-timeout)
+            self._wait(1.0)
         self._reap()
         changed = {p: o for p, o in positions.items() if self.published.get(p) != o}
         if not changed or self.pending:
@@ -86,8 +86,9 @@ class ProgressPublisher:
             with contextlib.suppress(Exception):  # best effort; _reap counts it
                 fut.result(timeout=max(0.0, deadline - time.monotonic()))
 
-    def close(self, timeout_s: float = 5.0) -> None:
-        """Wait (bounded) for requests in flight, then let the admin client go."""
+    def close(self, timeout_s: float = 1.5) -> None:
+        """Wait (bounded, a small share of the shutdown budget) for requests in flight, then let the
+        admin client go. Progress is best effort: a lost last update only delays lag tooling."""
         self._wait(timeout_s)
         self._reap()
         self.pending = []

@@ -235,7 +235,7 @@ def test_every_panel_and_variable_has_data(kafka: str, topic_prefix: str, pipeli
     assert {"serving", "ml", "__unallocated__"} <= set(_variable_values(prom, team_var, values))
     # MIG slices and time-sliced GPUs are in the fleet's panels.
     assert _query_at(prom, 'DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_PROFILE!=""}')
-    assert _query_at(prom, 'count by (UUID) (DCGM_FI_DEV_GPU_UTIL{pod!=""}) > 1')
+    assert _query_at(prom, "count by (UUID) (gpupipe_pod_gpu_util_percent) > 1")  # per-pod shares
 
     # The Chargeback dashboard's total equals the report's, over the same committed windows.
     topic = topics.with_prefix(topic_prefix, topics.CHARGEBACK)
