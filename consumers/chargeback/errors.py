@@ -1,4 +1,4 @@
-"""Errors of the chargeback consumer's pure parts."""
+"""Errors of the chargeback consumer: its pure parts and its service."""
 
 from gpupipe.errors import ConfigError, GpupipeError
 
@@ -20,3 +20,11 @@ class ChargebackStateError(GpupipeError):
 
 class CheckpointMismatchError(ConfigError):
     """A committed checkpoint was written with other window settings than the engine now has."""
+
+
+class ChargebackFatalError(GpupipeError):
+    """The service cannot go on (fenced by another instance, fatal client error, broken protocol)."""
+
+
+class AbortTransaction(Exception):
+    """Internal to the service: the current transaction must be aborted and the input rewound."""

@@ -36,11 +36,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import (
-    OFFSET_INVALID,
     TIMESTAMP_CREATE_TIME,
     TIMESTAMP_LOG_APPEND_TIME,
     TIMESTAMP_NOT_AVAILABLE,
@@ -51,16 +49,20 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 
-from consumers.chargeback.identity import check_client_overrides, transactional_id
+from consumers.chargeback.errors import AbortTransaction as _Abort
+from consumers.chargeback.errors import ChargebackFatalError
+from consumers.chargeback.identity import check_client_overrides
 from consumers.chargeback.idle import IdleDetector
 from consumers.chargeback.progress import ProgressPublisher
 from consumers.chargeback.prom_counters import WindowCounters
+from consumers.chargeback.rebalance import RebalanceCallbacks
+from consumers.chargeback.service_config import OP_TIMEOUT_S as _OP_TIMEOUT_S
+from consumers.chargeback.service_config import ChargebackMetrics, ServiceConfig, output_key
 from consumers.chargeback.state_metrics import StateCollector
 from consumers.chargeback.windows import Checkpoint, WindowEngine
 from consumers.deadletter import deadletter_headers
-from gpupipe.errors import GpupipeError
 from gpupipe.kafka_admin import client_config
 from gpupipe.logs import fields
 from gpupipe.startup import StuckCallError, retry, with_deadline
@@ -71,99 +73,8 @@ log = logging.getLogger("gpupipe.chargeback")
 
 SERVICE = "chargeback"
 _SAMPLE = "GpuSample"
-_OP_TIMEOUT_S = 30.0
 _RETRY_FOR_S = 120.0
 _STUCK_S = 15.0  # send_offsets_to_transaction takes milliseconds; past this it is stuck (librdkafka#5456)
-
-
-class ChargebackFatalError(GpupipeError):
-    """The service cannot go on (fenced by another instance, fatal client error, broken protocol)."""
-
-
-class _Abort(Exception):
-    """Internal: the current transaction must be aborted and the input rewound."""
-
-
-@dataclass(frozen=True, slots=True)
-class ServiceConfig:
-    bootstrap: str
-    input_topic: str
-    output_topic: str
-    deadletter_topic: str
-    group_id: str = "gpupipe-chargeback"
-    instance_id: str = "chargeback"
-    static_membership: bool = True
-    commit_interval_s: float = 1.0
-    commit_records: int = 100_000
-    batch_size: int = 5_000
-    poll_timeout_s: float = 0.2
-    start: str = "earliest"  # where a partition without a checkpoint starts: earliest | latest
-    transaction_timeout_ms: int = 30_000
-    extra: dict[str, str] | None = None
-    transactional_id_override: str | None = None
-    idle_timeout_s: float | None = None  # close an idle partition's windows by broker time after this
-    progress_group: str | None = None  # where true positions go for lag tooling (None: <group>.progress)
-
-    @property
-    def transactional_id(self) -> str:
-        return transactional_id(self.group_id, self.instance_id, self.transactional_id_override)
-
-
-class ChargebackMetrics:
-    """The service's own metrics (the engine's counters are collected at scrape time)."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.consumed = Counter(
-            "gpupipe_chargeback_records_consumed",
-            "Input records consumed (replayed ones included).",
-            registry=registry,
-        )
-        self.replayed = Counter(
-            "gpupipe_chargeback_records_replayed",
-            "Input records consumed again after a restart, rebalance or abort to rebuild open windows.",
-            registry=registry,
-        )
-        self.emitted = Counter(
-            "gpupipe_chargeback_records_emitted",
-            "ChargebackWindow records committed, by kind (window, correction).",
-            ["kind"],
-            registry=registry,
-        )
-        self.transactions = Counter(
-            "gpupipe_chargeback_transactions",
-            "Kafka transactions, by outcome (committed, aborted).",
-            ["outcome"],
-            registry=registry,
-        )
-        self.dead_letters = Counter(
-            "gpupipe_chargeback_dead_letters",
-            "Undecodable input records sent to the dead-letter topic, by reason.",
-            ["reason"],
-            registry=registry,
-        )
-        self.rebalances = Counter(
-            "gpupipe_chargeback_rebalances",
-            "Partition assignment changes, by kind (assign, revoke, lost).",
-            ["kind"],
-            registry=registry,
-        )
-        self.commit_seconds = Histogram(
-            "gpupipe_chargeback_commit_duration_seconds",
-            "Time to produce the output, send the offsets and commit one transaction.",
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
-            registry=registry,
-        )
-        self.last_commit = Gauge(
-            "gpupipe_chargeback_last_commit_timestamp_seconds",
-            "Wall-clock time of the last committed transaction.",
-            registry=registry,
-        )
-
-
-def output_key(rec: dict[str, Any]) -> bytes:
-    """``namespace/node``: spreads a large namespace over the output partitions (review L8); records
-    are additive partials, so nothing relies on one namespace's records sharing a partition."""
-    return f"{rec['namespace']}/{rec['node']}".encode()
 
 
 def _default_consumer(conf: dict[str, Any]) -> Any:
@@ -174,7 +85,7 @@ def _default_producer(conf: dict[str, Any]) -> Any:
     return Producer(conf)
 
 
-class ChargebackService:
+class ChargebackService(RebalanceCallbacks):
     """Runs the engine over the input topic with exactly-once output until ``stop`` is set."""
 
     def __init__(
@@ -738,102 +649,6 @@ class ChargebackService:
         if (err.fatal() or err.code() == KafkaError._FATAL) and self.fatal is None:
             self.fatal = ChargebackFatalError(f"fatal Kafka error ({err.name()}): {err.str()}")
             log.error("fatal Kafka client error", extra=fields(error=err.str(), code=err.name()))
-
-    def _our_partitions(self, parts: list[TopicPartition]) -> list[int]:
-        """Partition ids of ``parts``; a topic we did not subscribe to is a fatal error (review D3)."""
-        foreign = sorted({tp.topic for tp in parts if tp.topic != self.cfg.input_topic})
-        if foreign:
-            raise ChargebackFatalError(
-                f"the group handed us partitions of {foreign}, not of {self.cfg.input_topic}: another "
-                f"environment shares the group id {self.cfg.group_id!r}; give each its own --group-id"
-            )
-        return sorted(tp.partition for tp in parts)
-
-    # -- rebalance callbacks (run inside consume()) -----------------------------------------------
-    def _on_assign(self, consumer: Any, parts: list[TopicPartition]) -> None:
-        if self.fatal is not None:
-            return
-        try:
-            ids = self._our_partitions(parts)
-            self.idle.forget(ids)
-            self.metrics.rebalances.labels("assign").inc()
-            self.rebalances += 1
-            if self.cooperative:
-                # Incremental (W1): ``parts`` are only the added partitions; the kept ones go on
-                # with their state, so only what moved is restored and replayed.
-                new = [p for p in ids if p not in self.assigned]
-                starts = self._restore(new) if new else {}
-                self.starts.update(starts)
-                self.assigned.update(new)
-                consumer.incremental_assign([TopicPartition(self.cfg.input_topic, p, starts[p]) for p in new])
-                log.info("partitions assigned", extra=fields(partitions=new, incremental=True))
-                self._refresh_info()
-                return
-            starts = self._restore(ids) if ids else {}
-            self.starts = starts
-            self.assigned = set(ids)
-            consumer.assign(
-                [TopicPartition(self.cfg.input_topic, p, starts.get(p, OFFSET_INVALID)) for p in ids]
-            )
-            log.info("partitions assigned", extra=fields(partitions=ids))
-            self._refresh_info()
-        except BaseException as exc:  # surfaced by the loop after consume() returns
-            self.fatal = exc
-
-    def _on_revoke(self, consumer: Any, parts: list[TopicPartition]) -> None:
-        if self.fatal is not None:
-            return
-        try:
-            ids = self._our_partitions(parts)
-            self.rebalances += 1
-            self.metrics.rebalances.labels("revoke").inc()
-            if self.started and not self.failed:
-                self.commit(rewind=False)  # the normal end-of-batch transaction
-            for part in ids:
-                self.engine.drop_partition(part)
-                self.positions.pop(part, None)
-                self.committed.pop(part, None)
-            self.assigned.difference_update(ids)
-            if self.cooperative:
-                consumer.incremental_unassign(parts)
-            log.info("partitions revoked", extra=fields(partitions=ids))
-            self._refresh_info()
-        except BaseException as exc:
-            self.fatal = exc
-
-    def _on_lost(self, consumer: Any, parts: list[TopicPartition]) -> None:
-        if self.fatal is not None:
-            return
-        try:
-            ids = self._our_partitions(parts)
-            self.rebalances += 1
-            self.metrics.rebalances.labels("lost").inc()
-            log.warning(
-                "partitions lost (no commit possible); dropping their state", extra=fields(partitions=ids)
-            )
-            if self.in_txn:
-                with contextlib.suppress(_Abort):
-                    self._call(self.producer.abort_transaction, _OP_TIMEOUT_S)
-                self.in_txn = False
-                self.metrics.transactions.labels("aborted").inc()
-            self.engine.poll_closed()
-            # Everything not committed is gone with the transaction: rebuild every partition we keep.
-            for part in sorted(self.assigned):
-                self.engine.drop_partition(part)
-                self.positions.pop(part, None)
-                self.committed.pop(part, None)
-            self.assigned.difference_update(ids)
-            self.pending = 0
-            if self.cooperative:
-                consumer.incremental_unassign(parts)
-                kept = sorted(self.assigned)  # eager: none (a new assignment restores everything)
-                if kept:
-                    self.starts.update(self._restore(kept))
-                    self.rebalances += 1  # a batch fetched before this must be discarded
-                    self._reposition()
-            self._refresh_info()
-        except BaseException as exc:
-            self.fatal = exc
 
     # -- introspection ----------------------------------------------------------------------------
     def _refresh_info(self) -> None:
