@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
@@ -20,7 +20,7 @@ from schemas.codec import AvroCodec
 from schemas.errors import DecodeError
 
 
-def read_topic(
+def iter_topic(
     bootstrap: str,
     topic: str,
     codec: AvroCodec,
@@ -30,15 +30,23 @@ def read_topic(
     extra: dict[str, str] | None = None,
     timeout_s: float = 60.0,
     missing_ok: bool = False,
+    missing_hint: str = "check --topic-prefix and that its writer ran",
     on_bad: Callable[[str], None] | None = None,
-) -> list[dict[str, Any]]:
-    """Decoded ``record_name`` records of ``topic`` (per partition in offset order)."""
+    group_prefix: str = "gpupipe-read-",
+) -> Iterator[tuple[dict[str, Any], int]]:
+    """(record, Kafka timestamp) of every committed ``record_name`` record of ``topic``, per
+    partition in offset order, up to the end offsets seen when the read began.
+
+    ``since_ms``: each partition starts at the first offset whose timestamp is at or after it (a
+    partition with nothing that recent is skipped). ``group_prefix`` names the private, never
+    committing group (the ACL table grants it by prefix).
+    """
     consumer = Consumer(
         client_config(
             bootstrap,
             extra,
             **{
-                "group.id": f"gpupipe-read-{uuid.uuid4()}",
+                "group.id": f"{group_prefix}{uuid.uuid4()}",
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,
                 "isolation.level": "read_committed",
@@ -47,39 +55,39 @@ def read_topic(
             },
         )
     )
-    out: list[dict[str, Any]] = []
     try:
         tmd = consumer.list_topics(topic, timeout=10).topics.get(topic)
         if tmd is None or tmd.error is not None:
             if missing_ok:
-                return out
-            raise ConfigError(f"topic {topic} does not exist (check --topic-prefix and that its writer ran)")
-        parts = sorted(tmd.partitions)
-        starts = {p: OFFSET_BEGINNING for p in parts}
-        if since_ms is not None and parts:
-            found = consumer.offsets_for_times(
-                [TopicPartition(topic, p, since_ms) for p in parts], timeout=10
-            )
-            starts = {tp.partition: tp.offset for tp in found}
+                return
+            raise ConfigError(f"topic {topic} does not exist ({missing_hint})")
         ends: dict[int, int] = {}
-        assign = []
-        for part in parts:
+        starts: dict[int, int] = {}
+        for part in sorted(tmd.partitions):
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, part), timeout=10)
-            start = starts[part]
-            if high <= low or (start >= 0 and start >= high) or (since_ms is not None and start < 0):
-                continue  # empty, or nothing that recent
-            ends[part] = high
-            assign.append(TopicPartition(topic, part, start))
-        if not assign:
-            return out
-        consumer.assign(assign)
-        pending = set(ends)
+            if high > low:
+                ends[part] = high
+                starts[part] = OFFSET_BEGINNING
+        if since_ms is not None and ends:
+            wanted = [TopicPartition(topic, p, since_ms) for p in sorted(ends)]
+            for tp in consumer.offsets_for_times(wanted, timeout=10):
+                if tp.error is None and tp.offset >= 0:
+                    starts[tp.partition] = tp.offset
+                elif tp.error is None:  # nothing that recent: the range is empty here
+                    starts[tp.partition] = ends[tp.partition]
+        pending = {p for p in ends if starts[p] == OFFSET_BEGINNING or starts[p] < ends[p]}
+        if not pending:
+            return
+        consumer.assign([TopicPartition(topic, p, starts[p]) for p in sorted(pending)])
         deadline = time.monotonic() + timeout_s
+        decode = codec.decode
         while pending:
             if time.monotonic() > deadline:
+                where = ", ".join(f"[{p}] (end {ends[p]})" for p in sorted(pending))
                 raise GpupipeError(
-                    f"timed out after {timeout_s:g}s reading {topic} (an open transaction holds "
-                    "read_committed readers until it ends); retry, or raise --timeout"
+                    f"timed out after {timeout_s:g}s reading {topic} partitions {where}: an open "
+                    "transaction (of a crashed writer) holds read_committed readers until the writer "
+                    "restarts or the transaction times out; retry, or raise --timeout"
                 )
             for msg in consumer.consume(1000, 0.5):
                 err = msg.error()
@@ -95,17 +103,45 @@ def read_topic(
                     pending.discard(part)
                     continue
                 try:
-                    d = codec.decode(msg.value())
+                    d = decode(msg.value())
                 except DecodeError as exc:
                     if on_bad:
                         on_bad(f"{topic}[{part}]@{msg.offset()}: not a {record_name} record ({exc.reason})")
                     continue
                 if d.name == record_name:
-                    out.append(d.record)
+                    yield d.record, msg.timestamp()[1]
                 if msg.offset() + 1 >= ends[part]:
                     pending.discard(part)
     except KafkaException as exc:
         raise GpupipeError(f"reading {topic}: {exc.args[0].str()}") from exc
     finally:
         consumer.close()
-    return out
+
+
+def read_topic(
+    bootstrap: str,
+    topic: str,
+    codec: AvroCodec,
+    record_name: str,
+    *,
+    since_ms: int | None = None,
+    extra: dict[str, str] | None = None,
+    timeout_s: float = 60.0,
+    missing_ok: bool = False,
+    on_bad: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Decoded ``record_name`` records of ``topic`` (per partition in offset order), as a list."""
+    return [
+        rec
+        for rec, _ in iter_topic(
+            bootstrap,
+            topic,
+            codec,
+            record_name,
+            since_ms=since_ms,
+            extra=extra,
+            timeout_s=timeout_s,
+            missing_ok=missing_ok,
+            on_bad=on_bad,
+        )
+    ]

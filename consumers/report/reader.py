@@ -10,17 +10,11 @@ which the de-duplication below uses to forget keys that can no longer repeat.
 
 from __future__ import annotations
 
-import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
-
-from gpupipe.errors import ConfigError, GpupipeError
-from gpupipe.kafka_admin import client_config
+from consumers.topic_reader import iter_topic
 from schemas.codec import AvroCodec
-from schemas.errors import DecodeError
 
 SEEK_MARGIN_MS = 86_400_000
 """How far before ``--from`` reading starts: covers emission delay, clock skew and slow commits."""
@@ -41,82 +35,18 @@ def iter_chargeback_records(
     since_ms: int | None = None,
 ) -> Iterator[tuple[dict[str, Any], int]]:
     """(record, Kafka timestamp) of every committed record up to the end offsets seen at the start."""
-    consumer = Consumer(
-        client_config(
-            bootstrap,
-            extra,
-            **{
-                "group.id": f"gpupipe-report-{uuid.uuid4()}",
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-                "isolation.level": "read_committed",
-                "enable.partition.eof": True,
-                "auto.offset.reset": "earliest",
-            },
-        )
+    return iter_topic(
+        bootstrap,
+        topic,
+        codec,
+        "ChargebackWindow",
+        since_ms=None if since_ms is None else max(0, since_ms - SEEK_MARGIN_MS),
+        extra=extra,
+        timeout_s=timeout_s,
+        missing_hint="has chargeback run with this --topic-prefix?",
+        on_bad=on_bad,
+        group_prefix="gpupipe-report-",
     )
-    try:
-        md = consumer.list_topics(topic, timeout=10)
-        tmd = md.topics.get(topic)
-        if tmd is None or tmd.error is not None:
-            raise ConfigError(f"topic {topic} does not exist (has chargeback run with this --topic-prefix?)")
-        ends: dict[int, int] = {}
-        starts: dict[int, int] = {}
-        for part in sorted(tmd.partitions):
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, part), timeout=10)
-            if high > low:
-                ends[part] = high
-                starts[part] = OFFSET_BEGINNING
-        if since_ms is not None and ends:
-            wanted = [TopicPartition(topic, p, max(0, since_ms - SEEK_MARGIN_MS)) for p in sorted(ends)]
-            for tp in consumer.offsets_for_times(wanted, timeout=10):
-                if tp.error is None and tp.offset >= 0:
-                    starts[tp.partition] = tp.offset
-                elif tp.error is None and tp.offset < 0:  # nothing that recent: the range is empty here
-                    starts[tp.partition] = ends[tp.partition]
-        pending = {p for p in ends if starts[p] == OFFSET_BEGINNING or starts[p] < ends[p]}
-        if not pending:
-            return
-        consumer.assign([TopicPartition(topic, p, starts[p]) for p in sorted(pending)])
-        deadline = time.monotonic() + timeout_s
-        decode = codec.decode
-        while pending:
-            if time.monotonic() > deadline:
-                where = ", ".join(f"[{p}] (end {ends[p]})" for p in sorted(pending))
-                raise GpupipeError(
-                    f"timed out after {timeout_s:g}s reading {topic} partitions {where}: an open "
-                    "transaction of a crashed chargeback instance blocks read_committed readers until "
-                    "the instance restarts or its transaction times out; retry, or raise --timeout"
-                )
-            for msg in consumer.consume(1000, 0.5):
-                err = msg.error()
-                part = msg.partition()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        if msg.offset() >= ends.get(part, 0):
-                            pending.discard(part)
-                    elif err.fatal():
-                        raise GpupipeError(f"reading {topic}: {err.str()}")
-                    continue
-                if part not in ends or msg.offset() >= ends[part]:
-                    pending.discard(part)
-                    continue
-                try:
-                    d = decode(msg.value())
-                except DecodeError as exc:
-                    if on_bad:
-                        on_bad(
-                            f"{topic}[{part}]@{msg.offset()}: not a ChargebackWindow record ({exc.reason})"
-                        )
-                    continue
-                if d.name == "ChargebackWindow":
-                    yield d.record, msg.timestamp()[1]
-                if msg.offset() + 1 >= ends[part]:
-                    pending.discard(part)
-    except KafkaException as exc:
-        raise GpupipeError(f"reading {topic}: {exc.args[0].str()}") from exc
-    finally:
-        consumer.close()
 
 
 class Deduplicator:

@@ -62,9 +62,16 @@ def test_the_group_ids_match_what_the_services_use() -> None:
         (alerts_service, "alerts"),
     ):
         for prefix in acls.PRIVATE_GROUP_PREFIXES[role]:
+            src = inspect.getsource(module)
             if prefix == "gpupipe-read-":  # report idle and recommend read through consumers.topic_reader
-                module = topic_reader
-            assert f'"group.id": f"{prefix}{{' in inspect.getsource(module), (role, prefix)
+                src = inspect.getsource(topic_reader)
+                assert f'group_prefix: str = "{prefix}"' in src, (role, prefix)
+            elif module is report_command:  # the report reads through topic_reader with its own prefix
+                assert f'group_prefix="{prefix}"' in src, (role, prefix)
+            else:
+                assert f'"group.id": f"{prefix}{{' in src, (role, prefix)
+    # topic_reader's group is the prefix it is given
+    assert '"group.id": f"{group_prefix}{uuid.uuid4()}"' in inspect.getsource(topic_reader)
 
 
 def test_report_is_read_only_and_only_chargeback_and_recommendations() -> None:
