@@ -108,12 +108,62 @@ def _period(
 
 
 class _Sum:
-    __slots__ = ("alloc", "cost_a", "cost_e", "default", "energy", "idle", "records", "unknown", "used")
+    """Running totals of one report row (seconds, joules, cost; ``co2e`` with a carbon config)."""
+
+    __slots__ = (
+        "alloc",
+        "co2e",
+        "cost_a",
+        "cost_e",
+        "default",
+        "energy",
+        "idle",
+        "records",
+        "unknown",
+        "used",
+    )
 
     def __init__(self) -> None:
         self.alloc = self.used = self.idle = self.unknown = self.energy = self.cost_a = self.cost_e = 0.0
+        self.co2e = 0.0
         self.default = False
         self.records = 0
+
+    def row(
+        self,
+        window_start_ms: int,
+        window_end_ms: int,
+        namespace: str | None,
+        team: str | None,
+        node: str | None,
+        gpu_model: str,
+        currency: str,
+        kind: str,
+        **extra: Any,
+    ) -> ReportRow:
+        """The report row of these totals, in the row's units (hours, kWh); ``extra``: the optional
+        columns (billing period, workload group, CO2e)."""
+        return ReportRow(
+            window_start_ms=window_start_ms,
+            window_end_ms=window_end_ms,
+            namespace=namespace,
+            team=team,
+            node=node,
+            gpu_model=gpu_model,
+            currency=currency,
+            kind=kind,
+            gpu_hours_allocated=self.alloc / 3600.0,
+            gpu_hours_used=self.used / 3600.0,
+            gpu_hours_idle=self.idle / 3600.0,
+            gpu_hours_activity_unknown=self.unknown / 3600.0,
+            energy_kwh=self.energy / 3_600_000.0,
+            cost_allocation=self.cost_a,
+            cost_energy=self.cost_e,
+            cost=self.cost_a + self.cost_e,
+            default_price=self.default,
+            records=self.records,
+            **extra,
+        )
 
 
 def build_report(
@@ -217,25 +267,8 @@ def build_report(
         span = _period(first, last, "all", start_ms, end_ms, first, last)
         sums = {(*span, *k[2:]): s for k, s in sums.items()}
     rows = [
-        ReportRow(
-            window_start_ms=k[0],
-            window_end_ms=k[1],
-            namespace=k[2],
-            team=k[3],
-            node=k[4],
-            gpu_model=k[5],
-            currency=k[6],
-            kind=k[7],
-            gpu_hours_allocated=s.alloc / 3600.0,
-            gpu_hours_used=s.used / 3600.0,
-            gpu_hours_idle=s.idle / 3600.0,
-            gpu_hours_activity_unknown=s.unknown / 3600.0,
-            energy_kwh=s.energy / 3_600_000.0,
-            cost_allocation=s.cost_a,
-            cost_energy=s.cost_e,
-            cost=s.cost_a + s.cost_e,
-            default_price=s.default,
-            records=s.records,
+        s.row(
+            *k[:8],
             **(
                 dict(
                     billing_period_start_ms=k[8],

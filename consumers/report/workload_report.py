@@ -30,6 +30,7 @@ from consumers.report.chargeback_report import (
     _ms,
     _period,
     _sort_key,
+    _Sum,
 )
 from consumers.report.errors import ReportOptionError
 from consumers.report.teams import TeamMap
@@ -81,27 +82,6 @@ def group_value(dim: str, ns: str, part: dict[str, Any]) -> str:
         return f"{ns}/(unknown)"
     key = dim[len("label:") :]
     return (part.get("labels") or {}).get(key) or f"(no {key})"
-
-
-class _Sum:
-    __slots__ = (
-        "alloc",
-        "co2e",
-        "cost_a",
-        "cost_e",
-        "default",
-        "energy",
-        "idle",
-        "records",
-        "unknown",
-        "used",
-    )
-
-    def __init__(self) -> None:
-        self.alloc = self.used = self.idle = self.unknown = self.energy = self.cost_a = self.cost_e = 0.0
-        self.co2e = 0.0
-        self.default = False
-        self.records = 0
 
 
 def build_workload_report(
@@ -170,25 +150,9 @@ def build_workload_report(
             s.default = s.default or rec.get("price_source") == "default"
             s.records += 1
     rows = [
-        ReportRow(
-            window_start_ms=k[0],
-            window_end_ms=k[1],
-            namespace=k[2],
-            team=k[3],
-            node=k[4],
-            gpu_model=k[6],
-            currency=k[7],
-            kind=k[8],
-            gpu_hours_allocated=s.alloc / 3600.0,
-            gpu_hours_used=s.used / 3600.0,
-            gpu_hours_idle=s.idle / 3600.0,
-            gpu_hours_activity_unknown=s.unknown / 3600.0,
-            energy_kwh=s.energy / 3_600_000.0,
-            cost_allocation=s.cost_a,
-            cost_energy=s.cost_e,
-            cost=s.cost_a + s.cost_e,
-            default_price=s.default,
-            records=s.records,
+        s.row(
+            *k[:5],
+            *k[6:9],
             group_by=wdim,
             group=k[5],
             co2e_kg=s.co2e if carbon is not None else None,
