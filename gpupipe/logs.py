@@ -47,8 +47,27 @@ class TextFormatter(logging.Formatter):
         return base
 
 
+class StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time of each record, not the one at setup.
+
+    A thread that outlives a redirected stderr (pytest's capture, a daemon's reopened log) would
+    otherwise write to a closed file and print "Logging error ... I/O operation on closed file".
+    """
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:  # the base class's attribute, looked up at each use
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:  # the base __init__ sets it: ignored
+        pass
+
+
 def setup_logging(level: str = "info", fmt: str = "json") -> None:
-    handler = logging.StreamHandler(sys.stderr)
+    handler = StderrHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -184,7 +184,7 @@ def pipeline(kafka: str, topic_prefix: str, tmp_path: Path):
     )
     try:
         prom.wait_ready()
-        yield prom, procs
+        yield prom, procs, ports
     finally:
         for p in procs.values():
             p.stop()
@@ -195,7 +195,7 @@ def pipeline(kafka: str, topic_prefix: str, tmp_path: Path):
 
 
 def test_every_panel_and_variable_has_data(kafka: str, topic_prefix: str, pipeline) -> None:
-    prom, procs = pipeline
+    prom, procs, ports = pipeline
     docs = {p.stem: json.loads(p.read_text()) for p in sorted(DASHBOARDS.glob("*.json"))}
     values = {"datasource": "prometheus"}
     for doc in docs.values():
@@ -248,24 +248,42 @@ def test_every_panel_and_variable_has_data(kafka: str, topic_prefix: str, pipeli
     cost_stat = next(p for p in docs["chargeback"]["panels"] if p.get("title") == "Cost")
     expr = substitute(cost_stat["targets"][0]["expr"], {**values, "__range": "1h"})
 
+    cb_metrics = f"http://127.0.0.1:{ports['chargeback']}/metrics"
+    seen: dict[str, Any] = {}
+
+    def committed_by_service() -> float:
+        """The service's own count of committed records, read from it directly (not via a scrape)."""
+        text = http_get(cb_metrics).decode()
+        rows = re.findall(r"^gpupipe_chargeback_records_emitted_total\{[^}]*\} (\S+)$", text, re.M)
+        return sum(float(v) for v in rows)
+
+    def scraped_after(t: float) -> float | None:
+        """The time of a Prometheus scrape of chargeback that began after ``t``, once there is one."""
+        newest = _query_at(prom, "max(timestamp(gpupipe_chargeback_cost_total))")
+        at = float(newest[0]["value"][1]) if newest else 0.0
+        return at if at > t else None
+
     def settled() -> tuple[float, float] | None:
         records = read_chargeback_records(kafka, topic, AvroCodec(), timeout_s=30)
-        emitted = _query_at(prom, "sum(gpupipe_chargeback_records_emitted_total)")
-        last = _query_at(prom, "max(timestamp(gpupipe_chargeback_cost_total))")
-        if not records or not emitted or float(emitted[0]["value"][1]) != len(records):
-            return None
-        time.sleep(4.5)  # two more scrapes: nothing may change any more
+        service = committed_by_service()
+        seen.update(records=len(records), service=service)
+        if not records or service != len(records):
+            return None  # windows are still being committed
+        since = time.time()
+        at = wait_for(lambda: scraped_after(since), 30, "a scrape of chargeback", interval_s=0.5)
+        scraped = _query_at(prom, "sum(gpupipe_chargeback_records_emitted_total)", at)
+        seen.update(scraped=scraped, at=at)
+        if not scraped or float(scraped[0]["value"][1]) != len(records):
+            return None  # something was committed in between: look again
         if len(read_chargeback_records(kafka, topic, AvroCodec(), timeout_s=30)) != len(records):
             return None
-        newest = _query_at(prom, "max(timestamp(gpupipe_chargeback_cost_total))")
-        if not last or not newest:
-            return None  # a scrape failed: its series are stale until the next one
-        at = float(newest[0]["value"][1])
         dashboard = float(_query_at(prom, expr, at)[0]["value"][1])
         report = sum(r.cost for r in build_report(records, period="all"))
         return dashboard, report
 
-    dashboard, report = wait_for(settled, 60, "chargeback to settle after the producer stopped", interval_s=1)
+    dashboard, report = wait_for(
+        settled, 90, lambda: f"chargeback to settle after the producer stopped ({seen})", interval_s=1
+    )
     print(f"chargeback cost: dashboard {dashboard:.6f}, report {report:.6f}")
     assert report > 0
     assert dashboard == pytest.approx(report, rel=0.01)

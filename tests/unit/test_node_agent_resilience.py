@@ -158,7 +158,9 @@ def test_two_identical_xids_in_one_millisecond_are_two_events(tmp_path: Path) ->
     pub, mem = memory_publisher()
     with running_agent(_kmsg_config(tmp_path, kmsg, boot), pub, node_for_fixtures()) as ra:
         with kmsg.open("a") as f:
-            f.write(record(30, XID48, ts_usec=5_000_000) + record(31, XID48, ts_usec=5_000_200))
+            # The same kernel timestamp: the boot-time offset added to it is fractional, so two stamps
+            # even 200 us apart can fall either side of a millisecond boundary.
+            f.write(record(30, XID48, ts_usec=5_000_000) + record(31, XID48, ts_usec=5_000_000))
         wait_for(lambda: ra.agent.xids_sent >= 2, 5, "two XIDs")
         ra.stop()
     a, b = mem.records("xid")
