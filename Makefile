@@ -1,6 +1,9 @@
 # gpupipe: the two commands a newcomer needs are `make demo` and `make test`.
 SHELL := /bin/bash
 PY ?= python3
+## Test workers (pytest-xdist, one process each, each with its own broker): most integration tests wait
+## on services, so two workers halve the suite's time on a 2-core machine. TEST_WORKERS=0 runs serially.
+TEST_WORKERS ?= 2
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -27,7 +30,7 @@ deps:
 test: deps venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/pytest -q -ra --durations=10 tests
+	$(BIN)/pytest -q -ra --durations=10 -n $(TEST_WORKERS) --dist loadfile tests
 
 test-unit: venv
 	$(BIN)/pytest -q tests/unit

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # tests/fake_nvml.py, tests/kubelet_fake.py
 
 # Every test's threads and child processes end with it; the run fails if anything outlives it.
-from tests.hygiene import _hygiene, pytest_sessionfinish  # noqa: E402, F401
+from tests.hygiene import _hygiene, pytest_sessionfinish, pytest_testnodedown  # noqa: E402, F401
 
 
 def free_port() -> int:

@@ -177,9 +177,17 @@ def _hygiene(request: pytest.FixtureRequest) -> Iterator[None]:
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """After every fixture's teardown: nothing this session started may still be alive."""
+    """After every fixture's teardown: nothing this session started may still be alive.
+
+    Under pytest-xdist each worker runs this for what it started and hands its finding to the
+    controller (a worker's own report is not shown), which fails the run for it.
+    """
+    config = session.config
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    for msg in getattr(config, "_hygiene_worker_leaks", []):
+        _fail_session(session, reporter, msg)
     left = live_descendants()
-    factory = getattr(session.config, "_tmp_path_factory", None)
+    factory = getattr(config, "_tmp_path_factory", None)
     if factory is not None:
         with contextlib.suppress(OSError, ValueError):
             left.update(recorded_brokers(factory.getbasetemp()))
@@ -187,12 +195,30 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if not left:
         return
     _kill(left)
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     msg = f"test hygiene: {len(left)} process(es) started by this run were still alive (killed): "
     msg += _describe(left)
+    workeroutput = getattr(config, "workeroutput", None)  # set in an xdist worker only
+    if workeroutput is not None:
+        workeroutput["hygiene_leaks"] = msg
+        return
+    _fail_session(session, reporter, msg)
+
+
+def _fail_session(session: pytest.Session, reporter: Any, msg: str) -> None:
     if reporter is not None:
         reporter.write_line(msg, red=True)
     else:  # pragma: no cover
         print(msg)
     if session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """xdist controller: collect what a finished worker's session guard found."""
+    msg = getattr(node, "workeroutput", {}).get("hygiene_leaks")
+    if msg:
+        leaks = getattr(node.config, "_hygiene_worker_leaks", None)
+        if leaks is None:
+            leaks = node.config._hygiene_worker_leaks = []
+        leaks.append(f"[{node.gateway.id}] {msg}")

@@ -13,17 +13,30 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.hygiene import live_descendants, popen, stop_group
 
 REPO = Path(__file__).resolve().parents[2]
-CONFTEST = "from tests.hygiene import _hygiene, pytest_sessionfinish  # noqa: F401\n"
+CONFTEST = "from tests.hygiene import _hygiene, pytest_sessionfinish, pytest_testnodedown  # noqa: F401\n"
 
 
-def _inner(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
+def _inner(tmp_path: Path, body: str, *args: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "test_inner.py").write_text(textwrap.dedent(body))
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "."],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(tmp_path),
+            *args,
+            ".",
+        ],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(REPO), "GPUPIPE_TEST_GRACE_S": "0.5"},
         capture_output=True,
@@ -66,7 +79,9 @@ def test_leaked_thread_errors_the_test(tmp_path: Path) -> None:
     assert "2 passed, 1 error" in out.stdout  # the call passed, its teardown errored
 
 
-def test_process_outliving_the_session_fails_the_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [[], ["-n", "1"]], ids=["serial", "xdist"])
+def test_process_outliving_the_session_fails_the_run(tmp_path: Path, workers: list[str]) -> None:
+    # Under xdist (make test runs the suite on workers) a worker's leak must fail the whole run too.
     out = _inner(
         tmp_path,
         """
@@ -78,6 +93,7 @@ def test_process_outliving_the_session_fails_the_run(tmp_path: Path) -> None:
         def test_uses(server):
             assert server.poll() is None
         """,
+        *workers,
     )
     assert out.returncode == 1, out.stdout
     assert "test hygiene: 1 process(es) started by this run were still alive (killed)" in out.stdout
