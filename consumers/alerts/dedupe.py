@@ -200,6 +200,7 @@ class AlertEngine(NodeBurstMixin, EvidenceMixin):
                 process_name=ev.get("process_name"),
                 message=ev.get("message") or "",
                 workload=workload(ev.get("allocations")),
+                driver_version=ev.get("driver_version") or None,
             )
         except ValueError:  # e.g. kind xid without a code: classify it as an unknown event
             fe = FaultEvent(kind="unknown", ts_ms=ts, code=code, message=ev.get("message") or "")
