@@ -115,7 +115,7 @@ class KmsgInput:
         return not first or decode_kmsg_record(first) is not None
 
     def _read(self, reader: KmsgReader) -> None:
-        parser = KmsgParser()
+        parser = KmsgParser(driver_loads=True)  # the driver's load line is recovery evidence
         feed, put = parser.feed, self._put
         pending_seq: int | None = None
         for line in reader:

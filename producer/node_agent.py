@@ -73,11 +73,12 @@ from producer.publish import Publisher
 from producer.self_metrics import ProducerMetrics
 from producer.spool import XidSpool
 from producer.xid.kmsg_cursor import KmsgCursorStore, read_boot_id
-from producer.xid.kmsg_parse import FallenOffBus, KernelXid
+from producer.xid.kmsg_parse import DriverLoaded, FallenOffBus, KernelXid
 from producer.xid.xid_merge import XidMerger
 from producer.xid_events import (
     XidContext,
     build_xid_event,
+    driver_loaded_event,
     fallen_off_bus_event,
     kmsg_fields,
     nvml_fields,
@@ -248,6 +249,7 @@ class NodeAgent:
         self._dropped_seen = 0
         self._slices: dict[str, list[str]] = {}
         self._tick_amap: AllocationMap = AllocationMap.empty()
+        self.boot_id = read_boot_id(c.boot_id_path)
         self._collector = AgentCollector(self)
         metrics.registry.register(self._collector)
 
@@ -406,7 +408,7 @@ class NodeAgent:
             )
             self._spawn("kubelet-refresh", self._kubelet_loop)
         if c.kmsg_path:
-            self.cursor = KmsgCursorStore(c.spool_dir, read_boot_id(c.boot_id_path))
+            self.cursor = KmsgCursorStore(c.spool_dir, self.boot_id)
             self.kmsg_input = KmsgInput(
                 c.kmsg_path,
                 self._events.put,
@@ -619,6 +621,10 @@ class NodeAgent:
             self._emit(fallen_off_bus_event(payload, seen_ms, self._context()))
             self._advance_cursor(seq)
             return
+        elif isinstance(payload, DriverLoaded):
+            self._emit(driver_loaded_event(payload, seen_ms, self._context(), seq))
+            self._advance_cursor(seq)
+            return
         else:
             ev: KernelXid = payload
             f = kmsg_fields(ev, seen_ms)
@@ -661,6 +667,9 @@ class NodeAgent:
             self._advance_cursor(max(seqs))
 
     def _emit(self, event: dict[str, Any]) -> None:
+        # The boot the event belongs to: a later boot id on the same host tells the alerts the node
+        # rebooted in between (evidence of recovery for faults that need a reboot).
+        event.setdefault("boot_id", self.boot_id)
         if self.config.extras is not None:
             self.config.extras.decorate(event)
         try:
@@ -669,15 +678,18 @@ class NodeAgent:
             self.encode_errors += 1
             log.error("XID event could not be encoded: %s", exc, extra=fields(event=repr(event)[:500]))
             return
-        key = (event["mig_uuid"] or event["uuid"] or event["pci_bus_id"] or "unknown").encode()
+        # node-wide events (no GPU: driver_loaded) are keyed by their host
+        ident = event["mig_uuid"] or event["uuid"] or event["pci_bus_id"] or event["hostname"]
+        key = (ident or "unknown").encode()
         assert self.sender is not None
         self.sender.send(key, value)
         self.xids_sent += 1
         self.metrics.xid_events.labels(event["kind"]).inc()
         if event["kind"] == "xid" and event["gpu_index"] is not None and self.source is not None:
             self.source.record_xid(event["gpu_index"], event["xid"], event["gpu_instance_id"])
-        log.warning(
-            "GPU error event",
+        loaded = event["kind"] == "driver_loaded"  # a boot or a driver reload: no error
+        (log.info if loaded else log.warning)(
+            "NVIDIA driver loaded" if loaded else "GPU error event",
             extra=fields(
                 kind=event["kind"],
                 xid=event["xid"],

@@ -1,8 +1,13 @@
 """Build XidEvent records from what the node agent saw (pure: no clock, no I/O).
 
 Inputs: the :class:`~producer.xid.xid_merge.XidMerger` output (one sighting from NVML, one from the
-kernel log, or a merged pair), kernel-log ``FallenOffBus`` reports, the NVML source's bus id -> GPU
-map, and the kubelet ``AllocationMap`` of the moment.
+kernel log, or a merged pair), kernel-log ``FallenOffBus`` and ``DriverLoaded`` reports, the NVML
+source's bus id -> GPU map, and the kubelet ``AllocationMap`` of the moment.
+
+* A ``DriverLoaded`` report (the driver's "NVRM: loading NVIDIA UNIX ..." line) becomes kind
+  ``driver_loaded``: node-wide (``xid`` null, ``pci_bus_id`` empty), the loaded version in
+  ``driver_version``; with the node's ``boot_id`` (every record carries it, see the agent's ``_emit``)
+  it is the alerts' evidence of a driver reload or a reboot.
 
 * ``source``: the merger's ``nvml`` / ``kmsg`` / ``nvml+kmsg`` become the schema's ``nvml`` / ``kmsg`` /
   ``nvml_kmsg``.
@@ -29,12 +34,13 @@ from producer.enrich import allocation_record, device_holders, gpu_aliases
 from producer.kubelet.mapping import AllocationMap, PodRef
 from producer.nvml.identity import normalize_pci_bus_id
 from producer.nvml.records import GpuRef
-from producer.xid.kmsg_parse import FallenOffBus, KernelXid
+from producer.xid.kmsg_parse import DriverLoaded, FallenOffBus, KernelXid
 
 __all__ = [
     "SOURCE_NAMES",
     "XidContext",
     "build_xid_event",
+    "driver_loaded_event",
     "event_id",
     "fallen_off_bus_event",
     "kmsg_fields",
@@ -243,4 +249,33 @@ def fallen_off_bus_event(ev: FallenOffBus, seen_ms: int, ctx: XidContext) -> dic
         "mig_uuid": None,
         "source": "kmsg",
         "allocations": ctx.allocations(uuid, None, gpu),
+    }
+
+
+def driver_loaded_event(
+    ev: DriverLoaded, seen_ms: int, ctx: XidContext, kmsg_seq: int | None = None
+) -> dict[str, Any]:
+    """The XidEvent (kind ``driver_loaded``, source ``kmsg``) of the driver's load line: no GPU, no code."""
+    eid = event_id(ctx.hostname, "kmsg", "", "driver_loaded", seen_ms)
+    if kmsg_seq is not None:
+        eid += f"|s{int(kmsg_seq)}"
+    return {
+        "event_id": eid,
+        "timestamp_ms": seen_ms,
+        "hostname": ctx.hostname,
+        "kind": "driver_loaded",
+        "xid": None,
+        "pci_bus_id": "",
+        "gpu_index": None,
+        "uuid": None,
+        "model_name": None,
+        "driver_version": ev.driver_version,
+        "pid": None,
+        "process_name": None,
+        "message": ev.text,
+        "gpu_instance_id": None,
+        "compute_instance_id": None,
+        "mig_uuid": None,
+        "source": "kmsg",
+        "allocations": [],
     }

@@ -100,6 +100,8 @@ class Alert:
     sequence: int = 0
     resolved_at_ms: int | None = None
     resolve_reason: str | None = None
+    boot_id: str | None = None
+    """The node's boot id when the fault was first reported with one (a later boot id: it rebooted)."""
     # -- engine bookkeeping (not in the record) --
     dirty: bool = False
     """Something changed since the last emitted revision."""
@@ -237,6 +239,7 @@ def to_record(alert: Alert, emitted_at_ms: int, instance: str = "") -> dict[str,
         "resolve_reason": a.resolve_reason,
         "remediation": None,
         "instance": instance,
+        "boot_id": a.boot_id,
     }
 
 
@@ -307,6 +310,7 @@ def alert_from_record(rec: dict[str, Any]) -> Alert:
         resolved_at_ms=rec.get("resolved_at_ms"),
         resolve_reason=rec.get("resolve_reason"),
         last_emit_ms=rec.get("emitted_at_ms"),
+        boot_id=rec.get("boot_id"),
     )
     a.add_allocations(rec.get("allocations") or ())
     return a

@@ -28,7 +28,8 @@ Rules (the ``rule`` field of :class:`Classification` names the one that decided)
 * ``containment.*``: Xid 94/95 with the RST / D-RST flags of the message ([SRC]).
 * ``xid74.*``: NVLink register decode (WORKFLOW_NVLINK_ERR).
 * ``gsp.*``: Xid 119/120, escalating when they recur.
-* ``nvlink5.*``: Xid 144-150 Fatal/Nonfatal token (WORKFLOW_NVLINK5_ERR, XID_154_EVAL).
+* ``nvlink5.*``: Xid 144-150 decoded with NVIDIA's 'XID 144-150 Decode' sheet (WORKFLOW_NVLINK5_ERR,
+  XID_154_EVAL); ``nvlink5.undecoded*`` where no row matches (the Fatal/Nonfatal word stands).
 * ``xid154.*``: recovery action text of Xid 154 (XID_154).
 * ``sxid.catalog`` / ``sxid.unknown``; ``catalog`` (no workflow: the catalog row as is); ``unknown``.
 * Modifiers appended as ``+remap_failure`` and ``+recovery_action`` (from :class:`GpuHealth`).
@@ -37,7 +38,8 @@ Layout (one rule family per module; this module dispatches and re-exports the pu
 :mod:`~consumers.alerts.classify_model` (inputs, history, output), :mod:`~consumers.alerts.xid_parsers`
 (message texts), :mod:`~consumers.alerts.classify_ctx` (shared context and ranks),
 :mod:`~consumers.alerts.rules_app` (catalog default, 79, 13/31/43, 45), :mod:`~consumers.alerts.rules_memory`
-(48/171/172, 63, 64, 94/95), :mod:`~consumers.alerts.rules_link` (74, 144-150),
+(48/171/172, 63, 64, 94/95), :mod:`~consumers.alerts.rules_link` (74),
+:mod:`~consumers.alerts.rules_nvlink5` (144-150),
 :mod:`~consumers.alerts.rules_gsp` (119/120, 154, SXids).
 """
 
@@ -81,7 +83,6 @@ from consumers.alerts.rules_gsp import (
     _xid154,
 )
 from consumers.alerts.rules_link import (
-    _nvlink5,
     _nvlink74,
 )
 from consumers.alerts.rules_memory import (
@@ -91,6 +92,7 @@ from consumers.alerts.rules_memory import (
     _remap_event,
     _remap_failure_xid,
 )
+from consumers.alerts.rules_nvlink5 import _nvlink5
 from consumers.alerts.xid_parsers import (
     Containment,
     Nvlink5Error,

@@ -43,7 +43,8 @@ class FaultEvent:
     works. The fields map one to one onto the ``XidEvent`` Avro record (``timestamp_ms`` -> ``ts_ms``,
     ``xid`` -> ``code``). ``workload``: which workload ran on the GPU (:func:`workload_key` of the
     event's first allocation), ``None`` when unknown; Xid 13/31 hardware suspicion counts workloads,
-    never pids (a crash-looping container gets a new pid per restart).
+    never pids (a crash-looping container gets a new pid per restart). ``driver_version``: the event's
+    (``570.158.01``), when known; it tells which message layout an NVLink5 Xid (144-150) uses.
     """
 
     kind: EventKind
@@ -53,6 +54,7 @@ class FaultEvent:
     process_name: str | None = None
     message: str = ""
     workload: str | None = None
+    driver_version: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in _EVENT_KINDS:

@@ -31,9 +31,12 @@ processed late (consumer lag, an outage, a node clock behind) is never born reso
   (:func:`sticky`: drain alerts and actions RESET_GPU, RESTART_BM, RESTART_VM, DRAIN_AND_RESET). Such a
   GPU does not repeat its Xid while it sits broken, so silence is no evidence; it stays firing until
   evidence of recovery: a ``gpu_reset`` signal from the samples (the GPU back after being lost, volatile
-  ECC or energy counters restarting, NVML's recovery action back to none: reason ``recovered``) or an
-  operator's acknowledgement (:meth:`AlertEngine.acknowledge`, ``gpupipe alerts --ack ALERT_ID``: reason
-  ``acknowledged``), as NVSentinel and GPUd do. Application-class alerts still expire by quiet time.
+  ECC or energy counters restarting, NVML's recovery action back to none: reason ``recovered``), the
+  kernel log's evidence (an event of the node under a new boot id: it rebooted; the driver's load line,
+  XidEvent kind ``driver_loaded``: every GPU re-initialised, which ends reset-class faults; see
+  :mod:`consumers.alerts.engine_evidence`) or an operator's acknowledgement
+  (:meth:`AlertEngine.acknowledge`, ``gpupipe alerts --ack ALERT_ID``: reason ``acknowledged``), as
+  NVSentinel and GPUd do. Application-class alerts still expire by quiet time.
   Level health signals also resolve when the sample says the condition cleared
   (``cleared``). When R < D a resolved alert is remembered until D after its last occurrence, and an
   occurrence in that span *reopens* it (same id, status firing again) instead of raising a new one.
@@ -149,9 +152,12 @@ class AlertEngine(NodeBurstMixin, EvidenceMixin):
                 "signals",
                 "recovered",
                 "acknowledged",
+                "reboots_seen",
+                "driver_loads",
             ),
             0,
         )
+        self._boots: dict[str, str] = {}  # host -> boot id of its latest event that carried one
 
     # ------------------------------------------------------------------------------------ queries
 
@@ -186,6 +192,15 @@ class AlertEngine(NodeBurstMixin, EvidenceMixin):
             raise InvalidRecord("XidEvent without hostname or integer timestamp_ms")
         ts = self._clamp(raw_ts, now_ms)
         kind = ev.get("kind") or "unknown"
+        boot = ev.get("boot_id") or None
+        if isinstance(boot, str):
+            self.seen_boot(host, boot, ts, now_ms)  # before folding: an old boot's fault is over
+        else:
+            boot = None
+        if kind == "driver_loaded":
+            what = ev.get("message") or f"driver {ev.get('driver_version') or '?'}"
+            self.driver_loaded(host, ts, now_ms, f"kernel log: {what}")
+            return None
         if kind not in _EVENT_KINDS:
             kind = "unknown"
         code = ev.get("xid")
@@ -200,6 +215,7 @@ class AlertEngine(NodeBurstMixin, EvidenceMixin):
                 process_name=ev.get("process_name"),
                 message=ev.get("message") or "",
                 workload=workload(ev.get("allocations")),
+                driver_version=ev.get("driver_version") or None,
             )
         except ValueError:  # e.g. kind xid without a code: classify it as an unknown event
             fe = FaultEvent(kind="unknown", ts_ms=ts, code=code, message=ev.get("message") or "")
@@ -233,6 +249,8 @@ class AlertEngine(NodeBurstMixin, EvidenceMixin):
         if a.alertname == "":
             a.alertname = "NvswitchSxidError" if scope == "nvswitch" else "GpuXidError"
         a.last_event_id = eid or a.last_event_id
+        if a.boot_id is None and boot is not None:
+            a.boot_id = boot
         self._apply(a, result, signature)
         self._identify(a, ev, host, device)
         if not a.message and fe.message:

@@ -1,6 +1,20 @@
 """Evidence and restart for the alert engine: recovery and acks resolve sticky alerts; the state a restart
 restores from ``gpu.alerts.v1``.
 
+Evidence of recovery, and what each one ends:
+
+* a ``gpu_reset`` signal from the samples (:meth:`EvidenceMixin.recovered`): that GPU's fault alerts;
+* a reboot (:meth:`EvidenceMixin.seen_boot`): an event of the node carrying another boot id than the one
+  an open alert was raised under ends every GPU and NVSwitch fault alert of that node raised before the
+  event (a reboot resets every GPU and switch; what comes back afterwards is a new incident, which the
+  recurrence rules see across the recorded reset);
+* the driver's load line in the kernel log (:meth:`EvidenceMixin.driver_loaded`, XidEvent kind
+  ``driver_loaded``): every GPU of the node was re-initialised, which is what a GPU reset does, so it
+  ends the node's GPU alerts except those that need more than a reset (RESTART_BM, RESTART_VM, an RMA
+  or support case on a drain alert): a GPU that fell off the bus is not back because the module loaded
+  again ("The NVIDIA probe routine failed" then "NVRM: loading ..." is what the kernel prints then);
+* an operator's ack (:meth:`EvidenceMixin.acknowledge`).
+
 A mixin of :class:`consumers.alerts.dedupe.AlertEngine` (it shares the engine's state); see that module's
 doc, "Resolve by quiet", and :mod:`consumers.alerts.service`, "Restart".
 """
@@ -10,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from consumers.alerts.alert_policy import rank
+from consumers.alerts.alert_policy import STICKY_ACTIONS, rank
 from consumers.alerts.alert_record import Alert, alert_from_record
 from consumers.alerts.classify import FaultEvent, GpuXidHistory
 from consumers.alerts.health_signals import LEVEL_SIGNALS
@@ -18,7 +32,11 @@ from consumers.alerts.health_signals import LEVEL_SIGNALS
 if TYPE_CHECKING:
     from consumers.alerts.engine_config import EngineConfig, Key
 
-__all__ = ["EvidenceMixin"]
+__all__ = ["RESET_CLASS_ACTIONS", "EvidenceMixin"]
+
+#: Actions a GPU reset (or the driver re-initialising every GPU) satisfies.
+RESET_CLASS_ACTIONS = frozenset({"RESET_GPU", "DRAIN_AND_RESET", "DRAIN_P2P"})
+_REBOOT_SCOPES = frozenset({"gpu", "nvswitch"})
 
 
 class EvidenceMixin:
@@ -31,6 +49,8 @@ class EvidenceMixin:
     _ids: dict[str, Alert]
     _by_gpu: dict[tuple[str, str], set[Key]]
     _node_worst: dict[str, tuple[int, int, int]]
+    _boots: dict[str, str]
+    _histories: dict[tuple[str, str], GpuXidHistory]
 
     def _history(self, host: str, device: str) -> GpuXidHistory: ...
 
@@ -70,6 +90,59 @@ class EvidenceMixin:
             self._close(key, a, keep=False)
             out.append(a)
         self.counts["recovered"] += len(out)
+        return out
+
+    def _host_keys(self, host: str) -> list[Key]:
+        return [key for (h, _device), keys in self._by_gpu.items() if h == host for key in keys]
+
+    def _end(self, key: Key, a: Alert, now_ms: int, detail: str) -> None:
+        a.description = (a.description + f" Recovered: {detail}.").strip()
+        self._resolve(a, now_ms, "recovered")
+        self._close(key, a, keep=False)
+
+    def seen_boot(self, host: str, boot_id: str, ts: int, now_ms: int) -> list[Alert]:
+        """An event of ``host`` at ``ts`` carries ``boot_id``: if that is not the boot the node's open
+        alerts were raised under, the node rebooted since -- resolve (``recovered``) every GPU/NVSwitch
+        fault alert of the node raised under another boot before ``ts``. Cheap when the boot id is the
+        one seen last for the host (the common case: one dict lookup)."""
+        if self._boots.get(host) == boot_id:
+            return []
+        self._boots[host] = boot_id
+        out = []
+        for key in self._host_keys(host):
+            a = self._open[key]
+            if a.scope not in _REBOOT_SCOPES or key[3] in LEVEL_SIGNALS:
+                continue
+            if a.boot_id is None or a.boot_id == boot_id or a.first_seen_ms > ts:
+                continue
+            self._end(key, a, now_ms, f"the node rebooted (boot id {a.boot_id} -> {boot_id})")
+            out.append(a)
+        if out:
+            for (h, _device), history in self._histories.items():
+                if h == host:
+                    history.record_reset(ts)
+        self.counts["recovered"] += len(out)
+        self.counts["reboots_seen"] += bool(out)
+        return out
+
+    def driver_loaded(self, host: str, ts: int, now_ms: int, detail: str) -> list[Alert]:
+        """The kernel log of ``host`` shows the NVIDIA driver loaded at ``ts``: every GPU was
+        re-initialised. Resolve (``recovered``) the node's GPU fault alerts raised before ``ts`` whose
+        action a reset satisfies; those that need a reboot or a person stay (see module doc)."""
+        out = []
+        for key in self._host_keys(host):
+            a = self._open[key]
+            if a.scope != "gpu" or key[3] in LEVEL_SIGNALS or a.first_seen_ms > ts:
+                continue
+            if (a.drain_node or a.action in STICKY_ACTIONS) and a.action not in RESET_CLASS_ACTIONS:
+                continue  # RESTART_BM / RESTART_VM / an RMA: a driver reload is no evidence
+            self._end(key, a, now_ms, f"the NVIDIA driver was loaded again ({detail})")
+            out.append(a)
+        for (h, _device), history in self._histories.items():
+            if h == host:
+                history.record_reset(ts)
+        self.counts["recovered"] += len(out)
+        self.counts["driver_loads"] += 1
         return out
 
     def acknowledge(self, alert_id: str, now_ms: int, note: str = "") -> Alert | None:

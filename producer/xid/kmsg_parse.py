@@ -24,7 +24,16 @@ A line may carry any of these prefixes, which are stripped and, where they hold 
 *continuation lines* (a line that starts with white space, as ``dmesg``/``journalctl`` print the 2nd and
 later lines of one multi-line kernel record, and as :mod:`producer.xid.kmsg_reader` renders ``/dev/kmsg``
 fragment records) onto the previous Xid's message, and it recognises the multi-line
-``NVRM: The NVIDIA GPU <bus id> ... fallen off the bus`` report, which carries no Xid number.
+``NVRM: The NVIDIA GPU <bus id> ... fallen off the bus`` report, which carries no Xid number. With
+``driver_loads=True`` it also reports the driver's load line (:class:`DriverLoaded`)::
+
+    NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.183.01  Sun May 12 19:39:15 UTC 2024
+    NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  570.158.01  Release Build  (...)  <date>
+
+(``kernel-open/nvidia/nv.c``: ``nv_printf(NV_DBG_ERRORS, "NVRM: loading %s\n", pNVRM_ID)``, printed once
+per load of ``nvidia.ko``, at every boot and every driver reload). It is the only line the driver prints at
+its default log level when the GPUs are re-initialised: a GPU reset (``nvidia-smi -r``) prints nothing of
+its own (checked in open-gpu-kernel-modules 595.45.04), so a reset shows in the samples, not here.
 
 Hot path: a line that contains none of ``"Xid"``, ``"NVRM"`` and ``"fallen off"`` costs three substring
 tests and no regex (see ``bench/bench_kmsg.py``).
@@ -40,11 +49,13 @@ __all__ = [
     "MAX_LINE_CHARS",
     "MAX_MESSAGE_CHARS",
     "MAX_RAW_CHARS",
+    "DriverLoaded",
     "Event",
     "FallenOffBus",
     "KernelXid",
     "KmsgParser",
     "containment_flags",
+    "parse_driver_load",
     "parse_line",
     "split_kmsg_record",
     "to_json_dict",
@@ -94,7 +105,20 @@ class FallenOffBus:
     raw: str
 
 
-Event = KernelXid | FallenOffBus
+@dataclass(frozen=True, slots=True)
+class DriverLoaded:
+    """The NVIDIA kernel module was loaded (``NVRM: loading NVIDIA UNIX ... Kernel Module <version>``):
+    every GPU of the node was (re-)initialised. Node-wide: the line names no GPU."""
+
+    driver_version: str
+    #: The driver's text from ``NVRM: loading`` on (the time prefix stripped).
+    text: str
+    kernel_time_s: float | None
+    wall_time: str | None
+    raw: str
+
+
+Event = KernelXid | FallenOffBus | DriverLoaded
 
 _JSON_KEYS = (
     "kind",
@@ -156,6 +180,10 @@ _NEW_RECORD_RE = re.compile(
     r"|[A-Za-z]{3} [ \d]\d \d\d:\d\d:\d\d|\d{4}-\d\d-\d\d[T ]\d\d:"
 )
 _KMSG_ESC_RE = re.compile(r"\\x([0-9A-Fa-f]{2})")
+# "NVIDIA UNIX x86_64 Kernel Module  <v>" (proprietary) / "NVIDIA UNIX Open Kernel Module for <arch>  <v>"
+_DRIVER_LOAD_RE = re.compile(
+    r"NVRM: loading NVIDIA UNIX (?:Open Kernel Module for \S+|\S+ Kernel Module)[ \t]+(\d[\w.-]*)"
+)
 _CONTAINMENT_RE = re.compile(r"\bRST: (Yes|No), D-RST: (Yes|No)")
 
 _WS = (" ", "\t")
@@ -339,6 +367,24 @@ def parse_line(line: str) -> KernelXid | FallenOffBus | None:
     return None
 
 
+def parse_driver_load(line: str) -> DriverLoaded | None:
+    """The driver's load line (see module doc), else ``None``."""
+    if "NVRM: loading" not in line:
+        return None
+    line = _clean(line)
+    m = _DRIVER_LOAD_RE.search(line)
+    if m is None:
+        return None
+    kernel_time_s, wall_time = _prefix_times(line[: m.start()])
+    return DriverLoaded(
+        driver_version=m.group(1),
+        text=line[m.start() :].strip()[:MAX_MESSAGE_CHARS],
+        kernel_time_s=kernel_time_s,
+        wall_time=wall_time,
+        raw=line,
+    )
+
+
 def _same_burst(a: KernelXid, b: KernelXid) -> bool:
     if (
         a.kind != b.kind
@@ -376,12 +422,25 @@ class KmsgParser:
     ``FallenOffBus`` is emitted for a ``fallen off the bus`` line that has no Xid; its bus id comes from
     the same line, or from an ``NVRM: The NVIDIA GPU <bus id>`` line up to three lines earlier. The
     driver normally prints an Xid 79 too; telling the two apart (or de-duplicating) is the caller's job.
+
+    ``driver_loads=True`` also emits :class:`DriverLoaded` for the driver's load line (the node agent
+    publishes it as recovery evidence; ``gpupipe xid parse`` reports Xids only and leaves it off).
     """
 
-    __slots__ = ("_coalesce", "_gpu_block", "_gpu_line_no", "_gpu_pci", "_line_no", "_n_cont", "_pending")
+    __slots__ = (
+        "_coalesce",
+        "_driver_loads",
+        "_gpu_block",
+        "_gpu_line_no",
+        "_gpu_pci",
+        "_line_no",
+        "_n_cont",
+        "_pending",
+    )
 
-    def __init__(self, *, coalesce_repeats: bool = False) -> None:
+    def __init__(self, *, coalesce_repeats: bool = False, driver_loads: bool = False) -> None:
         self._coalesce = coalesce_repeats
+        self._driver_loads = driver_loads
         self._pending: KernelXid | None = None
         self._n_cont = 0
         self._line_no = 0
@@ -473,6 +532,10 @@ class KmsgParser:
                 self._gpu_block = ()
                 return FallenOffBus(pci_bus_id=pci, kernel_time_s=kernel_time_s, raw=raw)
             return None
+        if self._driver_loads and "NVRM: loading" in line:
+            loaded = parse_driver_load(line)
+            if loaded is not None:
+                return loaded
         if "The NVIDIA GPU " in line:
             m = _THE_GPU_RE.search(line)
             if m is not None:

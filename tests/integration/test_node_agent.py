@@ -93,11 +93,12 @@ def test_enriched_samples_and_xid_events_reach_kafka(kafka: str, topic_prefix: s
                 # Malformed, and plain noise.
                 f.write("NVRM: Xid (PCI:0000:9b:00 truncated garbage\n")
                 f.writelines(ln + "\n" for ln in kmsg_lines("non_xid_real.txt")[:20])
-                # The real multi-line fallen-off-the-bus report (GPU 3's bus id), then GPU 3 is lost.
+                # The real multi-line fallen-off-the-bus report (GPU 3's bus id), the failed probe and
+                # the driver's load line that follow it; then GPU 3 is lost.
                 f.writelines(ln + "\n" for ln in kmsg_lines("fallen_off_bus_real.txt"))
-            wait_for(lambda: ra.agent.xids_sent >= 3, 10, "three XID events")
+            wait_for(lambda: ra.agent.xids_sent >= 4, 10, "four XID events")
             fake.gpus[3].lose()
-            wait_for(lambda: ra.agent.xids_sent >= 4, 10, "gpu_lost event")
+            wait_for(lambda: ra.agent.xids_sent >= 5, 10, "gpu_lost event")
             ra.ticks_after(3)
             ra.stop()
         assert fake.init_count == 0
@@ -106,14 +107,16 @@ def test_enriched_samples_and_xid_events_reach_kafka(kafka: str, topic_prefix: s
     assert metric(reg, "gpupipe_producer_xid_merged_total") == 1
     assert metric(reg, "gpupipe_producer_xid_spool_depth") == 0
     assert metric(reg, "gpupipe_producer_gpus_lost") == 1
-    assert metric(reg, "gpupipe_producer_records_sent_total", {"topic": t_xid}) == 4
+    assert metric(reg, "gpupipe_producer_records_sent_total", {"topic": t_xid}) == 5
 
-    xids = _records(kafka, t_xid, 4)
+    xids = _records(kafka, t_xid, 5)
     by_kind: dict[str, list[dict[str, Any]]] = {}
     for key, e in xids:
-        assert key.decode() == (e["mig_uuid"] or e["uuid"] or e["pci_bus_id"])
+        assert key.decode() == (e["mig_uuid"] or e["uuid"] or e["pci_bus_id"] or e["hostname"])
         by_kind.setdefault(e["kind"], []).append(e)
-    assert sorted(by_kind) == ["fallen_off_bus", "gpu_lost", "xid"]
+    assert sorted(by_kind) == ["driver_loaded", "fallen_off_bus", "gpu_lost", "xid"]
+    (loaded,) = by_kind["driver_loaded"]  # node-wide: no GPU, no code
+    assert (loaded["pci_bus_id"], loaded["xid"], loaded["driver_version"]) == ("", None, "570.158.01")
     (merged,) = [e for e in by_kind["xid"] if e["xid"] == 119]
     assert (merged["source"], merged["pid"], merged["process_name"], merged["uuid"], merged["gpu_index"]) == (
         "nvml_kmsg",
@@ -145,7 +148,7 @@ def test_enriched_samples_and_xid_events_reach_kafka(kafka: str, topic_prefix: s
         "nvml",
         ["llama-ft-0"],
     )
-    assert len({e["event_id"] for _, e in xids}) == 4
+    assert len({e["event_id"] for _, e in xids}) == 5
 
     samples = _records(kafka, t_samples, pub.sent_by_topic[t_samples])
     last: dict[str, dict[str, Any]] = {}

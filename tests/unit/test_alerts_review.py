@@ -432,6 +432,7 @@ def test_d11_gsp_timeouts_without_a_reset_do_not_escalate_and_list_only_real_cod
 
 
 def test_d6_nvlink5_rows_decoded_by_bits_not_by_the_fatal_token() -> None:
+    """Spot checks; every row of the sheet, both layouts: tests/unit/test_alerts_nvlink5.py."""
     from consumers.alerts.classify import FaultEvent, classify
 
     def cls(code: int, msg: str) -> tuple[str, str, bool]:
@@ -444,8 +445,10 @@ def test_d6_nvlink5_rows_decoded_by_bits_not_by_the_fatal_token() -> None:
     assert cls(149, sw) == ("IGNORE", "info", False)  # was RESET_GPU, critical, drain
     assert cls(149, host) == ("IGNORE", "info", False)
     peer = "NETIR_LINK_EVT Fatal XC0 i0 Link 00 (0x025001c6 0x00000000 0x00000000)"
-    assert cls(149, peer)[0] == "RESET_GPU"
-    rx = "RLW_RXPIPE Nonfatal XC0 i0 Link 02 (0x00000080 0x00000001)"
+    assert cls(149, peer) == ("RESET_GPU", "warning", False)  # the peer's fault: no drain of this node
+    # V2 IntrInfo of RLW_RXPIPE's "Action 2" decode: sub-unit 6 in bits [6:0] plus bit 7 (0x80 alone
+    # names no sub-unit and matches no row of the sheet)
+    rx = "RLW_RXPIPE Nonfatal XC0 i0 Link 02 (0x00000086 0x00000001)"
     assert cls(145, rx) == ("RESET_GPU", "critical", True)  # was IGNORE ("Nonfatal")
     assert cls(144, "SAW_MVB Nonfatal XC0 i0 Link 00 (0x00000001 0x00000002)")[0] == "RESET_GPU"
     assert cls(144, "SAW_MVB Fatal XC0 i0 Link 00 (0x00000001 0x00000001)")[0] == "IGNORE"
