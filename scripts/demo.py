@@ -4,7 +4,7 @@ Ctrl-C (or SIGTERM) stops the services in reverse order, then the broker.
 GPUPIPE_DEMO_SECURE=1: the broker runs with `kafka-local start --secure` (SASL_SSL, ACLs; state in
 .run/kafka-secure), the ACLs of every role are applied and each service runs as its own role.
 Ports: Kafka 9092 (GPUPIPE_DEMO_KAFKA_PORT), producer self-metrics 9400, metrics 9401,
-chargeback 9402, alerts 9403; Prometheus 9090 and Alertmanager 9093 when their binaries are
+chargeback 9402, alerts 9403, recommend 9404; Prometheus 9090 and Alertmanager 9093 when their binaries are
 installed (Debian packages prometheus, prometheus-alertmanager).
 """
 
@@ -68,6 +68,22 @@ SERVICES = [
         ["alerts", "--listen", "127.0.0.1:9403", "--dry-run"],
         f"XID alerts: {CLI} tail gpu.alerts.v1 (cordon decisions are dry-run only)",
     ),
+    (
+        "consumers.recommend.command",
+        "recommend",
+        [
+            "recommend",
+            "--listen",
+            "127.0.0.1:9404",
+            "--idle-after",
+            "5m",  # demo scale (default 2h)
+            "--update-interval",
+            "1m",
+            "--prices",
+            str(REPO / "deploy" / "prices.example.yaml"),
+        ],
+        f"idle-GPU recommendations (idle 5 min in the demo): {CLI} report idle --since 1h --by owner",
+    ),
 ]
 
 PROMETHEUS_YML = """global: {scrape_interval: 5s, evaluation_interval: 5s}
@@ -81,7 +97,7 @@ scrape_configs:
     metric_relabel_configs:
       - {source_labels: [Hostname, hostname], separator: "", regex: "(.+)", target_label: instance}
   - job_name: gpupipe-services
-    static_configs: [{targets: ['127.0.0.1:9400', '127.0.0.1:9402', '127.0.0.1:9403']}]
+    static_configs: [{targets: ['127.0.0.1:9400', '127.0.0.1:9402', '127.0.0.1:9403', '127.0.0.1:9404']}]
 """
 
 
@@ -148,7 +164,7 @@ def secure_roles(bootstrap: str, secure_dir: Path) -> dict[str, dict[str, str]]:
     )
     if res.returncode != 0:
         raise SystemExit(f"demo: applying ACLs failed: {res.stderr.strip()}")
-    roles = {"producer": "producer", "metrics": "metrics", "chargeback": "chargeback", "alerts": "alerts"}
+    roles = {r: r for r in ("producer", "metrics", "chargeback", "alerts", "recommend")}
     return {
         name: {
             "GPUPIPE_KAFKA_CONFIG_FILE": str(clients / f"{role}.properties"),

@@ -142,7 +142,7 @@ def run_pipeline(
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-2000:]
     mport = free_port()
-    logs = {n: tmp / f"{n}.log" for n in ("chargeback", "alerts", "metrics")}
+    logs = {n: tmp / f"{n}.log" for n in ("chargeback", "alerts", "metrics", "recommend")}
     procs = [
         _start(t, "chargeback", logs["chargeback"], "chargeback", "--window", "5m", "--grace", "1m",
                "--group-id", f"{t.group}-cb", "--instance-id", "i1", "--start", "earliest",
@@ -151,6 +151,8 @@ def run_pipeline(
                "--no-create-topics", "--no-health-signals"),
         _start(t, "metrics", logs["metrics"], "metrics", "--group-id", f"{t.group}-m", "--from-beginning",
                "--no-create-topics", "--listen", f"127.0.0.1:{mport}", "--max-sample-age", "0s"),
+        _start(t, "recommend", logs["recommend"], "recommend", "--group-id", f"{t.group}-rc",
+               "--from-beginning", "--no-create-topics", "--idle-after", "2m", "--update-interval", "10m"),
     ]  # fmt: skip
     try:
         _wait(lambda: _metrics_consumed(mport, t.topic(topics.SAMPLES)) >= SAMPLES, 90, "metrics", procs)
@@ -158,6 +160,9 @@ def run_pipeline(
             lambda: _committed_to_end(t, f"{t.group}-cb", [t.topic(topics.SAMPLES)]), 90, "chargeback", procs
         )
         _wait(lambda: _committed_to_end(t, f"{t.group}-al", [t.topic(topics.XID)]), 90, "alerts", procs)
+        _wait(
+            lambda: _committed_to_end(t, f"{t.group}-rc", [t.topic(topics.SAMPLES)]), 90, "recommend", procs
+        )
         if during:
             during(procs)
     finally:
@@ -169,12 +174,16 @@ def run_pipeline(
     )
     assert report.returncode == 0, report.stderr[-2000:]
     out: dict[str, Any] = {"report": json.loads(report.stdout)}
-    for base in (topics.XID, topics.ALERTS):
+    for base in (topics.XID, topics.ALERTS, topics.RECOMMENDATIONS):
         tail = gpupipe(*t.argv("tail", "tail", base, "--from-beginning", "--idle-timeout", "2"), timeout=60)
         assert tail.returncode == 0, tail.stderr[-2000:]
         out[base] = [json.loads(line) for line in tail.stdout.splitlines()]
     out["alert_ids"] = sorted({a["alert_id"] for a in out.pop(topics.ALERTS)})
     out["xid"] = sorted(json.dumps(x, sort_keys=True) for x in out.pop(topics.XID))
+    out["recommendations"] = sorted(
+        (r["recommendation_id"], r["status"], r["namespace"], r["pod"])
+        for r in out.pop(topics.RECOMMENDATIONS)
+    )
     return out
 
 
@@ -183,13 +192,18 @@ def _apply_acls(sk: Any, t: Target) -> None:
         "acls", "--apply", "--bootstrap-servers", sk.bootstrap,
         "--kafka-config-file", sk.config_file("admin"), "--topic-prefix", t.prefix,
         "--group", f"chargeback={t.group}-cb", "--group", f"alerts={t.group}-al",
-        "--group", f"metrics={t.group}-m",
+        "--group", f"metrics={t.group}-m", "--group", f"recommend={t.group}-rc",
     )  # fmt: skip
     n = len(
         acls.acls_for(
             list(acls.ROLES),
             t.prefix,
-            groups={"chargeback": f"{t.group}-cb", "alerts": f"{t.group}-al", "metrics": f"{t.group}-m"},
+            groups={
+                "chargeback": f"{t.group}-cb",
+                "alerts": f"{t.group}-al",
+                "metrics": f"{t.group}-m",
+                "recommend": f"{t.group}-rc",
+            },
         )
     )
     assert res.returncode == 0 and f"applied {n} of {n} ACLs" in res.stdout, res.stdout + res.stderr
@@ -212,7 +226,8 @@ def test_pipeline_on_the_secured_broker_matches_plaintext(
 ) -> None:
     sk, st = secured
     secrets = [
-        sk.password(r) for r in ("producer", "metrics", "chargeback", "alerts", "report", "tail", "admin")
+        sk.password(r)
+        for r in ("producer", "metrics", "chargeback", "alerts", "recommend", "report", "tail", "admin")
     ]
 
     def no_secret_in_ps(procs: list[subprocess.Popen]) -> None:
@@ -220,7 +235,7 @@ def test_pipeline_on_the_secured_broker_matches_plaintext(
             ["ps", "-ww", "-eo", "pid,args", "--no-headers"], capture_output=True, text=True
         ).stdout
         ours = [line for line in ps.splitlines() if int(line.split()[0]) in {p.pid for p in procs}]
-        assert len(ours) == 3 and all("--kafka-config-file" in line for line in ours), ours
+        assert len(ours) == 4 and all("--kafka-config-file" in line for line in ours), ours
         assert not [s for s in secrets if s in ps]
 
     (tmp_path / "plain").mkdir()
@@ -233,6 +248,7 @@ def test_pipeline_on_the_secured_broker_matches_plaintext(
         secure = run_pipeline(st, tmp_path / "secure", during=no_secret_in_ps)
         plain = plain_run.result()
     assert plain["report"] and len(plain["alert_ids"]) > 0 and len(plain["xid"]) > 0
+    assert plain["recommendations"], "the idle notebook of the fleet gives a recommendation"
     assert secure == plain
 
 
