@@ -16,12 +16,14 @@ from consumers.alerts.classify_model import Classification, GpuXidHistory, workl
 from consumers.alerts.health_signals import LEVEL_SIGNALS
 
 __all__ = [
+    "BURST_SIGNALS",
     "FOLLOWER_CODES",
     "JOB_KILL_CODES",
     "STICKY_ACTIONS",
     "counts_toward_burst",
     "merge_codes",
     "rank",
+    "sample_owned",
     "sticky",
     "unless_elsewhere",
     "with_note",
@@ -73,16 +75,33 @@ JOB_KILL_CODES = frozenset({43, 45})
 STICKY_ACTIONS = frozenset({"RESET_GPU", "RESTART_BM", "RESTART_VM", "DRAIN_AND_RESET"})
 
 
+def sample_owned(a: Alert) -> bool:
+    """A level alert only the samples speak for: they refresh it while the condition holds and clear it
+    when it ends, so neither quiet time nor reset evidence concerns it. Once an XidEvent spoke for it
+    (NVML's recovery-action event, which reports a change once and never repeats it) it is a fault like
+    the others: silence is no evidence, recovery evidence ends it."""
+    return a.key[3] in LEVEL_SIGNALS and a.first_event_id is None and a.last_event_id is None
+
+
 def sticky(a: Alert) -> bool:
     """A GPU/NVSwitch fault that stays firing until evidence of recovery (see module doc)."""
-    if a.scope == "node" or a.key[3] in LEVEL_SIGNALS:
+    if a.scope == "node" or sample_owned(a):
         return False
+    if a.key[3] in LEVEL_SIGNALS:
+        return True  # raised by an event that will not repeat (see sample_owned)
     return a.drain_node or a.action in STICKY_ACTIONS
 
 
+# GPU faults without an XID code that count toward a node burst like one (NVML's GPU-unavailable event).
+BURST_SIGNALS = frozenset({"gpu_unavailable"})
+
+
 def counts_toward_burst(a: Alert) -> bool:
-    """A GPU alert counts toward a node burst when it is more than info and not a job-kill code."""
-    return a.severity != "info" and bool(a.codes) and a.codes[0] not in JOB_KILL_CODES
+    """A GPU alert counts toward a node burst when it is more than info and not a job-kill code; of the
+    alerts without a code, only :data:`BURST_SIGNALS` (health signals are conditions, not bursts)."""
+    if a.severity == "info":
+        return False
+    return a.codes[0] not in JOB_KILL_CODES if a.codes else a.signal in BURST_SIGNALS
 
 
 def workload(allocations: Any) -> str | None:

@@ -31,6 +31,7 @@ Rules (the ``rule`` field of :class:`Classification` names the one that decided)
 * ``nvlink5.*``: Xid 144-150 decoded with NVIDIA's 'XID 144-150 Decode' sheet (WORKFLOW_NVLINK5_ERR,
   XID_154_EVAL); ``nvlink5.undecoded*`` where no row matches (the Fatal/Nonfatal word stands).
 * ``xid154.*``: recovery action text of Xid 154 (XID_154).
+* ``nvml_event.*``: NVML's recovery-action and GPU-unavailable events (no XID code).
 * ``sxid.catalog`` / ``sxid.unknown``; ``catalog`` (no workflow: the catalog row as is); ``unknown``.
 * Modifiers appended as ``+remap_failure`` and ``+recovery_action`` (from :class:`GpuHealth`).
 
@@ -40,7 +41,8 @@ Layout (one rule family per module; this module dispatches and re-exports the pu
 :mod:`~consumers.alerts.rules_app` (catalog default, 79, 13/31/43, 45), :mod:`~consumers.alerts.rules_memory`
 (48/171/172, 63, 64, 94/95), :mod:`~consumers.alerts.rules_link` (74),
 :mod:`~consumers.alerts.rules_nvlink5` (144-150),
-:mod:`~consumers.alerts.rules_gsp` (119/120, 154, SXids).
+:mod:`~consumers.alerts.rules_gsp` (119/120, 154, SXids),
+:mod:`~consumers.alerts.rules_notice` (NVML's notice events).
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ from consumers.alerts.rules_memory import (
     _remap_event,
     _remap_failure_xid,
 )
+from consumers.alerts.rules_notice import NOTICE_KINDS, classify_notice
 from consumers.alerts.rules_nvlink5 import _nvlink5
 from consumers.alerts.xid_parsers import (
     Containment,
@@ -203,6 +206,8 @@ def classify(
 ) -> Classification:
     """Classify one fault event given this GPU's recent history and memory health. Pure; never raises
     for a well-formed event (unknown codes get the catalog's safe default, ``known=False``)."""
+    if event.kind in NOTICE_KINDS:
+        return classify_notice(event)  # NVIDIA's own statement: no catalog row, no health modifier
     ctx = _Ctx(event, history, health if health is not None else _NO_HEALTH, config)
     if event.kind == "sxid":
         return _sxid(ctx)

@@ -16,8 +16,10 @@ from consumers.alerts.catalog import (
     Severity,
 )
 
-EventKind = Literal["xid", "sxid", "fallen_off_bus", "gpu_lost", "unknown"]
-_EVENT_KINDS = ("xid", "sxid", "fallen_off_bus", "gpu_lost", "unknown")
+EventKind = Literal[
+    "xid", "sxid", "fallen_off_bus", "gpu_lost", "recovery_action", "gpu_unavailable", "unknown"
+]
+_EVENT_KINDS = ("xid", "sxid", "fallen_off_bus", "gpu_lost", "recovery_action", "gpu_unavailable", "unknown")
 _GPU_GONE_KINDS = ("fallen_off_bus", "gpu_lost")
 _GPU_KINDS = ("xid", *_GPU_GONE_KINDS)
 
@@ -36,7 +38,9 @@ class FaultEvent:
 
     ``kind``: ``xid`` / ``sxid`` (code required), ``fallen_off_bus`` (the kernel printed "GPU has fallen
     off the bus" without an Xid) or ``gpu_lost`` (NVML returned GPU_IS_LOST); the last two are treated as
-    Xid 79 and their ``code`` is ignored. ``unknown`` mirrors the Avro ``XidKind`` default for symbols
+    Xid 79 and their ``code`` is ignored. ``recovery_action`` / ``gpu_unavailable``: NVML's events of the
+    same names, no code (the recovery action's value is in ``message``; see
+    :mod:`~consumers.alerts.rules_notice`). ``unknown`` mirrors the Avro ``XidKind`` default for symbols
     this consumer does not know yet; it gets the safe default. ``pid`` / ``process_name`` come from the
     kernel line (the driver prints ``pid='<unknown>'`` / ``name=<unknown>`` when it has none: pass
     ``None``). ``message`` is the text after the code (or the whole line); parsers search it, so either
@@ -210,7 +214,8 @@ def _ts(rec: XidRecord) -> int:
 class Classification:
     """The decision for one event; enum fields mirror the alert schema's enums.
 
-    ``codes``: the event's code first, then codes from the history that shaped the decision.
+    ``codes``: the event's code first, then codes from the history that shaped the decision (empty for
+    NVML notices, which have no code).
     ``action``: what to do now (resolved from NVIDIA's bucket; ``nvidia_action`` is the catalog's
     immediate bucket for the code, unchanged). ``rule``: stable id of the deciding rule.
     """
@@ -231,7 +236,8 @@ class Classification:
 
     @property
     def code(self) -> int:
-        return self.codes[0]
+        """The event's code; 0 for NVML notices, which have none (``codes`` is empty)."""
+        return self.codes[0] if self.codes else 0
 
 
 _UNKNOWN_NAMES = frozenset({"", "<unknown>", "unknown", "n/a"})

@@ -1,15 +1,16 @@
 """The alert engine: classification, deduplication, node rollups and lifecycle (pure; time is passed in).
 
 Inputs are decoded ``XidEvent`` dicts (:meth:`AlertEngine.on_xid`) and health-signal changes from samples
-(:meth:`AlertEngine.on_signal`); :meth:`AlertEngine.tick` runs the timers; :meth:`AlertEngine.take` hands
-out the alert revisions to publish. Every method takes ``now_ms`` (wall clock, injected): nothing here
-reads a clock, so tests drive hours of alert life in microseconds.
+(:meth:`~consumers.alerts.engine_signals.SignalMixin.on_signal`); :meth:`AlertEngine.tick` runs the
+timers; :meth:`AlertEngine.take` hands out the alert revisions to publish. Every method takes ``now_ms``
+(wall clock, injected): nothing here reads a clock, so tests drive hours of alert life in microseconds.
 
 Keys. One open alert per key ``(scope, hostname, device, signal)``: ``device`` is the canonical PCI bus id
 (kernel-log ``0000:3b:00`` and NVML ``00000000:3B:00.0`` are one GPU; a MIG slice's fault is its GPU's),
 ``signal`` is ``xid:<code>`` (``fallen_off_bus`` / ``gpu_lost`` count as 79), ``sxid:<code>`` (scope
-``nvswitch``), a health signal (``ecc_dbe``, ``thermal``...) or ``node_burst`` (scope ``node``, device
-``""``).
+``nvswitch``), a health signal (``ecc_dbe``, ``thermal``...; NVML's recovery-action *event* shares the
+``recovery_action`` one), ``gpu_unavailable`` (NVML's GPU-unavailable event; see
+:mod:`consumers.alerts.engine_notices`) or ``node_burst`` (scope ``node``, device ``""``).
 
 Lifecycle. Folding and recurrence compare the events' own times (``timestamp_ms``; more than
 ``max_future_skew_ms`` ahead of ``now_ms`` is taken as ``now_ms``); quiet periods are measured in
@@ -31,15 +32,17 @@ processed late (consumer lag, an outage, a node clock behind) is never born reso
   (:func:`sticky`: drain alerts and actions RESET_GPU, RESTART_BM, RESTART_VM, DRAIN_AND_RESET). Such a
   GPU does not repeat its Xid while it sits broken, so silence is no evidence; it stays firing until
   evidence of recovery: a ``gpu_reset`` signal from the samples (the GPU back after being lost, volatile
-  ECC or energy counters restarting, NVML's recovery action back to none: reason ``recovered``), the
-  kernel log's evidence (an event of the node under a new boot id: it rebooted; the driver's load line,
-  XidEvent kind ``driver_loaded``: every GPU re-initialised, which ends reset-class faults; see
-  :mod:`consumers.alerts.engine_evidence`) or an operator's acknowledgement
-  (:meth:`AlertEngine.acknowledge`, ``gpupipe alerts --ack ALERT_ID``: reason ``acknowledged``), as
-  NVSentinel and GPUd do. Application-class alerts still expire by quiet time.
-  Level health signals also resolve when the sample says the condition cleared
-  (``cleared``). When R < D a resolved alert is remembered until D after its last occurrence, and an
-  occurrence in that span *reopens* it (same id, status firing again) instead of raising a new one.
+  ECC or energy counters restarting, NVML's recovery action back to none, sampled or as NVML's event:
+  reason ``recovered``), the kernel log's evidence (an event of the node under a new boot id: it
+  rebooted; the driver's load line, XidEvent kind ``driver_loaded``: every GPU re-initialised, which
+  ends reset-class faults; see :mod:`consumers.alerts.engine_evidence`) or an operator's
+  acknowledgement (:meth:`AlertEngine.acknowledge`, ``gpupipe alerts --ack ALERT_ID``: reason
+  ``acknowledged``), as NVSentinel and GPUd do. Application-class alerts still expire by quiet time.
+  Level health signals also resolve when the sample says the condition cleared (``cleared``); the
+  samples alone raise and end them, except a ``recovery_action`` alert NVML's event spoke for, which is
+  sticky (:func:`~consumers.alerts.alert_policy.sample_owned`). When R < D a resolved alert is
+  remembered until D after its last occurrence, and an occurrence in that span *reopens* it (same id,
+  status firing again) instead of raising a new one.
 * **Node burst**: when occurrences on at least ``node_burst_gpus`` distinct GPUs of one node fall within
   ``node_burst_window_ms``, a node-level alert (``GpuNodeXidStorm``) opens; the GPU alerts keep existing as
   detail and name it in ``parent_alert_id``. Only faults above info that are not job-kill codes (Xid
@@ -68,12 +71,10 @@ from consumers.alerts.alert_policy import (
     merge_codes,
     sticky,
     unless_elsewhere,
-    with_note,
     workload,
     worse,
 )
 from consumers.alerts.alert_record import Alert, alert_id, signal_code
-from consumers.alerts.catalog import CATALOG_VERSION
 from consumers.alerts.classify import (
     Classification,
     FaultEvent,
@@ -83,16 +84,16 @@ from consumers.alerts.classify import (
 )
 from consumers.alerts.engine_config import EngineConfig, Key
 from consumers.alerts.engine_evidence import EvidenceMixin
+from consumers.alerts.engine_notices import NoticeMixin
+from consumers.alerts.engine_signals import SignalMixin
 from consumers.alerts.health_signals import (
     LEVEL_SIGNALS,
-    SIGNAL_INFO,
     GpuIdentity,
     InvalidRecord,
-    SignalEvent,
     device_key,
-    recovery_presentation,
 )
 from consumers.alerts.node_burst import NodeBurstMixin
+from consumers.alerts.rules_notice import NOTICE_KINDS
 
 __all__ = ["STICKY_ACTIONS", "AlertEngine", "EngineConfig", "sticky", "worse"]
 
@@ -113,7 +114,7 @@ class _Sighting:
         self.paired = paired
 
 
-class AlertEngine(NodeBurstMixin, EvidenceMixin):
+class AlertEngine(NodeBurstMixin, EvidenceMixin, NoticeMixin, SignalMixin):
     """See module doc. Not thread-safe: the service serialises calls."""
 
     def __init__(
@@ -137,6 +138,7 @@ class AlertEngine(NodeBurstMixin, EvidenceMixin):
         self._signatures: dict[str, set[tuple[Any, ...]]] = {}
         self._bursts: dict[str, dict[str, dict[str, int]]] = {}  # host -> device -> alert id -> ts
         self._node_worst: dict[str, tuple[int, int, int]] = {}
+        self._node_signals: dict[str, set[str]] = {}
         self.counts: dict[str, int] = dict.fromkeys(
             (
                 "events",
@@ -201,6 +203,8 @@ class AlertEngine(NodeBurstMixin, EvidenceMixin):
             what = ev.get("message") or f"driver {ev.get('driver_version') or '?'}"
             self.driver_loaded(host, ts, now_ms, f"kernel log: {what}")
             return None
+        if kind in NOTICE_KINDS:  # NVML's recovery-action / GPU-unavailable events: no XID code
+            return self._on_notice(ev, kind, host, ts, now_ms, boot)
         if kind not in _EVENT_KINDS:
             kind = "unknown"
         code = ev.get("xid")
@@ -260,99 +264,6 @@ class AlertEngine(NodeBurstMixin, EvidenceMixin):
             self._dirty(a)
         if scope == "gpu" and not double:
             self._node_burst(a, ts, now_ms)
-        return a
-
-    def on_signal(self, ident: GpuIdentity, sig: SignalEvent, now_ms: int) -> Alert | None:
-        """Apply one health-signal change of one GPU (from :class:`HealthTracker`)."""
-        self.counts["signals"] += 1
-        host, device = ident.hostname, ident.device
-        ts = self._clamp(sig.ts_ms, now_ms)
-        if sig.signal == "gpu_lost":
-            if sig.kind == "occurrence":
-                ev = {
-                    "event_id": f"{host}|sample|{device}|gpu_lost|{sig.ts_ms}",
-                    "timestamp_ms": sig.ts_ms,
-                    "hostname": host,
-                    "kind": "gpu_lost",
-                    "xid": None,
-                    "pci_bus_id": device,
-                    "uuid": ident.uuid,
-                    "gpu_index": ident.gpu_index,
-                    "model_name": ident.model_name,
-                    "driver_version": ident.driver_version,
-                    "message": "NVML reports the GPU lost (gpu_lost in gpu.samples.v1)",
-                    "source": "sample",
-                    "allocations": ident.allocations,
-                }
-                self.counts["events"] -= 1  # counted as a signal, not as an XidEvent
-                return self.on_xid(ev, now_ms)
-            a = self._open.get(("gpu", host, device, "xid:79"))
-            if a is not None:
-                a.seen_at_ms = now_ms
-                if ts > a.last_seen_ms:
-                    a.last_seen_ms = ts
-                    self._dirty(a)
-            return a
-        if sig.signal == "gpu_reset":
-            self._history(host, device).record_reset(ts)
-            self.recovered(host, device, ts, now_ms, sig.detail)
-            return None
-        if sig.signal == "ecc_dbe":
-            mem = self._open.get(("gpu", host, device, "xid:48"))
-            if mem is not None:  # the counter of the memory fault an XID already reported: one alert
-                mem.seen_at_ms = now_ms
-                mem.description = with_note(mem.description, f"Samples: {sig.detail}.")
-                self.counts["folded"] += 1
-                self._dirty(mem)
-                return mem
-        key: Key = ("gpu", host, device, sig.signal)
-        if sig.kind == "clear":
-            a = self._open.get(key)
-            if a is not None:
-                self._resolve(a, now_ms, "cleared")
-                self._close(key, a, keep=False)
-            return None
-        if sig.kind == "active":
-            a = self._open.get(key)
-            if a is not None:
-                a.seen_at_ms = now_ms
-                if ts > a.last_seen_ms:
-                    a.last_seen_ms = ts
-                    self._dirty(a)
-            else:
-                since = self._clamp(sig.since_ms or ts, now_ms)
-                a = self._touch(key, since, now_ms, 1, anchor=str(since))
-                if ts > a.last_seen_ms:
-                    a.last_seen_ms = ts
-        else:
-            a = self._touch(key, ts, now_ms, max(1, sig.count), anchor=str(ts))
-        info = SIGNAL_INFO[sig.signal]
-        severity, drain, action = info.severity, info.drain_node, info.action
-        if sig.signal == "recovery_action":
-            action, severity, drain = recovery_presentation(sig.value)
-        if a.alertname == "":
-            a.alertname = info.alertname
-            a.name = info.name
-            a.cause_class = info.cause_class
-            a.runbook = info.runbook
-            a.rule = f"health.{sig.signal}"
-            a.catalog_version = CATALOG_VERSION
-        if a.description == "" or worse((severity, drain, action), (a.severity, a.drain_node, a.action)):
-            a.severity, a.drain_node, a.action = severity, drain, action
-            a.description = f"{info.name} on {host} {device}: {sig.detail}."
-            a.urgent = True
-            self._dirty(a)
-        if a.gpu_uuid is None and ident.uuid:
-            a.gpu_uuid = ident.uuid
-            a.add_gpu(ident.uuid)
-        if a.gpu_index is None:
-            a.gpu_index = ident.gpu_index
-        a.model_name = a.model_name or ident.model_name
-        a.driver_version = a.driver_version or ident.driver_version
-        if not a.gpus:
-            a.add_gpu(a.gpu_uuid or device)
-        if a.add_allocations(ident.allocations):
-            self._dirty(a)
         return a
 
     # ------------------------------------------------------------------------------------- timers
@@ -618,3 +529,4 @@ class AlertEngine(NodeBurstMixin, EvidenceMixin):
             self._closed[key] = a
         if a.scope == "node":
             self._node_worst.pop(a.alert_id, None)
+            self._node_signals.pop(a.alert_id, None)

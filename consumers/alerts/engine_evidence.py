@@ -13,7 +13,13 @@ Evidence of recovery, and what each one ends:
   ends the node's GPU alerts except those that need more than a reset (RESTART_BM, RESTART_VM, an RMA
   or support case on a drain alert): a GPU that fell off the bus is not back because the module loaded
   again ("The NVIDIA probe routine failed" then "NVRM: loading ..." is what the kernel prints then);
+* NVML's recovery-action event saying NONE (0) (:mod:`consumers.alerts.engine_notices`): as the
+  sampled field going back to none, that GPU's fault alerts, its recovery-action alert included;
 * an operator's ack (:meth:`EvidenceMixin.acknowledge`).
+
+Level-signal alerts that only the samples raised are left to the samples' own clear; one an XidEvent
+raised (the recovery-action event) is ended by evidence like any fault
+(:func:`~consumers.alerts.alert_policy.sample_owned`).
 
 A mixin of :class:`consumers.alerts.dedupe.AlertEngine` (it shares the engine's state); see that module's
 doc, "Resolve by quiet", and :mod:`consumers.alerts.service`, "Restart".
@@ -24,10 +30,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from consumers.alerts.alert_policy import STICKY_ACTIONS, rank
+from consumers.alerts.alert_policy import STICKY_ACTIONS, rank, sample_owned
 from consumers.alerts.alert_record import Alert, alert_from_record
 from consumers.alerts.classify import FaultEvent, GpuXidHistory
-from consumers.alerts.health_signals import LEVEL_SIGNALS
 
 if TYPE_CHECKING:
     from consumers.alerts.engine_config import EngineConfig, Key
@@ -77,11 +82,12 @@ class EvidenceMixin:
 
     def recovered(self, host: str, device: str, ts: int, now_ms: int, detail: str = "") -> list[Alert]:
         """Evidence that a GPU was reset or its node rebooted at ``ts``: resolve (``recovered``) its open
-        fault alerts older than that. Level signals have their own clear and are left alone."""
+        fault alerts older than that. Level signals the samples own have their own clear and are left
+        alone (:func:`~consumers.alerts.alert_policy.sample_owned`)."""
         out = []
         for key in list(self._by_gpu.get((host, device), ())):
             a = self._open[key]
-            if key[3] in LEVEL_SIGNALS or a.scope != "gpu":
+            if sample_owned(a) or a.scope != "gpu":
                 continue
             if a.first_seen_ms > ts:
                 continue  # a fault after the reset is a new fault
@@ -111,7 +117,7 @@ class EvidenceMixin:
         out = []
         for key in self._host_keys(host):
             a = self._open[key]
-            if a.scope not in _REBOOT_SCOPES or key[3] in LEVEL_SIGNALS:
+            if a.scope not in _REBOOT_SCOPES or sample_owned(a):
                 continue
             if a.boot_id is None or a.boot_id == boot_id or a.first_seen_ms > ts:
                 continue
@@ -132,7 +138,7 @@ class EvidenceMixin:
         out = []
         for key in self._host_keys(host):
             a = self._open[key]
-            if a.scope != "gpu" or key[3] in LEVEL_SIGNALS or a.first_seen_ms > ts:
+            if a.scope != "gpu" or sample_owned(a) or a.first_seen_ms > ts:
                 continue
             if (a.drain_node or a.action in STICKY_ACTIONS) and a.action not in RESET_CLASS_ACTIONS:
                 continue  # RESTART_BM / RESTART_VM / an RMA: a driver reload is no evidence

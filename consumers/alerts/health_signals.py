@@ -24,8 +24,9 @@ signal                  type        raised when
 ======================  ==========  ============================================================
 
 A ``null`` field means "not reported" and never raises or clears anything. After a restart the first
-sample of a GPU clears a level alert restored open (:attr:`HealthTracker.restored_levels`) when it reads
-normal: the condition ended while the service was down. MIG slice records are
+sample of a GPU clears a level alert restored open (:attr:`HealthTracker.awaiting_clear`) when it reads
+normal: the condition ended while the service was down; likewise the first sample after an NVML
+recovery-action event that reads 0 clears the alert the event raised. MIG slice records are
 skipped (the whole-GPU record carries the health fields); a record without host, bus id or time raises
 :class:`InvalidRecord`. Samples older than the GPU's latest one are
 ignored (out of order). The tracker also remembers each GPU's identity (UUID, index, model, driver) so
@@ -43,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from consumers.alerts.classify import GpuHealth
+from consumers.alerts.rules_notice import RECOVERY_ACTION_NAME, recovery_decision
 from gpupipe.pci import normalize_pci_bus_id
 
 __all__ = [
@@ -124,7 +126,7 @@ SIGNAL_INFO: dict[str, SignalInfo] = {
     ),
     "recovery_action": SignalInfo(
         "GpuRecoveryActionRequired",
-        "GPU_RECOVERY_ACTION",
+        RECOVERY_ACTION_NAME,
         "critical",
         "hardware_memory",
         "RESET_GPU",
@@ -135,22 +137,14 @@ SIGNAL_INFO: dict[str, SignalInfo] = {
 }
 LEVEL_SIGNALS = frozenset({"row_remap_failure", "row_remap_pending", "recovery_action", "thermal"})
 
-# NVML_GPU_RECOVERY_ACTION_* value -> (action, severity, drain); see classify.recovery_action_from_nvml.
-_RECOVERY = {
-    1: ("RESET_GPU", "critical", True),
-    2: ("RESTART_BM", "critical", True),
-    3: ("DRAIN_P2P", "warning", True),
-    4: ("DRAIN_AND_RESET", "critical", True),
-    6: ("RESET_GPU", "critical", True),
-    7: ("RESTART_BM", "critical", True),
-}
-
 
 def recovery_presentation(value: int | None) -> tuple[str, str, bool]:
-    """(action, severity, drain) for an NVML recovery-action value; unknown values: CONTACT_SUPPORT."""
-    if value is None:
-        return ("CONTACT_SUPPORT", "warning", False)
-    return _RECOVERY.get(value, ("CONTACT_SUPPORT", "warning", False))
+    """(action, severity, drain) for an NVML recovery-action value; unknown values: CONTACT_SUPPORT.
+
+    The same decision as NVML's recovery-action *event* (:func:`rules_notice.recovery_decision`): the
+    engine makes the sampled field and the event one alert, so they must grade a value alike."""
+    action, severity, drain = recovery_decision(value)
+    return action.value, severity.value, drain
 
 
 _BUS_CACHE: dict[str, str] = {}
@@ -287,14 +281,25 @@ class HealthTracker:
         self._gpus: dict[tuple[str, str], _GpuState] = {}
         self.samples = 0
         self.skipped = 0
-        self.restored_levels: set[tuple[str, str, str]] = set()
-        """(host, device, signal) of level alerts restored open after a restart: the GPU's first sample
-        clears them when it reads normal (the condition may have ended while the service was down)."""
+        self.awaiting_clear: dict[tuple[str, str, str], int] = {}
+        """(host, device, signal) -> time of level alerts open that these samples never showed active: one
+        restored open after a restart (time 0: the condition may have ended while the service was down),
+        or one an XidEvent raised (NVML's recovery-action event, at its time: the 30 s samples may never
+        see the value before it is gone). The GPU's first sample from that time on that reads normal
+        clears it (see :meth:`await_clear`)."""
 
-    def _restored_clear(self, key: tuple[str, str], signal: str) -> bool:
+    def await_clear(self, hostname: str, device: str, signal: str, since_ms: int = 0) -> None:
+        """A ``signal`` alert of this GPU is open without these samples having raised it: clear it at the
+        first sample at or after ``since_ms`` that reads normal."""
+        item = (hostname, device, signal)
+        self.awaiting_clear[item] = max(since_ms, self.awaiting_clear.get(item, since_ms))
+
+    def _clears(self, key: tuple[str, str], signal: str, was: bool | None, ts: int) -> bool:
+        """Whether a sample reading normal at ``ts`` clears ``signal``: it was active, or awaited."""
         item = (key[0], key[1], signal)
-        if item in self.restored_levels:
-            self.restored_levels.discard(item)
+        since = self.awaiting_clear.get(item)
+        if was or (since is not None and ts >= since):
+            self.awaiting_clear.pop(item, None)
             return True
         return False
 
@@ -363,7 +368,7 @@ class HealthTracker:
             was = st.level.get(signal)
             if value:
                 out.append(SignalEvent(signal, "active", ts, since_ms=ts, detail=f"{fld}=true"))
-            elif was or (was is None and self._restored_clear(key, signal)):
+            elif self._clears(key, signal, was, ts):
                 out.append(SignalEvent(signal, "clear", ts, detail=f"{fld}=false"))
             st.level[signal] = bool(value)
 
@@ -381,7 +386,7 @@ class HealthTracker:
                         value=rec,
                     )
                 )
-            elif was or (was is None and self._restored_clear(key, "recovery_action")):
+            elif self._clears(key, "recovery_action", was, ts):
                 out.append(SignalEvent("recovery_action", "clear", ts, detail="gpu_recovery_action=0"))
             st.level["recovery_action"] = rec != 0
 

@@ -26,6 +26,7 @@ class NodeBurstMixin:
     _open: dict[Key, Alert]
     _ids: dict[str, Alert]
     _node_worst: dict[str, tuple[int, int, int]]
+    _node_signals: dict[str, set[str]]  # node alert id -> signals of its members without an XID code
 
     def _touch(self, key: Key, ts: int, now_ms: int, count: int, *, anchor: str) -> Alert: ...
 
@@ -87,6 +88,10 @@ class NodeBurstMixin:
             if member.parent_alert_id != node.alert_id:
                 member.parent_alert_id = node.alert_id
                 self._dirty(member)
+            if not member.codes:  # NVML's GPU-unavailable event: a fault without an XID code
+                signals = self._node_signals.setdefault(node.alert_id, set())
+                changed |= member.signal not in signals
+                signals.add(member.signal)
             codes = merge_codes(node.codes, member.codes[:1]) if node.codes else member.codes[:1]
             if codes != node.codes:
                 node.codes = tuple(sorted(codes))
@@ -109,8 +114,10 @@ class NodeBurstMixin:
                 node.urgent = True
                 changed = True
             node.drain_node = node.drain_node or member.drain_node
+        what = [f"XIDs {', '.join(map(str, node.codes))}"] if node.codes else []
+        what += sorted(self._node_signals.get(node.alert_id, ()))
         node.description = (
-            f"{len(node.gpus)} GPUs of {host} reported XIDs ({', '.join(map(str, node.codes))}) within "
+            f"{len(node.gpus)} GPUs of {host} reported faults ({'; '.join(what)}) within "
             f"{cfg.node_burst_window_ms // 1000}s of each other (threshold {cfg.node_burst_gpus} GPUs); "
             f"worst: {node.severity} {node.action}."
         )

@@ -272,7 +272,8 @@ class AlertsService:
         )
         self.m_latency = Histogram(
             "gpupipe_alerts_detection_latency_seconds",
-            "XID/SXid alerts: from the first event's own time stamp to the first firing record "
+            "Alerts raised by an XidEvent (XID, SXid, NVML's recovery-action and GPU-unavailable events): "
+            "from the first event's own time stamp to the first firing record "
             "(emitted_at_ms - first_seen_ms).",
             buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
             registry=reg,
@@ -306,7 +307,10 @@ class AlertsService:
             for r in records:
                 try:
                     if r.name == "XidEvent":
-                        self.engine.on_xid(r.value, now)
+                        a = self.engine.on_xid(r.value, now)
+                        if a is not None and a.key[3] in LEVEL_SIGNALS and a.status == "firing":
+                            # NVML's recovery-action event: the samples may never show the value
+                            self.health.await_clear(a.hostname, a.device, a.key[3], a.last_seen_ms)
                     elif r.name == "GpuSample":
                         ident, signals = self.health.observe(r.value)
                         for sig in signals:
@@ -379,7 +383,7 @@ class AlertsService:
             open_alerts = [a.snapshot() for a in self.engine.open_alerts()]
             for a in open_alerts:
                 if a.key[3] in LEVEL_SIGNALS:
-                    self.health.restored_levels.add((a.hostname, a.device, a.key[3]))
+                    self.health.await_clear(a.hostname, a.device, a.key[3])
             self._emit(self.engine.take(now), now)
         if self.cordoner is not None:
             counted = self.cordoner.restore(ledger if ledger is not None else records, now)
@@ -415,7 +419,8 @@ class AlertsService:
             status = rec["status"]
             self.records_out[status] = self.records_out.get(status, 0) + 1
             self.m_records.labels(status).inc()
-            if status == "firing" and rec["sequence"] == 1 and rec["signal"] in ("xid", "sxid"):
+            from_event = rec["signal"] in ("xid", "sxid") or rec["first_event_id"] is not None
+            if status == "firing" and rec["sequence"] == 1 and from_event:
                 self.m_latency.observe(max(0.0, (now - rec["first_seen_ms"]) / 1000))
             if self.alertmanager is not None:
                 self.alertmanager.update(rec)

@@ -89,6 +89,37 @@ def recovery_action_from_nvml(value: int) -> Action | None:
     return _RECOVERY_NVML.get(value)
 
 
+# nvmlGpuRecoveryAction_t names (nvml.h; nvidia-ml-py 13.615): what the producer writes in a
+# recovery-action event's message, "GPU recovery action: DRAIN_AND_RESET (4)" (producer.xid_events).
+RECOVERY_ACTION_NAMES = {
+    "NONE": 0,
+    "GPU_RESET": 1,
+    "NODE_REBOOT": 2,
+    "DRAIN_P2P": 3,
+    "DRAIN_AND_RESET": 4,
+    "RECOVER_IMEX_DOMAIN": 5,
+    "BUS_RESET": 6,
+    "SYSTEM_REBOOT": 7,
+}
+_RECOVERY_EVENT_RE = re.compile(
+    r"recovery action:\s*(?P<name>[A-Za-z0-9_]+)?\s*(?:\(\s*(?P<value>\d+)\s*\))?", re.IGNORECASE
+)
+
+
+def parse_recovery_event(message: str) -> int | None:
+    """The ``nvmlGpuRecoveryAction_t`` value of a recovery-action XidEvent's message, ``None`` if absent.
+
+    The XidEvent has no field for NVML's event data, so the producer writes it into the message as
+    ``GPU recovery action: <NAME> (<value>)``; the number wins, the name is the fallback (a value the
+    producer had no name for is written ``UNKNOWN (<value>)``)."""
+    m = _RECOVERY_EVENT_RE.search(message)
+    if m is None:
+        return None
+    if m.group("value") is not None:
+        return int(m.group("value"))
+    return RECOVERY_ACTION_NAMES.get((m.group("name") or "").upper())
+
+
 def parse_recovery_action(message: str) -> RecoveryChange | None:
     m = _RECOVERY_RE.search(message)
     if m is None:

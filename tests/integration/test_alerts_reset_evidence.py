@@ -3,6 +3,10 @@
 An Xid 79 (RESTART_BM: firing until evidence) and an Xid 95 (RESET_GPU) are published under boot A; a
 driver load of the same boot ends the 95 only (a GPU that fell off the bus is not back because the module
 loaded again); the next load line, under boot B, is the reboot and ends the 79.
+
+On node-b, NVML's events (issue 16 follow-up), as the node agent encodes them: GPU unavailable (a
+critical reset alert, ended by the driver load) and a recovery action DRAIN_AND_RESET (ended by NVML's
+recovery action NONE), never an "XID 0".
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from gpupipe import topics
+from producer.xid_events import XidContext, nvml_notice_event
 from tests.integration.test_alerts_service import (
     AlertsProcess,
     TopicReader,
@@ -45,6 +50,12 @@ def loaded(host: str, ts: int, boot: str) -> dict:
     )
 
 
+def notice(kind: str, data: int, ts: int, bus: str) -> dict:
+    notice = {"type": kind, "data": data, "uuid": f"GPU-{bus}", "pci_bus_id": bus, "gpu_index": 0}
+    ev = nvml_notice_event({**notice, "timestamp_ms": ts}, XidContext("node-b", {}, {}))
+    return {**ev, "boot_id": "A"}
+
+
 def test_driver_load_and_reboot_in_the_kernel_log_resolve_alerts(
     kafka: str, topic_prefix: str, tmp_path: Path
 ) -> None:
@@ -71,11 +82,16 @@ def test_driver_load_and_reboot_in_the_kernel_log_resolve_alerts(
                     message="Uncontained: LTC TAG (0x2, 0x1). RST: Yes, D-RST: No",
                     boot_id="A",
                 ),
+                notice("gpu_unavailable", 0, now + 2, "00000000:18:00.0"),
+                notice("recovery_action", 4, now + 3, "00000000:28:00.0"),
             ],
         )
 
         def by_code() -> dict[int, dict]:
-            return {r["xid_codes"][0]: r for r in reader.latest().values()}
+            return {r["xid_codes"][0]: r for r in reader.latest().values() if r["signal"] == "xid"}
+
+        def nvml_alerts() -> dict[str, dict]:
+            return {r["signal"]: r for r in reader.latest().values() if r["hostname"] == "node-b"}
 
         def resolved(code: int) -> dict[int, dict] | None:
             latest = by_code()
@@ -86,7 +102,32 @@ def test_driver_load_and_reboot_in_the_kernel_log_resolve_alerts(
             30,
             "firing",
         )
-        produce(kafka, t[topics.XID], "XidEvent", [loaded("node-a", now + 1000, "A")])
+        got_b = wait_until(lambda: len(nvml_alerts()) == 2 and nvml_alerts(), 30, "node-b's NVML alerts")
+        assert {
+            k: (r["alertname"], r["severity"], r["action"], r["xid_codes"]) for k, r in got_b.items()
+        } == {
+            "gpu_unavailable": ("GpuUnavailable", "critical", "RESET_GPU", []),
+            "recovery_action": ("GpuRecoveryActionRequired", "critical", "DRAIN_AND_RESET", []),
+        }
+        produce(
+            kafka,
+            t[topics.XID],
+            "XidEvent",
+            [
+                loaded("node-a", now + 1000, "A"),
+                notice("recovery_action", 0, now + 1001, "00000000:28:00.0"),
+                loaded("node-b", now + 1002, "A"),
+            ],
+        )
+        got_b = wait_until(
+            lambda: all(r["status"] == "resolved" for r in nvml_alerts().values()) and nvml_alerts(),
+            30,
+            "node-b's NVML alerts resolved",
+        )
+        assert {s: r["resolve_reason"] for s, r in got_b.items()} == {
+            "gpu_unavailable": "recovered",
+            "recovery_action": "recovered",
+        }
         got = wait_until(lambda: resolved(95), 30, "95 resolved")
         assert (
             got[95]["resolve_reason"] == "recovered" and "driver was loaded again" in got[95]["description"]
