@@ -59,6 +59,32 @@ def test_err_code_and_err_msg_follow_the_last_xid():
     assert 'err_code="999",err_msg="Unknown Error"' in s.render(NOW).decode()
 
 
+def test_err_msg_is_dcgm_exporters_own_text():
+    """err_msg comes from dcgm-exporter's xid_errors.go table, not from gpupipe's XID catalog (whose
+    descriptions differ for 104 of its 173 codes, e.g. 13, 31, 45, 94, 119 below), so rules and
+    annotations matching on err_msg see the same strings. Real outputs: err_code="0" err_msg="No Error"
+    (GPU Operator v25.10, linode/lke-ai-conformance README) and err_code="45" err_msg="Preemptive
+    cleanup, due to previous errors -- Most likely to see when running multiple cuda" (NVIDIA/DCGM#235)."""
+    want = {
+        0: "No Error",
+        13: "Graphics Engine Exception",
+        31: "GPU memory page fault",
+        45: "Preemptive cleanup, due to previous errors -- Most likely to see when running multiple cuda",
+        48: "Double Bit ECC Error",
+        79: "GPU has fallen off the bus",
+        94: "Contained ECC error",
+        119: "GSP RPC Timeout",
+        172: "Uncorrectable SRAM Error",  # the table's last code
+        173: "Unknown Error",  # past the table (gpupipe's catalog knows 173: dcgm-exporter does not)
+        999: "Unknown Error",
+    }
+    assert {c: exp.xid_message(c) for c in want} == want
+    s = store()
+    s.apply_sample(sample(), 0, NOW)
+    s.apply_xid(xid(45, ts=T_MS + 10), 0, NOW)
+    assert f'err_code="45",err_msg="{want[45]}"' in s.render(NOW).decode()
+
+
 def test_xid_count_is_windowed_with_a_zero_series_when_empty():
     s = store(xid_window_ms=60_000)
     s.apply_sample(sample(), 0, NOW)
