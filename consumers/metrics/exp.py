@@ -127,6 +127,17 @@ def with_fatal_xids(health: Health, window_codes: Iterable[int]) -> Health:
     return health
 
 
+def add_counts(a: Mapping[int, int], b: Mapping[int, int]) -> Mapping[int, int]:
+    """Counts per code of two sources (a MIG instance's own and its GPU's); ``a`` itself when ``b``
+    is empty, so the usual case copies nothing."""
+    if not b:
+        return a
+    out = dict(b)
+    for k, n in a.items():
+        out[k] = out.get(k, 0) + n
+    return out
+
+
 class WindowCounts:
     """Counts per key of the events whose time lies in a sliding window (push in any order)."""
 
