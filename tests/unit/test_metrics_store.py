@@ -413,6 +413,25 @@ def test_xid_only_gpu_expiry():
     assert store.expire(161.0) == 1
 
 
+def test_xid_only_gpu_has_its_sample_identity():
+    """A GPU known only from gpu.xid events (the consumer read its XID before its first sample, or it
+    fell off the bus before one): the event's identity and pods label it, so its XID series keep their
+    identity when the first sample comes, as dcgm-exporter's always carry the GPU and its pod. Before:
+    no pod labels until the first sample, so `DCGM_FI_DEV_XID_ERRORS == 79` alerts resolved and fired
+    again with new labels."""
+    store = SeriesStore()
+    ev = xid(79, driver_version="570.124.06", allocations=[alloc("ns", "p")])
+    store.apply_xid(ev, 1, NOW)
+    names = ("DCGM_FI_DEV_XID_ERRORS", "DCGM_EXP_XID_ERRORS_TOTAL")
+    before = [lines_of(store.render(NOW).decode(), n) for n in names]
+    assert (
+        'container="main",err_code="79",err_msg="GPU has fallen off the bus",namespace="ns",pod="p"'
+        in (before[0][0])
+    )
+    store.apply_sample(blank(allocations=[alloc("ns", "p")], last_xid=79), 0, NOW)
+    assert [lines_of(store.render(NOW).decode(), n) for n in names] == before
+
+
 def test_drop_partitions():
     store = SeriesStore()
     store.apply_sample(blank("GPU-a"), ("s", 0), NOW)
