@@ -184,3 +184,26 @@ def test_ip_sans_compare_in_go_form():
     assert _san_allowed(cert, frozenset({"scraper"}))
     assert not _san_allowed(cert, frozenset({"10.0.0.1"}))
     assert not _san_allowed(None, frozenset({"scraper"}))
+
+
+def test_startup_health_takes_the_same_listen_addresses():
+    """`gpupipe metrics -a [::]:9400` first answers 503 on that address while Kafka is awaited
+    (gpupipe.startup.StartupHealth): it refused `[::]` and `[::1]` before ('Name or service not
+    known'), so the command stopped although the metrics server itself accepted them."""
+    from gpupipe import startup
+
+    hosts = ["[::]:0", "[::1]:0"] if _ipv6_loopback() else []
+    for listen in [*hosts, ":0", "127.0.0.1:0"]:
+        h = startup.StartupHealth(listen, startup.StartupState(), "metrics")
+        try:
+            port = h._server.server_address[1]
+            conn = http.client.HTTPConnection(
+                "::1" if listen.startswith("[") else "127.0.0.1", port, timeout=10
+            )
+            try:
+                conn.request("GET", "/healthz")
+                assert conn.getresponse().status == 503, listen
+            finally:
+                conn.close()
+        finally:
+            h.close()
