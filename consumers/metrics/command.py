@@ -41,10 +41,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--address",
         "-a",
         dest="listen",
-        default=f"0.0.0.0:{DEFAULT_PORT}",
+        default=f":{DEFAULT_PORT}",
         metavar="HOST:PORT",
-        help=f"address of /metrics, /health and /healthz (default 0.0.0.0:{DEFAULT_PORT}, dcgm-exporter's "
-        "port); ':9400' listens on every IPv4 and IPv6 address, '[::]:9400' on IPv6 (dual-stack)",
+        help=f"address of /metrics, /health and /healthz (default :{DEFAULT_PORT}, dcgm-exporter's: every "
+        "IPv4 and IPv6 address, IPv4 only where the host has no IPv6); '[::]:9400' is IPv6 (dual-stack), "
+        "'0.0.0.0:9400' IPv4 only",
     )
     p.add_argument(
         "--group-id",

@@ -68,7 +68,9 @@ def test_dcgm_exporter_environment(tmp_path):
 
 
 def test_defaults_match_dcgm_exporter():
-    o = command.config_from_args(parse([])).render
+    cfg = command.config_from_args(parse([]))
+    assert (cfg.host, cfg.port) == ("", 9400)  # Go's ":9400": IPv4 and IPv6 (was 0.0.0.0: IPv4 only)
+    o = cfg.render
     assert o is not None
     assert (o.host_label, o.virtual_gpus, o.mig_layout, o.xid_window_ms) == (
         "Hostname",
