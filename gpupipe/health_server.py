@@ -11,6 +11,7 @@ by the same code (consumers.metrics.http), so every /metrics of the pipeline is 
 from __future__ import annotations
 
 import json
+import socket
 import ssl
 import threading
 from collections.abc import Callable
@@ -30,10 +31,23 @@ HealthFn = Callable[[], tuple[bool, dict[str, Any]]]
 
 
 def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT``; an IPv6 host in brackets (``[::]:9400``, as Go writes it) loses them; an empty
+    host (``:9400``) is every IPv4 address."""
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit():
         raise ConfigError(f"--listen expects HOST:PORT, got {text!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
     return host or "0.0.0.0", int(port)
+
+
+def server_class(
+    host: str, base: type[ThreadingHTTPServer] = ThreadingHTTPServer
+) -> type[ThreadingHTTPServer]:
+    """``base``, or its IPv6 variant for an IPv6 host (the stdlib server is IPv4 unless told)."""
+    if ":" not in host:
+        return base
+    return type(base.__name__ + "6", (base,), {"address_family": socket.AF_INET6})
 
 
 class _Server(ThreadingHTTPServer):
@@ -106,7 +120,7 @@ class ServiceHttp:
                 return
 
         try:
-            self._server = _Server((host, port), Handler)
+            self._server = server_class(host, _Server)((host, port), Handler)  # type: ignore[assignment]
         except OSError as exc:
             raise ConfigError(f"cannot listen on {listen}: {exc.strerror}") from exc
         self._server.daemon_threads = True

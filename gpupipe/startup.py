@@ -305,7 +305,7 @@ class StartupHealth:
         self._server: ThreadingHTTPServer | None = None
         if not listen:
             return
-        from gpupipe.health_server import parse_listen
+        from gpupipe.health_server import parse_listen, server_class
 
         host, port = parse_listen(listen)
         st = state
@@ -323,7 +323,7 @@ class StartupHealth:
                 return
 
         try:
-            self._server = ThreadingHTTPServer((host, port), Handler)
+            self._server = server_class(host)((host, port), Handler)
         except OSError as exc:
             raise ConfigError(f"cannot listen on {listen}: {exc.strerror}") from exc
         self._server.daemon_threads = True

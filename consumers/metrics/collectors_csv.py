@@ -7,9 +7,12 @@ Format, as dcgm-exporter reads it::
     DCGM_FI_DRIVER_VERSION,  label, Driver Version
 
 Blank lines are ignored and spaces around each cell are stripped (the stock file has
-``DCGM_FI_DEV_DEC_UTIL ,``). The help text is everything after the second comma, so a help
-that contains commas still parses (dcgm-exporter itself would reject such a row); a HELP
-quoted the CSV way (``"a, b"``) loses its quotes, as Go's ``encoding/csv`` reads it.
+``DCGM_FI_DEV_DEC_UTIL ,``). A HELP quoted the CSV way (``"a, b"``) loses its quotes, as Go's
+``encoding/csv`` reads it; an empty HELP stays empty. Every file dcgm-exporter reads gives the same
+rows here (checked against Go's reader in ``tests/unit/test_metrics_csv.py``) but one whose quoted
+field spans lines (an error here). Some files dcgm-exporter refuses load here: the help is everything
+after the second comma (a comma in an unquoted HELP), a ``#`` after blanks is a comment, tabs are
+trimmed, the type is read case-insensitively, quotes after blanks are CSV quotes.
 
 Goal: every row of dcgm-exporter's shipped files (``default-counters.csv``,
 ``dcp-metrics-included.csv``, ``1.x-compatibility-metrics.csv``, their commented rows included)
@@ -106,10 +109,11 @@ class CounterSet:
 
 
 def _cell(text: str) -> str:
-    """Strip spaces (and tabs) around a cell; drop CSV quotes the way Go's encoding/csv does."""
+    """Strip spaces (and tabs) around a cell; drop CSV quotes the way Go's encoding/csv does, then
+    spaces around the quoted text, as dcgm-exporter's ``strings.Trim(cell, " ")`` (``" a "`` -> ``a``)."""
     c = text.strip()
     if len(c) >= 2 and c[0] == '"' and c[-1] == '"':
-        c = c[1:-1].replace('""', '"')
+        c = c[1:-1].replace('""', '"').strip(" ")
     return c
 
 
@@ -157,7 +161,7 @@ def parse_counters(text: str, *, source: str = "<string>", strict: bool = False)
         if typ in _AS_UNTYPED:
             notes.append(f"{name} (line {lineno}): type {typ} is exposed as untyped (one value per series)")
             typ = "untyped"
-        row = Counter(spec, typ, help_ or spec.help, lineno, name)
+        row = Counter(spec, typ, help_, lineno, name)  # an empty HELP stays empty, as dcgm-exporter
         (labels if typ == "label" else metrics).append(row)
     if strict:
         errors.extend(f"line {u.line}: {u.name}: {u.reason}" for u in unsupported)

@@ -41,10 +41,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--address",
         "-a",
         dest="listen",
-        default=f"0.0.0.0:{DEFAULT_PORT}",
+        default=f":{DEFAULT_PORT}",
         metavar="HOST:PORT",
-        help=f"address of /metrics, /health and /healthz (default 0.0.0.0:{DEFAULT_PORT}, dcgm-exporter's "
-        "port); ':9400' listens on every IPv4 and IPv6 address, '[::]:9400' on IPv6 (dual-stack)",
+        help=f"address of /metrics, /health and /healthz (default :{DEFAULT_PORT}, dcgm-exporter's: every "
+        "IPv4 and IPv6 address, IPv4 only where the host has no IPv6); '[::]:9400' is IPv6 (dual-stack), "
+        "'0.0.0.0:9400' IPv4 only",
     )
     p.add_argument(
         "--group-id",
@@ -83,12 +84,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ex.add_argument(
         "--no-hostname",
         "-n",
-        action="store_true",
+        action=dcgm_compat.GoBool,
         help="no node label at all (dcgm-exporter's flag; same as --host-label none)",
     )
     ex.add_argument(
         "--kubernetes-virtual-gpus",
-        action="store_true",
+        action=dcgm_compat.GoBool,
         help="dcgm-exporter's virtual-GPU layout: on shared (time-sliced) GPUs one copy of every series "
         "per pod replica (vgpu label), GPU_UTIL and FB_USED split per pod (pod_uid label). Default: one "
         "series per GPU, as dcgm-exporter's default",
@@ -103,15 +104,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ex.add_argument(
         "--devices",
         "-d",
-        choices=sorted(dcgm_compat.DEVICES),
         default=None,
-        help="dcgm-exporter's device selection, mapped to --mig-layout (f, i: instances; g, g+i: "
-        "gpu+instances)",
+        metavar="f|g+i",
+        help="dcgm-exporter's device selection, mapped to --mig-layout (f: instances; g+i: "
+        "gpu+instances; its g, i and ranges are read as the nearest of these, with a log line)",
     )
     ex.add_argument(
         "--use-old-namespace",
         "-o",
-        action="store_true",
+        action=dcgm_compat.GoBool,
         help="dcgm-exporter 1.x label names (uuid, pod_name, pod_namespace, container_name)",
     )
     ex.add_argument(
@@ -186,7 +187,7 @@ def render_options(args: argparse.Namespace) -> RenderOptions:
     for name in ("xid_count_window_size", "clock_events_count_window_size"):
         if int(getattr(args, name)) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be a positive number of milliseconds")
-    mig = args.mig_layout or (dcgm_compat.DEVICES[args.devices] if args.devices else "instances")
+    mig = args.mig_layout or (dcgm_compat.mig_layout_for(args.devices) if args.devices else "instances")
     return RenderOptions(
         host_label=None if args.no_hostname else HOST_LABELS[args.host_label],
         split_shared=args.per_pod_shares,

@@ -8,8 +8,10 @@ aliases of ours (``-f/--collectors``, ``-a/--address`` for ``--listen``, ``-n/--
 variables (plus ``KUBERNETES_VIRTUAL_GPUS``) set the same defaults as our ``GPUPIPE_*`` twins, which
 win when both are set. Flags that only make sense next to a DCGM host engine (``-c`` collect
 interval, ``-k`` kubernetes, ``-r`` remote host engine, ``-p``/``-s`` CPU and switch devices,
-``--kubernetes-gpu-id-type``...) are accepted and ignored with one log line naming them: the node
-agent does that job in gpupipe.
+``--kubernetes-gpu-id-type``, its chart's ``--dump-*``...) are accepted and ignored with one log line
+naming them: the node agent does that job in gpupipe. Boolean flags take Go's ``--flag=false`` form
+too; Go's single-dash long form (``-collectors``) is not accepted. dcgm-exporter's stock counters
+paths (``/etc/dcgm-exporter/*.csv``) read verbatim copies of its 4.8.2 files when absent here.
 
 Listen addresses follow Go's ``net.Listen``: ``:9400`` (every address, IPv4 and IPv6),
 ``[::]:9400``, ``[2001:db8::1]:9400``, ``0.0.0.0:9400``, ``host:9400``.
@@ -20,7 +22,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 from collections.abc import Mapping
+from importlib import resources
 
 from gpupipe.errors import ConfigError
 
@@ -52,7 +56,7 @@ IGNORED_FLAGS: tuple[tuple[str, str | None, bool], ...] = (
     ("--cpu-devices", "-p", True),
     ("--fake-gpus", None, False),
     ("--configmap-data", "-m", True),
-    ("--replace-blanks-in-model-name", None, False),
+    ("--replace-blanks-in-model-name", "-rbmn", False),
     ("--enable-dcgm-log", None, False),
     ("--dcgm-log-level", None, True),
     ("--pod-resources-kubelet-socket", None, True),
@@ -61,10 +65,63 @@ IGNORED_FLAGS: tuple[tuple[str, str | None, bool], ...] = (
     ("--kubernetes-enable-dra", None, False),
     ("--disable-startup-validate", None, False),
     ("--enable-pprof", None, False),
+    ("--web-systemd-socket", None, False),
+    ("--debug", None, False),
+    # its Helm chart's debugDump values add these
+    ("--dump-enabled", None, False),
+    ("--dump-directory", None, True),
+    ("--dump-retention", None, True),
+    ("--dump-compression", None, False),
+    ("--enable-gpu-bind-unbind-watch", None, False),
+    ("--gpu-bind-unbind-poll-interval", None, True),
 )
 
-#: ``-d/--devices`` values -> our MIG layout (dcgm-exporter: f flex, g GPUs, i instances, g+i both).
-DEVICES = {"f": "instances", "i": "instances", "g+i": "gpu+instances", "g": "gpu+instances"}
+#: dcgm-exporter's -d syntax: ``f`` or ``[g[:range]][+][i[:range]]`` (range: ``0-3``, ``0,2,4``).
+_DEVICES_RE = re.compile(r"^(?:f|(?P<g>g(?::[\d,-]+)?)?\+?(?P<i>i(?::[\d,-]+)?)?)$")
+TRUE_WORDS = frozenset({"1", "t", "true", "yes", "on"})
+FALSE_WORDS = frozenset({"0", "f", "false", "no", "off"})
+
+
+def mig_layout_for(devices: str) -> str:
+    """Our MIG layout for a dcgm-exporter ``-d`` value, saying (in the log) what it cannot do:
+    GPU/instance ranges (every GPU is shown), ``g`` alone (MIG GPUs keep their instance series) and
+    ``i`` alone (GPUs without MIG keep theirs)."""
+    m = _DEVICES_RE.match(devices.strip())
+    if m is None or not devices.strip():
+        raise ConfigError(f"-d/--devices: {devices!r} is not dcgm-exporter's f or [g[:range]][+][i[:range]]")
+    g, i = m["g"], m["i"]
+    if (g and ":" in g) or (i and ":" in i):
+        log.warning("-d %s: GPU and instance ranges are ignored; every GPU of the stream is shown", devices)
+    if g and not i:
+        log.warning("-d %s: MIG GPUs are shown with their instances too (as -d g+i)", devices)
+        return "gpu+instances"
+    if i and not g:
+        log.warning("-d %s: GPUs without MIG are shown too (as -d f)", devices)
+    return "gpu+instances" if g and i else "instances"
+
+
+class GoBool(argparse._StoreTrueAction):
+    """A boolean flag that also takes Go's explicit form, as dcgm-exporter's (urfave/cli) do:
+    ``-n``, ``--no-hostname=true``, ``--no-hostname=false``."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kw: object) -> None:
+        super().__init__(option_strings, dest, **kw)  # type: ignore[arg-type]
+        self.nargs = "?"
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        if values is None:
+            setattr(namespace, self.dest, True)
+            return
+        word = str(values).strip().lower()
+        if word not in TRUE_WORDS | FALSE_WORDS:
+            parser.error(f"{option_string}: expected true or false, got {values!r}")
+        setattr(namespace, self.dest, word in TRUE_WORDS)
 
 
 def add_ignored(p: argparse.ArgumentParser) -> None:
@@ -110,27 +167,26 @@ def apply_dcgm_env(p: argparse.ArgumentParser, environ: Mapping[str, str] | None
             action.default = value
 
 
-#: Paths of dcgm-exporter's stock counters files inside its image (its Helm chart passes
-#: ``-f /etc/dcgm-exporter/default-counters.csv``). Not in our image: they mean our default.
-STOCK_CSVS = frozenset(
-    {
-        "/etc/dcgm-exporter/default-counters.csv",
-        "/etc/dcgm-exporter/dcp-metrics-included.csv",
-        "/etc/dcgm-exporter/1.x-compatibility-metrics.csv",
-    }
-)
+#: dcgm-exporter's stock counters files, at their path inside its image (its Helm chart passes
+#: ``-f /etc/dcgm-exporter/default-counters.csv``, the GPU Operator sets
+#: ``DCGM_EXPORTER_COLLECTORS=/etc/dcgm-exporter/dcp-metrics-included.csv``) -> our copy of that file
+#: (package data: ``etc/*.csv`` of dcgm-exporter tag 4.5.3-4.8.2, verbatim).
+STOCK_CSVS: Mapping[str, str] = {
+    "/etc/dcgm-exporter/default-counters.csv": "dcgm-exporter-default-counters.csv",
+    "/etc/dcgm-exporter/dcp-metrics-included.csv": "dcgm-exporter-dcp-metrics-included.csv",
+    "/etc/dcgm-exporter/1.x-compatibility-metrics.csv": "dcgm-exporter-1.x-compatibility-metrics.csv",
+}
 
 
 def resolve_collectors(path: str | None) -> str | None:
-    """The counters file to load: None (our shipped default) for a dcgm-exporter stock path that
-    does not exist here, so its Helm chart's default arguments start the service; else ``path``."""
+    """The counters file to load: a dcgm-exporter stock path that does not exist here (our image
+    has no /etc/dcgm-exporter) reads our copy of that very file, so its chart's and the GPU Operator's
+    defaults give the series dcgm-exporter 4.8.2 gives; a file mounted there (the chart's ConfigMap)
+    is read as it is; None is gpupipe's default."""
     if path in STOCK_CSVS and not os.path.exists(path):
-        log.warning(
-            "counters file %s is dcgm-exporter's stock file, absent from this image: using gpupipe's "
-            "default (dcgm-exporter's default set plus what NVML gives; see default-counters.csv)",
-            path,
-        )
-        return None
+        copy = str(resources.files("consumers.metrics").joinpath(STOCK_CSVS[path]))
+        log.info("counters file %s (dcgm-exporter's stock file) read from gpupipe's copy %s", path, copy)
+        return copy
     return path
 
 

@@ -17,8 +17,8 @@ this module holds their facts and the small state they need, so that the store s
   ``dcgmHealthWatchResult_t``), from the health signals a GpuSample carries (see
   :func:`health_status`); a watch we have no signal for reports pass, as DCGM does for a
   healthy subsystem.
-* ``err_code``/``err_msg`` of ``DCGM_FI_DEV_XID_ERRORS``: the code and its catalog description
-  (``"No Error"`` for 0, ``"Unknown Error"`` for a code the catalog does not list).
+* ``err_code``/``err_msg`` of ``DCGM_FI_DEV_XID_ERRORS``: the code and dcgm-exporter's text for it
+  (``"No Error"`` for 0, ``"Unknown Error"`` past its table), see :func:`xid_message`.
 
 Clock-event names are DCGM's (``dcgmi`` command-line names): bit 0x1 ``gpu_idle``, 0x2
 ``clocks_setting``, 0x4 ``power_cap``, 0x8 ``hw_slowdown``, 0x10 ``sync_boost``, 0x20
@@ -27,9 +27,11 @@ Clock-event names are DCGM's (``dcgmi`` command-line names): bit 0x1 ``gpu_idle`
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
+from importlib import resources
 from typing import Any
 
 CLOCK_EVENTS: tuple[tuple[int, str], ...] = (
@@ -70,15 +72,23 @@ def clock_bits(mask: int | None) -> tuple[int, ...]:
     return tuple(b for b, _ in CLOCK_EVENTS if m & b)
 
 
-@lru_cache(maxsize=512)
-def xid_message(code: int) -> str:
-    """``err_msg`` for an XID code: NVIDIA's catalog description (gpupipe's pinned copy)."""
-    if code == 0:
-        return "No Error"
-    from consumers.alerts.catalog import lookup
+XID_MESSAGES_RESOURCE = "dcgm-xid-messages.json"
 
-    info = lookup(code)
-    return info.description if info.known else "Unknown Error"
+
+@lru_cache(maxsize=1)
+def _xid_messages() -> tuple[tuple[str, ...], str]:
+    doc = json.loads(resources.files("consumers.metrics").joinpath(XID_MESSAGES_RESOURCE).read_text("utf-8"))
+    return tuple(doc["messages"]), doc["unknown"]
+
+
+def xid_message(code: int) -> str:
+    """``err_msg`` for an XID code: dcgm-exporter's own text (its ``xid_errors.go`` table, copied as
+    data in ``dcgm-xid-messages.json``), ``"Unknown Error"`` outside it, as dcgm-exporter prints.
+
+    Not gpupipe's XID catalog: its descriptions differ for most codes, and rules or annotations
+    written against dcgm-exporter match on these exact strings."""
+    messages, unknown = _xid_messages()
+    return messages[code] if 0 <= code < len(messages) else unknown
 
 
 def sample_health(rec: Mapping[str, Any]) -> Health:
@@ -115,6 +125,17 @@ def with_fatal_xids(health: Health, window_codes: Iterable[int]) -> Health:
         if code in window_codes:
             return tuple((w, FAIL, fr) if w == "ALL" and v != FAIL else (w, v, c) for w, v, c in health)
     return health
+
+
+def add_counts(a: Mapping[int, int], b: Mapping[int, int]) -> Mapping[int, int]:
+    """Counts per code of two sources (a MIG instance's own and its GPU's); ``a`` itself when ``b``
+    is empty, so the usual case copies nothing."""
+    if not b:
+        return a
+    out = dict(b)
+    for k, n in a.items():
+        out[k] = out.get(k, 0) + n
+    return out
 
 
 class WindowCounts:

@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
+import ipaddress
 import json
 import logging
 import socket
@@ -250,8 +252,15 @@ class MetricsServer(ThreadingHTTPServer):
 
 
 def _san_allowed(cert: Mapping[str, Any] | None, allowed: frozenset[str]) -> bool:
-    """A verified client certificate with a subjectAltName value in ``allowed`` (any SAN type)."""
-    return any(v in allowed for _, v in (cert or {}).get("subjectAltName", ()))
+    """A verified client certificate with a subjectAltName value in ``allowed`` (any SAN type). IP
+    SANs compare in Go's ``net.IP.String()`` form (``2001:db8::1``; Python prints them expanded)."""
+    for kind, v in (cert or {}).get("subjectAltName", ()):
+        if kind == "IP Address":
+            with contextlib.suppress(ValueError):
+                v = str(ipaddress.ip_address(v.strip()))
+        if v in allowed:
+            return True
+    return False
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -401,7 +401,9 @@ class Renderer:
         return self._make_view(base, rec["allocations"])
 
     def event_view(self, event: Mapping[str, Any], uuid: str) -> GpuView:
-        """Labels for a GPU known only from gpu.xid events (no sample yet): no pod labels."""
+        """Labels for a GPU known only from gpu.xid events (no sample yet), from the event's identity
+        and pods: the same series as once its first sample comes, when the event knows the GPU (the
+        node agent fills index, model, driver and pods from its inventory)."""
         values = {
             "driver_version": event.get("driver_version"),
             "uuid": uuid,
@@ -418,7 +420,7 @@ class Renderer:
             event.get("hostname"),
             values,
         )
-        return self._make_view(base, ())
+        return self._make_view(base, event.get("allocations") or ())
 
     # -- values ----------------------------------------------------------------------------------
     def render(

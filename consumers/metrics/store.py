@@ -322,12 +322,13 @@ class SeriesStore:
             xid_last = record.get("last_xid")
             if xid_last is None:
                 xid_last = 0
+        counts = self._xid_counts(g)
         invalid: dict[tuple[str, str], int] = {}
         try:
-            lines = self.renderer.render(record, g.view, xid_last, g.xid_counts, invalid)
+            lines = self.renderer.render(record, g.view, xid_last, counts, invalid)
         except KeyError:  # a projected or hand-made record: missing metric fields are null
             invalid = {}  # counted once, from the completed record
-            lines = self.renderer.render(_complete(record), g.view, xid_last, g.xid_counts, invalid)
+            lines = self.renderer.render(_complete(record), g.view, xid_last, counts, invalid)
         for k, n in invalid.items():
             self._invalid[k] = self._invalid.get(k, 0) + n
         if self._want_exp:
@@ -335,8 +336,24 @@ class SeriesStore:
         return lines
 
     def _hidden_lines(self, g: _Gpu) -> list[bytes]:
-        """A MIG-mode parent in the instances layout: only XID counters of its own events."""
-        return self.renderer.render_xid_only(g.view, None, g.xid_counts)
+        """A MIG-mode parent in the instances layout: its health (dcgm-exporter watches whole GPUs
+        only), and the XID counters of its own events only while none of its instances is here to
+        carry them."""
+        kids = any(k in self._gpus for k in self._children.get(g.key, ()))
+        lines = self.renderer.render_xid_only(g.view, None, None if kids else g.xid_counts)
+        if g.health is not None:
+            xw = g.xid_win.counts if g.xid_win is not None else {}
+            self.renderer.render_exp(g.view, lines, health=exp.with_fatal_xids(g.health, xw))
+        return lines
+
+    def _mig_parent(self, g: _Gpu) -> _Gpu | None:
+        return self._gpus.get(g.parent) if g.parent is not None else None
+
+    def _xid_counts(self, g: _Gpu) -> Mapping[int, int]:
+        """XIDs since start per code; a MIG instance adds its GPU's (GPU-wide XIDs are the XIDs of
+        each of its instances, as DCGM reports its GPU-level fields for them)."""
+        parent = self._mig_parent(g)
+        return g.xid_counts if parent is None else exp.add_counts(g.xid_counts, parent.xid_counts)
 
     def _rerender_children(self, parent_key: str) -> None:
         """A MIG parent changed (its XID): its instances are rendered again at the next scrape."""
@@ -359,12 +376,15 @@ class SeriesStore:
                     if not prev & b:
                         g.clock_totals[b] = g.clock_totals.get(b, 0) + 1
                 g.clock_prev = sum(bits)
-        if r.has_health:
-            g.health = exp.sample_health(record)
+        if r.has_health:  # dcgm-exporter watches the health of whole GPUs only: none on an instance
+            g.health = None if record.get("mig") is not None else exp.sample_health(record)
 
     def _fill_exp(self, g: _Gpu, lines: list[bytes], *, sampled: bool) -> None:
         """Fill the DCGM_EXP_* window/clock/health families of a line list from ``g``'s state."""
-        xw = g.xid_win.counts if g.xid_win is not None else {}
+        xw: Mapping[int, int] = g.xid_win.counts if g.xid_win is not None else {}
+        parent = self._mig_parent(g)
+        if parent is not None and parent.xid_win is not None:
+            xw = exp.add_counts(xw, parent.xid_win.counts)
         health = exp.with_fatal_xids(g.health, xw) if (sampled and g.health is not None) else None
         self.renderer.render_exp(
             g.view,
@@ -511,10 +531,14 @@ class SeriesStore:
                 self._windowed.discard(key)
                 continue
             if g.xid_win.prune(now_ms):
-                if not g.hidden and g.view is not None and g.lines:
-                    lines = g.lines.copy()
-                    self._fill_exp(g, lines, sampled=g.ts_ms is not None)
-                    g.lines = lines
+                if g.hidden:
+                    g.lines = self._hidden_lines(g)
+                for k in (key, *self._children.get(key, ())):  # a MIG GPU's window is its instances' too
+                    c = self._gpus.get(k)
+                    if c is not None and not c.hidden and c.view is not None and c.lines:
+                        lines = c.lines.copy()
+                        self._fill_exp(c, lines, sampled=c.ts_ms is not None)
+                        c.lines = lines
                 self._version += 1
             if not g.xid_win.events:
                 self._windowed.discard(key)

@@ -7,27 +7,32 @@ own ``docs/web-config.yml`` sample) starts the service::
       cert_file / cert        # a file, or the PEM inline
       key_file / key
       client_ca_file / client_ca
-      client_auth_type        # NoClientCert, RequestClientCert, RequireAnyClientCert,
-                              # VerifyClientCertIfGiven, RequireAndVerifyClientCert
-      cipher_suites           # Go names (TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256 ...), TLS 1.2 and older
+      client_auth_type        # NoClientCert, RequestClientCert, RequireAnyClientCert (old name
+                              # RequireClientCert), VerifyClientCertIfGiven, RequireAndVerifyClientCert
+      cipher_suites           # Go names (TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256 ...); TLS 1.3 names are
+                              # accepted and, as in Go, change nothing (only them: TLS 1.3 only)
       curve_preferences       # CurveP256, CurveP384, CurveP521, X25519
       min_version / max_version   # TLS10 .. TLS13 (default min TLS12)
       prefer_server_cipher_suites
-      client_allowed_sans     # client certificate SANs allowed (needs RequireAndVerifyClientCert)
+      client_allowed_sans     # client certificate SANs allowed (a client_auth_type reading certificates)
     http_server_config:
       headers: {...}          # added to every answer
       http2: true             # accepted; this server speaks HTTP/1.1
     rate_limit:
-      interval: 1s            # one request per interval on average ...
-      burst: 10               # ... with this many at once; more get 429
+      interval: 1s            # one request per interval on average (0: no limit; a bare number
+      burst: 10               # is nanoseconds, as Go reads it) with this many at once; more get 429
     basic_auth_users:
       user: $2y$10$...        # bcrypt
 
 Where Python's ``ssl`` differs from Go's ``crypto/tls`` (said once in the log at start):
 ``RequestClientCert`` asks nothing of the client (no certificate is used either way);
 ``RequireAnyClientCert`` needs ``client_ca`` and then also verifies the certificate (stricter);
-``curve_preferences`` uses its first curve only. Any other key, or a wrong value, is a startup error
-that names it, so a typo never leaves the endpoint open. Relative paths are read relative to the file.
+``curve_preferences`` uses its first curve only. Given both, ``cert_file``/``key_file`` win over inline
+PEM (as in the toolkit). Any other key, or a wrong value, is a startup error that names it, so a typo
+never leaves the endpoint open; stricter than the toolkit in two places for that reason:
+``client_allowed_sans`` with a client_auth_type that reads no certificate (the toolkit ignores the SANs)
+and a rate limit with ``burst: 0`` (the toolkit answers every request 429). Relative paths are read
+relative to the file.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ CLIENT_AUTH = {
     "NoClientCert": ssl.CERT_NONE,
     "RequestClientCert": ssl.CERT_NONE,
     "RequireAnyClientCert": ssl.CERT_REQUIRED,
+    "RequireClientCert": ssl.CERT_REQUIRED,  # the toolkit's old name of RequireAnyClientCert
     "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
     "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
 }
@@ -100,6 +106,22 @@ CIPHERS = {
     "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
     "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305": "ECDHE-ECDSA-CHACHA20-POLY1305",
     "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
+}
+#: TLS 1.3 suites: Go accepts their names but cannot configure them (neither can Python's ssl).
+TLS13_CIPHERS = frozenset(
+    {"TLS_AES_128_GCM_SHA256", "TLS_AES_256_GCM_SHA384", "TLS_CHACHA20_POLY1305_SHA256"}
+)
+#: client_auth_type values under which the toolkit checks client_allowed_sans (a certificate is read).
+SAN_AUTH = frozenset(
+    {"RequireAnyClientCert", "RequireClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert"}
+)
+#: Headers the toolkit lets a web config set, with the values it allows (None: any value).
+HEADERS: Mapping[str, tuple[str, ...] | None] = {
+    "Strict-Transport-Security": None,
+    "X-Content-Type-Options": ("nosniff",),
+    "X-Frame-Options": ("deny", "sameorigin"),
+    "X-XSS-Protection": None,
+    "Content-Security-Policy": None,
 }
 CURVES = {"CurveP256": "prime256v1", "CurveP384": "secp384r1", "CurveP521": "secp521r1", "X25519": "X25519"}
 
@@ -179,6 +201,14 @@ def parse_web_config(
     if not isinstance(http_cfg, Mapping) or set(http_cfg) - {"headers", "http2"}:
         raise ConfigError(f"web config {source}: http_server_config supports only 'headers' (and 'http2')")
     cfg.headers = {str(k): str(v) for k, v in (http_cfg.get("headers") or {}).items()}
+    for k, v in cfg.headers.items():
+        if k not in HEADERS:
+            raise ConfigError(f"web config {source}: HTTP header {k!r} can not be configured")
+        allowed = HEADERS[k]
+        if allowed is not None and v not in allowed:
+            raise ConfigError(
+                f"web config {source}: invalid value for {k}: expected one of {allowed}, got {v!r}"
+            )
     rl = doc.get("rate_limit")
     if rl:
         cfg.rate_limit = _rate_limit(rl, source)
@@ -191,15 +221,20 @@ def _rate_limit(rl: Any, source: str) -> RateLimiter | None:
     try:
         burst = int(rl.get("burst") or 0)
         interval = rl.get("interval") or "0s"
+        # Go's YAML reads a bare number into a time.Duration as nanoseconds
         interval_s = (
-            interval if isinstance(interval, int | float) else parse_duration_ms(str(interval)) / 1000
-        ) * 1.0
+            interval / 1e9 if isinstance(interval, int | float) else parse_duration_ms(str(interval)) / 1000
+        )
     except (ValueError, ConfigError) as exc:
         raise ConfigError(f"web config {source}: rate_limit: {exc}") from exc
-    if burst <= 0 and interval_s <= 0:
-        return None  # the toolkit's zero value: no limit
-    if burst <= 0:
-        raise ConfigError(f"web config {source}: rate_limit.burst must be positive")
+    if interval_s <= 0:
+        return None  # the toolkit: "set to 0 to disable rate limiter", whatever the burst
+    if burst < 0:
+        raise ConfigError(f"web config {source}: rate_limit.burst must not be negative")
+    if burst == 0:  # the toolkit's limiter then allows nothing: every request gets 429
+        log.warning(
+            "web config %s: rate_limit burst 0 with an interval: every request is answered 429", source
+        )
     return RateLimiter(interval_s, burst)
 
 
@@ -224,7 +259,7 @@ def _tls_context(tls: Any, base_dir: Path, source: str) -> tuple[ssl.SSLContext,
     if not (has_cert and has_key):
         raise ConfigError(f"web config {source}: tls_server_config needs cert_file/cert and key_file/key")
     if (tls.get("cert_file") and tls.get("cert")) or (tls.get("key_file") and tls.get("key")):
-        raise ConfigError(f"web config {source}: give cert_file or cert (key_file or key), not both")
+        log.info("web config %s: cert_file/key_file given with inline cert/key: the files are used", source)
     auth = tls.get("client_auth_type") or "NoClientCert"
     if auth not in CLIENT_AUTH:
         raise ConfigError(
@@ -241,12 +276,16 @@ def _tls_context(tls: Any, base_dir: Path, source: str) -> tuple[ssl.SSLContext,
         ) from exc
     ciphers = _strings(tls.get("cipher_suites"), "cipher_suites", source)
     if ciphers:
-        bad = [c for c in ciphers if c not in CIPHERS]
+        bad = [c for c in ciphers if c not in CIPHERS and c not in TLS13_CIPHERS]
         if bad:
             raise ConfigError(f"web config {source}: unknown cipher_suites {', '.join(bad)}")
+        legacy = [CIPHERS[c] for c in ciphers if c in CIPHERS]
         try:
-            ctx.set_ciphers(":".join(CIPHERS[c] for c in ciphers))
-        except ssl.SSLError as exc:
+            if legacy:
+                ctx.set_ciphers(":".join(legacy))
+            else:  # only TLS 1.3 names: as in Go, no TLS 1.2 suite is left, so only TLS 1.3 connects
+                ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+        except (ssl.SSLError, ValueError) as exc:
             raise ConfigError(f"web config {source}: cipher_suites: {exc}") from exc
     curves = _strings(tls.get("curve_preferences"), "curve_preferences", source)
     if curves:
@@ -263,17 +302,27 @@ def _tls_context(tls: Any, base_dir: Path, source: str) -> tuple[ssl.SSLContext,
     if tls.get("prefer_server_cipher_suites"):
         ctx.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
     sans = frozenset(_strings(tls.get("client_allowed_sans"), "client_allowed_sans", source))
-    if sans and auth != "RequireAndVerifyClientCert":
+    if sans and auth not in SAN_AUTH:  # the toolkit would ignore them and let every client in
         raise ConfigError(
-            f"web config {source}: client_allowed_sans needs client_auth_type RequireAndVerifyClientCert"
+            f"web config {source}: client_allowed_sans needs a client_auth_type that reads a client "
+            f"certificate ({', '.join(sorted(SAN_AUTH))}), not {auth}"
         )
     if auth == "RequestClientCert":
         log.info(
             "web config %s: RequestClientCert: no client certificate is requested (none is used)", source
         )
     verify = CLIENT_AUTH[auth] != ssl.CERT_NONE
-    if verify and not (tls.get("client_ca_file") or tls.get("client_ca")):
-        raise ConfigError(f"web config {source}: client_auth_type {auth} needs client_ca_file or client_ca")
+    has_ca = bool(tls.get("client_ca_file") or tls.get("client_ca"))
+    if has_ca and auth == "NoClientCert":
+        raise ConfigError(
+            f"web config {source}: client CA's have been configured without a Client Auth Policy "
+            "(set client_auth_type)"
+        )
+    if not has_ca and auth in ("RequireAnyClientCert", "RequireClientCert"):
+        raise ConfigError(
+            f"web config {source}: client_auth_type {auth} needs client_ca_file or client_ca here (Python's "
+            "ssl cannot require a client certificate without verifying it)"
+        )
     try:
         with _pem_files(tls, base_dir) as (cert, key):
             ctx.load_cert_chain(cert, key)
@@ -281,11 +330,19 @@ def _tls_context(tls: Any, base_dir: Path, source: str) -> tuple[ssl.SSLContext,
         if verify:
             if tls.get("client_ca_file"):
                 ctx.load_verify_locations(cafile=str((base_dir / str(tls["client_ca_file"])).resolve()))
-            else:
+            elif tls.get("client_ca"):
                 ctx.load_verify_locations(cadata=str(tls["client_ca"]))
+            else:  # as Go with no ClientCAs: the system's roots
+                ctx.load_default_certs(ssl.Purpose.CLIENT_AUTH)
+                log.warning(
+                    "web config %s: %s without client_ca_file/client_ca: client certificates are verified "
+                    "against the system's CA certificates",
+                    source,
+                    auth,
+                )
     except (OSError, ssl.SSLError) as exc:
         raise ConfigError(f"web config {source}: cannot load TLS files: {exc}") from exc
-    if auth == "RequireAnyClientCert":
+    if auth in ("RequireAnyClientCert", "RequireClientCert"):
         log.warning(
             "web config %s: RequireAnyClientCert also verifies the client certificate against the CA "
             "(Python's ssl cannot require a certificate without verifying it)",

@@ -43,6 +43,25 @@ def test_promtool_unit_tests_for_rules() -> None:
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+def test_promtool_unit_tests_with_the_4_8_3_hostname_label(tmp_path: Path) -> None:
+    """The same rule tests with dcgm-exporter 4.8.3's ``hostname`` label instead of ``Hostname``
+    (``gpupipe metrics --host-label hostname``): every alert fires with the same labels and names the
+    host in its summary. Before, two summaries printed ``{{ $labels.Hostname }}`` only (empty host)."""
+    text = RULE_TESTS.read_text()
+    assert text.count('Hostname="') > 10 and text.count("Hostname: ") > 10
+    (tmp_path / RULES.name).write_text(RULES.read_text())
+    variant = tmp_path / RULE_TESTS.name
+    variant.write_text(text.replace('Hostname="', 'hostname="').replace("Hostname: ", "hostname: "))
+    res = subprocess.run(
+        [tool("promtool"), "test", "rules", str(variant)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
 def test_every_rule_has_severity_action_and_runbook() -> None:
     doc = yaml.safe_load(RULES.read_text())
     names = []

@@ -147,3 +147,63 @@ def test_request_client_cert_and_zero_rate_limit_are_accepted(pki):  # noqa: F81
         }
     )
     assert cfg.ssl_context is not None and cfg.rate_limit is None
+
+
+def test_toolkit_spellings_and_go_semantics(pki):  # noqa: F811
+    """Valid for exporter-toolkit v0.16.0, refused or misread before: the old name RequireClientCert,
+    a cert_file next to an inline cert (the file wins), TLS 1.3 cipher names (Go accepts and ignores
+    them; alone they leave only TLS 1.3), a bare-number interval (Go: nanoseconds)."""
+    base = {"cert_file": str(pki["server_crt"]), "key_file": str(pki["server_key"])}
+    cfg = parse_web_config(
+        {
+            "tls_server_config": {
+                **base,
+                "client_auth_type": "RequireClientCert",
+                "client_ca": pki["ca"].read_text(),
+            }
+        }
+    )
+    assert cfg.ssl_context.verify_mode == ssl.CERT_REQUIRED
+    parse_web_config({"tls_server_config": {**base, "cert": "not a certificate", "key": "not a key"}})
+    mixed = ["TLS_AES_128_GCM_SHA256", "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256"]
+    cfg = parse_web_config({"tls_server_config": {**base, "cipher_suites": mixed}})
+    assert cfg.ssl_context.minimum_version == ssl.TLSVersion.TLSv1_2
+    cfg = parse_web_config({"tls_server_config": {**base, "cipher_suites": ["TLS_AES_256_GCM_SHA384"]}})
+    assert cfg.ssl_context.minimum_version == ssl.TLSVersion.TLSv1_3
+    assert (
+        parse_web_config({"rate_limit": {"interval": 2_000_000_000, "burst": 5}}).rate_limit.interval_s == 2.0
+    )
+    assert parse_web_config({"rate_limit": {"interval": "0s", "burst": 5}}).rate_limit is None
+
+
+def test_ip_sans_compare_in_go_form():
+    from consumers.metrics.http import _san_allowed
+
+    cert = {"subjectAltName": (("DNS", "scraper"), ("IP Address", "2001:DB8:0:0:0:0:0:1\n"))}
+    assert _san_allowed(cert, frozenset({"2001:db8::1"}))  # Go's net.IP.String()
+    assert _san_allowed(cert, frozenset({"scraper"}))
+    assert not _san_allowed(cert, frozenset({"10.0.0.1"}))
+    assert not _san_allowed(None, frozenset({"scraper"}))
+
+
+def test_startup_health_takes_the_same_listen_addresses():
+    """`gpupipe metrics -a [::]:9400` first answers 503 on that address while Kafka is awaited
+    (gpupipe.startup.StartupHealth): it refused `[::]` and `[::1]` before ('Name or service not
+    known'), so the command stopped although the metrics server itself accepted them."""
+    from gpupipe import startup
+
+    hosts = ["[::]:0", "[::1]:0"] if _ipv6_loopback() else []
+    for listen in [*hosts, ":0", "127.0.0.1:0"]:
+        h = startup.StartupHealth(listen, startup.StartupState(), "metrics")
+        try:
+            port = h._server.server_address[1]
+            conn = http.client.HTTPConnection(
+                "::1" if listen.startswith("[") else "127.0.0.1", port, timeout=10
+            )
+            try:
+                conn.request("GET", "/healthz")
+                assert conn.getresponse().status == 503, listen
+            finally:
+                conn.close()
+        finally:
+            h.close()

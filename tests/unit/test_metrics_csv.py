@@ -141,9 +141,61 @@ def test_csv_type_overrides_default():
     assert cs.metrics[0].spec.prom_type == "gauge"
 
 
-def test_empty_help_falls_back_to_default():
-    cs = parse_counters("DCGM_FI_DEV_GPU_TEMP, gauge,\n")
-    assert cs.metrics[0].help == "GPU temperature (in C)."
+T = "DCGM_FI_DEV_GPU_TEMP"
+#: Rows dcgm-exporter 4.8.2 reads from each text (its ReadCSVFile + ExtractCounters: Go encoding/csv
+#: with Comment '#', strings.Trim(cell, " "), 3 cells, case-sensitive types), as printed by a
+#: throwaway Go 1.26.8 program doing exactly that (dcgm-exporter 4.8.2 builds with Go 1.26.2).
+GO_READS = [
+    (f"{T}, gauge, GPU temperature (in C).\n", [(T, "gauge", "GPU temperature (in C).")]),
+    (f'{T}, gauge,"GPU temperature, in C"\n', [(T, "gauge", "GPU temperature, in C")]),
+    (f"{T}, gauge,\n", [(T, "gauge", "")]),  # was: gpupipe's HELP
+    (f'{T}, gauge," GPU temp "\n', [(T, "gauge", "GPU temp")]),  # was: ' GPU temp '
+    (f'{T}, gauge,"say ""hi"""\n', [(T, "gauge", 'say "hi"')]),
+    (f"{T}, gauge, temp # note\n", [(T, "gauge", "temp # note")]),
+    (
+        f"{T}, gauge, t\r\nDCGM_FI_DEV_POWER_USAGE, gauge, p\r\n",
+        [(T, "gauge", "t"), ("DCGM_FI_DEV_POWER_USAGE", "gauge", "p")],
+    ),
+    (f"\n\n# c\n{T} , gauge , t \n", [(T, "gauge", "t")]),
+    (f"{T},gauge,t\n#{T},gauge,u\n", [(T, "gauge", "t")]),
+]
+#: Texts dcgm-exporter refuses at start (Go's error) that gpupipe reads, with what it reads.
+GO_REFUSES = [
+    (f'{T}, gauge, "GPU temperature, in C"\n', 'bare " in non-quoted-field', "GPU temperature, in C"),
+    (f"{T}, gauge, GPU temperature, in C\n", "4 fields", "GPU temperature, in C"),
+    (f"  # {T}, gauge, x\n{T}, gauge, t\n", 'unknown field "# DCGM_FI_DEV_GPU_TEMP"', "t"),
+    (f"{T},\tgauge,\tGPU temp\n", 'type "\\tgauge"', "GPU temp"),
+    (f"{T}, Gauge, t\n", 'type "Gauge"', "t"),
+    (f'{T}, gauge,"x" \n', 'extraneous or missing " in quoted-field', "x"),
+    (f"{T}, gauge, t\n   \n", "wrong number of fields", "t"),
+    (f'"{T}", "gauge", t\n', 'bare " in non-quoted-field', "t"),
+]
+
+
+@pytest.mark.parametrize(("text", "rows"), GO_READS)
+def test_every_file_go_reads_gives_the_same_rows(text: str, rows: list) -> None:
+    cs = parse_counters(text)
+    assert [(c.name, c.prom_type, c.help) for c in cs.metrics] == rows
+
+
+@pytest.mark.parametrize(("text", "go_error", "help_"), GO_REFUSES)
+def test_files_dcgm_exporter_refuses_are_read_leniently(text: str, go_error: str, help_: str) -> None:
+    (c,) = parse_counters(text).metrics
+    assert (c.name, c.prom_type, c.help) == (T, "gauge", help_), go_error
+
+
+def test_a_quoted_field_over_two_lines_is_an_error_here() -> None:
+    """Go reads it (a HELP with a line feed, which dcgm-exporter 4.8.2 then prints raw, breaking its
+    exposition); we stop at start."""
+    with pytest.raises(CountersError):
+        parse_counters(f'{T}, gauge,"line1\nline2"\n')
+
+
+def test_empty_help_renders_an_empty_help_line() -> None:
+    from consumers.metrics.render import Renderer
+
+    (fam,) = Renderer(parse_counters(f"{T}, gauge,\n"), None).families[:1]
+    assert fam.header.startswith(f"# HELP {T} \n# TYPE {T} gauge\n")
 
 
 def test_empty_file():

@@ -112,3 +112,30 @@ def test_1x_file_with_old_namespace_labels() -> None:
         'modelName="NVIDIA H200",Hostname="node-1",container_name="c",pod_name="p",pod_namespace="ns"} 50'
     )
     assert "# TYPE dcgm_xid_errors gauge" in text
+
+
+def test_shipped_default_has_dcgm_exporters_type_and_help_for_every_row_it_has() -> None:
+    """gpupipe's default CSV: a row dcgm-exporter's 4.8.3 files have (active, else commented) has the
+    same TYPE and HELP there; the few rows it has no row for carry gpupipe's HELP (README)."""
+    from consumers.metrics.collectors_csv import default_counters
+
+    upstream: dict[str, tuple[str, str]] = {}
+    for name in ("default-counters-4.8.3.csv", "dcp-metrics-included-4.8.3.csv"):
+        text = (FIX / name).read_text()
+        for cs in (parse_counters(text), parse_counters(uncommented(text))):  # active rows first
+            for c in (*cs.metrics, *cs.labels):
+                upstream.setdefault(c.name, (c.prom_type, c.help))
+    ours = default_counters()
+    not_upstream = set()
+    for c in (*ours.metrics, *ours.labels):
+        if c.name in upstream:
+            assert (c.prom_type, c.help) == upstream[c.name], c.name
+        else:
+            not_upstream.add(c.name)
+    assert not_upstream == {
+        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+        "DCGM_FI_DEV_ROW_REMAP_PENDING",
+        "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION",
+        "DCGM_FI_PROF_NVLINK_TX_BYTES",
+        "DCGM_FI_PROF_NVLINK_RX_BYTES",
+    }

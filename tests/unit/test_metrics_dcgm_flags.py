@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+from pathlib import Path
 
 import pytest
 
 from consumers.metrics import command, dcgm_compat
+from consumers.metrics.collectors_csv import parse_counters
 from gpupipe.cli import add_common, apply_env_defaults
 
 CSV = "DCGM_FI_DEV_GPU_TEMP, gauge, GPU temperature (in C).\n"
@@ -66,7 +68,9 @@ def test_dcgm_exporter_environment(tmp_path):
 
 
 def test_defaults_match_dcgm_exporter():
-    o = command.config_from_args(parse([])).render
+    cfg = command.config_from_args(parse([]))
+    assert (cfg.host, cfg.port) == ("", 9400)  # Go's ":9400": IPv4 and IPv6 (was 0.0.0.0: IPv4 only)
+    o = cfg.render
     assert o is not None
     assert (o.host_label, o.virtual_gpus, o.mig_layout, o.xid_window_ms) == (
         "Hostname",
@@ -84,13 +88,93 @@ def test_bad_windows(argv):
         command.config_from_args(parse(argv))
 
 
-def test_helm_chart_default_arguments_start_the_service(caplog):
-    """dcgm-exporter's chart passes -f /etc/dcgm-exporter/default-counters.csv (a file of its image)."""
-    with caplog.at_level(logging.WARNING, logger="gpupipe.metrics"):
-        cfg = command.config_from_args(parse(["-f", "/etc/dcgm-exporter/default-counters.csv"]))
-    assert cfg.counters is not None and "DCGM_FI_DEV_GPU_TEMP" in cfg.counters.names
-    assert "absent from this image" in caplog.text
+FIX = Path(__file__).parent.parent / "fixtures" / "metrics" / "dcgm-exporter"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "fixture"),
+    [
+        # its Helm chart's default arguments
+        (["-f", "/etc/dcgm-exporter/default-counters.csv"], {}, "default-counters-4.8.2.csv"),
+        # the GPU Operator's environment
+        (
+            [],
+            {"DCGM_EXPORTER_COLLECTORS": "/etc/dcgm-exporter/dcp-metrics-included.csv"},
+            "dcp-metrics-included-4.8.2.csv",
+        ),
+        (["-f", "/etc/dcgm-exporter/1.x-compatibility-metrics.csv"], {}, "1.x-compatibility-metrics.csv"),
+    ],
+)
+def test_dcgm_exporter_stock_paths_read_its_own_files(argv, env, fixture):
+    """dcgm-exporter's stock files are not in our image: their paths read our verbatim copies, so the
+    series are the ones dcgm-exporter 4.8.2 gives (TYPE counter of NVLINK_BANDWIDTH_TOTAL, no
+    gpupipe extras). Before: gpupipe's own default, with other families and that TYPE as gauge."""
+    cfg = command.config_from_args(parse(argv, env))
+    want = parse_counters((FIX / fixture).read_text())
+    assert cfg.counters is not None
+    assert [(c.name, c.prom_type, c.help) for c in cfg.counters.metrics] == [
+        (c.name, c.prom_type, c.help) for c in want.metrics
+    ]
+    assert [c.name for c in cfg.counters.labels] == [c.name for c in want.labels]
     from gpupipe.errors import ConfigError
 
     with pytest.raises(ConfigError, match="cannot read counters file"):
         command.config_from_args(parse(["-f", "/etc/dcgm-exporter/my-own.csv"]))
+
+
+def test_helm_chart_debug_dump_and_go_style_flags(caplog):
+    """Arguments dcgm-exporter's chart adds (debugDump) and Go's flag forms (--flag=true/false) work."""
+    argv = [
+        "--dump-enabled",
+        "--dump-directory=/tmp/dcgm-exporter-debug",
+        "--dump-retention=24",
+        "--dump-compression",
+        "--web-systemd-socket",
+        "--debug",
+        "-rbmn",
+        "--no-hostname=false",
+        "--kubernetes-virtual-gpus=true",
+        "-o=false",
+        "--log-format",
+        "text",
+    ]
+    with caplog.at_level(logging.INFO, logger="gpupipe.metrics"):
+        args = parse(argv)
+        cfg = command.config_from_args(args)
+    o = cfg.render
+    assert o is not None and o.host_label == "Hostname" and o.virtual_gpus and not o.old_namespace
+    assert args.log_format == "text"  # gpupipe's own --log-format takes dcgm-exporter's values
+    for flag in (
+        "--dump-enabled",
+        "--dump-directory",
+        "--web-systemd-socket",
+        "--replace-blanks-in-model-name",
+    ):
+        assert flag in caplog.text
+    with pytest.raises(SystemExit):
+        parse(["--no-hostname=maybe"])
+
+
+@pytest.mark.parametrize(
+    ("devices", "layout", "warns"),
+    [
+        ("f", "instances", False),
+        ("g+i", "gpu+instances", False),
+        ("g:0-3", "gpu+instances", True),
+        ("i", "instances", True),
+        ("g:0,2+i:1", "gpu+instances", True),
+    ],
+)
+def test_devices_syntax(devices, layout, warns, caplog):
+    """dcgm-exporter's -d syntax, its chart's example -d g:0-3 included (choices f/i/g/g+i before)."""
+    with caplog.at_level(logging.WARNING, logger="gpupipe.metrics"):
+        o = command.config_from_args(parse(["-d", devices])).render
+    assert o is not None and o.mig_layout == layout
+    assert bool(caplog.records) == warns
+
+
+def test_bad_devices():
+    from gpupipe.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="-d/--devices"):
+        command.config_from_args(parse(["-d", "x"]))

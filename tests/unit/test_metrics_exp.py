@@ -59,6 +59,32 @@ def test_err_code_and_err_msg_follow_the_last_xid():
     assert 'err_code="999",err_msg="Unknown Error"' in s.render(NOW).decode()
 
 
+def test_err_msg_is_dcgm_exporters_own_text():
+    """err_msg comes from dcgm-exporter's xid_errors.go table, not from gpupipe's XID catalog (whose
+    descriptions differ for 104 of its 173 codes, e.g. 13, 31, 45, 94, 119 below), so rules and
+    annotations matching on err_msg see the same strings. Real outputs: err_code="0" err_msg="No Error"
+    (GPU Operator v25.10, linode/lke-ai-conformance README) and err_code="45" err_msg="Preemptive
+    cleanup, due to previous errors -- Most likely to see when running multiple cuda" (NVIDIA/DCGM#235)."""
+    want = {
+        0: "No Error",
+        13: "Graphics Engine Exception",
+        31: "GPU memory page fault",
+        45: "Preemptive cleanup, due to previous errors -- Most likely to see when running multiple cuda",
+        48: "Double Bit ECC Error",
+        79: "GPU has fallen off the bus",
+        94: "Contained ECC error",
+        119: "GSP RPC Timeout",
+        172: "Uncorrectable SRAM Error",  # the table's last code
+        173: "Unknown Error",  # past the table (gpupipe's catalog knows 173: dcgm-exporter does not)
+        999: "Unknown Error",
+    }
+    assert {c: exp.xid_message(c) for c in want} == want
+    s = store()
+    s.apply_sample(sample(), 0, NOW)
+    s.apply_xid(xid(45, ts=T_MS + 10), 0, NOW)
+    assert f'err_code="45",err_msg="{want[45]}"' in s.render(NOW).decode()
+
+
 def test_xid_count_is_windowed_with_a_zero_series_when_empty():
     s = store(xid_window_ms=60_000)
     s.apply_sample(sample(), 0, NOW)
@@ -158,3 +184,39 @@ def test_mig_instances_take_the_parents_readings_and_xid():
     assert 'GPU_I_ID="1"' in power and power.endswith(" 250.000000")  # re-rendered when the parent came
     s.apply_sample(sample(ts=T_MS + 1, mig_enabled=True, power_w=260.0), 0, NOW + 1)
     assert lines_of(s.render(NOW + 1).decode(), "DCGM_FI_DEV_POWER_USAGE")[0].endswith(" 260.000000")
+
+
+def test_mig_gpu_health_is_per_gpu_and_gpu_xids_reach_every_instance():
+    """dcgm-exporter's health collector watches whole GPUs only (a DCGM group of FE_GPU entities,
+    gpu_health_collector.go), so a MIG GPU has one set of health series without GPU_I labels, in
+    every -d mode; a GPU-wide XID (79 here, no MIG UUID) is the XID of each of its instances. Before:
+    health per instance (ALL stayed 0 with an XID 79 in the window), the instances' XID window and
+    total did not see the GPU's XID, and the hidden parent exposed a lone XID total of its own."""
+    s = store(xid_window_ms=60_000)
+    for gi in (1, 2):
+        mig = {
+            "mig_uuid": f"MIG-{gi}",
+            "gpu_instance_id": gi,
+            "compute_instance_id": 0,
+            "profile": "3g.71gb",
+            "slice_fraction": 3 / 7,
+        }
+        s.apply_sample(sample(mig=mig, allocations=[alloc("ns", f"p{gi}")]), 0, NOW)
+    s.apply_sample(sample(mig_enabled=True), 0, NOW)
+    s.apply_xid(xid(79, ts=T_MS + 10), 0, NOW)
+    text = s.render(NOW).decode()
+    health = lines_of(text, "DCGM_EXP_GPU_HEALTH_STATUS")
+    assert len(health) == 11 and not any("GPU_I_ID" in ln for ln in health)
+    assert f'{{{BASE},health_error_code="DCGM_FR_FALLEN_OFF_BUS",health_watch="ALL"}} 20' in text
+    for gi in (1, 2):
+        inst = f'GPU_I_PROFILE="3g.71gb",GPU_I_ID="{gi}"'
+        tail = f'xid="79",container="main",namespace="ns",pod="p{gi}"}} 1'
+        for fam in ("DCGM_EXP_XID_ERRORS_COUNT", "DCGM_EXP_XID_ERRORS_TOTAL"):
+            mine = [ln for ln in lines_of(text, fam) if inst in ln]
+            assert len(mine) == 1 and mine[0].endswith(tail), (fam, mine)
+    for fam in ("DCGM_EXP_XID_ERRORS_COUNT", "DCGM_EXP_XID_ERRORS_TOTAL"):
+        assert len(lines_of(text, fam)) == 2  # the instances only: no series of the parent
+    later = s.render(NOW + 61).decode()  # the 79 left the window at scrape time
+    assert f'{{{BASE},health_error_code="DCGM_FR_OK",health_watch="ALL"}} 0' in later
+    assert all(ln.endswith(" 0") for ln in lines_of(later, "DCGM_EXP_XID_ERRORS_COUNT"))
+    assert len(lines_of(later, "DCGM_EXP_XID_ERRORS_COUNT")) == 2

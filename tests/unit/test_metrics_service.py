@@ -179,7 +179,7 @@ def parse(*argv: str) -> argparse.Namespace:
 def test_defaults() -> None:
     cfg = command.config_from_args(parse())
     assert (cfg.host, cfg.port, cfg.group_id, cfg.host_label) == (
-        "0.0.0.0",
+        "",  # every address, IPv4 and IPv6, as dcgm-exporter's ":9400"
         9400,
         "gpupipe-metrics",
         "Hostname",

@@ -354,10 +354,10 @@ def test_xid_on_mig_slice():
     store.apply_sample(blank(mig=mig), 0, NOW)
     store.apply_xid(xid(94, mig_uuid="MIG-1", gpu_instance_id=3), 1, NOW)
     store.apply_xid(xid(94, mig_uuid="MIG-unknown", event_id="other"), 1, NOW)  # slice not here: the GPU
-    lines = lines_of(store.render(NOW).decode(), "DCGM_EXP_XID_ERRORS_TOTAL")
-    assert len(lines) == 2
-    assert 'GPU_I_ID="3"' in lines[1] or 'GPU_I_ID="3"' in lines[0]
-    assert sum("GPU_I_ID" not in ln for ln in lines) == 1
+    # the GPU's XID (its slice is not here) is its instances' XID too: one series, the instance's,
+    # counting both (no series of the hidden parent, as dcgm-exporter's -d f)
+    (line,) = lines_of(store.render(NOW).decode(), "DCGM_EXP_XID_ERRORS_TOTAL")
+    assert 'GPU_I_ID="3"' in line and line.endswith(',xid="94"} 2')
 
 
 # -- lifecycle -------------------------------------------------------------------------------------
@@ -411,6 +411,25 @@ def test_xid_only_gpu_expiry():
     store.apply_xid(xid(13, uuid="GPU-x"), 1, 100.0)
     assert store.expire(159.0) == 0
     assert store.expire(161.0) == 1
+
+
+def test_xid_only_gpu_has_its_sample_identity():
+    """A GPU known only from gpu.xid events (the consumer read its XID before its first sample, or it
+    fell off the bus before one): the event's identity and pods label it, so its XID series keep their
+    identity when the first sample comes, as dcgm-exporter's always carry the GPU and its pod. Before:
+    no pod labels until the first sample, so `DCGM_FI_DEV_XID_ERRORS == 79` alerts resolved and fired
+    again with new labels."""
+    store = SeriesStore()
+    ev = xid(79, driver_version="570.124.06", allocations=[alloc("ns", "p")])
+    store.apply_xid(ev, 1, NOW)
+    names = ("DCGM_FI_DEV_XID_ERRORS", "DCGM_EXP_XID_ERRORS_TOTAL")
+    before = [lines_of(store.render(NOW).decode(), n) for n in names]
+    assert (
+        'container="main",err_code="79",err_msg="GPU has fallen off the bus",namespace="ns",pod="p"'
+        in (before[0][0])
+    )
+    store.apply_sample(blank(allocations=[alloc("ns", "p")], last_xid=79), 0, NOW)
+    assert [lines_of(store.render(NOW).decode(), n) for n in names] == before
 
 
 def test_drop_partitions():
