@@ -477,4 +477,5 @@ class SimulatedFleet:
             "mig_uuid": mig["mig_uuid"] if mig else None,
             "source": "simulated",
             "allocations": slot.allocations,
+            "boot_id": None,  # a simulated node never reboots: no boot to tell apart
         }
