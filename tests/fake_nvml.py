@@ -52,6 +52,8 @@ from typing import Any
 
 import pynvml as _real
 
+from tests.fake_nvml_events import EventSetsMixin, _EventSet
+
 FIXTURES_DIR = Path(__file__).resolve().parent / "fixtures" / "nvml"
 GIB = 1024**3
 MIB = 1024**2
@@ -308,6 +310,9 @@ class FakeGpu:
         #: nvml.h documents NVML_ERROR_NOT_FOUND.
         self.no_process_samples_code = _real.NVML_SUCCESS
         self.lost = False
+        #: An NVML error code every event-set wait where this GPU is registered raises (a broken
+        #: event channel; see tests/fake_nvml_events.py). None: events work.
+        self.event_wait_error: int | None = None
         self.failures: dict[str, deque[int]] = {}  # fn name -> NVML error codes to raise next
         #: Seconds every device call on this GPU blocks before answering (a hung GPU, ``hang``).
         self.call_delay_s = 0.0
@@ -466,11 +471,14 @@ class FakeGpu:
         """The GPU falls off the bus: every call on it raises NVMLError_GpuIsLost from now on."""
         self.lost = True
         if self._fake is not None:
-            self._fake._gpu_lost(self)
+            self._fake._notify_events()
 
     def recover(self) -> None:
-        """The GPU is back (after a reset): calls on it answer again."""
+        """The GPU is back: calls on it answer again, in this NVML session (see ``reset`` for the
+        usual case, where only a new session sees it)."""
         self.lost = False
+        if self._fake is not None:
+            self._fake._notify_events()
 
     def inject_xid(
         self, xid: int, gpu_instance_id: int | None = None, compute_instance_id: int | None = None
@@ -527,19 +535,7 @@ class _GpmSample:
         self.time = 0.0
 
 
-class _EventSet:
-    __slots__ = ("buf", "errors", "freed", "queue", "registrations", "waiting")
-
-    def __init__(self, buf: Any) -> None:
-        self.buf = buf
-        self.registrations: dict[int, int] = {}  # gpu index -> event type mask
-        self.queue: deque[tuple[FakeGpu, int, int, int, int]] = deque()
-        self.errors: deque[int] = deque()
-        self.freed = False
-        self.waiting = 0
-
-
-class FakeNvml:
+class FakeNvml(EventSetsMixin):
     """The fake module object: pass it wherever ``pynvml`` is expected."""
 
     def __init__(
@@ -670,14 +666,6 @@ class FakeNvml:
     @property
     def allocated_gpm_samples(self) -> int:
         return sum(1 for s in self._gpm.values() if not s.freed)
-
-    def fail_event_wait(self, code: int, times: int = 1) -> None:
-        """The next ``times`` waits on every live event set raise NVMLError(code)."""
-        with self._lock:
-            for es in self._sets.values():
-                if not es.freed:
-                    es.errors.extend([code] * times)
-            self._lock.notify_all()
 
     # -- module surface: attribute fallback ---------------------------------------------------------
     def __getattr__(self, name: str) -> Any:
@@ -1294,92 +1282,6 @@ class FakeNvml:
         if not out:
             raise _err(gpu.no_process_samples_code)
         return out
-
-    # -- events ---------------------------------------------------------------------------------
-    def nvmlEventSetCreate(self) -> Any:
-        self._check_init()
-        self.calls[("nvmlEventSetCreate", None)] += 1
-        ptr = self._pointer(_real.c_nvmlEventSet_t)
-        with self._lock:
-            self._sets[self._addr(ptr)] = _EventSet(self._keep[-1])  # type: ignore[index]
-        return ptr
-
-    def _event_set(self, es: Any) -> _EventSet:
-        st = self._sets.get(self._addr(es))  # type: ignore[arg-type]
-        if st is None or st.freed:
-            raise _err(_real.NVML_ERROR_INVALID_ARGUMENT)
-        return st
-
-    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
-        gpu = self._gpu("nvmlDeviceGetSupportedEventTypes", handle)
-        if not gpu.events_supported:
-            raise _err(_real.NVML_ERROR_NOT_SUPPORTED)
-        return gpu.supported_event_types
-
-    def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None:
-        gpu = self._gpu("nvmlDeviceRegisterEvents", handle)
-        with self._lock:
-            st = self._event_set(eventSet)
-            if not gpu.events_supported or not eventTypes & gpu.supported_event_types:
-                raise _err(_real.NVML_ERROR_NOT_SUPPORTED)
-            st.registrations[gpu.index] = st.registrations.get(gpu.index, 0) | (
-                eventTypes & gpu.supported_event_types
-            )
-
-    def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> Any:
-        self._check_init()
-        with self._lock:
-            self.calls[("nvmlEventSetWait_v2", None)] += 1
-            st = self._event_set(eventSet)
-            st.waiting += 1
-            try:
-                deadline = time.monotonic() + timeoutms / 1000.0
-                while True:
-                    if st.errors:
-                        raise _err(st.errors.popleft())
-                    if st.queue:
-                        gpu, etype, edata, gi, ci = st.queue.popleft()
-                        data = _real.c_nvmlEventData_t()
-                        data.device = ctypes.cast(self._gpu_handle[gpu.index], _real.c_nvmlDevice_t)
-                        data.eventType, data.eventData = etype, edata
-                        data.gpuInstanceId, data.computeInstanceId = gi, ci
-                        return data
-                    if st.freed:
-                        raise _err(_real.NVML_ERROR_INVALID_ARGUMENT)
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise _err(_real.NVML_ERROR_TIMEOUT)
-                    self._lock.wait(remaining)
-            finally:
-                st.waiting -= 1
-
-    def nvmlEventSetWait(self, eventSet: Any, timeoutms: int) -> Any:
-        return self.nvmlEventSetWait_v2(eventSet, timeoutms)
-
-    def nvmlEventSetFree(self, eventSet: Any) -> None:
-        self._check_init()
-        with self._lock:
-            self.calls[("nvmlEventSetFree", None)] += 1
-            st = self._event_set(eventSet)
-            if st.waiting:
-                self.free_while_waiting += 1
-            st.freed = True
-            self._lock.notify_all()
-
-    def _inject_event(self, gpu: FakeGpu, etype: int, edata: int, gi: int, ci: int) -> None:
-        with self._lock:
-            for st in self._sets.values():
-                if not st.freed and st.registrations.get(gpu.index, 0) & etype:
-                    st.queue.append((gpu, etype, edata, gi, ci))
-            self._lock.notify_all()
-
-    def _gpu_lost(self, gpu: FakeGpu) -> None:
-        """A waiting event set notices a registered GPU fell off the bus (once)."""
-        with self._lock:
-            for st in self._sets.values():
-                if not st.freed and gpu.index in st.registrations:
-                    st.errors.append(_real.NVML_ERROR_GPU_IS_LOST)
-            self._lock.notify_all()
 
 
 _VALUE_MEMBER = {
