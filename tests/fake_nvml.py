@@ -53,6 +53,7 @@ from typing import Any
 import pynvml as _real
 
 from tests.fake_nvml_events import EventSetsMixin, _EventSet
+from tests.fake_nvml_session import SessionMixin
 
 FIXTURES_DIR = Path(__file__).resolve().parent / "fixtures" / "nvml"
 GIB = 1024**3
@@ -313,6 +314,7 @@ class FakeGpu:
         #: An NVML error code every event-set wait where this GPU is registered raises (a broken
         #: event channel; see tests/fake_nvml_events.py). None: events work.
         self.event_wait_error: int | None = None
+        self.reset_pending = False  # reset while lost: back at the next NVML session
         self.failures: dict[str, deque[int]] = {}  # fn name -> NVML error codes to raise next
         #: Seconds every device call on this GPU blocks before answering (a hung GPU, ``hang``).
         self.call_delay_s = 0.0
@@ -473,6 +475,12 @@ class FakeGpu:
         if self._fake is not None:
             self._fake._notify_events()
 
+    def reset(self) -> None:
+        """The GPU was reset or rebound after falling off the bus: a *new* NVML session sees it
+        answer again; the session that saw it lost keeps seeing it lost (tests/fake_nvml_session.py)."""
+        if self.lost:
+            self.reset_pending = True
+
     def recover(self) -> None:
         """The GPU is back: calls on it answer again, in this NVML session (see ``reset`` for the
         usual case, where only a new session sees it)."""
@@ -535,7 +543,7 @@ class _GpmSample:
         self.time = 0.0
 
 
-class FakeNvml(EventSetsMixin):
+class FakeNvml(SessionMixin, EventSetsMixin):
     """The fake module object: pass it wherever ``pynvml`` is expected."""
 
     def __init__(
@@ -554,7 +562,6 @@ class FakeNvml(EventSetsMixin):
         self.calls: Counter[tuple[str, int | None]] = Counter()
         self.field_requests: Counter[tuple[int, int]] = Counter()  # (gpu index, field id)
         self.unimplemented_calls: set[str] = set()
-        self.init_count = 0  # NVML's init reference count
         self.gpm_too_close = 0  # nvmlGpmMetricsGet on samples < 100 ms apart
         self.free_while_waiting = 0  # nvmlEventSetFree while a wait was in flight
         self._lock = threading.Condition()
@@ -753,21 +760,7 @@ class FakeNvml(EventSetsMixin):
         self._util_ts = max(self._util_ts + 1, int(self.clock() * 1e6))
         return self._util_ts
 
-    # -- init / system --------------------------------------------------------------------------
-    def nvmlInitWithFlags(self, flags: int) -> None:
-        self.calls[("nvmlInit", None)] += 1
-        if self.init_error is not None:
-            raise _err(self.init_error)
-        self.init_count += 1
-
-    def nvmlInit(self) -> None:
-        self.nvmlInitWithFlags(0)
-
-    def nvmlShutdown(self) -> None:
-        self.calls[("nvmlShutdown", None)] += 1
-        self._check_init()
-        self.init_count -= 1
-
+    # -- system (init and shutdown: tests/fake_nvml_session.py) ---------------------------------
     def nvmlSystemGetDriverVersion(self) -> str:
         self._check_init()
         self.calls[("nvmlSystemGetDriverVersion", None)] += 1

@@ -110,6 +110,7 @@ class XidEventWatcher:
         self._types = self._xid_type | self._recovery_type | self._unavailable_type
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._life = threading.Lock()  # start() and stop() may come from different threads
         self._channels: list[_Channel] = []
         self._registered: set[int] = set()
         self._unsupported: set[int] = set()
@@ -142,6 +143,10 @@ class XidEventWatcher:
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
         """Initialise NVML, set every GPU up and start the threads."""
+        with self._life:
+            self._start()
+
+    def _start(self) -> None:
         if self._started:
             return
         nvml = self._nvml
@@ -176,6 +181,10 @@ class XidEventWatcher:
         A thread still blocked in NVML after ``timeout_s`` keeps its set and NVML initialised (never
         freed under a wait); the others are stopped anyway.
         """
+        with self._life:
+            return self._stop_threads(timeout_s)
+
+    def _stop_threads(self, timeout_s: float | None) -> bool:
         if not self._started:
             return True
         self._stop.set()

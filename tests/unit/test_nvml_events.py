@@ -287,3 +287,23 @@ def test_a_gpu_lost_at_start_is_set_up_once_it_answers():
         assert time.monotonic() < deadline
         time.sleep(0.01)
     _deliver_each(w, fake, [1], 94, within_s=1.0)
+
+
+def test_stop_while_start_is_under_way_leaves_no_thread_running(fake):
+    # The agent's polling thread restarts the watcher after an NVML re-initialisation while the
+    # agent may be shutting down from the main thread: stop() must wait for that start to finish.
+    import threading
+
+    fake.gpus[0].hang(0.3)  # start() is in GPU 0's identity calls for 0.3 s
+    w = XidEventWatcher(fake, lambda ev: None, timeout_ms=50)
+    starter = threading.Thread(target=w.start)
+    starter.start()
+    deadline = time.monotonic() + WAIT_S
+    while fake.count("nvmlDeviceGetUUID", gpu=0) == 0:  # start() is under way
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    assert w.stop() is True
+    starter.join(WAIT_S)
+    assert not starter.is_alive() and not w.running
+    assert fake.init_count == 0 and fake.live_event_sets() == 0
+    fake.gpus[0].hang(0)

@@ -158,17 +158,30 @@ and are referenced with $(VAR) from GPUPIPE_KAFKA_CONFIG, so they never appear o
 {{/*
 Liveness: the HTTP port answers (a broker outage must not restart every pod; the services wait
 and recover by themselves). Readiness: /healthz, which reports the service's own health.
+The node agent passes (list $c "/readyz" "/healthz"): readiness /readyz (503 also while it has
+released NVML on request), liveness /healthz (its own loops and NVML only, never Kafka: a stalled
+loop or a driver upgraded under it needs a restart).
 */}}
 {{- define "gpupipe.probes" -}}
 {{- $c := index . 0 }}
+{{- $ready := "/healthz" }}
+{{- $live := "" }}
+{{- if gt (len .) 1 }}{{ $ready = index . 1 }}{{ end }}
+{{- if gt (len .) 2 }}{{ $live = index . 2 }}{{ end }}
 livenessProbe:
+  {{- if $live }}
+  httpGet:
+    path: {{ $live }}
+    port: metrics
+  {{- else }}
   tcpSocket:
     port: metrics
+  {{- end }}
   initialDelaySeconds: {{ $c.livenessProbe.initialDelaySeconds }}
   periodSeconds: {{ $c.livenessProbe.periodSeconds }}
 readinessProbe:
   httpGet:
-    path: /healthz
+    path: {{ $ready }}
     port: metrics
   initialDelaySeconds: {{ $c.readinessProbe.initialDelaySeconds }}
   periodSeconds: {{ $c.readinessProbe.periodSeconds }}

@@ -1,0 +1,187 @@
+"""The node agent's XID path: from a reader thread's queue item to a spooled XidEvent record.
+
+Split out of :mod:`producer.node_agent` (which is about threads and lifecycle). Everything here
+runs on the agent's main loop, except :meth:`XidPath._on_nvml_event` (the event watcher's threads)
+and :meth:`XidPath._on_gpu_lost` (the polling thread), which only put into the queue. The main loop
+never calls NVML, so a hung GPU cannot delay an XID (review finding 1.6).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from typing import TYPE_CHECKING, Any
+
+from gpupipe.logs import fields
+from producer.lost_reported import LostReported
+from producer.nvml.records import LostGpu, gpu_lost_xid_event
+from producer.xid.kmsg_cursor import read_boot_id
+from producer.xid.kmsg_parse import FallenOffBus, KernelXid
+from producer.xid_events import (
+    XidContext,
+    build_xid_event,
+    fallen_off_bus_event,
+    kmsg_fields,
+    nvml_fields,
+    nvml_notice_event,
+)
+from schemas.errors import EncodeError
+
+if TYPE_CHECKING:
+    from producer.agent_config import AgentConfig
+    from producer.delivery import XidSender
+    from producer.kubelet.mapping import AllocationMap
+    from producer.nvml.source import NvmlSource
+    from producer.self_metrics import ProducerMetrics
+    from producer.xid.kmsg_cursor import KmsgCursorStore
+    from producer.xid.xid_merge import XidMerger
+
+log = logging.getLogger("gpupipe.agent")
+
+
+class XidPath:
+    """Mixed into :class:`producer.node_agent.NodeAgent`, which provides the attributes below."""
+
+    if TYPE_CHECKING:
+        config: AgentConfig
+        metrics: ProducerMetrics
+        source: NvmlSource | None
+        sender: XidSender | None
+        merger: XidMerger
+        cursor: KmsgCursorStore | None
+        xid_merged: int
+        encode_errors: int
+        xids_sent: int
+        _events: queue.SimpleQueue[tuple[str, float, int, Any, int | None]]
+        _slices: dict[str, list[str]]
+        _tick_amap: AllocationMap
+        _lost_reported: LostReported | None
+        _enc_xid: Any
+
+        @property
+        def allocations(self) -> AllocationMap: ...
+
+    def _on_nvml_event(self, event: dict[str, Any]) -> None:  # watcher thread
+        kind = "notice" if event.get("type") in ("recovery_action", "gpu_unavailable") else "nvml"
+        self._events.put((kind, time.monotonic(), int(event["timestamp_ms"]), event, None))
+
+    def _drain_events(self, timeout: float) -> None:
+        try:
+            item = self._events.get(timeout=timeout) if timeout > 0 else self._events.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._handle(item)
+            try:
+                item = self._events.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, item: tuple[str, float, int, Any, int | None]) -> None:
+        kind, at, seen_ms, payload, seq = item
+        if kind == "lost":
+            self._emit_lost(payload)
+            return
+        if kind == "notice":
+            self._emit(nvml_notice_event(payload, self._context()))
+            return
+        if kind == "nvml":
+            if payload.get("gpu_instance_id") is not None and payload.get("uuid") not in self._slices:
+                # GI/CI only mean something on a GPU in MIG mode (NVIDIA's mock reports 0/0 on
+                # every GPU): never attribute an XID to "instance 0" of a whole GPU.
+                payload = {**payload, "gpu_instance_id": None, "compute_instance_id": None, "mig_uuid": None}
+            released = self.merger.add(
+                "nvml", payload.get("pci_bus_id") or "", payload["xid"], at, nvml_fields(payload)
+            )
+        elif isinstance(payload, FallenOffBus):
+            self._emit(fallen_off_bus_event(payload, seen_ms, self._context()))
+            self._advance_cursor(seq)
+            return
+        else:
+            ev: KernelXid = payload
+            f = kmsg_fields(ev, seen_ms)
+            f["kmsg_seq"] = seq
+            released = self.merger.add("kmsg", ev.pci_bus_id, ev.xid, at, f)
+        self._emit_all(released)
+
+    def _advance_cursor(self, seq: int | None) -> None:
+        """Persist the kernel-log cursor past ``seq`` (its event is spooled), but never past a
+        kernel-log sighting the merger still holds (it is not spooled yet)."""
+        if seq is None or self.cursor is None:
+            return
+        held = self.merger.held_field_min("kmsg_seq")
+        if held is not None:
+            seq = min(seq, held - 1)
+        self.cursor.save(seq)
+
+    def _context(self) -> XidContext:
+        src = self.source
+        assert src is not None
+        return XidContext(
+            self.config.hostname,
+            src.bus_id_map(),
+            self.allocations,
+            slices=self._slices,
+            mig_lookup=src.mig_uuid_for,
+        )
+
+    def _emit_all(self, merged: list[dict[str, Any]]) -> None:
+        if not merged:
+            return
+        ctx = self._context()
+        for m in merged:
+            if m.get("source") == "nvml+kmsg":
+                self.xid_merged += 1
+            self._emit(build_xid_event(m, ctx))
+        # Once per batch (an XID storm releases thousands at once), past the newest spooled record.
+        seqs = [m["kmsg_seq"] for m in merged if m.get("kmsg_seq") is not None]
+        if seqs:
+            self._advance_cursor(max(seqs))
+
+    def _emit(self, event: dict[str, Any]) -> None:
+        if self.config.extras is not None:
+            self.config.extras.decorate(event)
+        try:
+            value = self._enc_xid(event)
+        except EncodeError as exc:
+            self.encode_errors += 1
+            log.error("XID event could not be encoded: %s", exc, extra=fields(event=repr(event)[:500]))
+            return
+        key = (event["mig_uuid"] or event["uuid"] or event["pci_bus_id"] or "unknown").encode()
+        assert self.sender is not None
+        self.sender.send(key, value)
+        self.xids_sent += 1
+        self.metrics.xid_events.labels(event["kind"]).inc()
+        if event["kind"] == "xid" and event["gpu_index"] is not None and self.source is not None:
+            self.source.record_xid(event["gpu_index"], event["xid"], event["gpu_instance_id"])
+        log.warning(
+            "GPU error event",
+            extra=fields(
+                kind=event["kind"],
+                xid=event["xid"],
+                gpu=event["gpu_index"],
+                uuid=event["uuid"],
+                pci_bus_id=event["pci_bus_id"],
+                source=event["source"],
+                pid=event["pid"],
+                process=event["process_name"],
+                message=event["message"][:200],
+                pods=[f"{a['namespace']}/{a['pod']}" for a in event["allocations"]],
+            ),
+        )
+
+    def _on_gpu_lost(self, lost: LostGpu) -> None:  # nvml-poll thread (NvmlSource.poll)
+        self._events.put(("lost", time.monotonic(), lost.timestamp_ms, lost, None))
+
+    def _emit_lost(self, lost: LostGpu) -> None:  # main loop
+        if self._lost_reported is None:
+            self._lost_reported = LostReported(self.config.spool_dir, read_boot_id(self.config.boot_id_path))
+        if not self._lost_reported.should_report(lost):
+            log.info("GPU lost at start was reported earlier this boot", extra=fields(uuid=lost.gpu.uuid))
+            return
+        self._lost_reported.record(lost)
+        event = gpu_lost_xid_event(lost, self.config.hostname)
+        ctx = XidContext(self.config.hostname, {}, self._tick_amap, slices=self._slices)
+        event["allocations"] = ctx.allocations(event["uuid"], None, lost.gpu)
+        self._emit(event)
