@@ -75,6 +75,7 @@ from producer.publish import Publisher
 from producer.self_metrics import ProducerMetrics
 from producer.spool import XidSpool
 from producer.xid.kmsg_cursor import KmsgCursorStore, read_boot_id
+from producer.xid.wake import WakeEvent
 from producer.xid.xid_merge import XidMerger
 from schemas.errors import EncodeError
 
@@ -222,7 +223,8 @@ class NodeAgent(XidPath):
         # Shared with the threads: (kind, monotonic arrival, wall ms, payload, kmsg seq or None).
         self._events: queue.SimpleQueue[tuple[str, float, int, Any, int | None]] = queue.SimpleQueue()
         self._amap_state: tuple[AllocationMap, float] = (AllocationMap.empty(), float("-inf"))  # map, when
-        self._threads_stop = threading.Event()
+        # A WakeEvent: the kernel-log reader blocks on it and its input together, without a timeout.
+        self._threads_stop = WakeEvent()
         self._threads: list[threading.Thread] = []
         self.kmsg_input: KmsgInput | None = None
         self._lost_reported: LostReported | None = None
@@ -324,7 +326,8 @@ class NodeAgent(XidPath):
         if now - self._main_beat > stall:
             problems.append("xid_loop_stalled")
         kin = self.kmsg_input
-        if kin is not None and self.kmsg_alive() and now - kin.heartbeat > max(stall, c.kmsg_retry_s + stall):
+        kmsg_stall = max(stall, c.kmsg_retry_s + stall)
+        if kin is not None and self.kmsg_alive() and kin.stalled_for(now) > kmsg_stall:
             problems.append("kmsg_reader_stalled")
         detail: dict[str, Any] = {
             "ticks": self.ticks,
