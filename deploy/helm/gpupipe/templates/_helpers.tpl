@@ -186,3 +186,37 @@ readinessProbe:
   initialDelaySeconds: {{ $c.readinessProbe.initialDelaySeconds }}
   periodSeconds: {{ $c.readinessProbe.periodSeconds }}
 {{- end }}
+
+{{/*
+The kernel-log relay of the producer pod: the only privileged container, a shell loop that copies
+the kernel log device into a FIFO in a memory emptyDir (the agent reads the FIFO with no
+capability). It re-sends the kernel's backlog whenever it restarts; the agent's persisted cursor
+skips what it already handled. Same as deploy/kubernetes/producer-daemonset.yaml.
+*/}}
+{{- define "gpupipe.kmsgRelay" -}}
+{{- $root := index . 0 }}
+{{- $c := index . 1 }}
+- name: kmsg-relay
+  image: {{ include "gpupipe.image" $root | quote }}
+  imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+  command:
+    - /bin/sh
+    - -c
+    - |
+      f=/run/gpupipe/kmsg/kmsg.fifo
+      [ -p "$f" ] || mkfifo -m 0600 "$f"
+      while :; do cat {{ $c.kmsg.path }} > "$f"; sleep 1; done
+  startupProbe:
+    exec:
+      command: ["test", "-p", "/run/gpupipe/kmsg/kmsg.fifo"]
+    periodSeconds: 1
+  resources:
+    {{- toYaml $c.kmsg.resources | nindent 4 }}
+  securityContext:
+    privileged: true
+    runAsUser: 0
+    readOnlyRootFilesystem: true
+  volumeMounts:
+    - name: kmsg-fifo
+      mountPath: /run/gpupipe/kmsg
+{{- end }}
