@@ -124,6 +124,7 @@ class XidPath:
             self.allocations,
             slices=self._slices,
             mig_lookup=src.mig_uuid_for,
+            ids=src.device_ids(),
         )
 
     def _emit_all(self, merged: list[dict[str, Any]]) -> None:

@@ -25,10 +25,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from producer.enrich import allocation_record, device_holders, gpu_aliases
+from producer.enrich import allocation_record, device_holders, gpu_aliases, slice_aliases
 from producer.kubelet.mapping import AllocationMap, PodRef
 from producer.nvml.identity import normalize_pci_bus_id
-from producer.nvml.records import GpuRef
+from producer.nvml.records import DeviceIds, GpuRef
 from producer.xid.kmsg_parse import FallenOffBus, KernelXid
 
 __all__ = [
@@ -53,7 +53,7 @@ def event_id(hostname: str, source: str, bus_id: str, code: str, timestamp_ms: i
 class XidContext:
     """What attribution needs from the rest of the agent, captured at emit time."""
 
-    __slots__ = ("amap", "bus_map", "hostname", "mig_lookup", "slices")
+    __slots__ = ("amap", "bus_map", "hostname", "ids", "mig_lookup", "slices")
 
     def __init__(
         self,
@@ -63,12 +63,14 @@ class XidContext:
         *,
         slices: Mapping[str, Iterable[str]] | None = None,
         mig_lookup: MigLookup | None = None,
+        ids: DeviceIds | None = None,
     ) -> None:
         self.hostname = hostname
         self.bus_map = bus_map  # canonical bus id (producer.nvml.identity) -> GPU
         self.amap = amap
         self.slices = slices or {}  # GPU uuid -> MIG uuids of its slices
         self.mig_lookup = mig_lookup
+        self.ids = ids  # minors and MIG slice aliases (device plugins not advertising UUIDs)
 
     def gpu_for_bus(self, bus_id: str | None) -> GpuRef | None:
         if not bus_id:
@@ -80,7 +82,9 @@ class XidContext:
         if not uuid or not self.amap:
             return []
         if mig_uuid:
-            refs: Iterable[PodRef] = device_holders(self.amap, uuid, mig_uuid)
+            refs: Iterable[PodRef] = device_holders(
+                self.amap, uuid, mig_uuid, aliases=slice_aliases(self.ids, mig_uuid)
+            )
         else:
             found = set(
                 device_holders(
@@ -90,7 +94,7 @@ class XidContext:
                 )
             )
             for m in self.slices.get(uuid, ()):
-                found.update(device_holders(self.amap, uuid, m))
+                found.update(device_holders(self.amap, uuid, m, aliases=slice_aliases(self.ids, m)))
             refs = sorted(found, key=PodRef.sort_key)
         return [allocation_record(r) for r in refs]
 

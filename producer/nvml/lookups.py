@@ -28,16 +28,22 @@ class SourceLookups:
         def _ref(self, gpu: Any) -> GpuRef: ...
 
     def device_ids(self) -> DeviceIds:
-        """What kubelet matching needs beyond UUIDs: minor numbers and MIG index ids."""
+        """What kubelet matching needs beyond UUIDs: minor numbers and MIG slice aliases."""
         minors: dict[str, int] = {}
         mig: dict[str, str] = {}
-        for g in self._gpus:
+        aliases: dict[str, tuple[str, ...]] = {}
+        for g in list(self._gpus):
             if g.ctx.uuid and g.minor is not None:
                 minors[g.ctx.uuid] = g.minor
-            for s in g.slices:
+            for s in list(g.slices):
+                forms = []
                 if s.mig_index >= 0:
                     mig[s.mig_uuid] = f"{g.ctx.index}:{s.mig_index}"
-        return DeviceIds(minors, mig)
+                    forms.append(mig[s.mig_uuid])
+                if g.minor is not None and s.gpu_instance_id is not None:
+                    forms.append(f"nvidia{g.minor}/gi{s.gpu_instance_id}")  # GKE's MIG device ids
+                aliases[s.mig_uuid] = tuple(forms)
+        return DeviceIds(minors, mig, aliases)
 
     def dra_device_uuid(self, driver: str, pool: str, device: str) -> str | None:
         """The GPU UUID of an NVIDIA DRA driver device name ``gpu-<n>`` (whole GPUs only).
