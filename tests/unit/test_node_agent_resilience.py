@@ -187,3 +187,27 @@ def test_a_gpu_lost_before_start_is_reported_once_per_boot(tmp_path: Path) -> No
     assert second == [], "the restart does not report the same loss again"
     boot.write_text("b0a7-2\n")  # after a reboot it is a new loss
     assert [e["kind"] for e in run()] == ["gpu_lost"]
+
+
+def test_a_full_disk_under_the_spool_keeps_the_agent_and_the_xid(tmp_path: Path) -> None:
+    # Review 1.3 on the whole agent: the first XID after the disk filled killed it (OSError 28 out of
+    # the main loop), and that XID was in neither the spool nor Kafka.
+    import os
+
+    fake = node_for_fixtures()
+    pub, mem = memory_publisher()
+    with running_agent(config(tmp_path), pub, fake) as ra:
+        ra.ticks_after(1)
+        assert ra.agent.sender is not None
+        spool = ra.agent.sender.spool
+        full = os.open("/dev/full", os.O_WRONLY)  # the spool file's descriptor now answers ENOSPC
+        os.dup2(full, spool._fd)
+        os.close(full)
+        fake.gpus[1].inject_xid(48)
+        wait_for(lambda: any(e["xid"] == 48 for e in mem.records("xid")), 5, "Xid 48 published")
+        ticks = ra.agent.ticks
+        ra.ticks_after(2)
+        assert ra.thread.is_alive() and ra.agent.ticks >= ticks + 2
+        assert metric(ra.registry, "gpupipe_producer_xid_spool_write_errors_total") >= 1
+        assert metric(ra.registry, "gpupipe_producer_xid_spool_on_disk") == 0
+        ra.stop()

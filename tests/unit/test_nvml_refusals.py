@@ -6,6 +6,7 @@ needed a restart and "the agent lacks rights" looked like "this GPU has no such 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pynvml
 import pytest
@@ -108,4 +109,39 @@ def test_no_permission_warns_once_per_key_not_supported_stays_quiet_and_both_are
     assert hooks.unsupported_calls.count(("procs", "NoPermission")) == 4  # 2 GPUs x 2 learns
     assert src.learned()[("procs", "NoPermission")] == 2
     assert src.learned()[("enc", "NotSupported")] == 2
+    src.shutdown()
+
+
+def _refuse(name: str) -> Any:
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION)
+
+    refused.__name__ = name
+    return refused
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc", "nvmlGpmSampleGet", "nvmlGpmMetricsGet", "metric"],
+)
+def test_pcie_throughput_falls_back_wherever_gpm_is_refused(where: str) -> None:
+    # Review 1.8: the legacy PCIe call keyed on gpm_supported only; refused at any step of GPM
+    # (support query, sample buffers, sampling, metrics, or the PCIe metrics alone) PCIe went null.
+    fake = FakeNvml.node("H100", 1)
+    g = fake.gpus[0]
+    if where == "metric":
+        g.unsupported_gpm_metrics |= {
+            pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC,
+            pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC,
+        }
+    elif where in ("nvmlGpmSampleAlloc", "nvmlGpmMetricsGet"):  # not device calls: refused for all
+        setattr(fake, where, _refuse(where))
+    else:
+        g.fail(where, pynvml.NVML_ERROR_NO_PERMISSION, times=100)
+    fake, src, clock, _ = make(fake)
+    src.poll()
+    for _ in range(3):
+        s = by_gpu(tick(src, clock))[0]
+    assert s["pcie_tx_bytes_per_s"] == 123_456 * 1024.0 and s["pcie_rx_bytes_per_s"] == 654_321 * 1024.0
+    assert fake.count("nvmlDeviceGetPcieThroughput", gpu=0) > 0
     src.shutdown()
