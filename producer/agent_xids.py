@@ -39,6 +39,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpupipe.agent")
 
+#: Events spooled and sent in one batch at most (one fsync each batch).
+MAX_BATCH = 1000
+#: One WARNING line per (kind, GPU, code) at most this often; the others are counted in it.
+LOG_EVERY_S = 10.0
+
 
 class XidPath:
     """Mixed into :class:`producer.node_agent.NodeAgent`, which provides the attributes below."""
@@ -58,6 +63,7 @@ class XidPath:
         _tick_amap: AllocationMap
         _lost_reported: LostReported | None
         _enc_xid: Any
+        _xid_log: dict[tuple[Any, ...], list[Any]]
 
         @property
         def allocations(self) -> AllocationMap: ...
@@ -67,24 +73,32 @@ class XidPath:
         self._events.put((kind, time.monotonic(), int(event["timestamp_ms"]), event, None))
 
     def _drain_events(self, timeout: float) -> None:
+        """Handle what the reader threads queued; the events built are spooled and sent together
+        (one fsync per batch: an XID storm costs per batch, not per event)."""
         try:
             item = self._events.get(timeout=timeout) if timeout > 0 else self._events.get_nowait()
         except queue.Empty:
             return
+        batch = _Batch()
         while True:
-            self._handle(item)
+            self._handle(item, batch)
+            if len(batch.events) >= MAX_BATCH:
+                self._flush(batch)
             try:
                 item = self._events.get_nowait()
             except queue.Empty:
-                return
+                break
+        self._flush(batch)
 
-    def _handle(self, item: tuple[str, float, int, Any, int | None]) -> None:
+    def _handle(self, item: tuple[str, float, int, Any, int | None], batch: _Batch) -> None:
         kind, at, seen_ms, payload, seq = item
         if kind == "lost":
-            self._emit_lost(payload)
+            event = self._lost_event(payload)
+            if event is not None:
+                batch.add(event)
             return
         if kind == "notice":
-            self._emit(nvml_notice_event(payload, self._context()))
+            batch.add(nvml_notice_event(payload, batch.context(self._context)))
             return
         if kind == "nvml":
             if payload.get("gpu_instance_id") is not None and payload.get("uuid") not in self._slices:
@@ -95,15 +109,14 @@ class XidPath:
                 "nvml", payload.get("pci_bus_id") or "", payload["xid"], at, nvml_fields(payload)
             )
         elif isinstance(payload, FallenOffBus):
-            self._emit(fallen_off_bus_event(payload, seen_ms, self._context()))
-            self._advance_cursor(seq)
+            batch.add(fallen_off_bus_event(payload, seen_ms, batch.context(self._context)), seq)
             return
         else:
             ev: KernelXid = payload
             f = kmsg_fields(ev, seen_ms)
             f["kmsg_seq"] = seq
             released = self.merger.add("kmsg", ev.pci_bus_id, ev.xid, at, f)
-        self._emit_all(released)
+        self._add_released(released, batch)
 
     def _advance_cursor(self, seq: int | None) -> None:
         """Persist the kernel-log cursor past ``seq`` (its event is spooled), but never past a
@@ -128,36 +141,69 @@ class XidPath:
         )
 
     def _emit_all(self, merged: list[dict[str, Any]]) -> None:
+        """Spool and send what the merger released (expired or flushed), as one batch."""
+        batch = _Batch()
+        self._add_released(merged, batch)
+        self._flush(batch)
+
+    def _add_released(self, merged: list[dict[str, Any]], batch: _Batch) -> None:
         if not merged:
             return
-        ctx = self._context()
+        ctx = batch.context(self._context)
         for m in merged:
             if m.get("source") == "nvml+kmsg":
                 self.xid_merged += 1
-            self._emit(build_xid_event(m, ctx))
-        # Once per batch (an XID storm releases thousands at once), past the newest spooled record.
-        seqs = [m["kmsg_seq"] for m in merged if m.get("kmsg_seq") is not None]
+            batch.add(build_xid_event(m, ctx), m.get("kmsg_seq"))
+
+    def _flush(self, batch: _Batch) -> None:
+        """Encode, spool (one write and fsync), send; then count, log and advance the cursor once,
+        past the newest kernel-log record now spooled."""
+        if not batch.events:
+            return
+        items: list[tuple[bytes, bytes]] = []
+        sent: list[dict[str, Any]] = []
+        for event in batch.events:
+            if self.config.extras is not None:
+                self.config.extras.decorate(event)
+            try:
+                value = self._enc_xid(event)
+            except EncodeError as exc:
+                self.encode_errors += 1
+                log.error("XID event could not be encoded: %s", exc, extra=fields(event=repr(event)[:500]))
+                continue
+            key = (event["mig_uuid"] or event["uuid"] or event["pci_bus_id"] or "unknown").encode()
+            items.append((key, value))
+            sent.append(event)
+        assert self.sender is not None
+        if items:
+            self.sender.send_many(items)
+        for event in sent:
+            self.xids_sent += 1
+            self.metrics.xid_events.labels(event["kind"]).inc()
+            if event["kind"] == "xid" and event["gpu_index"] is not None and self.source is not None:
+                self.source.record_xid(event["gpu_index"], event["xid"], event["gpu_instance_id"])
+            self._log_event(event)
+        seqs = [q for q in batch.seqs if q is not None]
+        batch.clear()
         if seqs:
             self._advance_cursor(max(seqs))
 
-    def _emit(self, event: dict[str, Any]) -> None:
-        if self.config.extras is not None:
-            self.config.extras.decorate(event)
-        try:
-            value = self._enc_xid(event)
-        except EncodeError as exc:
-            self.encode_errors += 1
-            log.error("XID event could not be encoded: %s", exc, extra=fields(event=repr(event)[:500]))
+    def _log_event(self, event: dict[str, Any]) -> None:
+        """One WARNING per event, but at most one per (kind, GPU, code) every LOG_EVERY_S: a storm of
+        thousands of Xid 13 is one line now and one line with the count every 10 s (every event is
+        still published and counted in gpupipe_producer_xid_events_total)."""
+        key = (event["kind"], event["gpu_index"], event["xid"])
+        now = time.monotonic()
+        seen = self._xid_log.get(key)
+        if seen is not None and now - seen[0] < LOG_EVERY_S:
+            seen[1] += 1
             return
-        key = (event["mig_uuid"] or event["uuid"] or event["pci_bus_id"] or "unknown").encode()
-        assert self.sender is not None
-        self.sender.send(key, value)
-        self.xids_sent += 1
-        self.metrics.xid_events.labels(event["kind"]).inc()
-        if event["kind"] == "xid" and event["gpu_index"] is not None and self.source is not None:
-            self.source.record_xid(event["gpu_index"], event["xid"], event["gpu_instance_id"])
+        held = seen[1] if seen is not None else 0
+        if len(self._xid_log) >= 1024:
+            self._xid_log.clear()
+        self._xid_log[key] = [now, 0]
         log.warning(
-            "GPU error event",
+            "GPU error event" if not held else f"GPU error event ({held} more like it since the last line)",
             extra=fields(
                 kind=event["kind"],
                 xid=event["xid"],
@@ -175,14 +221,39 @@ class XidPath:
     def _on_gpu_lost(self, lost: LostGpu) -> None:  # nvml-poll thread (NvmlSource.poll)
         self._events.put(("lost", time.monotonic(), lost.timestamp_ms, lost, None))
 
-    def _emit_lost(self, lost: LostGpu) -> None:  # main loop
+    def _lost_event(self, lost: LostGpu) -> dict[str, Any] | None:  # main loop
         if self._lost_reported is None:
             self._lost_reported = LostReported(self.config.spool_dir, read_boot_id(self.config.boot_id_path))
         if not self._lost_reported.should_report(lost):
             log.info("GPU lost at start was reported earlier this boot", extra=fields(uuid=lost.gpu.uuid))
-            return
+            return None
         self._lost_reported.record(lost)
         event = gpu_lost_xid_event(lost, self.config.hostname)
         ctx = XidContext(self.config.hostname, {}, self._tick_amap, slices=self._slices)
         event["allocations"] = ctx.allocations(event["uuid"], None, lost.gpu)
-        self._emit(event)
+        return event
+
+
+class _Batch:
+    """Events built during one pass of the main loop, spooled and sent together."""
+
+    __slots__ = ("_ctx", "events", "seqs")
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.seqs: list[int | None] = []  # the kernel-log record of each event, if any
+        self._ctx: XidContext | None = None
+
+    def add(self, event: dict[str, Any], seq: int | None = None) -> None:
+        self.events.append(event)
+        self.seqs.append(seq)
+
+    def context(self, make: Any) -> XidContext:
+        """One attribution context per batch (the kubelet map and slices as of this pass)."""
+        if self._ctx is None:
+            self._ctx = make()
+        return self._ctx
+
+    def clear(self) -> None:
+        self.events.clear()
+        self.seqs.clear()

@@ -242,6 +242,7 @@ class NodeAgent(XidPath):
         self.encode_errors = 0
         self.xids_sent = 0
         self._dropped_seen = 0
+        self._xid_log: dict[tuple[Any, ...], list[Any]] = {}  # (kind, gpu, code) -> [last line, held]
         self._slices: dict[str, list[str]] = {}
         self._tick_amap: AllocationMap = AllocationMap.empty()
         self._collector = AgentCollector(self)
