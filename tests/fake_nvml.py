@@ -357,7 +357,8 @@ class FakeGpu:
         self.power_limit_mw: Any = m.power_limit_mw
         self.energy_mj: Any = 123_456_789_012
         self.gpu_temp_c: Any = 61
-        self.memory_temp_c: Any = 70
+        #: FI 82 (NVML_FI_DEV_MEMORY_TEMP) is for HBM boards only (nvml.h): NotSupported on GDDR (L40S).
+        self.memory_temp_c: Any = None if m.arch == ADA else 70
         self.sm_clock_mhz: Any = m.sm_clock_mhz
         self.mem_clock_mhz: Any = m.mem_clock_mhz
         self.clock_event_reasons: Any = 0x4  # SwPowerCap

@@ -67,6 +67,8 @@ def test_only_the_kmsg_relay_is_privileged_and_it_feeds_the_agents_kmsg_path() -
 def test_probes_and_paths_match_the_agent_defaults() -> None:
     c = container("producer")
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    # Review §2 command.py:216-221 + manifest: readiness only and no priority class before.
+    assert producer_pod()["priorityClassName"] == "system-node-critical"
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"  # 503 also while NVML is released
     parser = build_parser()
     apply_env_defaults(parser, {e["name"]: e["value"] for e in c["env"] if "value" in e})
