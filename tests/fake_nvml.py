@@ -459,6 +459,12 @@ class FakeGpu:
             raise RuntimeError("add the GPU to a FakeNvml first")
         self._fake._inject_event(self, _real.nvmlEventTypeGpuRecoveryAction, action, NO_INSTANCE, NO_INSTANCE)
 
+    def inject_gpu_unavailable(self, data: int = 0) -> None:
+        """NVML's GPU-unavailable error event (R570+): delivered where it is registered."""
+        if self._fake is None:
+            raise RuntimeError("add the GPU to a FakeNvml first")
+        self._fake._inject_event(self, _real.nvmlEventTypeGpuUnavailableError, data, NO_INSTANCE, NO_INSTANCE)
+
     def hang(self, seconds: float) -> None:
         """Every device call on this GPU blocks ``seconds`` before answering (0 ends the hang).
 

@@ -107,15 +107,20 @@ def test_what_the_mock_profiles_show_stays_null_and_quiet() -> None:
     src.shutdown()
 
 
-def test_recovery_action_event_is_published(tmp_path: Path) -> None:
+def test_recovery_action_and_gpu_unavailable_events_are_published(tmp_path: Path) -> None:
     fake = node_for_fixtures()
     pub, mem = memory_publisher()
     with running_agent(config(tmp_path), pub, fake) as ra:
         ra.ticks_after(1)
         fake.gpus[2].inject_recovery_action(pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET)
-        wait_for(lambda: ra.agent.xids_sent >= 1, 5, "recovery action event")
+        fake.gpus[4].inject_gpu_unavailable(1)
+        wait_for(lambda: ra.agent.xids_sent >= 2, 5, "recovery action and GPU unavailable events")
         ra.stop()
-    (ev,) = mem.records("xid")
+    by_kind = {e["kind"]: e for e in mem.records("xid")}
+    un = by_kind["gpu_unavailable"]
+    assert (un["xid"], un["gpu_index"], un["uuid"], un["source"]) == (None, 4, fake.gpus[4].uuid, "nvml")
+    assert un["message"] == "GPU unavailable (event data 1)"
+    ev = by_kind["recovery_action"]
     assert (ev["kind"], ev["xid"], ev["gpu_index"], ev["source"]) == ("recovery_action", None, 2, "nvml")
     assert ev["message"] == "GPU recovery action: DRAIN_AND_RESET (4)"
     assert ev["uuid"] == fake.gpus[2].uuid
