@@ -333,6 +333,9 @@ class FakeGpu:
         self.nvlink_rcv_errors: dict[int, int] = {}
         self.nvlink_symbol_errors: dict[int, int] = {}
         self.nvlink_recovery_failed: dict[int, int] = {}
+        #: Device-wide NVLink error totals by field id (38 CRC FLIT, 45 CRC data, 52 replay, 59
+        #: recovery); 0 where the GPU has links (the mock's H100 and GB200 answer 0), else NotSupported.
+        self.nvlink_error_totals: dict[int, int] = {}
         self.c2c_links = 0  # FI 170; 0: NotSupported (the mock on every profile)
         self.c2c_down: set[int] = set()
         #: PCIe byte counters (FI 197/198); None: NotSupported (the mock, every profile).
@@ -1320,6 +1323,15 @@ _FIELDS: dict[int, tuple[int, Callable[[FakeGpu], Any], bool]] = {
     _real.NVML_FI_DEV_POWER_INSTANT: (_UI, lambda g: g.power_mw, False),
     _real.NVML_FI_DEV_ENERGY: (_ULL, lambda g: g.energy_mj, False),
     _real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: (_UI, lambda g: g.recovery_action, False),
+    **{
+        fid: (_ULL, lambda g, fid=fid: g.nvlink_error_totals.get(fid, 0) if g.nvlink_links else None, False)
+        for fid in (
+            _real.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
+            _real.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
+            _real.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,
+            _real.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL,
+        )
+    },
 }
 
 

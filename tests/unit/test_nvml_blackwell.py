@@ -124,3 +124,26 @@ def test_recovery_action_and_gpu_unavailable_events_are_published(tmp_path: Path
     assert (ev["kind"], ev["xid"], ev["gpu_index"], ev["source"]) == ("recovery_action", None, 2, "nvml")
     assert ev["message"] == "GPU recovery action: DRAIN_AND_RESET (4)"
     assert ev["uuid"] == fake.gpus[2].uuid
+
+
+def test_nvlink_crc_replay_and_recovery_totals_show_a_flapping_link() -> None:
+    # Review §4 item 2: Hopper's NVLink CRC / replay / recovery error totals were read on no GPU, so a
+    # single flapping link was invisible. Device-wide fields 38/45/52/59 in the fabric group's call.
+    fake = FakeNvml.node("H100", 2)
+    fake.gpus[1].nvlink_error_totals = {
+        pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: 1_734,
+        pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: 12,
+    }
+    fake, src, clock, _ = make(fake)
+    src.poll()
+    s = by_gpu(tick(src, clock, 10.0))
+    fields = ("nvlink_crc_flit_errors_total", "nvlink_crc_data_errors_total")
+    fields += ("nvlink_replay_errors_total", "nvlink_recovery_errors_total")
+    assert [s[0][f] for f in fields] == [0, 0, 0, 0]
+    assert [s[1][f] for f in fields] == [12, 0, 1_734, 0]
+    src.shutdown()
+    _, src2, clock2, hooks2 = make(FakeNvml.node("L40S", 1))  # no NVLink: null, quietly
+    src2.poll()
+    s2 = by_gpu(tick(src2, clock2, 10.0))[0]
+    assert all(s2[f] is None for f in fields) and hooks2.errors == []
+    src2.shutdown()
