@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import queue
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from gpupipe.logs import fields
@@ -64,12 +65,16 @@ class XidPath:
         _lost_reported: LostReported | None
         _enc_xid: Any
         _xid_log: dict[tuple[Any, ...], list[Any]]
+        _nvml_seq: Iterator[int]
 
         @property
         def allocations(self) -> AllocationMap: ...
 
-    def _on_nvml_event(self, event: dict[str, Any]) -> None:  # watcher thread
+    def _on_nvml_event(self, event: dict[str, Any]) -> None:  # watcher threads
         kind = "notice" if event.get("type") in ("recovery_action", "gpu_unavailable") else "nvml"
+        # Numbered here (next() on itertools.count is atomic): two NVML XIDs of one code on one GPU in
+        # the same millisecond must not share an event_id (review §2 records.py:80-81).
+        event = {**event, "nvml_seq": next(self._nvml_seq)}
         self._events.put((kind, time.monotonic(), int(event["timestamp_ms"]), event, None))
 
     def _drain_events(self, timeout: float) -> None:

@@ -38,6 +38,7 @@ spool for the next start.
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import queue
 import threading
@@ -243,6 +244,7 @@ class NodeAgent(XidPath):
         self.xids_sent = 0
         self._dropped_seen = 0
         self._xid_log: dict[tuple[Any, ...], list[Any]] = {}  # (kind, gpu, code) -> [last line, held]
+        self._nvml_seq = itertools.count(1)  # numbers NVML events (their event_id suffix)
         self._slices: dict[str, list[str]] = {}
         self._tick_amap: AllocationMap = AllocationMap.empty()
         self._collector = AgentCollector(self)

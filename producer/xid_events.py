@@ -124,6 +124,7 @@ def nvml_fields(ev: Mapping[str, Any]) -> dict[str, Any]:
         "compute_instance_id": ev.get("compute_instance_id"),
         "mig_uuid": ev.get("mig_uuid"),
         "nvml_ts_ms": int(ev["timestamp_ms"]),
+        "nvml_seq": ev.get("nvml_seq"),
     }
 
 
@@ -154,6 +155,11 @@ def build_xid_event(merged: Mapping[str, Any], ctx: XidContext) -> dict[str, Any
         # Two reports of the same code on the same GPU within one millisecond are two events: the
         # kernel's record number tells them apart (and is stable when a backlog is read again).
         eid += f"|s{int(merged['kmsg_seq'])}"
+    elif merged.get("nvml_seq") is not None:
+        # NVML alone (no kernel-log record to pair with): the agent's own number of the NVML event.
+        # NVML events are delivered once and the id is fixed when the record is spooled, so replays
+        # keep it; a restart starts over, with later timestamps.
+        eid += f"|n{int(merged['nvml_seq'])}"
     return {
         "event_id": eid,
         "timestamp_ms": ts,
@@ -202,7 +208,8 @@ def nvml_notice_event(notice: Mapping[str, Any], ctx: XidContext) -> dict[str, A
         message = f"GPU unavailable (event data {data})"
     ts = int(notice["timestamp_ms"])
     return {
-        "event_id": event_id(ctx.hostname, "nvml", bus, f"{kind}{data}", ts),
+        "event_id": event_id(ctx.hostname, "nvml", bus, f"{kind}{data}", ts)
+        + (f"|n{int(notice['nvml_seq'])}" if notice.get("nvml_seq") is not None else ""),
         "timestamp_ms": ts,
         "hostname": ctx.hostname,
         "kind": kind,

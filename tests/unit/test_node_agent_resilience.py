@@ -259,3 +259,20 @@ def test_an_xid_storm_costs_one_fsync_per_batch_and_a_log_line_per_gpu_and_code(
         monkeypatch.undo()
         agent._shutdown()
     assert len([x for x in mem.records("xid") if x["xid"] == 13]) == 2500
+
+
+def test_two_identical_nvml_xids_are_two_events(tmp_path: Path) -> None:
+    # Review §2 records.py:80-81 for NVML alone (no kernel-log record number to tell them apart): two
+    # Xid 48 of one GPU in the same millisecond shared an event_id, and consumers drop duplicates.
+    fake = node_for_fixtures()
+    pub, mem = memory_publisher()
+    with running_agent(config(tmp_path, nvml_event_timeout_ms=50), pub, fake) as ra:
+        ra.ticks_after(1)
+        fake.gpus[1].inject_xid(48)
+        fake.gpus[1].inject_xid(48)
+        fake.gpus[3].inject_recovery_action(1)
+        fake.gpus[3].inject_recovery_action(1)
+        wait_for(lambda: ra.agent.xids_sent >= 4, 5, "four NVML events")
+        ra.stop()
+    ids = [e["event_id"] for e in mem.records("xid")]
+    assert len(set(ids)) == 4 and all("|n" in i for i in ids), ids
