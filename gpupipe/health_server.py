@@ -5,7 +5,8 @@ has its own, faster server for the GPU exposition; this one serves the service's
 self-metrics for producers, chargeback and alerts. It takes the same exporter-toolkit
 web-config file (`--web-config-file`: TLS, basic auth, headers) as the metrics service, parsed
 by the same code (consumers.metrics.http), so every /metrics of the pipeline is secured alike;
-`/healthz` stays open for probes.
+`/healthz` (liveness) and `/readyz` (readiness; the same check unless the service gives its own,
+e.g. the node agent while it has released NVML on request) stay open for probes.
 """
 
 from __future__ import annotations
@@ -72,11 +73,14 @@ class ServiceHttp:
         registry: CollectorRegistry,
         health: HealthFn,
         web_config: str | Path | WebConfig | None = None,
+        *,
+        ready: HealthFn | None = None,
     ) -> None:
         from consumers.metrics.http import WebConfig, _Auth, load_web_config
 
         host, port = parse_listen(listen)
         reg, hfn = registry, health
+        rfn = ready or health
         wc = load_web_config(web_config) if isinstance(web_config, str | Path) else web_config or WebConfig()
         auth = _Auth(wc.users) if wc.users else None
 
@@ -91,7 +95,7 @@ class ServiceHttp:
                 path = self.path.split("?", 1)[0]
                 if (
                     auth is not None
-                    and path not in ("/healthz", "/health")
+                    and path not in ("/healthz", "/health", "/readyz")
                     and not auth.check(self.headers.get("Authorization"))
                 ):
                     self.send_response(401)
@@ -102,8 +106,8 @@ class ServiceHttp:
                     return
                 if path == "/metrics":
                     body, ctype, code = generate_latest(reg), CONTENT_TYPE_LATEST, 200
-                elif path in ("/healthz", "/health", "/"):
-                    ok, detail = hfn()
+                elif path in ("/healthz", "/health", "/", "/readyz"):
+                    ok, detail = (rfn if path == "/readyz" else hfn)()
                     body = json.dumps({"status": "ok" if ok else "unhealthy", **detail}).encode()
                     ctype, code = "application/json", 200 if ok else 503
                 else:

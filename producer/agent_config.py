@@ -26,6 +26,8 @@ DEFAULT_IN_FLIGHT_LIMIT = 2_000
 SHUTDOWN_FLUSH_S = 5.0
 KMSG_RETRY_S = 10.0
 DEFAULT_NVML_TIMEOUT_S = 2.0
+#: Name of the release file in the spool directory (``--nvml-release-file`` default).
+NVML_RELEASE_FILE = "nvml-release"
 
 
 @dataclass
@@ -62,6 +64,10 @@ class AgentConfig:
     stall_after_s: float | None = None
     boot_id_path: str = BOOT_ID_PATH
     kmsg_retry_s: float = KMSG_RETRY_S
+    #: While this file exists NVML is released (:mod:`producer.nvml_control`); None: no such file.
+    nvml_release_file: str | None = None
+    #: First NVML re-initialisation after a GPU is lost (then doubling, up to an hour).
+    nvml_reinit_after_s: float = 60.0
     #: Pod metadata (owner, labels) and HPC jobs added to allocations (:mod:`producer.podmeta`).
     extras: AllocationExtras | None = None
 
@@ -73,6 +79,8 @@ class AgentConfig:
             raise ConfigError("--kubelet-timeout must be positive")
         if not self.nvml_timeout_s > 0:
             raise ConfigError("--nvml-timeout must be positive")
+        if not self.nvml_reinit_after_s > 0:
+            raise ConfigError("--nvml-reinit-after must be positive")
         if self.xid_merge_window_s < 0:
             raise ConfigError("--xid-merge-window must not be negative")
         if self.sample_queue_max < 1 or self.spool_max_bytes < 1024:
@@ -97,6 +105,8 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
     if isinstance(names, str):
         names = [n.strip() for n in names.split(",")]
     kmsg = None if get("no_kmsg", False) else get("kmsg_path", DEFAULT_KMSG_PATH)
+    spool_dir = get("spool_dir", DEFAULT_SPOOL_DIR)
+    release = get("nvml_release_file", os.path.join(spool_dir, NVML_RELEASE_FILE))
     return AgentConfig(
         hostname=get("hostname", "") or default_hostname(),
         interval_s=get("interval", 1000) / 1000.0,
@@ -110,7 +120,9 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         kmsg_path=kmsg or None,
         nvml_events=not get("no_nvml_events", False),
         xid_merge_window_s=get("xid_merge_window", round(DEFAULT_WINDOW_S * 1000)) / 1000.0,
-        spool_dir=get("spool_dir", DEFAULT_SPOOL_DIR),
+        spool_dir=spool_dir,
+        nvml_release_file=release or None,
+        nvml_reinit_after_s=get("nvml_reinit_after", 60_000) / 1000.0,
         spool_max_bytes=int(get("spool_max_bytes", DEFAULT_SPOOL_MAX_BYTES)),
         sample_queue_max=int(get("sample_queue_max", DEFAULT_SAMPLE_QUEUE_MAX)),
         proc_root=get("proc_root", "/proc"),

@@ -101,6 +101,57 @@ class AgentCollector(Collector):
             gpus.add_metric(["lost"], lost)
             gpus.add_metric(["unusable"], src.unusable_gpus)
         yield gpus
+        learned = GaugeMetricFamily(
+            "gpupipe_producer_nvml_learned",
+            "NVML calls not asked now, by call and reason: device contexts (GPUs, MIG slices) where "
+            "NVML refused them. NotSupported/InvalidArgument/BindingMissing are the hardware or the "
+            "binding (for good); NoPermission, FunctionNotFound and the version mismatches are the "
+            "agent's rights or the driver, asked again every few minutes.",
+            labels=["call", "reason"],
+        )
+        if src is not None:
+            for (call, reason), n in sorted(src.learned().items()):
+                learned.add_metric([call, reason], n)
+        yield learned
+        ev = GaugeMetricFamily(
+            "gpupipe_producer_nvml_event_gpus",
+            "GPUs by the state of their NVML XID event set: watching, failing (backing off; the "
+            "others are read meanwhile) or unsupported (the kernel log still reports their XIDs).",
+            labels=["state"],
+        )
+        w = a.watcher
+        if w is not None:
+            failing = w.failing
+            ev.add_metric(["watching"], len([i for i in w.registered if i not in failing]))
+            ev.add_metric(["failing"], len(failing))
+            ev.add_metric(["unsupported"], len(w.unsupported))
+        yield ev
+        ctl = a.control
+        yield GaugeMetricFamily(
+            "gpupipe_producer_nvml_released",
+            "1 while the agent holds no NVML session: released on request (--nvml-release-file) or "
+            "NVML cannot be initialised again. No GPU telemetry meanwhile; /readyz answers 503.",
+            value=1 if ctl is not None and ctl.released is not None else 0,
+        )
+        reinits = CounterMetricFamily(
+            "gpupipe_producer_nvml_reinits",
+            "NVML sessions ended and begun again, by reason: gpu_lost (to see a reset GPU again), "
+            "request (the release file).",
+            labels=["reason"],
+        )
+        failures = CounterMetricFamily(
+            "gpupipe_producer_nvml_reinit_failures",
+            "Attempts to initialise NVML again that failed, by NVML error "
+            "(NVMLError_LibRmVersionMismatch: the driver changed, a restart is needed).",
+            labels=["error"],
+        )
+        if ctl is not None:
+            for reason, n in sorted(ctl.reinits.items()):
+                reinits.add_metric([reason], n)
+            for err, n in sorted(ctl.resume_failures.items()):
+                failures.add_metric([err], n)
+        yield reinits
+        yield failures
         amap = a.allocations
         yield GaugeMetricFamily(
             "gpupipe_producer_kubelet_map_stale",

@@ -178,6 +178,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="longest wait for one GPU's NVML calls in a poll; a GPU over it is left out and "
         "reported (default 2s)",
     )
+    nv.add_argument(
+        "--nvml-release-file",
+        default=None,
+        metavar="PATH",
+        help="while this file exists the agent holds no NVML session (for nvidia-smi -r or a driver "
+        "upgrade; /readyz answers 503 meanwhile); default <spool-dir>/nvml-release, '' for none",
+    )
+    nv.add_argument(
+        "--nvml-reinit-after",
+        type=positive_duration_ms,
+        default=60_000,
+        help="with a GPU lost, re-initialise NVML after this long (then doubling up to 1h), so a "
+        "reset GPU is seen again without a restart (default 60s)",
+    )
     nv.add_argument("--proc-root", default="/proc", help="procfs of the host (pid -> pod via cgroups)")
     nv.add_argument(
         "--pod-logs-dir",
@@ -256,9 +270,15 @@ def run(args: argparse.Namespace) -> int:
     deadline = startup.ShutdownDeadline(stop.event, args.shutdown_timeout, "producer").install()
     http = None
     # The node agent replaces this with its own check (stalled loops, no GPU) once it exists.
-    health: list[Any] = [lambda: (True, {"sent": publisher.sent, "failed": publisher.failed})]
+    health: list[Any] = [lambda: (True, {"sent": publisher.sent, "failed": publisher.failed})] * 2
     if args.listen:
-        http = ServiceHttp(args.listen, metrics.registry, lambda: health[0](), args.web_config_file).start()
+        http = ServiceHttp(
+            args.listen,
+            metrics.registry,
+            lambda: health[0](),
+            args.web_config_file,
+            ready=lambda: health[1](),
+        ).start()
     try:
         if args.source == "simulated":
             enc_s = codec.encoder("GpuSample", t_samples).encode
@@ -275,7 +295,7 @@ def run(args: argparse.Namespace) -> int:
                 codec,
                 t_samples,
                 t_xid,
-                on_agent=lambda agent: health.__setitem__(0, agent.health),
+                on_agent=lambda agent: health.__setitem__(slice(None), [agent.health, agent.ready]),
             )
     finally:
         # Within the shutdown budget, broker up or down: what is still undelivered then is purged,

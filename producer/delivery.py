@@ -87,9 +87,14 @@ class XidSender:
             self._produce(seq, key, value)
 
     def send(self, key: bytes, value: bytes) -> int:
-        seq = self.spool.append(key, value)
-        self._produce(seq, key, value)
-        return seq
+        return self.send_many([(key, value)])[0]
+
+    def send_many(self, items: list[tuple[bytes, bytes]]) -> list[int]:
+        """Spool the events (one write and fsync for all), then hand each to Kafka, in order."""
+        seqs = self.spool.append_many(items)
+        for seq, (key, value) in zip(seqs, items, strict=True):
+            self._produce(seq, key, value)
+        return seqs
 
     def _produce(self, seq: int, key: bytes, value: bytes) -> None:
         def done(err: Any, msg: Any, seq: int = seq) -> None:

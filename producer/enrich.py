@@ -6,7 +6,8 @@ Two kinds of attribution, both from data the node agent already has:
 
 * a whole GPU by its UUID, plus the ids some device plugins advertise instead of UUIDs
   (index ``"0"``, GKE's ``nvidia0``, the PCI bus id), see :func:`gpu_aliases`;
-* a MIG slice by its MIG UUID only (a slice is never matched by its parent's aliases);
+* a MIG slice by its MIG UUID, ``<gpu>:<mig>`` or GKE's ``nvidia<minor>/gi<gi>`` (a slice is never
+  matched by its parent's aliases);
 * time-slicing / MPS replicas (``<uuid>::<n>``): the map already lists every holder under the UUID,
   each with its ``replica``, so a shared GPU gets several allocations.
 
@@ -88,6 +89,18 @@ def gpu_aliases(gpu_index: int | None, pci_bus_id: str | None, minor: int | None
         elif short != pci_bus_id:
             out.append(short)
     return tuple(out)
+
+
+def slice_aliases(ids: DeviceIds | None, mig_uuid: str | None) -> tuple[str, ...]:
+    """Other ids of a MIG slice: ``<gpu>:<mig>`` (``deviceIDStrategy=index``) and GKE's
+    ``nvidia<minor>/gi<GPU instance id>``."""
+    if ids is None or not mig_uuid:
+        return ()
+    forms = ids.mig_aliases.get(mig_uuid)
+    if forms is not None:
+        return forms
+    one = ids.mig.get(mig_uuid)
+    return (one,) if one else ()
 
 
 def device_holders(
@@ -174,9 +187,8 @@ def enrich_sample(
     """
     mig = sample.get("mig")
     if mig:
-        mig_alias = ids.mig.get(mig.get("mig_uuid") or "") if ids is not None else None
         refs = device_holders(
-            amap, sample.get("uuid"), mig.get("mig_uuid"), aliases=(mig_alias,) if mig_alias else ()
+            amap, sample.get("uuid"), mig.get("mig_uuid"), aliases=slice_aliases(ids, mig.get("mig_uuid"))
         )
     else:
         minor = ids.minors.get(sample.get("uuid") or "") if ids is not None else None

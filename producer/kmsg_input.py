@@ -102,6 +102,22 @@ class KmsgInput:
             if stop.wait(self.retry_s):
                 return
 
+    def _positioned(self) -> None:
+        """The reader has read what was there and reads on: the input works."""
+        self.heartbeat = time.monotonic()
+        if not self.reading or not self.ready.is_set():
+            self.reading = True
+            self._logged_reason = None
+            self.ready.set()
+
+    def stalled_for(self, now: float) -> float:
+        """Seconds the reader has been busy without getting round its loop; 0 while it waits for
+        input (it blocks without a timeout when the kernel log is quiet: idle, not stuck)."""
+        r = self.reader
+        if r is not None and r.waiting:
+            return 0.0
+        return max(0.0, now - self.heartbeat)
+
     def _backlog(self) -> bool:
         """Read what is already there? Yes for kmsg records (the cursor skips what was handled);
         for a plain-text log file no (it has no sequence numbers: start at its end, as before)."""
@@ -117,13 +133,15 @@ class KmsgInput:
     def _read(self, reader: KmsgReader) -> None:
         parser = KmsgParser(driver_loads=True)  # the driver's load line is recovery evidence
         feed, put = parser.feed, self._put
+        # Idle ticks (to flush an Xid held for continuation lines) only while one is held: an idle
+        # node never wakes this thread.
+        reader.tick_needed = lambda: parser.pending is not None
         pending_seq: int | None = None
+        reader.on_wait = self._positioned
         for line in reader:
             self.heartbeat = time.monotonic()
             if not self.ready.is_set() or not self.reading:
-                self.reading = True
-                self._logged_reason = None
-                self.ready.set()
+                self._positioned()
             held = parser.pending
             events = feed(line)
             if "Xid (" in line and parse_line(line) is None:

@@ -38,6 +38,7 @@ spool for the next start.
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
 import queue
 import threading
@@ -58,6 +59,7 @@ from producer.agent_config import (
     default_hostname,
 )
 from producer.agent_metrics import AgentCollector
+from producer.agent_xids import XidPath
 from producer.delivery import SampleQueue, XidSender
 from producer.enrich import PidResolver, enrich_sample
 from producer.kmsg_input import KmsgInput
@@ -66,24 +68,16 @@ from producer.kubelet.mapping import DEFAULT_DRA_DRIVERS, AllocationMap, Allocat
 from producer.lost_reported import LostReported
 from producer.nvml.errors import NvmlSourceError
 from producer.nvml.events import XidEventWatcher
-from producer.nvml.records import GpuRef, LostGpu, gpu_lost_xid_event
+from producer.nvml.records import GpuRef, LostGpu
 from producer.nvml.source import NvmlSource, SourceHooks, default_nvml_module
+from producer.nvml_control import NvmlControl
 from producer.pid_pods import PidPodResolver
 from producer.publish import Publisher
 from producer.self_metrics import ProducerMetrics
 from producer.spool import XidSpool
 from producer.xid.kmsg_cursor import KmsgCursorStore, read_boot_id
-from producer.xid.kmsg_parse import DriverLoaded, FallenOffBus, KernelXid
+from producer.xid.wake import WakeEvent
 from producer.xid.xid_merge import XidMerger
-from producer.xid_events import (
-    XidContext,
-    build_xid_event,
-    driver_loaded_event,
-    fallen_off_bus_event,
-    kmsg_fields,
-    nvml_fields,
-    nvml_notice_event,
-)
 from schemas.errors import EncodeError
 
 log = logging.getLogger("gpupipe.agent")
@@ -187,7 +181,7 @@ class _Hooks(SourceHooks):
         self._a.metrics.nvml_unsupported.labels(call, reason).inc()
 
 
-class NodeAgent:
+class NodeAgent(XidPath):
     """One node's producer. Construct, then ``run(stop_event)`` on the thread that should poll."""
 
     def __init__(
@@ -213,6 +207,7 @@ class NodeAgent:
         self.source: NvmlSource | None = None
         self.watcher: XidEventWatcher | None = None
         self.refresher: AllocationRefresher | None = None
+        self.control: NvmlControl | None = None
         self.sender: XidSender | None = None
         self.samples = SampleQueue(
             publisher.produce, lambda: len(publisher), c.sample_queue_max, c.in_flight_limit
@@ -229,7 +224,8 @@ class NodeAgent:
         # Shared with the threads: (kind, monotonic arrival, wall ms, payload, kmsg seq or None).
         self._events: queue.SimpleQueue[tuple[str, float, int, Any, int | None]] = queue.SimpleQueue()
         self._amap_state: tuple[AllocationMap, float] = (AllocationMap.empty(), float("-inf"))  # map, when
-        self._threads_stop = threading.Event()
+        # A WakeEvent: the kernel-log reader blocks on it and its input together, without a timeout.
+        self._threads_stop = WakeEvent()
         self._threads: list[threading.Thread] = []
         self.kmsg_input: KmsgInput | None = None
         self._lost_reported: LostReported | None = None
@@ -247,6 +243,8 @@ class NodeAgent:
         self.encode_errors = 0
         self.xids_sent = 0
         self._dropped_seen = 0
+        self._xid_log: dict[tuple[Any, ...], list[Any]] = {}  # (kind, gpu, code) -> [last line, held]
+        self._nvml_seq = itertools.count(1)  # numbers NVML events (their event_id suffix)
         self._slices: dict[str, list[str]] = {}
         self._tick_amap: AllocationMap = AllocationMap.empty()
         self.boot_id = read_boot_id(c.boot_id_path)
@@ -325,12 +323,15 @@ class NodeAgent:
             return False, {"problems": ["starting"]}
         if self.source is not None and not self.source.gpus():
             problems.append("nvml_sees_no_gpu")
+        if self.control is not None and self.control.needs_restart:
+            problems.append("nvml_library_mismatch")  # only a restart loads the new driver's library
         if now - self._poll_beat > stall:
             problems.append("nvml_polling_stalled")
         if now - self._main_beat > stall:
             problems.append("xid_loop_stalled")
         kin = self.kmsg_input
-        if kin is not None and self.kmsg_alive() and now - kin.heartbeat > max(stall, c.kmsg_retry_s + stall):
+        kmsg_stall = max(stall, c.kmsg_retry_s + stall)
+        if kin is not None and self.kmsg_alive() and kin.stalled_for(now) > kmsg_stall:
             problems.append("kmsg_reader_stalled")
         detail: dict[str, Any] = {
             "ticks": self.ticks,
@@ -341,6 +342,17 @@ class NodeAgent:
         if problems:
             detail["problems"] = problems
         return not problems, detail
+
+    def ready(self) -> tuple[bool, dict[str, Any]]:
+        """(ready, details) for /readyz: healthy and holding NVML (not released on request or
+        because NVML cannot be initialised again; see :mod:`producer.nvml_control`)."""
+        ok, detail = self.health()
+        released = self.control.released if self.control is not None else None
+        if released is not None:
+            detail = {**detail, "nvml_released": released}
+            detail["problems"] = [*detail.get("problems", []), "nvml_released"]
+            ok = False
+        return ok, detail
 
     def kmsg_alive(self) -> bool:
         return self._kmsg_thread is not None and self._kmsg_thread.is_alive()
@@ -365,6 +377,7 @@ class NodeAgent:
                 "slow": c.slow_interval_s,
                 "profiling": c.profiling_interval_s,
                 "processes": c.processes_interval_s,
+                "lost_reinit": c.nvml_reinit_after_s,
             },
             hooks=_Hooks(self),
         )
@@ -395,6 +408,7 @@ class NodeAgent:
                 log.warning("NVML XID events unavailable; the kernel log still reports XIDs: %s", exc)
                 self.metrics.nvml_errors.labels("event_set").inc()
                 self.watcher = None
+        self.control = NvmlControl(self.source, self.watcher, c.nvml_release_file)
         if c.kubelet_socket:
             self.refresher = AllocationRefresher(
                 socket_path=c.kubelet_socket,
@@ -456,12 +470,12 @@ class NodeAgent:
             if self.source is not None:
                 self.source.shutdown()
             return
-        if self.watcher is not None:
-            self.watcher.stop()
-        for t in self._threads:
+        for t in self._threads:  # the polling thread first: it may be restarting the watcher
             t.join(self.config.kubelet_timeout_s + 2.0)
             if t.is_alive():
                 log.warning("thread %s did not stop in time", t.name)
+        if self.watcher is not None:
+            self.watcher.stop()  # drains its sets into the queue, emptied just below
         self._drain_events(0.0)
         self._emit_all(self.merger.flush(time.monotonic()))
         if self.refresher is not None:
@@ -506,7 +520,8 @@ class NodeAgent:
             now = time.monotonic()
             if now >= next_tick:
                 try:
-                    self._tick()
+                    if self.control is None or self.control.step(now):
+                        self._tick()
                 except Exception:
                     log.exception("NVML poll failed; the next tick tries again")
                 self._poll_beat = time.monotonic()
@@ -583,141 +598,6 @@ class NodeAgent:
             self._dropped_seen = dropped
         if self.sender is not None:
             self.metrics.spool_depth.set(self.sender.depth)
-
-    # -- XIDs -----------------------------------------------------------------------------------
-    def _on_nvml_event(self, event: dict[str, Any]) -> None:  # watcher thread
-        kind = "notice" if event.get("type") in ("recovery_action", "gpu_unavailable") else "nvml"
-        self._events.put((kind, time.monotonic(), int(event["timestamp_ms"]), event, None))
-
-    def _drain_events(self, timeout: float) -> None:
-        try:
-            item = self._events.get(timeout=timeout) if timeout > 0 else self._events.get_nowait()
-        except queue.Empty:
-            return
-        while True:
-            self._handle(item)
-            try:
-                item = self._events.get_nowait()
-            except queue.Empty:
-                return
-
-    def _handle(self, item: tuple[str, float, int, Any, int | None]) -> None:
-        kind, at, seen_ms, payload, seq = item
-        if kind == "lost":
-            self._emit_lost(payload)
-            return
-        if kind == "notice":
-            self._emit(nvml_notice_event(payload, self._context()))
-            return
-        if kind == "nvml":
-            if payload.get("gpu_instance_id") is not None and payload.get("uuid") not in self._slices:
-                # GI/CI only mean something on a GPU in MIG mode (NVIDIA's mock reports 0/0 on
-                # every GPU): never attribute an XID to "instance 0" of a whole GPU.
-                payload = {**payload, "gpu_instance_id": None, "compute_instance_id": None, "mig_uuid": None}
-            released = self.merger.add(
-                "nvml", payload.get("pci_bus_id") or "", payload["xid"], at, nvml_fields(payload)
-            )
-        elif isinstance(payload, FallenOffBus):
-            self._emit(fallen_off_bus_event(payload, seen_ms, self._context()))
-            self._advance_cursor(seq)
-            return
-        elif isinstance(payload, DriverLoaded):
-            self._emit(driver_loaded_event(payload, seen_ms, self._context(), seq))
-            self._advance_cursor(seq)
-            return
-        else:
-            ev: KernelXid = payload
-            f = kmsg_fields(ev, seen_ms)
-            f["kmsg_seq"] = seq
-            released = self.merger.add("kmsg", ev.pci_bus_id, ev.xid, at, f)
-        self._emit_all(released)
-
-    def _advance_cursor(self, seq: int | None) -> None:
-        """Persist the kernel-log cursor past ``seq`` (its event is spooled), but never past a
-        kernel-log sighting the merger still holds (it is not spooled yet)."""
-        if seq is None or self.cursor is None:
-            return
-        held = self.merger.held_field_min("kmsg_seq")
-        if held is not None:
-            seq = min(seq, held - 1)
-        self.cursor.save(seq)
-
-    def _context(self) -> XidContext:
-        src = self.source
-        assert src is not None
-        return XidContext(
-            self.config.hostname,
-            src.bus_id_map(),
-            self.allocations,
-            slices=self._slices,
-            mig_lookup=src.mig_uuid_for,
-        )
-
-    def _emit_all(self, merged: list[dict[str, Any]]) -> None:
-        if not merged:
-            return
-        ctx = self._context()
-        for m in merged:
-            if m.get("source") == "nvml+kmsg":
-                self.xid_merged += 1
-            self._emit(build_xid_event(m, ctx))
-        # Once per batch (an XID storm releases thousands at once), past the newest spooled record.
-        seqs = [m["kmsg_seq"] for m in merged if m.get("kmsg_seq") is not None]
-        if seqs:
-            self._advance_cursor(max(seqs))
-
-    def _emit(self, event: dict[str, Any]) -> None:
-        # The boot the event belongs to: a later boot id on the same host tells the alerts the node
-        # rebooted in between (evidence of recovery for faults that need a reboot).
-        event.setdefault("boot_id", self.boot_id)
-        if self.config.extras is not None:
-            self.config.extras.decorate(event)
-        try:
-            value = self._enc_xid(event)
-        except EncodeError as exc:
-            self.encode_errors += 1
-            log.error("XID event could not be encoded: %s", exc, extra=fields(event=repr(event)[:500]))
-            return
-        # node-wide events (no GPU: driver_loaded) are keyed by their host
-        ident = event["mig_uuid"] or event["uuid"] or event["pci_bus_id"] or event["hostname"]
-        key = (ident or "unknown").encode()
-        assert self.sender is not None
-        self.sender.send(key, value)
-        self.xids_sent += 1
-        self.metrics.xid_events.labels(event["kind"]).inc()
-        if event["kind"] == "xid" and event["gpu_index"] is not None and self.source is not None:
-            self.source.record_xid(event["gpu_index"], event["xid"], event["gpu_instance_id"])
-        loaded = event["kind"] == "driver_loaded"  # a boot or a driver reload: no error
-        (log.info if loaded else log.warning)(
-            "NVIDIA driver loaded" if loaded else "GPU error event",
-            extra=fields(
-                kind=event["kind"],
-                xid=event["xid"],
-                gpu=event["gpu_index"],
-                uuid=event["uuid"],
-                pci_bus_id=event["pci_bus_id"],
-                source=event["source"],
-                pid=event["pid"],
-                process=event["process_name"],
-                message=event["message"][:200],
-                pods=[f"{a['namespace']}/{a['pod']}" for a in event["allocations"]],
-            ),
-        )
-
-    def _on_gpu_lost(self, lost: LostGpu) -> None:  # nvml-poll thread (NvmlSource.poll)
-        self._events.put(("lost", time.monotonic(), lost.timestamp_ms, lost, None))
-
-    def _emit_lost(self, lost: LostGpu) -> None:  # main loop
-        if self._lost_reported is None:
-            self._lost_reported = LostReported(self.config.spool_dir, read_boot_id(self.config.boot_id_path))
-        if not self._lost_reported.should_report(lost):
-            log.info("GPU lost at start was reported earlier this boot", extra=fields(uuid=lost.gpu.uuid))
-            return
-        self._lost_reported.record(lost)
-        event = gpu_lost_xid_event(lost, self.config.hostname)
-        ctx = XidContext(self.config.hostname, {}, self._tick_amap, slices=self._slices)
-        event["allocations"] = ctx.allocations(event["uuid"], None, lost.gpu)
-        self._emit(event)
 
     # -- kubelet thread -------------------------------------------------------------------------
     def _kubelet_loop(self) -> None:

@@ -108,30 +108,48 @@ class XidSpool:
 
     def append(self, key: bytes, value: bytes) -> int:
         """Record an event (durably when the disk allows); returns its sequence number. Never raises."""
+        return self.append_many([(key, value)])[0]
+
+    def append_many(self, items: list[tuple[bytes, bytes]]) -> list[int]:
+        """Record several events with one write and one fsync; their sequence numbers, in order.
+
+        Why: in an XID storm the main loop releases thousands of events at once, and an fsync each
+        (about 0.2 ms) made the storm's cost grow with its size (review §2 ``xid_merge.py``).
+        """
         with self._lock:
-            seq = self._next
-            self._next += 1
-            rec = encode_record(seq, key, value)
-            size = len(rec)
-            if self._bytes + size > self.max_bytes:
-                self._drop_oldest(int(self.max_bytes * _LOW_WATER) - size)
-            self._pending[seq] = (key, value, size)
-            self._bytes += size
+            seqs: list[int] = []
+            recs: list[bytes] = []
+            for key, value in items:
+                seq = self._next
+                self._next += 1
+                rec = encode_record(seq, key, value)
+                size = len(rec)
+                if self._bytes + size > self.max_bytes:
+                    self._drop_oldest(int(self.max_bytes * _LOW_WATER) - size)
+                self._pending[seq] = (key, value, size)
+                self._bytes += size
+                seqs.append(seq)
+                recs.append(rec)
+            if not recs:
+                return seqs
+            blob = b"".join(recs) if len(recs) > 1 else recs[0]
             if self._fd < 0:
                 if self._clock() >= self._retry_at:
                     self._compact_locked()  # back on disk with everything pending, or still degraded
-                return seq
-            if self._file_bytes + size > self.max_bytes:
-                self._compact_locked()  # rewrites the pending set, this record included
-                return seq
+                return seqs
+            if self._file_bytes + len(blob) > self.max_bytes or any(q not in self._pending for q in seqs):
+                self._compact_locked()  # rewrites the pending set (this batch's kept records included)
+                return seqs
             try:
-                os.write(self._fd, rec)
+                view = memoryview(blob)
+                while view:
+                    view = view[os.write(self._fd, view) :]
                 os.fsync(self._fd)
-                self._file_bytes += size
+                self._file_bytes += len(blob)
             except OSError as exc:
                 self._undo_partial_write()
                 self._degrade("XID spool write failed; keeping events in memory", exc)
-            return seq
+            return seqs
 
     def ack(self, seq: int) -> None:
         with self._lock:

@@ -30,10 +30,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from producer.enrich import allocation_record, device_holders, gpu_aliases
+from producer.enrich import allocation_record, device_holders, gpu_aliases, slice_aliases
 from producer.kubelet.mapping import AllocationMap, PodRef
 from producer.nvml.identity import normalize_pci_bus_id
-from producer.nvml.records import GpuRef
+from producer.nvml.records import DeviceIds, GpuRef
 from producer.xid.kmsg_parse import DriverLoaded, FallenOffBus, KernelXid
 
 __all__ = [
@@ -59,7 +59,7 @@ def event_id(hostname: str, source: str, bus_id: str, code: str, timestamp_ms: i
 class XidContext:
     """What attribution needs from the rest of the agent, captured at emit time."""
 
-    __slots__ = ("amap", "bus_map", "hostname", "mig_lookup", "slices")
+    __slots__ = ("amap", "bus_map", "hostname", "ids", "mig_lookup", "slices")
 
     def __init__(
         self,
@@ -69,12 +69,14 @@ class XidContext:
         *,
         slices: Mapping[str, Iterable[str]] | None = None,
         mig_lookup: MigLookup | None = None,
+        ids: DeviceIds | None = None,
     ) -> None:
         self.hostname = hostname
         self.bus_map = bus_map  # canonical bus id (producer.nvml.identity) -> GPU
         self.amap = amap
         self.slices = slices or {}  # GPU uuid -> MIG uuids of its slices
         self.mig_lookup = mig_lookup
+        self.ids = ids  # minors and MIG slice aliases (device plugins not advertising UUIDs)
 
     def gpu_for_bus(self, bus_id: str | None) -> GpuRef | None:
         if not bus_id:
@@ -86,7 +88,9 @@ class XidContext:
         if not uuid or not self.amap:
             return []
         if mig_uuid:
-            refs: Iterable[PodRef] = device_holders(self.amap, uuid, mig_uuid)
+            refs: Iterable[PodRef] = device_holders(
+                self.amap, uuid, mig_uuid, aliases=slice_aliases(self.ids, mig_uuid)
+            )
         else:
             found = set(
                 device_holders(
@@ -96,7 +100,7 @@ class XidContext:
                 )
             )
             for m in self.slices.get(uuid, ()):
-                found.update(device_holders(self.amap, uuid, m))
+                found.update(device_holders(self.amap, uuid, m, aliases=slice_aliases(self.ids, m)))
             refs = sorted(found, key=PodRef.sort_key)
         return [allocation_record(r) for r in refs]
 
@@ -126,6 +130,7 @@ def nvml_fields(ev: Mapping[str, Any]) -> dict[str, Any]:
         "compute_instance_id": ev.get("compute_instance_id"),
         "mig_uuid": ev.get("mig_uuid"),
         "nvml_ts_ms": int(ev["timestamp_ms"]),
+        "nvml_seq": ev.get("nvml_seq"),
     }
 
 
@@ -156,6 +161,11 @@ def build_xid_event(merged: Mapping[str, Any], ctx: XidContext) -> dict[str, Any
         # Two reports of the same code on the same GPU within one millisecond are two events: the
         # kernel's record number tells them apart (and is stable when a backlog is read again).
         eid += f"|s{int(merged['kmsg_seq'])}"
+    elif merged.get("nvml_seq") is not None:
+        # NVML alone (no kernel-log record to pair with): the agent's own number of the NVML event.
+        # NVML events are delivered once and the id is fixed when the record is spooled, so replays
+        # keep it; a restart starts over, with later timestamps.
+        eid += f"|n{int(merged['nvml_seq'])}"
     return {
         "event_id": eid,
         "timestamp_ms": ts,
@@ -204,7 +214,8 @@ def nvml_notice_event(notice: Mapping[str, Any], ctx: XidContext) -> dict[str, A
         message = f"GPU unavailable (event data {data})"
     ts = int(notice["timestamp_ms"])
     return {
-        "event_id": event_id(ctx.hostname, "nvml", bus, f"{kind}{data}", ts),
+        "event_id": event_id(ctx.hostname, "nvml", bus, f"{kind}{data}", ts)
+        + (f"|n{int(notice['nvml_seq'])}" if notice.get("nvml_seq") is not None else ""),
         "timestamp_ms": ts,
         "hostname": ctx.hostname,
         "kind": kind,

@@ -52,6 +52,9 @@ from typing import Any
 
 import pynvml as _real
 
+from tests.fake_nvml_events import EventSetsMixin, _EventSet
+from tests.fake_nvml_session import SessionMixin
+
 FIXTURES_DIR = Path(__file__).resolve().parent / "fixtures" / "nvml"
 GIB = 1024**3
 MIB = 1024**2
@@ -308,6 +311,10 @@ class FakeGpu:
         #: nvml.h documents NVML_ERROR_NOT_FOUND.
         self.no_process_samples_code = _real.NVML_SUCCESS
         self.lost = False
+        #: An NVML error code every event-set wait where this GPU is registered raises (a broken
+        #: event channel; see tests/fake_nvml_events.py). None: events work.
+        self.event_wait_error: int | None = None
+        self.reset_pending = False  # reset while lost: back at the next NVML session
         self.failures: dict[str, deque[int]] = {}  # fn name -> NVML error codes to raise next
         #: Seconds every device call on this GPU blocks before answering (a hung GPU, ``hang``).
         self.call_delay_s = 0.0
@@ -326,6 +333,9 @@ class FakeGpu:
         self.nvlink_rcv_errors: dict[int, int] = {}
         self.nvlink_symbol_errors: dict[int, int] = {}
         self.nvlink_recovery_failed: dict[int, int] = {}
+        #: Device-wide NVLink error totals by field id (38 CRC FLIT, 45 CRC data, 52 replay, 59
+        #: recovery); 0 where the GPU has links (the mock's H100 and GB200 answer 0), else NotSupported.
+        self.nvlink_error_totals: dict[int, int] = {}
         self.c2c_links = 0  # FI 170; 0: NotSupported (the mock on every profile)
         self.c2c_down: set[int] = set()
         #: PCIe byte counters (FI 197/198); None: NotSupported (the mock, every profile).
@@ -350,7 +360,8 @@ class FakeGpu:
         self.power_limit_mw: Any = m.power_limit_mw
         self.energy_mj: Any = 123_456_789_012
         self.gpu_temp_c: Any = 61
-        self.memory_temp_c: Any = 70
+        #: FI 82 (NVML_FI_DEV_MEMORY_TEMP) is for HBM boards only (nvml.h): NotSupported on GDDR (L40S).
+        self.memory_temp_c: Any = None if m.arch == ADA else 70
         self.sm_clock_mhz: Any = m.sm_clock_mhz
         self.mem_clock_mhz: Any = m.mem_clock_mhz
         self.clock_event_reasons: Any = 0x4  # SwPowerCap
@@ -451,6 +462,12 @@ class FakeGpu:
             raise RuntimeError("add the GPU to a FakeNvml first")
         self._fake._inject_event(self, _real.nvmlEventTypeGpuRecoveryAction, action, NO_INSTANCE, NO_INSTANCE)
 
+    def inject_gpu_unavailable(self, data: int = 0) -> None:
+        """NVML's GPU-unavailable error event (R570+): delivered where it is registered."""
+        if self._fake is None:
+            raise RuntimeError("add the GPU to a FakeNvml first")
+        self._fake._inject_event(self, _real.nvmlEventTypeGpuUnavailableError, data, NO_INSTANCE, NO_INSTANCE)
+
     def hang(self, seconds: float) -> None:
         """Every device call on this GPU blocks ``seconds`` before answering (0 ends the hang).
 
@@ -466,11 +483,20 @@ class FakeGpu:
         """The GPU falls off the bus: every call on it raises NVMLError_GpuIsLost from now on."""
         self.lost = True
         if self._fake is not None:
-            self._fake._gpu_lost(self)
+            self._fake._notify_events()
+
+    def reset(self) -> None:
+        """The GPU was reset or rebound after falling off the bus: a *new* NVML session sees it
+        answer again; the session that saw it lost keeps seeing it lost (tests/fake_nvml_session.py)."""
+        if self.lost:
+            self.reset_pending = True
 
     def recover(self) -> None:
-        """The GPU is back (after a reset): calls on it answer again."""
+        """The GPU is back: calls on it answer again, in this NVML session (see ``reset`` for the
+        usual case, where only a new session sees it)."""
         self.lost = False
+        if self._fake is not None:
+            self._fake._notify_events()
 
     def inject_xid(
         self, xid: int, gpu_instance_id: int | None = None, compute_instance_id: int | None = None
@@ -527,19 +553,7 @@ class _GpmSample:
         self.time = 0.0
 
 
-class _EventSet:
-    __slots__ = ("buf", "errors", "freed", "queue", "registrations", "waiting")
-
-    def __init__(self, buf: Any) -> None:
-        self.buf = buf
-        self.registrations: dict[int, int] = {}  # gpu index -> event type mask
-        self.queue: deque[tuple[FakeGpu, int, int, int, int]] = deque()
-        self.errors: deque[int] = deque()
-        self.freed = False
-        self.waiting = 0
-
-
-class FakeNvml:
+class FakeNvml(SessionMixin, EventSetsMixin):
     """The fake module object: pass it wherever ``pynvml`` is expected."""
 
     def __init__(
@@ -558,7 +572,6 @@ class FakeNvml:
         self.calls: Counter[tuple[str, int | None]] = Counter()
         self.field_requests: Counter[tuple[int, int]] = Counter()  # (gpu index, field id)
         self.unimplemented_calls: set[str] = set()
-        self.init_count = 0  # NVML's init reference count
         self.gpm_too_close = 0  # nvmlGpmMetricsGet on samples < 100 ms apart
         self.free_while_waiting = 0  # nvmlEventSetFree while a wait was in flight
         self._lock = threading.Condition()
@@ -671,14 +684,6 @@ class FakeNvml:
     def allocated_gpm_samples(self) -> int:
         return sum(1 for s in self._gpm.values() if not s.freed)
 
-    def fail_event_wait(self, code: int, times: int = 1) -> None:
-        """The next ``times`` waits on every live event set raise NVMLError(code)."""
-        with self._lock:
-            for es in self._sets.values():
-                if not es.freed:
-                    es.errors.extend([code] * times)
-            self._lock.notify_all()
-
     # -- module surface: attribute fallback ---------------------------------------------------------
     def __getattr__(self, name: str) -> Any:
         value = getattr(_real, name)  # AttributeError like the real module for unknown names
@@ -765,21 +770,7 @@ class FakeNvml:
         self._util_ts = max(self._util_ts + 1, int(self.clock() * 1e6))
         return self._util_ts
 
-    # -- init / system --------------------------------------------------------------------------
-    def nvmlInitWithFlags(self, flags: int) -> None:
-        self.calls[("nvmlInit", None)] += 1
-        if self.init_error is not None:
-            raise _err(self.init_error)
-        self.init_count += 1
-
-    def nvmlInit(self) -> None:
-        self.nvmlInitWithFlags(0)
-
-    def nvmlShutdown(self) -> None:
-        self.calls[("nvmlShutdown", None)] += 1
-        self._check_init()
-        self.init_count -= 1
-
+    # -- system (init and shutdown: tests/fake_nvml_session.py) ---------------------------------
     def nvmlSystemGetDriverVersion(self) -> str:
         self._check_init()
         self.calls[("nvmlSystemGetDriverVersion", None)] += 1
@@ -1295,92 +1286,6 @@ class FakeNvml:
             raise _err(gpu.no_process_samples_code)
         return out
 
-    # -- events ---------------------------------------------------------------------------------
-    def nvmlEventSetCreate(self) -> Any:
-        self._check_init()
-        self.calls[("nvmlEventSetCreate", None)] += 1
-        ptr = self._pointer(_real.c_nvmlEventSet_t)
-        with self._lock:
-            self._sets[self._addr(ptr)] = _EventSet(self._keep[-1])  # type: ignore[index]
-        return ptr
-
-    def _event_set(self, es: Any) -> _EventSet:
-        st = self._sets.get(self._addr(es))  # type: ignore[arg-type]
-        if st is None or st.freed:
-            raise _err(_real.NVML_ERROR_INVALID_ARGUMENT)
-        return st
-
-    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
-        gpu = self._gpu("nvmlDeviceGetSupportedEventTypes", handle)
-        if not gpu.events_supported:
-            raise _err(_real.NVML_ERROR_NOT_SUPPORTED)
-        return gpu.supported_event_types
-
-    def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None:
-        gpu = self._gpu("nvmlDeviceRegisterEvents", handle)
-        with self._lock:
-            st = self._event_set(eventSet)
-            if not gpu.events_supported or not eventTypes & gpu.supported_event_types:
-                raise _err(_real.NVML_ERROR_NOT_SUPPORTED)
-            st.registrations[gpu.index] = st.registrations.get(gpu.index, 0) | (
-                eventTypes & gpu.supported_event_types
-            )
-
-    def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> Any:
-        self._check_init()
-        with self._lock:
-            self.calls[("nvmlEventSetWait_v2", None)] += 1
-            st = self._event_set(eventSet)
-            st.waiting += 1
-            try:
-                deadline = time.monotonic() + timeoutms / 1000.0
-                while True:
-                    if st.errors:
-                        raise _err(st.errors.popleft())
-                    if st.queue:
-                        gpu, etype, edata, gi, ci = st.queue.popleft()
-                        data = _real.c_nvmlEventData_t()
-                        data.device = ctypes.cast(self._gpu_handle[gpu.index], _real.c_nvmlDevice_t)
-                        data.eventType, data.eventData = etype, edata
-                        data.gpuInstanceId, data.computeInstanceId = gi, ci
-                        return data
-                    if st.freed:
-                        raise _err(_real.NVML_ERROR_INVALID_ARGUMENT)
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise _err(_real.NVML_ERROR_TIMEOUT)
-                    self._lock.wait(remaining)
-            finally:
-                st.waiting -= 1
-
-    def nvmlEventSetWait(self, eventSet: Any, timeoutms: int) -> Any:
-        return self.nvmlEventSetWait_v2(eventSet, timeoutms)
-
-    def nvmlEventSetFree(self, eventSet: Any) -> None:
-        self._check_init()
-        with self._lock:
-            self.calls[("nvmlEventSetFree", None)] += 1
-            st = self._event_set(eventSet)
-            if st.waiting:
-                self.free_while_waiting += 1
-            st.freed = True
-            self._lock.notify_all()
-
-    def _inject_event(self, gpu: FakeGpu, etype: int, edata: int, gi: int, ci: int) -> None:
-        with self._lock:
-            for st in self._sets.values():
-                if not st.freed and st.registrations.get(gpu.index, 0) & etype:
-                    st.queue.append((gpu, etype, edata, gi, ci))
-            self._lock.notify_all()
-
-    def _gpu_lost(self, gpu: FakeGpu) -> None:
-        """A waiting event set notices a registered GPU fell off the bus (once)."""
-        with self._lock:
-            for st in self._sets.values():
-                if not st.freed and gpu.index in st.registrations:
-                    st.errors.append(_real.NVML_ERROR_GPU_IS_LOST)
-            self._lock.notify_all()
-
 
 _VALUE_MEMBER = {
     _real.NVML_VALUE_TYPE_DOUBLE: "dVal",
@@ -1418,6 +1323,15 @@ _FIELDS: dict[int, tuple[int, Callable[[FakeGpu], Any], bool]] = {
     _real.NVML_FI_DEV_POWER_INSTANT: (_UI, lambda g: g.power_mw, False),
     _real.NVML_FI_DEV_ENERGY: (_ULL, lambda g: g.energy_mj, False),
     _real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: (_UI, lambda g: g.recovery_action, False),
+    **{
+        fid: (_ULL, lambda g, fid=fid: g.nvlink_error_totals.get(fid, 0) if g.nvlink_links else None, False)
+        for fid in (
+            _real.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
+            _real.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
+            _real.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,
+            _real.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL,
+        )
+    },
 }
 
 

@@ -8,8 +8,11 @@ which applies one error policy for all collectors:
 * ``NVMLError_NotSupported``, ``NVMLError_FunctionNotFound``, ``NVMLError_NoPermission``,
   ``NVMLError_ArgumentVersionMismatch``, ``NVMLLibraryMismatchError`` and a function missing
   from an older binding (``AttributeError`` on the module) mean "this device cannot answer
-  this": the call key is **learned** as unsupported for the device and never asked again (the
-  field stays null). Link probes (``probe=True``) also learn ``NVMLError_InvalidArgument``:
+  this now": the call key is **learned** for the device (the field stays null). A hardware answer
+  (NotSupported, a missing binding function) is learned for good; a refusal about rights or
+  versions (NoPermission, FunctionNotFound, the version mismatches) is asked again after a
+  back-off of minutes (:mod:`producer.nvml.learned`), so granting rights or upgrading the driver
+  needs no restart. Link probes (``probe=True``) also learn ``NVMLError_InvalidArgument``:
   drivers reject link ids they do not have with it (GB200: links 18..35).
 * ``NVMLError_GpuIsLost`` propagates: the source marks the whole GPU lost.
 * Any other ``NVMLError`` is transient: counted by class name, the field is null this time,
@@ -19,10 +22,12 @@ which applies one error policy for all collectors:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from producer.nvml.convert import field_value
+from producer.nvml.learned import RETRY_S, Learned, refusal_kind
 
 log = logging.getLogger("gpupipe.nvml")
 
@@ -98,6 +103,8 @@ class DeviceContext:
         parent: DeviceContext | None = None,
         gpu_instance_id: int | None = None,
         compute_instance_id: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        refused_retry_s: float = RETRY_S,
     ) -> None:
         self.nvml = nvml
         self.index = index
@@ -113,7 +120,7 @@ class DeviceContext:
         self.pci_bus_id = ""
         self.mig_enabled: bool | None = None
         self.gpm_supported: bool | None = None
-        self.unsupported: set[str] = set()
+        self.unsupported = Learned(clock, refused_retry_s)
         self.state: dict[str, Any] = {}
 
     def __repr__(self) -> str:
@@ -134,7 +141,7 @@ class DeviceContext:
             return None
         learnable = self.errors.probe if probe else self.errors.unsupported
         try:
-            return fn(*args, **kwargs)
+            value = fn(*args, **kwargs)
         except self.errors.lost:
             raise
         except learnable as exc:
@@ -143,6 +150,8 @@ class DeviceContext:
         except self.errors.base as exc:
             self.reporter.error(type(exc).__name__)
             return None
+        self.unsupported.answered(key)
+        return value
 
     def check(self, ret: int, key: str, *, probe: bool = False) -> bool:
         """Apply the call policy to a per-item return code (field values, GPM metrics).
@@ -150,6 +159,7 @@ class DeviceContext:
         True when ``ret`` is success; raises the module's GpuIsLost error for that code.
         """
         if ret == 0:
+            self.unsupported.answered(key)
             return True
         exc = self.errors.base(ret)
         if isinstance(exc, self.errors.lost):
@@ -164,9 +174,10 @@ class DeviceContext:
         return key not in self.unsupported
 
     def learn(self, key: str, reason: str) -> None:
-        """Remember that this device cannot answer ``key``; it is never asked again."""
+        """Remember that this device cannot answer ``key``: for good, or until its retry time
+        (:mod:`producer.nvml.learned`, by the refusal kind in ``reason``)."""
         if key not in self.unsupported:
-            self.unsupported.add(key)
+            self.unsupported.add(key, refusal_kind(reason))
             self.reporter.learned(self, key, reason)
 
     def garbage(self, field: str) -> None:

@@ -9,13 +9,16 @@ field ``NVLINK_LINK_COUNT`` (91), then per link            nvlink_links, nvlink_
 per link ``NVLINK_COUNT_RCV_ERRORS`` (208),                nvlink_rcv_errors_total,
   ``..._SYMBOL_ERRORS`` (221),                             nvlink_symbol_errors_total,
   ``..._LINK_RECOVERY_FAILED_EVENTS`` (214), summed        nvlink_recovery_failed_total
+fields ``NVLINK_CRC_FLIT/CRC_DATA/REPLAY/RECOVERY_ERROR_   nvlink_crc_flit_errors_total, ...,
+  COUNT_TOTAL`` (38, 45, 52, 59), all links (to Hopper)    nvlink_recovery_errors_total
 field ``C2C_LINK_COUNT`` (170), per link ``..._STATUS``    c2c_links, c2c_links_up
 ``nvmlDeviceGetPlatformInfo`` (v2), once                   platform_chassis_serial, _slot,
                                                            _tray, _host_id, _module_id
 =========================================================  =====================================
 
 Why: on NVL72 a GPU whose fabric registration has not completed cannot use NVLink (jobs fail or
-hang); a single flapping link is invisible in the aggregate throughput; "GPU-x had Xid 149" is
+hang); a single flapping link is invisible in the aggregate throughput (on Hopper and before, the
+CRC / replay / recovery totals show it: review §4 item 2, read on no GPU before); "GPU-x had Xid 149" is
 actionable only as "rack R, tray T". Link and error counters are two ``nvmlDeviceGetFieldValues``
 calls per GPU (counts, then every link at once). Everything a device does not answer is learned
 once and stays null (Hopper has no C2C or platform info; x86 no fabric).
@@ -32,6 +35,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
+from producer.nvml import convert
 from producer.nvml.base import DeviceContext, FieldSpec, read_field_values
 
 FI_NVLINK_LINK_COUNT = 91
@@ -42,6 +46,13 @@ FI_NVLINK_RCV_ERRORS = 208
 FI_NVLINK_RECOVERY_FAILED = 214
 FI_NVLINK_SYMBOL_ERRORS = 221
 MAX_LINKS = 36  # NVML_NVLINK_MAX_LINKS in NVML 13
+#: Device-wide NVLink error counters (all links) up to Hopper: (GpuSample field, NVML_FI_DEV_ name, id).
+NVLINK_ERROR_TOTALS = (
+    ("nvlink_crc_flit_errors_total", "NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", 38),
+    ("nvlink_crc_data_errors_total", "NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL", 45),
+    ("nvlink_replay_errors_total", "NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL", 52),
+    ("nvlink_recovery_errors_total", "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", 59),
+)
 
 FABRIC_STATES = {1: "not_started", 2: "in_progress", 3: "completed"}
 FABRIC_HEALTH = {1: "healthy", 2: "unhealthy", 3: "limited_capacity"}
@@ -60,6 +71,7 @@ class FabricCollector:
         "nvlink_rcv_errors_total",
         "nvlink_symbol_errors_total",
         "nvlink_recovery_failed_total",
+        *(f for f, _, _ in NVLINK_ERROR_TOTALS),
         "c2c_links",
         "c2c_links_up",
         "platform_chassis_serial",
@@ -71,6 +83,7 @@ class FabricCollector:
 
     def __init__(self, nvml: Any) -> None:
         self._nvml = nvml
+        self._totals = tuple((f, int(getattr(nvml, name, fid))) for f, name, fid in NVLINK_ERROR_TOTALS)
         self._fi = {
             "count": int(getattr(nvml, "NVML_FI_DEV_NVLINK_LINK_COUNT", FI_NVLINK_LINK_COUNT)),
             "state": int(getattr(nvml, "NVML_FI_DEV_NVLINK_GET_STATE", FI_NVLINK_GET_STATE)),
@@ -143,6 +156,8 @@ class FabricCollector:
                 (f"fi_nvlink_symbol:{link}", fi["symbol"], link, True),
                 (f"fi_nvlink_recovery_failed:{link}", fi["recovery_failed"], link, True),
             ]
+        if nvlinks:
+            per_link += [(f"fi_{field}", fid, None, False) for field, fid in self._totals]
         for link in range(c2c or 0):
             per_link.append((f"fi_c2c_status:{link}", fi["c2c_status"], link, True))
         got = read_field_values(ctx, per_link) if per_link else {}
@@ -159,6 +174,8 @@ class FabricCollector:
                 vals = [got.get(f"fi_nvlink_{kind}:{i}") for i in range(nvlinks)]
                 if any(v is not None for v in vals):
                     out[field] = sum(int(v) for v in vals if v is not None)
+            for field, _ in self._totals:
+                ctx.put(out, field, convert.count, got.get(f"fi_{field}"))
         if c2c:
             out["c2c_links"] = c2c
             status = [got.get(f"fi_c2c_status:{i}") for i in range(c2c)]

@@ -163,7 +163,7 @@ class IdentityCollector:
         mode = ctx.call("mig_mode", "nvmlDeviceGetMigMode", ctx.handle)
         if mode is None:
             # Not MIG-capable (NotSupported): known not to be in MIG mode. Other errors: unknown.
-            return False if "mig_mode" in ctx.unsupported else None
+            return False if ctx.unsupported.permanent("mig_mode") else None
         try:
             return int(mode[0]) == int(getattr(ctx.nvml, "NVML_DEVICE_MIG_ENABLE", 1))
         except (TypeError, ValueError, IndexError):
@@ -173,7 +173,7 @@ class IdentityCollector:
     def _gpm_support(ctx: DeviceContext) -> bool | None:
         support = ctx.call("gpm", "nvmlGpmQueryDeviceSupport", ctx.handle)
         if support is None:
-            return False if "gpm" in ctx.unsupported else None
+            return False if ctx.unsupported.permanent("gpm") else None
         ok = bool(getattr(support, "isSupportedDevice", 0))
         if not ok:
             ctx.learn("gpm", "nvmlGpmQueryDeviceSupport: isSupportedDevice=0 (pre-Hopper)")

@@ -86,10 +86,13 @@ class DeviceIds:
 
     ``minors``: GPU UUID -> /dev/nvidia<minor> number (GKE's ``nvidia<N>`` is the minor, not the
     NVML index). ``mig``: MIG UUID -> ``<gpu index>:<mig index>`` (``deviceIDStrategy=index``).
+    ``mig_aliases``: MIG UUID -> every other id of that slice: the index form and GKE's
+    ``nvidia<minor>/gi<GPU instance id>``.
     """
 
     minors: Mapping[str, int] = field(default_factory=dict)
     mig: Mapping[str, str] = field(default_factory=dict)
+    mig_aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,8 @@ how its interval settings are checked (split out of source.py, which is about po
 
 Errors are counted and logged at most once a minute per kind; garbage values are counted; a call
 learned unanswerable is counted per (call, reason) through the source's hooks, and a refusal that
-means missing rights or an old binding (NoPermission, FunctionNotFound) is one WARNING per call.
+means missing rights or an old binding or driver (NoPermission, FunctionNotFound, a version
+mismatch, a function the binding lacks) is one WARNING per call key, the first time.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from gpupipe.errors import ConfigError
 from producer.nvml.base import DeviceContext
+from producer.nvml.learned import BINDING_MISSING, RETRY_KINDS, refusal_kind
 
 log = logging.getLogger("gpupipe.nvml")
 
@@ -41,25 +43,32 @@ class SourceReporter:
 
     def learned(self, ctx: DeviceContext, key: str, reason: str) -> None:
         src = self._src
-        kind = reason.split(":", 1)[0].removeprefix("NVMLError_") or "unknown"
-        if "missing from the NVML binding" in reason:
-            kind = "FunctionNotFound"
+        kind = refusal_kind(reason)
         call = key.split(":", 1)[0]
         src._hook("unsupported", call, kind)
-        if kind in ("NotSupported", "InvalidArgument", "NotFound"):
+        if kind not in RETRY_KINDS and kind != BINDING_MISSING:
             # Expected on most GPUs (ECC off, no NVLink, pre-Hopper...): "no data", not a failure.
             log.debug("GPU %d: %s unsupported (%s); not asked again", ctx.index, key, reason)
             return
-        # A configuration problem (no rights, a binding too old): say so once per call.
-        if (call, kind) not in src._warned_unsupported:
-            src._warned_unsupported.add((call, kind))
-            log.warning(
-                "GPU %d: NVML refused %s (%s); its fields stay null on every GPU where this repeats. "
-                "See gpupipe_producer_nvml_unsupported_total{call,reason}",
-                ctx.index,
-                key,
-                reason,
-            )
+        # A configuration problem (no rights, a binding or driver too old): say so once per key,
+        # so "the agent lacks rights" never passes for "this GPU has no such counter".
+        if (key, kind) in src._warned_unsupported:
+            log.debug("GPU %d: NVML still refuses %s (%s)", ctx.index, key, reason)
+            return
+        src._warned_unsupported.add((key, kind))
+        again = (
+            f"asked again every {ctx.unsupported.retry_s:.0f}s or more"
+            if kind in RETRY_KINDS
+            else "not asked again until the agent restarts"
+        )
+        log.warning(
+            "GPU %d: NVML refused %s (%s); its fields stay null meanwhile (%s). "
+            "See gpupipe_producer_nvml_learned{call,reason}",
+            ctx.index,
+            key,
+            reason,
+            again,
+        )
 
 
 def check_intervals(intervals: Mapping[str, float] | None, defaults: Mapping[str, float]) -> dict[str, float]:

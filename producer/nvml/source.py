@@ -57,15 +57,16 @@ from producer.nvml.gpm import GpmCollector
 from producer.nvml.identity import (
     SYSFS_PCI_DEVICES,
     IdentityCollector,
-    normalize_pci_bus_id,
     read_driver_version,
     read_nvml_version,
     text,
 )
+from producer.nvml.lookups import SourceLookups
 from producer.nvml.mig import MigSlice, enumerate_slices
 from producer.nvml.processes import ProcessCollector
-from producer.nvml.records import DeviceIds, GpuRef, LostGpu, empty_sample
+from producer.nvml.records import GpuRef, LostGpu, empty_sample
 from producer.nvml.reporting import SourceReporter, check_intervals
+from producer.nvml.session import SourceSession
 from producer.nvml.slow import SlowCollector
 from producer.nvml.workers import GpuWorker
 
@@ -83,6 +84,8 @@ DEFAULT_INTERVALS: dict[str, float] = {
     "fabric": 10.0,
     "mig": 10.0,
     "lost_retry": 30.0,
+    "refused_retry": 300.0,
+    "lost_reinit": 60.0,
 }
 DUE_SLACK = 0.1  # a group is due this much of the poll (fast) interval early: tick jitter
 ERROR_LOG_INTERVAL_S = 60.0
@@ -149,7 +152,7 @@ class _Gpu:
         self.minor: int | None = None
 
 
-class NvmlSource:
+class NvmlSource(SourceSession, SourceLookups):
     """Polls every GPU of the node through an injected NVML module (``pynvml`` or a fake)."""
 
     def __init__(
@@ -253,7 +256,8 @@ class NvmlSource:
             for ctx in (gpu.ctx, *(s.ctx for s in gpu.slices)):
                 self._release(ctx)
         self._started = False
-        self._quiet_shutdown()
+        if not self.released:  # a released source holds no NVML reference to give back
+            self._quiet_shutdown()
 
     def _quiet_shutdown(self) -> None:
         try:
@@ -273,6 +277,8 @@ class NvmlSource:
         """One complete GpuSample dict per GPU and per MIG slice; never raises for NVML trouble."""
         if not self._started:
             raise NvmlSourceError("NvmlSource.poll() called before start() (or after shutdown())")
+        if self.released:
+            return []  # NVML let go of (producer.nvml.session): nothing to read
         now = self._clock() if now is None else now
         self._now = now
         ts = int(self._wall_clock() * 1000)
@@ -451,20 +457,38 @@ class NvmlSource:
 
     # -- devices --------------------------------------------------------------------------------
     def _new_ctx(self, index: int, handle: Any, **kw: Any) -> DeviceContext:
-        return DeviceContext(self._nvml, index, handle, SourceReporter(self), errors=self._errs, **kw)
+        return DeviceContext(
+            self._nvml,
+            index,
+            handle,
+            SourceReporter(self),
+            errors=self._errs,
+            clock=self._current_time,
+            refused_retry_s=self.intervals["refused_retry"],
+            **kw,
+        )
 
-    def _open(self, index: int) -> _Gpu | None:
+    def _open(self, index: int, prev: _Gpu | None = None) -> _Gpu | None:
+        """Open GPU ``index``; ``prev``: the GPU at that index before a re-initialisation."""
         nvml = self._nvml
+        where = "start" if prev is None else "reinit"
         try:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
         except self._errs.lost as exc:
+            if prev is not None and prev.lost:
+                return prev  # still lost: reported already, probed as before
             gpu = _Gpu(self._new_ctx(index, None))
-            # NVML gives no handle, hence no identity: the driver's own view still names the GPU.
-            known = driver_gpu(self._driver_gpus_dir, index)
-            if known is not None:
-                gpu.ctx.pci_bus_id, gpu.ctx.uuid, gpu.minor = known.pci_bus_id, known.uuid, known.minor
+            if prev is not None:  # lost during a re-initialisation: it keeps the identity it had
+                p = prev.ctx
+                gpu.ctx.pci_bus_id, gpu.ctx.uuid, gpu.minor = p.pci_bus_id, p.uuid, prev.minor
+                gpu.ctx.model_name = p.model_name
+                gpu.identity = dict(prev.identity)
+            else:  # NVML gives no handle, hence no identity: the driver's own view still names it.
+                known = driver_gpu(self._driver_gpus_dir, index)
+                if known is not None:
+                    gpu.ctx.pci_bus_id, gpu.ctx.uuid, gpu.minor = known.pci_bus_id, known.uuid, known.minor
             self._set_identity(gpu, {})
-            self._mark_lost(gpu, int(self._wall_clock() * 1000), "start", exc)
+            self._mark_lost(gpu, int(self._wall_clock() * 1000), where, exc)
             gpu.next_probe = self._now + self.intervals["lost_retry"]
             return gpu
         except nvml.NVMLError as exc:
@@ -480,7 +504,7 @@ class NvmlSource:
             self._refresh_mig(gpu)
         except self._errs.lost as exc:
             self._set_identity(gpu, {})
-            self._mark_lost(gpu, int(self._wall_clock() * 1000), "start", exc)
+            self._mark_lost(gpu, int(self._wall_clock() * 1000), where, exc)
         return gpu
 
     def _set_identity(self, gpu: _Gpu, ident: Mapping[str, Any]) -> None:
@@ -575,7 +599,7 @@ class NvmlSource:
         self._hook("gpu_recovered", self._ref(gpu))
         return True
 
-    # -- lookups for the rest of the producer ------------------------------------------------------
+    # -- devices, continued -----------------------------------------------------------------------
     def _ref(self, gpu: _Gpu) -> GpuRef:
         c = gpu.ctx
         return GpuRef(c.index, c.uuid, c.pci_bus_id, c.model_name, self._driver_version, gpu.minor)
@@ -586,96 +610,6 @@ class NvmlSource:
         c = gpu.ctx
         minor = c.call("minor", "nvmlDeviceGetMinorNumber", c.handle)
         gpu.minor = minor if isinstance(minor, int) and 0 <= minor < 1 << 20 else None
-
-    def device_ids(self) -> DeviceIds:
-        """What kubelet matching needs beyond UUIDs: minor numbers and MIG index ids."""
-        minors: dict[str, int] = {}
-        mig: dict[str, str] = {}
-        for g in self._gpus:
-            if g.ctx.uuid and g.minor is not None:
-                minors[g.ctx.uuid] = g.minor
-            for s in g.slices:
-                if s.mig_index >= 0:
-                    mig[s.mig_uuid] = f"{g.ctx.index}:{s.mig_index}"
-        return DeviceIds(minors, mig)
-
-    def dra_device_uuid(self, driver: str, pool: str, device: str) -> str | None:
-        """The GPU UUID of an NVIDIA DRA driver device name ``gpu-<n>`` (whole GPUs only).
-
-        Current drivers name a GPU by its minor number, older ones by its index: the minor is
-        tried first. MIG devices (``gpu-<n>-mig-...``) carry a placement NVML's handles here do
-        not expose, so they stay unresolved (counted by the agent) rather than guessed.
-        """
-        if not device.startswith("gpu-") or not device[4:].isdigit():
-            return None
-        n = int(device[4:])
-        refs = [self._ref(g) for g in self._gpus]
-        for r in refs:
-            if r.minor == n:
-                return r.uuid or None
-        for r in refs:
-            if r.minor is None and r.gpu_index == n:
-                return r.uuid or None
-        return None
-
-    def gpus(self) -> list[GpuRef]:
-        """Every GPU the source knows (lost ones included)."""
-        return [self._ref(g) for g in self._gpus]
-
-    @property
-    def lost_gpus(self) -> list[GpuRef]:
-        """The GPUs currently reported lost."""
-        return [self._ref(g) for g in self._gpus if g.lost]
-
-    def bus_id_map(self) -> dict[str, GpuRef]:
-        """PCI bus id -> GPU for kernel-log attribution.
-
-        Keys are canonical (:func:`producer.nvml.identity.normalize_pci_bus_id`: ``0000:3b:00``);
-        normalise the kernel's ``PCI:0000:3b:00`` the same way before looking it up.
-        """
-        out: dict[str, GpuRef] = {}
-        for g in self._gpus:
-            key = normalize_pci_bus_id(g.ctx.pci_bus_id) if g.ctx.pci_bus_id else None
-            if key is not None:
-                out[key] = self._ref(g)
-        return out
-
-    def mig_uuid_for(
-        self, uuid: str, gpu_instance_id: int | None, compute_instance_id: int | None
-    ) -> str | None:
-        """The MIG device UUID of a GPU/compute instance of GPU ``uuid``, when known."""
-        if gpu_instance_id is None:
-            return None
-        for g in self._gpus:
-            if g.ctx.uuid != uuid:
-                continue
-            for s in g.slices:
-                if s.gpu_instance_id == gpu_instance_id and (
-                    compute_instance_id is None or s.compute_instance_id == compute_instance_id
-                ):
-                    return s.mig_uuid
-        return None
-
-    def record_xid(self, gpu_index: int, xid: int, gpu_instance_id: int | None = None) -> None:
-        """Remember an XID for ``last_xid`` on the GPU's (and the attributed slice's) samples.
-
-        Thread-safe enough for the event watcher's thread (single dict assignments).
-        """
-        self._last_xid[(gpu_index, None)] = int(xid)
-        if gpu_instance_id is not None:
-            self._last_xid[(gpu_index, gpu_instance_id)] = int(xid)
-
-    def unsupported(self, gpu_index: int, gpu_instance_id: int | None = None) -> frozenset[str]:
-        """The call keys learned as unsupported for a GPU (or one of its slices)."""
-        for g in self._gpus:
-            if g.ctx.index != gpu_index:
-                continue
-            if gpu_instance_id is None:
-                return frozenset(g.ctx.unsupported)
-            for s in g.slices:
-                if s.gpu_instance_id == gpu_instance_id:
-                    return frozenset(s.ctx.unsupported)
-        return frozenset()
 
     # -- reporting ------------------------------------------------------------------------------
     def _hook(self, name: str, *args: Any) -> None:

@@ -1,8 +1,17 @@
 """Read kernel-log lines from ``/dev/kmsg``, a text file (optionally followed like ``tail -f``) or stdin.
 
 :class:`KmsgReader` is an iterator of ``str`` lines ready for :class:`producer.xid.kmsg_parse.KmsgParser`.
-Every wait is bounded by ``poll_interval_s`` and checks a stop :class:`threading.Event`, so another thread
-can end the iteration with :meth:`KmsgReader.stop` within about ``poll_interval_s`` (default 0.1 s).
+
+Waiting costs nothing while nothing happens: on ``/dev/kmsg``, pipes and FIFOs the reader blocks in
+``poll(2)`` on the descriptor (readable when a record or data arrives) together with the stop event's
+own descriptor (:class:`producer.xid.wake.WakeEvent`), with no timeout, so :meth:`KmsgReader.stop`
+ends the iteration at once and an idle node never wakes the thread (it woke 10 times a second,
+review §1.12). A timeout is armed only while the consumer needs an idle tick (``tick_needed``: the
+parser holds an Xid waiting for continuation lines), or when the stop event given is a plain
+:class:`threading.Event` (no descriptor to wait on: bounded waits of ``poll_interval_s``). A regular
+file is always "readable" to ``poll``, so a followed file is looked at every ``poll_interval_s``
+(files are for tests and ``--kmsg-path`` logs; the node agent reads ``/dev/kmsg`` or a relay FIFO).
+``stats.wakeups`` counts the waits that returned.
 
 ``/dev/kmsg`` (Documentation/ABI/testing/dev-kmsg)
     One ``read()`` returns one record: ``pri,seq,ts_usec,flags[,more];message\\n`` followed by optional
@@ -26,11 +35,14 @@ Text files
     end of the file unless ``from_start`` is set.
 
 stdin, pipes, FIFOs, other character devices
-    Read through ``select``/``os.read`` on the descriptor (so ``stop()`` works while the writer is
-    silent) until end of file. ``path="-"`` means stdin; a binary ``stream`` may be injected.
+    Read through ``poll``/``os.read`` on the descriptor (so ``stop()`` works while the writer is
+    silent) until end of file. ``path="-"`` means stdin; a binary ``stream`` may be injected. A FIFO
+    that is followed is opened read-write: it then never reads as end of file when its writer goes
+    away (a relay restarting), so the reader just waits for the next writer, without polling.
 
-With ``idle_ticks=True`` the iterator also yields ``""`` after each ``poll_interval_s`` without data, so
-the consumer can flush a held-back Xid (``KmsgParser.feed("")`` does exactly that).
+With ``idle_ticks=True`` the iterator also yields ``""`` after ``poll_interval_s`` without data, so the
+consumer can flush a held-back Xid (``KmsgParser.feed("")`` does exactly that): after every such
+interval, or, when ``tick_needed`` is set (a callable), only while it returns True.
 
 Relayed records and the cursor
     A file or FIFO may carry raw ``/dev/kmsg`` records (what ``cat /dev/kmsg`` writes: the shipped
@@ -56,6 +68,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from producer.xid.kmsg_parse import split_kmsg_record, unescape_kmsg
+from producer.xid.wake import WakeEvent
 
 __all__ = [
     "DEFAULT_KMSG_PATH",
@@ -117,6 +130,8 @@ class KmsgReaderStats:
     reopened: int = 0
     #: Records skipped because their sequence number was at or below the cursor (``after_seq``).
     skipped: int = 0
+    #: Waits for input that returned (data, an idle tick, a stop): the thread's wake-ups.
+    wakeups: int = 0
 
 
 def decode_kmsg_record(data: bytes | str) -> KmsgRecord | None:
@@ -178,7 +193,7 @@ def kmsg_records_to_lines(records: Iterable[KmsgRecord | None]) -> Iterator[str]
 
 def iter_kmsg_records(
     read: Callable[[int], bytes],
-    wait: Callable[[], bool],
+    wait: Callable[[], bool | None],
     *,
     follow: bool,
     stats: KmsgReaderStats,
@@ -188,19 +203,23 @@ def iter_kmsg_records(
 
     ``read(n)`` is a non-blocking ``os.read``: it returns one record, or raises ``BlockingIOError``
     (nothing new), ``BrokenPipeError`` (records were overwritten: counted in ``stats.overrun``, reading
-    goes on) or ``OSError(EINVAL)`` (buffer too small: retried with a bigger one). ``wait()`` blocks up
-    to one poll interval for new data and returns ``False`` once the reader was stopped. Without
-    ``follow`` the loop ends at the first ``BlockingIOError``; with ``idle`` it yields ``None`` after
-    each wait that ended without data.
+    goes on) or ``OSError(EINVAL)`` (buffer too small: retried with a bigger one). ``wait()`` blocks
+    until new data (``True``), an idle timeout (``None``) or a stop (``False``). Without ``follow``
+    the loop ends at the first ``BlockingIOError``; with ``idle`` it yields ``None`` after each wait
+    that ended without data (never before a record that is there: that could cut an Xid from its
+    continuation lines).
     """
     size = _KMSG_BUF
     while True:
         try:
             data = read(size)
         except BlockingIOError:
-            if not follow or not wait():
+            if not follow:
                 return
-            if idle:
+            ready = wait()
+            if ready is False:
+                return
+            if idle and ready is None:
                 yield None
             continue
         except BrokenPipeError:
@@ -284,7 +303,11 @@ class KmsgReader:
     ``follow``: keep waiting for new lines (``/dev/kmsg``, files); pipes always end at end of file.
     ``from_start``: read what is already there first; when false and following, start at the end.
     ``stream``: a binary stream to read instead of stdin when ``path`` is ``"-"``.
-    ``stop_event``: share an existing event; :meth:`stop` sets it.
+    ``stop_event``: share an existing event; :meth:`stop` sets it. Give a
+    :class:`~producer.xid.wake.WakeEvent` (the node agent does) so that setting it from anywhere
+    wakes a blocked reader; with a plain :class:`threading.Event` waits are bounded by
+    ``poll_interval_s`` instead.
+    ``tick_needed``: with ``idle_ticks``, idle ticks only while this returns True.
     """
 
     def __init__(
@@ -317,11 +340,19 @@ class KmsgReader:
         #: Sequence number of the record the line just yielded came from (None for plain text).
         self.line_seq: int | None = None
         self._stream = stream
-        self._stop = stop_event if stop_event is not None else threading.Event()
+        self._stop: threading.Event = stop_event if stop_event is not None else WakeEvent()
+        self._wake_fd: int | None = self._stop.fileno() if isinstance(self._stop, WakeEvent) else None
+        #: With ``idle_ticks``: idle ticks only while this returns True (None: always).
+        self.tick_needed: Callable[[], bool] | None = None
+        #: True while the reader is blocked waiting for input (an idle reader is not a stuck one).
+        self.waiting = False
+        #: Called each time the reader is about to wait for input: it has read all there was (the
+        #: backlog at start), so the consumer may say it is positioned without a line coming.
+        self.on_wait: Callable[[], None] | None = None
 
     # ---------------------------------------------------------------- control
     def stop(self) -> None:
-        """Ask the iteration to end; it does within about ``poll_interval_s``."""
+        """Ask the iteration to end: at once with a WakeEvent, else within ``poll_interval_s``."""
         self._stop.set()
 
     @property
@@ -355,21 +386,46 @@ class KmsgReader:
             yield line
 
     # ---------------------------------------------------------------- helpers
+    def _timeout(self) -> float | None:
+        """How long one wait may block: for ever unless an idle tick is due or stop has no fd."""
+        if self.idle_ticks and (self.tick_needed is None or self.tick_needed()):
+            return self.poll_interval_s
+        return None if self._wake_fd is not None else self.poll_interval_s
+
     def _wait_fd(self, fd: int) -> bool | None:
-        """Wait up to one poll interval for ``fd``: True readable, None timeout, False stopped."""
+        """Wait for ``fd`` (see :meth:`_timeout`): True readable, None timeout, False stopped."""
         if self._stop.is_set():
             return False
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLPRI)
+        if self._wake_fd is not None:
+            poller.register(self._wake_fd, select.POLLIN)
+        timeout = self._timeout()
+        if self.on_wait is not None:
+            self.on_wait()
+        self.waiting = True
         try:
-            ready, _, _ = select.select([fd], [], [], self.poll_interval_s)
+            events = poller.poll(None if timeout is None else max(1, round(timeout * 1000)))
         except InterruptedError:
-            ready = []
+            events = []
+        finally:
+            self.waiting = False
+            self.stats.wakeups += 1
         if self._stop.is_set():
             return False
-        return True if ready else None
+        return True if any(f == fd for f, _ in events) else None
 
     def _sleep(self) -> bool:
-        """Sleep one poll interval; False when stopped."""
-        return not self._stop.wait(self.poll_interval_s)
+        """Sleep one poll interval (a followed regular file); False when stopped."""
+        if self.on_wait is not None:
+            self.on_wait()
+        self.waiting = True
+        try:
+            stopped = self._stop.wait(self.poll_interval_s)
+        finally:
+            self.waiting = False
+            self.stats.wakeups += 1
+        return not stopped
 
     # ---------------------------------------------------------------- /dev/kmsg
     def _iter_kmsg(self) -> Iterator[str]:
@@ -378,8 +434,8 @@ class KmsgReader:
             if self.follow and not self.from_start:
                 os.lseek(fd, 0, os.SEEK_END)
 
-            def wait() -> bool:
-                return self._wait_fd(fd) is not False
+            def wait() -> bool | None:
+                return self._wait_fd(fd)
 
             records = iter_kmsg_records(
                 lambda n: os.read(fd, n), wait, follow=self.follow, stats=self.stats, idle=self.idle_ticks
@@ -458,7 +514,7 @@ class KmsgReader:
                 if not self.follow:
                     yield from splitter.finish()
                     return
-                if self.idle_ticks:
+                if self.idle_ticks and (self.tick_needed is None or self.tick_needed()):
                     yield ""
                 if not self._sleep():
                     return
@@ -502,10 +558,15 @@ class KmsgReader:
                 yield from self._iter_unselectable(stream)
                 return
         else:
-            opened_fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            # A followed FIFO is opened read-write: holding a writer end ourselves, it never reads as
+            # end of file (nor polls readable) while the relay that feeds it is (re)starting, so the
+            # reader blocks until the next writer writes instead of polling for it.
+            is_fifo = stat.S_ISFIFO(os.stat(self.path).st_mode)
+            mode = os.O_RDWR if self.follow and is_fifo else os.O_RDONLY
+            opened_fd = os.open(self.path, mode | os.O_NONBLOCK | os.O_CLOEXEC)
             fd = opened_fd
-        # A FIFO without a writer reads as end of file (and selects as readable): the relay that
-        # feeds it is (re)starting. Keep the FIFO open and wait for it instead of ending.
+        # A FIFO opened read-only without a writer reads as end of file (and polls readable):
+        # wait for the writer instead of ending (a FIFO given as a stream, e.g. stdin).
         fifo = opened_fd is not None and self.follow and stat.S_ISFIFO(os.fstat(fd).st_mode)
         splitter = _LineSplitter(self.max_line_bytes, self.stats)
         try:

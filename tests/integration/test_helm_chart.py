@@ -126,6 +126,8 @@ def test_selectors_and_references_resolve(rendered: dict, values: str) -> None:
         ports = {p["name"] for c in spec["containers"] for p in c.get("ports", [])}
         assert "metrics" in ports
         for c in spec["containers"]:
+            if not c.get("ports"):
+                continue  # the producer's kmsg relay serves nothing
             for probe in ("livenessProbe", "readinessProbe"):
                 target = c[probe].get("httpGet") or c[probe].get("tcpSocket")
                 assert target["port"] in ports
@@ -208,6 +210,8 @@ def command_lines(docs: list[dict[str, Any]]) -> list[tuple[str, list[str], dict
     for w in docs:
         if w["kind"] in WORKLOADS:
             for c in w["spec"]["template"]["spec"]["containers"]:
+                if "args" not in c:
+                    continue  # not a gpupipe command (the producer's kmsg relay)
                 env = _container_env(c)
                 out.append((w["metadata"]["name"], [_expand(a, env) for a in c["args"]], env))
     return out
@@ -258,17 +262,48 @@ def test_producer_daemonset_defaults(rendered: dict) -> None:
     assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
     c = spec["containers"][0]
-    assert "SYSLOG" in c["securityContext"]["capabilities"]["add"]
+    assert c["name"] == "producer"
+    # Review 1.1: the agent keeps no capability (the chart gave it SYSLOG and /dev/kmsg, which an
+    # unprivileged container cannot open); a privileged relay copies the kernel log into a FIFO.
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True and c["securityContext"]["runAsUser"] == 0
+    assert not c["securityContext"].get("privileged")
     host = {v["name"]: v["hostPath"] for v in spec["volumes"] if "hostPath" in v}
-    assert host["kmsg"] == {"path": "/dev/kmsg", "type": "CharDevice"}
+    assert "kmsg" not in host and all(h["path"] != "/dev/kmsg" for h in host.values())
     assert host["spool"]["type"] == "DirectoryOrCreate"
     assert host["pod-resources"]["path"] == "/var/lib/kubelet/pod-resources"
     ro = {m["name"]: m.get("readOnly", False) for m in c["volumeMounts"]}
-    assert ro == {"pod-resources": True, "pod-logs": True, "spool": False, "kmsg": True}
+    assert ro == {"pod-resources": True, "pod-logs": True, "spool": False, "kmsg-fifo": False}
+    relay = spec["containers"][1]
+    assert relay["name"] == "kmsg-relay" and relay["securityContext"]["privileged"] is True
+    assert "cat /dev/kmsg" in relay["command"][-1] and "initContainers" not in spec
     ns = parse(*command_lines([ds])[0][1:])
-    assert ns.source == "nvml" and ns.kmsg_path == "/dev/kmsg" and ns.spool_dir == "/var/lib/gpupipe/spool"
+    assert ns.source == "nvml" and ns.spool_dir == "/var/lib/gpupipe/spool"
+    assert ns.kmsg_path == "/run/gpupipe/kmsg/kmsg.fifo" and ns.kmsg_path in relay["command"][-1]
     assert ns.kubelet_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
     assert c["resources"]["limits"]["memory"] and c["resources"]["requests"]["cpu"]
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"  # 503 while NVML is released
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+
+def test_the_chart_gives_the_producer_the_manifests_privileges(helm: str, rendered: dict) -> None:
+    # Issue 15 item 1: the manifest, the Dockerfile and the chart agree on least privilege.
+    manifest = yaml.safe_load((REPO / "deploy" / "kubernetes" / "producer-daemonset.yaml").read_text())
+    m_spec = manifest["spec"]["template"]["spec"]
+    m_agent = next(c for c in m_spec["containers"] if c["name"] == "producer")
+    m_relay = next(c for c in m_spec["initContainers"] if c["name"] == "kmsg-relay")
+    native = _kinds(render(helm, None, "producer.kmsg.nativeSidecar=true"))["DaemonSet"][0]
+    spec = native["spec"]["template"]["spec"]
+    agent, relay = spec["containers"][0], spec["initContainers"][0]
+    assert [c["name"] for c in spec["containers"]] == ["producer"] and relay["restartPolicy"] == "Always"
+    kubernetes_validate.validate(native, K8S_VERSIONS[-1], strict=True)  # native sidecars: >= 1.29
+    for key in ("runAsUser", "allowPrivilegeEscalation", "readOnlyRootFilesystem", "capabilities"):
+        assert agent["securityContext"][key] == m_agent["securityContext"][key], key
+    assert relay["securityContext"] == m_relay["securityContext"]
+    assert relay["command"] == m_relay["command"]
+    assert spec["securityContext"]["seccompProfile"] == m_spec["securityContext"]["seccompProfile"]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert agent[probe]["httpGet"]["path"] == m_agent[probe]["httpGet"]["path"], probe
 
 
 def test_consumers_defaults(rendered: dict) -> None:
@@ -314,7 +349,8 @@ def test_mig_only_and_no_alerts(rendered: dict) -> None:
     ds = _kinds(docs)["DaemonSet"][0]
     ns = parse(*command_lines([ds])[0][1:])
     assert ns.no_kmsg is True and ns.create_topics is False and ns.no_nvml_events is True
-    assert "kmsg" not in {v["name"] for v in ds["spec"]["template"]["spec"]["volumes"]}
+    assert not {"kmsg", "kmsg-fifo"} & {v["name"] for v in ds["spec"]["template"]["spec"]["volumes"]}
+    assert [c["name"] for c in ds["spec"]["template"]["spec"]["containers"]] == ["producer"]  # no relay
     assert "add" not in ds["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilities"]
 
 

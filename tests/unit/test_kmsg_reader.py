@@ -197,10 +197,12 @@ def test_kmsg_loop_other_errors_propagate() -> None:
 
 
 def test_kmsg_loop_follow_idles_then_stops() -> None:
+    # wait(): True data is there, None an idle timeout, False stopped. An idle tick only after a
+    # timeout: never between a wait that found a record and that record (it may continue an Xid).
     read, _ = _fake_read([b"6,1,1,-;x\n", BlockingIOError(), BlockingIOError(), b"6,2,2,-;y\n"])
-    waits = iter([True, True, True, False])
+    waits = iter([None, True, None, False])
     recs = list(iter_kmsg_records(read, lambda: next(waits), follow=True, stats=KmsgReaderStats(), idle=True))
-    assert [r.message if r else None for r in recs] == ["x", None, None, "y", None]
+    assert [r.message if r else None for r in recs] == ["x", None, "y", None]
 
 
 def test_real_dev_kmsg_backlog_if_readable() -> None:

@@ -15,7 +15,15 @@ from typing import Any
 import grpc
 
 from producer.enrich import ProcPod
-from tests.agent_harness import MIG_ALICE, UUIDS, metric, node_for_fixtures, running_agent, wait_for
+from tests.agent_harness import (
+    MIG_ALICE,
+    MIG_EMBEDDER,
+    UUIDS,
+    metric,
+    node_for_fixtures,
+    running_agent,
+    wait_for,
+)
 from tests.kubelet_fake import FakeKubelet
 from tests.unit.test_node_agent import config, memory_publisher
 
@@ -129,3 +137,33 @@ def test_gpu_instance_ids_on_a_gpu_without_mig_are_ignored(tmp_path: Path) -> No
     by_xid = {e["xid"]: e for e in mem.records("xid")}
     assert (by_xid[48]["gpu_instance_id"], by_xid[48]["mig_uuid"]) == (None, None)
     assert (by_xid[94]["gpu_instance_id"], by_xid[94]["mig_uuid"]) == (5, MIG_ALICE)
+
+
+def test_mig_slices_by_gke_and_index_ids_get_their_samples_and_xids_attributed(tmp_path: Path) -> None:
+    # Review 1.10: GKE advertises MIG slices as nvidia<minor>/gi<GPU instance id> ("not matched at
+    # all"); and an XID on a slice was attributed through its MIG UUID only, so slices allocated by
+    # "<gpu>:<mig>" ids (deviceIDStrategy=index) had pods on their samples but not on their XIDs.
+    fake = node_for_fixtures()
+    fake.gpus[7].minor = 2  # /dev/nvidia2 is NVML index 7
+    answer = {
+        "pod_resources": [
+            pod("gke-mig", devices=[("nvidia.com/gpu", ["nvidia2/gi13"])]),
+            pod("mig-idx", devices=[("nvidia.com/mig-1g.10gb", ["7:1"])]),
+        ]
+    }
+    pub, mem = memory_publisher()
+    with (
+        FakeKubelet(answer) as kubelet,
+        running_agent(config(tmp_path, kubelet_socket=kubelet.socket_path), pub, fake) as ra,
+    ):
+        wait_for(lambda: len(ra.agent.allocations) > 0, 5, "kubelet map")
+        ra.ticks_after(2)
+        fake.gpus[7].inject_xid(43, gpu_instance_id=13, compute_instance_id=0)
+        fake.gpus[7].inject_xid(31, gpu_instance_id=5, compute_instance_id=0)
+        wait_for(lambda: ra.agent.xids_sent >= 2, 5, "two XIDs")
+        ra.stop()
+    assert _holders(mem, UUIDS[7], MIG_EMBEDDER) == ["gke-mig"], "nvidia2/gi13: GI 13 of /dev/nvidia2"
+    assert _holders(mem, UUIDS[7], MIG_ALICE) == ["mig-idx"]
+    by_xid = {e["xid"]: e for e in mem.records("xid")}
+    assert [a["pod"] for a in by_xid[43]["allocations"]] == ["gke-mig"]
+    assert [a["pod"] for a in by_xid[31]["allocations"]] == ["mig-idx"]

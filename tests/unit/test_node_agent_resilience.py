@@ -189,3 +189,92 @@ def test_a_gpu_lost_before_start_is_reported_once_per_boot(tmp_path: Path) -> No
     assert second == [], "the restart does not report the same loss again"
     boot.write_text("b0a7-2\n")  # after a reboot it is a new loss
     assert [e["kind"] for e in run()] == ["gpu_lost"]
+
+
+def test_a_full_disk_under_the_spool_keeps_the_agent_and_the_xid(tmp_path: Path) -> None:
+    # Review 1.3 on the whole agent: the first XID after the disk filled killed it (OSError 28 out of
+    # the main loop), and that XID was in neither the spool nor Kafka.
+    import os
+
+    fake = node_for_fixtures()
+    pub, mem = memory_publisher()
+    with running_agent(config(tmp_path), pub, fake) as ra:
+        ra.ticks_after(1)
+        assert ra.agent.sender is not None
+        spool = ra.agent.sender.spool
+        full = os.open("/dev/full", os.O_WRONLY)  # the spool file's descriptor now answers ENOSPC
+        os.dup2(full, spool._fd)
+        os.close(full)
+        fake.gpus[1].inject_xid(48)
+        wait_for(lambda: any(e["xid"] == 48 for e in mem.records("xid")), 5, "Xid 48 published")
+        ticks = ra.agent.ticks
+        ra.ticks_after(2)
+        assert ra.thread.is_alive() and ra.agent.ticks >= ticks + 2
+        assert metric(ra.registry, "gpupipe_producer_xid_spool_write_errors_total") >= 1
+        assert metric(ra.registry, "gpupipe_producer_xid_spool_on_disk") == 0
+        ra.stop()
+
+
+def test_an_xid_storm_costs_one_fsync_per_batch_and_a_log_line_per_gpu_and_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Review §2 xid_merge.py: every event of a storm got its own fsync (about 0.2 ms) and WARNING.
+    # The main loop is driven by hand here (started, not run), so the batch is exactly the queue.
+    import os
+
+    from producer.node_agent import NodeAgent
+    from producer.self_metrics import ProducerMetrics
+    from producer.xid.kmsg_parse import parse_line
+    from schemas.codec import AvroCodec
+
+    xid13 = parse_line(
+        "[ 10.0] NVRM: Xid (PCI:0000:9b:00): 13, pid=7, name=python, Graphics SM Warp Exception"
+    )
+    assert xid13 is not None
+    pub, mem = memory_publisher()
+    agent = NodeAgent(
+        config(tmp_path, nvml_events=False), pub, ProducerMetrics(), AvroCodec(), "s", "xid",
+        nvml=node_for_fixtures(),
+    )  # fmt: skip
+    agent._start()
+    from producer.spool_format import SPOOL_FILE
+
+    spool_file = str(tmp_path / "spool" / SPOOL_FILE)
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    try:
+        monkeypatch.setattr(os, "fsync", fsync)
+        for i in range(2500):
+            agent._events.put(("kmsg", time.monotonic(), 1_767_225_600_000 + i, xid13, None))
+        with caplog.at_level(logging.WARNING, "gpupipe.agent"):
+            agent._drain_events(0.0)
+        assert agent.xids_sent + len(agent.merger) == 2500  # the merger may hold the newest one
+        assert synced.count(spool_file) == 3  # batches of at most 1000
+        lines = [r for r in caplog.records if r.getMessage().startswith("GPU error event")]
+        assert len(lines) == 1, "one line for one GPU and code within 10 s"
+    finally:
+        monkeypatch.undo()
+        agent._shutdown()
+    assert len([x for x in mem.records("xid") if x["xid"] == 13]) == 2500
+
+
+def test_two_identical_nvml_xids_are_two_events(tmp_path: Path) -> None:
+    # Review §2 records.py:80-81 for NVML alone (no kernel-log record number to tell them apart): two
+    # Xid 48 of one GPU in the same millisecond shared an event_id, and consumers drop duplicates.
+    fake = node_for_fixtures()
+    pub, mem = memory_publisher()
+    with running_agent(config(tmp_path, nvml_event_timeout_ms=50), pub, fake) as ra:
+        ra.ticks_after(1)
+        fake.gpus[1].inject_xid(48)
+        fake.gpus[1].inject_xid(48)
+        fake.gpus[3].inject_recovery_action(1)
+        fake.gpus[3].inject_recovery_action(1)
+        wait_for(lambda: ra.agent.xids_sent >= 4, 5, "four NVML events")
+        ra.stop()
+    ids = [e["event_id"] for e in mem.records("xid")]
+    assert len(set(ids)) == 4 and all("|n" in i for i in ids), ids

@@ -107,15 +107,43 @@ def test_what_the_mock_profiles_show_stays_null_and_quiet() -> None:
     src.shutdown()
 
 
-def test_recovery_action_event_is_published(tmp_path: Path) -> None:
+def test_recovery_action_and_gpu_unavailable_events_are_published(tmp_path: Path) -> None:
     fake = node_for_fixtures()
     pub, mem = memory_publisher()
     with running_agent(config(tmp_path), pub, fake) as ra:
         ra.ticks_after(1)
         fake.gpus[2].inject_recovery_action(pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET)
-        wait_for(lambda: ra.agent.xids_sent >= 1, 5, "recovery action event")
+        fake.gpus[4].inject_gpu_unavailable(1)
+        wait_for(lambda: ra.agent.xids_sent >= 2, 5, "recovery action and GPU unavailable events")
         ra.stop()
-    (ev,) = mem.records("xid")
+    by_kind = {e["kind"]: e for e in mem.records("xid")}
+    un = by_kind["gpu_unavailable"]
+    assert (un["xid"], un["gpu_index"], un["uuid"], un["source"]) == (None, 4, fake.gpus[4].uuid, "nvml")
+    assert un["message"] == "GPU unavailable (event data 1)"
+    ev = by_kind["recovery_action"]
     assert (ev["kind"], ev["xid"], ev["gpu_index"], ev["source"]) == ("recovery_action", None, 2, "nvml")
     assert ev["message"] == "GPU recovery action: DRAIN_AND_RESET (4)"
     assert ev["uuid"] == fake.gpus[2].uuid
+
+
+def test_nvlink_crc_replay_and_recovery_totals_show_a_flapping_link() -> None:
+    # Review §4 item 2: Hopper's NVLink CRC / replay / recovery error totals were read on no GPU, so a
+    # single flapping link was invisible. Device-wide fields 38/45/52/59 in the fabric group's call.
+    fake = FakeNvml.node("H100", 2)
+    fake.gpus[1].nvlink_error_totals = {
+        pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: 1_734,
+        pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: 12,
+    }
+    fake, src, clock, _ = make(fake)
+    src.poll()
+    s = by_gpu(tick(src, clock, 10.0))
+    fields = ("nvlink_crc_flit_errors_total", "nvlink_crc_data_errors_total")
+    fields += ("nvlink_replay_errors_total", "nvlink_recovery_errors_total")
+    assert [s[0][f] for f in fields] == [0, 0, 0, 0]
+    assert [s[1][f] for f in fields] == [12, 0, 1_734, 0]
+    src.shutdown()
+    _, src2, clock2, hooks2 = make(FakeNvml.node("L40S", 1))  # no NVLink: null, quietly
+    src2.poll()
+    s2 = by_gpu(tick(src2, clock2, 10.0))[0]
+    assert all(s2[f] is None for f in fields) and hooks2.errors == []
+    src2.shutdown()

@@ -18,6 +18,17 @@ XID_ENCODER = AvroCodec().encoder("XidEvent")
 WAIT_S = 5.0  # upper bound for a delivery; normally milliseconds
 
 
+_STARTED: list[XidEventWatcher] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_watchers() -> Any:
+    """Every watcher a test starts is stopped with the test, pass or fail."""
+    yield
+    while _STARTED:
+        _STARTED.pop().stop()
+
+
 class Watch:
     """A started watcher whose events and errors land in queues."""
 
@@ -30,6 +41,7 @@ class Watch:
         self.watcher = XidEventWatcher(
             fake, self.events.put, on_error=self.errors.put, wall_clock=lambda: 1_767_225_600.5, **kw
         )
+        _STARTED.append(self.watcher)
         self.watcher.start()
 
     def event(self) -> dict[str, Any]:
@@ -67,7 +79,7 @@ def test_injected_xid_is_delivered_and_stop_is_clean(fake):
     assert time.monotonic() - t0 < 2.5  # about one 50 ms wait; generous for loaded CI machines
     assert not w.watcher.running
     assert fake.free_while_waiting == 0
-    assert fake.count("nvmlEventSetFree") == 1
+    assert fake.count("nvmlEventSetFree") == 4  # one set per GPU
     assert fake.init_count == 0
     assert w.watcher.stop() is True  # idempotent
 
@@ -119,7 +131,7 @@ def test_gpu_without_event_support_is_skipped_and_the_set_still_works():
 
 def test_wait_errors_are_reported_and_the_thread_backs_off_then_continues(fake):
     w = Watch(fake)
-    fake.fail_event_wait(pynvml.NVML_ERROR_UNKNOWN)
+    fake.fail_event_wait(pynvml.NVML_ERROR_UNKNOWN, gpu=3)
     assert w.error() == "NVMLError_Unknown"
     fake.gpus[3].inject_xid(45)
     assert w.event()["xid"] == 45
@@ -138,7 +150,7 @@ def test_gpu_lost_during_wait_reported_other_gpus_keep_reporting(fake):
 
 def test_repeated_errors_rebuild_the_event_set(fake):
     w = Watch(fake, rebuild_after=3)
-    fake.fail_event_wait(pynvml.NVML_ERROR_UNKNOWN, times=3)
+    fake.fail_event_wait(pynvml.NVML_ERROR_UNKNOWN, times=3, gpu=1)
     for _ in range(3):
         assert w.error() == "NVMLError_Unknown"
     # The old set is freed from the watcher's own thread, a new one registered.
@@ -151,10 +163,11 @@ def test_repeated_errors_rebuild_the_event_set(fake):
         except queue.Empty:
             fake.gpus[1].inject_xid(79)
     assert got is not None and got["xid"] == 79
-    assert fake.count("nvmlEventSetCreate") == 2
+    assert fake.count("nvmlEventSetCreate") == 4 + 1  # one set per GPU, GPU 1's rebuilt once
     w.watcher.stop()
     assert fake.free_while_waiting == 0
-    assert fake.count("nvmlEventSetFree") == 2
+    assert fake.count("nvmlEventSetFree") == 4 + 1
+    assert fake.live_event_sets() == 0
 
 
 def test_callback_failure_does_not_kill_the_thread(fake):
@@ -166,6 +179,7 @@ def test_callback_failure_does_not_kill_the_thread(fake):
             raise RuntimeError("downstream hiccup")
 
     w = XidEventWatcher(fake, flaky, timeout_ms=50)
+    _STARTED.append(w)
     w.start()
     fake.gpus[0].inject_xid(13)
     fake.gpus[0].inject_xid(31)
@@ -180,3 +194,116 @@ def test_init_failure_is_a_clear_error():
     with pytest.raises(NvmlInitError, match="NVML init failed: Driver Not Loaded"):
         w.start()
     assert not w.running
+
+
+# -- a failing GPU costs the other GPUs nothing (review §2, nvml/events.py:193-203) -----------------
+
+
+def _deliver_each(
+    w: Watch, fake: FakeNvml, gpus: list[int], xid: int, within_s: float
+) -> list[dict[str, Any]]:
+    """Inject ``xid`` on each GPU in turn; each must be delivered within ``within_s``."""
+    got = []
+    for i in gpus:
+        t0 = time.monotonic()
+        fake.gpus[i].inject_xid(xid)
+        ev = w.events.get(timeout=within_s)
+        assert ev["gpu_index"] == i and ev["xid"] == xid
+        assert time.monotonic() - t0 < within_s
+        got.append(ev)
+    return got
+
+
+def test_a_gpu_whose_event_channel_keeps_failing_delays_and_loses_no_other_gpus_xid(fake):
+    # GPU 2 registers fine but every wait involving it fails: with one shared set the watcher
+    # backed off, dropped the set (and the other GPUs' queued XIDs) and re-registered GPU 2 forever.
+    w = Watch(fake, backoff_initial_s=0.2, backoff_max_s=0.4)
+    fake.gpus[2].event_wait_error = pynvml.NVML_ERROR_UNKNOWN
+    fake._notify_events()
+    assert w.error() == "NVMLError_Unknown"
+    for _ in range(3):  # over several of GPU 2's back-off periods and rebuilds
+        _deliver_each(w, fake, [0, 1, 3], 43, within_s=1.0)
+    assert w.watcher.failing == [2]
+    assert w.watcher.registered in ([0, 1, 3], [0, 1, 2, 3])  # 2 only between a rebuild and its error
+    # GPU 2's retries are paced by its back-off (0.2 s doubling to 0.4 s), never a busy loop.
+    assert fake.count("nvmlDeviceRegisterEvents", gpu=2) <= 2 + 10
+    fake.gpus[2].event_wait_error = None  # the channel heals: GPU 2 reports again
+    deadline = time.monotonic() + WAIT_S
+    while 2 not in w.watcher.registered or w.watcher.failing:
+        assert time.monotonic() < deadline, "GPU 2 was not set up again"
+        time.sleep(0.01)
+    assert _deliver_each(w, fake, [2], 79, within_s=1.0)[0]["uuid"] == fake.gpus[2].uuid
+
+
+def test_gpu_lost_the_others_xids_in_flight_and_after_are_delivered_at_once(fake):
+    w = Watch(fake, backoff_initial_s=2.0, backoff_max_s=4.0)  # long back-off: nobody else waits on it
+    fake.gpus[0].inject_xid(13)  # queued while GPU 2 falls off the bus
+    fake.gpus[2].lose()
+    fake.gpus[1].inject_xid(31)
+    got = {w.event()["xid"], w.event()["xid"]}
+    assert got == {13, 31}
+    assert w.error() == "NVMLError_GpuIsLost"
+    _deliver_each(w, fake, [0, 1, 3], 45, within_s=1.0)
+
+
+def test_events_queued_in_a_set_that_is_rebuilt_are_drained_not_dropped(fake):
+    w = Watch(fake, rebuild_after=3)
+    fake.fail_event_wait(pynvml.NVML_ERROR_UNKNOWN, times=3, gpu=1)
+    fake.gpus[1].inject_xid(48)  # behind the three errors in GPU 1's set
+    for _ in range(3):
+        assert w.error() == "NVMLError_Unknown"
+    assert w.event()["xid"] == 48  # drained from the set before it was freed
+    deadline = time.monotonic() + WAIT_S
+    while fake.count("nvmlEventSetCreate") < 4 + 1:  # GPU 1 set up again after its back-off
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    _deliver_each(w, fake, [1], 31, within_s=1.0)
+
+
+def test_a_lost_gpu_is_watched_again_when_it_answers(fake):
+    w = Watch(fake)
+    fake.gpus[2].lose()
+    assert w.error() == "NVMLError_GpuIsLost"
+    deadline = time.monotonic() + WAIT_S
+    while 2 in w.watcher.registered:  # dropped after rebuild_after failures
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    fake.gpus[2].recover()
+    while 2 not in w.watcher.registered:
+        assert time.monotonic() < deadline, "the recovered GPU was never registered again"
+        time.sleep(0.01)
+    assert _deliver_each(w, fake, [2], 79, within_s=1.0)[0]["gpu_index"] == 2
+
+
+def test_a_gpu_lost_at_start_is_set_up_once_it_answers():
+    fake = FakeNvml.node("H100", 2)
+    fake.gpus[1].lost = True
+    w = Watch(fake)
+    assert w.watcher.registered == [0] and w.watcher.failing == [1]
+    _deliver_each(w, fake, [0], 79, within_s=1.0)
+    fake.gpus[1].recover()
+    deadline = time.monotonic() + WAIT_S
+    while w.watcher.registered != [0, 1]:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    _deliver_each(w, fake, [1], 94, within_s=1.0)
+
+
+def test_stop_while_start_is_under_way_leaves_no_thread_running(fake):
+    # The agent's polling thread restarts the watcher after an NVML re-initialisation while the
+    # agent may be shutting down from the main thread: stop() must wait for that start to finish.
+    import threading
+
+    fake.gpus[0].hang(0.3)  # start() is in GPU 0's identity calls for 0.3 s
+    w = XidEventWatcher(fake, lambda ev: None, timeout_ms=50)
+    starter = threading.Thread(target=w.start)
+    starter.start()
+    deadline = time.monotonic() + WAIT_S
+    while fake.count("nvmlDeviceGetUUID", gpu=0) == 0:  # start() is under way
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    assert w.stop() is True
+    starter.join(WAIT_S)
+    assert not starter.is_alive() and not w.running
+    assert fake.init_count == 0 and fake.live_event_sets() == 0
+    fake.gpus[0].hang(0)

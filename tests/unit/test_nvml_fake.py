@@ -63,6 +63,7 @@ USED = (
     "nvmlDeviceRegisterEvents",
     "nvmlEventSetWait_v2",
     "nvmlEventSetFree",
+    "nvmlDeviceGetHandleByUUID",
 )
 
 
@@ -79,7 +80,8 @@ def test_every_used_function_is_faked_with_the_real_signature(name):
     fake = inspect.signature(getattr(FakeNvml, name))
     fake_params = list(fake.parameters)[1:]  # drop self
     assert fake_params == list(real.parameters), name
-    assert name in FakeNvml.__dict__, f"{name} falls through to the stub"
+    # Defined on the fake or one of its role modules (tests/fake_nvml_*.py), not the stub fallback.
+    assert any(name in vars(k) for k in FakeNvml.__mro__[:-1]), f"{name} falls through to the stub"
 
 
 def test_constants_structures_and_errors_are_the_real_ones(nvml):
@@ -104,6 +106,48 @@ def test_errors_raise_the_real_subclasses(nvml):
         nvml.nvmlDeviceGetHandleByIndex(1)
     with pytest.raises(pynvml.NVMLError_InvalidArgument):
         nvml.nvmlDeviceGetHandleByIndex(7)
+
+
+def test_a_new_session_refuses_old_handles_and_sees_a_reset_gpu(nvml):
+    # tests/fake_nvml_session.py: what re-initialising NVML changes.
+    old = nvml.nvmlDeviceGetHandleByIndex(0)
+    nvml.gpus[1].lose()
+    nvml.gpus[1].reset()
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):  # this session keeps seeing it lost
+        nvml.nvmlDeviceGetHandleByIndex(1)
+    es = nvml.nvmlEventSetCreate()
+    nvml.nvmlInit()
+    nvml.nvmlShutdown()  # one reference left: the same session
+    assert nvml.sessions == 1 and nvml.nvmlDeviceGetPowerUsage(old) > 0
+    nvml.nvmlShutdown()
+    assert nvml.live_event_sets() == 0  # the session's sets went with it
+    nvml.nvmlInit()
+    assert nvml.sessions == 2
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        nvml.nvmlDeviceGetPowerUsage(old)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        nvml.nvmlEventSetWait_v2(es, 0)
+    h1 = nvml.nvmlDeviceGetHandleByIndex(1)
+    assert nvml.nvmlDeviceGetUUID(h1) == nvml.gpus[1].uuid
+    assert nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByUUID(nvml.gpus[1].uuid)) == nvml.gpus[1].uuid
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        nvml.nvmlDeviceGetHandleByUUID("GPU-nope")
+
+
+def test_a_broken_event_channel_fails_every_wait_of_its_sets_before_other_gpus_events(nvml):
+    es = nvml.nvmlEventSetCreate()
+    for i in (0, 1):
+        h = nvml.nvmlDeviceGetHandleByIndex(i)
+        nvml.nvmlDeviceRegisterEvents(h, pynvml.nvmlEventTypeXidCriticalError, es)
+    nvml.gpus[0].inject_xid(13)
+    nvml.gpus[1].event_wait_error = pynvml.NVML_ERROR_UNKNOWN
+    for _ in range(2):  # for as long as it is broken, and ahead of GPU 0's queued event
+        with pytest.raises(pynvml.NVMLError_Unknown):
+            nvml.nvmlEventSetWait_v2(es, 0)
+    nvml.nvmlDeviceRegisterEvents(nvml.nvmlDeviceGetHandleByIndex(1), 8, es)  # still registers
+    nvml.gpus[1].event_wait_error = None
+    assert nvml.nvmlEventSetWait_v2(es, 0).eventData == 13
+    nvml.nvmlEventSetFree(es)
 
 
 def test_unimplemented_functions_raise_function_not_found_and_are_recorded(nvml):

@@ -292,6 +292,10 @@ def test_l40s_without_mig_gpm_or_nvlink():
     assert all(s[f] is None for f in PROFILING_FIELDS)
     assert s["pcie_tx_bytes_per_s"] == 123_456 * 1024.0
     assert fake.count("nvmlDeviceGetMigMode", gpu=0) == 1  # NotSupported: learned at start
+    # Review §3: memory temperature (FI 82) is HBM-only; GDDR boards answer NotSupported (null,
+    # learned quietly), though NVIDIA's mock returns a value for its L40S and T4 profiles.
+    assert s["memory_temp_c"] is None and s["gpu_temp_c"] is not None
+    assert "fi_memory_temp" in src.unsupported(0)
 
 
 def test_temperature_falls_back_to_the_deprecated_call_when_v_is_missing():

@@ -67,12 +67,16 @@ def test_only_the_kmsg_relay_is_privileged_and_it_feeds_the_agents_kmsg_path() -
 def test_probes_and_paths_match_the_agent_defaults() -> None:
     c = container("producer")
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert c["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    # Review §2 command.py:216-221 + manifest: readiness only and no priority class before.
+    assert producer_pod()["priorityClassName"] == "system-node-critical"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"  # 503 also while NVML is released
     parser = build_parser()
     apply_env_defaults(parser, {e["name"]: e["value"] for e in c["env"] if "value" in e})
     ns = parser.parse_args(c["args"])
     mounts = {m["mountPath"] for m in c["volumeMounts"]}
     assert ns.spool_dir in mounts
+    # The release file (nvidia-smi -r, driver upgrades) is on the spool's hostPath: a node script sees it.
+    assert ns.nvml_release_file is None  # default: <spool-dir>/nvml-release (agent_config)
     assert str(Path(ns.kubelet_socket).parent) in mounts
     assert ns.nvml_timeout == 2000
     listen_port = int(ns.listen.rsplit(":", 1)[1])

@@ -10,6 +10,7 @@ import errno
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -176,3 +177,31 @@ def test_sample_queue_drops_oldest_and_respects_in_flight() -> None:
     assert q.pump() == 0
     in_flight["n"] = 0
     assert q.pump() == 1 and sent == [b"2", b"3", b"4"]
+
+
+def test_new_files_and_the_acknowledged_mark_are_durable(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # Review 1.4: the directory was not fsynced when the file was created, nor the "acked" temp
+    # file before os.replace: a crash could leave the rename or its content unwritten.
+    ops: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        ops.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(src: Any, dst: Any) -> None:
+        ops.append(("replace", f"{src} -> {dst}"))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    s = XidSpool(tmp_path)
+    assert ("fsync", str(tmp_path)) in ops, "the directory holding the new spool file"
+    first = s.append(b"k", b"one")
+    s.append(b"k", b"two")
+    assert ("fsync", str(_data(tmp_path))) in ops  # each event before it is handed to Kafka
+    ops.clear()
+    s.ack(first)
+    tmp, acked = str(tmp_path / "acked.tmp"), str(tmp_path / "acked")
+    assert ops == [("fsync", tmp), ("replace", f"{tmp} -> {acked}"), ("fsync", str(tmp_path))]
+    s.close()

@@ -158,18 +158,65 @@ and are referenced with $(VAR) from GPUPIPE_KAFKA_CONFIG, so they never appear o
 {{/*
 Liveness: the HTTP port answers (a broker outage must not restart every pod; the services wait
 and recover by themselves). Readiness: /healthz, which reports the service's own health.
+The node agent passes (list $c "/readyz" "/healthz"): readiness /readyz (503 also while it has
+released NVML on request), liveness /healthz (its own loops and NVML only, never Kafka: a stalled
+loop or a driver upgraded under it needs a restart).
 */}}
 {{- define "gpupipe.probes" -}}
 {{- $c := index . 0 }}
+{{- $ready := "/healthz" }}
+{{- $live := "" }}
+{{- if gt (len .) 1 }}{{ $ready = index . 1 }}{{ end }}
+{{- if gt (len .) 2 }}{{ $live = index . 2 }}{{ end }}
 livenessProbe:
+  {{- if $live }}
+  httpGet:
+    path: {{ $live }}
+    port: metrics
+  {{- else }}
   tcpSocket:
     port: metrics
+  {{- end }}
   initialDelaySeconds: {{ $c.livenessProbe.initialDelaySeconds }}
   periodSeconds: {{ $c.livenessProbe.periodSeconds }}
 readinessProbe:
   httpGet:
-    path: /healthz
+    path: {{ $ready }}
     port: metrics
   initialDelaySeconds: {{ $c.readinessProbe.initialDelaySeconds }}
   periodSeconds: {{ $c.readinessProbe.periodSeconds }}
+{{- end }}
+
+{{/*
+The kernel-log relay of the producer pod: the only privileged container, a shell loop that copies
+the kernel log device into a FIFO in a memory emptyDir (the agent reads the FIFO with no
+capability). It re-sends the kernel's backlog whenever it restarts; the agent's persisted cursor
+skips what it already handled. Same as deploy/kubernetes/producer-daemonset.yaml.
+*/}}
+{{- define "gpupipe.kmsgRelay" -}}
+{{- $root := index . 0 }}
+{{- $c := index . 1 }}
+- name: kmsg-relay
+  image: {{ include "gpupipe.image" $root | quote }}
+  imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+  command:
+    - /bin/sh
+    - -c
+    - |
+      f=/run/gpupipe/kmsg/kmsg.fifo
+      [ -p "$f" ] || mkfifo -m 0600 "$f"
+      while :; do cat {{ $c.kmsg.path }} > "$f"; sleep 1; done
+  startupProbe:
+    exec:
+      command: ["test", "-p", "/run/gpupipe/kmsg/kmsg.fifo"]
+    periodSeconds: 1
+  resources:
+    {{- toYaml $c.kmsg.resources | nindent 4 }}
+  securityContext:
+    privileged: true
+    runAsUser: 0
+    readOnlyRootFilesystem: true
+  volumeMounts:
+    - name: kmsg-fifo
+      mountPath: /run/gpupipe/kmsg
 {{- end }}

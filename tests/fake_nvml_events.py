@@ -1,0 +1,186 @@
+"""The event-set part of the fake NVML module (``tests/fake_nvml.py``), split out by role.
+
+What it models (nvml.h: ``nvmlEventSetCreate``, ``nvmlDeviceRegisterEvents``,
+``nvmlEventSetWait_v2``, ``nvmlEventSetFree``):
+
+* an event set is a queue per set; an event is put into every live set where its GPU registered
+  that event type; a wait returns one event, or raises ``NVMLError_Timeout`` after ``timeoutms``;
+* there is no "unregister": a GPU stays in a set until the set is freed;
+* a wait on a freed set (or a set of an NVML session that was shut down) raises InvalidArgument;
+* **failures**: ``fail_event_wait(code, times, gpu=...)`` makes the next ``times`` waits of the
+  sets (where ``gpu`` is registered, or every set) raise ``code`` once each (a transient error);
+  a GPU that is lost, or whose event channel is broken (``FakeGpu.event_wait_error``, a code),
+  makes *every* wait of every set it is registered in raise (``GpuIsLost`` or that code) for as
+  long as it stays so. NVML does not document the order between one GPU's error and another
+  GPU's queued events in the same set; the fake takes the worst case: errors first, so a failing
+  GPU hides the queued events of every other GPU of its set. A GPU whose channel is broken can
+  still be registered again (the registration call succeeds), as a lost GPU whose handle NVML
+  still gives would.
+
+``FakeNvml`` inherits :class:`EventSetsMixin`; the attributes it uses (``_lock``, ``_keep``,
+``calls``...) are the fake's own.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import pynvml as _real
+
+if TYPE_CHECKING:
+    from tests.fake_nvml import FakeGpu
+
+
+def _err(code: int) -> _real.NVMLError:
+    return _real.NVMLError(code)
+
+
+class _EventSet:
+    __slots__ = ("buf", "errors", "freed", "queue", "registrations", "waiting")
+
+    def __init__(self, buf: Any) -> None:
+        self.buf = buf
+        self.registrations: dict[int, int] = {}  # gpu index -> event type mask
+        self.queue: deque[tuple[FakeGpu, int, int, int, int]] = deque()
+        self.errors: deque[int] = deque()
+        self.freed = False
+        self.waiting = 0
+
+
+class EventSetsMixin:
+    """``nvmlEventSet*`` and ``nvmlDeviceRegisterEvents`` of :class:`tests.fake_nvml.FakeNvml`."""
+
+    if TYPE_CHECKING:  # provided by FakeNvml
+        _lock: Any
+        _keep: list[Any]
+        _sets: dict[int, _EventSet]
+        _gpu_handle: dict[int, Any]
+        gpus: list[FakeGpu]
+        calls: Any
+        free_while_waiting: int
+
+        def _check_init(self) -> None: ...
+        def _pointer(self, ptr_type: Any, target: Any = None) -> Any: ...
+        def _gpu(self, fn: str, handle: Any) -> FakeGpu: ...
+        @staticmethod
+        def _addr(ptr: Any) -> int | None: ...
+
+    # -- scripting ------------------------------------------------------------------------------
+    def fail_event_wait(self, code: int, times: int = 1, gpu: int | None = None) -> None:
+        """The next ``times`` waits of every live set (where GPU ``gpu`` is registered) raise ``code``."""
+        with self._lock:
+            for es in self._sets.values():
+                if not es.freed and (gpu is None or gpu in es.registrations):
+                    es.errors.extend([code] * times)
+            self._lock.notify_all()
+
+    def live_event_sets(self) -> int:
+        """Sets created and not freed (a test can check nothing leaks)."""
+        with self._lock:
+            return sum(1 for s in self._sets.values() if not s.freed)
+
+    def _notify_events(self) -> None:
+        """Wake the waits: a GPU was lost, recovered or had its event channel broken."""
+        with self._lock:
+            self._lock.notify_all()
+
+    def _free_all_event_sets(self) -> None:
+        """A full nvmlShutdown: every set of the session is gone."""
+        with self._lock:
+            for st in self._sets.values():
+                st.freed = True
+            self._lock.notify_all()
+
+    # -- module surface -------------------------------------------------------------------------
+    def nvmlEventSetCreate(self) -> Any:
+        self._check_init()
+        self.calls[("nvmlEventSetCreate", None)] += 1
+        ptr = self._pointer(_real.c_nvmlEventSet_t)
+        with self._lock:
+            self._sets[self._addr(ptr)] = _EventSet(self._keep[-1])  # type: ignore[index]
+        return ptr
+
+    def _event_set(self, es: Any) -> _EventSet:
+        st = self._sets.get(self._addr(es))  # type: ignore[arg-type]
+        if st is None or st.freed:
+            raise _err(_real.NVML_ERROR_INVALID_ARGUMENT)
+        return st
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
+        gpu = self._gpu("nvmlDeviceGetSupportedEventTypes", handle)
+        if not gpu.events_supported:
+            raise _err(_real.NVML_ERROR_NOT_SUPPORTED)
+        return gpu.supported_event_types
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None:
+        gpu = self._gpu("nvmlDeviceRegisterEvents", handle)
+        with self._lock:
+            st = self._event_set(eventSet)
+            if not gpu.events_supported or not eventTypes & gpu.supported_event_types:
+                raise _err(_real.NVML_ERROR_NOT_SUPPORTED)
+            st.registrations[gpu.index] = st.registrations.get(gpu.index, 0) | (
+                eventTypes & gpu.supported_event_types
+            )
+
+    def _failing(self, st: _EventSet) -> int | None:
+        """The error a registered GPU makes every wait of ``st`` raise, if one does."""
+        for index in sorted(st.registrations):
+            gpu = self.gpus[index]
+            if gpu.lost:
+                return _real.NVML_ERROR_GPU_IS_LOST
+            if gpu.event_wait_error is not None:
+                return int(gpu.event_wait_error)
+        return None
+
+    def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> Any:
+        self._check_init()
+        with self._lock:
+            self.calls[("nvmlEventSetWait_v2", None)] += 1
+            st = self._event_set(eventSet)
+            st.waiting += 1
+            try:
+                deadline = time.monotonic() + timeoutms / 1000.0
+                while True:
+                    if st.errors:
+                        raise _err(st.errors.popleft())
+                    if st.freed:
+                        raise _err(_real.NVML_ERROR_INVALID_ARGUMENT)
+                    failing = self._failing(st)
+                    if failing is not None:
+                        raise _err(failing)
+                    if st.queue:
+                        gpu, etype, edata, gi, ci = st.queue.popleft()
+                        data = _real.c_nvmlEventData_t()
+                        data.device = ctypes.cast(self._gpu_handle[gpu.index], _real.c_nvmlDevice_t)
+                        data.eventType, data.eventData = etype, edata
+                        data.gpuInstanceId, data.computeInstanceId = gi, ci
+                        return data
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise _err(_real.NVML_ERROR_TIMEOUT)
+                    self._lock.wait(remaining)
+            finally:
+                st.waiting -= 1
+
+    def nvmlEventSetWait(self, eventSet: Any, timeoutms: int) -> Any:
+        return self.nvmlEventSetWait_v2(eventSet, timeoutms)
+
+    def nvmlEventSetFree(self, eventSet: Any) -> None:
+        self._check_init()
+        with self._lock:
+            self.calls[("nvmlEventSetFree", None)] += 1
+            st = self._event_set(eventSet)
+            if st.waiting:
+                self.free_while_waiting += 1
+            st.freed = True
+            self._lock.notify_all()
+
+    def _inject_event(self, gpu: FakeGpu, etype: int, edata: int, gi: int, ci: int) -> None:
+        with self._lock:
+            for st in self._sets.values():
+                if not st.freed and st.registrations.get(gpu.index, 0) & etype:
+                    st.queue.append((gpu, etype, edata, gi, ci))
+            self._lock.notify_all()
