@@ -214,6 +214,15 @@ def describe_denial(message: str, args: Any, words: tuple[str, ...]) -> str | No
     return f"Kafka denied {principal} {op} on {resource}{hint} ({message})"
 
 
+def runtime_write_denial(principal: str, code_name: str, topic: str | None) -> str:
+    """The line for a producer denied while running (its topic WRITE or IDEMPOTENT_WRITE revoked)."""
+    if code_name == "CLUSTER_AUTHORIZATION_FAILED" or not topic:
+        return f"Kafka denied {principal} IDEMPOTENT_WRITE on the cluster ({code_name})"
+    if code_name == "TRANSACTIONAL_ID_AUTHORIZATION_FAILED":
+        return f"Kafka denied {principal} WRITE on its transactional id ({code_name})"
+    return f"Kafka denied {principal} WRITE on topic {topic} ({code_name})"
+
+
 def runtime_denial(principal: str, code_name: str, topic: str | None, group: str) -> str:
     """The line for a consumer denied while running (topic READ or group READ revoked)."""
     if code_name == "GROUP_AUTHORIZATION_FAILED" or not topic:

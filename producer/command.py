@@ -20,9 +20,10 @@ from gpupipe.argtypes import iso_time_ms, positive_duration_ms
 from gpupipe.errors import BrokerUnavailableError, ConfigError, GpupipeError
 from gpupipe.health_server import ServiceHttp
 from gpupipe.kafka_admin import parse_kafka_overrides, parse_topic_overrides, wait_for_broker
+from gpupipe.kafka_auth import KafkaAuthError, principal_of, runtime_write_denial
 from gpupipe.logs import fields
 from producer.podmeta.extras import add_arguments as podmeta_arguments
-from producer.publish import Publisher, producer_config
+from producer.publish import DENIED, Publisher, producer_config
 from producer.self_metrics import ProducerMetrics
 from producer.simulated.fleet import DEFAULT_XID_RATE_PER_GPU_HOUR, FleetConfig, SimulatedFleet
 from schemas.codec import codec_from_url
@@ -262,22 +263,41 @@ def run(args: argparse.Namespace) -> int:
         if err is not None:
             metrics.records_failed.labels(msg.topic(), err.name()).inc()
 
+    stop = _Stop()
+    refused: list[str] = []  # the one line for a delivery the broker will never take
+
+    def on_fatal(err: Any, topic: str | None) -> None:  # a delivery callback: Kafka's thread
+        if err.code() in DENIED:
+            line = runtime_write_denial(principal_of(extra), err.name(), topic)
+        else:
+            line = f"the Kafka producer failed fatally ({err.name()}: {err.str()})"
+        refused.append(line)
+        log.error("stopping: " + line)
+        stop.event.set()  # the node agent's XIDs stay in its spool for the next start
+
     publisher = Publisher(
-        producer_config(args.bootstrap_servers, extra, args.compression, args.linger_ms), on_delivery
+        producer_config(args.bootstrap_servers, extra, args.compression, args.linger_ms),
+        on_delivery,
+        on_fatal=on_fatal,
     )
     metrics.watch_publisher(publisher)
-    stop = _Stop()
     deadline = startup.ShutdownDeadline(stop.event, args.shutdown_timeout, "producer").install()
     http = None
     # The node agent replaces this with its own check (stalled loops, no GPU) once it exists.
     health: list[Any] = [lambda: (True, {"sent": publisher.sent, "failed": publisher.failed})] * 2
+
+    def checked(which: int) -> tuple[bool, dict[str, Any]]:
+        if refused:  # says so before the process has gone
+            return False, {"error": refused[0]}
+        return health[which]()
+
     if args.listen:
         http = ServiceHttp(
             args.listen,
             metrics.registry,
-            lambda: health[0](),
+            lambda: checked(0),
             args.web_config_file,
-            ready=lambda: health[1](),
+            ready=lambda: checked(1),
         ).start()
     try:
         if args.source == "simulated":
@@ -305,6 +325,8 @@ def run(args: argparse.Namespace) -> int:
         if http:
             http.stop()
     log.info("producer stopped", extra=fields(sent=publisher.sent, failed=publisher.failed, undelivered=left))
+    if refused:
+        raise KafkaAuthError(refused[0])
     if dropped:
         raise GpupipeError(_dropped_line(dropped, t_samples, t_xid, spooled=args.source == "nvml"))
     if left or publisher.failed:

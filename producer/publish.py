@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from gpupipe.kafka_admin import client_config
 
@@ -47,15 +47,33 @@ def producer_config(
     )
 
 
+#: Delivery errors that retrying cannot mend: the broker refuses this principal (an ACL revoked while
+#: running). The service stops on the first one instead of failing every record quietly for ever.
+DENIED = frozenset(
+    {
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    }
+)
+
+
 class Publisher:
-    """A thin wrapper over confluent_kafka.Producer with delivery accounting."""
+    """A thin wrapper over confluent_kafka.Producer with delivery accounting.
+
+    ``on_fatal(err, topic)`` is called once, for the first delivery error that will not pass (an
+    authorization refusal, or a fatal error of the idempotent producer); ``fatal`` keeps it.
+    """
 
     def __init__(
         self,
         conf: dict[str, Any],
         on_delivery: Callable[[KafkaError | None, Message], None] | None = None,
         producer_factory: Callable[[dict[str, Any]], Any] = Producer,
+        on_fatal: Callable[[KafkaError, str | None], None] | None = None,
     ) -> None:
+        self.fatal: tuple[KafkaError, str | None] | None = None
+        self._on_fatal = on_fatal
         self.sent = 0
         self.failed = 0
         self.sent_by_topic: dict[str, int] = {}
@@ -67,7 +85,7 @@ class Publisher:
         conf["on_delivery"] = self._delivered
         self._producer = producer_factory(conf)
 
-    def _delivered(self, err: KafkaError | None, msg: Message) -> None:
+    def _delivered(self, err: KafkaError | None, msg: Message | _Refused) -> None:
         if err is None:
             self.sent += 1
             t = msg.topic()
@@ -75,6 +93,7 @@ class Publisher:
         else:
             self.failed += 1
             self._count_purged(err, msg)
+            self._note_fatal(err, msg)
             reason = err.name()
             self.failures_by_reason[reason] = self.failures_by_reason.get(reason, 0) + 1
             now = time.monotonic()
@@ -101,6 +120,9 @@ class Publisher:
                 return
             except BufferError:
                 self._producer.poll(0.05)
+            except KafkaException as exc:  # refused before sending (e.g. the topic's WRITE revoked)
+                self._delivered(exc.args[0], _Refused(topic))
+                return
 
     def produce_tracked(
         self,
@@ -122,6 +144,7 @@ class Publisher:
                 self.sent_by_topic[t] = self.sent_by_topic.get(t, 0) + 1
             else:
                 self._count_purged(err, msg)
+                self._note_fatal(err, msg)
             on_delivery(err, msg)
 
         while True:
@@ -130,6 +153,9 @@ class Publisher:
                 return
             except BufferError:
                 self._producer.poll(0.05)
+            except KafkaException as exc:  # refused before sending: the caller keeps the record
+                done(exc.args[0], _Refused(topic))
+                return
 
     def poll(self, timeout: float = 0.0) -> int:
         return self._producer.poll(timeout)
@@ -148,9 +174,30 @@ class Publisher:
         self._producer.flush(0.5)  # runs the purged records' callbacks
         return dict(self.purged_by_topic)
 
-    def _count_purged(self, err: KafkaError | None, msg: Message) -> None:
+    def _note_fatal(self, err: KafkaError, msg: Message | _Refused) -> None:
+        if self.fatal is None and (err.code() in DENIED or err.fatal()):
+            self.fatal = (err, msg.topic())
+            if self._on_fatal is not None:
+                self._on_fatal(err, msg.topic())
+
+    def _count_purged(self, err: KafkaError | None, msg: Message | _Refused) -> None:
         if err is not None and err.code() in (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT):
             self.purged_by_topic[msg.topic()] = self.purged_by_topic.get(msg.topic(), 0) + 1
 
     def __len__(self) -> int:
         return len(self._producer)
+
+
+class _Refused:
+    """The message stand-in for a record ``produce()`` refused at once (it never got a Message)."""
+
+    __slots__ = ("_topic",)
+
+    def __init__(self, topic: str) -> None:
+        self._topic = topic
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return -1

@@ -24,6 +24,14 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import (
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ResourcePatternType,
+    ResourceType,
+)
 
 from gpupipe import acls, topics
 from gpupipe.kafka_admin import ensure_topics
@@ -418,3 +426,52 @@ def test_acls_that_land_just_after_start_are_waited_for(secured: tuple[Any, Targ
             proc.kill()
             proc.wait()
     assert '"principal": "User:report"' in log.read_text()
+
+
+def _sent(port: int, topic: str) -> float:
+    try:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    except OSError:
+        return 0.0
+    m = re.search(r'gpupipe_producer_records_sent_total\{topic="' + re.escape(topic) + r'"\} (\S+)', body)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_a_write_acl_revoked_while_running_stops_the_producer_with_one_line(
+    secured: tuple[Any, Target], tmp_path: Path
+) -> None:
+    # Issue 12: never spin silently. Before, every record failed, was counted, and it ran on.
+    sk, _ = secured
+    t = _secure_target(sk)  # its own prefix: its ACL is removed below
+    res = gpupipe(
+        "acls", "--apply", "--role", "producer", "--bootstrap-servers", sk.bootstrap,
+        "--kafka-config-file", sk.config_file("admin"), "--topic-prefix", t.prefix,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    _create_topics(t)
+    port = free_port()
+    log = tmp_path / "producer.log"
+    samples = t.topic(topics.SAMPLES)
+    proc = _start(
+        t, "producer", log, "produce", "--source", "simulated", "--nodes", "1", "--gpus-per-node", "2",
+        "--interval", "200ms", "--no-create-topics", "--listen", f"127.0.0.1:{port}",
+    )  # fmt: skip
+    try:
+        _wait(lambda: _sent(port, samples) > 0, 60, "the producer delivering", [proc])
+        admin = AdminClient(sk.conf("admin"))
+        write = AclBindingFilter(
+            ResourceType.TOPIC, samples, ResourcePatternType.LITERAL, "User:producer", "*",
+            AclOperation.WRITE, AclPermissionType.ALLOW,
+        )  # fmt: skip
+        for fut in admin.delete_acls([write]).values():
+            assert len(fut.result(10)) == 1
+        rc = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    text = log.read_text()
+    line = f"Kafka denied User:producer WRITE on topic {samples} (TOPIC_AUTHORIZATION_FAILED)"
+    assert rc == 1, text[-2000:]
+    assert text.strip().splitlines()[-1] == f"gpupipe: error: {line}", text[-2000:]
+    assert f"stopping: {line}" in text

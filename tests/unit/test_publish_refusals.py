@@ -1,0 +1,80 @@
+"""The Publisher stops the producer on a delivery that will never pass, and never raises for a refused
+record (issue 12: a WRITE ACL revoked while running is one line and an exit, not a traceback or a
+silent spin). Real broker: tests/integration/test_kafka_secure.py::test_a_write_acl_revoked_..."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+
+from producer.publish import Publisher
+
+
+class _Msg:
+    def __init__(self, topic: str) -> None:
+        self._topic = topic
+
+    def topic(self) -> str:
+        return self._topic
+
+
+class _FakeProducer:
+    """librdkafka's produce(): raises what the test queues, else stores the delivery callback."""
+
+    def __init__(self, conf: dict[str, Any]) -> None:
+        self.on_delivery = conf["on_delivery"]
+        self.raise_next: list[KafkaException] = []
+
+    def produce(self, topic: str, value: bytes, key: Any, **kw: Any) -> None:
+        if self.raise_next:
+            raise self.raise_next.pop(0)
+
+
+def _publisher() -> tuple[Publisher, _FakeProducer, list[tuple[str, str | None]]]:
+    fatal: list[tuple[str, str | None]] = []
+    made: list[_FakeProducer] = []
+
+    def factory(conf: dict[str, Any]) -> _FakeProducer:
+        made.append(_FakeProducer(conf))
+        return made[0]
+
+    pub = Publisher({}, producer_factory=factory, on_fatal=lambda err, t: fatal.append((err.name(), t)))
+    return pub, made[0], fatal
+
+
+def test_a_denied_delivery_is_fatal_once() -> None:
+    pub, fake, fatal = _publisher()
+    for _ in range(3):
+        fake.on_delivery(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED), _Msg("gpu.samples.v1"))
+    assert fatal == [("TOPIC_AUTHORIZATION_FAILED", "gpu.samples.v1")]
+    assert pub.failed == 3 and pub.fatal is not None
+
+
+def test_retriable_failures_are_counted_not_fatal() -> None:
+    pub, fake, fatal = _publisher()
+    fake.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT), _Msg("gpu.samples.v1"))
+    fake.on_delivery(KafkaError(KafkaError._TRANSPORT), _Msg("gpu.xid.v1"))
+    assert fatal == [] and pub.failed == 2 and pub.fatal is None
+
+
+def test_a_record_refused_by_produce_is_counted_not_raised() -> None:
+    pub, fake, fatal = _publisher()
+    fake.raise_next.append(KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)))
+    pub.produce("gpu.samples.v1", b"k", b"v")  # before: the KafkaException ended the process
+    fake.raise_next.append(KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)))
+    pub.produce("gpu.samples.v1", b"k", b"v" * 10)  # one oversized record is dropped, counted
+    assert pub.failed == 2 and pub.failures_by_reason == {
+        "TOPIC_AUTHORIZATION_FAILED": 1,
+        "MSG_SIZE_TOO_LARGE": 1,
+    }
+    assert fatal == [("TOPIC_AUTHORIZATION_FAILED", "gpu.samples.v1")]
+
+
+def test_a_refused_tracked_record_goes_back_to_its_owner() -> None:
+    pub, fake, fatal = _publisher()
+    got: list[str] = []
+    fake.raise_next.append(KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)))
+    pub.produce_tracked("gpu.xid.v1", b"k", b"v", lambda err, msg: got.append(err.name()))
+    assert got == ["TOPIC_AUTHORIZATION_FAILED"]  # the XID spool keeps it for a later retry
+    assert pub.failed == 0 and fatal == [("TOPIC_AUTHORIZATION_FAILED", "gpu.xid.v1")]
