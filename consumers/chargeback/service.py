@@ -408,6 +408,9 @@ class ChargebackService(RebalanceCallbacks):
             if not records and not checkpoints and not self.in_txn:
                 self.pending = 0
                 self.last_commit = time.monotonic()
+                # Nothing to commit (idle, or replaying: the restored checkpoint stands), but the
+                # positions moved: the replay and lag gauges must follow them (review L7).
+                self._refresh_info()
                 return True
             self._begin()
             encode, topic = self.encode, self.cfg.output_topic
