@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from consumers.report.chargeback_report import RECORDED_AT
 from consumers.topic_reader import iter_topic
 from schemas.codec import AvroCodec
 
@@ -93,8 +94,11 @@ class Deduplicator:
 def deduplicated(
     records: Iterable[tuple[dict[str, Any], int]], dedup: Deduplicator | None = None
 ) -> Iterator[dict[str, Any]]:
-    """The records of ``records`` (with emission times), each ``record_id`` once."""
+    """The records of ``records`` (with their Kafka timestamps), each ``record_id`` once, each with
+    its timestamp under ``RECORDED_AT``: when it was written, which bills a record written after
+    its month was invoiced into a later month (review D5)."""
     dedup = dedup if dedup is not None else Deduplicator()
     for rec, ts in records:
         if dedup.keep(rec, ts):
+            rec[RECORDED_AT] = ts
             yield rec

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tracemalloc
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -11,6 +12,7 @@ from consumers.chargeback.synthetic import FleetSpec, generate_fleet
 from consumers.chargeback.windows import WindowEngine
 from consumers.report.chargeback_report import build_report
 from consumers.report.reader import Deduplicator, deduplicated
+from consumers.report.workload_report import build_workload_report
 
 H = 3_600_000
 
@@ -75,21 +77,29 @@ def synthetic(n: int, days: int = 400) -> Iterator[tuple[dict, int]]:
             yield rec, start + H + 60_000
 
 
-def peak_bytes(n: int) -> tuple[int, float]:
+def by_owner(records: Any, **kw: Any) -> list:
+    return build_workload_report(records, by=("namespace", "owner"), **kw)
+
+
+def peak_bytes(n: int, builder: Any, period: str) -> tuple[int, float]:
     tracemalloc.start()
     try:
-        rows = build_report(deduplicated(synthetic(n)), period="month", by=("namespace",))
+        rows = builder(deduplicated(synthetic(n)), period=period)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     return peak, sum(r.cost for r in rows)
 
 
-def test_report_memory_does_not_grow_with_the_number_of_records() -> None:
+@pytest.mark.parametrize(
+    ("builder", "period"), [(build_report, "month"), (by_owner, "all")], ids=["namespace", "owner-all"]
+)
+def test_report_memory_does_not_grow_with_the_number_of_records(builder: Any, period: str) -> None:
     """400 days of records: peak memory for 4x the records stays about the same (rows and the
-    de-duplication horizon, not the topic, bound it)."""
-    small_peak, small_cost = peak_bytes(10_000)
-    big_peak, big_cost = peak_bytes(40_000)
+    de-duplication horizon, not the topic, bound it). The workload path (--by owner, label teams,
+    --carbon) kept every record of the range in a list."""
+    small_peak, small_cost = peak_bytes(10_000, builder, period)
+    big_peak, big_cost = peak_bytes(40_000, builder, period)
     assert big_cost == pytest.approx(4 * small_cost, rel=1e-3)
     assert big_peak < 1.5 * small_peak, (small_peak, big_peak)
     assert big_peak < 10 * 2**20
