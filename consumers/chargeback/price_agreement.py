@@ -62,19 +62,26 @@ class PriceAgreement:
         self.held_from: int | None = None  # usage time from which another partition prices differently
         self.hold_at: int | None = None  # records of this event time or later wait
 
-    def check_restored(self, partition: int, cp: Checkpoint) -> None:
-        """Refuse a partition whose billed windows this schedule would price differently."""
-        if cp.prices is None:
+    def check_restored(self, restored: Mapping[int, Checkpoint | None]) -> None:
+        """Refuse partitions whose billed windows this schedule would price differently; the
+        message names the latest billed horizon, the earliest ``valid_from`` all of them allow."""
+        refused: list[tuple[int, int, int]] = []  # (billed before, partition, differs from)
+        for part, cp in restored.items():
+            if cp is None or cp.prices is None:
+                continue
+            since = divergence(self.ours, cp.prices)
+            billed = cp.billed_before()
+            if since is not None and billed is not None and since < billed:
+                refused.append((billed, part, since))
+        if not refused:
             return
-        since = divergence(self.ours, cp.prices)
-        billed = cp.billed_before()
-        if since is None or billed is None or since >= billed:
-            return
+        billed, part, since = max(refused)
         raise PriceChangeError(
-            f"partition {partition} was billed up to {format_iso_ms(billed)} with a price table that "
-            f"differs from this one from {format_iso_ms(since)} on: a price change may only apply to "
-            "usage not billed yet, so that a window never has two prices. Deploy the old table "
-            f"again, or give the change a valid_from of {format_iso_ms(billed)} or later"
+            f"partition {part} was billed up to {format_iso_ms(billed)} with a price table that differs "
+            f"from this one from {format_iso_ms(since)} on ({len(refused)} partition(s) so): a price "
+            "change may only apply to usage not billed yet, so that a window never has two prices. "
+            "Deploy the old table again and put the change in its changes: with a valid_from of "
+            f"{format_iso_ms(billed)} or later"
         )
 
     def due(self) -> bool:

@@ -589,6 +589,14 @@ class ChargebackService(RebalanceCallbacks, PriceHolds, PartitionInfo):
             what=f"committed offsets of {topic}",
         )
         starts: dict[int, int] = {}
+        # PriceChangeError when this price table would re-price usage already billed (review D6).
+        self.prices_agreement.check_restored(
+            {
+                tp.partition: Checkpoint.from_metadata(tp.offset, tp.metadata)
+                for tp in committed
+                if tp.error is None and tp.offset is not None and tp.offset >= 0
+            }
+        )
         for tp in committed:
             if tp.error is not None:
                 raise ChargebackFatalError(f"cannot read the committed offset of {topic}[{tp.partition}]")
@@ -601,8 +609,6 @@ class ChargebackService(RebalanceCallbacks, PriceHolds, PartitionInfo):
                 log.info("partition starts fresh", extra=fields(partition=part, offset=starts[part]))
                 continue
             cp = Checkpoint.from_metadata(tp.offset, tp.metadata)
-            if cp is not None:  # PriceChangeError: this price table re-prices billed usage (D6)
-                self.prices_agreement.check_restored(part, cp)
             self.engine.restore(part, cp)  # CheckpointMismatchError for other window settings
             if cp is not None:
                 self.committed[part] = cp

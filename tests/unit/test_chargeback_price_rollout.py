@@ -215,4 +215,4 @@ def test_a_change_for_usage_already_billed_is_refused() -> None:
     with pytest.raises(ChargebackFatalError) as err:
         run(broker, [0], NEW)
     assert isinstance(err.value.__cause__, PriceChangeError)
-    assert "valid_from" in str(err.value) and "billed up to" in str(err.value)
+    assert "valid_from of" in str(err.value) and "billed up to" in str(err.value)
