@@ -141,6 +141,7 @@ class PriceHolds:
     positions: dict[int, int]
     prices_agreement: PriceAgreement
     held: dict[int, int]  # held partition -> offset of its first record not processed
+    _reposition: Any
 
     def _agree_on_prices(self) -> None:
         """Read the other partitions' checkpoints; resume what no longer has to wait."""
@@ -186,9 +187,11 @@ class PriceHolds:
         if not parts:
             self.held.clear()
             return
-        tps = [TopicPartition(topic, p, self.held[p]) for p in parts]
-        for tp in tps:  # librdkafka fetched past the held record: go back to it
-            self.consumer.seek(tp)
+        try:
+            for p in parts:  # librdkafka fetched past the held record: go back to it
+                self.consumer.seek(TopicPartition(topic, p, self.held[p]))
+        except KafkaException:  # as after a rebalance: every partition where its state is
+            self._reposition()
         self.consumer.resume([TopicPartition(topic, p) for p in parts])
         for p in parts:
             del self.held[p]
