@@ -182,7 +182,7 @@ class _Window:
 class _Partition:
     __slots__ = (
         "closed",
-        "correction_spans",
+        "correction_offsets",
         "corrections",
         "flushed_end",
         "gpus",
@@ -198,7 +198,7 @@ class _Partition:
         self.windows: dict[int, _Window] = {}  # open windows by start
         self.closed: list[tuple[int, _Window]] = []  # closed, not yet polled
         self.corrections: dict[RowKey, GpuTimeAggregate] = {}
-        self.correction_spans: dict[RowKey, tuple[int, int]] = {}  # first, last input offset
+        self.correction_offsets: dict[RowKey, list[int]] = {}  # input offsets of the late samples
         self.gpus: dict[str, GpuRef] = {}
         self.next_offset: int | None = None  # highest offset seen + 1
         self.replay_until: int | None = None
@@ -284,13 +284,11 @@ class WindowEngine:
             if res.contributions:
                 self.stats["late"] += 1
                 self._fold(p.corrections, start, res.contributions)
-                spans = p.correction_spans
+                late = p.correction_offsets
                 for c in res.contributions:
-                    rk = (start, c.namespace, c.node, c.gpu_model)
-                    lo_hi = spans.get(rk)
-                    spans[rk] = (
-                        (offset, offset) if lo_hi is None else (min(lo_hi[0], offset), max(lo_hi[1], offset))
-                    )
+                    offsets = late.setdefault((start, c.namespace, c.node, c.gpu_model), [])
+                    if not offsets or offsets[-1] != offset:  # ascending: records come in offset order
+                        offsets.append(offset)
             return
 
         anchor = offset if res.depends_on is None else min(offset, res.depends_on)
@@ -374,17 +372,22 @@ class WindowEngine:
                     rk = (start, ns, node, model)
                     rec = self._record(rk, win.rows[(ns, node, model)], WINDOW, pid, emitted_at)
                     rec["record_id"] = record_id(WINDOW, pid, rk, "0")
+                    rec["late_offsets"] = []
                     out.append(rec)
                 self.stats["windows_closed"] += 1
             p.closed.clear()
             for rk in sorted(p.corrections):
                 rec = self._record(rk, p.corrections[rk], CORRECTION, pid, emitted_at)
-                lo, hi = p.correction_spans.get(rk, (0, 0))
-                rec["record_id"] = record_id(CORRECTION, pid, rk, f"{lo}-{hi}")
+                offsets = p.correction_offsets.get(rk) or [0]
+                rec["record_id"] = record_id(CORRECTION, pid, rk, f"{offsets[0]}-{offsets[-1]}")
+                # Which samples it sums, whatever the commit that grouped them: a re-processing run
+                # groups the same late samples differently (other record_ids), and the report must
+                # still count each once (review L2).
+                rec["late_offsets"] = list(offsets)
                 out.append(rec)
                 self.stats["corrections_emitted"] += 1
             p.corrections.clear()
-            p.correction_spans.clear()
+            p.correction_offsets.clear()
         self.stats["records_emitted"] += len(out)
         return out
 

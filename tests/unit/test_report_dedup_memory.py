@@ -17,12 +17,12 @@ from consumers.report.workload_report import build_workload_report
 H = 3_600_000
 
 
-def run_engine(records: list, start_at: int = 0) -> list[dict]:
+def run_engine(records: list, start_at: int = 0, poll_every: int = 500) -> list[dict]:
     eng = WindowEngine(H, 300_000, instance_id="x")
     out = []
     for i, r in enumerate(records[start_at:]):
         eng.add(r.sample, r.partition, r.offset)
-        if i % 500 == 0:
+        if i % poll_every == 0:
             out += eng.poll_closed()
     return out + eng.flush_all()
 
@@ -44,6 +44,25 @@ def test_re_emitted_output_is_counted_once() -> None:
     once = build_report(both, period="all")
     assert [r.cost for r in once] == pytest.approx([r.cost for r in single])
     assert sum(r.cost for r in doubled) == pytest.approx(2 * sum(r.cost for r in single))
+
+
+def test_re_processed_corrections_grouped_differently_are_counted_once() -> None:
+    """A re-processing run commits at other moments, so the same late samples end up in other
+    correction records (other record_ids): they were counted twice. Each correction says which
+    samples it sums (late_offsets), and one whose samples were all counted is dropped."""
+    fleet = generate_fleet(FleetSpec(gpus=8, hours=3, seed=3))
+    first = run_engine(fleet)
+    again = run_engine(fleet, poll_every=137)  # the same input, other commit boundaries
+    corrections = [r for r in first if r["kind"] == "correction"]
+    assert corrections and all(r["late_offsets"] for r in corrections)
+    assert {r["record_id"] for r in again} - {r["record_id"] for r in first}  # other keys
+    dedup = Deduplicator()
+    both = list(deduplicated(((r, r["window_end_ms"]) for r in first + again), dedup))
+    assert dedup.dropped == len(again)
+    single = build_report(first, period="all")
+    once = build_report(both, period="all")
+    assert [r.gpu_hours_allocated for r in once] == pytest.approx([r.gpu_hours_allocated for r in single])
+    assert [r.cost for r in once] == pytest.approx([r.cost for r in single])
 
 
 def synthetic(n: int, days: int = 400) -> Iterator[tuple[dict, int]]:
