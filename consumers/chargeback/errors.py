@@ -28,3 +28,7 @@ class ChargebackFatalError(GpupipeError):
 
 class AbortTransaction(Exception):
     """Internal to the service: the current transaction must be aborted and the input rewound."""
+
+
+class PriceChangeError(ConfigError):
+    """The price table would re-price usage that was already billed with other prices (review D6)."""

@@ -19,12 +19,19 @@ File format: the plain price table of ``prices.py`` (valid for all time), option
 
 The currency cannot change (records of one stream are summed). ``valid_from`` must be on a window
 boundary (checked by :meth:`PriceSchedule.check_windows`), so no window ever has two prices.
+
+Instances of a group must price alike, also while a rolling update runs old and new price files
+side by side: each committed checkpoint carries the :func:`fingerprint` of its instance's schedule,
+and :func:`divergence` tells from which usage time two schedules may price differently (see
+``price_agreement.py`` for what the service does with it).
 """
 
 from __future__ import annotations
 
 import bisect
 import datetime as dt
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +44,11 @@ from gpupipe.durations import format_iso_ms, parse_iso_ms
 from gpupipe.errors import ConfigError
 
 _CHANGE_KEYS = frozenset({"valid_from", "energy_per_kwh", "default_per_gpu_hour", "models"})
+FINGERPRINT_VERSIONS = 16
+"""Versions a fingerprint names (the newest); each one's hash covers every version before it too."""
+
+Fingerprint = tuple[tuple[int, str], ...]
+"""Per price version, newest last: (valid_from in epoch ms, hash of it and of every earlier one)."""
 
 
 @dataclass(frozen=True)
@@ -122,3 +134,53 @@ def load_price_schedule(path: str | Path) -> PriceSchedule:
     except yaml.YAMLError as exc:
         raise PriceTableError(f"price table {path} is not valid YAML: {exc}") from exc
     return parse_price_schedule(data, str(path))
+
+
+def table_digest(table: PriceTable) -> str:
+    """A short, stable hash of what a table charges (not of how its file was written)."""
+    doc = [
+        table.currency,
+        repr(table.energy_per_kwh),
+        repr(table.default_per_gpu_hour),
+        sorted((k, repr(v)) for k, v in table.exact.items()),
+        [(k, repr(v)) for k, v in table.patterns],  # patterns: first match wins, order counts
+    ]
+    return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:16]
+
+
+def fingerprint(prices: PriceTable | PriceSchedule) -> Fingerprint:
+    """The price versions of ``prices`` as a chain of hashes: equal entries mean equal schedules up to
+    that version's ``valid_from`` and beyond, until the next entry."""
+    versions = (
+        list(zip(prices.starts, prices.tables, strict=True))
+        if isinstance(prices, PriceSchedule)
+        else [(0, prices)]
+    )
+    chain, out = "", []
+    for start, table in versions:
+        chain = hashlib.sha256(f"{chain}|{start}|{table_digest(table)}".encode()).hexdigest()[:12]
+        out.append((start, chain))
+    return tuple(out[-FINGERPRINT_VERSIONS:])
+
+
+def _chain_at(fp: Fingerprint, ts: int) -> str | None:
+    found = None
+    for start, chain in fp:
+        if start > ts:
+            break
+        found = chain
+    return found
+
+
+def divergence(ours: Fingerprint, theirs: Fingerprint) -> int | None:
+    """The earliest usage time (epoch ms) from which two schedules may price differently; None when
+    they are the same. 0 when they differ before the oldest version both fingerprints name."""
+    if ours == theirs:
+        return None
+    if not ours or not theirs:
+        return 0
+    low = max(ours[0][0], theirs[0][0])
+    if _chain_at(ours, low) != _chain_at(theirs, low):
+        return 0
+    differ = {e for e in ours if e[0] >= low} ^ {e for e in theirs if e[0] >= low}
+    return min(start for start, _ in differ) if differ else None

@@ -64,6 +64,7 @@ class RebalanceCallbacks:
             starts = self._restore(ids) if ids else {}
             self.starts = starts
             self.assigned = set(ids)
+            self.held.clear()  # a new assignment starts unpaused, at the checkpoints
             consumer.assign(
                 [TopicPartition(self.cfg.input_topic, p, starts.get(p, OFFSET_INVALID)) for p in ids]
             )
@@ -85,6 +86,7 @@ class RebalanceCallbacks:
                 self.engine.drop_partition(part)
                 self.positions.pop(part, None)
                 self.committed.pop(part, None)
+                self.held.pop(part, None)
             self.assigned.difference_update(ids)
             if self.cooperative:
                 consumer.incremental_unassign(parts)
@@ -115,6 +117,7 @@ class RebalanceCallbacks:
                 self.positions.pop(part, None)
                 self.committed.pop(part, None)
             self.assigned.difference_update(ids)
+            self.held.clear()  # every kept partition is restored and read again
             self.pending = 0
             if self.cooperative:
                 consumer.incremental_unassign(parts)

@@ -55,12 +55,13 @@ from consumers.chargeback.errors import AbortTransaction as _Abort
 from consumers.chargeback.errors import ChargebackFatalError
 from consumers.chargeback.identity import check_client_overrides
 from consumers.chargeback.idle import IdleDetector
+from consumers.chargeback.price_agreement import PriceAgreement, PriceHolds
 from consumers.chargeback.progress import ProgressPublisher
 from consumers.chargeback.prom_counters import WindowCounters
 from consumers.chargeback.rebalance import RebalanceCallbacks
 from consumers.chargeback.service_config import OP_TIMEOUT_S as _OP_TIMEOUT_S
 from consumers.chargeback.service_config import ChargebackMetrics, ServiceConfig, output_key
-from consumers.chargeback.state_metrics import StateCollector
+from consumers.chargeback.state_metrics import PartitionInfo, StateCollector
 from consumers.chargeback.windows import Checkpoint, WindowEngine
 from consumers.deadletter import deadletter_headers
 from gpupipe.kafka_admin import client_config
@@ -85,7 +86,7 @@ def _default_producer(conf: dict[str, Any]) -> Any:
     return Producer(conf)
 
 
-class ChargebackService(RebalanceCallbacks):
+class ChargebackService(RebalanceCallbacks, PriceHolds, PartitionInfo):
     """Runs the engine over the input topic with exactly-once output until ``stop`` is set."""
 
     def __init__(
@@ -128,6 +129,10 @@ class ChargebackService(RebalanceCallbacks):
         # Idleness (D7): when each partition last delivered a record, and the newest broker
         # (LogAppendTime) timestamp seen with the monotonic time it was seen at.
         self.idle = IdleDetector(cfg.idle_timeout_s)
+        # One price per window across instances, also while a rolling update runs two price files
+        # (review D6): partitions whose next record would close a window of disputed prices wait.
+        self.prices_agreement = PriceAgreement(engine.price_fingerprint, engine.window_ms, engine.grace_ms)
+        self.held: dict[int, int] = {}
         self._lock = threading.Lock()
         self._info: dict[int, dict[str, Any]] = {}
         if cfg.start not in ("earliest", "latest"):
@@ -233,7 +238,9 @@ class ChargebackService(RebalanceCallbacks):
                         self.process(msgs)
                     except _Abort as exc:
                         self._abort_and_rewind(str(exc))
-                self.idle.advance(self.assigned, self._caught_up, self.engine.advance_idle)
+                self.idle.advance(self.assigned, self._caught_up, self._advance_idle)
+                if self.prices_agreement.due():
+                    self._agree_on_prices()
                 if self._commit_due():
                     self.commit()
                 self.producer.poll(0)
@@ -289,12 +296,15 @@ class ChargebackService(RebalanceCallbacks):
         first: dict[int, int] = {}
         last: dict[int, int] = {}
         n = 0
+        held, hold_at, newly_held = self.held, self.prices_agreement.hold_at, []
         for msg in msgs:
             err = msg.error()
             if err is not None:
                 self._consume_error(err)
                 continue
             part = msg.partition()
+            if held and part in held:
+                continue  # fetched before it was paused; read again when it resumes
             off = msg.offset()
             if part not in first:
                 first[part] = off
@@ -314,13 +324,27 @@ class ChargebackService(RebalanceCallbacks):
                         "broker time; set message.timestamp.type=LogAppendTime on it",
                         extra=fields(topic=msg.topic()),
                     )
-                add(d.record, part, off, None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts)
+                record_ts = None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts
+                if hold_at is not None and (
+                    engine.event_time(int(d.record["timestamp_ms"]), record_ts) >= hold_at
+                ):
+                    held[part] = off  # it would close a window the instances price differently
+                    newly_held.append(part)
+                    n -= 1
+                    if first[part] == off:
+                        del first[part], last[part]
+                    else:
+                        last[part] = off - 1
+                    continue
+                add(d.record, part, off, record_ts)
             except DecodeError as exc:
                 if not engine.is_replay(part, off):
                     self.dead_letter(msg, exc.reason, exc.detail)
             except Exception as exc:  # a decodable record the accounting cannot take: never crash
                 if not engine.is_replay(part, off):
                     self.dead_letter(msg, "chargeback-rejected", f"{type(exc).__name__}: {exc}")
+        if newly_held:
+            self._hold_new(newly_held)
         replayed = 0
         self.idle.saw_input(last)
         for part, off in last.items():
@@ -408,6 +432,9 @@ class ChargebackService(RebalanceCallbacks):
             if not records and not checkpoints and not self.in_txn:
                 self.pending = 0
                 self.last_commit = time.monotonic()
+                # Nothing to commit (idle, or replaying: the restored checkpoint stands), but the
+                # positions moved: the replay and lag gauges must follow them (review L7).
+                self._refresh_info()
                 return True
             self._begin()
             encode, topic = self.encode, self.cfg.output_topic
@@ -562,6 +589,14 @@ class ChargebackService(RebalanceCallbacks):
             what=f"committed offsets of {topic}",
         )
         starts: dict[int, int] = {}
+        # PriceChangeError when this price table would re-price usage already billed (review D6).
+        self.prices_agreement.check_restored(
+            {
+                tp.partition: Checkpoint.from_metadata(tp.offset, tp.metadata)
+                for tp in committed
+                if tp.error is None and tp.offset is not None and tp.offset >= 0
+            }
+        )
         for tp in committed:
             if tp.error is not None:
                 raise ChargebackFatalError(f"cannot read the committed offset of {topic}[{tp.partition}]")
@@ -651,39 +686,6 @@ class ChargebackService(RebalanceCallbacks):
             log.error("fatal Kafka client error", extra=fields(error=err.str(), code=err.name()))
 
     # -- introspection ----------------------------------------------------------------------------
-    def _refresh_info(self) -> None:
-        info: dict[int, dict[str, Any]] = {}
-        for part in self.assigned:
-            pos = self.positions.get(part)
-            cp = self.committed.get(part)
-            until = self.engine.replay_until(part)
-            info[part] = {
-                "replay_remaining": (until - pos)
-                if until is not None and pos is not None and pos < until
-                else 0,
-                "position": pos,
-                "watermark_ms": self.engine.watermark(part),
-                "checkpoint_behind": (pos - cp.offset) if pos is not None and cp is not None else None,
-            }
-        with self._lock:
-            self._info = info
-
-    def partition_info(self) -> dict[int, dict[str, Any]]:
-        """Per assigned partition: position, watermark, checkpoint distance and lag (scrape thread)."""
-        with self._lock:
-            info = {p: dict(v) for p, v in self._info.items()}
-        for part, v in info.items():
-            pos = v.get("position")
-            try:
-                _, high = self.consumer.get_watermark_offsets(
-                    TopicPartition(self.cfg.input_topic, part), timeout=0.5, cached=True
-                )
-            except Exception:
-                continue
-            if pos is not None and high >= 0:
-                v["lag"] = max(0, high - pos)
-        return info
-
     def health(self) -> tuple[bool, dict[str, Any]]:
         age = time.monotonic() - self.last_loop if self.last_loop else None
         ok = self.fatal is None and not self.failed and self.started and age is not None and age < 60

@@ -3,6 +3,7 @@ the service (:mod:`consumers.chargeback.service`) that are plain data, kept apar
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,9 +85,16 @@ class ChargebackMetrics:
         )
         self.last_commit = Gauge(
             "gpupipe_chargeback_last_commit_timestamp_seconds",
-            "Wall-clock time of the last committed transaction.",
+            "Wall-clock time of the last committed transaction (0 until this process commits one).",
             registry=registry,
         )
+        self.started = Gauge(
+            "gpupipe_chargeback_start_time_seconds",
+            "Wall-clock time this process started: it changes on every restart, so a crash loop (a "
+            "fenced or fatally failing instance restarted again and again) shows as its changes.",
+            registry=registry,
+        )
+        self.started.set(time.time())
 
 
 def output_key(rec: dict[str, Any]) -> bytes:

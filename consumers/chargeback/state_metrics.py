@@ -3,11 +3,64 @@ the loop takes after each batch, so a scrape never touches the engine the loop i
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
+from confluent_kafka import TopicPartition
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+
+class PartitionInfo:
+    """Per-partition snapshots for the scrape thread (a mixin of ChargebackService): taken by the
+    loop at every commit attempt, read under a lock, the lag completed from cached end offsets."""
+
+    # Set by the service (see ChargebackService.__init__).
+    cfg: Any
+    consumer: Any
+    engine: Any
+    assigned: set[int]
+    positions: dict[int, int]
+    starts: dict[int, int]
+    committed: dict[int, Any]
+    _lock: threading.Lock
+    _info: dict[int, dict[str, Any]]
+
+    def _refresh_info(self) -> None:
+        info: dict[int, dict[str, Any]] = {}
+        for part in self.assigned:
+            pos = self.positions.get(part)
+            if pos is None:  # nothing read yet: the consumer starts where its state begins
+                pos = self.starts.get(part)
+            cp = self.committed.get(part)
+            until = self.engine.replay_until(part)
+            info[part] = {
+                "replay_remaining": (until - pos)
+                if until is not None and pos is not None and pos < until
+                else 0,
+                "position": pos,
+                "watermark_ms": self.engine.watermark(part),
+                "checkpoint_behind": (pos - cp.offset) if pos is not None and cp is not None else None,
+            }
+        with self._lock:
+            self._info = info
+
+    def partition_info(self) -> dict[int, dict[str, Any]]:
+        """Per assigned partition: position, watermark, checkpoint distance and lag (scrape thread)."""
+        with self._lock:
+            info = {p: dict(v) for p, v in self._info.items()}
+        for part, v in info.items():
+            pos = v.get("position")
+            try:
+                _, high = self.consumer.get_watermark_offsets(
+                    TopicPartition(self.cfg.input_topic, part), timeout=0.5, cached=True
+                )
+            except Exception:
+                continue
+            if pos is not None and high >= 0:
+                v["lag"] = max(0, high - pos)
+        return info
 
 
 class StateCollector(Collector):
@@ -74,6 +127,16 @@ class StateCollector(Collector):
             "when it does not fall, e.g. a crash loop that never finishes its replay).",
             labels=["partition"],
         )
+        hold = GaugeMetricFamily(
+            "gpupipe_chargeback_price_hold_from_seconds",
+            "Usage time from which windows wait, unbilled, because another instance prices them "
+            "differently (a rolling update of the price table in progress, review D6); absent when "
+            "every instance agrees.",
+        )
+        held_from = svc.prices_agreement.held_from
+        if held_from is not None:
+            hold.add_metric([], held_from / 1000.0)
+        yield hold
         for part, info in sorted(svc.partition_info().items()):
             if info.get("replay_remaining") is not None:
                 replaying.add_metric([str(part)], info["replay_remaining"])

@@ -57,6 +57,7 @@ committed checkpoints, as on start. :meth:`flush_all` is for finite inputs and t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from collections.abc import Callable
@@ -76,7 +77,7 @@ from consumers.chargeback.errors import (
     ChargebackStateError,
     CheckpointMismatchError,
 )
-from consumers.chargeback.price_schedule import PriceSchedule
+from consumers.chargeback.price_schedule import Fingerprint, PriceSchedule, fingerprint
 from consumers.chargeback.prices import PriceTable
 from consumers.chargeback.records import CORRECTION, WINDOW, GpuTimeAggregate, RowKey, to_record
 
@@ -107,20 +108,24 @@ class Checkpoint:
     replay_until: int
     window_ms: int
     grace_ms: int
+    # The committing instance's price schedule (price_schedule.fingerprint): what the partition's
+    # windows before the watermark's horizon were priced with (review D6); None from older writers.
+    prices: Fingerprint | None = None
 
     def to_metadata(self) -> str:
-        """Commit-metadata string (well under Kafka's default 4096-byte limit)."""
-        return json.dumps(
-            {
-                "t": _METADATA_TAG,
-                "v": _METADATA_VERSION,
-                "wm": self.watermark_ms,
-                "until": self.replay_until,
-                "window_ms": self.window_ms,
-                "grace_ms": self.grace_ms,
-            },
-            separators=(",", ":"),
-        )
+        """Commit-metadata string (well under Kafka's default 4096-byte limit: 16 price versions
+        at most, about 500 bytes)."""
+        data: dict[str, Any] = {
+            "t": _METADATA_TAG,
+            "v": _METADATA_VERSION,
+            "wm": self.watermark_ms,
+            "until": self.replay_until,
+            "window_ms": self.window_ms,
+            "grace_ms": self.grace_ms,
+        }
+        if self.prices is not None:
+            data["px"] = [[start, digest] for start, digest in self.prices]
+        return json.dumps(data, separators=(",", ":"))
 
     @classmethod
     def from_metadata(cls, offset: int, metadata: str | None) -> Checkpoint | None:
@@ -141,9 +146,29 @@ class Checkpoint:
                 replay_until=int(data["until"]),
                 window_ms=int(data["window_ms"]),
                 grace_ms=int(data["grace_ms"]),
+                prices=_prices(data.get("px")),
             )
         except (KeyError, TypeError, ValueError):
             return None
+
+    def billed_before(self) -> int | None:
+        """Windows starting before this were closed (emitted) at the watermark; None: nothing was."""
+        if self.watermark_ms is None:
+            return None
+        edge = self.watermark_ms - self.grace_ms  # a window ending at or before it is closed
+        return edge - edge % self.window_ms
+
+
+def _prices(value: Any) -> Fingerprint | None:
+    """A fingerprint from commit metadata; None when absent or not one (an unknown schedule)."""
+    if not isinstance(value, list) or not value:
+        return None
+    out = []
+    for entry in value:
+        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], str)):
+            return None
+        out.append((int(entry[0]), entry[1]))
+    return tuple(out)
 
 
 class _Window:
@@ -157,7 +182,7 @@ class _Window:
 class _Partition:
     __slots__ = (
         "closed",
-        "correction_spans",
+        "correction_offsets",
         "corrections",
         "flushed_end",
         "gpus",
@@ -173,7 +198,7 @@ class _Partition:
         self.windows: dict[int, _Window] = {}  # open windows by start
         self.closed: list[tuple[int, _Window]] = []  # closed, not yet polled
         self.corrections: dict[RowKey, GpuTimeAggregate] = {}
-        self.correction_spans: dict[RowKey, tuple[int, int]] = {}  # first, last input offset
+        self.correction_offsets: dict[RowKey, list[int]] = {}  # input offsets of the late samples
         self.gpus: dict[str, GpuRef] = {}
         self.next_offset: int | None = None  # highest offset seen + 1
         self.replay_until: int | None = None
@@ -211,6 +236,7 @@ class WindowEngine:
             raise ChargebackConfigError(f"max_clock_skew_ms must be >= 0, got {max_clock_skew_ms}")
         self.max_clock_skew_ms = max_clock_skew_ms
         self.stats: Counter[str] = Counter()
+        self.price_fingerprint = fingerprint(self.prices)
         self._parts: dict[int, _Partition] = {}
         self._stale_margin = self.window_ms + self.grace_ms + self.accounting.max_gap_limit_ms
 
@@ -232,14 +258,9 @@ class WindowEngine:
         if p.next_offset is None or offset >= p.next_offset:
             p.next_offset = offset + 1
         replaying = p.replay_until is not None and offset < p.replay_until
-        ts = int(sample["timestamp_ms"])
-        if (
-            record_ts_ms is not None
-            and self.max_clock_skew_ms is not None
-            and ts > record_ts_ms + self.max_clock_skew_ms
-        ):
+        ts = self.event_time(int(sample["timestamp_ms"]), record_ts_ms)
+        if ts != sample["timestamp_ms"]:
             self.stats["clock_ahead"] += 1
-            ts = int(record_ts_ms)
             sample = {**sample, "timestamp_ms": ts}
         if p.watermark is None or ts > p.watermark:
             p.watermark = ts
@@ -263,13 +284,11 @@ class WindowEngine:
             if res.contributions:
                 self.stats["late"] += 1
                 self._fold(p.corrections, start, res.contributions)
-                spans = p.correction_spans
+                late = p.correction_offsets
                 for c in res.contributions:
-                    rk = (start, c.namespace, c.node, c.gpu_model)
-                    lo_hi = spans.get(rk)
-                    spans[rk] = (
-                        (offset, offset) if lo_hi is None else (min(lo_hi[0], offset), max(lo_hi[1], offset))
-                    )
+                    offsets = late.setdefault((start, c.namespace, c.node, c.gpu_model), [])
+                    if not offsets or offsets[-1] != offset:  # ascending: records come in offset order
+                        offsets.append(offset)
             return
 
         anchor = offset if res.depends_on is None else min(offset, res.depends_on)
@@ -286,6 +305,17 @@ class WindowEngine:
                 if agg is None:
                     agg = rows[rk] = GpuTimeAggregate()
                 agg.add(c)
+
+    def event_time(self, sample_ts_ms: int, record_ts_ms: int | None) -> int:
+        """The time a sample is accounted at: its own, or its record's (broker) timestamp when it is
+        stamped further ahead of that than ``max_clock_skew_ms`` (see :meth:`add`)."""
+        if (
+            record_ts_ms is not None
+            and self.max_clock_skew_ms is not None
+            and sample_ts_ms > record_ts_ms + self.max_clock_skew_ms
+        ):
+            return int(record_ts_ms)
+        return sample_ts_ms
 
     def _fold(
         self, target: dict[RowKey, GpuTimeAggregate], start: int, contribs: tuple[Contribution, ...]
@@ -342,17 +372,22 @@ class WindowEngine:
                     rk = (start, ns, node, model)
                     rec = self._record(rk, win.rows[(ns, node, model)], WINDOW, pid, emitted_at)
                     rec["record_id"] = record_id(WINDOW, pid, rk, "0")
+                    rec["late_offsets"] = []
                     out.append(rec)
                 self.stats["windows_closed"] += 1
             p.closed.clear()
             for rk in sorted(p.corrections):
                 rec = self._record(rk, p.corrections[rk], CORRECTION, pid, emitted_at)
-                lo, hi = p.correction_spans.get(rk, (0, 0))
-                rec["record_id"] = record_id(CORRECTION, pid, rk, f"{lo}-{hi}")
+                offsets = p.correction_offsets.get(rk) or [0]
+                rec["record_id"] = record_id(CORRECTION, pid, rk, f"{offsets[0]}-{offsets[-1]}")
+                # Which samples it sums, whatever the commit that grouped them: a re-processing run
+                # groups the same late samples differently (other record_ids), and the report must
+                # still count each once (review L2).
+                rec["late_offsets"] = list(offsets)
                 out.append(rec)
                 self.stats["corrections_emitted"] += 1
             p.corrections.clear()
-            p.correction_spans.clear()
+            p.correction_offsets.clear()
         self.stats["records_emitted"] += len(out)
         return out
 
@@ -419,13 +454,18 @@ class WindowEngine:
         if next_offset is not None:
             position = next_offset if position is None else max(position, next_offset)
         if p.restored is not None and (position is None or position < p.restored.replay_until):
-            return p.restored  # still replaying: the restored checkpoint stays the truth
+            # Still replaying: the restored checkpoint stays the truth, with this instance's price
+            # schedule (the service checked that it prices what was billed as before, review D6),
+            # so that the other instances learn of it before this one bills anything.
+            return dataclasses.replace(p.restored, prices=self.price_fingerprint)
         if position is None:
             return None
         p.gpus = {k: r for k, r in p.gpus.items() if not self._is_stale(r, p.watermark)}
         anchor = self.open_windows_min_offset(partition)
         offset = position if anchor is None else min(anchor, position)
-        return Checkpoint(offset, p.watermark, position, self.window_ms, self.grace_ms)
+        return Checkpoint(
+            offset, p.watermark, position, self.window_ms, self.grace_ms, self.price_fingerprint
+        )
 
     def restore(self, partition: int, checkpoint: Checkpoint | None) -> None:
         """Start ``partition`` over from a committed checkpoint (None: from scratch), before consuming."""

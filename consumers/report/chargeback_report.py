@@ -33,6 +33,12 @@ TOTAL, WINDOW, CORRECTION = "total", "window", "correction"
 _HOUR_MS = 3_600_000
 _DAY_MS = 86_400_000
 
+RECORDED_AT = "recorded_at_ms"
+"""Key the Kafka reader adds to every record (not a schema field): the record's Kafka timestamp,
+the wall-clock time chargeback's producer wrote it. ``emitted_at_ms`` is the input partition's
+event-time watermark, which lags the wall clock by however far behind chargeback is: a record
+written days after its month was invoiced can carry an ``emitted_at_ms`` inside that month."""
+
 
 @dataclass(frozen=True, slots=True)
 class ReportRow:
@@ -179,14 +185,14 @@ def build_report(
 ) -> list[ReportRow]:
     """Sum ChargebackWindow records into report rows (see the module docstring).
 
-    ``billing_lag_ms`` switches to *billing mode* (the FOCUS export): a record belongs to the billing
-    period (UTC month) of its window, unless it was recorded (``emitted_at_ms``) more than
-    ``billing_lag_ms`` after that month ended, i.e. after the month was invoiced: then it is billed
-    in the month in which it was recorded, as a ``correction`` row whose charge period is still the
-    corrected window's. In-period corrections merge into their rows. ``start_ms``/``end_ms`` select
-    by billing date (the window start, or for such a late record the time it was recorded less the
-    lag), so a month's range gives that month's invoice; a charge period never extends outside its
-    billing period.
+    ``billing_lag_ms`` switches to *billing mode* (the FOCUS export, see :func:`billing_place`): a
+    record belongs to the billing period (UTC month) of its window, unless it was written
+    (:func:`recorded_ms`) more than ``billing_lag_ms`` after that month ended, i.e. after the month
+    was invoiced: then it is billed in the month in which it was written, as a ``correction`` row
+    whose charge period is still the corrected window's. In-period corrections merge into their
+    rows. ``start_ms``/``end_ms`` select by billing date (the window start, or for such a late
+    record the time it was written less the lag), so a month's range gives that month's invoice; a
+    charge period never extends outside its billing period.
     """
     dims = tuple(by)
     if not dims or any(d not in DIMENSIONS for d in dims) or len(set(dims)) != len(dims):
@@ -207,35 +213,22 @@ def build_report(
     for rec in records:
         ws, we = _ms(rec["window_start_ms"]), _ms(rec["window_end_ms"])
         bp: tuple[int, int] | None = None
-        late = False
         if billing:
-            bp = _month(ws)
-            recorded = _ms(rec.get("emitted_at_ms") or ws) - int(billing_lag_ms or 0)
-            billed_at = ws
-            if recorded >= bp[1]:
-                bp, late, billed_at = _month(recorded), True, recorded
-            if (start_ms is not None and billed_at < start_ms) or (
-                end_ms is not None and billed_at >= end_ms
-            ):
+            place = billing_place(
+                rec, ws, we, period=period, start_ms=start_ms, end_ms=end_ms, lag_ms=billing_lag_ms or 0
+            )
+            if place is None:
                 continue
+            ps, pe, bp, kind = place
         elif (start_ms is not None and ws < start_ms) or (end_ms is not None and ws >= end_ms):
             continue
+        else:
+            ps, pe = (0, 0) if period == "all" else _period(ws, we, period, start_ms, end_ms, ws, we)
+            kind = (CORRECTION if rec["kind"] == CORRECTION else WINDOW) if split_corrections else TOTAL
         first = ws if first is None else min(first, ws)
         last = we if last is None else max(last, we)
         ns = rec["namespace"]
         team = ns if ns in PSEUDO_NAMESPACES else (teams.match(ns) or rec.get("team") or ns)
-        if bp is not None:
-            ps, pe = _period(ws, we, "month" if period == "all" else period, None, None, ws, we)
-            if not late:  # never outside the billing period (a window or day cannot cross a month)
-                ps, pe = max(ps, bp[0]), min(pe, bp[1])
-                if period == "all" and start_ms is not None:
-                    ps = max(ps, start_ms)
-                if period == "all" and end_ms is not None:
-                    pe = min(pe, end_ms)
-            kind = CORRECTION if late else TOTAL
-        else:
-            ps, pe = (0, 0) if period == "all" else _period(ws, we, period, start_ms, end_ms, ws, we)
-            kind = (CORRECTION if rec["kind"] == CORRECTION else WINDOW) if split_corrections else TOTAL
         extra: tuple[Any, ...] = ()
         if bp is not None:
             extra = (*bp, rec.get("price_per_gpu_hour"), rec.get("price_per_kwh"))
@@ -284,6 +277,53 @@ def build_report(
     ]
     rows.sort(key=_sort_key)
     return rows
+
+
+def recorded_ms(rec: dict[str, Any]) -> int:
+    """When a record was written: its Kafka timestamp (``RECORDED_AT``, set by the reader), else the
+    ``emitted_at_ms`` it carries (records from a file), else its window start."""
+    for key in (RECORDED_AT, "emitted_at_ms"):
+        value = rec.get(key)
+        if value:
+            return _ms(value)
+    return _ms(rec["window_start_ms"])
+
+
+def billing_place(
+    rec: dict[str, Any],
+    ws: int,
+    we: int,
+    *,
+    period: str,
+    start_ms: int | None,
+    end_ms: int | None,
+    lag_ms: int,
+) -> tuple[int, int, tuple[int, int], str] | None:
+    """Billing mode (review D5): (charge period start, end, billing period, kind) of a record, or
+    None when its billing date is outside ``[start_ms, end_ms)``.
+
+    A record belongs to the billing period (UTC month) of its window, unless it was written more
+    than ``lag_ms`` after that month ended, i.e. after the month was invoiced: then it is billed in
+    the month in which it was written (less the lag), as a ``correction`` whose charge period is the
+    corrected window's. Otherwise its charge period never extends outside its billing period, nor
+    outside the range with period ``all``.
+    """
+    bp = _month(ws)
+    written = recorded_ms(rec) - lag_ms
+    late = written >= bp[1]
+    billed_at = ws
+    if late:
+        bp, billed_at = _month(written), written
+    if (start_ms is not None and billed_at < start_ms) or (end_ms is not None and billed_at >= end_ms):
+        return None
+    ps, pe = _period(ws, we, "month" if period == "all" else period, None, None, ws, we)
+    if not late:  # a window or day cannot cross a month; a window that does not divide one can
+        ps, pe = max(ps, bp[0]), min(pe, bp[1])
+        if period == "all" and start_ms is not None:
+            ps = max(ps, start_ms)
+        if period == "all" and end_ms is not None:
+            pe = min(pe, end_ms)
+    return ps, pe, bp, CORRECTION if late else TOTAL
 
 
 def _month(ms: int) -> tuple[int, int]:

@@ -178,6 +178,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             period=args.period,
             split_corrections=args.split_corrections,
             carbon=carbon,
+            billing_lag_ms=args.invoice_lag if args.format == "focus" else None,
         )
     else:
         rows = build_report(

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from consumers.report.chargeback_report import RECORDED_AT
 from consumers.topic_reader import iter_topic
 from schemas.codec import AvroCodec
 
@@ -51,12 +52,17 @@ def iter_chargeback_records(
 
 class Deduplicator:
     """Counts each ``record_id`` once (review L2): an offset reset or a failover that re-processes
-    input re-emits records with the same key. Memory is bounded by the keys of windows that ended
-    within ``horizon_ms`` of the oldest emission time still being read, not by the topic's size."""
+    input re-emits records with the same key. Corrections are matched by the samples they sum too
+    (``late_offsets``): a re-processing run groups the same late samples into other corrections,
+    with other keys, and one whose samples were all counted for its window and row is a copy.
+    Memory is bounded by the keys (and late offsets) of windows that ended within ``horizon_ms`` of
+    the oldest emission time still being read, not by the topic's size."""
 
     def __init__(self, horizon_ms: int = DEDUP_HORIZON_MS) -> None:
         self.horizon_ms = horizon_ms
         self.by_end: dict[int, set[str]] = {}
+        # window end -> (source partition, window start, namespace, node, model) -> late offsets
+        self.late_by_end: dict[int, dict[tuple[Any, ...], set[int]]] = {}
         self.dropped = 0
         self._low = 0  # emission time below which no record can still arrive (approximate, monotonic)
         self._seen_since_prune = 0
@@ -72,6 +78,14 @@ class Deduplicator:
         elif rid in ids:
             self.dropped += 1
             return False
+        late = rec.get("late_offsets")
+        if late:
+            row = (rec["source_partition"], rec["window_start_ms"], rec["namespace"], rec["node"])
+            counted = self.late_by_end.setdefault(end, {}).setdefault((*row, rec["gpu_model"]), set())
+            if counted.issuperset(late):
+                self.dropped += 1
+                return False
+            counted.update(late)
         ids.add(rid)
         self._seen_since_prune += 1
         if self._seen_since_prune >= 10_000:
@@ -85,16 +99,21 @@ class Deduplicator:
         cutoff = self._low - self.horizon_ms
         for end in [e for e in self.by_end if e < cutoff]:
             del self.by_end[end]
+            self.late_by_end.pop(end, None)
 
     def keys_held(self) -> int:
-        return sum(len(v) for v in self.by_end.values())
+        late = sum(len(o) for rows in self.late_by_end.values() for o in rows.values())
+        return sum(len(v) for v in self.by_end.values()) + late
 
 
 def deduplicated(
     records: Iterable[tuple[dict[str, Any], int]], dedup: Deduplicator | None = None
 ) -> Iterator[dict[str, Any]]:
-    """The records of ``records`` (with emission times), each ``record_id`` once."""
+    """The records of ``records`` (with their Kafka timestamps), each ``record_id`` once, each with
+    its timestamp under ``RECORDED_AT``: when it was written, which bills a record written after
+    its month was invoiced into a later month (review D5)."""
     dedup = dedup if dedup is not None else Deduplicator()
     for rec, ts in records:
         if dedup.keep(rec, ts):
+            rec[RECORDED_AT] = ts
             yield rec

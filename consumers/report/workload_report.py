@@ -31,6 +31,7 @@ from consumers.report.chargeback_report import (
     _period,
     _sort_key,
     _Sum,
+    billing_place,
 )
 from consumers.report.errors import ReportOptionError
 from consumers.report.teams import TeamMap
@@ -94,7 +95,11 @@ def build_workload_report(
     period: str = "window",
     split_corrections: bool = False,
     carbon: CarbonFn | None = None,
+    billing_lag_ms: int | None = None,
 ) -> list[ReportRow]:
+    """Sum records into rows by ``by`` (see the module docstring), in one pass and bounded memory
+    (review L4: rows, not records, are kept). ``billing_lag_ms``: billing mode for the FOCUS export,
+    as in :func:`~consumers.report.chargeback_report.build_report` (review D5)."""
     dims = tuple(by)
     if not valid_dims(dims):
         raise ReportOptionError(
@@ -105,20 +110,28 @@ def build_workload_report(
         raise ReportOptionError(f"period must be one of {', '.join(PERIODS)}, got {period!r}")
     teams = teams if teams is not None else TeamMap()
     wdim = next((d for d in dims if is_workload_dim(d)), None)
-    selected = []
+    billing = billing_lag_ms is not None
     first = last = None
+    sums: dict[tuple[Any, ...], _Sum] = {}
     for rec in records:
         ws, we = _ms(rec["window_start_ms"]), _ms(rec["window_end_ms"])
-        if (start_ms is not None and ws < start_ms) or (end_ms is not None and ws >= end_ms):
+        extra: tuple[Any, ...] = ()
+        if billing:
+            place = billing_place(
+                rec, ws, we, period=period, start_ms=start_ms, end_ms=end_ms, lag_ms=billing_lag_ms or 0
+            )
+            if place is None:
+                continue
+            ps, pe, bp, kind = place
+            extra = (*bp, rec.get("price_per_gpu_hour"), rec.get("price_per_kwh"))
+        elif (start_ms is not None and ws < start_ms) or (end_ms is not None and ws >= end_ms):
             continue
-        selected.append((ws, we, rec))
+        else:  # period "all": the span is known at the end (rows are re-keyed then)
+            ps, pe = (0, 0) if period == "all" else _period(ws, we, period, start_ms, end_ms, ws, we)
+            kind = (CORRECTION if rec["kind"] == CORRECTION else WINDOW) if split_corrections else TOTAL
         first = ws if first is None else min(first, ws)
         last = we if last is None else max(last, we)
-    sums: dict[tuple[Any, ...], _Sum] = {}
-    for ws, we, rec in selected:
         ns = rec["namespace"]
-        ps, pe = _period(ws, we, period, start_ms, end_ms, first, last)
-        kind = (CORRECTION if rec["kind"] == CORRECTION else WINDOW) if split_corrections else TOTAL
         for part, share in _parts(rec):
             assert part is not None
             labels = part.get("labels") or {}
@@ -134,6 +147,7 @@ def build_workload_report(
                 rec["gpu_model"],
                 rec["currency"],
                 kind,
+                *extra,
             )
             s = sums.get(key)
             if s is None:
@@ -149,6 +163,9 @@ def build_workload_report(
                 s.co2e += carbon(rec["node"], ws, part["energy_joules"] / 3_600_000.0)
             s.default = s.default or rec.get("price_source") == "default"
             s.records += 1
+    if period == "all" and first is not None and last is not None and not billing:
+        span = _period(first, last, "all", start_ms, end_ms, first, last)
+        sums = {(*span, *k[2:]): s for k, s in sums.items()}
     rows = [
         s.row(
             *k[:5],
@@ -156,6 +173,16 @@ def build_workload_report(
             group_by=wdim,
             group=k[5],
             co2e_kg=s.co2e if carbon is not None else None,
+            **(
+                dict(
+                    billing_period_start_ms=k[9],
+                    billing_period_end_ms=k[10],
+                    price_per_gpu_hour=k[11],
+                    price_per_kwh=k[12],
+                )
+                if billing
+                else {}
+            ),
         )
         for k, s in sums.items()
     ]

@@ -45,7 +45,10 @@ def test_a_node_a_day_ahead_is_bounded_by_broker_time(kafka: str, topic_prefix: 
     items = [dict(good, timestamp_ms=start + k * 10_000) for k in range(ticks)]
     # Then, in the same partition, a node that booted with its clock a day ahead (fixed after 5 min).
     items += [dict(fast, timestamp_ms=start + k * 10_000 + (DAY_MS if k < 30 else 0)) for k in range(ticks)]
-    produce(kafka, t_in, items, partition=0)
+    # Each record carries its node's clock as CreateTime, as a real node's producer stamps it; only
+    # the topic's LogAppendTime replaces it with broker time (it was CreateTime: the skew guard
+    # compared the node clock with itself and never fired).
+    produce(kafka, t_in, items, partition=0, node_clock=True)
     group, log = f"cb-clock-{new_id()}", tmp_path / "cb.log"
     prog = Progress(kafka, group, t_in)
     svc = start_service(kafka, topic_prefix, log, "--window", "5m", "--grace", "30s", "--group-id", group)

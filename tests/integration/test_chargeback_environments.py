@@ -65,14 +65,22 @@ def samples(ns: str, gpus: int, k_from: int, k_to: int) -> list[dict[str, Any]]:
     ]
 
 
-def produce(kafka: str, topic: str, items: list[dict[str, Any]], partition: int | None = None) -> None:
+def produce(
+    kafka: str,
+    topic: str,
+    items: list[dict[str, Any]],
+    partition: int | None = None,
+    node_clock: bool = False,
+) -> None:
+    """``node_clock``: stamp each record with its sample's time, as the node agent's producer does
+    (CreateTime from the node's own clock, however wrong it is)."""
     enc = AvroCodec().encoder("GpuSample").encode
     p = Producer({"bootstrap.servers": kafka, "enable.idempotence": True, "linger.ms": 20})
     for s in items:
-        if partition is None:
-            p.produce(topic, enc(s), s["uuid"].encode())
-        else:
-            p.produce(topic, enc(s), s["uuid"].encode(), partition=partition)
+        kw: dict[str, Any] = {} if partition is None else {"partition": partition}
+        if node_clock:
+            kw["timestamp"] = s["timestamp_ms"]
+        p.produce(topic, enc(s), s["uuid"].encode(), **kw)
     assert p.flush(30) == 0
 
 

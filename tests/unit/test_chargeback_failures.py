@@ -7,6 +7,7 @@ zombie), D3 (foreign partitions) and L3 (cooperative assignor), against the in-m
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
@@ -48,10 +49,14 @@ class FlakyProducer(FakeProducer):
         super().commit_transaction(timeout)
 
 
-def make_service(broker: Broker, stop: threading.Event, prod: Any, consumer: Any = None) -> ChargebackService:
+def make_service(
+    broker: Broker, stop: threading.Event, prod: Any, consumer: Any = None, **cfg: Any
+) -> ChargebackService:
     proj = projected_sample_schema(catalog.current("GpuSample").raw)
     return ChargebackService(
-        ServiceConfig(bootstrap="fake", input_topic=IN, output_topic=OUT, deadletter_topic=DLQ, **FAST),
+        ServiceConfig(
+            bootstrap="fake", input_topic=IN, output_topic=OUT, deadletter_topic=DLQ, **{**FAST, **cfg}
+        ),
         build_engine(ChargebackSettings(window_ms=600_000, grace_ms=60_000), None, "svc"),  # type: ignore[arg-type]
         AvroCodec(reader_schemas={"GpuSample": proj}),
         consumer_factory=lambda conf: consumer or FakeConsumer(broker, stop),
@@ -225,17 +230,58 @@ def test_output_is_keyed_by_namespace_and_node() -> None:
     assert output_key({"namespace": "ml", "node": "gpu-07"}) == b"ml/gpu-07"
 
 
-def test_replay_remaining_is_exported_per_partition() -> None:
-    """L7: a restored partition shows how much it still has to replay (alert if it never falls)."""
-    from consumers.chargeback.windows import Checkpoint
+class ScrapingConsumer(FakeConsumer):
+    """Reads the service's gauges before every consume(), as a Prometheus scrape in between does."""
+
+    svc: ChargebackService
+
+    def __init__(self, broker: Broker, stop: threading.Event) -> None:
+        super().__init__(broker, stop)
+        self.seen: list[tuple[float | None, float | None]] = []
+
+    def consume(self, n: int, timeout: float) -> list:
+        if self.pos:  # assigned
+            get = self.svc.registry.get_sample_value
+            label = {"partition": "0"}
+            self.seen.append(
+                (
+                    get("gpupipe_chargeback_replay_remaining_records", label),
+                    get("gpupipe_chargeback_lag_records", label),
+                )
+            )
+        return super().consume(n, timeout)
+
+
+def test_a_replay_in_progress_shows_in_its_gauge_and_the_lag() -> None:
+    """L7: the replay-remaining gauge (what the ChargebackReplayNotFinishing rule watches) and the
+    lag follow the replay as it goes. They were refreshed only by a committed transaction, and a
+    replay commits nothing (its restored checkpoint stands), so a scrape saw 0 and no lag until the
+    replay was over: an alert on it could never fire for a replay that never finishes."""
+    log, _ = input_log()
+    broker = Broker(log)
+    run_service(broker, **FAST)
+    until = json.loads(broker.offsets[0][1])["until"]
+    assert broker.offsets[0][0] < until - 30  # what a restart replays, in batches of 10
+    stop = threading.Event()
+    consumer = ScrapingConsumer(broker, stop)
+    svc = make_service(broker, stop, FakeProducer(broker), consumer, batch_size=10)
+    consumer.svc = svc
+    svc.run(stop)
+    replaying = [(r, lag) for r, lag in consumer.seen if r]
+    assert len(replaying) >= 2, consumer.seen
+    remaining = [r for r, _ in replaying]
+    assert remaining == sorted(remaining, reverse=True) and remaining[0] > 20
+    assert len(set(remaining)) >= 3  # it falls as the replay goes, not only at its end
+    assert all(lag is not None and lag >= r for r, lag in replaying)
+    assert consumer.seen[-1][0] == 0  # and reads 0 once the replay is over
+
+
+def test_the_start_time_gauge_is_this_process_start() -> None:
+    """L7: a crash loop shows as changes of gpupipe_chargeback_start_time_seconds."""
+    import time
 
     broker = Broker(input_log(ticks=10)[0])
-    stop = threading.Event()
-    svc = make_service(broker, stop, FakeProducer(broker))
-    svc.engine.restore(0, Checkpoint(100, None, 250, 600_000, 60_000))
-    svc.assigned = {0}
-    svc.positions = {0: 180}
-    svc._refresh_info()
-    assert (
-        svc.registry.get_sample_value("gpupipe_chargeback_replay_remaining_records", {"partition": "0"}) == 70
-    )
+    before = time.time()
+    svc = make_service(broker, threading.Event(), FakeProducer(broker))
+    started = svc.registry.get_sample_value("gpupipe_chargeback_start_time_seconds")
+    assert started is not None and before <= started <= time.time()

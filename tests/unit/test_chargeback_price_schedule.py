@@ -87,3 +87,35 @@ def test_bad_changes_are_clear_errors(change: str, match: str, tmp_path) -> None
     path.write_text(f"currency: USD\nmodels: []\nchanges: [{change}]\n")
     with pytest.raises(PriceTableError, match=match):
         load_price_schedule(path)
+
+
+def versions(n: int, last_price: float = 9.0) -> dict:
+    """A schedule with ``n`` hourly changes, the last one at ``last_price``."""
+    changes = [
+        {
+            "valid_from": f"2026-01-01T{h:02d}:00:00Z",
+            "models": [{"match": "NVIDIA H200", "per_gpu_hour": 4.0 + h}],
+        }
+        for h in range(1, n)
+    ]
+    if changes:
+        changes[-1]["models"][0]["per_gpu_hour"] = last_price
+    return {**yaml.safe_load(DOC.split("changes:")[0]), "changes": changes}
+
+
+def test_fingerprints_tell_from_when_two_schedules_price_differently() -> None:
+    """D6: what checkpoints carry so that instances of a rolling update agree on prices."""
+    from consumers.chargeback.price_schedule import divergence, fingerprint
+
+    same = parse_price_schedule(yaml.safe_load(DOC.replace("4.0", "4.00")), "reformatted")
+    assert divergence(fingerprint(SCHEDULE), fingerprint(same)) is None
+    base = parse_price_schedule(yaml.safe_load(DOC.split("changes:")[0]), "no change")
+    assert divergence(fingerprint(SCHEDULE), fingerprint(base)) == T0 + H  # from the change on
+    cheaper = parse_price_schedule(yaml.safe_load(DOC.replace("4.0", "3.0")), "base edited")
+    assert divergence(fingerprint(SCHEDULE), fingerprint(cheaper)) == 0  # from the beginning
+    # Long schedules keep their newest versions only; the hash chain still covers the older ones.
+    a, b = parse_price_schedule(versions(20), "a"), parse_price_schedule(versions(20, 10.0), "b")
+    assert len(fingerprint(a)) == 16 and divergence(fingerprint(a), fingerprint(a)) is None
+    assert divergence(fingerprint(a), fingerprint(b)) == T0 + 19 * H
+    longer = parse_price_schedule(versions(21), "c")
+    assert divergence(fingerprint(a), fingerprint(longer)) == T0 + 19 * H  # 19's price differs

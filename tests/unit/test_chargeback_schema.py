@@ -44,7 +44,8 @@ def test_current_is_released_v1_plus_defaulted_fields_at_the_end():
     assert [f["name"] for f in added] == [
         "workloads",
         "record_id",
-    ]  # issue 14; the idempotency key (review L2)
+        "late_offsets",
+    ]  # issue 14; the idempotency key and what a correction sums (review L2)
     assert all("default" in f for f in added)
 
 

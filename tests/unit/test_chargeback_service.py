@@ -67,6 +67,7 @@ class FakeConsumer:
     def __init__(self, broker: Broker, stop: threading.Event) -> None:
         self.b, self.stop = broker, stop
         self.pos: dict[int, int] = {}
+        self.paused: set[int] = set()
         self.idle = 0
 
     def subscribe(self, topics: list[str], on_assign: Any, on_revoke: Any, on_lost: Any) -> None:
@@ -79,6 +80,8 @@ class FakeConsumer:
             self.on_assign(self, [TopicPartition(IN, p) for p in sorted(self.b.log)])
         out: list[Msg] = []
         for p, pos in sorted(self.pos.items()):
+            if p in self.paused:
+                continue
             for off in range(pos, min(len(self.b.log[p]), pos + n - len(out))):
                 value, ts = self.b.log[p][off]
                 out.append(Msg(p, off, value, ts))
@@ -94,10 +97,17 @@ class FakeConsumer:
 
     def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any:
         """The service asks before each commit whether the broker answers (it always does here)."""
-        return SimpleNamespace(topics={IN: SimpleNamespace(partitions=dict.fromkeys(self.b.log))})
+        return SimpleNamespace(topics={IN: SimpleNamespace(partitions=dict.fromkeys(self.b.log), error=None)})
 
     def seek(self, tp: TopicPartition) -> None:
         self.pos[tp.partition] = tp.offset
+
+    def pause(self, tps: list[TopicPartition]) -> None:
+        """Paused partitions deliver nothing until resumed (their position is kept)."""
+        self.paused |= {tp.partition for tp in tps}
+
+    def resume(self, tps: list[TopicPartition]) -> None:
+        self.paused -= {tp.partition for tp in tps}
 
     def committed(self, tps: list[TopicPartition], timeout: float) -> list[TopicPartition]:
         out = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -641,7 +642,9 @@ def test_checkpoint_during_replay_keeps_the_restored_one():
     e.restore(0, cp)
     e.add(sample(T0), 0, 0)
     assert e.is_replay(0, 1) and not e.is_replay(0, 3)
-    assert e.checkpoint(0) == cp  # a crash now must replay from the same place
+    now = e.checkpoint(0)
+    assert now is not None and now.prices == e.price_fingerprint  # this instance's prices (D6)
+    assert dataclasses.replace(now, prices=None) == cp  # a crash now must replay from the same place
     e.add(sample(T0 + 10_000), 0, 1)
     e.add(sample(T0 + 20_000), 0, 2)
     assert e.checkpoint(0).replay_until == 3

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from consumers.report.chargeback_report import build_report
+from consumers.report.chargeback_report import RECORDED_AT, build_report
 from consumers.report.formats import FocusOptions, render_report
+from consumers.report.workload_report import build_workload_report
 
 SPEC = Path(__file__).resolve().parents[1] / "fixtures" / "focus"
 DAY = 86_400_000
@@ -69,9 +70,32 @@ RECORDS = [
 ]
 
 
-def focus(start: int | None, end: int | None, period: str = "window", **kw: Any) -> list[dict[str, str]]:
-    rows = build_report(RECORDS, start_ms=start, end_ms=end, period=period, billing_lag_ms=DAY, **kw)
+def by_owner(records: list[dict], **kw: Any) -> list:
+    """The FOCUS export through the workload path (``--by namespace,owner``, ``--carbon``, label
+    teams take it): it must bill by the same periods (it billed by window start, review D5)."""
+    return build_workload_report(records, by=("namespace", "owner"), **kw)
+
+
+def focus(
+    start: int | None,
+    end: int | None,
+    period: str = "window",
+    records: list[dict] | None = None,
+    builder: Any = build_report,
+    **kw: Any,
+) -> list[dict[str, str]]:
+    rows = builder(
+        RECORDS if records is None else records,
+        start_ms=start,
+        end_ms=end,
+        period=period,
+        billing_lag_ms=DAY,
+        **kw,
+    )
     return list(csv.DictReader(io.StringIO(render_report(rows, "focus", focus=FocusOptions()))))
+
+
+BUILDERS = pytest.mark.parametrize("builder", [build_report, by_owner], ids=["namespace", "owner"])
 
 
 def test_columns_follow_the_focus_1_3_column_list() -> None:
@@ -127,9 +151,10 @@ def test_values_are_allowed_and_consistent() -> None:
     assert all(v == pytest.approx(1.0, abs=1e-5) for v in by_origin.values())
 
 
-def test_late_corrections_are_billed_in_the_period_in_which_they_were_recorded() -> None:
-    october = focus(OCT, NOV)
-    november = focus(NOV, DEC)
+@BUILDERS
+def test_late_corrections_are_billed_in_the_period_in_which_they_were_recorded(builder: Any) -> None:
+    october = focus(OCT, NOV, builder=builder)
+    november = focus(NOV, DEC, builder=builder)
     assert all(line["ChargeClass"] == "" for line in october)  # the in-period correction is merged
     ml_oct = [ln for ln in october if ln["x_Namespace"] == "ml" and ln["ConsumedUnit"] == "GPU-Hours"]
     assert sum(float(ln["ConsumedQuantity"]) for ln in ml_oct) == pytest.approx(1.01 + 1.0)
@@ -140,13 +165,14 @@ def test_late_corrections_are_billed_in_the_period_in_which_they_were_recorded()
     assert corr["ChargePeriodStart"] == "2026-10-21T00:00:00Z"  # the corrected charge period
     assert float(corr["ConsumedQuantity"]) == pytest.approx(0.1)
     # Re-running October after November started gives the same October (the correction is not there).
-    assert focus(OCT, NOV) == october
+    assert focus(OCT, NOV, builder=builder) == october
     # The window of October's last hour, emitted on 1 November, is still October's.
     assert any(ln["ChargePeriodStart"] == "2026-10-31T23:00:00Z" for ln in october)
 
 
-def test_period_all_never_charges_outside_the_billing_period() -> None:
-    lines = focus(OCT, DEC, period="all")
+@BUILDERS
+def test_period_all_never_charges_outside_the_billing_period(builder: Any) -> None:
+    lines = focus(OCT, DEC, period="all", builder=builder)
     assert lines
     for line in lines:
         if line["ChargeClass"] == "":
@@ -155,7 +181,37 @@ def test_period_all_never_charges_outside_the_billing_period() -> None:
     assert {ln["BillingPeriodStart"] for ln in lines} == {"2026-10-01T00:00:00Z", "2026-11-01T00:00:00Z"}
 
 
-def test_sku_price_id_is_the_price_table_entry() -> None:
-    lines = [ln for ln in focus(OCT, DEC) if ln["ConsumedUnit"] == "GPU-Hours"]
+@BUILDERS
+def test_sku_price_id_is_the_price_table_entry(builder: Any) -> None:
+    lines = [ln for ln in focus(OCT, DEC, builder=builder) if ln["ConsumedUnit"] == "GPU-Hours"]
     assert {ln["SkuPriceId"] for ln in lines} == {"gpu-hour/NVIDIA H200/4.000000"}
     assert all(ln["ListUnitPrice"] == "4.000000" for ln in lines)
+
+
+@BUILDERS
+def test_a_record_written_after_the_invoice_is_billed_when_written_not_by_its_watermark(
+    builder: Any,
+) -> None:
+    """D5: chargeback fell three days behind (an outage): the window of 31 October 22:00 is written
+    on 3 November, after October was invoiced, yet it carries the partition's event-time watermark
+    of 31 October as emitted_at_ms. Its Kafka timestamp says when it was written: it belongs to
+    November's export, as a correction of October's charge period, and never to October's (which
+    was cut on 2 November and must not change afterwards)."""
+    late = rec(NOV - 2 * H, "ml", 1800.0, emitted=NOV - 50 * 60_000)
+    late[RECORDED_AT] = NOV + 3 * DAY
+    on_time = rec(NOV - 3 * H, "ml", 3600.0, emitted=NOV - 2 * H + 300_000)
+    on_time[RECORDED_AT] = NOV - 2 * H + 301_000
+    records = [on_time, late]
+    october = focus(OCT, NOV, records=records, builder=builder)
+    november = focus(NOV, DEC, records=records, builder=builder)
+    gpu = "GPU-Hours"
+    assert [(ln["ChargePeriodStart"], ln["ChargeClass"]) for ln in october if ln["ConsumedUnit"] == gpu] == [
+        ("2026-10-31T21:00:00Z", "")
+    ]
+    (corr,) = [ln for ln in november if ln["ConsumedUnit"] == gpu]
+    assert (corr["BillingPeriodStart"], corr["ChargePeriodStart"], corr["ChargeClass"]) == (
+        "2026-11-01T00:00:00Z",
+        "2026-10-31T22:00:00Z",
+        "Correction",
+    )
+    assert float(corr["ConsumedQuantity"]) == pytest.approx(0.5)
