@@ -291,6 +291,36 @@ FIELDS: tuple[FieldSpec, ...] = (
         "gauge",
         "Total number of NVLink bandwidth counters for all lanes.",
     ),
+    # NVLink error totals over all links (NVML_FI_DEV_NVLINK_*_ERROR_COUNT_TOTAL, to Hopper): one
+    # flapping link shows here, never in the bandwidth. HELP and TYPE as dcgm-exporter's CSV rows.
+    _f(
+        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+        "nvlink_crc_flit_errors_total",
+        Kind.INT,
+        "counter",
+        "Total number of NVLink flow-control CRC errors.",
+    ),
+    _f(
+        "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+        "nvlink_crc_data_errors_total",
+        Kind.INT,
+        "counter",
+        "Total number of NVLink data CRC errors.",
+    ),
+    _f(
+        "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+        "nvlink_replay_errors_total",
+        Kind.INT,
+        "counter",
+        "Total number of NVLink retries.",
+    ),
+    _f(
+        "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+        "nvlink_recovery_errors_total",
+        Kind.INT,
+        "counter",
+        "Total number of NVLink recovery errors.",
+    ),
     # vGPU license
     _f("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "vgpu_license_status", Kind.INT, "gauge", "vGPU License status"),
     # Remapped rows
@@ -462,10 +492,6 @@ UNAVAILABLE: frozenset[str] = frozenset(
         "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION",
         "DCGM_FI_DEV_LOW_UTIL_VIOLATION",
         "DCGM_FI_DEV_RELIABILITY_VIOLATION",
-        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
-        "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
-        "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
-        "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
         "DCGM_FI_DEV_NVLINK_BANDWIDTH_L0",
         "DCGM_FI_DEV_PCIE_TX_THROUGHPUT",
         "DCGM_FI_DEV_PCIE_RX_THROUGHPUT",

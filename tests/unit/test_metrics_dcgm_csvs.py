@@ -75,7 +75,14 @@ def test_every_row_files_serve_the_exporter_families() -> None:
         "DCGM_FI_DEV_BRAND",
     }
     left_out = {u.name for u in cs.unsupported}
-    assert "DCGM_EXP_P2P_STATUS" in left_out and "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL" in left_out
+    assert "DCGM_EXP_P2P_STATUS" in left_out and "DCGM_FI_DEV_NVLINK_BANDWIDTH_L0" in left_out
+    # the node agent reads NVLink's error totals (NVML_FI_DEV_NVLINK_*_ERROR_COUNT_TOTAL) now
+    assert {
+        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+        "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+        "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+        "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+    } <= served
 
 
 def test_1x_file_keeps_its_metric_names() -> None:

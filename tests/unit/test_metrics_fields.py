@@ -78,7 +78,7 @@ def test_kind_and_type(name, kind, prom_type):
 
 
 def test_lookup_unknown_is_none():
-    assert fields.lookup("DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL") is None
+    assert fields.lookup("DCGM_FI_DEV_NVLINK_BANDWIDTH_L0") is None  # per-link bytes: not sampled
     assert fields.lookup("nope") is None
 
 

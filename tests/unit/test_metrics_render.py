@@ -442,3 +442,29 @@ def test_store_identity_matches_renderer_identity():
         rec = blank(allocations=[alloc("a", "b")])
         s.apply_sample(rec, 0, NOW)
         assert s._gpus[UUID].ident == s.renderer.identity(rec)
+
+
+def test_nvlink_error_totals_from_dcgm_exporters_csv_rows():
+    # dcgm-exporter's CSV rows for NVLink's error totals (commented out in its default file): a user
+    # who enables them gets the node agent's NVML_FI_DEV_NVLINK_*_ERROR_COUNT_TOTAL sums, as counters.
+    rows = (
+        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL, counter, "
+        "Total number of NVLink flow-control CRC errors.\n"
+        "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL, counter, Total number of NVLink data CRC errors.\n"
+        "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,   counter, Total number of NVLink retries.\n"
+        "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL, counter, Total number of NVLink recovery errors.\n"
+    )
+    cs = parse_counters(rows)
+    assert not cs.unsupported
+    rec = blank(
+        nvlink_crc_flit_errors_total=7,
+        nvlink_crc_data_errors_total=0,
+        nvlink_replay_errors_total=12,
+        nvlink_recovery_errors_total=None,  # not answered: no line, never 0
+    )
+    text = expo(rec, counters=cs)
+    assert "# TYPE DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL counter" in text
+    assert value_of(text, "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL") == "7"
+    assert value_of(text, "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL") == "0"
+    assert value_of(text, "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL") == "12"
+    assert lines_of(text, "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL") == []
