@@ -57,6 +57,7 @@ from consumers.metrics.own_text import (
     registry_text,
     unsupported_text,
 )
+from consumers.metrics.readings import PENDING, complete
 from consumers.metrics.render import (
     GpuView,
     Renderer,
@@ -88,6 +89,7 @@ class _Gpu:
         "parent",
         "partition",
         "pending",
+        "prev",
         "rec",
         "seen_s",
         "stale_s",
@@ -124,6 +126,7 @@ class _Gpu:
         self.parent: str | None = None  # a MIG instance's parent GPU UUID
         self.hidden = False  # a MIG-mode parent in the "instances" layout: no series of its own
         self.pending: Mapping[str, Any] | None = None  # latest sample, not rendered yet
+        self.prev: tuple[Any, list[bytes]] | None = None  # last render from readings: (readings, lines)
 
 
 class SeriesStore:
@@ -271,7 +274,7 @@ class SeriesStore:
                 if self._want_exp:
                     parent = self._gpus.get(g.parent)
                     if parent is not None and parent.rec is not None:
-                        record = merge_parent(record, parent.rec)
+                        record = merge_parent(complete(record), complete(parent.rec))
                     self._sample_exp_state(g, record)
                 return
             if record.get("mig_enabled"):
@@ -306,7 +309,7 @@ class SeriesStore:
                 if g.parent is not None:
                     parent = self._gpus.get(g.parent)
                     if parent is not None and parent.rec is not None:
-                        rec = merge_parent(rec, parent.rec)
+                        rec = merge_parent(complete(rec), complete(parent.rec))
                 g.lines = self._render(g, rec)
                 g.pending = None
             except Exception:  # never let one odd record break every scrape
@@ -323,11 +326,16 @@ class SeriesStore:
             if xid_last is None:
                 xid_last = 0
         invalid: dict[tuple[str, str], int] = {}
+        view = g.view
         try:
-            lines = self.renderer.render(record, g.view, xid_last, g.xid_counts, invalid)
+            lines = self.renderer.render(record, view, xid_last, g.xid_counts, invalid, prev=g.prev)
         except KeyError:  # a projected or hand-made record: missing metric fields are null
             invalid = {}  # counted once, from the completed record
-            lines = self.renderer.render(_complete(record), g.view, xid_last, g.xid_counts, invalid)
+            record = _complete(complete(record))
+            lines = self.renderer.render(record, view, xid_last, g.xid_counts, invalid)
+        # value text to reuse next time: only from a single-series render of pending readings
+        readings = record.get(PENDING)
+        g.prev = None if readings is None or view is None or view.multi else (readings, lines)
         for k, n in invalid.items():
             self._invalid[k] = self._invalid.get(k, 0) + n
         if self._want_exp:
@@ -452,6 +460,7 @@ class SeriesStore:
                     self._dirty.discard(key)
                     g.pending = None
                     g.ts_ms, g.ident, g.partition, g.rec, g.health = None, None, None, None, None
+                    g.prev = None
                     g.clock_win, g.clock_totals, g.clock_prev, g.hidden = None, {}, 0, False
                 if g.ts_ms is None and not g.xid_counts:
                     del self._gpus[key]
