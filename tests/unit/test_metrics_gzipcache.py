@@ -50,7 +50,9 @@ def test_unchanged_families_keep_their_chunk_and_deflate_blocks() -> None:
     kept = [c for c in second[:-1] if any(c is o for o in first[:-1])]
     power = [c for c in second[:-1] if c.startswith(b"# HELP DCGM_FI_DEV_POWER_USAGE ")]
     assert kept and power and not any(c is p for c in first for p in power)
-    assert b'sm_clock' not in b"".join(power) and any(c.startswith(b"# HELP DCGM_FI_DEV_SM_CLOCK ") for c in kept)
+    assert b"sm_clock" not in b"".join(power) and any(
+        c.startswith(b"# HELP DCGM_FI_DEV_SM_CLOCK ") for c in kept
+    )
     before = gz.chunk_hits
     assert gzip.decompress(b"".join(gz.compress(second))) == b"".join(second)
     assert gz.chunk_hits - before == len(kept)

@@ -25,13 +25,21 @@ from tests.unit.test_metrics_store import T_MS, blank
 CODEC = AvroCodec()
 ENC = CODEC.encoder("GpuSample")
 WRITER = catalog.current("GpuSample").parsed
-MIG = {"mig_uuid": "", "gpu_instance_id": 1, "compute_instance_id": 0, "profile": "1g.18gb", "slice_fraction": 1 / 7}
+MIG = {
+    "mig_uuid": "",
+    "gpu_instance_id": 1,
+    "compute_instance_id": 0,
+    "profile": "1g.18gb",
+    "slice_fraction": 1 / 7,
+}
 
 
 def fleet_records(ticks: int = 3) -> list[dict]:
     """Whole GPUs, MIG slices, time-shared GPUs with processes, HPC job nodes, XIDs."""
     fleet = SimulatedFleet(
-        FleetConfig(nodes=6, gpus_per_node=8, seed=4, mig_node_ratio=0.34, shared_node_ratio=0.34, hpc_nodes=1)
+        FleetConfig(
+            nodes=6, gpus_per_node=8, seed=4, mig_node_ratio=0.34, shared_node_ratio=0.34, hpc_nodes=1
+        )
     )
     out: list[dict] = []
     for k in range(ticks):
@@ -59,7 +67,13 @@ def test_identity_and_tail_caches_follow_the_bytes() -> None:
     store = SeriesStore(all_counters())
     dec = MetricsDecoder(CODEC, store.renderer)
     fn = next(iter(dec._split.values()))
-    pod = {"namespace": "a", "pod": "p1", "container": "c", "resource_name": "nvidia.com/gpu", "replica": None}
+    pod = {
+        "namespace": "a",
+        "pod": "p1",
+        "container": "c",
+        "resource_name": "nvidia.com/gpu",
+        "replica": None,
+    }
     variants = [
         blank("GPU-0"),
         blank("GPU-0", allocations=[pod]),
@@ -151,7 +165,13 @@ def test_exposition_from_pending_readings_equals_the_record_path(options, monkey
     inner = lazy.renderer._render_checked
     monkeypatch.setattr(lazy.renderer, "_render_checked", lambda *a: checked.append(1) or inner(*a))
     dec = MetricsDecoder(CODEC, lazy.renderer)
-    pod = {"namespace": "a", "pod": "p1", "container": "c", "resource_name": "nvidia.com/gpu", "replica": None}
+    pod = {
+        "namespace": "a",
+        "pod": "p1",
+        "container": "c",
+        "resource_name": "nvidia.com/gpu",
+        "replica": None,
+    }
     now = T_MS / 1000
     previous: dict[str, dict] = {}
     for rnd in range(12):
