@@ -90,26 +90,26 @@ class MetricsDecoder:
         wanted, pending = projected_fields(renderer), pending_fields(renderer)
         versions = [catalog.current("GpuSample"), *(v for v in catalog.released() if v.name == "GpuSample")]
         for sv in versions if split else ():
-            if sv.fingerprint not in self._fast or sv.fingerprint in self._split:
+            if sv.fingerprint not in self._fast or SINGLE_OBJECT_MAGIC + sv.fingerprint in self._split:
                 continue  # no whole-record decoder to fall back on (another layout): codec only
             fields = writer_fields(sv.raw)
             fn = None
             if fields is not None and wanted <= {n for n, _ in fields}:
                 fn = build_split_decoder(fields, wanted, pending, renderer.value_plan)
             if fn is not None:
-                self._split[sv.fingerprint] = fn
+                self._split[SINGLE_OBJECT_MAGIC + sv.fingerprint] = fn
 
     def decode(self, payload: bytes | None) -> Decoded | DecodedSample:
+        split = self._split.get(payload[:10]) if payload else None  # magic + fingerprint
+        if split is not None:
+            try:
+                rec = split(payload)
+            except CORRUPT:
+                rec = None  # the whole-record path decodes it or says why not
+            if rec is not None:
+                return DecodedSample(rec)
         if payload and payload[:2] == SINGLE_OBJECT_MAGIC:
             fp = payload[2:10]
-            split = self._split.get(fp)
-            if split is not None:
-                try:
-                    rec = split(payload)
-                except CORRUPT:
-                    rec = None  # the whole-record path decodes it or says why not
-                if rec is not None:
-                    return DecodedSample(rec)
             fn = self._fast.get(fp)
             if fn is not None:
                 try:

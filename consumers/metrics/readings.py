@@ -261,11 +261,12 @@ class Readings:
         :class:`UnusualValue` (or TypeError/OverflowError) for a reading the fast path leaves to the
         checked one. ``prev``: the GPU's previous render (readings, line list) to reuse text from."""
         plan = self.plan
+        gs = self._gs
+        if gs is None:
+            gs = self._gs = self.m.groups()
         if prev is not None and prev[0].plan is plan:
-            pg, po = prev[0].groups(), prev[1]
-        else:
-            pg, po = plan.nones, ()
-        return plan.lines_fn(rec, self.groups(), template.copy(), pg, po)
+            return plan.lines_fn(rec, gs, template.copy(), prev[0].groups(), prev[1])
+        return plan.lines_fn(rec, gs, template.copy(), plan.nones, ())
 
 
 def complete(rec: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -326,7 +326,7 @@ class SeriesStore:
         invalid: dict[tuple[str, str], int] = {}
         view = g.view
         try:
-            lines = self.renderer.render(record, view, xid_last, g.xid_counts, invalid, prev=g.prev)
+            lines = self.renderer.render(record, view, xid_last, g.xid_counts, invalid, g.prev)
         except KeyError:  # a projected or hand-made record: missing metric fields are null
             invalid = {}  # counted once, from the completed record
             record = _complete(complete(record))
