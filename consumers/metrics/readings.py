@@ -254,19 +254,26 @@ class Readings:
         """Every pending reading, converted (for the record paths: MIG merges, checked render)."""
         return self.plan.values_fn(self.groups())
 
-    def lines(
-        self, rec: Mapping[str, Any], template: list[bytes], prev: tuple[Readings, list[bytes]] | None
-    ) -> list[bytes]:
+    def kept(self, lines: list[bytes]) -> Kept:
+        """What the GPU's next render reuses text from: these readings' bytes and the line list
+        rendered from them (not the payload, which can go)."""
+        return (self.plan, self.groups(), lines)
+
+    def lines(self, rec: Mapping[str, Any], template: list[bytes], prev: Kept | None) -> list[bytes]:
         """The line list's value slots for a single-series view (``template``: its heads); raises
         :class:`UnusualValue` (or TypeError/OverflowError) for a reading the fast path leaves to the
-        checked one. ``prev``: the GPU's previous render (readings, line list) to reuse text from."""
+        checked one. ``prev``: :meth:`kept` of the GPU's previous render, to reuse text from."""
         plan = self.plan
         gs = self._gs
         if gs is None:
             gs = self._gs = self.m.groups()
-        if prev is not None and prev[0].plan is plan:
-            return plan.lines_fn(rec, gs, template.copy(), prev[0].groups(), prev[1])
+        if prev is not None and prev[0] is plan:
+            return plan.lines_fn(rec, gs, template.copy(), prev[1], prev[2])
         return plan.lines_fn(rec, gs, template.copy(), plan.nones, ())
+
+
+#: A previous render to reuse text from: (plan, the readings' bytes per group, its line list).
+Kept = tuple[ReadingsPlan, tuple[bytes | None, ...], list[bytes]]
 
 
 def complete(rec: Mapping[str, Any]) -> Mapping[str, Any]:

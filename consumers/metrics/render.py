@@ -65,7 +65,7 @@ from consumers.metrics import exp
 from consumers.metrics.collectors_csv import CounterSet
 from consumers.metrics.fields import FieldSpec, Kind
 from consumers.metrics.layout import SHARE_FAMILIES
-from consumers.metrics.readings import PENDING, complete
+from consumers.metrics.readings import PENDING, Kept, complete
 from consumers.metrics.render_multi import render_multi, render_shares
 from consumers.metrics.textfmt import (
     InvalidValue,
@@ -434,14 +434,15 @@ class Renderer:
         xid_last: int | None,
         xid_counts: Mapping[int, int] | None,
         invalid: dict[tuple[str, str], int],
-        prev: tuple[Any, list[bytes]] | None = None,
+        prev: Kept | None = None,
     ) -> list[bytes]:
         """The GPU's line list (see the module doc); bad values are counted in ``invalid``.
         The ``DCGM_EXP_*`` window/health families are filled by :meth:`render_exp`.
 
         A record whose readings are pending (:mod:`consumers.metrics.readings`) is rendered from
-        their bytes; ``prev`` is the GPU's previous render of such a record, ``(readings, line
-        list)``, whose value text is kept for readings with the same bytes."""
+        their bytes; ``prev`` (:meth:`Readings.kept <consumers.metrics.readings.Readings.kept>`) is
+        the GPU's previous render of such a record, whose value text is kept for readings with the
+        same bytes."""
         pending = rec.get(PENDING)
         if view.multi:
             rec = complete(rec)

@@ -9,9 +9,10 @@ most of the time on bytes that did not change. Per writer schema, :func:`build_s
 generates one function that
 
 * reads ``timestamp_ms``, then finds the identity by its bytes: a cache keyed by the bytes of
-  (hostname, gpu_index, uuid) holds the identity bytes last seen for that key and their decoded
-  fields; when the sample starts with the same bytes (one ``startswith``), the decoded fields are
-  reused without reading them again (MIG slices share a key: a few entries per key);
+  the fields that name the GPU or MIG slice (hostname ... ``mig``) holds the identity bytes last
+  seen for that key (and the ones before, for a pod that comes back) with their decoded fields;
+  when the sample goes on with the same bytes (one ``startswith``: the allocations did not
+  change), the decoded fields are reused without reading them again;
 * decodes ``processes`` (usually empty: one byte);
 * checks the readings with the :class:`~consumers.metrics.readings.ReadingsPlan` pattern and keeps
   the match (converted at scrape, see :mod:`consumers.metrics.readings`), converting at once only
@@ -38,13 +39,15 @@ from consumers.metrics.readings import CONVERT_ENV, PENDING, Readings, ReadingsP
 SplitFn = Callable[[bytes], dict[str, Any] | None]
 
 _KEY = (("hostname", "string"), ("gpu_index", "int"), ("uuid", "string"))
+_KEY_LAST = "mig"  # the key runs to this field when the schema has it (a MIG slice is its own key)
 _MIN_RUN = 8  # fewer checkable fields in a row: not worth a pattern, decode the whole record
 
 
 class _Cache:
-    """Identity bytes per key (MRU first, a few per key) and tail bytes -> decoded fields."""
+    """Identity bytes per key (newest first, ``per_key`` of them: the current allocations and the
+    previous ones) and tail bytes -> decoded fields."""
 
-    def __init__(self, max_keys: int, max_tails: int, per_key: int = 8) -> None:
+    def __init__(self, max_keys: int, max_tails: int, per_key: int = 2) -> None:
         self.spans: dict[bytes, list[tuple[bytes, dict[str, Any]]]] = {}
         self.tails: dict[bytes, dict[str, Any]] = {}
         self.max_keys, self.max_tails, self.per_key = max_keys, max_tails, per_key
@@ -64,13 +67,14 @@ class _Cache:
         self.tails[tail] = fields
 
 
-def _layout(fields: Sequence[tuple[str, Any]]) -> tuple[int, int, int] | None:
-    """(end of identity, start of readings, end of readings) as field indexes, or None when the
-    schema does not have the layout this decoder relies on."""
+def _layout(fields: Sequence[tuple[str, Any]]) -> tuple[int, int, int, int] | None:
+    """(end of the key, end of identity, start of readings, end of readings) as field indexes, or
+    None when the schema does not have the layout this decoder relies on."""
     if not fields or fields[0] != ("timestamp_ms", "long") or tuple(fields[1:4]) != _KEY:
         return None
     names = [n for n, _ in fields]
     span_end = names.index("processes") if "processes" in names else 4
+    key_end = names.index(_KEY_LAST) + 1 if _KEY_LAST in names[4:span_end] else 4
     best = (0, 0)
     i = span_end
     while i < len(fields):
@@ -82,7 +86,7 @@ def _layout(fields: Sequence[tuple[str, Any]]) -> tuple[int, int, int] | None:
         i = j + 1
     if best[1] - best[0] < _MIN_RUN:
         return None
-    return span_end, best[0], best[1]
+    return key_end, span_end, best[0], best[1]
 
 
 def build_split_decoder(
@@ -102,7 +106,7 @@ def build_split_decoder(
     layout = _layout(fields)
     if layout is None:
         return None
-    span_end, r0, r1 = layout
+    key_end, span_end, r0, r1 = layout
     run = list(fields[r0:r1])
     run_names = {n for n, _ in run}
     eager_run = (wanted - pending) & run_names
@@ -118,7 +122,7 @@ def build_split_decoder(
     gen.emit(1, "pos = 10")
     gen.read("long", 1, "ts")
     gen.emit(1, "p1 = pos")
-    for _, shape in _KEY:
+    for _, shape in fields[1:key_end]:
         gen.skip(shape, 1)
     gen.emit(1, "key = buf[p1:pos]")
     gen.emit(1, "ident = None")

@@ -58,7 +58,7 @@ from consumers.metrics.own_text import (
     registry_text,
     unsupported_text,
 )
-from consumers.metrics.readings import PENDING, complete
+from consumers.metrics.readings import PENDING, Kept, complete
 from consumers.metrics.render import (
     GpuView,
     Renderer,
@@ -127,7 +127,7 @@ class _Gpu:
         self.parent: str | None = None  # a MIG instance's parent GPU UUID
         self.hidden = False  # a MIG-mode parent in the "instances" layout: no series of its own
         self.pending: Mapping[str, Any] | None = None  # latest sample, not rendered yet
-        self.prev: tuple[Any, list[bytes]] | None = None  # last render from readings: (readings, lines)
+        self.prev: Kept | None = None  # the last render from readings, to reuse value text from
 
 
 class SeriesStore:
@@ -333,7 +333,7 @@ class SeriesStore:
             lines = self.renderer.render(record, view, xid_last, g.xid_counts, invalid)
         # value text to reuse next time: only from a single-series render of pending readings
         readings = record.get(PENDING)
-        g.prev = None if readings is None or view is None or view.multi else (readings, lines)
+        g.prev = None if readings is None or view is None or view.multi else readings.kept(lines)
         for k, n in invalid.items():
             self._invalid[k] = self._invalid.get(k, 0) + n
         if self._want_exp:

@@ -89,8 +89,9 @@ def test_identity_and_tail_caches_follow_the_bytes() -> None:
             payload = ENC.encode(rec)
             want = schemaless_reader(io.BytesIO(payload[10:]), WRITER, reader)
             assert complete(dec.decode(payload).record) == want
-    assert len(fn.cache.spans) == 1  # one key (host, index, uuid), several identities under it
-    assert len(fn.cache.spans[next(iter(fn.cache.spans))]) <= fn.cache.per_key
+    # a key per GPU and per MIG slice; under the GPU's, its latest allocations and the ones before
+    assert len(fn.cache.spans) == 3
+    assert all(len(entries) <= fn.cache.per_key == 2 for entries in fn.cache.spans.values())
     fn.cache.max_keys = 3
     for i in range(10):
         dec.decode(ENC.encode(blank(f"GPU-{i}")))
