@@ -19,7 +19,6 @@ the whole path, scrapes included, costs less than decoding the sample with fasta
 
 from __future__ import annotations
 
-import gc
 import io
 import os
 import sys
@@ -35,8 +34,9 @@ from prometheus_client import CollectorRegistry
 
 from consumers.consume_loop import ConsumeLoop
 from consumers.metrics.decode import MetricsDecoder
+from consumers.metrics.gcpolicy import tune_gc
 from consumers.metrics.render import RenderOptions
-from consumers.metrics.service import GC_THRESHOLDS, MetricsHandler, ServiceMetrics, _TimedStore
+from consumers.metrics.service import MetricsHandler, ServiceMetrics, _TimedStore
 from producer.simulated.fleet import FleetConfig, SimulatedFleet
 from schemas import catalog
 from schemas.codec import AvroCodec
@@ -105,8 +105,7 @@ def main() -> None:
     for i in range(0, GPUS, BATCH):  # warm-up: every GPU new (label sets rendered)
         loop.process(rows[0][i : i + BATCH])
     store.render_parts()
-    gc.freeze()  # as the service (tune_gc)
-    gc.set_threshold(*GC_THRESHOLDS)
+    tune_gc()  # as the service: frozen after startup and after each scrape (gcpolicy)
     writer = catalog.current("GpuSample").parsed
     per_scrape = int(GPUS * SCRAPE_EVERY_S)
     ours, base, scrape_cpu, builds = [], [], 0.0, 0
