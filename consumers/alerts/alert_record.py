@@ -119,6 +119,11 @@ class Alert:
     """The node's boot id when the fault was first reported with one (a later boot id: it rebooted)."""
     pending: Pending | None = None
     """Node-wide evidence waiting for a healthy sample of the GPU (``recovery_pending`` in the record)."""
+    last_input: tuple[int, int] | None = None
+    """(partition, offset) in the XidEvent topic of the latest event counted in this alert
+    (``last_event_partition``/``last_event_offset``): after a restart the input is replayed from
+    the group's committed offsets, which may lag what the published counts include; an event at or
+    before this position in that partition was counted already (see ``AlertEngine.on_xid``)."""
     # -- engine bookkeeping (not in the record) --
     dirty: bool = False
     """Something changed since the last emitted revision."""
@@ -257,6 +262,8 @@ def to_record(alert: Alert, emitted_at_ms: int, instance: str = "") -> dict[str,
         "remediation": None,
         "instance": instance,
         "boot_id": a.boot_id,
+        "last_event_partition": None if a.last_input is None else a.last_input[0],
+        "last_event_offset": None if a.last_input is None else a.last_input[1],
         "recovery_pending": None
         if a.pending is None
         else {"evidence": a.pending.evidence, "since_ms": a.pending.since_ms, "detail": a.pending.detail},
@@ -332,9 +339,16 @@ def alert_from_record(rec: dict[str, Any]) -> Alert:
         last_emit_ms=rec.get("emitted_at_ms"),
         boot_id=rec.get("boot_id"),
         pending=_pending(rec.get("recovery_pending")),
+        last_input=_position(rec.get("last_event_partition"), rec.get("last_event_offset")),
     )
     a.add_allocations(rec.get("allocations") or ())
     return a
+
+
+def _position(partition: Any, offset: Any) -> tuple[int, int] | None:
+    if not isinstance(partition, int) or not isinstance(offset, int):
+        return None
+    return (partition, offset)
 
 
 def _pending(raw: Any) -> Pending | None:

@@ -139,6 +139,14 @@ class AlertEngine(NodeBurstMixin, EvidenceMixin, NoticeMixin, SignalMixin):
         self._by_gpu: dict[tuple[str, str], set[Key]] = {}  # open alert keys per (host, device)
         self._histories: dict[tuple[str, str], GpuXidHistory] = {}
         self._seen: dict[str, None] = {}
+        # Latest published sequence per alert id (restored ones too): an incident raised again under
+        # an id already published continues its sequence, never repeats one (downstream de-duplicates
+        # by (alert_id, sequence)).
+        self._sequences: dict[str, int] = {}
+        self._early: list[Alert] = []  # revisions handed out before a new alert took their id
+        # Restored alerts' last counted XidEvent positions per key (see on_xid): until the replayed
+        # input passes them, events at or before them were counted already.
+        self._replay_marks: dict[Key, tuple[int, int]] = {}
         self._sightings: dict[Key, _Sighting] = {}
         self._signatures: dict[str, set[tuple[Any, ...]]] = {}
         self._bursts: dict[str, dict[str, dict[str, int]]] = {}  # host -> device -> alert id -> ts
@@ -148,6 +156,8 @@ class AlertEngine(NodeBurstMixin, EvidenceMixin, NoticeMixin, SignalMixin):
             (
                 "events",
                 "duplicate_event_id",
+                "replayed",
+                "stale_clear",
                 "double_sighting",
                 "new",
                 "folded",
@@ -183,9 +193,18 @@ class AlertEngine(NodeBurstMixin, EvidenceMixin, NoticeMixin, SignalMixin):
 
     # ------------------------------------------------------------------------------------- inputs
 
-    def on_xid(self, ev: dict[str, Any], now_ms: int) -> Alert | None:
+    def on_xid(
+        self, ev: dict[str, Any], now_ms: int, position: tuple[int, int] | None = None
+    ) -> Alert | None:
         """Fold one ``XidEvent`` into the alerts; returns the GPU/NVSwitch alert it landed in (``None`` for
-        a duplicate). Raises :class:`InvalidRecord` for an event without host or time."""
+        a duplicate). Raises :class:`InvalidRecord` for an event without host or time.
+
+        ``position``: (partition, offset) of the event in the XidEvent topic. An event at or before the
+        position of the latest event counted in its alert (``Alert.last_input``, restored from the
+        published record) is a replay after a restart and is not counted again: the consumer group's
+        committed offsets may lag the published counts by whatever was processed after the last commit
+        (a coordinator away for a minute after a broker restart), and the event ids remembered in memory
+        are gone with the previous process."""
         self.counts["events"] += 1
         eid = ev.get("event_id") or None
         if eid is not None:
@@ -210,7 +229,7 @@ class AlertEngine(NodeBurstMixin, EvidenceMixin, NoticeMixin, SignalMixin):
             self.driver_loaded(host, ts, now_ms, f"kernel log: {what}")
             return None
         if kind in NOTICE_KINDS:  # NVML's recovery-action / GPU-unavailable events: no XID code
-            return self._on_notice(ev, kind, host, ts, now_ms, boot)
+            return self._on_notice(ev, kind, host, ts, now_ms, boot, position)
         if kind not in _EVENT_KINDS:
             kind = "unknown"
         code = ev.get("xid")
@@ -235,6 +254,8 @@ class AlertEngine(NodeBurstMixin, EvidenceMixin, NoticeMixin, SignalMixin):
         key: Key = (scope, host, device, f"{signal}:{signal_code(eff) if scope == 'gpu' else eff}")
         if scope == "gpu" and eff in FOLLOWER_CODES:
             key = self._follows(key, host, device, eff, ts)
+        if self._replayed(key, position):
+            return None
 
         double = False
         source = ev.get("source") or "unknown"
@@ -260,6 +281,8 @@ class AlertEngine(NodeBurstMixin, EvidenceMixin, NoticeMixin, SignalMixin):
         if a.alertname == "":
             a.alertname = "NvswitchSxidError" if scope == "nvswitch" else "GpuXidError"
         a.last_event_id = eid or a.last_event_id
+        if position is not None:
+            a.last_input = position
         if a.boot_id is None and boot is not None:
             a.boot_id = boot
         self._apply(a, result, signature)
@@ -314,7 +337,7 @@ class AlertEngine(NodeBurstMixin, EvidenceMixin, NoticeMixin, SignalMixin):
 
         ``force`` hands out every pending change regardless of the update interval (at shutdown, so
         that the published state, which a restart restores, is complete)."""
-        out: list[Alert] = []
+        out, self._early = self._early, []
         interval = self.cfg.update_interval_ms
         for aid, a in list(self._changed.items()):
             if not (force or a.urgent or a.last_emit_ms is None or now_ms - a.last_emit_ms >= interval):
@@ -322,9 +345,30 @@ class AlertEngine(NodeBurstMixin, EvidenceMixin, NoticeMixin, SignalMixin):
             a.sequence += 1
             a.dirty = a.urgent = False
             a.last_emit_ms = now_ms
+            self._published(a)
             out.append(a.snapshot())
             del self._changed[aid]
         return out
+
+    def _published(self, a: Alert) -> None:
+        seqs = self._sequences
+        seqs.pop(a.alert_id, None)
+        seqs[a.alert_id] = a.sequence
+        if len(seqs) > self.cfg.event_id_memory:
+            del seqs[next(iter(seqs))]
+
+    def _replayed(self, key: Key, position: tuple[int, int] | None) -> bool:
+        """The event at ``position`` was counted in the alert of ``key`` already (see :meth:`on_xid`)."""
+        if position is None or not self._replay_marks:
+            return False
+        mark = self._replay_marks.get(key)
+        if mark is None or mark[0] != position[0]:
+            return False
+        if position[1] > mark[1]:
+            del self._replay_marks[key]  # the replay is past it: new input from here
+            return False
+        self.counts["replayed"] += 1
+        return True
 
     def pending(self) -> int:
         return len(self._changed)
@@ -372,6 +416,16 @@ class AlertEngine(NodeBurstMixin, EvidenceMixin, NoticeMixin, SignalMixin):
     def _dirty(self, a: Alert) -> None:
         if not a.dirty:
             a.dirty = True
+        prev = self._changed.get(a.alert_id)
+        if prev is not None and prev is not a:
+            # A new incident under the id of one with a revision still due (a level signal cleared
+            # and raised again from the same start): that revision goes out first, and the new one
+            # continues its sequence.
+            prev.sequence += 1
+            prev.dirty = prev.urgent = False
+            self._published(prev)
+            self._early.append(prev.snapshot())
+            a.sequence = max(a.sequence, prev.sequence)
         self._changed[a.alert_id] = a
 
     def _classify(
@@ -500,8 +554,9 @@ class AlertEngine(NodeBurstMixin, EvidenceMixin, NoticeMixin, SignalMixin):
         if a is None:
             scope, host, device, _ = key
             self._closed.pop(key, None)
+            aid = alert_id(scope, host, device, key[3], anchor)
             a = Alert(
-                alert_id=alert_id(scope, host, device, key[3], anchor),
+                alert_id=aid,
                 key=key,
                 scope=scope,
                 alertname="",
@@ -512,6 +567,7 @@ class AlertEngine(NodeBurstMixin, EvidenceMixin, NoticeMixin, SignalMixin):
                 device=device,
                 first_event_id=first_event_id,
                 urgent=True,
+                sequence=self._sequences.get(aid, 0),  # an id published before goes on from there
             )
             self._open[key] = a
             self._ids[a.alert_id] = a

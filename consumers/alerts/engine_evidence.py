@@ -62,6 +62,8 @@ class EvidenceMixin:
     _node_worst: dict[str, tuple[int, int, int]]
     _memory: EvidenceMemory
     _evidence_out: list[Evidence]
+    _sequences: dict[str, int]
+    _replay_marks: dict[Key, tuple[int, int]]
     _histories: dict[tuple[str, str], GpuXidHistory]
 
     def _history(self, host: str, device: str) -> GpuXidHistory: ...
@@ -311,7 +313,8 @@ class EvidenceMixin:
 
         The latest revision per alert id wins. Firing ones become open alerts (same id, sequence,
         counts); resolved ones within the reopen span become tombstones. Their first/last event ids are
-        remembered as seen, so replayed input does not count them twice. Evidence records (action records
+        remembered as seen and their ``last_input`` marks the replayed XidEvents they counted already
+        (:meth:`on_xid`), so replayed input does not count them twice. Evidence records (action records
         of kind ``evidence``) and the alerts' boot ids rebuild the evidence memory, and every restored open
         alert is matched against it (:meth:`evaluate`): the state and decisions of the instance that
         published them. Other action records are ignored here.
@@ -331,6 +334,8 @@ class EvidenceMixin:
                 prev["emitted_at_ms"],
             ):
                 latest[rec["alert_id"]] = rec
+        for aid, rec in latest.items():  # an id raised again goes on from its latest sequence
+            self._sequences[aid] = int(rec["sequence"])
         restored: set[str] = set()
         for rec in sorted(latest.values(), key=lambda r: r["first_seen_ms"]):
             try:
@@ -341,6 +346,11 @@ class EvidenceMixin:
             for eid in (a.first_event_id, a.last_event_id):
                 if eid:
                     self._remember(eid)
+            # Ended alerts too: a replayed event must not raise them again. A later incident's
+            # position wins (records go by first_seen_ms; in one partition, the larger offset).
+            mark, pos = self._replay_marks.get(a.key), a.last_input
+            if pos is not None and (mark is None or mark[0] != pos[0] or mark < pos):
+                self._replay_marks[a.key] = pos
             if a.boot_id is not None and a.scope != "node":
                 self._memory.boot(a.hostname, a.boot_id, a.first_seen_ms)
             self._restore_history(a)

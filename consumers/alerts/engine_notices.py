@@ -69,6 +69,8 @@ class NoticeMixin:
 
     def _dirty(self, a: Alert) -> None: ...
 
+    def _replayed(self, key: Key, position: tuple[int, int] | None) -> bool: ...
+
     def _node_burst(self, gpu_alert: Alert, ts: int, now_ms: int) -> None: ...
 
     def _end(self, key: Key, a: Alert, now_ms: int, detail: str) -> None: ...
@@ -94,7 +96,14 @@ class NoticeMixin:
         return any(r > ts for r in self._history(host, device).resets())
 
     def _on_notice(
-        self, ev: dict[str, Any], kind: str, host: str, ts: int, now_ms: int, boot: str | None
+        self,
+        ev: dict[str, Any],
+        kind: str,
+        host: str,
+        ts: int,
+        now_ms: int,
+        boot: str | None,
+        position: tuple[int, int] | None = None,
     ) -> Alert | None:
         """Fold one ``recovery_action`` / ``gpu_unavailable`` XidEvent (see module doc)."""
         device = device_key(ev.get("pci_bus_id"), ev.get("uuid"))
@@ -118,6 +127,8 @@ class NoticeMixin:
             driver_version=ev.get("driver_version") or None,
         )
         key: Key = ("gpu", host, device, kind)
+        if self._replayed(key, position):  # counted before a restart (see AlertEngine.on_xid)
+            return None
         result, signature = self._classify(fe, self._history(host, device), host, device, key)
         before = a = self._open.get(key)
         if a is None or kind != "recovery_action":
@@ -132,6 +143,8 @@ class NoticeMixin:
         if a.alertname == "":
             a.alertname = NOTICE_ALERTNAMES[kind]
         a.last_event_id = eid or a.last_event_id
+        if position is not None:
+            a.last_input = position
         if a.boot_id is None and boot is not None:
             a.boot_id = boot
         self._apply(a, result, signature)

@@ -109,7 +109,11 @@ class SignalMixin:
         before = self._open.get(key)
         if sig.kind == "clear":
             a = self._open.get(key)
-            if a is not None:
+            if a is not None and ts <= a.last_seen_ms:
+                # A sample older than the alert's latest sighting (input replayed after a restart, the
+                # restored alert saw later samples): it says nothing about now.
+                self.counts["stale_clear"] += 1
+            elif a is not None:
                 self._resolve(a, now_ms, "cleared")
                 self._close(key, a, keep=False)
             if sig.signal == "recovery_action":

@@ -10,8 +10,12 @@ and throttled updates go out when no input arrives.
 Delivery: ``handle`` returns only after the records it caused were acknowledged by Kafka (``flush``); the
 consume loop stores offsets after ``handle`` returns, so an alert is never lost to a crash (at least
 once). A crash after the flush and before the offset commit replays some input; replayed events whose
-ids the engine remembers are ignored, others may re-emit a revision with a sequence already published.
-Downstream deduplicates by ``(alert_id, sequence)``.
+ids the engine remembers are ignored. After a restart the ids are gone, and the group's committed offsets
+may lag the published counts by much more than a batch (a group coordinator away for a minute after a
+broker restart commits nothing): every alert record carries the position in ``gpu.xid.v1`` of the latest
+event it counted (``last_event_partition``/``last_event_offset``), and a replayed event at or before it is
+not counted again. A revision re-emitted after a replay continues the alert's sequence; downstream
+deduplicates by ``(alert_id, sequence)``.
 
 Restart: before consuming, :func:`restore_from_topic` reads ``gpu.alerts.v1`` from ``now - lookback``
 (default 24 h) to its end, and :meth:`AlertsService.restore` rebuilds the open alerts from their latest
@@ -312,7 +316,8 @@ class AlertsService:
             for r in records:
                 try:
                     if r.name == "XidEvent":
-                        a = self.engine.on_xid(r.value, now)
+                        # XidEvents come from one topic: its partition and offset mark a replay
+                        a = self.engine.on_xid(r.value, now, (r.partition, r.offset))
                         if a is not None and a.key[3] in LEVEL_SIGNALS and a.status == "firing":
                             # NVML's recovery-action event: the samples may never show the value
                             self.health.await_clear(a.hostname, a.device, a.key[3], a.last_seen_ms)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -33,9 +34,13 @@ class FakeAm:
         self.records.append(rec)
 
 
-def inrec(name: str, value: dict[str, Any], offset: int = 0) -> InRecord:
+_OFFSETS = itertools.count()
+
+
+def inrec(name: str, value: dict[str, Any], offset: int | None = None) -> InRecord:
+    """A consumed record; offsets grow as a topic's do (the engine tells replays by position)."""
     topic = "gpu.xid.v1" if name == "XidEvent" else "gpu.samples.v1"
-    return InRecord(topic, 0, offset, None, name, value, T0)
+    return InRecord(topic, 0, next(_OFFSETS) if offset is None else offset, None, name, value, T0)
 
 
 def xid(code: Any, eid: str, host: str = "node-a", bus: str = "0000:18:00", ts: int = T0) -> dict[str, Any]:
