@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaException, TopicPartition
@@ -160,11 +160,20 @@ class PriceHolds:
             )
         except KafkaException:
             return  # keep the last decision; the next check tries again
+        failed = sorted(tp.partition for tp in committed if tp.error is not None)
+        if failed:
+            # An errored read is no evidence of agreement: taking it as "no fingerprint" would lift
+            # a hold while that partition still prices differently. Keep the last decision.
+            log.info(
+                "cannot read the checkpoints of other partitions; the price decision stands",
+                extra=fields(partitions=failed),
+            )
+            return
         changed = self.prices_agreement.update(
             {
                 tp.partition: Checkpoint.from_metadata(tp.offset, tp.metadata)
                 for tp in committed
-                if tp.error is None and tp.offset >= 0
+                if tp.offset >= 0
             }
         )
         if changed and self.held:  # lifted or moved: each held record is checked again when it comes
@@ -181,11 +190,27 @@ class PriceHolds:
             extra=fields(partitions=parts, windows_from=format_iso_ms(self.prices_agreement.held_from or 0)),
         )
 
+    def _unhold(self, parts: Iterable[int]) -> None:
+        """Forget the holds of ``parts`` and resume them.
+
+        Whenever a partition's state is dropped or restored (an aborted transaction, a rebalance,
+        lost partitions) it starts again at its checkpoint, below any held record: a hold kept
+        above it would later seek past the records in between and never bill them. Its records
+        are checked against the hold again as they come, and held anew where they must wait. And
+        librdkafka keeps an application pause across unassign/assign, so a partition whose hold is
+        forgotten without a resume stays paused for ever: billing would stop without an error.
+        """
+        ids = sorted(set(parts))
+        for p in ids:
+            self.held.pop(p, None)
+        if ids:
+            self.consumer.resume([TopicPartition(self.cfg.input_topic, p) for p in ids])
+
     def _resume_held(self, parts: list[int]) -> None:
         topic = self.cfg.input_topic
         parts = [p for p in parts if p in self.held and p in self.assigned]
         if not parts:
-            self.held.clear()
+            self._unhold(list(self.held))
             return
         try:
             for p in parts:  # librdkafka fetched past the held record: go back to it

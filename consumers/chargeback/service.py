@@ -622,6 +622,8 @@ class ChargebackService(RebalanceCallbacks, PriceHolds, PartitionInfo):
                     watermark_ms=None if cp is None else cp.watermark_ms,
                 ),
             )
+        # Restored below any held record: the hold must not stay above it (see PriceHolds._unhold).
+        self._unhold([p for p in parts if p in self.held])
         return starts
 
     def _reposition(self) -> None:
