@@ -9,10 +9,10 @@ A sample at ``ts`` belongs to the window ``[ts - ts % window_ms, that + window_m
 partition has its own watermark (the highest sample timestamp seen in it) and its own windows: a
 window of partition P closes when P's watermark reaches ``window_end + grace_ms``, and is emitted
 then as ``kind=window`` records, one per (namespace, node, gpu_model). A sample whose window has
-closed is *late*: it goes into a ``kind=correction`` record for that window, never dropped, emitted at the
-first :meth:`WindowEngine.poll_closed` after its run of consecutive late records ended
-(``late_runs.py``: so that any run over the same input emits the same corrections). Records are additive partials: reports sum them
-over partitions, instances and kinds. Per-partition windows are what make instances independent:
+closed is *late*: it goes into a ``kind=correction`` record for that window, never dropped,
+emitted at the first :meth:`WindowEngine.poll_closed` after its run of consecutive late records
+ended (``late_runs.py``: so that any run over the same input emits the same corrections). Records
+are additive partials: reports sum them over partitions, instances and kinds. Per-partition windows are what make instances independent:
 a rebalance moves a partition's whole state and nothing else.
 
 Exactly-once, and recovery by replay
@@ -35,10 +35,10 @@ closed at the restored watermark it is skipped, because its contribution was alr
 either in that window's final record (closed before the checkpoint) or in a correction (already
 late then, since watermarks only grow). No window can close during the replay (no replayed sample
 is newer than the restored watermark), so nothing is emitted twice, and the windows open at the
-checkpoint are rebuilt from exactly the records that built them. A run of late records still pending at
-the checkpoint is state too: the checkpoint's offset stays at or before it, its metadata names its
-first offset (``late_from``), and replayed late records from there on are folded again. The service must not dead-letter
-replayed records again (``is_replay()``).
+checkpoint are rebuilt from exactly the records that built them. A run of late records still
+pending at the checkpoint is state too: the checkpoint's offset stays at or before it, its metadata
+names its first offset (``late_from``), and replayed late records from there on are folded again.
+The service must not dead-letter replayed records again (``is_replay()``).
 
 Why replay rebuilds the GPU state too: a sample's accounted time and energy depend on its GPU's
 reference sample (``accounting.py``), which may be older than the open windows. The reference is a
