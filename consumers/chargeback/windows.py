@@ -12,8 +12,9 @@ then as ``kind=window`` records, one per (namespace, node, gpu_model). A sample 
 closed is *late*: it goes into a ``kind=correction`` record for that window, never dropped,
 emitted at the first :meth:`WindowEngine.poll_closed` after its run of consecutive late records
 ended (``late_runs.py``: so that any run over the same input emits the same corrections). Records
-are additive partials: reports sum them over partitions, instances and kinds. Per-partition windows are what make instances independent:
-a rebalance moves a partition's whole state and nothing else.
+are additive partials: reports sum them over partitions, instances and kinds. Per-partition
+windows are what make instances independent: a rebalance moves a partition's whole state and
+nothing else.
 
 Exactly-once, and recovery by replay
 ------------------------------------
