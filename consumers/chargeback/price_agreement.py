@@ -61,6 +61,10 @@ class PriceAgreement:
         self.last_check = float("-inf")
         self.held_from: int | None = None  # usage time from which another partition prices differently
         self.hold_at: int | None = None  # records of this event time or later wait
+        # The other partitions that price differently: partition -> (from when, the instance that
+        # committed its checkpoint, None from writers older than that); and since when (clock).
+        self.differing: dict[int, tuple[int, str | None]] = {}
+        self.since: float | None = None
 
     def check_restored(self, restored: Mapping[int, Checkpoint | None]) -> None:
         """Refuse partitions whose billed windows this schedule would price differently; the
@@ -96,12 +100,14 @@ class PriceAgreement:
         when it changed."""
         since: int | None = None
         worst: tuple[int, int] | None = None
+        differing: dict[int, tuple[int, str | None]] = {}
         for part, cp in sorted(others.items()):
             if cp is None or cp.prices is None:
                 continue
             d = divergence(self.ours, cp.prices)
             if d is None:
                 continue
+            differing[part] = (d, cp.writer)
             since = d if since is None else min(since, d)
             billed = cp.billed_before()
             if billed is not None and d < billed and worst is None:
@@ -111,12 +117,17 @@ class PriceAgreement:
             start = since - since % self.window_ms
             hold_at = start + self.window_ms + self.grace_ms
         changed = hold_at != self.hold_at
-        self.held_from, self.hold_at = since, hold_at
-        if changed and since is not None:
+        if since is None:
+            self.since = None
+        elif self.since is None:
+            self.since = self.clock()
+        moved = differing != self.differing
+        self.held_from, self.hold_at, self.differing = since, hold_at, differing
+        if (changed or moved) and since is not None:
             log.warning(
                 "another instance prices differently: windows from this time wait until every "
                 "instance runs the same price table (a rolling update in progress?)",
-                extra=fields(windows_from=format_iso_ms(since)),
+                extra=fields(windows_from=format_iso_ms(since), other_tables=self.other_tables()),
             )
         elif changed:
             log.info("every instance prices alike again: held windows go on")
@@ -128,6 +139,20 @@ class PriceAgreement:
                 extra=fields(partition=worst[0], billed_up_to=format_iso_ms(worst[1])),
             )
         return changed
+
+    def other_tables(self) -> dict[str, str]:
+        """Partition -> instance whose checkpoint of it prices differently (``?``: not recorded)."""
+        return {str(p): w or "?" for p, (_, w) in sorted(self.differing.items())}
+
+    def hold_detail(self) -> dict[str, Any] | None:
+        """What /healthz says of a hold (None when every instance agrees)."""
+        if self.held_from is None:
+            return None
+        return {
+            "windows_from": format_iso_ms(self.held_from),
+            "for_s": None if self.since is None else round(self.clock() - self.since, 1),
+            "other_tables": self.other_tables(),
+        }
 
 
 class PriceHolds:

@@ -691,12 +691,21 @@ class ChargebackService(RebalanceCallbacks, PriceHolds, PartitionInfo):
     def health(self) -> tuple[bool, dict[str, Any]]:
         age = time.monotonic() - self.last_loop if self.last_loop else None
         ok = self.fatal is None and not self.failed and self.started and age is not None and age < 60
-        return ok, {
+        detail: dict[str, Any] = {
             "assigned_partitions": sorted(self.assigned),
             "seconds_since_poll": None if age is None else round(age, 3),
             "seconds_since_commit": round(time.monotonic() - self.last_commit, 3),
             "transactional_id": self.cfg.transactional_id,
         }
+        hold = self.prices_agreement.hold_detail()
+        if hold is not None:
+            # Degraded, not unhealthy (still 200, as during a replay or a broker outage): the hold
+            # is expected during every rolling update of the price table, and a failing probe
+            # would restart instances in the middle of the update it waits for. The alert
+            # ChargebackPriceHold covers a hold that does not end.
+            detail["degraded"] = "price hold: windows wait until every instance runs the same price table"
+            detail["price_hold"] = {**hold, "held_partitions": sorted(self.held)}
+        return ok, detail
 
 
 __all__ = [

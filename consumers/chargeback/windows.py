@@ -118,6 +118,9 @@ class Checkpoint:
     # First offset of the run of late records pending at the checkpoint (late_runs.py): a replay
     # folds the late records from there on into corrections again; None: no run was pending.
     late_from: int | None = None
+    # The committing instance's --instance-id: an instance held by another partition's prices can
+    # name which instance still runs the other table (review: a hold that never ends).
+    writer: str | None = None
 
     def to_metadata(self) -> str:
         """Commit-metadata string (well under Kafka's default 4096-byte limit: 16 price versions
@@ -134,6 +137,8 @@ class Checkpoint:
             data["px"] = [[start, digest] for start, digest in self.prices]
         if self.late_from is not None:
             data["lr"] = self.late_from
+        if self.writer is not None:
+            data["by"] = self.writer
         return json.dumps(data, separators=(",", ":"))
 
     @classmethod
@@ -157,6 +162,7 @@ class Checkpoint:
                 grace_ms=int(data["grace_ms"]),
                 prices=_prices(data.get("px")),
                 late_from=None if data.get("lr") is None else int(data["lr"]),
+                writer=data["by"] if isinstance(data.get("by"), str) else None,
             )
         except (KeyError, TypeError, ValueError):
             return None
@@ -457,7 +463,7 @@ class WindowEngine:
             # Still replaying: the restored checkpoint stays the truth, with this instance's price
             # schedule (the service checked that it prices what was billed as before, review D6),
             # so that the other instances learn of it before this one bills anything.
-            return dataclasses.replace(p.restored, prices=self.price_fingerprint)
+            return dataclasses.replace(p.restored, prices=self.price_fingerprint, writer=self.instance_id)
         if position is None:
             return None
         p.gpus = {k: r for k, r in p.gpus.items() if not self._is_stale(r, p.watermark)}
@@ -471,6 +477,7 @@ class WindowEngine:
             self.grace_ms,
             self.price_fingerprint,
             late_from=p.late.start,
+            writer=self.instance_id,
         )
 
     def restore(self, partition: int, checkpoint: Checkpoint | None) -> None:

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 from confluent_kafka import KafkaError, TopicPartition
 
 from consumers.chargeback.price_schedule import fingerprint
+from gpupipe.durations import format_iso_ms
 from tests.unit.test_chargeback_failures import ErrorMsg
 from tests.unit.test_chargeback_price_rollout import (
     IN,
@@ -201,3 +202,36 @@ def test_a_failed_read_of_the_other_checkpoints_never_lifts_a_hold() -> None:
     assert consumer.waited == 6  # it kept waiting for partition 1's instance (until stopped)
     assert {w: p for w, p in prices_by_window(broker).items() if len(p) > 1} == {}
     assert max(r["window_start_ms"] for r in records(broker) if r["source_partition"] == 0) < V
+
+
+def test_a_hold_is_reported_in_health_and_names_the_other_instance() -> None:
+    """Review finding 5: /healthz said nothing of a hold. It stays 200 (a hold is expected during
+    every rolling update) but says degraded, since when, and which instance has the other table;
+    the metric names it too (for the ChargebackPriceHold runbook)."""
+    broker, fed = rollout()
+    seen: dict[str, object] = {}
+
+    class Watch(HeldThen):
+        svc: object = None
+
+        def event(self) -> None:
+            svc = self.svc
+            seen["health"] = svc.health()  # type: ignore[attr-defined]
+            reg = svc.registry  # type: ignore[attr-defined]
+            seen["other"] = reg.get_sample_value(
+                "gpupipe_chargeback_price_other_table_from_seconds", {"partition": "1", "writer": "svc"}
+            )
+
+    consumer = Watch(broker, threading.Event(), [0])
+    svc = instance(broker, [0], NEW, consumer)
+    consumer.svc = svc
+    consumer.stop = svc._stop_event  # type: ignore[attr-defined]
+    svc.run(svc._stop_event)  # type: ignore[attr-defined]
+    ok, detail = seen["health"]  # type: ignore[misc]
+    assert ok and "price hold" in detail["degraded"]
+    hold = detail["price_hold"]
+    assert hold["held_partitions"] == [0] and hold["other_tables"] == {"1": "svc"}
+    assert hold["windows_from"] == format_iso_ms(V) and hold["for_s"] >= 0
+    assert seen["other"] == V / 1000
+    assert "price_hold" not in svc.health()[1]  # they agree again: no longer degraded
+    partition0_exact(broker, fed)

@@ -653,6 +653,8 @@ def test_checkpoint_metadata_round_trip():
     meta = cp.to_metadata()
     assert len(meta) < 200
     assert Checkpoint.from_metadata(17, meta) == cp
+    full = replace(cp, late_from=20, writer="chargeback-0")
+    assert Checkpoint.from_metadata(17, full.to_metadata()) == full
     assert Checkpoint.from_metadata(17, replace(cp, watermark_ms=None).to_metadata()).watermark_ms is None
 
 
@@ -686,7 +688,8 @@ def test_checkpoint_during_replay_keeps_the_restored_one():
     assert e.is_replay(0, 1) and not e.is_replay(0, 3)
     now = e.checkpoint(0)
     assert now is not None and now.prices == e.price_fingerprint  # this instance's prices (D6)
-    assert dataclasses.replace(now, prices=None) == cp  # a crash now must replay from the same place
+    assert now.writer == "test"  # and its name, for an instance held by them
+    assert dataclasses.replace(now, prices=None, writer=None) == cp  # a crash now replays from the same place
     e.add(sample(T0 + 10_000), 0, 1)
     e.add(sample(T0 + 20_000), 0, 2)
     assert e.checkpoint(0).replay_until == 3
