@@ -87,6 +87,7 @@ class RebalanceCallbacks:
             if self.started and not self.failed:
                 self.commit(rewind=False)  # the normal end-of-batch transaction
             self._unhold([p for p in ids if p in self.held])  # before librdkafka unassigns them
+            self.prices_agreement.forget(ids)
             for part in ids:
                 self.engine.drop_partition(part)
                 self.positions.pop(part, None)
@@ -121,6 +122,7 @@ class RebalanceCallbacks:
                 self.positions.pop(part, None)
                 self.committed.pop(part, None)
             self.assigned.difference_update(ids)
+            self.prices_agreement.forget(ids)
             self._unhold(list(self.held))  # every kept partition is restored and read again
             self.pending = 0
             if self.cooperative:

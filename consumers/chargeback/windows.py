@@ -121,6 +121,10 @@ class Checkpoint:
     # The committing instance's --instance-id: an instance held by another partition's prices can
     # name which instance still runs the other table (review: a hold that never ends).
     writer: str | None = None
+    # Another instance's table this partition was taken over from (price_agreement.carry): the
+    # group keeps knowing of it while that instance is away; with that instance's id.
+    carried_prices: Fingerprint | None = None
+    carried_writer: str | None = None
 
     def to_metadata(self) -> str:
         """Commit-metadata string (well under Kafka's default 4096-byte limit: 16 price versions
@@ -139,6 +143,9 @@ class Checkpoint:
             data["lr"] = self.late_from
         if self.writer is not None:
             data["by"] = self.writer
+        if self.carried_prices is not None:
+            data["cx"] = [[start, digest] for start, digest in self.carried_prices]
+            data["cby"] = self.carried_writer
         return json.dumps(data, separators=(",", ":"))
 
     @classmethod
@@ -163,6 +170,8 @@ class Checkpoint:
                 prices=_prices(data.get("px")),
                 late_from=None if data.get("lr") is None else int(data["lr"]),
                 writer=data["by"] if isinstance(data.get("by"), str) else None,
+                carried_prices=_prices(data.get("cx")),
+                carried_writer=data["cby"] if isinstance(data.get("cby"), str) else None,
             )
         except (KeyError, TypeError, ValueError):
             return None
@@ -463,7 +472,13 @@ class WindowEngine:
             # Still replaying: the restored checkpoint stays the truth, with this instance's price
             # schedule (the service checked that it prices what was billed as before, review D6),
             # so that the other instances learn of it before this one bills anything.
-            return dataclasses.replace(p.restored, prices=self.price_fingerprint, writer=self.instance_id)
+            return dataclasses.replace(
+                p.restored,
+                prices=self.price_fingerprint,
+                writer=self.instance_id,
+                carried_prices=None,
+                carried_writer=None,
+            )
         if position is None:
             return None
         p.gpus = {k: r for k, r in p.gpus.items() if not self._is_stale(r, p.watermark)}

@@ -1,11 +1,13 @@
 """A group rebalance while partitions are held for the price agreement (review D6) on a real broker.
 
 librdkafka keeps an application ``pause()`` across unassign/assign. Instance ``a`` (new price
-file) holds its partitions at the change while ``b`` (old file) runs; both are dynamic members (no
-static membership), so when ``b`` leaves, the group rebalances at once and ``a`` gets every
-partition again, including the ones it had paused. The service used to forget its holds on
-assignment without resuming them: those partitions stayed paused, their windows were never billed
-and nothing said so. Every partition must be read to its end and billed exactly, at one price.
+file) holds its partitions at the change while ``b`` (old file) runs. ``b`` is a dynamic member (no
+static membership), so when it leaves, the group rebalances at once and ``a`` gets every partition,
+including the ones it had paused (``a`` is static: its member id sorts first, so the round-robin
+assignor gives it the same partitions in every rebalance). ``b`` comes back with the new file (the
+rolling update completes). The service used to forget its holds on assignment without resuming
+them: those partitions stayed paused, their windows were never billed and nothing said so. Every
+partition must be read to its end and billed exactly, at one price.
 """
 
 from __future__ import annotations
@@ -45,15 +47,15 @@ def test_partitions_held_through_a_rebalance_are_read_again(
     end = (V + 4 * W - T0) // TICK
     produce(kafka, t_in, samples("ml", 6, 0, split))
     group = f"cb-hold-rebalance-{new_id()}"
-    args = (
-        *("--window", "5m", "--grace", "30s", "--group-id", group, "--commit-interval", "200ms"),
-        "--no-static-membership",  # a member that leaves makes the group rebalance at once
-    )
-    logs = {name: tmp_path / f"{name}.log" for name in ("a", "b")}
+    args = ("--window", "5m", "--grace", "30s", "--group-id", group, "--commit-interval", "200ms")
+    dynamic = "--no-static-membership"  # a member that leaves makes the group rebalance at once
+    logs = {name: tmp_path / f"{name}.log" for name in ("a", "b", "b2")}
     prog = Progress(kafka, group, t_in)
     procs = {
         "a": start_service(kafka, topic_prefix, logs["a"], *args, "--instance-id", "a", "--prices", str(new)),
-        "b": start_service(kafka, topic_prefix, logs["b"], *args, "--instance-id", "b", "--prices", str(old)),
+        "b": start_service(
+            kafka, topic_prefix, logs["b"], *args, dynamic, "--instance-id", "b", "--prices", str(old)
+        ),
     }
     try:
         wait_log(logs["a"], "another instance prices differently")
@@ -63,9 +65,13 @@ def test_partitions_held_through_a_rebalance_are_read_again(
         assert stop_service(procs.pop("b")) == 0, logs["b"].read_text()[-3000:]
         # b left the group: a rebalance hands a every partition, its held ones among them
         wait_log(logs["a"], "partitions assigned", count=assigned_before + 1)
+        procs["b2"] = start_service(
+            kafka, topic_prefix, logs["b2"], *args, dynamic, "--instance-id", "b", "--prices", str(new)
+        )
         prog.refresh_high()
         prog.wait_done(60, procs.values())  # every partition read to its end (none left paused)
-        assert stop_service(procs.pop("a")) == 0, logs["a"].read_text()[-3000:]
+        for name in list(procs):
+            assert stop_service(procs.pop(name)) == 0, logs[name].read_text()[-3000:]
     finally:
         for p in procs.values():
             if p.poll() is None:

@@ -172,12 +172,10 @@ def test_lost_partitions_while_held_are_resumed() -> None:
 def test_a_failed_read_of_the_other_checkpoints_never_lifts_a_hold() -> None:
     """Review 6(b): an OffsetFetch answering an error for the other partition was taken as "no
     fingerprint", i.e. agreement: the hold was lifted while that partition still priced the
-    windows after V the old way, and they were billed at two prices."""
-    log, before, _ = split_input()
-    broker = Broker(before)
-    run(broker, [0], OLD)
-    broker.log = log
-    run(broker, [1], OLD)  # the old instance has billed partition 1 past V at the old price
+    windows after V the old way. Here the old instance, which had not read the new one's first
+    commit yet, billed partition 1 past V while the new one held; an errored read then let the new
+    one bill the same windows at the new price."""
+    broker, _ = rollout()
 
     class FlakyFetch(Owning):
         waited = 0  # empty loops while paused, each with a failed check of partition 1
@@ -187,10 +185,14 @@ def test_a_failed_read_of_the_other_checkpoints_never_lifts_a_hold() -> None:
             if self.paused and self.waited < 6:
                 self.waited += 1
                 self.idle = 0
+                if self.waited == 1:  # meanwhile: the old instance, not aware of the change yet
+                    old_b = instance(self.b, [1], OLD)
+                    old_b.prices_agreement.update = lambda others: False  # type: ignore[method-assign]
+                    old_b.run(old_b._stop_event)  # type: ignore[attr-defined]
             return out
 
         def committed(self, tps: list[TopicPartition], timeout: float) -> list:
-            if self.paused and [tp.partition for tp in tps] == [1]:  # the check of the others
+            if self.waited and [tp.partition for tp in tps] == [1]:  # the check of the others
                 err = KafkaError(KafkaError.UNSTABLE_OFFSET_COMMIT, "unstable offset commit")
                 return [SimpleNamespace(topic=IN, partition=1, offset=-1001, metadata=None, error=err)]
             return super().committed(tps, timeout)
@@ -200,6 +202,7 @@ def test_a_failed_read_of_the_other_checkpoints_never_lifts_a_hold() -> None:
     consumer.stop = svc._stop_event  # type: ignore[attr-defined]
     svc.run(svc._stop_event)  # type: ignore[attr-defined]
     assert consumer.waited == 6  # it kept waiting for partition 1's instance (until stopped)
+    assert max(r["window_start_ms"] for r in records(broker) if r["source_partition"] == 1) >= V
     assert {w: p for w, p in prices_by_window(broker).items() if len(p) > 1} == {}
     assert max(r["window_start_ms"] for r in records(broker) if r["source_partition"] == 0) < V
 
