@@ -149,8 +149,18 @@ class PriceAgreement:
         return dataclasses.replace(cp, carried_prices=carried[0], carried_writer=carried[1])
 
     def refresh(self) -> bool:
-        """Recompute the hold after the carried partitions changed; True when it changed."""
-        return self.update(self.last_others)
+        """Recompute the hold after the assignment changed (the carried partitions with it); True
+        when it changed.
+
+        The last read of the other partitions is stale now: it lacks the partitions this instance
+        just handed on, carried ones among them, whose checkpoints now tell the group of the other
+        table. Recomputed from it alone, the hold was lifted until the next read (``interval_s``),
+        long enough to bill the kept partitions past the divergence at this table's prices. So an
+        assignment only ever holds from earlier, and the others are read again at the next loop:
+        only a fresh read lifts a hold.
+        """
+        self.last_check = float("-inf")
+        return self.update(self.last_others, lift=False)
 
     def due(self) -> bool:
         now = self.clock()
@@ -159,9 +169,9 @@ class PriceAgreement:
         self.last_check = now
         return True
 
-    def update(self, others: Mapping[int, Checkpoint | None]) -> bool:
+    def update(self, others: Mapping[int, Checkpoint | None], lift: bool = True) -> bool:
         """Recompute the hold from the checkpoints of the partitions other instances own; True
-        when it changed."""
+        when it changed. ``lift=False``: the hold may start earlier, never later nor end."""
         self.last_others = dict(others)
         # A carried table ends once its writer is seen committing another one (it came back
         # updated, with other partitions): it no longer runs that table. The same for a table
@@ -197,6 +207,8 @@ class PriceAgreement:
             d, billed = divergence(self.ours, cp.prices), cp.billed_before()
             if d is not None and billed is not None and d < billed and worst is None:
                 worst = (part, billed)
+        if not lift and self.held_from is not None and (since is None or self.held_from < since):
+            since, differing = self.held_from, {**self.differing, **differing}
         hold_at = None
         if since is not None:
             start = since - since % self.window_ms

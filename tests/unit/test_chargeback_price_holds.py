@@ -187,7 +187,7 @@ def test_a_failed_read_of_the_other_checkpoints_never_lifts_a_hold() -> None:
                 self.idle = 0
                 if self.waited == 1:  # meanwhile: the old instance, not aware of the change yet
                     old_b = instance(self.b, [1], OLD)
-                    old_b.prices_agreement.update = lambda others: False  # type: ignore[method-assign]
+                    old_b.prices_agreement.update = lambda others, lift=True: False  # type: ignore[method-assign]
                     old_b.run(old_b._stop_event)  # type: ignore[attr-defined]
             return out
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from confluent_kafka import TopicPartition
 
 from consumers.chargeback.errors import PriceChangeError
 from consumers.chargeback.price_agreement import PriceAgreement
@@ -21,6 +22,7 @@ from consumers.chargeback.service import ChargebackFatalError
 from consumers.chargeback.windows import Checkpoint, WindowEngine
 from gpupipe.durations import format_iso_ms
 from tests.unit.test_chargeback_price_rollout import (
+    IN,
     NEW,
     OLD,
     G,
@@ -150,3 +152,39 @@ def test_a_new_instance_taking_an_old_ones_partition_still_publishes_its_table()
     for s, p, o in fed:
         eng.add(s, p, o)
     assert usage(records(broker)) == usage(eng.poll_closed())
+
+
+def test_a_rebalance_never_lifts_a_carried_hold_on_a_stale_read() -> None:
+    """Review of 6(a): after an assignment the hold was recomputed from the last read of the
+    other partitions, which did not include a carried partition just handed on (it was this
+    instance's then). The hold was lifted until the next read (2 s): the old instance billed its
+    kept partition past V at the old price, and the new table was refused everywhere afterwards."""
+    log, before, _ = split_input()
+    broker = Broker(before)
+    run(broker, [0], OLD, "a")
+    run(broker, [1], OLD, "b")
+    broker.log = log
+    stop = threading.Event()
+    instance(broker, [0], NEW, FirstCommitOnly(broker, stop, [0]), name="a").run(stop)
+
+    class HandsPartition0On(Owning):
+        moved = False
+
+        def consume(self, n: int, timeout: float) -> list:
+            out = super().consume(n, timeout)
+            if self.paused and not self.moved:  # b holds: partition 0 moves on (eager rebalance)
+                self.moved, self.idle = True, 0
+                self.on_revoke(self, [TopicPartition(IN, 0), TopicPartition(IN, 1)])
+                self.on_assign(self, [TopicPartition(IN, 1)])
+            return out
+
+    stop_b = threading.Event()
+    consumer = HandsPartition0On(broker, stop_b, [0, 1])
+    b = instance(broker, [0, 1], OLD, consumer, name="b")
+    b.prices_agreement.interval_s = 3600.0  # the others are read at start, then not for a while
+    b.run(stop_b)
+    assert consumer.moved and set(consumer.pos) == {1}
+    assert max(r["window_start_ms"] for r in records(broker)) < V  # nothing after V billed by b
+    assert b.prices_agreement.held_from == V
+    cp0 = Checkpoint.from_metadata(*broker.offsets[0])
+    assert cp0 is not None and (cp0.carried_prices, cp0.carried_writer) == (fingerprint(NEW), "a")
