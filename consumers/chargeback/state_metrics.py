@@ -139,9 +139,10 @@ class StateCollector(Collector):
         yield hold
         other = GaugeMetricFamily(
             "gpupipe_chargeback_price_other_table_from_seconds",
-            "Per partition of another instance whose checkpoint prices differently: the usage time "
-            "from which it does, labelled with the instance that committed it (writer; '?' from "
-            "older versions). The instance to update, or to stop, to end a price hold.",
+            "Per partition of another instance whose checkpoint prices differently, or of this "
+            "instance carrying the table of the instance it took the partition from: the usage time "
+            "from which it does, labelled with the instance whose table it is (writer; '?' from "
+            "older versions). The instance to update to end a price hold.",
             labels=["partition", "writer"],
         )
         for part, (since, writer) in sorted(agreement.differing.items()):

@@ -128,7 +128,7 @@ class Checkpoint:
 
     def to_metadata(self) -> str:
         """Commit-metadata string (well under Kafka's default 4096-byte limit: 16 price versions
-        at most, about 500 bytes)."""
+        at most, about 500 bytes, twice with a carried table)."""
         data: dict[str, Any] = {
             "t": _METADATA_TAG,
             "v": _METADATA_VERSION,
