@@ -21,6 +21,7 @@ BENCHES = [
     "bench_agent_tick.py",
     "bench_nvml_tick.py",
     "bench_metrics_render.py",
+    "bench_metrics_pipeline.py",
     "bench_metrics_freshness.py",
     "bench_metrics_freshness_ha.py",
     "bench_chargeback.py",

@@ -24,6 +24,9 @@ DEFAULT_SPOOL_MAX_BYTES = 64 * 1024 * 1024
 DEFAULT_SAMPLE_QUEUE_MAX = 10_000
 DEFAULT_IN_FLIGHT_LIMIT = 2_000
 SHUTDOWN_FLUSH_S = 5.0
+#: The agent's whole stop (threads, event watcher, flush) ends this long after it began at most:
+#: inside the default 10 s --shutdown-timeout, with the command's 2 s margin to report and exit.
+SHUTDOWN_BUDGET_S = 7.5
 KMSG_RETRY_S = 10.0
 DEFAULT_NVML_TIMEOUT_S = 2.0
 #: Name of the release file in the spool directory (``--nvml-release-file`` default).

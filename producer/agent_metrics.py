@@ -116,7 +116,9 @@ class AgentCollector(Collector):
         ev = GaugeMetricFamily(
             "gpupipe_producer_nvml_event_gpus",
             "GPUs by the state of their NVML XID event set: watching, failing (backing off; the "
-            "others are read meanwhile) or unsupported (the kernel log still reports their XIDs).",
+            "others are read meanwhile), unsupported (the kernel log still reports their XIDs), "
+            "stuck (a stopped watcher's wait has not returned from NVML: NVML cannot be released "
+            "until it does) or dead (the thread failed: /healthz unhealthy).",
             labels=["state"],
         )
         w = a.watcher
@@ -125,6 +127,8 @@ class AgentCollector(Collector):
             ev.add_metric(["watching"], len([i for i in w.registered if i not in failing]))
             ev.add_metric(["failing"], len(failing))
             ev.add_metric(["unsupported"], len(w.unsupported))
+            ev.add_metric(["stuck"], len(w.stuck))
+            ev.add_metric(["dead"], len(w.dead))
         yield ev
         ctl = a.control
         yield GaugeMetricFamily(
@@ -133,6 +137,23 @@ class AgentCollector(Collector):
             "NVML cannot be initialised again. No GPU telemetry meanwhile; /readyz answers 503.",
             value=1 if ctl is not None and ctl.released is not None else 0,
         )
+        yield GaugeMetricFamily(
+            "gpupipe_producer_nvml_release_pending",
+            "1 while the release file asks for NVML to be let go but the agent cannot yet (a GPU call "
+            "or an event wait has not returned; see nvml_let_go_postponed). NVML is still held.",
+            value=1 if ctl is not None and ctl.release_pending is not None else 0,
+        )
+        postponed = CounterMetricFamily(
+            "gpupipe_producer_nvml_let_go_postponed",
+            "Ticks at which a release or re-initialisation of NVML was postponed, by reason: "
+            "gpu_call_in_flight (a GPU's NVML call has not returned), event_wait_stuck (an NVML "
+            "event wait has not returned). Retried every tick.",
+            labels=["reason"],
+        )
+        if ctl is not None:
+            for reason, n in sorted(ctl.postponed.items()):
+                postponed.add_metric([reason], n)
+        yield postponed
         reinits = CounterMetricFamily(
             "gpupipe_producer_nvml_reinits",
             "NVML sessions ended and begun again, by reason: gpu_lost (to see a reset GPU again), "

@@ -65,6 +65,7 @@ class KmsgInput:
         self.reading = False
         self._boot_wall_ms = boot_wall_ms()
         self._logged_reason: str | None = None
+        self._held_seq: int | None = None  # kmsg seq of the Xid the parser holds (the reading thread's)
 
     def run(self) -> None:
         stop = self._stop
@@ -132,12 +133,25 @@ class KmsgInput:
 
     def _read(self, reader: KmsgReader) -> None:
         parser = KmsgParser(driver_loads=True)  # the driver's load line is recovery evidence
-        feed, put = parser.feed, self._put
+        put = self._put
         # Idle ticks (to flush an Xid held for continuation lines) only while one is held: an idle
         # node never wakes this thread.
         reader.tick_needed = lambda: parser.pending is not None
-        pending_seq: int | None = None
         reader.on_wait = self._positioned
+        try:
+            self._feed(reader, parser)
+        finally:
+            # Also when a read fails while the parser holds an Xid (waiting for continuation
+            # lines): run() then moves the cursor past its record, so the rebuilt reader skips it
+            # and, once a later record is spooled, the persisted cursor passes it for good.
+            seq = self._held_seq
+            for ev in parser.flush():
+                put(("kmsg", time.monotonic(), self._wall_ms(ev, seq, reader), ev, seq))
+
+    def _feed(self, reader: KmsgReader, parser: KmsgParser) -> None:
+        """Feed every line to ``parser`` and put its events (``_held_seq``: the held Xid's seq)."""
+        feed, put = parser.feed, self._put
+        self._held_seq = None
         for line in reader:
             self.heartbeat = time.monotonic()
             if not self.ready.is_set() or not self.reading:
@@ -151,12 +165,10 @@ class KmsgInput:
             if events:
                 at = time.monotonic()
                 for ev in events:
-                    ev_seq = pending_seq if ev is held else seq
+                    ev_seq = self._held_seq if ev is held else seq
                     put(("kmsg", at, self._wall_ms(ev, ev_seq, reader), ev, ev_seq))
             if parser.pending is not None and parser.pending is not held:
-                pending_seq = seq
-        for ev in parser.flush():
-            put(("kmsg", time.monotonic(), self._wall_ms(ev, pending_seq, reader), ev, pending_seq))
+                self._held_seq = seq
 
     def _wall_ms(self, ev: Any, seq: int | None, reader: KmsgReader) -> int:
         kt = getattr(ev, "kernel_time_s", None)

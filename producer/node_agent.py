@@ -53,6 +53,7 @@ from producer.agent_config import (
     DEFAULT_SPOOL_DIR,
     DEFAULT_SPOOL_MAX_BYTES,
     KMSG_RETRY_S,
+    SHUTDOWN_BUDGET_S,
     SHUTDOWN_FLUSH_S,
     AgentConfig,
     config_from_args,
@@ -333,25 +334,37 @@ class NodeAgent(XidPath):
         kmsg_stall = max(stall, c.kmsg_retry_s + stall)
         if kin is not None and self.kmsg_alive() and kin.stalled_for(now) > kmsg_stall:
             problems.append("kmsg_reader_stalled")
+        w = self.watcher
+        if w is not None and w.dead:
+            problems.append("nvml_event_thread_died")  # a bug: a restart watches that GPU again
         detail: dict[str, Any] = {
             "ticks": self.ticks,
             "xids_sent": self.xids_sent,
             "stalled_gpus": self.stalled_gpus(),
             "spool_on_disk": bool(self.sender and self.sender.spool.on_disk),
         }
+        if w is not None and (w.stuck or w.dead):
+            # A wait stuck in NVML (a hung GPU) is said, not failed on: a restart would not help.
+            detail["nvml_event_threads"] = {"stuck": w.stuck, "dead": w.dead}
         if problems:
             detail["problems"] = problems
         return not problems, detail
 
     def ready(self) -> tuple[bool, dict[str, Any]]:
         """(ready, details) for /readyz: healthy and holding NVML (not released on request or
-        because NVML cannot be initialised again; see :mod:`producer.nvml_control`)."""
+        because NVML cannot be initialised again; see :mod:`producer.nvml_control`). A release
+        that is requested but postponed is said in ``nvml_release_pending`` (still ready)."""
         ok, detail = self.health()
         released = self.control.released if self.control is not None else None
         if released is not None:
             detail = {**detail, "nvml_released": released}
             detail["problems"] = [*detail.get("problems", []), "nvml_released"]
             ok = False
+        pending = self.control.release_pending if self.control is not None else None
+        if pending is not None:
+            # The release file is there but NVML is still held (why: the value). Still ready, on
+            # purpose: whoever waits for 503 before `nvidia-smi -r` must not go ahead yet.
+            detail = {**detail, "nvml_release_pending": pending}
         return ok, detail
 
     def kmsg_alive(self) -> bool:
@@ -401,6 +414,10 @@ class NodeAgent(XidPath):
                 timeout_ms=c.nvml_event_timeout_ms,
                 on_error=lambda kind: self.metrics.nvml_errors.labels(kind).inc(),
                 mig_uuid_lookup=self.source.mig_uuid_for,
+                # A GPU whose set-up or wait takes longer than an NVML call may is hung: neither
+                # the start nor a stop waits longer for it (see producer/nvml/events.py).
+                setup_timeout_s=c.nvml_timeout_s,
+                stop_timeout_s=c.nvml_event_timeout_ms / 1000.0 + c.nvml_timeout_s,
             )
             try:
                 self.watcher.start()
@@ -408,7 +425,12 @@ class NodeAgent(XidPath):
                 log.warning("NVML XID events unavailable; the kernel log still reports XIDs: %s", exc)
                 self.metrics.nvml_errors.labels("event_set").inc()
                 self.watcher = None
-        self.control = NvmlControl(self.source, self.watcher, c.nvml_release_file)
+        self.control = NvmlControl(
+            self.source,
+            self.watcher,
+            c.nvml_release_file,
+            on_watcher_error=lambda kind: self.metrics.nvml_errors.labels(kind).inc(),
+        )
         if c.kubelet_socket:
             self.refresher = AllocationRefresher(
                 socket_path=c.kubelet_socket,
@@ -470,19 +492,22 @@ class NodeAgent(XidPath):
             if self.source is not None:
                 self.source.shutdown()
             return
+        began = time.monotonic()
+        joined_by = began + self.config.kubelet_timeout_s + 2.0  # one bound for all, not one each
         for t in self._threads:  # the polling thread first: it may be restarting the watcher
-            t.join(self.config.kubelet_timeout_s + 2.0)
+            t.join(max(0.0, joined_by - time.monotonic()))
             if t.is_alive():
                 log.warning("thread %s did not stop in time", t.name)
         if self.watcher is not None:
-            self.watcher.stop()  # drains its sets into the queue, emptied just below
+            self.watcher.stop()  # bounded (a wait stuck in NVML is left); drains into the queue
         self._drain_events(0.0)
         self._emit_all(self.merger.flush(time.monotonic()))
         if self.refresher is not None:
             self.refresher.close()
         if self.source is not None:
             self.source.shutdown()
-        deadline = time.monotonic() + SHUTDOWN_FLUSH_S
+        # Whatever hung above, the flush ends within the budget (the spool keeps what is not sent).
+        deadline = min(time.monotonic() + SHUTDOWN_FLUSH_S, began + SHUTDOWN_BUDGET_S)
         while len(self.samples) and time.monotonic() < deadline:
             if not self.samples.pump():
                 self.publisher.poll(0.05)

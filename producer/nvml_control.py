@@ -18,6 +18,16 @@ Two reasons to let go, one way back:
   log still reports XIDs. Removing the file takes NVML again (retried every tick until ``nvmlInit``
   works, e.g. once the new driver is loaded).
 
+A let-go is **postponed**, never forced, while NVML must not be shut down: a GPU's call is still
+in flight (a stalled GPU's worker), or an event watcher's wait is stuck in NVML (it then still
+holds its NVML reference, so no new session could begin; the other GPUs' events are watched again
+at once). It is retried every tick, without doubling the re-initialisation back-off; the first
+postponement of a run is logged, ``gpupipe_producer_nvml_let_go_postponed_total{reason}`` counts
+them and, for a release request, ``/readyz`` says ``nvml_release_pending`` (with the reason; still
+200, as NVML is still held) and ``gpupipe_producer_nvml_release_pending`` is 1: an operator who
+touched the file learns why ``nvidia-smi -r`` must still wait. An event watcher that cannot start
+after NVML was taken again (``nvmlDeviceGetCount`` failing) is retried every tick as well.
+
 When NVML cannot be initialised again because the driver was upgraded under the running process
 (``NVMLError_LibRmVersionMismatch``: the library this process loaded no longer matches the kernel
 module), only a restart loads the new library: :attr:`NvmlControl.needs_restart` turns
@@ -29,6 +39,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from producer.nvml.errors import NvmlSourceError
@@ -38,11 +49,22 @@ log = logging.getLogger("gpupipe.agent")
 LIB_MISMATCH = "NVMLError_LibRmVersionMismatch"
 
 
+#: Why a let-go was postponed (the label of ``gpupipe_producer_nvml_let_go_postponed_total``).
+GPU_CALL_IN_FLIGHT = "gpu_call_in_flight"
+EVENT_WAIT_STUCK = "event_wait_stuck"
+
+
 class NvmlControl:
     """Drives :class:`producer.nvml.source.NvmlSource` and its event watcher through releases and
     re-initialisations. :meth:`step` runs on the polling thread before each tick."""
 
-    def __init__(self, source: Any, watcher: Any | None, release_file: str | None) -> None:
+    def __init__(
+        self,
+        source: Any,
+        watcher: Any | None,
+        release_file: str | None,
+        on_watcher_error: Callable[[str], None] | None = None,
+    ) -> None:
         self.source = source
         self.watcher = watcher
         self.release_file = release_file or None
@@ -52,7 +74,16 @@ class NvmlControl:
         self.reinits: Counter[str] = Counter()
         #: Failed attempts to take NVML again, by NVML error class.
         self.resume_failures: Counter[str] = Counter()
+        #: Let-go attempts postponed, by reason (``gpu_call_in_flight``, ``event_wait_stuck``).
+        self.postponed: Counter[str] = Counter()
+        #: While the release file asks for a release that is postponed: why (else None).
+        self.release_pending: str | None = None
+        #: Why the last :meth:`_let_go` refused (None when it did not).
+        self.refusal: str | None = None
+        self._on_watcher_error = on_watcher_error
         self._logged_error: str | None = None
+        self._logged_postponed: tuple[str, str] | None = None
+        self._watcher_error: str | None = None
 
     @property
     def needs_restart(self) -> bool:
@@ -70,15 +101,29 @@ class NvmlControl:
                 if self._let_go():
                     self.released = "request"
                     self.reinits["request"] += 1
+                    self.release_pending = None
+                    self._logged_postponed = None
                     log.warning(
                         "NVML released on request: no GPU telemetry until %s is removed "
                         "(kernel-log XIDs still reported; /readyz answers 503 meanwhile)",
                         self.release_file,
                     )
+                else:
+                    self._postpone("release")
+                    self.release_pending = self.refusal
+                    self._restart_watcher()
                 return self.released is None
+            if self.release_pending is not None:
+                log.info(
+                    "NVML release request withdrawn (%s removed) before it could be done", self.release_file
+                )
+                self.release_pending = None
+                self._logged_postponed = None
+            self._restart_watcher()
             if self.source.reinit_due(now):
-                self.source.reinit_tried(now)
                 if self._let_go():
+                    self.source.reinit_tried(now)  # only a re-initialisation done doubles the back-off
+                    self._logged_postponed = None
                     self.reinits["gpu_lost"] += 1
                     log.info(
                         "re-initialising NVML to see lost GPUs again",
@@ -86,6 +131,8 @@ class NvmlControl:
                     )
                     self.released = "failure"  # until taken again just below
                     self._take_again()
+                else:
+                    self._postpone("re-initialisation")
             return self.released is None
         if requested:
             return False
@@ -93,25 +140,71 @@ class NvmlControl:
         return self.released is None
 
     def _let_go(self) -> bool:
-        """Stop the watcher and release the source; False (nothing changed) while a GPU call is in
-        flight: NVML must not be shut down under it."""
+        """Stop the watcher and release the source; False (nothing changed, :attr:`refusal` says
+        why) while NVML must not or cannot be shut down: a GPU call in flight, an event wait stuck."""
+        self.refusal = None
         if not self.source.can_suspend():
+            self.refusal = GPU_CALL_IN_FLIGHT
             return False
         w = self.watcher
-        if w is not None and not w.stop():
-            log.error("an NVML event thread is stuck in NVML: NVML is not fully released")
+        if w is not None:
+            if w.stuck:  # an earlier stop's wait has not returned: it holds an NVML reference
+                self.refusal = EVENT_WAIT_STUCK
+                return False
+            if not w.stop():
+                self._start_watcher()  # the healthy GPUs' events are watched again at once
+                self.refusal = EVENT_WAIT_STUCK
+                return False
         if self.source.suspend():
             return True
         self._start_watcher()  # (cannot happen: checked above on this thread) keep events flowing
+        self.refusal = GPU_CALL_IN_FLIGHT
         return False
+
+    def _postpone(self, what: str) -> None:
+        reason = self.refusal or GPU_CALL_IN_FLIGHT
+        self.postponed[reason] += 1
+        if self._logged_postponed == (what, reason):
+            return
+        self._logged_postponed = (what, reason)
+        why = (
+            f"the NVML event wait of GPUs {self.watcher.stuck} has not returned"
+            if reason == EVENT_WAIT_STUCK and self.watcher is not None
+            else "a GPU's NVML call has not returned (see gpupipe_producer_nvml_stalled_gpus)"
+        )
+        log.warning(
+            "NVML %s postponed: %s; NVML cannot be shut down under it. Retried every tick%s",
+            what,
+            why,
+            " (/readyz: nvml_release_pending)" if what == "release" else "",
+            extra={"fields": {"reason": reason}},
+        )
+
+    def _restart_watcher(self) -> None:
+        """A watcher that could not start after NVML was taken again is tried again each tick."""
+        w = self.watcher
+        if w is not None and not w.started and not w.stuck:
+            self._start_watcher()
 
     def _start_watcher(self) -> None:
         w = self.watcher
-        if w is not None:
-            try:
-                w.start()
-            except NvmlSourceError as exc:
-                log.warning("NVML XID events unavailable after re-initialisation: %s", exc)
+        if w is None:
+            return
+        try:
+            w.start()
+        except NvmlSourceError as exc:
+            kind = type(exc.__cause__ or exc).__name__
+            if self._on_watcher_error is not None:
+                self._on_watcher_error("event_set")
+            if self._watcher_error != kind:
+                self._watcher_error = kind
+                log.warning(
+                    "NVML XID events unavailable after re-initialisation (retried every tick): %s", exc
+                )
+            return
+        if self._watcher_error is not None and w.started:
+            self._watcher_error = None
+            log.info("NVML XID events are watched again")
 
     def _take_again(self) -> None:
         if not self.source.resume():

@@ -4,6 +4,14 @@ Delivery errors are counted and logged (rate-limited), never silent. `produce()`
 never raises BufferError to callers: when librdkafka's local queue is full it
 serves delivery reports until there is room, which is the back-pressure a
 `--speed max` backfill needs.
+
+A fatal error of the idempotent producer (librdkafka: a sequence gap it cannot mend, a fenced
+producer id) shows in two ways, both routed to ``on_fatal`` once: the delivery reports of every
+record still queued carry ``_FATAL`` (with ``fatal()`` False: the flag is on the original error),
+and ``poll()`` / ``flush()`` raise a KafkaException whose error has ``fatal()`` True. That raise
+escaped the node agent's main loop and ``cli.main`` as a traceback; here it is caught, so the
+producer stops with one line and exit 1 (``/healthz`` unhealthy first) and the node agent's XIDs
+stay in its spool.
 """
 
 from __future__ import annotations
@@ -119,8 +127,9 @@ class Publisher:
                 self._producer.produce(topic, value, key, headers=headers)
                 return
             except BufferError:
-                self._producer.poll(0.05)
+                self.poll(0.05)
             except KafkaException as exc:  # refused before sending (e.g. the topic's WRITE revoked)
+                self._surface_fatal(exc.args[0])
                 self._delivered(exc.args[0], _Refused(topic))
                 return
 
@@ -152,17 +161,34 @@ class Publisher:
                 self._producer.produce(topic, value, key, on_delivery=done)
                 return
             except BufferError:
-                self._producer.poll(0.05)
+                self.poll(0.05)
             except KafkaException as exc:  # refused before sending: the caller keeps the record
+                self._surface_fatal(exc.args[0])
                 done(exc.args[0], _Refused(topic))
                 return
 
     def poll(self, timeout: float = 0.0) -> int:
-        return self._producer.poll(timeout)
+        """Serve delivery reports; a fatal producer error goes to ``on_fatal`` (never raised)."""
+        try:
+            return self._producer.poll(timeout)
+        except KafkaException as exc:
+            self._raised(exc)
+            return 0
 
     def flush(self, timeout: float = 30.0) -> int:
         """Wait for outstanding deliveries; returns how many are still in flight (0 = all done)."""
-        return self._producer.flush(timeout)
+        try:
+            return self._producer.flush(timeout)
+        except KafkaException as exc:
+            self._raised(exc)
+            return len(self._producer)
+
+    def _raised(self, exc: KafkaException) -> None:
+        """A KafkaException out of poll()/flush(): librdkafka's fatal error, else re-raised."""
+        err = exc.args[0] if exc.args else None
+        if not isinstance(err, KafkaError) or not err.fatal():
+            raise exc
+        self._set_fatal(err, None)
 
     def drop_pending(self) -> dict[str, int]:
         """Purge what is still queued or in flight (shutdown with the broker gone); count it per topic.
@@ -171,14 +197,26 @@ class Publisher:
         spooled XID) stays in its spool and every drop is counted in ``failed``."""
         self.purged_by_topic = {}
         self._producer.purge(in_queue=True, in_flight=True, blocking=False)
-        self._producer.flush(0.5)  # runs the purged records' callbacks
+        self.flush(0.5)  # runs the purged records' callbacks
         return dict(self.purged_by_topic)
 
     def _note_fatal(self, err: KafkaError, msg: Message | _Refused) -> None:
-        if self.fatal is None and (err.code() in DENIED or err.fatal()):
-            self.fatal = (err, msg.topic())
+        # A delivery report after a fatal error carries _FATAL with fatal() False (librdkafka
+        # keeps the flag on the original error, which poll() raises).
+        if err.code() in DENIED or err.fatal() or err.code() == KafkaError._FATAL:
+            self._set_fatal(err, msg.topic())
+
+    def _surface_fatal(self, err: KafkaError) -> None:
+        """produce() refused with _FATAL ("Local: Fatal error"): serve librdkafka's queue first, so
+        that the fatal error itself (with its cause) is the one reported, not this echo of it."""
+        if self.fatal is None and err.code() == KafkaError._FATAL:
+            self.poll(0)
+
+    def _set_fatal(self, err: KafkaError, topic: str | None) -> None:
+        if self.fatal is None:
+            self.fatal = (err, topic)
             if self._on_fatal is not None:
-                self._on_fatal(err, msg.topic())
+                self._on_fatal(err, topic)
 
     def _count_purged(self, err: KafkaError | None, msg: Message | _Refused) -> None:
         if err is not None and err.code() in (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT):

@@ -581,6 +581,8 @@ class FakeNvml(SessionMixin, EventSetsMixin):
         self._slice_handle: dict[tuple[int, int], Any] = {}  # (gpu index, slice idx) -> handle
         self._gpm: dict[int, _GpmSample] = {}
         self._sets: dict[int, _EventSet] = {}
+        self._stuck: dict[int, threading.Event] = {}  # gpu index -> set when its waits return
+        self.stuck_waits = 0  # event waits blocked in "the driver" now (stick_event_waits)
         self._util_ts = 0
         for g in gpus:
             self.add_gpu(g)

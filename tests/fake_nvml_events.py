@@ -15,7 +15,12 @@ What it models (nvml.h: ``nvmlEventSetCreate``, ``nvmlDeviceRegisterEvents``,
   GPU's queued events in the same set; the fake takes the worst case: errors first, so a failing
   GPU hides the queued events of every other GPU of its set. A GPU whose channel is broken can
   still be registered again (the registration call succeeds), as a lost GPU whose handle NVML
-  still gives would.
+  still gives would;
+* **a wait stuck in the driver** (a hung GPU): after ``stick_event_waits(gpu)`` every wait
+  (timeout > 0) of a set where that GPU is registered blocks, ignoring its timeout, until
+  ``unstick_event_waits(gpu)``; it then goes on as usual. ``stuck_waits`` counts the waits
+  blocked now, so a test can wait for a thread to be in one. (A backstop of 60 s keeps a failed
+  test from leaving a thread blocked for ever.)
 
 ``FakeNvml`` inherits :class:`EventSetsMixin`; the attributes it uses (``_lock``, ``_keep``,
 ``calls``...) are the fake's own.
@@ -24,6 +29,7 @@ What it models (nvml.h: ``nvmlEventSetCreate``, ``nvmlDeviceRegisterEvents``,
 from __future__ import annotations
 
 import ctypes
+import threading
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -32,6 +38,9 @@ import pynvml as _real
 
 if TYPE_CHECKING:
     from tests.fake_nvml import FakeGpu
+
+
+STUCK_BACKSTOP_S = 60.0
 
 
 def _err(code: int) -> _real.NVMLError:
@@ -61,6 +70,8 @@ class EventSetsMixin:
         gpus: list[FakeGpu]
         calls: Any
         free_while_waiting: int
+        stuck_waits: int
+        _stuck: dict[int, Any]
 
         def _check_init(self) -> None: ...
         def _pointer(self, ptr_type: Any, target: Any = None) -> Any: ...
@@ -76,6 +87,33 @@ class EventSetsMixin:
                 if not es.freed and (gpu is None or gpu in es.registrations):
                     es.errors.extend([code] * times)
             self._lock.notify_all()
+
+    def stick_event_waits(self, gpu: int) -> None:
+        """Waits of the sets where ``gpu`` is registered block until :meth:`unstick_event_waits`."""
+        with self._lock:
+            self._stuck.setdefault(gpu, threading.Event())
+
+    def unstick_event_waits(self, gpu: int) -> None:
+        with self._lock:
+            released = self._stuck.pop(gpu, None)
+        if released is not None:
+            released.set()
+
+    def _stuck_in_driver(self, eventSet: Any, timeoutms: int) -> None:
+        with self._lock:
+            st = self._sets.get(self._addr(eventSet))  # type: ignore[arg-type]
+            if st is None or timeoutms <= 0:
+                return
+            held = [self._stuck[i] for i in st.registrations if i in self._stuck]
+            if not held:
+                return
+            self.stuck_waits += 1
+            self._lock.notify_all()
+        try:
+            held[0].wait(STUCK_BACKSTOP_S)
+        finally:
+            with self._lock:
+                self.stuck_waits -= 1
 
     def live_event_sets(self) -> int:
         """Sets created and not freed (a test can check nothing leaks)."""
@@ -137,6 +175,7 @@ class EventSetsMixin:
 
     def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> Any:
         self._check_init()
+        self._stuck_in_driver(eventSet, timeoutms)
         with self._lock:
             self.calls[("nvmlEventSetWait_v2", None)] += 1
             st = self._event_set(eventSet)

@@ -37,6 +37,7 @@ __all__ = [
     "MAX_ALLOCATIONS",
     "MAX_MESSAGE_CHARS",
     "Alert",
+    "Pending",
     "action_record",
     "alert_from_record",
     "alert_id",
@@ -56,6 +57,20 @@ def alert_id(scope: str, hostname: str, device: str, signal: str, anchor: str | 
     """Stable fingerprint of an alert (see module doc)."""
     text = f"{scope}|{hostname}|{device}|{signal}|{anchor}"
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:_ID_HEX]
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """Node-wide evidence (``reboot``, ``driver_load``) at ``since_ms`` that ends the alert once a sample of
+    its GPU taken at or after that time shows it healthy (see :mod:`consumers.alerts.recovery_policy`)."""
+
+    evidence: str
+    since_ms: int
+    detail: str
+    set_at_ms: int = 0
+    """Processing time the alert started waiting (not in the record: a restore restarts the wait)."""
+    noted: bool = False
+    """The alert already says the GPU was not seen within the wait."""
 
 
 @dataclass(slots=True)
@@ -102,6 +117,8 @@ class Alert:
     resolve_reason: str | None = None
     boot_id: str | None = None
     """The node's boot id when the fault was first reported with one (a later boot id: it rebooted)."""
+    pending: Pending | None = None
+    """Node-wide evidence waiting for a healthy sample of the GPU (``recovery_pending`` in the record)."""
     # -- engine bookkeeping (not in the record) --
     dirty: bool = False
     """Something changed since the last emitted revision."""
@@ -240,6 +257,9 @@ def to_record(alert: Alert, emitted_at_ms: int, instance: str = "") -> dict[str,
         "remediation": None,
         "instance": instance,
         "boot_id": a.boot_id,
+        "recovery_pending": None
+        if a.pending is None
+        else {"evidence": a.pending.evidence, "since_ms": a.pending.since_ms, "detail": a.pending.detail},
     }
 
 
@@ -311,9 +331,16 @@ def alert_from_record(rec: dict[str, Any]) -> Alert:
         resolve_reason=rec.get("resolve_reason"),
         last_emit_ms=rec.get("emitted_at_ms"),
         boot_id=rec.get("boot_id"),
+        pending=_pending(rec.get("recovery_pending")),
     )
     a.add_allocations(rec.get("allocations") or ())
     return a
+
+
+def _pending(raw: Any) -> Pending | None:
+    if not isinstance(raw, dict) or raw.get("evidence") not in ("reboot", "driver_load"):
+        return None
+    return Pending(str(raw["evidence"]), int(raw["since_ms"]), str(raw.get("detail") or ""))
 
 
 # One uncorrectable memory fault shows up as several XIDs: 48 (DBE) with its DRAM/SRAM qualifiers 171/172,

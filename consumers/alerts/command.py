@@ -227,6 +227,7 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, HealthConfig]:
         update_interval_ms=args.update_interval,
         node_burst_gpus=args.node_burst_gpus,
         node_burst_window_ms=args.node_burst_window,
+        confirm_by_samples=args.health_signals,  # nothing else could show a GPU back after a reboot
     )
     return engine, HealthConfig(thermal_for_ms=args.thermal_for)
 

@@ -31,13 +31,17 @@ processed late (consumer lag, an outage, a node clock behind) is never born reso
   (``quiet``) -- unless it is *sticky*: a GPU fault whose action needs a reset, reboot or RMA
   (:func:`sticky`: drain alerts and actions RESET_GPU, RESTART_BM, RESTART_VM, DRAIN_AND_RESET). Such a
   GPU does not repeat its Xid while it sits broken, so silence is no evidence; it stays firing until
-  evidence of recovery: a ``gpu_reset`` signal from the samples (the GPU back after being lost, volatile
-  ECC or energy counters restarting, NVML's recovery action back to none, sampled or as NVML's event:
-  reason ``recovered``), the kernel log's evidence (an event of the node under a new boot id: it
-  rebooted; the driver's load line, XidEvent kind ``driver_loaded``: every GPU re-initialised, which
-  ends reset-class faults; see :mod:`consumers.alerts.engine_evidence`) or an operator's
-  acknowledgement (:meth:`AlertEngine.acknowledge`, ``gpupipe alerts --ack ALERT_ID``: reason
-  ``acknowledged``), as NVSentinel and GPUd do. Application-class alerts still expire by quiet time.
+  evidence of recovery that mends its action class (one table, :mod:`consumers.alerts.recovery_policy`:
+  a reset ends reset-class alerts, a reboot also reboot-class ones, only an ack or a replaced GPU
+  support/RMA-class ones): the GPU's own (a ``gpu_reset`` signal from the samples, NVML's recovery
+  action back to none, a new UUID in the slot: reason ``recovered``), the kernel log's (an event of the
+  node under a new boot id: it rebooted; the driver's load line, XidEvent kind ``driver_loaded``),
+  which ends a GPU's alert once a sample shows that GPU healthy after it (``Alert.pending`` until then;
+  see :mod:`consumers.alerts.engine_evidence`), or an operator's acknowledgement
+  (:meth:`AlertEngine.acknowledge`, ``gpupipe alerts --ack ALERT_ID``: reason ``acknowledged``), as
+  NVSentinel and GPUd do. Evidence is remembered with its time: a fault processed after evidence that
+  followed it is treated as if it had come first (:mod:`consumers.alerts.evidence_memory`).
+  Application-class alerts still expire by quiet time.
   Level health signals also resolve when the sample says the condition cleared (``cleared``); the
   samples alone raise and end them, except a ``recovery_action`` alert NVML's event spoke for, which is
   sticky (:func:`~consumers.alerts.alert_policy.sample_owned`). When R < D a resolved alert is
@@ -86,6 +90,7 @@ from consumers.alerts.engine_config import EngineConfig, Key
 from consumers.alerts.engine_evidence import EvidenceMixin
 from consumers.alerts.engine_notices import NoticeMixin
 from consumers.alerts.engine_signals import SignalMixin
+from consumers.alerts.evidence_memory import Evidence, EvidenceMemory
 from consumers.alerts.health_signals import (
     LEVEL_SIGNALS,
     GpuIdentity,
@@ -159,7 +164,8 @@ class AlertEngine(NodeBurstMixin, EvidenceMixin, NoticeMixin, SignalMixin):
             ),
             0,
         )
-        self._boots: dict[str, str] = {}  # host -> boot id of its latest event that carried one
+        self._memory = EvidenceMemory()  # boots, driver loads, GPU evidence, healthy samples
+        self._evidence_out: list[Evidence] = []  # evidence to publish (take_evidence)
 
     # ------------------------------------------------------------------------------------ queries
 
@@ -249,6 +255,7 @@ class AlertEngine(NodeBurstMixin, EvidenceMixin, NoticeMixin, SignalMixin):
         result, signature = self._classify(fe, history, host, device, key)
         history.record(fe)
 
+        before = self._open.get(key)
         a = self._touch(key, ts, now_ms, 0 if double else 1, anchor=eid or str(ts), first_event_id=eid)
         if a.alertname == "":
             a.alertname = "NvswitchSxidError" if scope == "nvswitch" else "GpuXidError"
@@ -262,6 +269,8 @@ class AlertEngine(NodeBurstMixin, EvidenceMixin, NoticeMixin, SignalMixin):
             self._dirty(a)
         if a.add_allocations(ev.get("allocations")):
             self._dirty(a)
+        if a is not before and self.evaluate(a, now_ms):
+            return a  # over already: evidence after it was processed first (an old boot's fault...)
         if scope == "gpu" and not double:
             self._node_burst(a, ts, now_ms)
         return a
@@ -277,6 +286,8 @@ class AlertEngine(NodeBurstMixin, EvidenceMixin, NoticeMixin, SignalMixin):
             if now_ms - a.seen_at_ms >= quiet and not sticky(a):
                 self._resolve(a, now_ms, "quiet")
                 self._close(key, a, keep=r < d and key[3] not in LEVEL_SIGNALS)
+            elif a.pending is not None:
+                self.pending_tick(a, now_ms)
         for key, a in list(self._closed.items()):
             if now_ms - a.seen_at_ms > d:
                 del self._closed[key]
@@ -340,6 +351,8 @@ class AlertEngine(NodeBurstMixin, EvidenceMixin, NoticeMixin, SignalMixin):
             history = self._histories[(host, device)] = GpuXidHistory(
                 horizon_ms=max(self.cfg.classify.recurrence_window_ms, self.cfg.dedupe_window_ms)
             )
+            for t in self._memory.resets(host, device):  # evidence processed before this GPU's faults
+                history.record_reset(t)
         return history
 
     # ---------------------------------------------------------------------------------- internals
@@ -368,11 +381,18 @@ class AlertEngine(NodeBurstMixin, EvidenceMixin, NoticeMixin, SignalMixin):
 
         A repeat with the same code, process and message inside one incident cannot change the decision
         (the rules look at distinct processes, messages and incidents separated by more than the
-        classifier's incident gap), so the storm path skips the work.
+        classifier's incident gap or by a reset), so the storm path skips the work -- unless the GPU was
+        reset or its node rebooted since the alert's latest occurrence (the fault back after it may
+        escalate, e.g. Xid 79 minutes after a reboot).
         """
         a = self._open.get(key)
         sig = (fe.kind, fe.code, fe.pid, fe.process_name, fe.message)
-        if a is not None and fe.ts_ms - a.last_seen_ms < self.cfg.classify.incident_gap_ms:
+        resets = history.resets()
+        if (
+            a is not None
+            and fe.ts_ms - a.last_seen_ms < self.cfg.classify.incident_gap_ms
+            and not (resets and resets[-1] > a.last_seen_ms)  # a reset since: a new incident
+        ):
             seen = self._signatures.get(a.alert_id)
             if seen is not None and sig in seen:
                 return None, sig
@@ -499,6 +519,9 @@ class AlertEngine(NodeBurstMixin, EvidenceMixin, NoticeMixin, SignalMixin):
             self.counts["new"] += 1
         else:
             self.counts["folded"] += 1
+            if a.pending is not None and ts > a.pending.since_ms:
+                a.pending = None  # the fault is back after the reboot / driver load: not over
+                a.urgent = True
         if ts < a.first_seen_ms:
             a.first_seen_ms = ts
         if ts > a.last_seen_ms:

@@ -21,10 +21,15 @@ class EngineConfig:
     sighting_merge_ms: int = 2_000
     max_future_skew_ms: int = 5 * MINUTE_MS
     event_id_memory: int = 200_000
+    confirm_by_samples: bool = True
+    """The service reads gpu.samples.v1: a reboot or driver load ends a GPU's alert only once a sample of
+    that GPU after it shows it healthy (see :mod:`consumers.alerts.recovery_policy`); off: at once."""
+    confirm_within_ms: int = 10 * MINUTE_MS
+    """How long an alert waits for that sample before it says the GPU has not come back (it keeps waiting)."""
     classify: ClassifyConfig = field(default=DEFAULT_CONFIG)
 
     def __post_init__(self) -> None:
-        for name in ("dedupe_window_ms", "resolve_after_ms", "node_burst_window_ms"):
+        for name in ("dedupe_window_ms", "resolve_after_ms", "node_burst_window_ms", "confirm_within_ms"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
         if self.update_interval_ms < 0 or self.sighting_merge_ms < 0 or self.max_future_skew_ms < 0:

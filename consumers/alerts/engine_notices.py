@@ -9,15 +9,19 @@ UNKNOWN_XID" warning per GPU (issue 16). Here:
   alertname ``GpuRecoveryActionRequired``), so the event and the level signal are one incident
   whichever comes first; a later value folds in (the worst decision stays). NVML reports the change
   once, so once an event spoke for the alert silence is no evidence: it stays firing until evidence
-  (:func:`~consumers.alerts.alert_policy.sample_owned`): a sample reading 0, a GPU reset or reboot seen
-  in the samples or the kernel log (a driver reload only for reset-class actions), the NONE event, or an
-  ack. A report older than the GPU's latest recovery evidence is over already and raises nothing.
-* **Recovery action NONE (0)**: evidence of recovery, as the sampled field going back to none: a reset
-  is recorded for the GPU's history and its fault alerts raised before it end (``recovered``),
-  the recovery-action alert included.
+  (:func:`~consumers.alerts.alert_policy.sample_owned`): a sample reading 0, the NONE event, evidence
+  that mends the action it asked for (:mod:`consumers.alerts.recovery_policy`), or an ack. A report
+  older than the GPU's latest recovery evidence (the sampled value reading 0 included) is over already
+  and raises nothing.
+* **Recovery action NONE (0)**: evidence of recovery, as the sampled field going back to none: reset
+  evidence for the GPU (recorded for its history; it ends the GPU's reset-class alerts from before it,
+  never a reboot- or support/RMA-class one: :mod:`consumers.alerts.recovery_policy`), and the
+  recovery-action alert's own clear (``recovered``) whatever action that alert asked for.
 * **GPU unavailable**: a critical RESET_GPU drain alert of that GPU (key ``(gpu, host, device,
   gpu_unavailable)``, alertname ``GpuUnavailable``, the pods attached as for XIDs) that stays firing
-  until evidence of recovery, and counts toward the node's burst like an XID.
+  until evidence of recovery, and counts toward the node's burst like an XID. Its recovery class is
+  ``gone``: a driver reload alone does not end it (a module load says nothing of a GPU that could not
+  be reached); a sample of the GPU after it, a reset seen in the samples or NVML's NONE do.
 
 A mixin of :class:`consumers.alerts.dedupe.AlertEngine` (it shares the engine's state).
 """
@@ -69,7 +73,18 @@ class NoticeMixin:
 
     def _end(self, key: Key, a: Alert, now_ms: int, detail: str) -> None: ...
 
-    def recovered(self, host: str, device: str, ts: int, now_ms: int, detail: str = "") -> list[Alert]: ...
+    def recovered(
+        self,
+        host: str,
+        device: str,
+        ts: int,
+        now_ms: int,
+        detail: str = "",
+        kind: str = "reset",
+        uuid: str | None = None,
+    ) -> list[Alert]: ...
+
+    def evaluate(self, a: Alert, now_ms: int) -> bool: ...
 
     def stale_recovery(self, host: str, device: str, ts: int) -> bool:
         """A recovery action reported at ``ts`` is over already: the GPU has recovery evidence after it (a
@@ -104,7 +119,7 @@ class NoticeMixin:
         )
         key: Key = ("gpu", host, device, kind)
         result, signature = self._classify(fe, self._history(host, device), host, device, key)
-        a = self._open.get(key)
+        before = a = self._open.get(key)
         if a is None or kind != "recovery_action":
             a = self._touch(key, ts, now_ms, 1, anchor=eid or str(ts), first_event_id=eid)
         else:  # the GPU's need changed or was restated: the same incident as long as it lasts
@@ -126,16 +141,19 @@ class NoticeMixin:
             self._dirty(a)
         if a.add_allocations(ev.get("allocations")):
             self._dirty(a)
+        if a is not before and self.evaluate(a, now_ms):
+            return a  # over already: evidence after it was processed first
         self._node_burst(a, ts, now_ms)  # counts_toward_burst decides (gpu_unavailable does)
         return a
 
     def _recovery_none(self, host: str, device: str, ts: int, now_ms: int, message: str) -> None:
-        """NVML says the GPU needs no recovery action any more: evidence of recovery (see module doc)."""
+        """NVML says the GPU needs no recovery action any more: reset evidence for the GPU's alerts
+        (:mod:`~consumers.alerts.recovery_policy`), and the recovery-action signal's own clear: it ends that
+        alert whatever action it asked for (one only the samples raised too: NVML said it first)."""
         detail = f"NVML recovery-action event: {message or 'NONE (0)'}"
-        self._history(host, device).record_reset(ts)
-        self.recovered(host, device, ts, now_ms, detail)  # ends event-raised recovery_action alerts too
+        self.recovered(host, device, ts, now_ms, detail)
         key: Key = ("gpu", host, device, "recovery_action")
         a = self._open.get(key)
-        if a is not None and a.first_seen_ms <= ts:  # one only the samples raised: NVML said it first
+        if a is not None and a.last_seen_ms <= ts:
             self._end(key, a, now_ms, detail)
             self.counts["recovered"] += 1

@@ -48,7 +48,18 @@ class SignalMixin:
 
     def on_xid(self, ev: dict[str, Any], now_ms: int) -> Alert | None: ...
 
-    def recovered(self, host: str, device: str, ts: int, now_ms: int, detail: str = "") -> list[Alert]: ...
+    def recovered(
+        self,
+        host: str,
+        device: str,
+        ts: int,
+        now_ms: int,
+        detail: str = "",
+        kind: str = "reset",
+        uuid: str | None = None,
+    ) -> list[Alert]: ...
+
+    def evaluate(self, a: Alert, now_ms: int) -> bool: ...
 
     def stale_recovery(self, host: str, device: str, ts: int) -> bool: ...
 
@@ -84,8 +95,7 @@ class SignalMixin:
                     self._dirty(a)
             return a
         if sig.signal == "gpu_reset":
-            self._history(host, device).record_reset(ts)
-            self.recovered(host, device, ts, now_ms, sig.detail)
+            self.recovered(host, device, ts, now_ms, sig.detail, kind=sig.evidence or "reset")
             return None
         if sig.signal == "ecc_dbe":
             mem = self._open.get(("gpu", host, device, "xid:48"))
@@ -96,11 +106,16 @@ class SignalMixin:
                 self._dirty(mem)
                 return mem
         key: Key = ("gpu", host, device, sig.signal)
+        before = self._open.get(key)
         if sig.kind == "clear":
             a = self._open.get(key)
             if a is not None:
                 self._resolve(a, now_ms, "cleared")
                 self._close(key, a, keep=False)
+            if sig.signal == "recovery_action":
+                # the driver requires nothing any more: reset evidence, and any report of an action read
+                # before it, processed after it (NVML's event comes on another topic), is over already
+                self.recovered(host, device, ts, now_ms, f"Samples: {sig.detail or 'gpu_recovery_action=0'}")
             return None
         if sig.kind == "active":
             a = self._open.get(key)
@@ -145,4 +160,6 @@ class SignalMixin:
             a.add_gpu(a.gpu_uuid or device)
         if a.add_allocations(ident.allocations):
             self._dirty(a)
+        if a is not before:
+            self.evaluate(a, now_ms)  # evidence after it processed first (NVML's events come on gpu.xid.v1)
         return a

@@ -201,6 +201,9 @@ class SignalEvent:
     since_ms: int = 0
     detail: str = ""
     value: int | None = None
+    evidence: str = ""
+    """For ``gpu_reset``: the evidence kind (``reset``, or ``gpu_back`` when the GPU is reported again after
+    it was lost; see :mod:`consumers.alerts.recovery_policy`)."""
 
 
 @dataclass(slots=True)
@@ -252,25 +255,29 @@ def _counter(sample: dict[str, Any] | None, name: str) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def _reset_evidence(st: _GpuState, prev: dict[str, Any] | None, sample: dict[str, Any], lost: bool) -> str:
-    """Why this sample shows the GPU was reset or its node rebooted since the previous one ('' if not).
+def _reset_evidence(
+    st: _GpuState, prev: dict[str, Any] | None, sample: dict[str, Any], lost: bool
+) -> tuple[str, str]:
+    """(evidence kind, why) this sample shows the GPU was reset or its node rebooted since the previous
+    one (``("", "")`` if not).
 
     Evidence, as NVSentinel and GPUd use it: the GPU reachable again after NVML reported it lost; the
     volatile ECC counters or the energy counter (both restart at a driver reload or GPU reset) going
     down; NVML's recovery action going back to none. The first sample after our own restart is a
-    baseline and proves nothing."""
+    baseline and proves nothing. The GPU answering again after it was lost is ``gpu_back`` (it mends
+    more than a reset: the GPU is there again); the rest is ``reset``."""
     if prev is None:
-        return ""
+        return "", ""
     if st.lost and not lost:
-        return "NVML reports the GPU again after it was lost"
+        return "gpu_back", "NVML reports the GPU again after it was lost"
     for name in ("ecc_dbe_volatile_total", "ecc_sbe_volatile_total", "total_energy_mj"):
         before, now = _counter(prev, name), _counter(sample, name)
         if before is not None and now is not None and now < before:
-            return f"{name} restarted ({before} -> {now}): driver reload, GPU reset or reboot"
+            return "reset", f"{name} restarted ({before} -> {now}): driver reload, GPU reset or reboot"
     before_ra, now_ra = _counter(prev, "gpu_recovery_action"), _counter(sample, "gpu_recovery_action")
     if before_ra and now_ra == 0:
-        return f"NVML recovery action back to none (was {before_ra})"
-    return ""
+        return "reset", f"NVML recovery action back to none (was {before_ra})"
+    return "", ""
 
 
 class HealthTracker:
@@ -341,9 +348,9 @@ class HealthTracker:
         lost = bool(sample.get("gpu_lost"))
         if lost:
             out.append(SignalEvent("gpu_lost", "active" if st.lost else "occurrence", ts, since_ms=ts))
-        evidence = _reset_evidence(st, prev, sample, lost)
+        kind, evidence = _reset_evidence(st, prev, sample, lost)
         if evidence:
-            out.append(SignalEvent("gpu_reset", "occurrence", ts, detail=evidence))
+            out.append(SignalEvent("gpu_reset", "occurrence", ts, detail=evidence, evidence=kind))
         st.lost = lost
 
         dbe = sample.get("ecc_dbe_volatile_total")

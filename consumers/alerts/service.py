@@ -16,10 +16,13 @@ Downstream deduplicates by ``(alert_id, sequence)``.
 Restart: before consuming, :func:`restore_from_topic` reads ``gpu.alerts.v1`` from ``now - lookback``
 (default 24 h) to its end, and :meth:`AlertsService.restore` rebuilds the open alerts from their latest
 revisions (same ids, counts, sequence numbers), the per-GPU history the classifier's recurrence rules use
-(from those records), the cordon rate-limit ledger (action records plus the nodes' own annotations), and
-applies operators' acks; then it reconciles the cordons the open drain alerts call for. The consumer
-group resumes the input where it committed. What is not restored: node-burst windows and sample
-baselines (they rebuild from new input). With ``--ha`` this happens when an instance becomes the leader
+(from those records), the recovery evidence seen (boot ids, driver loads, GPU resets: the ``evidence``
+action records, :mod:`consumers.alerts.evidence_memory`, so a late event of an old boot or an alert
+waiting for its GPU after a reboot is decided as the previous instance would have), the cordon
+rate-limit ledger (action records plus the nodes' own annotations), and applies operators' acks; then it
+reconciles the cordons the open drain alerts call for. The consumer group resumes the input where it
+committed. What is not restored: node-burst windows, sample baselines and the GPUs' latest healthy
+samples (they rebuild from new input). With ``--ha`` this happens when an instance becomes the leader
 (:mod:`consumers.alerts.leader`).
 
 Acks: ``gpu.alerts.v1`` is also an input; of its records only ``action`` records of kind ``ack``
@@ -27,7 +30,7 @@ Acks: ``gpu.alerts.v1`` is also an input; of its records only ``action`` records
 
 Remediation events: each cordon decision (and dry-run decision) is published as a record with ``status``
 ``action`` and the ``remediation`` field set, keyed by the alert's id so it follows the alert's revisions
-in its partition.
+in its partition; recovery evidence likewise, with remediation kind ``evidence``, keyed per host.
 """
 
 from __future__ import annotations
@@ -47,7 +50,9 @@ from prometheus_client.registry import Collector
 from consumers.alerts.alert_record import Alert, action_record, to_record
 from consumers.alerts.cordon import Cordoner, CordonResult, KubeApiError
 from consumers.alerts.dedupe import AlertEngine, EngineConfig
+from consumers.alerts.evidence_memory import evidence_record
 from consumers.alerts.health_signals import LEVEL_SIGNALS, HealthConfig, HealthTracker, InvalidRecord
+from consumers.alerts.recovery_policy import sample_healthy
 from consumers.consume_loop import InRecord
 from gpupipe.errors import GpupipeError
 from gpupipe.kafka_admin import client_config
@@ -315,6 +320,9 @@ class AlertsService:
                         ident, signals = self.health.observe(r.value)
                         for sig in signals:
                             self.engine.on_signal(ident, sig, now)
+                        if ident is not None:  # a reboot or driver load may wait for this GPU
+                            healthy = sample_healthy(r.value)
+                            self.engine.sample_seen(ident, r.value["timestamp_ms"], healthy, now)
                     elif r.name == "GpuAlert":
                         self._on_alert_record(r.value, now)  # our own output: only acks matter
                     else:
@@ -408,8 +416,17 @@ class AlertsService:
     # ------------------------------------------------------------------------------------- output
 
     def _emit(self, alerts: Sequence[Alert], now: int) -> None:
-        """Publish revisions (caller holds ``self.lock``: revisions of one alert go out in order)."""
+        """Publish revisions and the evidence the engine learnt (caller holds ``self.lock``: revisions of
+        one alert go out in order). Evidence goes to the topic only (a restored instance reads it), never to
+        Alertmanager or the cordoner."""
+        evidence = self.engine.take_evidence()
+        for ev in evidence:
+            self.sink.send(evidence_record(ev, now, self.instance))
+            self.records_out["action"] = self.records_out.get("action", 0) + 1
+            self.m_records.labels("action").inc()
         if not alerts:
+            if evidence:
+                self.sink.flush()
             return
         self._open_by_scope = self.engine.open_count()  # for scrapes, which never take the lock
         self.open_alerts = sum(self._open_by_scope.values())

@@ -20,7 +20,7 @@ Scope, and the safe fallbacks:
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from schemas import catalog
@@ -119,8 +119,9 @@ _NULLABLE_DOUBLE = ["null", "double"]
 _COMPLEX = frozenset({"record", "error", "enum", "fixed", "array", "map"})
 
 
-class _Gen:
-    """Emits the body of one decoder function; ``buf`` and ``pos`` are its locals."""
+class CodeGen:
+    """Emits the body of one decoder function; ``buf``, ``pos`` and ``end`` (``len(buf)``) are its
+    locals. Public for the metrics consumer's split decoder, which composes its own functions."""
 
     def __init__(self) -> None:
         self.lines: list[str] = []
@@ -183,6 +184,43 @@ class _Gen:
         self.emit(ind + 2, f"{sh} += 7")
         self.emit(ind + 2, f"if {sh} > 70: raise ValueError('varint too long')")
         self.emit(ind, f"{target} = ({target} >> 1) ^ -({target} & 1)")
+
+    def emit_fields(self, fields: list[tuple[str, Any]], wanted: Mapping[str, Any]) -> dict[str, str]:
+        """Code reading the ``wanted`` ones of ``fields`` (writer order) into variables, skipping
+        the rest; returns field name -> variable."""
+        out_vars: dict[str, str] = {}
+        i = 0
+        while i < len(fields):
+            j = i
+            while j < len(fields) and fields[j][1] == _NULLABLE_DOUBLE:
+                j += 1
+            if j - i >= 2:  # a run of nullable doubles: one struct call when every one is set
+                self.double_run(fields[i:j], dict(wanted), out_vars)
+                i = j
+                continue
+            name, ftype = fields[i]
+            if name in wanted:
+                out_vars[name] = self.var("o")
+                self.read(ftype, 1, out_vars[name])
+            else:
+                self.skip(ftype, 1)
+            i += 1
+        return out_vars
+
+    def build(self, src: list[str], label: str, env: Mapping[str, Any] | None = None) -> Callable[..., Any]:
+        """Compile ``src`` (defining ``decode``) with the helpers the emitted code uses."""
+        scope: dict[str, Any] = {
+            **{f"_run{k}": struct.Struct("<" + "Bd" * k).unpack_from for k in self.runs},
+            "_long": _long,
+            "_double": struct.Struct("<d").unpack_from,
+            "_float": struct.Struct("<f").unpack_from,
+            **self.consts,
+            **(env or {}),
+        }
+        exec(compile("\n".join(src), f"<fastdecode {label}>", "exec"), scope)
+        fn = scope["decode"]
+        fn.__source__ = "\n".join(src)
+        return fn
 
     # -- skipping ----------------------------------------------------------------------------------
     def skip(self, shape: Any, ind: int) -> None:
@@ -325,6 +363,39 @@ class _Gen:
         self.emit(ind + 1, f"raise ValueError('bad union index %d' % {idx})")
 
 
+def writer_fields(writer_raw: dict[str, Any]) -> list[tuple[str, Any]] | None:
+    """The top-level fields of a record schema as ``(name, shape)`` (named types resolved, docs and
+    logical types dropped): what :func:`compile_fields` takes. None for a schema this generator
+    does not handle."""
+    writer = catalog.strip_logical_types(writer_raw)
+    names = _Names()
+    names.collect(writer)
+    try:
+        return list(_shape(writer, names)[1])
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return None
+
+
+def compile_fields(
+    fields: list[tuple[str, Any]], wanted: set[str], label: str
+) -> Callable[[bytes, int], tuple[dict[str, Any], int]]:
+    """A function ``(buf, pos) -> (dict of the wanted fields, next position)`` for a run of fields
+    (a part of a record: :func:`writer_fields` gives the shapes), generated like the whole-record
+    decoders. Raises what those raise on a truncated or corrupt body."""
+    gen = CodeGen()
+    shapes = dict(fields)
+    out_vars = gen.emit_fields(fields, {n: shapes[n] for n in wanted})
+    items = ", ".join(f"{name!r}: {out_vars[name]}" for name, _ in fields if name in out_vars)
+    src = [
+        "def decode(buf, pos):",
+        "    end = len(buf)",
+        *gen.lines,
+        "    if pos > end: raise ValueError('truncated')",
+        f"    return {{{items}}}, pos",
+    ]
+    return gen.build(src, label)
+
+
 def build_fast_decoder(writer_raw: dict[str, Any], reader_raw: dict[str, Any]) -> FastFn | None:
     """A function ``(payload, offset) -> projected dict`` for this writer schema, or None.
 
@@ -345,25 +416,8 @@ def build_fast_decoder(writer_raw: dict[str, Any], reader_raw: dict[str, Any]) -
     present = dict(wshape[1])
     if any(name not in present or present[name] != ftype for name, ftype in wanted.items()):
         return None
-    gen = _Gen()
-    out_vars = {}
-    fields = list(wshape[1])
-    i = 0
-    while i < len(fields):
-        j = i
-        while j < len(fields) and fields[j][1] == _NULLABLE_DOUBLE:
-            j += 1
-        if j - i >= 2:  # a run of nullable doubles: one struct call when every one is set
-            gen.double_run(fields[i:j], wanted, out_vars)
-            i = j
-            continue
-        name, ftype = fields[i]
-        if name in wanted:
-            out_vars[name] = gen.var("o")
-            gen.read(ftype, 1, out_vars[name])
-        else:
-            gen.skip(ftype, 1)
-        i += 1
+    gen = CodeGen()
+    out_vars = gen.emit_fields(list(wshape[1]), wanted)
     items = ", ".join(f"{name!r}: {out_vars[name]}" for name, _ in rshape[1])
     src = [
         "def decode(buf, pos):",
@@ -372,16 +426,7 @@ def build_fast_decoder(writer_raw: dict[str, Any], reader_raw: dict[str, Any]) -
         "    if pos > end: raise ValueError('truncated')",
         f"    return {{{items}}}",
     ]
-    env: dict[str, Any] = {
-        **{f"_run{k}": struct.Struct("<" + "Bd" * k).unpack_from for k in gen.runs},
-        "_long": _long,
-        "_double": struct.Struct("<d").unpack_from,
-        "_float": struct.Struct("<f").unpack_from,
-        **gen.consts,
-    }
-    exec(compile("\n".join(src), f"<fastdecode {writer.get('name')}>", "exec"), env)
-    fn: FastFn = env["decode"]
-    fn.__source__ = "\n".join(src)  # type: ignore[attr-defined]
+    fn: FastFn = gen.build(src, str(writer.get("name")))
     return fn
 
 

@@ -1,9 +1,11 @@
 """GpuSample decoding for the metrics consumer: only the fields the exposition reads.
 
-Decoding is most of a sample's ingest cost. The chargeback consumer's generated decoders
-(:mod:`consumers.chargeback.fastdecode`: one straight-line function per known writer schema that
-skips unread fields with a few byte operations and builds the projected dict) serve here too, with
-the projection this service's counters and layout need (:func:`projected_fields`). Records in
+Decoding is most of a sample's ingest cost. Per known writer schema, the split decoder
+(:mod:`consumers.metrics.splitdecode`) reuses the decoded identity and inventory of the GPU's
+previous samples when their bytes are the same and leaves the readings to the scrape (checked now,
+converted when rendered: :mod:`consumers.metrics.readings`). What it does not take goes through
+the chargeback consumer's generated whole-record decoders (:mod:`consumers.chargeback.fastdecode`),
+with the projection this service's counters and layout need (:func:`projected_fields`). Records in
 other framings, from unknown writers, or of another type go through the shared codec, so the
 consume loop's dead-lettering of bad input is unchanged.
 """
@@ -14,9 +16,10 @@ import copy
 from typing import Any
 
 from consumers.chargeback.fastdecode import _CORRUPT as CORRUPT
-from consumers.chargeback.fastdecode import SampleDecoder
+from consumers.chargeback.fastdecode import SampleDecoder, writer_fields
 from consumers.metrics.fields import Kind
 from consumers.metrics.render import Renderer
+from consumers.metrics.splitdecode import SplitFn, build_split_decoder
 from schemas import catalog
 from schemas.codec import SINGLE_OBJECT_MAGIC, AvroCodec, Decoded
 
@@ -46,6 +49,17 @@ def projected_fields(renderer: Renderer) -> set[str]:
     return out
 
 
+def pending_fields(renderer: Renderer) -> set[str]:
+    """Fields that may wait for the scrape: readings only the value text shows (not those the
+    store reads per sample: staleness interval, last XID, health and clock-event state)."""
+    out = {src for src, *_ in renderer.value_plan} - set(OPTIONAL)
+    if renderer.has_health:
+        out -= set(HEALTH)
+    if renderer.has_clock_count or renderer.has_clock_total:
+        out.discard("clock_event_reasons")
+    return out
+
+
 def projected_schema(renderer: Renderer) -> dict[str, Any]:
     raw = copy.deepcopy(catalog.current("GpuSample").raw)
     keep = projected_fields(renderer)
@@ -68,14 +82,35 @@ class DecodedSample:
 class MetricsDecoder:
     """Codec-shaped (``.decode(payload) -> Decoded``) for the consume loop."""
 
-    def __init__(self, codec: AvroCodec, renderer: Renderer) -> None:
+    def __init__(self, codec: AvroCodec, renderer: Renderer, *, split: bool = True) -> None:
         self.codec = codec
         self._samples = SampleDecoder(codec, projected_schema(renderer))
         self._fast = self._samples.fast
+        self._split: dict[bytes, SplitFn] = {}
+        wanted, pending = projected_fields(renderer), pending_fields(renderer)
+        versions = [catalog.current("GpuSample"), *(v for v in catalog.released() if v.name == "GpuSample")]
+        for sv in versions if split else ():
+            if sv.fingerprint not in self._fast or SINGLE_OBJECT_MAGIC + sv.fingerprint in self._split:
+                continue  # no whole-record decoder to fall back on (another layout): codec only
+            fields = writer_fields(sv.raw)
+            fn = None
+            if fields is not None and wanted <= {n for n, _ in fields}:
+                fn = build_split_decoder(fields, wanted, pending, renderer.value_plan)
+            if fn is not None:
+                self._split[SINGLE_OBJECT_MAGIC + sv.fingerprint] = fn
 
     def decode(self, payload: bytes | None) -> Decoded | DecodedSample:
+        split = self._split.get(payload[:10]) if payload else None  # magic + fingerprint
+        if split is not None:
+            try:
+                rec = split(payload)
+            except CORRUPT:
+                rec = None  # the whole-record path decodes it or says why not
+            if rec is not None:
+                return DecodedSample(rec)
         if payload and payload[:2] == SINGLE_OBJECT_MAGIC:
-            fn = self._fast.get(payload[2:10])
+            fp = payload[2:10]
+            fn = self._fast.get(fp)
             if fn is not None:
                 try:
                     return DecodedSample(fn(payload, 10))

@@ -38,15 +38,14 @@ import json
 import logging
 import socket
 import ssl
-import struct
 import threading
-import zlib
 from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from consumers.metrics.gzipcache import GzipCache
 from consumers.metrics.store import SeriesStore
 from consumers.metrics.webconfig import WebConfig, load_web_config, parse_web_config
 from gpupipe.errors import ConfigError
@@ -58,7 +57,7 @@ DEFAULT_PORT = 9400  # dcgm-exporter's
 HealthCheck = Callable[[], "bool | tuple[bool, Mapping[str, Any]]"]
 OPEN_PATHS = frozenset({"/healthz", "/health"})  # probes: no password
 
-__all__ = ["WebConfig", "load_web_config", "make_metrics_server", "parse_web_config"]
+__all__ = ["GzipCache", "WebConfig", "load_web_config", "make_metrics_server", "parse_web_config"]
 
 
 class _Auth:
@@ -121,57 +120,7 @@ def accepts_gzip(header: str | None) -> bool:
     return False
 
 
-_GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # deflate, no name, no mtime, OS unknown
-
-
-def _deflate(data: bytes, level: int, final: bool) -> bytes:
-    """Raw deflate blocks of ``data``; not final: ended by a sync flush (byte-aligned, more may follow)."""
-    c = zlib.compressobj(level, zlib.DEFLATED, -15)
-    return c.compress(data) + c.flush(zlib.Z_FINISH if final else zlib.Z_SYNC_FLUSH)
-
-
 _WRITE_SLICE = 1 << 20
-
-
-class GzipCache:
-    """gzip of ``[*body, tail]`` (the store's parts: body chunks, then the tail) as one member,
-    reusing the body's deflate blocks while its chunks are the same objects (the store hands out
-    the same ``bytes`` until they change)."""
-
-    def __init__(self, level: int = 1) -> None:
-        self.level = level
-        self.hits = 0  # answers that reused the cached body blocks
-        self._lock = threading.Lock()
-        # (body chunks, their deflate blocks, CRC-32, length)
-        self._body: tuple[list[bytes], bytes, int, int] | None = None
-
-    def compress(self, parts: list[bytes]) -> list[bytes]:
-        body, tail = parts[:-1], parts[-1]
-        with self._lock:
-            cached = self._body
-            hit = (
-                cached is not None
-                and len(cached[0]) == len(body)
-                and all(a is b for a, b in zip(cached[0], body, strict=True))
-            )
-            if hit:
-                self.hits += 1
-        if hit and cached is not None:
-            _, blocks, crc, length = cached
-        else:
-            c = zlib.compressobj(self.level, zlib.DEFLATED, -15)
-            out = [c.compress(chunk) for chunk in body]
-            out.append(c.flush(zlib.Z_SYNC_FLUSH))  # byte-aligned: the tail's blocks follow
-            blocks = b"".join(out)
-            crc = length = 0
-            for chunk in body:
-                crc = zlib.crc32(chunk, crc)
-                length += len(chunk)
-            with self._lock:
-                self._body = (body, blocks, crc, length)
-        size = (length + len(tail)) & 0xFFFFFFFF
-        trailer = struct.pack("<II", zlib.crc32(tail, crc), size)
-        return [_GZIP_HEADER, blocks, _deflate(tail, self.level, final=True), trailer]
 
 
 class MetricsServer(ThreadingHTTPServer):

@@ -64,9 +64,12 @@ from typing import Any
 from consumers.metrics import exp
 from consumers.metrics.collectors_csv import CounterSet
 from consumers.metrics.fields import FieldSpec, Kind
-from consumers.metrics.layout import SHARE_FAMILIES, VGPU_SPLIT
+from consumers.metrics.layout import SHARE_FAMILIES
+from consumers.metrics.readings import PENDING, Kept, complete
+from consumers.metrics.render_multi import render_multi, render_shares
 from consumers.metrics.textfmt import (
     InvalidValue,
+    attr_text,
     bus_id_nvml_form,
     escape_help,
     escape_label_value,
@@ -134,10 +137,6 @@ class Family:
 Attrs = tuple[tuple[str, str], ...]
 
 
-def _attr_text(attrs: Attrs) -> str:
-    return "".join(f',{k}="{escape_label_value(v)}"' for k, v in attrs)
-
-
 class GpuView:
     """The label strings of one GPU identity (rendered once, reused for every sample)."""
 
@@ -168,7 +167,7 @@ class GpuView:
         self.template = [b""] * (2 * len(heads))  # a line list with every head and no value
         self.template[0::2] = heads
         self.attrs = attrs  # sorted attributes (pod labels...) per series; ((),) for one bare series
-        self.attr_texts = tuple(_attr_text(a) for a in attrs)
+        self.attr_texts = tuple(attr_text(a) for a in attrs)
         self.series = tuple(base + t for t in self.attr_texts)  # label bodies, one per series
         self.multi = len(attrs) > 1
         self.age_head = age_head
@@ -255,6 +254,8 @@ class Renderer:
             else:
                 plan.append((fam.spec.source, int(k), fam.spec.signed, fam.index, fam.name, fam.spec.name))
         self._exp = {k: tuple(v) for k, v in exp_fams.items()}
+        self._xid_last_fams = self._exp.get(Kind.XID_LAST, ())  # looked up once: render_xid is per GPU
+        self._xid_total_fams = self._exp.get(Kind.XID_TOTAL, ())
         self.has_xid_count = Kind.XID_COUNT in self._exp
         self.has_clock_count = Kind.CLOCK_COUNT in self._exp
         self.has_clock_total = Kind.CLOCK_TOTAL in self._exp
@@ -299,6 +300,11 @@ class Renderer:
             *self.label_sources,
             *(src for src, *_ in self._plan),
         }
+
+    @property
+    def value_plan(self) -> tuple[tuple[str, int, bool, int, str, str], ...]:
+        """Per plain-value family: (sample field, kind, signed, family index, name, DCGM name)."""
+        return self._plan
 
     def exp_families(self, kind: Kind) -> tuple[Family, ...]:
         return self._exp.get(kind, ())
@@ -374,7 +380,7 @@ class Renderer:
             attrs = (*attrs, *job_attrs)
         age_head = f"{SAMPLE_AGE_METRIC}{{{base}}} ".encode()
         if len(attrs) == 1:
-            labels = base + _attr_text(attrs[0])
+            labels = base + attr_text(attrs[0])
             heads = tuple(
                 b"" if f.spec is None or f.spec.kind.exp else f"{f.name}{{{labels}}} ".encode()
                 for f in self.families
@@ -430,19 +436,31 @@ class Renderer:
         xid_last: int | None,
         xid_counts: Mapping[int, int] | None,
         invalid: dict[tuple[str, str], int],
+        prev: Kept | None = None,
     ) -> list[bytes]:
         """The GPU's line list (see the module doc); bad values are counted in ``invalid``.
-        The ``DCGM_EXP_*`` window/health families are filled by :meth:`render_exp`."""
+        The ``DCGM_EXP_*`` window/health families are filled by :meth:`render_exp`.
+
+        A record whose readings are pending (:mod:`consumers.metrics.readings`) is rendered from
+        their bytes; ``prev`` (:meth:`Readings.kept <consumers.metrics.readings.Readings.kept>`) is
+        the GPU's previous render of such a record, whose value text is kept for readings with the
+        same bytes."""
+        pending = rec.get(PENDING)
         if view.multi:
-            out = self._render_multi(rec, view, invalid)
+            rec = complete(rec)
+            out = render_multi(self, rec, view, invalid)
         else:
             try:
-                out = self._render_fast(rec, view)
-            except (ValueError, TypeError, OverflowError):
+                if pending is not None:
+                    out = pending.lines(rec, view.template, prev)
+                else:
+                    out = self._render_fast(rec, view)
+            except (ValueError, TypeError, OverflowError):  # UnusualValue is a ValueError
+                rec = complete(rec)
                 out = self._render_checked(rec, view, invalid)
         self.render_xid(view, xid_last, xid_counts, out)
         if view.share_pods:
-            self._render_shares(rec, view, out, invalid)
+            render_shares(self, rec, view, out, invalid)
         return out
 
     def _render_fast(self, rec: Mapping[str, Any], view: GpuView) -> list[bytes]:
@@ -542,7 +560,7 @@ class Renderer:
             err = (("err_code", str(code)), ("err_msg", exp.xid_message(code)))
             b = view.base
             got = "".join(
-                f"{fam.name}{{{b}{_attr_text(tuple(sorted((*a, *err))))}}} {code:d}\n" for a in view.attrs
+                f"{fam.name}{{{b}{attr_text(tuple(sorted((*a, *err))))}}} {code:d}\n" for a in view.attrs
             ).encode()
             if len(view.xid_lines) < 64:
                 view.xid_lines[key] = got  # type: ignore[index]
@@ -560,11 +578,11 @@ class Renderer:
         ``DCGM_FI_DEV_XID_ERRORS`` (last XID, with ``err_code``/``err_msg``) and 4.8.3's
         ``DCGM_EXP_XID_ERRORS_TOTAL{xid}`` (codes seen since start, on every series of the GPU,
         pod labels included)."""
-        for fam in self._exp.get(Kind.XID_LAST, ()):
+        for fam in self._xid_last_fams:
             j = 2 * fam.index
             out[j] = b""
             out[j + 1] = b"" if xid_last is None else self._xid_line(fam, view, xid_last)
-        for fam in self._exp.get(Kind.XID_TOTAL, ()):
+        for fam in self._xid_total_fams:
             out[2 * fam.index + 1] = (
                 "".join(
                     view.lines(fam.name, f',xid="{c}"', str(n)) for c, n in sorted(xid_counts.items())
@@ -628,93 +646,3 @@ class Renderer:
                 if health is not None
                 else b""
             )
-
-    def _render_multi(
-        self, rec: Mapping[str, Any], view: GpuView, invalid: dict[tuple[str, str], int]
-    ) -> list[bytes]:
-        """Complete lines per family, one series per allocation (virtual-GPU layout)."""
-        out = [b""] * (2 * self._n)
-        procs = rec.get("processes") or ()
-        owners = self._owners(procs, view) if procs else []
-        for src, kind, signed, fi, name, dcgm_name in self._plan:
-            v = rec[src]
-            text = None
-            if v is not None:
-                try:
-                    text = format_value(kind, v, signed)
-                except InvalidValue as bad:
-                    key = (name, bad.reason)
-                    invalid[key] = invalid.get(key, 0) + 1
-            per_pod = self.families[fi].spec.per_pod if dcgm_name in VGPU_SPLIT else None  # type: ignore[union-attr]
-            if per_pod and owners and any(p.get(per_pod) is not None for p in procs):
-                lines = [f"{name}{{{view.base}}} {text}\n"] if text is not None else []
-                done: set[tuple[str, str, str]] = set()
-                for attrs in view.attrs:
-                    a = dict(attrs)
-                    pod_key = (
-                        a.get(self._pod_names[1], ""),
-                        a.get(self._pod_names[2], ""),
-                        a.get(self._pod_names[0], ""),
-                    )
-                    if pod_key in done:
-                        continue
-                    done.add(pod_key)
-                    i = view.share_index.get(pod_key)
-                    total = sum(
-                        p.get(per_pod) or 0
-                        for p, o in zip(procs, owners, strict=True)
-                        if o == i and i is not None
-                    )
-                    try:
-                        val = format_value(kind, total, signed)
-                    except InvalidValue as bad:
-                        key = (name, bad.reason)
-                        invalid[key] = invalid.get(key, 0) + 1
-                        continue
-                    labels = _attr_text(tuple(sorted((*attrs, ("pod_uid", "")))))
-                    lines.append(f"{name}{{{view.base}{labels}}} {val}\n")
-                out[2 * fi + 1] = "".join(lines).encode()
-            elif text is not None:
-                out[2 * fi + 1] = view.lines(name, "", text).encode()
-        return out
-
-    def _owners(self, procs: Sequence[Mapping[str, Any]], view: GpuView) -> list[int | None]:
-        """Index in ``view.share_pods`` of each process's pod (None: not resolved to a pod)."""
-        idx = view.share_index
-        owner: list[int | None] = []
-        for p in procs:
-            ns, pod = p.get("namespace"), p.get("pod")
-            i = None
-            if ns is not None and pod is not None:
-                i = idx.get((ns, pod, p.get("container")))
-                if i is None:
-                    i = idx.get((ns, pod))
-            owner.append(i)
-        return owner
-
-    def _render_shares(
-        self, rec: Mapping[str, Any], view: GpuView, out: list[bytes], invalid: dict[tuple[str, str], int]
-    ) -> None:
-        """gpupipe_pod_* share families on a GPU held by two or more containers."""
-        procs = rec.get("processes") or ()
-        if not procs:
-            return
-        owners = self._owners(procs, view)
-        for fam, (_, src, kind, _) in zip(self._share_fams, SHARE_FAMILIES, strict=True):
-            if not any(p.get(src) is not None for p in procs):
-                continue
-            sums: list[float] = [0] * len(view.share_pods)
-            for p, i in zip(procs, owners, strict=True):
-                x = p.get(src)
-                if i is not None and x is not None:
-                    sums[i] += x
-            lines = []
-            for (ns, pod, ctr), total in zip(view.share_pods, sums, strict=True):
-                try:
-                    val = format_value(int(kind), total)
-                except InvalidValue as bad:
-                    key = (fam.name, bad.reason)
-                    invalid[key] = invalid.get(key, 0) + 1
-                    continue
-                lines.append(f"{fam.name}{{{view.base}{_attr_text(self.pod_attrs(ns, pod, ctr))}}} {val}\n")
-            out[2 * fam.index + 1] = "".join(lines).encode()

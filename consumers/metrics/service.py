@@ -38,7 +38,6 @@ sees, whatever its schedule) and the process collector's ``process_*``.
 
 from __future__ import annotations
 
-import gc
 import logging
 import struct
 import threading
@@ -56,6 +55,7 @@ from prometheus_client.registry import Collector
 from consumers.consume_loop import ConsumeLoop, InRecord, Rejected
 from consumers.metrics.collectors_csv import CounterSet
 from consumers.metrics.decode import MetricsDecoder
+from consumers.metrics.gcpolicy import GC_THRESHOLDS, after_scrape, tune_gc  # noqa: F401 (re-exported)
 from consumers.metrics.http import MetricsServer, make_metrics_server
 from consumers.metrics.render import RenderOptions
 from consumers.metrics.store import InvalidRecord, SeriesStore
@@ -101,21 +101,6 @@ def murmur2(data: bytes) -> int:
 def key_partition(key: bytes, partitions: int) -> int:
     """The partition a keyed record goes to with the murmur2 partitioner."""
     return (murmur2(key) & 0x7FFFFFFF) % partitions
-
-
-GC_THRESHOLDS = (50_000, 20, 100)
-
-
-def tune_gc() -> None:
-    """Cyclic GC settings for the service process (called by ``gpupipe metrics``, not on import).
-
-    Why: every sample allocates a few containers that reference counting frees, but each 700 of
-    them triggered a young collection and, every few seconds, a full one over the store's ~10
-    tracked objects per GPU: about a quarter of the service's CPU at 10k samples/s (measured with
-    ``gc.callbacks``). What exists after startup is frozen (never scanned again), and collections
-    run per 50k net allocations. The store holds no reference cycles, so this delays, not leaks."""
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
 
 
 # -- the service's own metrics -------------------------------------------------------------------
@@ -197,6 +182,7 @@ class _TimedStore(SeriesStore):
         parts = super().render_parts(now_s)
         if self.metrics is not None:
             self.metrics.render_seconds.labels("render").observe(time.perf_counter() - t)
+        after_scrape()  # freeze the line lists it left (gcpolicy): no 200 ms young collections
         return parts
 
 

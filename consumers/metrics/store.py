@@ -49,6 +49,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from consumers.metrics import exp
+from consumers.metrics.body import BodyJoiner
 from consumers.metrics.collectors_csv import CounterSet, default_counters
 from consumers.metrics.layout import merge_parent
 from consumers.metrics.own_text import (
@@ -57,6 +58,7 @@ from consumers.metrics.own_text import (
     registry_text,
     unsupported_text,
 )
+from consumers.metrics.readings import PENDING, Kept, complete
 from consumers.metrics.render import (
     GpuView,
     Renderer,
@@ -88,6 +90,7 @@ class _Gpu:
         "parent",
         "partition",
         "pending",
+        "prev",
         "rec",
         "seen_s",
         "stale_s",
@@ -124,6 +127,7 @@ class _Gpu:
         self.parent: str | None = None  # a MIG instance's parent GPU UUID
         self.hidden = False  # a MIG-mode parent in the "instances" layout: no series of its own
         self.pending: Mapping[str, Any] | None = None  # latest sample, not rendered yet
+        self.prev: Kept | None = None  # the last render from readings, to reuse value text from
 
 
 class SeriesStore:
@@ -167,7 +171,7 @@ class SeriesStore:
         self._version = 0
         self._body: tuple[bytes, ...] = ()  # the GPU families of version _body_version, per family
         self._body_version = -1
-        self._headers = [f.header.encode("utf-8") for f in self.families]
+        self._joiner = BodyJoiner(self.families)
         self._own_names = frozenset((*(f.name for f in self.families), *OWN_METRICS))
         self._n = len(self.families)
         r = self.renderer
@@ -178,7 +182,8 @@ class SeriesStore:
         self._want_xid_win = r.has_xid_count or r.has_health
         self._want_exp = r.has_xid_count or r.has_health or r.has_clock_count or r.has_clock_total
         self._unsupported_text = unsupported_text(r.counters)
-        self._dirty: set[str] = set()  # keys sampled since the last scrape (rendered by _flush)
+        # keys sampled since the last scrape (rendered by _flush); g.pending is not None for them
+        self._dirty: set[str] = set()
         # label views of GPUs expired in the last expired_view_ttl_s, oldest first: a GPU that comes
         # back (its samples were only late: a consumer behind by more than the staleness limit)
         # costs no label rendering, so falling behind does not make catching up dearer
@@ -271,7 +276,7 @@ class SeriesStore:
                 if self._want_exp:
                     parent = self._gpus.get(g.parent)
                     if parent is not None and parent.rec is not None:
-                        record = merge_parent(record, parent.rec)
+                        record = merge_parent(complete(record), complete(parent.rec))
                     self._sample_exp_state(g, record)
                 return
             if record.get("mig_enabled"):
@@ -283,15 +288,10 @@ class SeriesStore:
         if self._want_exp:
             self._sample_exp_state(g, record)
 
-    def _flush(self, limit: int | None = None) -> None:
-        """Render the GPUs sampled since the last scrape (at most ``limit`` of them), each from its
-        latest sample only: the work of a scrape is proportional to the GPUs that changed, and
-        samples a scrape never showed are never rendered."""
-        if limit is None or limit >= len(self._dirty):
-            dirty, self._dirty = self._dirty, set()
-        else:
-            pop = self._dirty.pop
-            dirty = {pop() for _ in range(limit)}
+    def _flush(self, dirty: Iterable[str]) -> None:
+        """Render these GPUs (sampled since the last scrape), each from its latest sample only: the
+        work of a scrape is proportional to the GPUs that changed, and samples a scrape never
+        showed are never rendered."""
         for key in dirty:
             g = self._gpus.get(key)
             if g is None or g.ts_ms is None or g.view is None:
@@ -299,6 +299,7 @@ class SeriesStore:
             try:
                 if g.hidden:
                     g.lines = self._hidden_lines(g)
+                    g.pending = None
                     continue
                 rec = g.rec if g.parent is not None else g.pending
                 if rec is None:
@@ -306,7 +307,7 @@ class SeriesStore:
                 if g.parent is not None:
                     parent = self._gpus.get(g.parent)
                     if parent is not None and parent.rec is not None:
-                        rec = merge_parent(rec, parent.rec)
+                        rec = merge_parent(complete(rec), complete(parent.rec))
                 g.lines = self._render(g, rec)
                 g.pending = None
             except Exception:  # never let one odd record break every scrape
@@ -324,11 +325,16 @@ class SeriesStore:
                 xid_last = 0
         counts = self._xid_counts(g)
         invalid: dict[tuple[str, str], int] = {}
+        view = g.view
         try:
-            lines = self.renderer.render(record, g.view, xid_last, counts, invalid)
+            lines = self.renderer.render(record, view, xid_last, counts, invalid, g.prev)
         except KeyError:  # a projected or hand-made record: missing metric fields are null
             invalid = {}  # counted once, from the completed record
-            lines = self.renderer.render(_complete(record), g.view, xid_last, counts, invalid)
+            record = _complete(complete(record))
+            lines = self.renderer.render(record, view, xid_last, counts, invalid)
+        # value text to reuse next time: only from a single-series render of pending readings
+        readings = record.get(PENDING)
+        g.prev = None if readings is None or view is None or view.multi else readings.kept(lines)
         for k, n in invalid.items():
             self._invalid[k] = self._invalid.get(k, 0) + n
         if self._want_exp:
@@ -437,8 +443,8 @@ class SeriesStore:
                     g.xid_win = exp.WindowCounts(r.options.xid_window_ms)
                 if g.xid_win.push(ts, (code,), int(now_s * 1000)):
                     self._windowed.add(key)
-            if key in self._dirty:
-                pass  # rendered at the next scrape, with this XID
+            if g.pending is not None:
+                pass  # sampled since its last render: rendered at the next scrape, with this XID
             elif g.hidden:
                 g.lines = self._hidden_lines(g)
                 self._rerender_children(key)
@@ -472,6 +478,7 @@ class SeriesStore:
                     self._dirty.discard(key)
                     g.pending = None
                     g.ts_ms, g.ident, g.partition, g.rec, g.health = None, None, None, None, None
+                    g.prev = None
                     g.clock_win, g.clock_totals, g.clock_prev, g.hidden = None, {}, 0, False
                 if g.ts_ms is None and not g.xid_counts:
                     del self._gpus[key]
@@ -481,7 +488,7 @@ class SeriesStore:
                     g.lines = self.renderer.render_xid_only(g.view, g.xid_last, g.xid_counts)
                     if self._want_exp:
                         self._fill_exp(g, g.lines, sampled=False)
-                elif key in self._dirty:
+                elif g.pending is not None:
                     pass  # rendered at the next scrape
                 elif g.hidden:
                     g.lines = self._hidden_lines(g)
@@ -616,12 +623,13 @@ class SeriesStore:
         self._flush_in_chunks()
         with self._lock:
             self._expire_locked(now)
-            if self._dirty:
-                self._flush()
             if self._windowed:
                 self._slide_windows(int(now * 1000))
-            gpus = list(self._gpus.values())
-            version = self._version
+            # a GPU first sampled after this scrape began has no lines yet: in the next scrape
+            gpus = [g for g in self._gpus.values() if g.lines]
+            # samples taken during this scrape are not all rendered: then no later scrape may reuse
+            # this body, even if nothing else changes before it
+            version = self._version if not self._dirty else -2
             body = self._body if self._body_version == version else None
             lines = None if body is not None else [g.lines for g in gpus]
             stats = (len(gpus), sorted(self._invalid.items()), list(self._xid_results.items()), self._expired)
@@ -630,47 +638,25 @@ class SeriesStore:
         if self._registry is not None:
             tail += registry_text(self._registry, self._own_names).encode("utf-8")
         if body is None:
-            body = self._body_chunks(lines or [])
+            body = self._joiner.join(lines or [])
             with self._lock:
                 if self._body_version < version:
                     self._body, self._body_version = body, version
         return body, tail
 
     def _flush_in_chunks(self) -> None:
-        """Render most changed GPUs a chunk per lock hold, so ingest (which takes the same lock per
-        sample) waits for one chunk, not for all of them; what changes meanwhile is rendered under
-        the scrape's final hold. Bounded: samples arriving faster than this renders cannot hold a
-        scrape back."""
+        """Render the GPUs sampled before this scrape began, a chunk per lock hold, so ingest (which
+        takes the same lock per batch) waits for one chunk, not for all of them. Samples that
+        arrive meanwhile are the next scrape's: before, they were rendered under the scrape's final
+        hold, and at 20k GPUs/s that was thousands of GPUs (hundreds of ms) with ingest blocked."""
         chunk = self._flush_chunk
-        rounds = len(self._dirty) // chunk + 2
-        for _ in range(rounds):
+        with self._lock:
+            todo, self._dirty = list(self._dirty), set()
+        for i in range(0, len(todo), chunk):
+            if i:
+                time.sleep(0)  # let a waiting ingest thread take the lock (and the GIL)
             with self._lock:
-                if len(self._dirty) <= chunk:
-                    return
-                self._flush(chunk)
-            time.sleep(0)  # let a waiting ingest thread take the lock (and the GIL)
-
-    def _body_chunks(self, lines: list[list[bytes]]) -> tuple[bytes, ...]:
-        """Per family: header, then head and value of every GPU, joined: C-level copies only.
-
-        ``zip(*lines)`` turns the per-GPU line lists into one column per slot; a family's pieces
-        are its head column and value column interleaved by two slice assignments."""
-        if not lines:
-            return ()
-        cols = list(zip(*lines, strict=True))
-        n = len(lines)
-        out: list[bytes] = []
-        for fam in self.families:
-            i = 2 * fam.index
-            values = cols[i + 1]
-            if not any(values):  # no GPU has a line: no header either
-                continue
-            seg: list[bytes] = [b""] * (2 * n + 1)
-            seg[0] = self._headers[fam.index]
-            seg[1::2] = cols[i]
-            seg[2::2] = values
-            out.append(b"".join(seg))
-        return tuple(out)
+                self._flush(todo[i : i + chunk])
 
 
 def _complete(record: Mapping[str, Any]) -> dict[str, Any]:

@@ -28,6 +28,11 @@ def escape_label_value(value: object) -> str:
     return s
 
 
+def attr_text(attrs: tuple[tuple[str, str], ...]) -> str:
+    """``,k="v"`` for each (already sorted) label pair."""
+    return "".join(f',{k}="{escape_label_value(v)}"' for k, v in attrs)
+
+
 def escape_help(text: str) -> str:
     """HELP escaping of the text format: backslash and line feed."""
     return text.replace("\\", "\\\\").replace("\n", "\\n")

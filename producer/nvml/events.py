@@ -8,11 +8,15 @@ and finally dropped (when the set was freed and rebuilt) every other GPU's XIDs,
 could be registered again but kept failing made that cycle forever (review §2,
 ``nvml/events.py:193-203``). With a set per GPU, a failing GPU costs nobody else anything.
 
-``start()`` initialises NVML (reference-counted, so it shares the process with ``NvmlSource``),
-then for every GPU creates a set, registers ``nvmlEventTypeXidCriticalError`` (plus the R570+
-``GpuRecoveryAction`` and ``GpuUnavailableError`` where the GPU offers them) and starts that GPU's
-thread. A GPU answering NotSupported is logged and has no thread (the kernel log still reports its
-XIDs). Each thread loops on ``nvmlEventSetWait_v2(set, timeout_ms)``:
+``start()`` initialises NVML (reference-counted, so it shares the process with ``NvmlSource``)
+and starts one thread per GPU. Each thread sets its own GPU up: creates a set, registers
+``nvmlEventTypeXidCriticalError`` (plus the R570+ ``GpuRecoveryAction`` and
+``GpuUnavailableError`` where the GPU offers them). ``start()`` waits for those set-ups at most
+``setup_timeout_s``: a hung GPU's identity calls hold up neither the caller nor ``stop()`` (the
+set-up ran on the caller's thread under the start/stop lock, so a GPU hanging in
+``nvmlDeviceGetHandleByIndex`` blocked the agent's shutdown). A GPU answering NotSupported at
+start is logged and its thread ends (the kernel log still reports its XIDs). Each thread loops on
+``nvmlEventSetWait_v2(set, timeout_ms)``:
 
 * ``NVMLError_Timeout``: nothing happened, wait again (this is how ``stop()`` is noticed);
 * an event: ``on_event(dict)`` with ``xid``, ``uuid``, ``pci_bus_id``, ``gpu_index``,
@@ -24,16 +28,25 @@ XIDs). Each thread loops on ``nvmlEventSetWait_v2(set, timeout_ms)``:
   first of a run of failures logged at WARNING, the rest at DEBUG), then *this GPU's* thread backs
   off (1 s doubling to 30 s, interrupted by ``stop()``). After ``rebuild_after`` errors in a row
   the set is drained (what NVML still hands out is delivered) and freed, and the GPU is set up
-  again after the next back-off; a GPU that cannot be set up (lost: no handle) is retried at the
-  back-off pace and re-added when it answers. The back-off is reset only by a wait that works
-  (an event or a timeout), so a GPU that registers fine and fails at once costs one attempt per
-  30 s, never a busy loop.
+  again after the next back-off; a GPU that cannot be set up (lost: no handle; NotSupported after
+  a reset, logged once) is retried at the back-off pace and re-added when it answers. The
+  back-off is reset only by a wait that works (an event or a timeout), so a GPU that registers
+  fine and fails at once costs one attempt per 30 s, never a busy loop.
 
 ``stop()`` makes the threads leave within about one wait timeout; each drains and frees its own
 set (never while a wait is in flight: the thread that waits is the one that frees), then NVML is
 shut down. Draining at stop matters when the agent re-initialises NVML (a GPU reset, a driver
-release): the events the sets still hold are delivered, not dropped. Turn delivered dicts into
-XidEvent records with :func:`producer.nvml.records.nvml_xid_event`.
+release): the events the sets still hold are delivered, not dropped.
+
+**A wait stuck in NVML** (a hung GPU or driver) cannot be cancelled. ``stop()`` then returns False
+after ``stop_timeout_s``; the other GPUs' threads are stopped anyway. The stuck threads become
+*orphans*: each start has its own stop event (a later ``start()`` never revives an old thread), an
+orphan frees its own set when its wait returns, and the watcher's NVML reference of that start is
+given back only when its last orphan has ended (until then NVML cannot really shut down:
+:attr:`stuck` lists those GPUs, and the node agent postpones a re-initialisation). ``start()``
+works again at once after such a stop, so the healthy GPUs are watched meanwhile. A thread that
+died of an unexpected exception is listed in :attr:`dead`. Turn delivered dicts into XidEvent
+records with :func:`producer.nvml.records.nvml_xid_event`.
 """
 
 from __future__ import annotations
@@ -62,9 +75,9 @@ MigLookup = Callable[[str, int | None, int | None], str | None]
 
 
 class _Channel:
-    """One GPU's event set and what the thread knows about the GPU."""
+    """One GPU's event set and what its thread knows about the GPU."""
 
-    __slots__ = ("bus", "failing", "index", "set", "thread", "uuid")
+    __slots__ = ("built", "bus", "died", "done", "failing", "index", "set", "thread", "unsupported", "uuid")
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -73,6 +86,31 @@ class _Channel:
         self.set: Any = None
         self.thread: threading.Thread | None = None
         self.failing = False  # in a run of failures (logged once per run)
+        self.unsupported = False  # NVML offers none of the watched event types
+        self.built = threading.Event()  # the first set-up was tried (start() waits for it)
+        self.done = False  # the thread has returned and freed its set
+        self.died = False  # the thread ended on an unexpected exception
+
+
+class _Start:
+    """What one ``start()`` set going: its threads, their own stop event, its NVML reference.
+
+    Own stop event: a thread that outlives ``stop()`` (stuck in NVML) must never see a later
+    start's ``clear()`` and loop on with a set nobody frees.
+    """
+
+    __slots__ = ("channels", "nvml_held", "orphaned", "stop")
+
+    def __init__(self, count: int) -> None:
+        self.channels = [_Channel(i) for i in range(count)]
+        self.stop = threading.Event()
+        self.nvml_held = True  # this start's nvmlInit reference, given back exactly once
+        self.orphaned = False  # stop() gave up waiting: its last thread gives the reference back
+
+
+def _finished(ch: _Channel) -> bool:
+    t = ch.thread
+    return ch.done or t is None or t.ident is None  # never started: nothing to wait for
 
 
 class XidEventWatcher:
@@ -91,6 +129,8 @@ class XidEventWatcher:
         backoff_max_s: float = 30.0,
         rebuild_after: int = 3,
         thread_name: str = "nvml-xid-events",
+        setup_timeout_s: float = 2.0,
+        stop_timeout_s: float | None = None,
     ) -> None:
         self._nvml = nvml
         self._on_event = on_event
@@ -102,53 +142,87 @@ class XidEventWatcher:
         self._backoff_max = backoff_max_s
         self._rebuild_after = max(1, rebuild_after)
         self._thread_name = thread_name
+        self._setup_timeout = max(0.0, setup_timeout_s)
+        self._stop_timeout = self._timeout_ms / 1000.0 + 2.0 if stop_timeout_s is None else stop_timeout_s
         self._xid_type = int(getattr(nvml, "nvmlEventTypeXidCriticalError", XID_CRITICAL_ERROR))
         self._recovery_type = int(getattr(nvml, "nvmlEventTypeGpuRecoveryAction", RECOVERY_ACTION))
         self._unavailable_type = int(getattr(nvml, "nvmlEventTypeGpuUnavailableError", GPU_UNAVAILABLE))
         # XIDs, plus the R570+ recovery-action and GPU-unavailable events where a GPU offers them
         # (Blackwell reports reset / reboot / drain-required through these at once).
         self._types = self._xid_type | self._recovery_type | self._unavailable_type
-        self._stop = threading.Event()
         self._lock = threading.Lock()
         self._life = threading.Lock()  # start() and stop() may come from different threads
-        self._channels: list[_Channel] = []
-        self._registered: set[int] = set()
-        self._unsupported: set[int] = set()
-        self._started = False
+        self._current: _Start | None = None
+        self._orphans: list[_Start] = []  # stopped starts with a thread still stuck in NVML
+        self._stops = 0  # stop() calls: a start() that a stop overtook starts nothing
         self.error_counts: Counter[str] = Counter()
         self.delivered = 0
 
     # -- state ------------------------------------------------------------------------------------
+    def _channels(self) -> list[_Channel]:
+        cur = self._current
+        return list(cur.channels) if cur is not None else []
+
     @property
     def registered(self) -> list[int]:
         """GPU indices whose events are registered now."""
-        with self._lock:
-            return sorted(self._registered)
+        return sorted(c.index for c in self._channels() if c.set is not None)
 
     @property
     def unsupported(self) -> list[int]:
         """GPU indices where NVML offers none of the watched event types."""
-        with self._lock:
-            return sorted(self._unsupported)
+        return sorted(c.index for c in self._channels() if c.unsupported)
 
     @property
     def failing(self) -> list[int]:
         """GPU indices whose thread is backing off after errors (the others are read meanwhile)."""
-        return [c.index for c in self._channels if c.failing]
+        return [c.index for c in self._channels() if c.failing]
+
+    @property
+    def stuck(self) -> list[int]:
+        """GPU indices whose thread of a stopped start is still blocked in an NVML wait: until it
+        returns, the watcher holds that session's NVML reference (NVML cannot be released)."""
+        with self._lock:
+            return sorted(c.index for s in self._orphans for c in s.channels if not _finished(c))
+
+    @property
+    def dead(self) -> list[int]:
+        """GPU indices whose thread ended on an unexpected exception (not watched any more)."""
+        return [c.index for c in self._channels() if c.died]
+
+    @property
+    def started(self) -> bool:
+        """True between a successful ``start()`` and the next ``stop()``."""
+        return self._current is not None
 
     @property
     def running(self) -> bool:
-        return self._started and any(c.thread is not None and c.thread.is_alive() for c in self._channels)
+        return any(c.thread is not None and c.thread.is_alive() for c in self._channels())
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
-        """Initialise NVML, set every GPU up and start the threads."""
+        """Initialise NVML and start one thread per GPU; wait (``setup_timeout_s`` at most) until
+        each has tried to set its GPU up. Works again after an unclean ``stop()``."""
         with self._life:
-            self._start()
-
-    def _start(self) -> None:
-        if self._started:
+            cur = self._start()
+        if cur is None:
             return
+        deadline = time.monotonic() + self._setup_timeout
+        for ch in cur.channels:
+            ch.built.wait(max(0.0, deadline - time.monotonic()))
+        slow = [c.index for c in cur.channels if not c.built.is_set()]
+        if slow:
+            log.warning(
+                "GPUs %s: NVML XID event set-up has not returned within %.1fs; it goes on in the "
+                "background (the other GPUs are watched)",
+                slow,
+                self._setup_timeout,
+            )
+
+    def _start(self) -> _Start | None:
+        if self._current is not None:
+            return None
+        stops = self._stops
         nvml = self._nvml
         try:
             nvml.nvmlInit()
@@ -156,60 +230,99 @@ class XidEventWatcher:
             raise NvmlInitError(f"NVML init failed: {exc}") from exc
         try:
             count = int(nvml.nvmlDeviceGetCount())
-        except nvml.NVMLError as exc:
+        except Exception as exc:  # an NVML error, or garbage from a broken binding: give NVML back
             self._shutdown_nvml()
             raise NvmlSourceError(f"NVML event sets could not be created: cannot count GPUs: {exc}") from exc
-        self._stop.clear()
-        with self._lock:
-            self._registered.clear()
-            self._unsupported.clear()
-        self._channels = [_Channel(i) for i in range(count)]
-        for ch in self._channels:
-            if self._build(ch) == "unsupported":
-                continue
-            ch.thread = threading.Thread(
-                target=self._run, args=(ch,), name=f"{self._thread_name}-gpu{ch.index}", daemon=True
-            )
-        self._started = True
-        for ch in self._channels:
-            if ch.thread is not None:
+        if self._stops != stops:  # a stop() came while NVML was initialising: it wins
+            self._shutdown_nvml()
+            return None
+        cur = _Start(count)
+        try:
+            for ch in cur.channels:
+                ch.thread = threading.Thread(
+                    target=self._run, args=(ch, cur), name=f"{self._thread_name}-gpu{ch.index}", daemon=True
+                )
                 ch.thread.start()
+        except BaseException as exc:  # cannot start a thread: stop those started, give NVML back
+            self._retire(cur, time.monotonic() + self._stop_timeout)
+            raise NvmlSourceError(f"NVML event threads could not be started: {exc}") from exc
+        self._current = cur
+        return cur
 
     def stop(self, timeout_s: float | None = None) -> bool:
-        """Stop the threads (within about one wait timeout) and free the sets. True when clean.
+        """Stop the threads (within about one wait timeout) and free the sets. True when clean:
+        every thread returned and the watcher holds no NVML reference any more.
 
-        A thread still blocked in NVML after ``timeout_s`` keeps its set and NVML initialised (never
-        freed under a wait); the others are stopped anyway.
+        Never blocks longer than ``timeout_s`` (default ``stop_timeout_s``): a thread still
+        blocked in NVML then keeps its set and its start's NVML reference until its wait returns
+        (never freed under a wait; see the module docstring); the others are stopped anyway.
         """
-        with self._life:
-            return self._stop_threads(timeout_s)
-
-    def _stop_threads(self, timeout_s: float | None) -> bool:
-        if not self._started:
-            return True
-        self._stop.set()
-        deadline = time.monotonic() + (self._timeout_ms / 1000.0 + 2.0 if timeout_s is None else timeout_s)
-        stuck = []
-        for ch in self._channels:
-            if ch.thread is not None:
-                ch.thread.join(max(0.0, deadline - time.monotonic()))
-                if ch.thread.is_alive():
-                    stuck.append(ch.index)
-        if stuck:
+        limit = self._stop_timeout if timeout_s is None else max(0.0, timeout_s)
+        deadline = time.monotonic() + limit
+        with self._lock:
+            self._stops += 1
+        if not self._life.acquire(timeout=limit):
             log.warning(
-                "NVML event threads of GPUs %s did not return from their wait; sets left allocated", stuck
+                "NVML XID event watcher: start() is still in nvmlInit after %.1fs; not stopped", limit
             )
             return False
-        for ch in self._channels:  # GPUs without a thread (unsupported) may hold a set
-            self._free(ch)
-        self._channels = []
-        self._started = False
-        self._shutdown_nvml()
-        return True
+        try:
+            cur, self._current = self._current, None
+            stuck = self._retire(cur, deadline) if cur is not None else []
+            for old in list(self._orphans):  # earlier stuck waits: give them what time is left
+                for ch in old.channels:
+                    if ch.thread is not None and not _finished(ch):
+                        ch.thread.join(max(0.0, deadline - time.monotonic()))
+            if stuck:
+                log.warning(
+                    "NVML event threads of GPUs %s did not return from their wait within %.1fs; their "
+                    "sets and NVML reference are released when they do",
+                    stuck,
+                    limit,
+                )
+            return not self.stuck
+        finally:
+            self._life.release()
+
+    def _retire(self, cur: _Start, deadline: float) -> list[int]:
+        """Stop ``cur``'s threads until ``deadline``; the GPUs whose thread is still in NVML."""
+        cur.stop.set()
+        for ch in cur.channels:
+            if ch.thread is not None and ch.thread.ident is not None:
+                ch.thread.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:  # against _ended(): exactly one of the two gives the reference back
+            stuck = [ch.index for ch in cur.channels if not _finished(ch)]
+            if stuck:
+                cur.orphaned = True
+                self._orphans.append(cur)
+        if not stuck:
+            self._give_back(cur)
+        return stuck
+
+    def _ended(self, ch: _Channel, cur: _Start) -> None:
+        """``ch``'s thread has freed its set; the last orphan of a stopped start releases NVML."""
+        with self._lock:
+            ch.done = True
+            last = cur.orphaned and all(_finished(c) for c in cur.channels)
+            if last:
+                self._orphans.remove(cur)
+        ch.built.set()
+        if last:
+            log.warning(
+                "GPU %d: the stuck NVML event wait returned; its set and NVML reference are released",
+                ch.index,
+            )
+            self._give_back(cur)
+
+    def _give_back(self, cur: _Start) -> None:
+        with self._lock:
+            held, cur.nvml_held = cur.nvml_held, False
+        if held:
+            self._shutdown_nvml()
 
     # -- one GPU --------------------------------------------------------------------------------
-    def _build(self, ch: _Channel) -> str:
-        """Set ``ch`` up: ``"ok"``, ``"unsupported"`` (no thread needed) or ``"failed"`` (retry later)."""
+    def _build(self, ch: _Channel, first: bool) -> str:
+        """Set ``ch`` up: ``"ok"``, ``"unsupported"`` or ``"failed"`` (retry later)."""
         nvml = self._nvml
         try:
             h = nvml.nvmlDeviceGetHandleByIndex(ch.index)
@@ -220,7 +333,7 @@ class XidEventWatcher:
             except nvml.NVMLError_NotSupported:
                 mask = 0
             if not mask:
-                return self._no_events(ch)
+                return self._no_events(ch, first)
             es = nvml.nvmlEventSetCreate()
             try:
                 nvml.nvmlDeviceRegisterEvents(h, mask, es)
@@ -228,55 +341,88 @@ class XidEventWatcher:
                 self._free_set(es)
                 raise
         except nvml.NVMLError_NotSupported:
-            return self._no_events(ch)
-        except nvml.NVMLError as exc:
+            return self._no_events(ch, first)
+        except Exception as exc:  # NVML errors, and anything a broken binding raises: retried
             self._failed(ch, exc, "cannot set up XID events")
             return "failed"
         ch.set = es
-        with self._lock:
-            self._registered.add(ch.index)
+        if ch.unsupported:
+            ch.unsupported = False
+            log.info("GPU %d offers XID events through NVML again", ch.index)
         return "ok"
 
-    def _no_events(self, ch: _Channel) -> str:
-        with self._lock:
-            self._unsupported.add(ch.index)
-        log.warning("GPU %d does not support XID events through NVML (kernel log still works)", ch.index)
+    def _no_events(self, ch: _Channel, first: bool) -> str:
+        if not ch.unsupported:  # once per GPU, not once per retry
+            ch.unsupported = True
+            if first:
+                log.warning(
+                    "GPU %d does not support XID events through NVML (kernel log still works)", ch.index
+                )
+            else:
+                log.warning(
+                    "GPU %d no longer offers XID events through NVML; asked again every %.0fs (kernel "
+                    "log still works)",
+                    ch.index,
+                    self._backoff_max,
+                )
         return "unsupported"
 
-    def _run(self, ch: _Channel) -> None:
+    def _run(self, ch: _Channel, cur: _Start) -> None:
+        try:
+            self._loop(ch, cur.stop)
+        except Exception:
+            ch.died = True
+            log.exception(
+                "GPU %d: the NVML XID event thread failed; this GPU's NVML XIDs are not watched until "
+                "NVML is re-initialised (the kernel log still reports them)",
+                ch.index,
+            )
+        finally:
+            try:
+                self._drain(ch)
+                self._free(ch)
+            finally:
+                self._ended(ch, cur)
+
+    def _loop(self, ch: _Channel, stop: threading.Event) -> None:
         nvml = self._nvml
         failures = 0
         backoff = self._backoff_initial
-        try:
-            while not self._stop.is_set():
-                if ch.set is None and self._build(ch) != "ok":
-                    if self._stop.wait(backoff):
-                        break
+        first = True
+        while not stop.is_set():
+            if ch.set is None:
+                state = self._build(ch, first)
+                ch.built.set()
+                if state == "unsupported" and first:
+                    return  # this GPU offers no events: no thread needed
+                first = False
+                if state != "ok":
+                    if state == "unsupported":
+                        backoff = self._backoff_max  # a hardware answer: asked again slowly
+                    if stop.wait(backoff):
+                        return
                     backoff = min(backoff * 2, self._backoff_max)
                     continue
-                try:
-                    data = nvml.nvmlEventSetWait_v2(ch.set, self._timeout_ms)
-                except nvml.NVMLError_Timeout:
-                    failures, backoff = 0, self._backoff_initial
-                    self._recovered(ch)
-                    continue
-                except Exception as exc:  # NVML errors (GpuIsLost, Unknown...) and anything unexpected
-                    failures += 1
-                    self._failed(ch, exc, f"event wait failed ({failures} in a row)")
-                    if failures >= self._rebuild_after:
-                        self._drain(ch)
-                        self._free(ch)  # set up again after the back-off
-                        failures = 0
-                    if self._stop.wait(backoff):
-                        break
-                    backoff = min(backoff * 2, self._backoff_max)
-                    continue
+            try:
+                data = nvml.nvmlEventSetWait_v2(ch.set, self._timeout_ms)
+            except nvml.NVMLError_Timeout:
                 failures, backoff = 0, self._backoff_initial
                 self._recovered(ch)
-                self._deliver(ch, data)
-        finally:
-            self._drain(ch)
-            self._free(ch)
+                continue
+            except Exception as exc:  # NVML errors (GpuIsLost, Unknown...) and anything unexpected
+                failures += 1
+                self._failed(ch, exc, f"event wait failed ({failures} in a row)")
+                if failures >= self._rebuild_after:
+                    self._drain(ch)
+                    self._free(ch)  # set up again after the back-off
+                    failures = 0
+                if stop.wait(backoff):
+                    return
+                backoff = min(backoff * 2, self._backoff_max)
+                continue
+            failures, backoff = 0, self._backoff_initial
+            self._recovered(ch)
+            self._deliver(ch, data)
 
     def _drain(self, ch: _Channel) -> None:
         """Deliver what the set still holds (zero-timeout waits until NVML says timeout or fails)."""
@@ -291,11 +437,9 @@ class XidEventWatcher:
             self._deliver(ch, data)
 
     def _free(self, ch: _Channel) -> None:
-        with self._lock:
-            self._registered.discard(ch.index)
-        if ch.set is not None:
-            self._free_set(ch.set)
-            ch.set = None
+        es, ch.set = ch.set, None
+        if es is not None:
+            self._free_set(es)
 
     def _free_set(self, es: Any) -> None:
         try:

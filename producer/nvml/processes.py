@@ -94,6 +94,7 @@ class ProcessCollector:
         try:
             samples = self._nvml.nvmlDeviceGetProcessUtilization(ctx.handle, last_seen)
         except ctx.errors.not_found:
+            ctx.unsupported.answered("proc_util")  # an answer: a later refusal backs off afresh
             return {}  # no sample since last_seen
         except AttributeError:
             ctx.learn("proc_util", "nvmlDeviceGetProcessUtilization missing from the NVML binding")
@@ -105,9 +106,13 @@ class ProcessCollector:
             return {}
         except ctx.errors.base as exc:
             if getattr(exc, "value", None) == 0:  # NVML_SUCCESS with zero samples (see docstring)
+                ctx.unsupported.answered("proc_util")
                 return {}
             ctx.reporter.error(type(exc).__name__)
             return {}
+        # Called directly (not through ctx.call): say it answered, as ctx.call does, so that a
+        # rights refusal after a success starts its back-off over (producer/nvml/learned.py).
+        ctx.unsupported.answered("proc_util")
         acc: dict[int, list[float]] = {}  # pid -> [sm sum, sm n, mem sum, mem n]
         stamps: set[int] = set()
         for s in samples:
@@ -160,6 +165,7 @@ class ProcessCollector:
             return None, 0
         except ctx.errors.base:
             return None, 0  # NotFound / SUCCESS-with-none: no period to count; estimate instead
+        ctx.unsupported.answered("util_samples")
         if not got:
             return None, 0
         stamps = [int(getattr(p, "timeStamp", 0) or 0) for p in got[1]]

@@ -117,7 +117,7 @@ def feed(svc: AlertsService, clock: Clock, *values: dict) -> list[dict]:
     for v in values:
         clock.ms = max(clock.ms, v["timestamp_ms"])
         assert svc.handle([inrec(v)]) == []
-    return svc.sink.records[before:]
+    return [r for r in svc.sink.records[before:] if (r["remediation"] or {}).get("kind") != "evidence"]
 
 
 # ----------------------------------------------------------------------------------- the bug itself
@@ -259,11 +259,15 @@ def test_a_recovery_action_an_event_raised_stays_until_evidence() -> None:
     ended = {r["pci_bus_id"]: r["resolve_reason"] for r in records(e, T0 + 3 * HOUR)}
     assert ended == {dev(2): "quiet"}
     e.on_xid(driver_loaded(T0 + 3 * HOUR + MIN), T0 + 3 * HOUR + MIN)  # a reset satisfies 4, not 2
-    assert {r["pci_bus_id"]: r["resolve_reason"] for r in records(e, T0 + 3 * HOUR + MIN)} == {
+    # ... once a sample of that GPU after the load shows it healthy (a node-wide event proves no GPU back)
+    healthy = GpuIdentity("node-a", dev(1), "GPU-1", 1)
+    e.sample_seen(healthy, T0 + 3 * HOUR + 2 * MIN, True, T0 + 3 * HOUR + 2 * MIN)
+    assert {r["pci_bus_id"]: r["resolve_reason"] for r in records(e, T0 + 3 * HOUR + 2 * MIN)} == {
         dev(1): "recovered"
     }
     e.on_xid(driver_loaded(T0 + 4 * HOUR, boot="boot-B"), T0 + 4 * HOUR)  # the node rebooted
-    (rec,) = records(e, T0 + 4 * HOUR)
+    e.sample_seen(GpuIdentity("node-a", dev(0), "GPU-0", 0), T0 + 4 * HOUR + S, True, T0 + 4 * HOUR + S)
+    (rec,) = records(e, T0 + 4 * HOUR + S)
     assert (rec["pci_bus_id"], rec["resolve_reason"]) == (dev(0), "recovered")
     assert e.open_alerts() == []
 
@@ -337,13 +341,26 @@ def test_gpu_unavailable_is_a_critical_reset_alert_on_that_gpu_until_evidence() 
     )
 
 
-def test_a_driver_reload_ends_gpu_unavailable() -> None:
+def test_a_driver_reload_ends_gpu_unavailable_only_once_a_sample_shows_the_gpu() -> None:
+    """A module load says nothing of a GPU that could not be reached (the reason Xid 79 is exempted,
+    NVSentinel#155): a sample of that GPU after the load does."""
     e = AlertEngine(EngineConfig())
     e.on_xid(notice("gpu_unavailable", 0, T0), T0)
     e.take(T0)
     e.on_xid(driver_loaded(T0 + MIN), T0 + MIN)
-    (rec,) = records(e, T0 + MIN)
-    assert (rec["signal"], rec["resolve_reason"]) == ("gpu_unavailable", "recovered")
+    (rec,) = records(e, T0 + MIN)  # still firing, waiting for the GPU
+    assert (rec["status"], rec["recovery_pending"]["evidence"]) == ("firing", "driver_load")
+    ident = GpuIdentity("node-a", dev(3), "GPU-3", 3)
+    e.sample_seen(ident, T0 + MIN - S, True, T0 + 2 * MIN)  # read before the load: no evidence
+    assert records(e, T0 + 2 * MIN) == []
+    e.sample_seen(ident, T0 + MIN + 30 * S, True, T0 + 2 * MIN)
+    (rec,) = records(e, T0 + 2 * MIN)
+    assert (rec["signal"], rec["status"], rec["resolve_reason"]) == (
+        "gpu_unavailable",
+        "resolved",
+        "recovered",
+    )
+    assert "the GPU was seen healthy at" in rec["description"]
 
 
 def test_gpus_unavailable_at_once_make_a_node_burst() -> None:

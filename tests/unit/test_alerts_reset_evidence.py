@@ -7,6 +7,9 @@ The kernel log gives two kinds, both published by the node agent on ``gpu.xid.v1
   raised under means the node rebooted since;
 * the driver's load line (``NVRM: loading NVIDIA UNIX ... Kernel Module <version>``, kind
   ``driver_loaded``): every GPU was re-initialised -- a reset, not a reboot.
+
+Both are node-wide: they end a GPU's alert (of a class they mend, consumers.alerts.recovery_policy) once a
+sample of that GPU taken after them shows it healthy (:func:`healthy` here), application faults at once.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 
 from consumers.alerts.alert_record import to_record
 from consumers.alerts.dedupe import AlertEngine, EngineConfig
+from consumers.alerts.health_signals import GpuIdentity, device_key
 
 T0 = 1_800_000_000_000
 S = 1000
@@ -68,6 +72,12 @@ def driver_loaded(ts: int, *, boot: str | None = "boot-A", host: str = "node-a")
     }
 
 
+def healthy(e: AlertEngine, ts: int, g: int = 0, *, host: str = "node-a", uuid: str | None = None) -> None:
+    """A healthy whole-GPU sample of GPU ``g`` at ``ts`` (what the service hands the engine per sample)."""
+    ident = GpuIdentity(host, device_key(f"0000:{0x18 + 16 * g:02x}:00"), uuid or f"GPU-{g}", g)
+    e.sample_seen(ident, ts, True, ts)
+
+
 def state(e: AlertEngine, now: int) -> dict[int, tuple[str, str | None]]:
     """code -> (status, resolve_reason) of the latest revision per alert."""
     out = {}
@@ -87,7 +97,14 @@ def test_an_event_under_a_new_boot_id_resolves_reboot_class_alerts():
     assert state(e, later) == {}
     # the node rebooted: the first thing the agent reports from the new boot is the driver's load line
     e.on_xid(driver_loaded(later + MIN, boot="boot-B"), later + MIN)
-    got = {a.codes[0]: a for a in e.take(later + MIN)}
+    pending = {a.codes[0]: a.pending for a in e.take(later + MIN)}  # until the GPUs show up
+    assert {c: (p.evidence, p.since_ms) for c, p in pending.items() if p} == {
+        79: ("reboot", later + MIN),
+        95: ("reboot", later + MIN),
+    }
+    healthy(e, later + 2 * MIN, g=0)
+    healthy(e, later + 2 * MIN, g=1)
+    got = {a.codes[0]: a for a in e.take(later + 2 * MIN)}
     assert {c: (a.status, a.resolve_reason) for c, a in got.items()} == {
         79: ("resolved", "recovered"),
         95: ("resolved", "recovered"),
@@ -104,11 +121,11 @@ def test_a_driver_reload_resolves_reset_class_alerts_but_not_a_gpu_that_fell_off
     e.on_xid(xid(13, T0 + 4 * MIN, g=2), T0 + 4 * MIN)  # application fault
     e.take(T0 + 4 * MIN)
     e.on_xid(driver_loaded(T0 + 10 * MIN), T0 + 10 * MIN)  # same boot: a driver reload
-    got = {a.codes[0]: a for a in e.take(T0 + 10 * MIN)}
-    assert {c: (a.status, a.resolve_reason) for c, a in got.items()} == {
-        95: ("resolved", "recovered"),
-        13: ("resolved", "recovered"),
-    }
+    assert {a.codes[0]: a.status for a in e.take(T0 + 10 * MIN)} == {13: "resolved", 95: "firing"}
+    for g in (0, 1):  # every GPU answers again after the load, the one that fell off the bus too
+        healthy(e, T0 + 11 * MIN, g=g)
+    got = {a.codes[0]: a for a in e.take(T0 + 11 * MIN)}
+    assert {c: (a.status, a.resolve_reason) for c, a in got.items()} == {95: ("resolved", "recovered")}
     assert f"the NVIDIA driver was loaded again (kernel log: {LOADED})" in got[95].description
     assert [a.codes[0] for a in e.open_alerts()] == [79]
 
@@ -120,11 +137,17 @@ def test_evidence_is_no_evidence_for_faults_after_it_or_on_other_nodes():
     e.on_xid(xid(95, T0 + S, host="node-b", boot="boot-X"), T0 + S)
     e.on_xid(driver_loaded(T0 + 2 * S, host="node-c", boot="boot-C"), T0 + 2 * S)
     e.on_xid(xid(13, T0 + 3 * S, g=2, boot="boot-B"), T0 + 3 * S)  # node-a rebooted, a later fault
-    assert sorted((a.hostname, a.codes[0]) for a in e.open_alerts()) == [
-        ("node-a", 13),
-        ("node-b", 95),
+    assert sorted((a.hostname, a.codes[0], a.pending is not None) for a in e.open_alerts()) == [
+        ("node-a", 13, False),
+        ("node-a", 95, True),
+        ("node-b", 95, False),
     ]
-    # node-a's 95 was raised under boot-A before the boot-B event: over; nothing else is
+    # node-a's 95 was raised under boot-A before the boot-B event: over once the GPU shows up after it
+    healthy(e, T0 + 2 * S)  # before the reboot: no evidence
+    healthy(e, T0 + 2 * S, host="node-b")  # another node's GPU
+    assert len(e.open_alerts()) == 3
+    healthy(e, T0 + 4 * S)
+    assert sorted((a.hostname, a.codes[0]) for a in e.open_alerts()) == [("node-a", 13), ("node-b", 95)]
     assert e.counts["reboots_seen"] == 1 and e.counts["driver_loads"] == 2
 
 
@@ -137,6 +160,7 @@ def test_a_reboot_while_the_alerts_service_was_down_is_seen_after_restore():
     e2.restore(published, T0 + 30 * MIN)
     assert [a.codes[0] for a in e2.open_alerts()] == [79]
     e2.on_xid(driver_loaded(T0 + 40 * MIN, boot="boot-B"), T0 + 40 * MIN)
+    healthy(e2, T0 + 41 * MIN)
     assert e2.open_alerts() == []
     # an event of the same boot after a restart is no evidence
     e3 = AlertEngine(EngineConfig())

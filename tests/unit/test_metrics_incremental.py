@@ -11,7 +11,7 @@ import threading
 import time
 
 from consumers.metrics.store import SeriesStore
-from tests.unit.test_metrics_store import T_MS, blank, lines_of, xid
+from tests.unit.test_metrics_store import T_MS, blank, check_exposition, lines_of, xid
 
 
 def counting(store: SeriesStore) -> list[str]:
@@ -148,3 +148,76 @@ def test_a_record_without_some_metric_fields_renders_them_as_null_and_counts_bad
     assert lines_of(text, "DCGM_FI_DEV_SM_CLOCK")[0].endswith(" 1980")
     assert not lines_of(text, "DCGM_FI_DEV_POWER_USAGE") and not lines_of(text, "DCGM_FI_DEV_GPU_TEMP")
     assert sum(store.stats()["invalid"].values()) == 1
+
+
+class _IngestBetweenChunks:
+    """Stands in for the store module's ``time``: runs ``inject`` at the first pause between two
+    render chunks of a scrape (where a concurrent ingest thread would take the lock)."""
+
+    def __init__(self, inject) -> None:
+        self.inject = inject
+        self.done = False
+
+    def time(self) -> float:
+        return time.time()
+
+    def sleep(self, s: float) -> None:
+        if not self.done:
+            self.done = True
+            self.inject()
+
+
+def test_samples_arriving_during_a_scrape_wait_for_the_next_one(monkeypatch) -> None:
+    """A scrape renders the GPUs sampled before it began, a chunk per lock hold. Before, what
+    arrived while it rendered was rendered under its final lock hold, all at once: at 20k GPUs/s
+    thousands of GPUs (hundreds of ms) with ingest blocked behind the lock."""
+    from consumers.metrics import store as store_mod
+
+    store = SeriesStore(stale_after_s=3600, flush_chunk=4)
+    now = T_MS / 1000
+    for i in range(12):
+        store.apply_sample(blank(f"GPU-{i}"), 0, now)
+    calls = counting(store)
+
+    def ingest() -> None:  # 8 GPUs sample again (some already rendered), 2 are new
+        for i in range(8):
+            store.apply_sample(blank(f"GPU-{i}", gpu_temp_c=70.0), 0, now)
+        for i in (20, 21):
+            store.apply_sample(blank(f"GPU-{i}"), 0, now)
+
+    monkeypatch.setattr(store_mod, "time", _IngestBetweenChunks(ingest))
+    text = store.render(now).decode()
+    assert len(calls) == 12  # the GPUs dirty when the scrape began, each once
+    # first sampled during the scrape: in the next one
+    assert not [ln for ln in lines_of(text, "DCGM_FI_DEV_GPU_TEMP") if 'UUID="GPU-20"' in ln]
+    check_exposition(text)
+    calls.clear()
+    text = store.render(now).decode()
+    temps = {
+        ln.split('UUID="')[1].split('"')[0]: ln.rsplit(" ", 1)[1]
+        for ln in lines_of(text, "DCGM_FI_DEV_GPU_TEMP")
+    }
+    assert "GPU-20" in temps and "GPU-21" in temps
+    assert all(temps[f"GPU-{i}"] == "70" for i in range(8)), temps  # none shows a stale body
+    assert len(calls) <= 10  # the 8 sampled again (less those rendered late in the first) + 2 new
+
+
+def test_an_xid_for_a_gpu_waiting_in_a_scrape_is_rendered_with_it(monkeypatch) -> None:
+    """An XID for a GPU whose first sample is queued in a running scrape (no lines yet)."""
+    from consumers.metrics import store as store_mod
+
+    store = SeriesStore(stale_after_s=3600, flush_chunk=2)
+    now = T_MS / 1000
+    for i in range(6):
+        store.apply_sample(blank(f"GPU-{i}"), 0, now)
+
+    def ingest() -> None:
+        waiting = [k for k, g in store._gpus.items() if not g.lines]
+        assert waiting
+        for k in waiting:
+            assert store.apply_xid(xid(48, uuid=k), 0, now)
+
+    monkeypatch.setattr(store_mod, "time", _IngestBetweenChunks(ingest))
+    text = store.render(now).decode()
+    xid_lines = lines_of(text, "DCGM_FI_DEV_XID_ERRORS")
+    assert len(xid_lines) == 6 and sum(ln.endswith(" 48") for ln in xid_lines) == 4

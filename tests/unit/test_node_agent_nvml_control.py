@@ -64,6 +64,81 @@ def test_a_reset_gpu_reports_again_after_the_agent_reinitialises_nvml(tmp_path: 
     assert len(_lost_events(mem)) == 1  # one loss, one event: the re-initialisation adds none
 
 
+def test_an_event_wait_stuck_in_nvml_postpones_the_reinit_and_the_other_gpus_stay_watched(
+    tmp_path: Path,
+) -> None:
+    # Review finding 1: GPU 3's wait blocked in the driver past the stop timeout; the let-go went
+    # on anyway, the watcher's NVML reference kept the old session alive (a reset GPU never seen
+    # again) and its start() did nothing: no NVML XID from any GPU, with /healthz 200.
+    fake = FakeNvml.node("H100", 4)
+    pub, mem = memory_publisher()
+    cfg = config(tmp_path, nvml_reinit_after_s=0.3, nvml_event_timeout_ms=50, nvml_timeout_s=0.3)
+    stuck = {"state": "stuck"}
+    try:
+        with running_agent(cfg, pub, fake) as ra:
+            agent = ra.agent
+            fake.stick_event_waits(3)
+            wait_for(lambda: fake.stuck_waits >= 1, 5, "GPU 3's wait stuck in the driver")
+            fake.gpus[3].lose()
+            fake.gpus[3].reset()  # visible to a new NVML session only
+            wait_for(lambda: _lost_events(mem), 5, "the gpu_lost event")
+            # The re-initialisation comes due: the watcher is stopped (GPUs 0-2 free their sets)...
+            wait_for(lambda: fake.count("nvmlEventSetFree") >= 3, 10, "the let-go tried")
+            w = agent.watcher
+            assert w is not None
+            wait_for(lambda: 0 in w.registered, 5, "the healthy GPUs watched again at once")
+            fake.gpus[0].inject_xid(79)
+            wait_for(lambda: any(x["xid"] == 79 for x in mem.records("xid")), 5, "Xid 79 through NVML")
+            postponed = {"reason": "event_wait_stuck"}
+            name = "gpupipe_producer_nvml_let_go_postponed_total"
+            wait_for(lambda: metric(ra.registry, name, postponed) >= 2, 10, "re-initialisation postponed")
+            assert fake.sessions == 1
+            ok, detail = agent.health()
+            assert ok and detail["nvml_event_threads"] == {"stuck": [3], "dead": []}
+            assert metric(ra.registry, "gpupipe_producer_nvml_event_gpus", stuck) == 1
+            fake.unstick_event_waits(3)  # the wait returns: now NVML can really be re-initialised
+            wait_for(lambda: fake.sessions >= 2, 10, "a new NVML session")
+            wait_for(lambda: agent.source is not None and not agent.source.lost_gpus, 5, "GPU 3 back")
+            wait_for(
+                lambda: agent.watcher is not None and agent.watcher.registered == [0, 1, 2, 3], 5, "events"
+            )
+            fake.gpus[3].inject_xid(48)
+            wait_for(lambda: any(x["xid"] == 48 for x in mem.records("xid")), 5, "Xid 48 through NVML")
+            assert "nvml_event_threads" not in agent.health()[1]
+            assert metric(ra.registry, "gpupipe_producer_nvml_event_gpus", stuck) == 0
+            ra.stop()
+    finally:
+        fake.unstick_event_waits(3)
+    assert fake.init_count == 0
+
+
+def test_a_release_that_must_wait_for_a_hung_gpu_is_said_on_readyz_and_in_a_metric(tmp_path: Path) -> None:
+    # Finding 5: the release file was ignored without a word while a GPU's call was in flight.
+    fake = FakeNvml.node("H100", 2)
+    pub, _ = memory_publisher()
+    release = tmp_path / "nvml-release"
+    cfg = config(tmp_path, nvml_release_file=str(release), nvml_event_timeout_ms=50, nvml_timeout_s=0.2)
+    try:
+        with running_agent(cfg, pub, fake) as ra:
+            agent = ra.agent
+            fake.gpus[1].hang(30.0)
+            wait_for(lambda: agent.stalled_gpus() == 1, 5, "GPU 1 stalled")
+            release.touch()
+            wait_for(lambda: "nvml_release_pending" in agent.ready()[1], 5, "release pending said")
+            ok, detail = agent.ready()
+            # Still ready: NVML is held, so whoever waits for 503 before `nvidia-smi -r` waits on.
+            assert ok and detail["nvml_release_pending"] == "gpu_call_in_flight"
+            assert metric(ra.registry, "gpupipe_producer_nvml_release_pending") == 1
+            assert fake.init_count == 2
+            fake.gpus[1].hang(0)
+            wait_for(lambda: fake.init_count == 0, 5, "NVML released once the call returned")
+            assert not agent.ready()[0] and "nvml_release_pending" not in agent.ready()[1]
+            assert metric(ra.registry, "gpupipe_producer_nvml_release_pending") == 0
+            ra.stop()
+    finally:
+        fake.gpus[1].hang(0)
+
+
 def test_the_release_file_lets_go_of_nvml_until_it_is_removed(tmp_path: Path) -> None:
     fake = FakeNvml.node("H100", 2)
     pub, mem = memory_publisher()

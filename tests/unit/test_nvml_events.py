@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import queue
 import time
 from typing import Any
@@ -307,3 +308,88 @@ def test_stop_while_start_is_under_way_leaves_no_thread_running(fake):
     assert not starter.is_alive() and not w.running
     assert fake.init_count == 0 and fake.live_event_sets() == 0
     fake.gpus[0].hang(0)
+
+
+# -- a wait stuck in NVML (review finding 1) and a GPU hung in its set-up (finding 4) ------------
+
+
+def _until(cond: Any, what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+def test_a_wait_stuck_in_nvml_is_left_to_itself_and_start_works_again(fake):
+    w = Watch(fake)
+    fake.stick_event_waits(3)  # GPU 3 hangs in the driver: its wait does not return
+    try:
+        _until(lambda: fake.stuck_waits >= 1, "GPU 3's wait stuck")
+        assert w.watcher.stop(timeout_s=0.3) is False
+        assert fake.live_event_sets() == 1  # GPU 3's set: never freed under its wait
+        assert fake.init_count == 1  # and the watcher still holds that start's NVML reference
+        # Before: start() did nothing (still "started", its stop flag set): no GPU was watched.
+        w.watcher.start()
+        assert w.watcher.running and w.watcher.registered == [0, 1, 2, 3]
+        fake.gpus[0].inject_xid(79)
+        assert w.event()["gpu_index"] == 0
+        assert w.watcher.stuck == [3]  # said (health, metrics) until it returns
+    finally:
+        fake.unstick_event_waits(3)
+    # The stuck wait returns: that thread frees its own set and gives its NVML reference back;
+    # it does not go on waiting (its start's stop event stays set: the new start has its own).
+    _until(lambda: not w.watcher.stuck and fake.init_count == 1, "the orphan's clean-up")
+    assert fake.live_event_sets() == 4
+    fake.gpus[3].inject_xid(48)
+    ev = w.event()
+    assert (ev["gpu_index"], ev["xid"]) == (3, 48) and w.events.empty()  # once: no old thread
+    assert w.watcher.stop() is True
+    assert fake.init_count == 0 and fake.live_event_sets() == 0 and fake.free_while_waiting == 0
+
+
+def test_a_gpu_hung_in_its_set_up_holds_up_neither_start_nor_stop(fake):
+    # The agent's polling thread restarts the watcher after an NVML re-initialisation; the set-up
+    # calls (GetHandleByIndex, GetUUID...) of a hung GPU ran under the start/stop lock, so the
+    # agent's shutdown waited in stop() until the GPU answered, past its 10 s budget.
+    import threading
+
+    fake.gpus[0].hang(8.0)
+    w = XidEventWatcher(fake, lambda ev: None, timeout_ms=50)
+    _STARTED.append(w)
+    starter = threading.Thread(target=w.start)
+    starter.start()
+    try:
+        _until(lambda: fake.count("nvmlDeviceGetUUID", gpu=0) > 0, "start() under way")
+        t0 = time.monotonic()
+        clean = w.stop(timeout_s=0.3)
+        took = time.monotonic() - t0
+    finally:
+        fake.gpus[0].hang(0)
+        starter.join(WAIT_S)
+    assert took < 2.0, f"stop() took {took:.1f}s while GPU 0 hung"
+    assert clean is False and not starter.is_alive()
+    _until(lambda: not w.stuck and fake.init_count == 0, "GPU 0's thread returning")
+    assert not w.running and fake.live_event_sets() == 0
+
+
+def test_a_gpu_that_stops_offering_events_is_logged_once_and_watched_when_it_offers_them_again(
+    fake, caplog: pytest.LogCaptureFixture
+):
+    # Finding 7: a GPU answering NotSupported when its set was rebuilt logged "does not support
+    # XID events" at every back-off period, for ever.
+    w = Watch(fake, rebuild_after=1)
+    fake.gpus[1].events_supported = False  # e.g. after a reset; its registered set stays
+    with caplog.at_level(logging.WARNING, logger="gpupipe.nvml.events"):
+        fake.fail_event_wait(pynvml.NVML_ERROR_UNKNOWN, times=1, gpu=1)  # the set is rebuilt
+        asked = fake.count("nvmlDeviceGetSupportedEventTypes", gpu=1)
+        _until(lambda: fake.count("nvmlDeviceGetSupportedEventTypes", gpu=1) >= asked + 4, "retries")
+        assert w.watcher.unsupported == [1]
+        said = [
+            r.getMessage() for r in caplog.records if "GPU 1" in r.getMessage() and "events" in r.getMessage()
+        ]
+    assert len([m for m in said if "XID events through NVML" in m]) == 1, said
+    fake.gpus[1].events_supported = True
+    _until(lambda: w.watcher.registered == [0, 1, 2, 3], "GPU 1 set up again")
+    assert w.watcher.unsupported == []
+    fake.gpus[1].inject_xid(31)
+    assert w.event()["gpu_index"] == 1

@@ -145,3 +145,25 @@ def test_pcie_throughput_falls_back_wherever_gpm_is_refused(where: str) -> None:
     assert s["pcie_tx_bytes_per_s"] == 123_456 * 1024.0 and s["pcie_rx_bytes_per_s"] == 654_321 * 1024.0
     assert fake.count("nvmlDeviceGetPcieThroughput", gpu=0) > 0
     src.shutdown()
+
+
+def test_a_process_utilisation_answer_starts_the_rights_back_off_over() -> None:
+    # Suspected finding 8: nvmlDeviceGetProcessUtilization is called directly (not through
+    # ctx.call) and never said it answered, so a refusal after a success kept the doubled back-off.
+    util = "nvmlDeviceGetProcessUtilization"
+    fake = _with_process()
+    fake.gpus[0].fail(util, pynvml.NVML_ERROR_NO_PERMISSION, times=2)
+    fake, src, clock, _ = make(fake, intervals={"refused_retry": 300})
+    src.poll()  # refused: asked again in 300 s
+    tick(src, clock, 300.0)  # refused again: 600 s
+    asked = fake.count(util, gpu=0)
+    tick(src, clock, 600.0)  # rights granted: it answers
+    assert fake.count(util, gpu=0) == asked + 1 and "proc_util" not in src.unsupported(0)
+    fake.gpus[0].fail(util, pynvml.NVML_ERROR_NO_PERMISSION, times=1)
+    tick(src, clock, 10.0)  # refused once more, after a success: the back-off starts at 300 s
+    assert "proc_util" in src.unsupported(0)
+    asked = fake.count(util, gpu=0)
+    tick(src, clock, 300.0)
+    assert fake.count(util, gpu=0) == asked + 1, "asked again after 300 s, not after a doubled 1200 s"
+    assert "proc_util" not in src.unsupported(0)
+    src.shutdown()

@@ -78,3 +78,14 @@ def test_a_refused_tracked_record_goes_back_to_its_owner() -> None:
     pub.produce_tracked("gpu.xid.v1", b"k", b"v", lambda err, msg: got.append(err.name()))
     assert got == ["TOPIC_AUTHORIZATION_FAILED"]  # the XID spool keeps it for a later retry
     assert pub.failed == 0 and fatal == [("TOPIC_AUTHORIZATION_FAILED", "gpu.xid.v1")]
+
+
+def test_a_fatal_delivery_report_is_fatal_although_its_flag_is_not_set() -> None:
+    # After a fatal error of the idempotent producer librdkafka fails what is queued with _FATAL,
+    # whose fatal() is False (the flag stays on the original error): it was not noticed.
+    pub, fake, fatal = _publisher()
+    err = KafkaError(KafkaError._FATAL)
+    assert not err.fatal()
+    fake.on_delivery(err, _Msg("gpu.samples.v1"))
+    fake.on_delivery(err, _Msg("gpu.samples.v1"))
+    assert fatal == [("_FATAL", "gpu.samples.v1")] and pub.failed == 2
