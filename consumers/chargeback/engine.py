@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from consumers.chargeback.accounting import AccountingConfig
+from consumers.chargeback.late_runs import GAP_MS as LATE_RUN_GAP_MS
 from consumers.chargeback.price_schedule import PriceSchedule
 from consumers.chargeback.prices import PriceTable
 from consumers.chargeback.windows import DEFAULT_GRACE_MS, DEFAULT_WINDOW_MS, Checkpoint, WindowEngine
@@ -68,6 +69,9 @@ class ChargebackSettings:
     max_clock_skew_ms: int | None = 60_000
     """Samples stamped further ahead of their Kafka record timestamp (broker time with LogAppendTime)
     are accounted at the latter: a sample can never be newer than its append to the log."""
+    late_run_gap_ms: int = LATE_RUN_GAP_MS
+    """Quiet time in record timestamps that ends a run of late records (late_runs.py); the same in
+    every run over the same input, or re-processed corrections are grouped differently."""
 
 
 def build_engine(
@@ -84,6 +88,7 @@ def build_engine(
         accounting=settings.accounting,
         team_of=team_of,
         max_clock_skew_ms=settings.max_clock_skew_ms,
+        late_run_gap_ms=settings.late_run_gap_ms,
     )
 
 

@@ -26,18 +26,21 @@ this) is taken to agree.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from confluent_kafka import KafkaException, TopicPartition
 
 from consumers.chargeback.errors import PriceChangeError
 from consumers.chargeback.price_schedule import Fingerprint, divergence
+from consumers.chargeback.service_config import OP_TIMEOUT_S
 from consumers.chargeback.windows import Checkpoint
 from gpupipe.durations import format_iso_ms
 from gpupipe.logs import fields
+from gpupipe.startup import retry
 
 log = logging.getLogger("gpupipe.chargeback")
 
@@ -55,16 +58,28 @@ class PriceAgreement:
         grace_ms: int,
         interval_s: float = CHECK_EVERY_S,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.ours, self.window_ms, self.grace_ms = ours, window_ms, grace_ms
-        self.interval_s, self.clock = interval_s, clock
+        self.interval_s, self.clock, self.wall = interval_s, clock, wall
         self.last_check = float("-inf")
         self.held_from: int | None = None  # usage time from which another partition prices differently
         self.hold_at: int | None = None  # records of this event time or later wait
+        # The other partitions that price differently: partition -> (from when, the instance that
+        # committed its checkpoint, None from writers older than that); and since when (clock).
+        self.differing: dict[int, tuple[int, str | None]] = {}
+        self.since: float | None = None
+        # Partitions this instance took over from another instance whose checkpoint priced them
+        # differently (see carry): partition -> (that fingerprint, its writer, from when).
+        self.carried: dict[int, tuple[Fingerprint, str | None, int]] = {}
+        self.last_others: dict[int, Checkpoint | None] = {}
+        self.me: str | None = None  # this instance's id (writer), known once it restored partitions
 
-    def check_restored(self, restored: Mapping[int, Checkpoint | None]) -> None:
+    def check_restored(self, restored: Mapping[int, Checkpoint | None], total: int | None = None) -> None:
         """Refuse partitions whose billed windows this schedule would price differently; the
-        message names the latest billed horizon, the earliest ``valid_from`` all of them allow."""
+        message names the latest billed horizon, the earliest ``valid_from`` all of them allow,
+        and suggests a window boundary in the future (the other instances bill on meanwhile).
+        ``total``: how many partitions were checked (all of the topic's at start)."""
         refused: list[tuple[int, int, int]] = []  # (billed before, partition, differs from)
         for part, cp in restored.items():
             if cp is None or cp.prices is None:
@@ -76,13 +91,76 @@ class PriceAgreement:
         if not refused:
             return
         billed, part, since = max(refused)
-        raise PriceChangeError(
-            f"partition {part} was billed up to {format_iso_ms(billed)} with a price table that differs "
-            f"from this one from {format_iso_ms(since)} on ({len(refused)} partition(s) so): a price "
-            "change may only apply to usage not billed yet, so that a window never has two prices. "
-            "Deploy the old table again and put the change in its changes: with a valid_from of "
-            f"{format_iso_ms(billed)} or later"
+        what = (
+            "a price table whose base (the prices before every change) differs from this one: tables "
+            "are compared whole, by digest, so any edit of the base re-prices billed usage, also "
+            "adding a model never billed (which models were billed is not recorded)"
+            if since == 0
+            else f"a price table that differs from this one from {format_iso_ms(since)} on"
         )
+        later = max(billed, int(self.wall() * 1000) + self.window_ms)
+        later += -later % self.window_ms
+        raise PriceChangeError(
+            f"partition {part} was billed up to {format_iso_ms(billed)} with {what} ({len(refused)} of "
+            f"{total if total is not None else len(restored)} partition(s) so): a price change may "
+            "only apply to usage not billed yet, so that a window never has two prices. Deploy the "
+            "old table again and put the change in its changes: with a valid_from of "
+            f"{format_iso_ms(billed)} or later, on a window boundary; the instances bill on "
+            f"meanwhile, so choose one in the future (e.g. {format_iso_ms(later)})"
+        )
+
+    def carry(self, restored: Mapping[int, Checkpoint | None], me: str) -> None:
+        """Remember the restored partitions whose checkpoint shows another instance's table.
+
+        During a rolling update an instance that restarts (or goes away) hands its partitions to
+        the others (a rebalance). An old instance taking a new one's partitions no longer saw the
+        new table anywhere (it reads only the partitions it does not own): it billed the windows
+        after the change at the old price and its commits erased the new table's fingerprint, so
+        that every new instance was refused afterwards. So a partition restored from another
+        writer's checkpoint with another table (allowed: nothing billed past their divergence),
+        or carrying one, holds from there as if that writer still owned it, and its checkpoints
+        carry that table and writer (``cx``/``cby``) beside this instance's own, so the group keeps
+        knowing of both. It ends when that writer restores the partition (whatever its table
+        now), when an instance with that table does, or when that writer is seen committing
+        another table elsewhere (:meth:`update`): it came back updated.
+        """
+        self.me = me
+        for part, cp in restored.items():
+            self.carried.pop(part, None)
+            if cp is None:
+                continue
+            for prices, writer in ((cp.prices, cp.writer), (cp.carried_prices, cp.carried_writer)):
+                if prices is None or writer is None or writer == me:
+                    continue
+                since = divergence(self.ours, prices)
+                if since is not None:
+                    self.carried[part] = (prices, writer, since)
+                    break
+
+    def forget(self, parts: Iterable[int]) -> None:
+        for part in parts:
+            self.carried.pop(part, None)
+
+    def committed_as(self, part: int, cp: Checkpoint) -> Checkpoint:
+        """The checkpoint to commit for ``part``: a carried table goes with this instance's own."""
+        carried = self.carried.get(part)
+        if carried is None:
+            return cp
+        return dataclasses.replace(cp, carried_prices=carried[0], carried_writer=carried[1])
+
+    def refresh(self) -> bool:
+        """Recompute the hold after the assignment changed (the carried partitions with it); True
+        when it changed.
+
+        The last read of the other partitions is stale now: it lacks the partitions this instance
+        just handed on, carried ones among them, whose checkpoints now tell the group of the other
+        table. Recomputed from it alone, the hold was lifted until the next read (``interval_s``),
+        long enough to bill the kept partitions past the divergence at this table's prices. So an
+        assignment only ever holds from earlier, and the others are read again at the next loop:
+        only a fresh read lifts a hold.
+        """
+        self.last_check = float("-inf")
+        return self.update(self.last_others, lift=False)
 
     def due(self) -> bool:
         now = self.clock()
@@ -91,32 +169,62 @@ class PriceAgreement:
         self.last_check = now
         return True
 
-    def update(self, others: Mapping[int, Checkpoint | None]) -> bool:
+    def update(self, others: Mapping[int, Checkpoint | None], lift: bool = True) -> bool:
         """Recompute the hold from the checkpoints of the partitions other instances own; True
-        when it changed."""
+        when it changed. ``lift=False``: the hold may start earlier, never later nor end."""
+        self.last_others = dict(others)
+        # A carried table ends once its writer is seen committing another one (it came back
+        # updated, with other partitions): it no longer runs that table. The same for a table
+        # another instance carries, and for one carried for this instance (it knows its own).
+        now_by = {cp.writer: cp.prices for cp in others.values() if cp is not None and cp.writer is not None}
+
+        def stale(prices: Fingerprint, writer: str | None) -> bool:
+            return writer == self.me or (writer in now_by and now_by[writer] != prices)
+
+        for part, (prices, writer, _) in list(self.carried.items()):
+            if stale(prices, writer):
+                del self.carried[part]
+        tables = [(part, prices, writer) for part, (prices, writer, _) in self.carried.items()]
+        for part, cp in sorted(others.items()):
+            if cp is None:
+                continue
+            if cp.prices is not None:
+                tables.append((part, cp.prices, cp.writer))
+            if cp.carried_prices is not None and not stale(cp.carried_prices, cp.carried_writer):
+                tables.append((part, cp.carried_prices, cp.carried_writer))
         since: int | None = None
         worst: tuple[int, int] | None = None
-        for part, cp in sorted(others.items()):
-            if cp is None or cp.prices is None:
+        differing: dict[int, tuple[int, str | None]] = {}
+        for part, prices, writer in tables:
+            d = divergence(self.ours, prices)
+            if d is None or (part in differing and differing[part][0] <= d):
                 continue
-            d = divergence(self.ours, cp.prices)
-            if d is None:
-                continue
+            differing[part] = (d, writer)
             since = d if since is None else min(since, d)
-            billed = cp.billed_before()
-            if billed is not None and d < billed and worst is None:
+        for part, cp in sorted(others.items()):  # billed past it with another table
+            if cp is None or cp.prices is None or part not in differing:
+                continue
+            d, billed = divergence(self.ours, cp.prices), cp.billed_before()
+            if d is not None and billed is not None and d < billed and worst is None:
                 worst = (part, billed)
+        if not lift and self.held_from is not None and (since is None or self.held_from < since):
+            since, differing = self.held_from, {**self.differing, **differing}
         hold_at = None
         if since is not None:
             start = since - since % self.window_ms
             hold_at = start + self.window_ms + self.grace_ms
         changed = hold_at != self.hold_at
-        self.held_from, self.hold_at = since, hold_at
-        if changed and since is not None:
+        if since is None:
+            self.since = None
+        elif self.since is None:
+            self.since = self.clock()
+        moved = differing != self.differing
+        self.held_from, self.hold_at, self.differing = since, hold_at, differing
+        if (changed or moved) and since is not None:
             log.warning(
                 "another instance prices differently: windows from this time wait until every "
                 "instance runs the same price table (a rolling update in progress?)",
-                extra=fields(windows_from=format_iso_ms(since)),
+                extra=fields(windows_from=format_iso_ms(since), other_tables=self.other_tables()),
             )
         elif changed:
             log.info("every instance prices alike again: held windows go on")
@@ -128,6 +236,20 @@ class PriceAgreement:
                 extra=fields(partition=worst[0], billed_up_to=format_iso_ms(worst[1])),
             )
         return changed
+
+    def other_tables(self) -> dict[str, str]:
+        """Partition -> instance whose checkpoint of it prices differently (``?``: not recorded)."""
+        return {str(p): w or "?" for p, (_, w) in sorted(self.differing.items())}
+
+    def hold_detail(self) -> dict[str, Any] | None:
+        """What /healthz says of a hold (None when every instance agrees)."""
+        if self.held_from is None:
+            return None
+        return {
+            "windows_from": format_iso_ms(self.held_from),
+            "for_s": None if self.since is None else round(self.clock() - self.since, 1),
+            "other_tables": self.other_tables(),
+        }
 
 
 class PriceHolds:
@@ -142,6 +264,33 @@ class PriceHolds:
     prices_agreement: PriceAgreement
     held: dict[int, int]  # held partition -> offset of its first record not processed
     _reposition: Any
+
+    def _check_group_prices(self) -> None:
+        """At start, before joining: refuse this price table if any partition of the group, not
+        only the ones this instance will get, was billed past where it prices differently. Its own
+        partitions' horizons may have moved on by the time it is redeployed, and an instance
+        restored elsewhere would wait for ever on the others; the message names the latest billed
+        horizon of all of them (PriceChangeError)."""
+        topic = self.cfg.input_topic
+        md = retry(
+            lambda: self.consumer.list_topics(topic, timeout=OP_TIMEOUT_S), what=f"metadata of {topic}"
+        )
+        meta = md.topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            return  # no input topic yet: nothing was billed
+        parts = sorted(meta.partitions)
+        committed = retry(
+            lambda: self.consumer.committed([TopicPartition(topic, p) for p in parts], timeout=OP_TIMEOUT_S),
+            what=f"committed offsets of {topic}",
+        )
+        self.prices_agreement.check_restored(
+            {
+                tp.partition: Checkpoint.from_metadata(tp.offset, tp.metadata)
+                for tp in committed
+                if tp.error is None and tp.offset is not None and tp.offset >= 0
+            },
+            total=len(parts),
+        )
 
     def _agree_on_prices(self) -> None:
         """Read the other partitions' checkpoints; resume what no longer has to wait."""
@@ -160,11 +309,20 @@ class PriceHolds:
             )
         except KafkaException:
             return  # keep the last decision; the next check tries again
+        failed = sorted(tp.partition for tp in committed if tp.error is not None)
+        if failed:
+            # An errored read is no evidence of agreement: taking it as "no fingerprint" would lift
+            # a hold while that partition still prices differently. Keep the last decision.
+            log.info(
+                "cannot read the checkpoints of other partitions; the price decision stands",
+                extra=fields(partitions=failed),
+            )
+            return
         changed = self.prices_agreement.update(
             {
                 tp.partition: Checkpoint.from_metadata(tp.offset, tp.metadata)
                 for tp in committed
-                if tp.error is None and tp.offset >= 0
+                if tp.offset >= 0
             }
         )
         if changed and self.held:  # lifted or moved: each held record is checked again when it comes
@@ -181,11 +339,27 @@ class PriceHolds:
             extra=fields(partitions=parts, windows_from=format_iso_ms(self.prices_agreement.held_from or 0)),
         )
 
+    def _unhold(self, parts: Iterable[int]) -> None:
+        """Forget the holds of ``parts`` and resume them.
+
+        Whenever a partition's state is dropped or restored (an aborted transaction, a rebalance,
+        lost partitions) it starts again at its checkpoint, below any held record: a hold kept
+        above it would later seek past the records in between and never bill them. Its records
+        are checked against the hold again as they come, and held anew where they must wait. And
+        librdkafka keeps an application pause across unassign/assign, so a partition whose hold is
+        forgotten without a resume stays paused for ever: billing would stop without an error.
+        """
+        ids = sorted(set(parts))
+        for p in ids:
+            self.held.pop(p, None)
+        if ids:
+            self.consumer.resume([TopicPartition(self.cfg.input_topic, p) for p in ids])
+
     def _resume_held(self, parts: list[int]) -> None:
         topic = self.cfg.input_topic
         parts = [p for p in parts if p in self.held and p in self.assigned]
         if not parts:
-            self.held.clear()
+            self._unhold(list(self.held))
             return
         try:
             for p in parts:  # librdkafka fetched past the held record: go back to it

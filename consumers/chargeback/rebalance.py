@@ -58,16 +58,20 @@ class RebalanceCallbacks:
                 self.starts.update(starts)
                 self.assigned.update(new)
                 consumer.incremental_assign([TopicPartition(self.cfg.input_topic, p, starts[p]) for p in new])
+                self._unhold(new)  # librdkafka may keep a pause from an earlier assignment
                 log.info("partitions assigned", extra=fields(partitions=new, incremental=True))
                 self._refresh_info()
                 return
             starts = self._restore(ids) if ids else {}
             self.starts = starts
             self.assigned = set(ids)
-            self.held.clear()  # a new assignment starts unpaused, at the checkpoints
             consumer.assign(
                 [TopicPartition(self.cfg.input_topic, p, starts.get(p, OFFSET_INVALID)) for p in ids]
             )
+            # A new assignment starts unpaused, at the checkpoints: librdkafka keeps a pause across
+            # unassign/assign, so resume what an earlier hold may have left paused.
+            self.held.clear()
+            self._unhold(ids)
             log.info("partitions assigned", extra=fields(partitions=ids))
             self._refresh_info()
         except BaseException as exc:  # surfaced by the loop after consume() returns
@@ -82,11 +86,12 @@ class RebalanceCallbacks:
             self.metrics.rebalances.labels("revoke").inc()
             if self.started and not self.failed:
                 self.commit(rewind=False)  # the normal end-of-batch transaction
+            self._unhold([p for p in ids if p in self.held])  # before librdkafka unassigns them
+            self.prices_agreement.forget(ids)
             for part in ids:
                 self.engine.drop_partition(part)
                 self.positions.pop(part, None)
                 self.committed.pop(part, None)
-                self.held.pop(part, None)
             self.assigned.difference_update(ids)
             if self.cooperative:
                 consumer.incremental_unassign(parts)
@@ -117,7 +122,8 @@ class RebalanceCallbacks:
                 self.positions.pop(part, None)
                 self.committed.pop(part, None)
             self.assigned.difference_update(ids)
-            self.held.clear()  # every kept partition is restored and read again
+            self.prices_agreement.forget(ids)
+            self._unhold(list(self.held))  # every kept partition is restored and read again
             self.pending = 0
             if self.cooperative:
                 consumer.incremental_unassign(parts)

@@ -52,7 +52,7 @@ from confluent_kafka import (
 from prometheus_client import CollectorRegistry
 
 from consumers.chargeback.errors import AbortTransaction as _Abort
-from consumers.chargeback.errors import ChargebackFatalError
+from consumers.chargeback.errors import ChargebackFatalError, PriceChangeError
 from consumers.chargeback.identity import check_client_overrides
 from consumers.chargeback.idle import IdleDetector
 from consumers.chargeback.price_agreement import PriceAgreement, PriceHolds
@@ -132,6 +132,7 @@ class ChargebackService(RebalanceCallbacks, PriceHolds, PartitionInfo):
         # One price per window across instances, also while a rolling update runs two price files
         # (review D6): partitions whose next record would close a window of disputed prices wait.
         self.prices_agreement = PriceAgreement(engine.price_fingerprint, engine.window_ms, engine.grace_ms)
+        self.prices_agreement.me = engine.instance_id
         self.held: dict[int, int] = {}
         self._lock = threading.Lock()
         self._info: dict[int, dict[str, Any]] = {}
@@ -208,6 +209,13 @@ class ChargebackService(RebalanceCallbacks, PriceHolds, PartitionInfo):
                 grace_ms=self.engine.grace_ms,
             ),
         )
+        try:
+            self._check_group_prices()
+        except PriceChangeError as exc:  # refused before joining the group: nothing moves
+            self.failed = True
+            with contextlib.suppress(Exception):
+                self.consumer.close()
+            raise ChargebackFatalError(str(exc)) from exc
         self.consumer.subscribe(
             [self.cfg.input_topic],
             on_assign=self._on_assign,
@@ -427,6 +435,8 @@ class ChargebackService(RebalanceCallbacks, PriceHolds, PartitionInfo):
             checkpoints: dict[int, Checkpoint] = {}
             for part in sorted(self.assigned):
                 cp = self.engine.checkpoint(part, next_offset=self.positions.get(part))
+                if cp is not None:
+                    cp = self.prices_agreement.committed_as(part, cp)
                 if cp is not None and cp != self.committed.get(part):
                     checkpoints[part] = cp
             if not records and not checkpoints and not self.in_txn:
@@ -590,13 +600,15 @@ class ChargebackService(RebalanceCallbacks, PriceHolds, PartitionInfo):
         )
         starts: dict[int, int] = {}
         # PriceChangeError when this price table would re-price usage already billed (review D6).
-        self.prices_agreement.check_restored(
-            {
-                tp.partition: Checkpoint.from_metadata(tp.offset, tp.metadata)
-                for tp in committed
-                if tp.error is None and tp.offset is not None and tp.offset >= 0
-            }
-        )
+        restored = {
+            tp.partition: Checkpoint.from_metadata(tp.offset, tp.metadata)
+            for tp in committed
+            if tp.error is None and tp.offset is not None and tp.offset >= 0
+        }
+        self.prices_agreement.check_restored(restored)
+        self.prices_agreement.forget(parts)  # taken over from an instance with another table: hold
+        self.prices_agreement.carry(restored, self.engine.instance_id)
+        self.prices_agreement.refresh()
         for tp in committed:
             if tp.error is not None:
                 raise ChargebackFatalError(f"cannot read the committed offset of {topic}[{tp.partition}]")
@@ -622,6 +634,8 @@ class ChargebackService(RebalanceCallbacks, PriceHolds, PartitionInfo):
                     watermark_ms=None if cp is None else cp.watermark_ms,
                 ),
             )
+        # Restored below any held record: the hold must not stay above it (see PriceHolds._unhold).
+        self._unhold([p for p in parts if p in self.held])
         return starts
 
     def _reposition(self) -> None:
@@ -689,12 +703,21 @@ class ChargebackService(RebalanceCallbacks, PriceHolds, PartitionInfo):
     def health(self) -> tuple[bool, dict[str, Any]]:
         age = time.monotonic() - self.last_loop if self.last_loop else None
         ok = self.fatal is None and not self.failed and self.started and age is not None and age < 60
-        return ok, {
+        detail: dict[str, Any] = {
             "assigned_partitions": sorted(self.assigned),
             "seconds_since_poll": None if age is None else round(age, 3),
             "seconds_since_commit": round(time.monotonic() - self.last_commit, 3),
             "transactional_id": self.cfg.transactional_id,
         }
+        hold = self.prices_agreement.hold_detail()
+        if hold is not None:
+            # Degraded, not unhealthy (still 200, as during a replay or a broker outage): the hold
+            # is expected during every rolling update of the price table, and a failing probe
+            # would restart instances in the middle of the update it waits for. The alert
+            # ChargebackPriceHold covers a hold that does not end.
+            detail["degraded"] = "price hold: windows wait until every instance runs the same price table"
+            detail["price_hold"] = {**hold, "held_partitions": sorted(self.held)}
+        return ok, detail
 
 
 __all__ = [

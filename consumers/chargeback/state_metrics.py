@@ -133,10 +133,21 @@ class StateCollector(Collector):
             "differently (a rolling update of the price table in progress, review D6); absent when "
             "every instance agrees.",
         )
-        held_from = svc.prices_agreement.held_from
-        if held_from is not None:
-            hold.add_metric([], held_from / 1000.0)
+        agreement = svc.prices_agreement
+        if agreement.held_from is not None:
+            hold.add_metric([], agreement.held_from / 1000.0)
         yield hold
+        other = GaugeMetricFamily(
+            "gpupipe_chargeback_price_other_table_from_seconds",
+            "Per partition of another instance whose checkpoint prices differently, or of this "
+            "instance carrying the table of the instance it took the partition from: the usage time "
+            "from which it does, labelled with the instance whose table it is (writer; '?' from "
+            "older versions). The instance to update to end a price hold.",
+            labels=["partition", "writer"],
+        )
+        for part, (since, writer) in sorted(agreement.differing.items()):
+            other.add_metric([str(part), writer or "?"], since / 1000.0)
+        yield other
         for part, info in sorted(svc.partition_info().items()):
             if info.get("replay_remaining") is not None:
                 replaying.add_metric([str(part)], info["replay_remaining"])

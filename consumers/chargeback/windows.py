@@ -9,10 +9,12 @@ A sample at ``ts`` belongs to the window ``[ts - ts % window_ms, that + window_m
 partition has its own watermark (the highest sample timestamp seen in it) and its own windows: a
 window of partition P closes when P's watermark reaches ``window_end + grace_ms``, and is emitted
 then as ``kind=window`` records, one per (namespace, node, gpu_model). A sample whose window has
-closed is *late*: it goes into a ``kind=correction`` record for that window, emitted at the next
-:meth:`WindowEngine.poll_closed`, never dropped. Records are additive partials: reports sum them
-over partitions, instances and kinds. Per-partition windows are what make instances independent:
-a rebalance moves a partition's whole state and nothing else.
+closed is *late*: it goes into a ``kind=correction`` record for that window, never dropped,
+emitted at the first :meth:`WindowEngine.poll_closed` after its run of consecutive late records
+ended (``late_runs.py``: so that any run over the same input emits the same corrections). Records
+are additive partials: reports sum them over partitions, instances and kinds. Per-partition
+windows are what make instances independent: a rebalance moves a partition's whole state and
+nothing else.
 
 Exactly-once, and recovery by replay
 ------------------------------------
@@ -34,8 +36,10 @@ closed at the restored watermark it is skipped, because its contribution was alr
 either in that window's final record (closed before the checkpoint) or in a correction (already
 late then, since watermarks only grow). No window can close during the replay (no replayed sample
 is newer than the restored watermark), so nothing is emitted twice, and the windows open at the
-checkpoint are rebuilt from exactly the records that built them. The service must not dead-letter
-replayed records again (``is_replay()``).
+checkpoint are rebuilt from exactly the records that built them. A run of late records still
+pending at the checkpoint is state too: the checkpoint's offset stays at or before it, its metadata
+names its first offset (``late_from``), and replayed late records from there on are folded again.
+The service must not dead-letter replayed records again (``is_replay()``).
 
 Why replay rebuilds the GPU state too: a sample's accounted time and energy depend on its GPU's
 reference sample (``accounting.py``), which may be older than the open windows. The reference is a
@@ -67,7 +71,6 @@ from typing import Any
 from consumers.chargeback.accounting import (
     DUPLICATE,
     AccountingConfig,
-    Contribution,
     GpuRef,
     account,
     gpu_key,
@@ -77,6 +80,7 @@ from consumers.chargeback.errors import (
     ChargebackStateError,
     CheckpointMismatchError,
 )
+from consumers.chargeback.late_runs import GAP_MS, LateRun
 from consumers.chargeback.price_schedule import Fingerprint, PriceSchedule, fingerprint
 from consumers.chargeback.prices import PriceTable
 from consumers.chargeback.records import CORRECTION, WINDOW, GpuTimeAggregate, RowKey, to_record
@@ -111,10 +115,20 @@ class Checkpoint:
     # The committing instance's price schedule (price_schedule.fingerprint): what the partition's
     # windows before the watermark's horizon were priced with (review D6); None from older writers.
     prices: Fingerprint | None = None
+    # First offset of the run of late records pending at the checkpoint (late_runs.py): a replay
+    # folds the late records from there on into corrections again; None: no run was pending.
+    late_from: int | None = None
+    # The committing instance's --instance-id: an instance held by another partition's prices can
+    # name which instance still runs the other table (review: a hold that never ends).
+    writer: str | None = None
+    # Another instance's table this partition was taken over from (price_agreement.carry): the
+    # group keeps knowing of it while that instance is away; with that instance's id.
+    carried_prices: Fingerprint | None = None
+    carried_writer: str | None = None
 
     def to_metadata(self) -> str:
         """Commit-metadata string (well under Kafka's default 4096-byte limit: 16 price versions
-        at most, about 500 bytes)."""
+        at most, about 500 bytes, twice with a carried table)."""
         data: dict[str, Any] = {
             "t": _METADATA_TAG,
             "v": _METADATA_VERSION,
@@ -125,6 +139,13 @@ class Checkpoint:
         }
         if self.prices is not None:
             data["px"] = [[start, digest] for start, digest in self.prices]
+        if self.late_from is not None:
+            data["lr"] = self.late_from
+        if self.writer is not None:
+            data["by"] = self.writer
+        if self.carried_prices is not None:
+            data["cx"] = [[start, digest] for start, digest in self.carried_prices]
+            data["cby"] = self.carried_writer
         return json.dumps(data, separators=(",", ":"))
 
     @classmethod
@@ -147,6 +168,10 @@ class Checkpoint:
                 window_ms=int(data["window_ms"]),
                 grace_ms=int(data["grace_ms"]),
                 prices=_prices(data.get("px")),
+                late_from=None if data.get("lr") is None else int(data["lr"]),
+                writer=data["by"] if isinstance(data.get("by"), str) else None,
+                carried_prices=_prices(data.get("cx")),
+                carried_writer=data["cby"] if isinstance(data.get("cby"), str) else None,
             )
         except (KeyError, TypeError, ValueError):
             return None
@@ -182,10 +207,10 @@ class _Window:
 class _Partition:
     __slots__ = (
         "closed",
-        "correction_offsets",
-        "corrections",
         "flushed_end",
         "gpus",
+        "late",
+        "late_from",
         "next_offset",
         "replay_until",
         "restored",
@@ -193,12 +218,12 @@ class _Partition:
         "windows",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, late_run_gap_ms: int) -> None:
         self.watermark: int | None = None
         self.windows: dict[int, _Window] = {}  # open windows by start
         self.closed: list[tuple[int, _Window]] = []  # closed, not yet polled
-        self.corrections: dict[RowKey, GpuTimeAggregate] = {}
-        self.correction_offsets: dict[RowKey, list[int]] = {}  # input offsets of the late samples
+        self.late = LateRun(late_run_gap_ms)  # late samples, grouped into corrections by runs
+        self.late_from: int | None = None  # restored: replayed late records from here are folded again
         self.gpus: dict[str, GpuRef] = {}
         self.next_offset: int | None = None  # highest offset seen + 1
         self.replay_until: int | None = None
@@ -219,6 +244,7 @@ class WindowEngine:
         accounting: AccountingConfig | None = None,
         team_of: Callable[[str], str | None] | None = None,
         max_clock_skew_ms: int | None = None,
+        late_run_gap_ms: int = GAP_MS,
     ) -> None:
         if window_ms <= 0:
             raise ChargebackConfigError(f"window_ms must be > 0, got {window_ms}")
@@ -235,6 +261,7 @@ class WindowEngine:
         if max_clock_skew_ms is not None and max_clock_skew_ms < 0:
             raise ChargebackConfigError(f"max_clock_skew_ms must be >= 0, got {max_clock_skew_ms}")
         self.max_clock_skew_ms = max_clock_skew_ms
+        self.late_run_gap_ms = int(late_run_gap_ms)
         self.stats: Counter[str] = Counter()
         self.price_fingerprint = fingerprint(self.prices)
         self._parts: dict[int, _Partition] = {}
@@ -254,7 +281,8 @@ class WindowEngine:
         """
         p = self._parts.get(partition)
         if p is None:
-            p = self._parts[partition] = _Partition()
+            p = self._parts[partition] = _Partition(self.late_run_gap_ms)
+        p.late.before(offset, record_ts_ms)
         if p.next_offset is None or offset >= p.next_offset:
             p.next_offset = offset + 1
         replaying = p.replay_until is not None and offset < p.replay_until
@@ -278,18 +306,15 @@ class WindowEngine:
 
         start = ts - ts % self.window_ms
         if self._is_closed(p, start):
-            if replaying:
+            if replaying and (p.late_from is None or offset < p.late_from):
                 self.stats["replay_skipped"] += 1  # already committed in a window or a correction
                 return
             if res.contributions:
                 self.stats["late"] += 1
-                self._fold(p.corrections, start, res.contributions)
-                late = p.correction_offsets
-                for c in res.contributions:
-                    offsets = late.setdefault((start, c.namespace, c.node, c.gpu_model), [])
-                    if not offsets or offsets[-1] != offset:  # ascending: records come in offset order
-                        offsets.append(offset)
+            p.late.fold(start, res.contributions, offset, res.depends_on)
             return
+        if p.late.start is not None:
+            p.late.end()  # an on-time record ends a run of late ones (late_runs.py)
 
         anchor = offset if res.depends_on is None else min(offset, res.depends_on)
         win = p.windows.get(start)
@@ -317,16 +342,6 @@ class WindowEngine:
             return int(record_ts_ms)
         return sample_ts_ms
 
-    def _fold(
-        self, target: dict[RowKey, GpuTimeAggregate], start: int, contribs: tuple[Contribution, ...]
-    ) -> None:
-        for c in contribs:
-            rk = (start, c.namespace, c.node, c.gpu_model)
-            agg = target.get(rk)
-            if agg is None:
-                agg = target[rk] = GpuTimeAggregate()
-            agg.add(c)
-
     def _is_stale(self, ref: GpuRef, watermark: int | None) -> bool:
         return watermark is not None and ref.ts_ms + self._stale_margin < watermark
 
@@ -351,10 +366,13 @@ class WindowEngine:
         advanced watermark is committed with the checkpoint, so a replay agrees with it.
         """
         p = self._parts.get(partition)
-        if p is None or p.watermark is None or broker_ms <= p.watermark:
+        if p is None:
             return False
         if p.replay_until is not None and (p.next_offset is None or p.next_offset < p.replay_until):
             return False  # still replaying: the restored state is the truth
+        ended = p.late.end_if_quiet(int(broker_ms))  # a quiet partition's pending late run goes out
+        if p.watermark is None or broker_ms <= p.watermark:
+            return ended
         p.watermark = int(broker_ms)
         self.stats["idle_advances"] += 1
         self._close_due(p)
@@ -376,18 +394,14 @@ class WindowEngine:
                     out.append(rec)
                 self.stats["windows_closed"] += 1
             p.closed.clear()
-            for rk in sorted(p.corrections):
-                rec = self._record(rk, p.corrections[rk], CORRECTION, pid, emitted_at)
-                offsets = p.correction_offsets.get(rk) or [0]
+            for rk, agg, offsets in p.late.take():  # runs that ended: the same in every run (late_runs)
+                rec = self._record(rk, agg, CORRECTION, pid, emitted_at)
                 rec["record_id"] = record_id(CORRECTION, pid, rk, f"{offsets[0]}-{offsets[-1]}")
-                # Which samples it sums, whatever the commit that grouped them: a re-processing run
-                # groups the same late samples differently (other record_ids), and the report must
-                # still count each once (review L2).
+                # Which samples it sums: the report counts each once even against corrections of
+                # writers that grouped late samples per commit (review L2).
                 rec["late_offsets"] = list(offsets)
                 out.append(rec)
                 self.stats["corrections_emitted"] += 1
-            p.corrections.clear()
-            p.correction_offsets.clear()
         self.stats["records_emitted"] += len(out)
         return out
 
@@ -413,6 +427,7 @@ class WindowEngine:
         next owner emits again after its replay. Later samples for flushed windows become corrections.
         """
         for p in self._parts.values():
+            p.late.end()
             if p.windows:
                 last_end = max(p.windows) + self.window_ms
                 p.flushed_end = last_end if p.flushed_end is None else max(p.flushed_end, last_end)
@@ -448,7 +463,7 @@ class WindowEngine:
         p = self._parts.get(partition)
         if p is None:
             return None
-        if p.closed or p.corrections:
+        if p.closed or p.late.ended:
             raise ChargebackStateError(f"partition {partition}: poll_closed() before checkpoint()")
         position = p.next_offset
         if next_offset is not None:
@@ -457,19 +472,32 @@ class WindowEngine:
             # Still replaying: the restored checkpoint stays the truth, with this instance's price
             # schedule (the service checked that it prices what was billed as before, review D6),
             # so that the other instances learn of it before this one bills anything.
-            return dataclasses.replace(p.restored, prices=self.price_fingerprint)
+            return dataclasses.replace(
+                p.restored,
+                prices=self.price_fingerprint,
+                writer=self.instance_id,
+                carried_prices=None,
+                carried_writer=None,
+            )
         if position is None:
             return None
         p.gpus = {k: r for k, r in p.gpus.items() if not self._is_stale(r, p.watermark)}
-        anchor = self.open_windows_min_offset(partition)
-        offset = position if anchor is None else min(anchor, position)
+        anchors = [a for a in (self.open_windows_min_offset(partition), p.late.anchor) if a is not None]
+        offset = min([position, *anchors])
         return Checkpoint(
-            offset, p.watermark, position, self.window_ms, self.grace_ms, self.price_fingerprint
+            offset,
+            p.watermark,
+            position,
+            self.window_ms,
+            self.grace_ms,
+            self.price_fingerprint,
+            late_from=p.late.start,
+            writer=self.instance_id,
         )
 
     def restore(self, partition: int, checkpoint: Checkpoint | None) -> None:
         """Start ``partition`` over from a committed checkpoint (None: from scratch), before consuming."""
-        p = self._parts[partition] = _Partition()
+        p = self._parts[partition] = _Partition(self.late_run_gap_ms)
         if checkpoint is None:
             return
         if checkpoint.window_ms != self.window_ms or checkpoint.grace_ms != self.grace_ms:
@@ -480,6 +508,7 @@ class WindowEngine:
             )
         p.watermark = checkpoint.watermark_ms
         p.replay_until = checkpoint.replay_until
+        p.late_from = checkpoint.late_from
         p.restored = checkpoint
 
     def replay_until(self, partition: int) -> int | None:

@@ -159,6 +159,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         timeout_s=args.timeout,
         on_bad=on_bad,
         since_ms=start_ms,
+        billing=args.format == "focus",  # far enough back to de-duplicate late copies (read_from_ms)
     )
     counted = 0
 

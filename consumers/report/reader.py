@@ -25,6 +25,26 @@ DEDUP_HORIZON_MS = 5 * 86_400_000
 once every partition has been read past a window's end plus this, its keys are forgotten."""
 
 
+def read_from_ms(since_ms: int | None, *, billing: bool = False) -> int | None:
+    """Where a report of records from ``since_ms`` on starts reading (by Kafka timestamp).
+
+    A report by window start reads from ``since_ms`` less ``SEEK_MARGIN_MS``: every record of a
+    window in range, the first emission and any copy, was written after the window started. In
+    billing mode (the FOCUS export) a record written after its month was invoiced is billed in a
+    later month, so a copy re-emitted by a reprocess (an offset reset) a few days after its original
+    can fall in the range while the original lies before it: a March invoice would bill a February
+    window that February's invoice already billed. A copy is written within ``DEDUP_HORIZON_MS`` of
+    its original (its input must still be retained), and a late record billed in the range was
+    written after ``since_ms`` plus the invoice lag, so reading that horizon further back finds
+    every original, and the de-duplication drops the copy. The lag only moves originals later, so
+    it need not be added.
+    """
+    if since_ms is None:
+        return None
+    back = SEEK_MARGIN_MS + (DEDUP_HORIZON_MS if billing else 0)
+    return max(0, since_ms - back)
+
+
 def iter_chargeback_records(
     bootstrap: str,
     topic: str,
@@ -34,14 +54,16 @@ def iter_chargeback_records(
     timeout_s: float = 60.0,
     on_bad: Callable[[str], None] | None = None,
     since_ms: int | None = None,
+    billing: bool = False,
 ) -> Iterator[tuple[dict[str, Any], int]]:
-    """(record, Kafka timestamp) of every committed record up to the end offsets seen at the start."""
+    """(record, Kafka timestamp) of every committed record up to the end offsets seen at the start,
+    from where a report of ``since_ms`` on must read (:func:`read_from_ms`)."""
     return iter_topic(
         bootstrap,
         topic,
         codec,
         "ChargebackWindow",
-        since_ms=None if since_ms is None else max(0, since_ms - SEEK_MARGIN_MS),
+        since_ms=read_from_ms(since_ms, billing=billing),
         extra=extra,
         timeout_s=timeout_s,
         missing_hint="has chargeback run with this --topic-prefix?",

@@ -85,3 +85,26 @@ def test_records_written_after_the_invoice_are_billed_in_the_month_written(
         ("2026-11-01T00:00:00Z", "2026-10-31T22:00:00Z", "Correction", "0.500000"),
         ("2026-11-01T00:00:00Z", "2026-11-06T00:00:00Z", "", "1.000000"),
     ]
+
+
+@pytest.mark.parametrize("by", [(), ("namespace,owner",)], ids=["namespace", "owner"])
+def test_a_copy_reemitted_after_the_invoice_is_billed_once(
+    kafka: str, topic_prefix: str, by: tuple[str, ...]
+) -> None:
+    """A reprocess (offset reset) on 2 November re-emits a window of 29 October with its record_id:
+    written more than the invoice lag after October ended, so it is "late" for November; the
+    November export must read back to the original (before ``--from``) and drop the copy."""
+    ensure_topics(kafka, [topics.CHARGEBACK], prefix=topic_prefix)
+    enc = AvroCodec().encoder("ChargebackWindow").encode
+    ws = NOV - 3 * DAY + 10 * H
+    rec = record(ws, "ml", 3600.0, ws + H + 300_000)
+    p = Producer({"bootstrap.servers": kafka})
+    p.produce(topic_prefix + topics.CHARGEBACK, enc(rec), b"ml/node-1", timestamp=ws + H + 301_000)
+    p.produce(topic_prefix + topics.CHARGEBACK, enc(rec), b"ml/node-1", timestamp=NOV + DAY + 9 * H)
+    assert p.flush(30) == 0
+    october = focus(kafka, topic_prefix, "2026-10-01", "2026-11-01", *by)
+    november = focus(kafka, topic_prefix, "2026-11-01", "2026-12-01", *by)
+    assert [(ln["ChargePeriodStart"], ln["ConsumedQuantity"]) for ln in october] == [
+        ("2026-10-29T10:00:00Z", "1.000000")
+    ]
+    assert november == []

@@ -72,7 +72,7 @@ class Owning(FakeConsumer):
 
 
 def instance(
-    broker: Broker, parts: list[int], prices: PriceSchedule, consumer: Any = None
+    broker: Broker, parts: list[int], prices: PriceSchedule, consumer: Any = None, name: str = "svc"
 ) -> ChargebackService:
     stop = threading.Event()
     proj = projected_sample_schema(catalog.current("GpuSample").raw)
@@ -86,7 +86,7 @@ def instance(
             commit_records=100,
             commit_interval_s=0.0,
         ),
-        build_engine(ChargebackSettings(window_ms=W, grace_ms=G), prices, "svc"),
+        build_engine(ChargebackSettings(window_ms=W, grace_ms=G), prices, name),
         AvroCodec(reader_schemas={"GpuSample": proj}),
         consumer_factory=lambda conf: consumer or Owning(broker, stop, parts),
         producer_factory=lambda conf: FakeProducer(broker),
@@ -96,8 +96,8 @@ def instance(
     return svc
 
 
-def run(broker: Broker, parts: list[int], prices: PriceSchedule) -> ChargebackService:
-    svc = instance(broker, parts, prices)
+def run(broker: Broker, parts: list[int], prices: PriceSchedule, name: str = "svc") -> ChargebackService:
+    svc = instance(broker, parts, prices, name=name)
     svc.run(svc._stop_event)  # type: ignore[attr-defined]
     return svc
 
@@ -162,10 +162,11 @@ def test_without_the_agreement_the_old_instance_would_bill_the_hour_at_its_price
     run(broker, [1], OLD)
     broker.log = log
     new_a = instance(broker, [0], NEW)
-    new_a.prices_agreement.update = lambda others: False  # type: ignore[method-assign]
+    new_a.prices_agreement.update = lambda others, lift=True: False  # type: ignore[method-assign]
     new_a.run(new_a._stop_event)  # type: ignore[attr-defined]
     old_b = instance(broker, [1], OLD)
-    old_b.prices_agreement.update = lambda others: False  # type: ignore[method-assign]
+    old_b.prices_agreement.update = lambda others, lift=True: False  # type: ignore[method-assign]
+    old_b._check_group_prices = lambda: None  # type: ignore[method-assign]  # nor the start check
     old_b.run(old_b._stop_event)  # type: ignore[attr-defined]
     assert {w for w, p in prices_by_window(broker).items() if p == {4.0, 8.0}}
 

@@ -221,28 +221,68 @@ def test_very_late_sample_becomes_a_correction_record():
     out = feed(e, [sample(T0 + H - 20_000), sample(T0 + H + 6 * MIN, uuid="GPU-b")])
     (w,) = [r for r in out if r["window_start_ms"] == T0]
     assert w["allocated_gpu_seconds"] == pytest.approx(10.0)
-    out = feed(e, [sample(T0 + H - 10_000)], first_offset=2)
+    assert feed(e, [sample(T0 + H - 10_000)], first_offset=2) == []  # its run of late records goes on
+    out = feed(e, [sample(T0 + H + 7 * MIN, uuid="GPU-b")], first_offset=3)  # on time: the run ends
     (c,) = out
     assert (c["kind"], c["window_start_ms"], c["namespace"]) == ("correction", T0, "team-a")
     assert c["allocated_gpu_seconds"] == pytest.approx(10.0)
+    assert (c["late_offsets"], c["record_id"].rsplit("|", 1)[1]) == ([2], "2-2")
     assert e.stats["late"] == 1
 
 
-def test_late_samples_are_grouped_into_one_correction_per_poll():
-    e = engine()
+def test_late_samples_are_grouped_into_one_correction_per_run_whenever_polled():
+    """A run of consecutive late records is one correction per row, however often it is polled:
+    a re-processing run that commits at other moments emits the same records (late_runs.py)."""
+    for poll_each in (False, True):
+        e = engine()
+        feed(e, [sample(T0), sample(T0 + 2 * H, uuid="GPU-b")])
+        out = []
+        for i in range(1, 6):
+            e.add(sample(T0 + i * 10_000), 0, 1 + i)
+            if poll_each:
+                out += e.poll_closed()
+        e.add(sample(T0 + 2 * H + 10_000, uuid="GPU-b"), 0, 7)  # on time
+        e.add(sample(T0 + 6 * 10_000), 0, 8)  # late again: a new run
+        out += e.poll_closed()
+        (c,) = [r for r in out if r["kind"] == "correction"]
+        assert c["sample_count"] == 5 and c["late_offsets"] == [2, 3, 4, 5, 6]
+        (c2,) = [r for r in e.flush_all() if r["kind"] == "correction"]
+        assert c2["late_offsets"] == [8]
+
+
+def test_a_run_of_late_records_ends_after_a_quiet_gap_or_at_an_offset_block():
+    e = engine(late_run_gap_ms=60_000)
     feed(e, [sample(T0), sample(T0 + 2 * H, uuid="GPU-b")])
-    for i in range(1, 6):
-        e.add(sample(T0 + i * 10_000), 0, 1 + i)
+    ts = T0 + 2 * H
+    e.add(sample(T0 + 10_000), 0, 2, ts)
+    e.add(sample(T0 + 20_000), 0, 3, ts + 59_999)  # not quiet long enough: the same run
+    e.add(sample(T0 + 30_000), 0, 4, ts + 59_999 + 60_000)  # after a minute without records
+    assert [r["late_offsets"] for r in e.poll_closed()] == [[2, 3]]
+    e.add(sample(T0 + 40_000), 0, 9_999, ts + 120_000)
+    e.add(sample(T0 + 50_000), 0, 10_000, ts + 120_001)  # another block of offsets
+    assert [r["late_offsets"] for r in e.poll_closed()] == [[4, 9_999]]
+    assert [r["late_offsets"] for r in e.flush_all() if r["kind"] == "correction"] == [[10_000]]
+
+
+def test_an_idle_partition_emits_its_pending_run_once_broker_time_is_past_the_gap():
+    e = engine(late_run_gap_ms=60_000)
+    feed(e, [sample(T0), sample(T0 + 2 * H, uuid="GPU-b")])
+    last = T0 + 2 * H + 5_000
+    e.add(sample(T0 + 10_000), 0, 2, last)
+    assert e.checkpoint(0).late_from == 2
+    e.advance_idle(0, last + 60_000 + 29_999)
+    assert e.poll_closed() == []  # the next record could still come within the gap
+    assert e.advance_idle(0, last + 90_000)
     (c,) = e.poll_closed()
-    assert c["kind"] == "correction" and c["sample_count"] == 5
+    assert c["late_offsets"] == [2] and e.checkpoint(0).late_from is None
 
 
 def test_after_flush_all_samples_of_flushed_windows_are_corrections():
     e = engine()
     feed(e, [sample(T0)])
     assert [r["kind"] for r in e.flush_all()] == ["window"]
-    feed_out = feed(e, [sample(T0 + 10_000)], first_offset=1)
-    assert [r["kind"] for r in feed_out] == ["correction"]
+    feed(e, [sample(T0 + 10_000)], first_offset=1)
+    assert [r["kind"] for r in e.flush_all()] == ["correction"]
 
 
 # -- duplicates, clock, energy through the engine -------------------------------------------------
@@ -599,7 +639,9 @@ def test_stale_gpu_state_is_forgotten_and_the_checkpoint_moves_on():
 def test_checkpoint_requires_polling_first():
     e = engine()
     feed(e, [sample(T0), sample(T0 + 2 * H, uuid="GPU-b")])
-    e.add(sample(T0 + 10_000), 0, 2)  # late: a correction is pending
+    e.add(sample(T0 + 10_000), 0, 2)  # late: a run of late records is pending; it is state
+    assert e.checkpoint(0) is not None
+    e.add(sample(T0 + 2 * H + 10_000, uuid="GPU-b"), 0, 3)  # on time: the run ended, to be polled
     with pytest.raises(ChargebackStateError):
         e.checkpoint(0)
     e.poll_closed()
@@ -611,6 +653,8 @@ def test_checkpoint_metadata_round_trip():
     meta = cp.to_metadata()
     assert len(meta) < 200
     assert Checkpoint.from_metadata(17, meta) == cp
+    full = replace(cp, late_from=20, writer="chargeback-0")
+    assert Checkpoint.from_metadata(17, full.to_metadata()) == full
     assert Checkpoint.from_metadata(17, replace(cp, watermark_ms=None).to_metadata()).watermark_ms is None
 
 
@@ -644,7 +688,8 @@ def test_checkpoint_during_replay_keeps_the_restored_one():
     assert e.is_replay(0, 1) and not e.is_replay(0, 3)
     now = e.checkpoint(0)
     assert now is not None and now.prices == e.price_fingerprint  # this instance's prices (D6)
-    assert dataclasses.replace(now, prices=None) == cp  # a crash now must replay from the same place
+    assert now.writer == "test"  # and its name, for an instance held by them
+    assert dataclasses.replace(now, prices=None, writer=None) == cp  # a crash now replays from the same place
     e.add(sample(T0 + 10_000), 0, 1)
     e.add(sample(T0 + 20_000), 0, 2)
     assert e.checkpoint(0).replay_until == 3

@@ -13,6 +13,7 @@ from consumers.chargeback.windows import WindowEngine
 from consumers.report.chargeback_report import build_report
 from consumers.report.reader import Deduplicator, deduplicated
 from consumers.report.workload_report import build_workload_report
+from tests.unit.test_chargeback_windows import T0, sample
 
 H = 3_600_000
 
@@ -46,23 +47,48 @@ def test_re_emitted_output_is_counted_once() -> None:
     assert sum(r.cost for r in doubled) == pytest.approx(2 * sum(r.cost for r in single))
 
 
-def test_re_processed_corrections_grouped_differently_are_counted_once() -> None:
-    """A re-processing run commits at other moments, so the same late samples end up in other
-    correction records (other record_ids): they were counted twice. Each correction says which
-    samples it sums (late_offsets), and one whose samples were all counted is dropped."""
+def test_re_processed_corrections_are_the_same_records_whenever_committed() -> None:
+    """A re-processing run commits at other moments: corrections are grouped by runs of late
+    records (late_runs.py), not by commit, so they come out with the same record_ids."""
     fleet = generate_fleet(FleetSpec(gpus=8, hours=3, seed=3))
     first = run_engine(fleet)
     again = run_engine(fleet, poll_every=137)  # the same input, other commit boundaries
     corrections = [r for r in first if r["kind"] == "correction"]
     assert corrections and all(r["late_offsets"] for r in corrections)
-    assert {r["record_id"] for r in again} - {r["record_id"] for r in first}  # other keys
+    assert sorted(r["record_id"] for r in again) == sorted(r["record_id"] for r in first)
     dedup = Deduplicator()
     both = list(deduplicated(((r, r["window_end_ms"]) for r in first + again), dedup))
     assert dedup.dropped == len(again)
     single = build_report(first, period="all")
     once = build_report(both, period="all")
-    assert [r.gpu_hours_allocated for r in once] == pytest.approx([r.gpu_hours_allocated for r in single])
     assert [r.cost for r in once] == pytest.approx([r.cost for r in single])
+
+
+def test_corrections_of_an_older_writer_grouped_per_commit_are_counted_once() -> None:
+    """Writers before late runs grouped late samples per commit: a correction of theirs that sums
+    several runs' samples makes the later, finer ones copies (all their late_offsets counted)."""
+    e = WindowEngine(H, 300_000, instance_id="x")
+    seq = [sample(T0), sample(T0 + 2 * H, uuid="GPU-b")]  # window T0 closes
+    for k in range(1, 4):  # late samples of GPU-a, each run ended by an on-time one of GPU-b
+        seq += [sample(T0 + k * 10_000), sample(T0 + 2 * H + k * 10_000, uuid="GPU-b")]
+    for off, smp in enumerate(seq):
+        e.add(smp, 0, off)
+    by_row: dict[tuple, list[dict]] = {}
+    for r in e.poll_closed():
+        if r["kind"] == "correction":
+            row = (r["source_partition"], r["window_start_ms"], r["namespace"], r["node"], r["gpu_model"])
+            by_row.setdefault(row, []).append(r)
+    row, parts = max(by_row.items(), key=lambda kv: len(kv[1]))
+    assert len(parts) > 1  # that row's late samples came in several runs
+    sums = ("allocated_gpu_seconds", "used_gpu_seconds", "energy_joules", "cost_allocation", "cost_energy")
+    old = {**parts[0], **{f: sum(p[f] for p in parts) for f in sums}}
+    old["late_offsets"] = sorted(o for p in parts for o in p["late_offsets"])
+    old["record_id"] = (
+        old["record_id"].rsplit("|", 1)[0] + f"|{old['late_offsets'][0]}-{old['late_offsets'][-1]}"
+    )
+    dedup = Deduplicator()
+    kept = list(deduplicated(((r, r["window_end_ms"]) for r in [old, *parts]), dedup))
+    assert kept == [old] and dedup.dropped == len(parts)
 
 
 def synthetic(n: int, days: int = 400) -> Iterator[tuple[dict, int]]:
