@@ -6,13 +6,36 @@ series hot path) by role; the layout rules are described there."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from consumers.metrics.layout import SHARE_FAMILIES, VGPU_SPLIT
 from consumers.metrics.textfmt import InvalidValue, attr_text, format_value
 
-if TYPE_CHECKING:
-    from consumers.metrics.render import GpuView, Renderer
+Attrs = tuple[tuple[str, str], ...]
+
+
+class GpuView(Protocol):
+    """What these functions read of :class:`consumers.metrics.render.GpuView` (a protocol, so that
+    this module does not import the one that calls it)."""
+
+    base: str
+    attrs: tuple[Attrs, ...]
+    share_pods: tuple[tuple[str, str, str], ...]
+    share_index: dict[tuple[str, ...], int]
+
+    def lines(self, name: str, labels: str, value: str) -> str: ...
+
+
+class Renderer(Protocol):
+    """What these functions read of :class:`consumers.metrics.render.Renderer`."""
+
+    _n: int
+    _plan: tuple[tuple[str, int, bool, int, str, str], ...]
+    _pod_names: tuple[str, str, str]
+    _share_fams: tuple[Any, ...]
+    families: tuple[Any, ...]
+
+    def pod_attrs(self, ns: str, pod: str, ctr: str, **extra: str) -> Attrs: ...
 
 
 def render_multi(
