@@ -57,3 +57,34 @@ def test_non_root_stops_with_one_line_naming_the_command() -> None:
 def test_check_mode_passes_on_this_machine() -> None:
     out = subprocess.run([str(SCRIPT), "--check"], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
+
+
+def _helm_local(tmp_path: Path, bin_dir: Path) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": str(bin_dir), "HOME": str(tmp_path), "GPUPIPE_GO_FALLBACK": str(tmp_path / "no-go")}
+    return subprocess.run(
+        [str(REPO / "scripts" / "helm-local")], env=env, capture_output=True, text=True, timeout=30
+    )
+
+
+def test_helm_local_without_helm_or_go_names_how_to_get_one(tmp_path: Path) -> None:
+    bin_dir = _bare_path(tmp_path)
+    for tool in ("mktemp", "rm", "mkdir", "sed", "date", "mv"):
+        (bin_dir / tool).symlink_to(shutil.which(tool))  # type: ignore[arg-type]
+    out = _helm_local(tmp_path, bin_dir)
+    assert out.returncode == 1 and out.stdout == ""
+    (line,) = out.stderr.splitlines()
+    assert line.startswith("helm-local: neither helm nor Go is installed; install helm (")
+    assert "HELM=/path/to/helm" in line
+
+
+def test_helm_local_refuses_a_go_older_than_1_24_in_one_line(tmp_path: Path) -> None:
+    bin_dir = _bare_path(tmp_path)
+    (bin_dir / "sed").symlink_to(shutil.which("sed"))  # type: ignore[arg-type]
+    fake_go = bin_dir / "go"
+    fake_go.write_text("#!/bin/sh\necho go1.19.8\n")  # Debian bookworm's golang-go
+    fake_go.chmod(0o755)
+    (bin_dir / "sh").symlink_to(shutil.which("sh"))  # type: ignore[arg-type]
+    out = _helm_local(tmp_path, bin_dir)
+    assert out.returncode == 1
+    (line,) = out.stderr.splitlines()
+    assert line.startswith(f"helm-local: Go 1.19.8 at {fake_go} is older than 1.24; install helm (")
