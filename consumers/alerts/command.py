@@ -288,8 +288,9 @@ class AlertsApp:
                 max_share=args.cordon_max_share,
                 uncordon=args.uncordon,
             )
+        sink = KafkaAlertSink(args.bootstrap_servers, self.alerts_topic, codec, extra)
         self.service = AlertsService(
-            sink=KafkaAlertSink(args.bootstrap_servers, self.alerts_topic, codec, extra),
+            sink=sink,
             engine_config=engine_cfg,
             health_config=health_cfg,
             registry=self.registry,
@@ -310,6 +311,7 @@ class AlertsApp:
                 extra=extra,
                 create_topic=args.create_topics,
             )
+            sink.fence = self.elector.fenced  # checked per record: a fenced leader publishes nothing
         else:
             self.activate()
 
@@ -360,8 +362,11 @@ class AlertsApp:
             "instance": self.instance,
             "role": self.role(),
         }
+        if self.elector is not None and self.elector.fenced():
+            detail["fenced"] = True  # leadership lost: the service is stopping (restarts as a standby)
+            return False, detail
         if self.loop is None:  # a standby is healthy while it waits to lead
-            return self.elector is not None and not self.elector.lost.is_set(), detail
+            return self.elector is not None, detail
         return self.loop.healthy, detail
 
     def run(self, stop: threading.Event) -> None:
@@ -415,7 +420,7 @@ class AlertsApp:
             if self.cordoner is not None:
                 self.cordoner.stop()
             try:
-                if self.elector is not None and self.elector.lost.is_set():
+                if self.elector is not None and self.elector.fenced():
                     # fenced: the new leader owns the alerts now; publishing here would contradict it
                     log.warning("leadership lost: pending revisions left to the new leader")
                 else:
@@ -445,7 +450,7 @@ def run(args: argparse.Namespace) -> int:
 def _fence(elector: LeaderElector, stop: threading.Event) -> None:
     """Stop the service as soon as leadership is lost: never two publishers (see leader module)."""
     while not stop.is_set():
-        if elector.lost.wait(0.2):
+        if elector.lost.wait(0.2) or elector.fenced():
             stop.set()
             return
 

@@ -22,14 +22,21 @@ one. The sticky cooperative assignor keeps the partition with its owner when a s
 
 Fencing: a leader that loses the partition (revoked, or its session lost) stops at once: the service
 exits (the pod restarts as a standby), so two instances never publish contradictory revisions. The gap
-is bounded by the session timeout: a leader cut off from Kafka cannot publish either.
+is bounded by the session timeout: a leader cut off from Kafka cannot publish either. A leader whose
+process was paused (SIGSTOP, a frozen VM, a thread starved) past the session timeout has been expelled
+by the coordinator, but hears so only at its next heartbeat; its other threads may run first. So the
+lease is also kept locally: each poll of the leader group is stamped before it starts, and once the
+last stamp is older than the session timeout less one heartbeat interval (the coordinator may count
+from the last heartbeat, sent up to one interval before the pause), :meth:`LeaderElector.fenced` is
+True and leadership counts as lost, before anything is published (the alert sink asks it per record).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException
@@ -59,6 +66,7 @@ class LeaderElector:
         session_timeout_ms: int = 10_000,
         extra: Mapping[str, str] | None = None,
         create_topic: bool = True,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.topic = topics.with_prefix(prefix, LEASE_TOPIC)
         if create_topic:
@@ -69,6 +77,11 @@ class LeaderElector:
         self.acquired = threading.Event()
         self.lost = threading.Event()
         self._stop = threading.Event()
+        heartbeat_ms = max(500, session_timeout_ms // 5)
+        #: How long after the last poll began this instance may still count itself the leader.
+        self.lease_s = max(0.0, (session_timeout_ms - heartbeat_ms) / 1000)
+        self._clock = clock
+        self._polled_at = clock()
         self._consumer = Consumer(
             client_config(
                 bootstrap,
@@ -77,7 +90,7 @@ class LeaderElector:
                     "group.id": f"{group_id}-leader",
                     "client.id": f"gpupipe-alerts-{instance}",
                     "session.timeout.ms": session_timeout_ms,
-                    "heartbeat.interval.ms": max(500, session_timeout_ms // 5),
+                    "heartbeat.interval.ms": heartbeat_ms,
                     "partition.assignment.strategy": "cooperative-sticky",
                     "enable.auto.commit": False,
                     "auto.offset.reset": "latest",
@@ -88,7 +101,22 @@ class LeaderElector:
 
     @property
     def is_leader(self) -> bool:
-        return self.acquired.is_set() and not self.lost.is_set()
+        return self.acquired.is_set() and not self.fenced()
+
+    def fenced(self) -> bool:
+        """True once leadership is lost: revoked, the session lost, or the local lease run out (the
+        leader group not polled for ``lease_s``: the process was paused; see the module docstring)."""
+        if self.lost.is_set():
+            return True
+        if self.acquired.is_set() and self._clock() - self._polled_at > self.lease_s:
+            self._lose("lease expired: the leader group was not polled within the session timeout")
+            return True
+        return False
+
+    def _lose(self, why: str) -> None:
+        if not self.lost.is_set():
+            log.warning("leadership lost: stopping", extra=fields(instance=self.instance, reason=why))
+            self.lost.set()
 
     def _assign(self, consumer: Any, parts: list[Any]) -> None:
         if parts and not self.acquired.is_set():
@@ -96,9 +124,8 @@ class LeaderElector:
             self.acquired.set()
 
     def _revoke(self, consumer: Any, parts: list[Any]) -> None:
-        if parts and self.acquired.is_set() and not self.lost.is_set():
-            log.warning("leadership lost: stopping", extra=fields(instance=self.instance))
-            self.lost.set()
+        if parts and self.acquired.is_set():
+            self._lose("partition revoked or session lost")
 
     def start(self) -> LeaderElector:
         self._consumer.subscribe(
@@ -110,10 +137,14 @@ class LeaderElector:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            began = self._clock()
+            self._polled_at = began  # stamped before: a pause inside poll() leaves it old
             try:
                 self._consumer.poll(0.2)  # serves the rebalance callbacks; nobody writes the topic
             except KafkaException as exc:
                 log.warning("leader group poll failed", extra=fields(error=str(exc)))
+            if self.acquired.is_set() and self._clock() - began > self.lease_s:
+                self._lose("lease expired: one poll of the leader group outlasted the session timeout")
         try:
             self._consumer.close()  # leaves the group: a standby takes over without waiting
         except Exception:

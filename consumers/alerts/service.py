@@ -99,6 +99,10 @@ class KafkaAlertSink:
         self._encode = codec.encoder("GpuAlert", topic).encode
         self.failed = 0
         self.sent = 0
+        #: With --ha: the leader elector's ``fenced``; once True, records are dropped, not published
+        #: (the new leader owns the alerts and replays the input from the committed offsets).
+        self.fence: Callable[[], bool] | None = None
+        self.fenced_drops = 0
         self._producer = Producer(
             client_config(
                 bootstrap,
@@ -120,6 +124,13 @@ class KafkaAlertSink:
             self.sent += 1
 
     def send(self, record: dict[str, Any]) -> None:
+        if self.fence is not None and self.fence():
+            if not self.fenced_drops:
+                log.warning(
+                    "leadership lost: alert records no longer published", extra=fields(topic=self.topic)
+                )
+            self.fenced_drops += 1
+            return
         value = self._encode(record)
         key = record["alert_id"].encode()
         while True:
