@@ -334,6 +334,8 @@ class NodeAgent(XidPath):
         kmsg_stall = max(stall, c.kmsg_retry_s + stall)
         if kin is not None and self.kmsg_alive() and kin.stalled_for(now) > kmsg_stall:
             problems.append("kmsg_reader_stalled")
+        elif kin is not None and self._kmsg_thread is not None and not self.kmsg_alive():
+            problems.append("kmsg_reader_died")  # a bug: only a restart reads the kernel log again
         w = self.watcher
         if w is not None and w.dead:
             problems.append("nvml_event_thread_died")  # a bug: a restart watches that GPU again

@@ -149,3 +149,32 @@ def test_a_stuck_kernel_log_reader_fails_healthz_by_name_and_recovers(
         wait_for(lambda: ra.agent.xids_sent >= 1, 5, "the held Xid sent")
         wait_for(lambda: ra.agent.health()[0], 5, "healthy again once the reader moves")
         ra.stop()
+
+
+class DyingKmsgInput(KmsgInput):
+    """The real kernel-log input whose reading thread ends with an exception a bug would raise."""
+
+    def _positioned(self) -> None:
+        super()._positioned()  # ready: it has read what was there
+        raise RuntimeError("a bug in the kernel-log reader")
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the bug, on purpose
+def test_a_kernel_log_reader_that_died_fails_healthz_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found while writing the tests above: a reader thread that ended with an exception left
+    /healthz healthy (the stall check looks only at a live reader): no XID from the kernel log any
+    more, and nothing said so but a gauge."""
+    monkeypatch.setattr(node_agent, "KmsgInput", DyingKmsgInput)
+    kmsg, boot = tmp_path / "kmsg", tmp_path / "boot_id"
+    boot.write_text("b0a7-1\n")
+    kmsg.write_text("")
+    pub, _ = memory_publisher()
+    cfg = config(tmp_path, kmsg_path=str(kmsg), boot_id_path=str(boot), stall_after_s=STALL_S)
+    with running_agent(cfg, pub, node_for_fixtures()) as ra:
+        ra.ticks_after(1)
+        wait_for(lambda: not ra.agent.kmsg_alive(), 5, "the reader thread ended")
+        detail = wait_for(lambda: unhealthy(ra.agent), 5, "unhealthy")
+        assert "kmsg_reader_died" in detail["problems"], detail
+        ra.stop()
