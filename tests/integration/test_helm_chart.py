@@ -273,7 +273,13 @@ def test_producer_daemonset_defaults(rendered: dict) -> None:
     assert host["spool"]["type"] == "DirectoryOrCreate"
     assert host["pod-resources"]["path"] == "/var/lib/kubelet/pod-resources"
     ro = {m["name"]: m.get("readOnly", False) for m in c["volumeMounts"]}
-    assert ro == {"pod-resources": True, "pod-logs": True, "spool": False, "kmsg-fifo": False}
+    assert ro == {
+        "pod-resources": True,
+        "pod-logs": True,
+        "spool": False,
+        "kmsg-fifo": False,
+        "kube-api-access": True,  # the pod metadata watch's token, the agent's alone
+    }
     relay = spec["containers"][1]
     assert relay["name"] == "kmsg-relay" and relay["securityContext"]["privileged"] is True
     assert "cat /dev/kmsg" in relay["command"][-1] and "initContainers" not in spec
@@ -349,6 +355,8 @@ def test_mig_only_and_no_alerts(rendered: dict) -> None:
     ds = _kinds(docs)["DaemonSet"][0]
     ns = parse(*command_lines([ds])[0][1:])
     assert ns.no_kmsg is True and ns.create_topics is False and ns.no_nvml_events is True
+    assert ns.pod_metadata == "off"  # podMetadata.enabled=false: no watch, no token, no ClusterRole
+    assert "kube-api-access" not in {v["name"] for v in ds["spec"]["template"]["spec"]["volumes"]}
     assert not {"kmsg", "kmsg-fifo"} & {v["name"] for v in ds["spec"]["template"]["spec"]["volumes"]}
     assert [c["name"] for c in ds["spec"]["template"]["spec"]["containers"]] == ["producer"]  # no relay
     assert "add" not in ds["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilities"]
