@@ -165,7 +165,7 @@ def test_prometheus_operator_objects(rendered: dict, tmp_path: Path) -> None:
         and pm["spec"]["selector"]["matchLabels"].items()
         <= w["spec"]["template"]["metadata"]["labels"].items()
     }
-    assert comps == {"producer", "chargeback", "alerts"} and comps <= monitored
+    assert comps == {"producer", "chargeback", "alerts", "recommend"} and comps <= monitored
     # The PrometheusRule carries deploy/prometheus's rules, and promtool accepts them.
     rule = kinds["PrometheusRule"][0]
     source = yaml.safe_load((REPO / "deploy" / "prometheus" / "gpupipe-alerts.rules.yml").read_text())
@@ -227,7 +227,7 @@ def parse(args: list[str], env: dict[str, str]) -> Any:
 def test_every_command_line_parses_with_the_cli(rendered: dict, values: str) -> None:
     lines = command_lines(rendered[values])
     commands = {args[0] for _, args, _ in lines}
-    expected = {"produce", "metrics", "chargeback", "alerts"} - (
+    expected = {"produce", "metrics", "chargeback", "alerts", "recommend"} - (
         {"alerts"} if values == "no-alerts" else set()
     )
     assert commands == expected
