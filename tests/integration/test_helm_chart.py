@@ -165,7 +165,7 @@ def test_prometheus_operator_objects(rendered: dict, tmp_path: Path) -> None:
         and pm["spec"]["selector"]["matchLabels"].items()
         <= w["spec"]["template"]["metadata"]["labels"].items()
     }
-    assert comps == {"producer", "chargeback", "alerts"} and comps <= monitored
+    assert comps == {"producer", "chargeback", "alerts", "recommend"} and comps <= monitored
     # The PrometheusRule carries deploy/prometheus's rules, and promtool accepts them.
     rule = kinds["PrometheusRule"][0]
     source = yaml.safe_load((REPO / "deploy" / "prometheus" / "gpupipe-alerts.rules.yml").read_text())
@@ -205,6 +205,11 @@ def _container_env(c: dict[str, Any]) -> dict[str, str]:
     return env
 
 
+def _command(c: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+    env = _container_env(c)
+    return [_expand(a, env) for a in c["args"]], env
+
+
 def command_lines(docs: list[dict[str, Any]]) -> list[tuple[str, list[str], dict[str, str]]]:
     out = []
     for w in docs:
@@ -212,8 +217,7 @@ def command_lines(docs: list[dict[str, Any]]) -> list[tuple[str, list[str], dict
             for c in w["spec"]["template"]["spec"]["containers"]:
                 if "args" not in c:
                     continue  # not a gpupipe command (the producer's kmsg relay)
-                env = _container_env(c)
-                out.append((w["metadata"]["name"], [_expand(a, env) for a in c["args"]], env))
+                out.append((w["metadata"]["name"], *_command(c)))
     return out
 
 
@@ -227,7 +231,7 @@ def parse(args: list[str], env: dict[str, str]) -> Any:
 def test_every_command_line_parses_with_the_cli(rendered: dict, values: str) -> None:
     lines = command_lines(rendered[values])
     commands = {args[0] for _, args, _ in lines}
-    expected = {"produce", "metrics", "chargeback", "alerts"} - (
+    expected = {"produce", "metrics", "chargeback", "alerts", "recommend"} - (
         {"alerts"} if values == "no-alerts" else set()
     )
     assert commands == expected
@@ -273,7 +277,13 @@ def test_producer_daemonset_defaults(rendered: dict) -> None:
     assert host["spool"]["type"] == "DirectoryOrCreate"
     assert host["pod-resources"]["path"] == "/var/lib/kubelet/pod-resources"
     ro = {m["name"]: m.get("readOnly", False) for m in c["volumeMounts"]}
-    assert ro == {"pod-resources": True, "pod-logs": True, "spool": False, "kmsg-fifo": False}
+    assert ro == {
+        "pod-resources": True,
+        "pod-logs": True,
+        "spool": False,
+        "kmsg-fifo": False,
+        "kube-api-access": True,  # the pod metadata watch's token, the agent's alone
+    }
     relay = spec["containers"][1]
     assert relay["name"] == "kmsg-relay" and relay["securityContext"]["privileged"] is True
     assert "cat /dev/kmsg" in relay["command"][-1] and "initContainers" not in spec
@@ -349,6 +359,8 @@ def test_mig_only_and_no_alerts(rendered: dict) -> None:
     ds = _kinds(docs)["DaemonSet"][0]
     ns = parse(*command_lines([ds])[0][1:])
     assert ns.no_kmsg is True and ns.create_topics is False and ns.no_nvml_events is True
+    assert ns.pod_metadata == "off"  # podMetadata.enabled=false: no watch, no token, no ClusterRole
+    assert "kube-api-access" not in {v["name"] for v in ds["spec"]["template"]["spec"]["volumes"]}
     assert not {"kmsg", "kmsg-fifo"} & {v["name"] for v in ds["spec"]["template"]["spec"]["volumes"]}
     assert [c["name"] for c in ds["spec"]["template"]["spec"]["containers"]] == ["producer"]  # no relay
     assert "add" not in ds["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilities"]
@@ -426,3 +438,156 @@ def test_grafana_dashboards_as_sidecar_config_maps(rendered: dict) -> None:
         for key, text in m["data"].items():
             assert json.loads(text) == json.loads(shipped[key].read_text())
     assert not [d for d in rendered["defaults"] if "grafana_dashboard" in d["metadata"].get("labels", {})]
+
+
+# -- drift from deploy/kubernetes ------------------------------------------------------------------------
+# The plain manifests are the reference deployment; the chart fell behind them once (alerts without
+# --ha, cordon RBAC without `list`, no recommend, no pod metadata watch). These compare the two.
+MANIFESTS = [
+    d
+    for p in sorted((REPO / "deploy" / "kubernetes").glob("*.yaml"))
+    for d in yaml.safe_load_all(p.read_text())
+    if d
+]
+COMPONENTS = ("produce", "metrics", "chargeback", "alerts", "recommend")
+
+
+def _with_env_from(docs: list[dict[str, Any]], c: dict[str, Any]) -> dict[str, Any]:
+    """The container with its envFrom ConfigMaps inlined as env (the manifests' gpupipe-config)."""
+    maps = _by_name(docs, "ConfigMap")
+    env = [
+        {"name": k, "value": v}
+        for ref in c.get("envFrom", [])
+        for k, v in maps[ref["configMapRef"]["name"]]["data"].items()
+    ]
+    return c | {"env": env + c.get("env", [])}
+
+
+def components(docs: list[dict[str, Any]]) -> dict[str, tuple[dict[str, Any], Any]]:
+    """gpupipe subcommand -> (its workload, its parsed command line)."""
+    out: dict[str, tuple[dict[str, Any], Any]] = {}
+    for w in (d for d in docs if d["kind"] in WORKLOADS):
+        for c in w["spec"]["template"]["spec"]["containers"]:
+            if "args" in c:
+                args, env = _command(_with_env_from(docs, c))
+                out[args[0]] = (w, parse(args, env))
+    return out
+
+
+def rbac_rules(docs: list[dict[str, Any]], workload: dict[str, Any]) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) the workload's service account is granted by (Cluster)RoleBindings."""
+    spec = workload["spec"]["template"]["spec"]
+    sa = (spec.get("serviceAccountName") or "default", workload["metadata"]["namespace"])
+    roles = {(d["kind"], d["metadata"]["name"]): d for d in docs if d["kind"] in ("ClusterRole", "Role")}
+    out: set[tuple[str, str, str]] = set()
+    for b in (d for d in docs if d["kind"] in ("ClusterRoleBinding", "RoleBinding")):
+        if any(
+            s["kind"] == "ServiceAccount" and (s["name"], s.get("namespace")) == sa for s in b["subjects"]
+        ):
+            for rule in roles[(b["roleRef"]["kind"], b["roleRef"]["name"])]["rules"]:
+                out |= {
+                    (g, r, v) for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
+                }
+    return out
+
+
+def flags_that_matter(cmd: str, ns: Any) -> dict[str, Any]:
+    """What a deployment must agree on: roles, modes, the port scraped, which files are given."""
+    keys = {
+        "produce": ("source", "pod_metadata", "pod_labels", "no_kmsg", "kmsg_path"),
+        "metrics": (),
+        "chargeback": ("instance_id",),
+        "alerts": ("ha", "cordon", "dry_run"),
+        "recommend": ("idle_after",),
+    }[cmd]
+    out = {k: getattr(ns, k) for k in keys} | {"port": ns.listen.rsplit(":", 1)[1]}
+    if cmd in ("chargeback", "recommend"):
+        out["prices"] = bool(ns.prices)  # costs need the price table (the paths may differ)
+    return out
+
+
+def test_the_chart_runs_every_component_of_the_manifests(rendered: dict) -> None:
+    assert set(components(MANIFESTS)) == set(COMPONENTS)  # the reference is what the test thinks it is
+    assert set(components(rendered["defaults"])) >= set(COMPONENTS)
+
+
+@pytest.mark.parametrize("cmd", COMPONENTS)
+def test_rbac_matches_the_manifests(rendered: dict, cmd: str) -> None:
+    chart, manifests = components(rendered["defaults"]), components(MANIFESTS)
+    assert cmd in chart, f"the chart does not run gpupipe {cmd}"
+    got, want = rbac_rules(rendered["defaults"], chart[cmd][0]), rbac_rules(MANIFESTS, manifests[cmd][0])
+    assert got == want, f"{cmd}: chart lacks {sorted(want - got)}, has extra {sorted(got - want)}"
+
+
+@pytest.mark.parametrize("cmd", COMPONENTS)
+def test_flags_that_matter_match_the_manifests(rendered: dict, cmd: str) -> None:
+    chart, manifests = components(rendered["defaults"]), components(MANIFESTS)
+    assert cmd in chart, f"the chart does not run gpupipe {cmd}"
+    assert flags_that_matter(cmd, chart[cmd][1]) == flags_that_matter(cmd, manifests[cmd][1])
+
+
+def test_the_producer_token_reaches_the_agent_only(rendered: dict) -> None:
+    """--pod-metadata api needs the in-cluster token (kube_config fails without it); the relay none."""
+    ds, ns = components(rendered["defaults"])["produce"]
+    m_ds, _ = components(MANIFESTS)["produce"]
+    assert ns.pod_metadata == "api"
+    spec, m_spec = ds["spec"]["template"]["spec"], m_ds["spec"]["template"]["spec"]
+    assert spec["automountServiceAccountToken"] is False
+    vol = {v["name"]: v for v in spec["volumes"]}["kube-api-access"]
+    m_vol = {v["name"]: v for v in m_spec["volumes"]}["kube-api-access"]
+    assert vol == m_vol
+    for c in spec["containers"] + spec.get("initContainers", []):
+        mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+        token = mounts.get("/var/run/secrets/kubernetes.io/serviceaccount")
+        assert token == ("kube-api-access" if c["name"] == "producer" else None), c["name"]
+
+
+def test_alerts_replicas_run_with_ha(helm: str, rendered: dict) -> None:
+    deployment, ns = components(rendered["defaults"])["alerts"]
+    assert deployment["spec"]["replicas"] == 2 and ns.ha is True
+    _, ns = components(render(helm, None, "alerts.replicaCount=3"))["alerts"]
+    assert ns.ha is True
+    _, ns = components(render(helm, None, "alerts.replicaCount=1", "alerts.ha.enabled=false"))["alerts"]
+    assert ns.ha is False  # one instance without leader election is a valid choice
+
+
+def render_error(helm: str, *sets: str) -> str:
+    cmd = [helm, "template", "rel", str(CHART), "--namespace", "gpu"]
+    for s in sets:
+        cmd += ["--set", s]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0, f"helm template {' '.join(sets)} rendered; it must refuse"
+    return res.stderr
+
+
+def test_replicas_without_leader_election_are_refused(helm: str) -> None:
+    assert "alerts.ha.enabled" in render_error(helm, "alerts.ha.enabled=false")
+    assert "alerts.ha.enabled" in render_error(helm, "alerts.ha.enabled=false", "alerts.replicaCount=3")
+    assert "one active instance" in render_error(helm, "recommend.replicaCount=2")
+
+
+def test_recommend_is_rendered_like_the_other_consumers(helm: str, rendered: dict) -> None:
+    deployment, ns = components(rendered["defaults"])["recommend"]
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
+    spec = deployment["spec"]["template"]["spec"]
+    alerts = components(rendered["defaults"])["alerts"][0]["spec"]["template"]["spec"]
+    assert spec["securityContext"] == alerts["securityContext"]
+    assert spec["containers"][0]["securityContext"] == alerts["containers"][0]["securityContext"]
+    assert spec["automountServiceAccountToken"] is False  # it calls no Kubernetes API
+    assert ns.alertmanager_url and ns.teams
+    # prices.yaml and teams.yaml from the chargeback ConfigMap, rendered even with chargeback off.
+    for docs, configmap in (
+        (rendered["defaults"], "rel-gpupipe-chargeback"),
+        (render(helm, None, "chargeback.enabled=false"), "rel-gpupipe-chargeback"),
+        (rendered["no-alerts"], "gpupipe-prices"),
+    ):
+        deployment, ns = components(docs)["recommend"]
+        spec = deployment["spec"]["template"]["spec"]
+        mount = spec["containers"][0]["volumeMounts"][0]
+        assert (
+            ns.prices == f"{mount['mountPath']}/prices.yaml"
+            and ns.teams == f"{mount['mountPath']}/teams.yaml"
+        )
+        assert {v["name"]: v for v in spec["volumes"]}[mount["name"]]["configMap"]["name"] == configmap
+        maps = _by_name(docs, "ConfigMap")
+        assert configmap == "gpupipe-prices" or {"prices.yaml", "teams.yaml"} <= set(maps[configmap]["data"])

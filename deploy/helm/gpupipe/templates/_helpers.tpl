@@ -50,6 +50,11 @@ app.kubernetes.io/component: {{ index . 1 }}
 app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 
+{{/* The ConfigMap with prices.yaml and teams.yaml (chargeback and recommend mount it). */}}
+{{- define "gpupipe.pricesConfigMap" -}}
+{{- default (include "gpupipe.componentName" (list . "chargeback")) .Values.chargeback.existingConfigMap }}
+{{- end }}
+
 {{- define "gpupipe.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
