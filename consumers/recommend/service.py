@@ -121,12 +121,17 @@ def to_alert(rec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _series_labels(rec: dict[str, Any]) -> list[str]:
+    """Label values of an open recommendation's series, in ``_SERIES_LABELS`` order.
+
+    ``team`` is the namespace where no team rule matched, as in chargeback's counters and the
+    reports: the Chargeback dashboard's ``$team`` variable (from chargeback's counters) must select
+    the recommendations of the same namespaces, not lose every unmapped one."""
     owner = f"{rec['owner_kind']}/{rec['owner_name']}" if rec.get("owner_name") else ""
     return [
         rec["namespace"],
         rec["pod"],
         owner,
-        rec.get("team") or "",
+        rec.get("team") or rec["namespace"],
         rec["hostname"],
         rec["mig_uuid"] or rec["uuid"],
         rec.get("mig_profile") or "",

@@ -28,27 +28,11 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # panels.py, recommendations.py
 
-from grafana_foundation_sdk.builders import (  # noqa: E402
-    bargauge,
-    dashboard,
-    prometheus,
-    stat,
-    statetimeline,
-    table,
-    timeseries,
-)
-from grafana_foundation_sdk.builders.common import StackingConfig  # noqa: E402
-from grafana_foundation_sdk.cog.encoder import JSONEncoder  # noqa: E402
-from grafana_foundation_sdk.models.common import BigValueGraphMode, GraphDrawStyle, StackingMode  # noqa: E402
-from grafana_foundation_sdk.models.dashboard import (  # noqa: E402
-    DashboardCursorSync,
-    DataSourceRef,
-    DataTransformerConfig,
-    VariableRefresh,
-    VariableSort,
-)
-from grafana_foundation_sdk.models.prometheus import PromQueryFormat  # noqa: E402
+from grafana_foundation_sdk.builders import dashboard, statetimeline  # noqa: E402
+from panels import DS, bars, base, build, ds_var, q, query_var, st, tbl, ts  # noqa: E402
+from recommendations import recommendation_row  # noqa: E402
 
 from consumers.alerts.catalog import CATALOG_VERSION, entries  # noqa: E402
 
@@ -56,107 +40,13 @@ OUT_DIRS = (
     REPO / "deploy" / "grafana" / "dashboards",
     REPO / "deploy" / "helm" / "gpupipe" / "files" / "dashboards",
 )
-DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
-TAGS = ["gpupipe", "gpu"]
 XID = "DCGM_EXP_XID_ERRORS_TOTAL"
 
 
-# -- building blocks ---------------------------------------------------------------------------------
-def q(expr: str, legend: str = "", ref: str = "A", *, instant: bool = False, fmt: str | None = None) -> Any:
-    t = prometheus.Dataquery().expr(expr).ref_id(ref).datasource(DS)
-    if legend:
-        t = t.legend_format(legend)
-    if instant:
-        t = t.instant()
-    if fmt:
-        t = t.format(PromQueryFormat(fmt))
-    return t
-
-
-def ds_var() -> Any:
-    return dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus")
-
-
-def query_var(name: str, label: str, query: str, *, multi: bool = True) -> Any:
-    v = (
-        dashboard.QueryVariable(name)
-        .label(label)
-        .query(query)
-        .datasource(DS)
-        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
-        .sort(VariableSort.ALPHABETICAL_ASC)
-    )
-    if multi:
-        v = v.multi(True).include_all(True).all_value(".*")
-    return v
-
-
-def ts(title: str, unit: str, *targets: Any, stack: bool = False, bars: bool = False, desc: str = "") -> Any:
-    p = timeseries.Panel().title(title).unit(unit).datasource(DS).height(8).span(12)
-    if desc:
-        p = p.description(desc)
-    if stack:
-        p = p.stacking(_stack())
-    if bars:
-        p = p.draw_style(GraphDrawStyle.BARS).fill_opacity(80)
-    for t in targets:
-        p = p.with_target(t)
-    return p
-
-
-def _stack() -> Any:
-    return StackingConfig().mode(StackingMode.NORMAL)
-
-
-def st(title: str, unit: str, target: Any, desc: str = "", span: int = 6) -> Any:
-    p = (
-        stat.Panel()
-        .title(title)
-        .unit(unit)
-        .datasource(DS)
-        .height(4)
-        .span(span)
-        .graph_mode(BigValueGraphMode.NONE)
-        .with_target(target)
-    )
-    return p.description(desc) if desc else p
-
-
-def tbl(title: str, *targets: Any, desc: str = "", span: int = 12) -> Any:
-    p = table.Panel().title(title).datasource(DS).height(8).span(span)
-    if desc:
-        p = p.description(desc)
-    for t in targets:
-        p = p.with_target(t)
-    if len(targets) > 1:
-        p = p.with_transformation(DataTransformerConfig(id_val="merge", options={}))
-    return p
-
-
-def bars(title: str, unit: str, target: Any, desc: str = "", span: int = 12) -> Any:
-    p = bargauge.Panel().title(title).unit(unit).datasource(DS).height(8).span(span).with_target(target)
-    return p.description(desc) if desc else p
-
-
-def build(d: Any) -> dict[str, Any]:
-    doc = json.loads(JSONEncoder(sort_keys=True, indent=2).encode(d.build()))
-    for n, panel in enumerate(doc["panels"], 1):  # Grafana needs unique panel ids
-        panel["id"] = n
-    return doc
-
-
-def base(uid: str, title: str, desc: str, time_from: str) -> Any:
-    return (
-        dashboard.Dashboard(title)
-        .uid(uid)
-        .description(desc)
-        .tags(TAGS)
-        .editable()
-        .refresh("30s")
-        .time(time_from, "now")
-        .timezone("browser")
-        .tooltip(DashboardCursorSync.CROSSHAIR)
-    )
+POWER_SHARE_DESC = (
+    "A GPU's power goes to the pod its series carry: a MIG GPU's is split evenly over its slices "
+    "(the series carry the whole device's), a time-sliced GPU's goes to the one pod its series name."
+)
 
 
 # -- Fleet -------------------------------------------------------------------------------------------
@@ -164,6 +54,11 @@ def fleet() -> dict[str, Any]:
     sel = 'Hostname=~"$node", modelName=~"$model"'
     pods = f'{sel}, namespace=~"$namespace", pod!=""'
     one_per_gpu = "max by (Hostname, UUID, GPU_I_ID)"  # shared GPUs have a series per pod
+    # Each MIG slice carries its GPU's whole power (as dcgm-exporter's): split it evenly over the
+    # GPU's series so that a namespace's or pod's power adds up to the node's, not 7 times over.
+    per_gpu = "on (Hostname, UUID) group_left count by (Hostname, UUID)"
+    power_share = f"DCGM_FI_DEV_POWER_USAGE{{{pods}}} / {per_gpu} (DCGM_FI_DEV_POWER_USAGE{{{sel}}})"
+    pod_gpu = "namespace, pod, Hostname, gpu, modelName, GPU_I_PROFILE"
     d = (
         base(
             "gpupipe-fleet",
@@ -268,6 +163,33 @@ def fleet() -> dict[str, Any]:
                 "celsius",
                 q(f"max by (Hostname) (DCGM_FI_DEV_GPU_TEMP{{{sel}}})", "{{Hostname}} GPU"),
                 q(f"max by (Hostname) (DCGM_FI_DEV_MEMORY_TEMP{{{sel}}})", "{{Hostname}} memory", "B"),
+            )
+        )
+        .with_panel(
+            ts(
+                "Power by namespace",
+                "watt",
+                q(f"sum by (namespace) ({power_share})", "{{namespace}}"),
+                stack=True,
+                desc=POWER_SHARE_DESC,
+            )
+        )
+        .with_panel(
+            ts(
+                "Hottest GPU by namespace",
+                "celsius",
+                q(f"max by (namespace) (DCGM_FI_DEV_GPU_TEMP{{{pods}}})", "{{namespace}}"),
+            )
+        )
+        .with_panel(
+            tbl(
+                "Pods: memory, power and temperature",
+                q(f"sum by ({pod_gpu}) (DCGM_FI_DEV_FB_USED{{{pods}}})", instant=True, fmt="table"),
+                q(f"sum by ({pod_gpu}) ({power_share})", ref="B", instant=True, fmt="table"),
+                q(f"max by ({pod_gpu}) (DCGM_FI_DEV_GPU_TEMP{{{pods}}})", ref="C", instant=True, fmt="table"),
+                desc="A: framebuffer used (MiB), B: power (W, the pod's share), C: GPU temperature (C).",
+                span=24,
+                sort_desc="Value #B",
             )
         )
         .with_row(dashboard.Row("Shared and MIG GPUs"))
@@ -454,7 +376,8 @@ def chargeback() -> dict[str, Any]:
             )
         )
     )
-    return build(d)
+    rec = 'team=~"$team", namespace=~"$namespace", modelName=~"$model"'  # gpupipe recommend's labels
+    return build(recommendation_row(d, rec))
 
 
 # -- GPU health --------------------------------------------------------------------------------------

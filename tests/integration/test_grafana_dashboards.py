@@ -1,8 +1,9 @@
 """The Grafana dashboards against the simulated pipeline and a real Prometheus.
 
 A real broker, the simulated producer (a fleet with MIG and time-sliced GPUs and frequent XIDs),
-the metrics, chargeback (10 s windows) and alerts services, and the Debian Prometheus scraping
-them every second with the shipped scrape jobs and alerting rules. Then, as Grafana would send
+the metrics, chargeback (10 s windows), alerts and recommend (idle after 5 s, so the simulator's
+idle notebooks are recommended within seconds) services, and the Debian Prometheus scraping them
+every second or two with the shipped scrape jobs and alerting rules. Then, as Grafana would send
 them: every template variable query returns values, and every panel query of the three dashboards
 (variables at their "All" value) returns data. Finally the Chargeback dashboard's cost total
 matches `gpupipe report chargeback`'s over the same committed windows within 1%.
@@ -30,6 +31,7 @@ from gpupipe.kafka_admin import ensure_topics
 from schemas.codec import AvroCodec
 from tests.conftest import free_port
 from tests.integration.metrics_helpers import (
+    DEPLOY_PROMETHEUS,
     Proc,
     Prometheus,
     http_get,
@@ -93,6 +95,19 @@ def test_dashboards_are_built_from_code_and_shipped_in_the_chart() -> None:
     assert len(uids) == 3
 
 
+def shipped_job(name: str, targets: list[str], interval: str) -> dict[str, Any]:
+    """A scrape job of deploy/prometheus/prometheus.yml as shipped, with the test's targets."""
+    (job,) = [
+        j for j in yaml.safe_load(DEPLOY_PROMETHEUS.read_text())["scrape_configs"] if j["job_name"] == name
+    ]
+    return {
+        **job,
+        "scrape_interval": interval,
+        "scrape_timeout": interval,
+        "static_configs": [{"targets": targets}],
+    }
+
+
 def _query_at(prom: Prometheus, expr: str, at: float | None = None) -> list[dict[str, Any]]:
     params = {"query": expr}
     if at is not None:
@@ -110,7 +125,8 @@ def _variable_values(prom: Prometheus, var: dict[str, Any], values: dict[str, st
 
 @pytest.fixture
 def pipeline(kafka: str, topic_prefix: str, tmp_path: Path):
-    ports = {name: free_port() for name in ("producer", "metrics", "chargeback", "alerts", "prometheus")}
+    names = ("producer", "metrics", "chargeback", "alerts", "recommend", "prometheus")
+    ports = {name: free_port() for name in names}
     cfg = prometheus_config([f"127.0.0.1:{ports['metrics']}"])
     cfg["scrape_configs"].append(
         {
@@ -124,6 +140,7 @@ def pipeline(kafka: str, topic_prefix: str, tmp_path: Path):
             ],
         }
     )
+    cfg["scrape_configs"].append(shipped_job("gpupipe-recommend", [f"127.0.0.1:{ports['recommend']}"], "2s"))
     cfg["rule_files"] = [str(RULES)]
     prom = Prometheus(cfg, tmp_path / "prom", ports["prometheus"])
     teams = tmp_path / "teams.yaml"
@@ -165,6 +182,28 @@ def pipeline(kafka: str, topic_prefix: str, tmp_path: Path):
         "alerts": Proc(
             ["alerts", *common, "--listen", f"127.0.0.1:{ports['alerts']}"],
             tmp_path / "alerts.log",
+        ),
+        # As scripts/demo.py: a short --idle-after, so that the notebooks the simulator starts idle
+        # are recommended within seconds (from the oldest sample: none is missed while it joins).
+        "recommend": Proc(
+            [
+                "recommend",
+                *common,
+                "--listen",
+                f"127.0.0.1:{ports['recommend']}",
+                "--idle-after",
+                "5s",
+                "--update-interval",
+                "5s",
+                "--from-beginning",
+                "--group-id",
+                f"rec-{topic_prefix}",
+                "--prices",
+                str(REPO / "deploy" / "prices.example.yaml"),
+                "--teams",
+                str(teams),
+            ],
+            tmp_path / "recommend.log",
         ),
     }
     procs["producer"] = start_producer(
@@ -236,6 +275,14 @@ def test_every_panel_and_variable_has_data(kafka: str, topic_prefix: str, pipeli
     # MIG slices and time-sliced GPUs are in the fleet's panels.
     assert _query_at(prom, 'DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_PROFILE!=""}')
     assert _query_at(prom, "count by (UUID) (gpupipe_pod_gpu_util_percent) > 1")  # per-pod shares
+    # Every recommendation's team is one the Chargeback dashboard's $team offers (chargeback's).
+    assert not _query_at(
+        prom,
+        "gpupipe_recommendation_cost_wasted unless on (team) group by (team) (gpupipe_chargeback_cost_total)",
+    )
+    assert {"release", "right_size_mig", "shared_gpu", "cheaper_model"} >= {
+        r["metric"]["action"] for r in _query_at(prom, "gpupipe_recommendation_idle_seconds")
+    }
 
     # The Chargeback dashboard's total equals the report's, over the same committed windows.
     topic = topics.with_prefix(topic_prefix, topics.CHARGEBACK)

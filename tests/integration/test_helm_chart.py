@@ -166,6 +166,11 @@ def test_prometheus_operator_objects(rendered: dict, tmp_path: Path) -> None:
         <= w["spec"]["template"]["metadata"]["labels"].items()
     }
     assert comps == {"producer", "chargeback", "alerts", "recommend"} and comps <= monitored
+    # The series' namespace/pod labels name the GPU's workload or the billed namespace: a target
+    # label of the same name must not turn them into exported_namespace/exported_pod, which the
+    # dashboards do not read (as deploy/prometheus/*.yml: honor_labels).
+    assert sm["spec"]["endpoints"][0]["honorLabels"] is True
+    assert pm["spec"]["podMetricsEndpoints"][0]["honorLabels"] is True
     # The PrometheusRule carries deploy/prometheus's rules, and promtool accepts them.
     rule = kinds["PrometheusRule"][0]
     source = yaml.safe_load((REPO / "deploy" / "prometheus" / "gpupipe-alerts.rules.yml").read_text())

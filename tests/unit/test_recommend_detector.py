@@ -259,3 +259,38 @@ def test_service_publishes_dead_letters_wrong_types_and_exposes_series() -> None
     assert "1g.10gb" in am_annotations(to_alert(sink.sent[0]))["description"]
     svc.handle([InRecord("s", 0, 200, None, "GpuSample", sample(31 * MIN, 0.9), 0)])
     assert svc.open == {} and "gpupipe_recommendation_cost_wasted{" not in generate_latest(reg).decode()
+
+
+def test_series_team_is_the_namespace_without_a_rule_as_chargeback_for_the_dashboards() -> None:
+    """The Chargeback dashboard filters chargeback's counters and these series by one ``$team``:
+    chargeback labels an unmapped namespace's team with the namespace, so must recommend."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from consumers.consume_loop import InRecord
+    from consumers.recommend.service import RecommendService
+
+    class Sink:
+        def send(self, rec: dict) -> None:
+            pass
+
+        def flush(self) -> None:
+            pass
+
+    def teams_of(team_of: Any) -> dict[str, str]:
+        det = detector()
+        det.team_of = team_of
+        reg = CollectorRegistry()
+        svc = RecommendService(det, Sink(), reg)
+        pods = (("notebooks", "nb-1"), ("research", "nb-2"))
+        idle = [sample(i * MIN, 0.0, pods=pods) for i in range(31)]
+        svc.handle([InRecord("s", 0, i, None, "GpuSample", s, 0) for i, s in enumerate(idle)])
+        fams = text_string_to_metric_families(generate_latest(reg).decode())
+        fam = next(f for f in fams if f.name == "gpupipe_recommendation_cost_wasted")
+        return {s.labels["pod"]: s.labels["team"] for s in fam.samples}
+
+    assert teams_of(lambda _ns, _labels: None) == {"nb-1": "notebooks", "nb-2": "research"}
+    assert teams_of(lambda ns, _labels: "lab" if ns == "research" else None) == {
+        "nb-1": "notebooks",
+        "nb-2": "lab",
+    }
