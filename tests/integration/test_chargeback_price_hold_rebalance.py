@@ -59,6 +59,10 @@ def test_partitions_held_through_a_rebalance_are_read_again(
     }
     try:
         wait_log(logs["a"], "another instance prices differently")
+        # b too must have read a's table before the input crosses V: an instance that has not read
+        # it yet bills on at its own price (a race the agreement cannot close; a is then refused
+        # when it takes those partitions over, as tests/unit/test_chargeback_price_takeover.py shows)
+        wait_log(logs["b"], "another instance prices differently")
         produce(kafka, t_in, samples("ml", 6, split, end))
         wait_log(logs["a"], "holding partitions until the instances agree on prices")
         assigned_before = logs["a"].read_text().count("partitions assigned")
