@@ -26,10 +26,15 @@ from tests.integration.chargeback_util import (
     start_service,
     stop_service,
     wait_log,
-    window_keys,
 )
 from tests.integration.test_chargeback_environments import T0, produce, samples
-from tests.integration.test_chargeback_price_rollout import PRICES, TICK, V, W
+from tests.integration.test_chargeback_price_rollout import (
+    PRICES,
+    TICK,
+    V,
+    W,
+    assert_billed_once_at_one_price,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -83,12 +88,5 @@ def test_partitions_held_through_a_rebalance_are_read_again(
                 p.wait()
         prog.close()
     out = read_output(kafka, topic_prefix + topics.CHARGEBACK)
-    keys = window_keys(out)
-    assert len(keys) == len(set(keys)), "a window record was emitted twice"
-    prices: dict[int, set[float]] = {}
-    for r in out:
-        prices.setdefault(r["window_start_ms"], set()).add(r["price_per_gpu_hour"])
-    assert {w: p.pop() for w, p in prices.items() if len(p) == 1} == {
-        T0 + k * W: (4.0 if T0 + k * W < V else 8.0) for k in range(9)
-    }
+    assert_billed_once_at_one_price(out)
     assert sum(r["allocated_gpu_seconds"] for r in out) == pytest.approx(6 * 9 * 300.0)

@@ -79,6 +79,15 @@ def test_a_rolling_update_never_bills_a_window_at_two_prices(
                 p.wait()
         prog.close()
     out = read_output(kafka, topic_prefix + topics.CHARGEBACK)
+    assert_billed_once_at_one_price(out)
+    # 6 GPUs, 10 s per sample; the windows that closed are those ending 30 s before the last sample.
+    assert sum(r["allocated_gpu_seconds"] for r in out) == pytest.approx(6 * 9 * 300.0)
+    assert sum(r["cost_allocation"] for r in out) == pytest.approx(6 * (6 * 300 * 4.0 + 3 * 300 * 8.0) / 3600)
+    assert time.time() * 1000 > V + 4 * W  # the input was in the past (broker time bounds it)
+
+
+def assert_billed_once_at_one_price(out: list[dict]) -> None:
+    """Every window once, each at one price: the old one before V, the new one from V on."""
     keys = window_keys(out)
     assert len(keys) == len(set(keys)), "a window record was emitted twice"
     prices: dict[int, set[float]] = {}
@@ -88,7 +97,3 @@ def test_a_rolling_update_never_bills_a_window_at_two_prices(
     assert {w: p.pop() for w, p in prices.items()} == {
         T0 + k * W: (4.0 if T0 + k * W < V else 8.0) for k in range(9)
     }
-    # 6 GPUs, 10 s per sample; the windows that closed are those ending 30 s before the last sample.
-    assert sum(r["allocated_gpu_seconds"] for r in out) == pytest.approx(6 * 9 * 300.0)
-    assert sum(r["cost_allocation"] for r in out) == pytest.approx(6 * (6 * 300 * 4.0 + 3 * 300 * 8.0) / 3600)
-    assert time.time() * 1000 > V + 4 * W  # the input was in the past (broker time bounds it)
