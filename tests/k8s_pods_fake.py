@@ -71,6 +71,7 @@ class FakePodApi:
         self._forbidden: set[str] = set()  # plurals answered 403
         self._events: list[tuple[int, str, dict[str, Any]]] = []
         self._epoch = 0  # end_watches() bumps it: open streams end
+        self._down = False  # stop() until restart(): a stream accepted just before stop ends too
         self.requests: list[str] = []  # "list" | "watch" | "get" per request
         self._port = 0
         self._server: ThreadingHTTPServer | None = None
@@ -257,10 +258,15 @@ class FakePodApi:
                     while True:
                         with fake._cond:
                             todo = [e for e in fake._events if e[0] > sent]
-                            while not todo and fake._epoch == epoch and time.monotonic() < deadline:
+                            while (
+                                not todo
+                                and fake._epoch == epoch
+                                and not fake._down
+                                and time.monotonic() < deadline
+                            ):
                                 fake._cond.wait(0.05)
                                 todo = [e for e in fake._events if e[0] > sent]
-                            ended = fake._epoch != epoch or time.monotonic() >= deadline
+                            ended = fake._epoch != epoch or fake._down or time.monotonic() >= deadline
                             rv_now = fake._rv
                         for rv, etype, obj in todo:
                             sent = rv
@@ -287,6 +293,8 @@ class FakePodApi:
         return f"http://127.0.0.1:{self._port}"
 
     def start(self) -> FakePodApi:
+        with self._cond:
+            self._down = False
         server = ThreadingHTTPServer(("127.0.0.1", self._port), self._handler())
         server.daemon_threads = True
         self._port = server.server_address[1]
@@ -297,6 +305,8 @@ class FakePodApi:
     def stop(self) -> None:
         """The API server goes away: open watches end, new connections are refused."""
         if self._server is not None:
+            with self._cond:
+                self._down = True  # also a handler that read the epoch after end_watches() below
             self._server.shutdown()
             self._server.server_close()  # the listener is closed before streams end: reconnects are refused
             self._server = None

@@ -204,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
     def health() -> tuple[bool, dict[str, object]]:
         return loop.healthy, {"open_recommendations": len(service.open)}
 
-    http = ServiceHttp(args.listen, registry, health).start() if args.listen else None
+    http = ServiceHttp(args.listen, registry, health, args.web_config_file).start() if args.listen else None
     if alertmanager is not None:
         alertmanager.start()
     log.info(
