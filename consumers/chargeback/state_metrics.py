@@ -14,7 +14,10 @@ from prometheus_client.registry import Collector
 
 class PartitionInfo:
     """Per-partition snapshots for the scrape thread (a mixin of ChargebackService): taken by the
-    loop at every commit attempt, read under a lock, the lag completed from cached end offsets."""
+    loop at every commit attempt, lag included (from the consumer's cached end offsets, read in the
+    loop thread too), read under a lock. The scrape thread never calls into the consumer: a call on
+    it from another thread waits for the loop's own (seen: a /metrics answer taking 3-56 s on a
+    loaded machine, past Prometheus' 10 s scrape timeout)."""
 
     # Set by the service (see ChargebackService.__init__).
     cfg: Any
@@ -43,15 +46,6 @@ class PartitionInfo:
                 "watermark_ms": self.engine.watermark(part),
                 "checkpoint_behind": (pos - cp.offset) if pos is not None and cp is not None else None,
             }
-        with self._lock:
-            self._info = info
-
-    def partition_info(self) -> dict[int, dict[str, Any]]:
-        """Per assigned partition: position, watermark, checkpoint distance and lag (scrape thread)."""
-        with self._lock:
-            info = {p: dict(v) for p, v in self._info.items()}
-        for part, v in info.items():
-            pos = v.get("position")
             try:
                 _, high = self.consumer.get_watermark_offsets(
                     TopicPartition(self.cfg.input_topic, part), timeout=0.5, cached=True
@@ -59,8 +53,14 @@ class PartitionInfo:
             except Exception:
                 continue
             if pos is not None and high >= 0:
-                v["lag"] = max(0, high - pos)
-        return info
+                info[part]["lag"] = max(0, high - pos)
+        with self._lock:
+            self._info = info
+
+    def partition_info(self) -> dict[int, dict[str, Any]]:
+        """Per assigned partition: position, watermark, checkpoint distance and lag (scrape thread)."""
+        with self._lock:
+            return {p: dict(v) for p, v in self._info.items()}
 
 
 class StateCollector(Collector):
