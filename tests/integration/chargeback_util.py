@@ -65,6 +65,14 @@ def stop_service(proc: subprocess.Popen, timeout: float = 30) -> int:
     return proc.wait(timeout=timeout)
 
 
+def kill_left(procs: dict[str, subprocess.Popen]) -> None:
+    """SIGKILL whatever a failed test left running (its `finally`), and reap it."""
+    for p in procs.values():
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 class Progress:
     """A group's committed checkpoints of an input topic (offset, and replay_until from the metadata)."""
 

@@ -21,6 +21,7 @@ from gpupipe.kafka_admin import ensure_topics
 from schemas.codec import AvroCodec
 from tests.integration.chargeback_util import (
     Progress,
+    kill_left,
     new_id,
     past_hour_ms,
     read_output,
@@ -116,10 +117,7 @@ def test_prod_and_staging_with_the_same_pod_name_both_bill(
         for name in envs:
             assert stop_service(procs[name]) == 0, logs[name].read_text()[-3000:]
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_left(procs)
         for prog in progs.values():
             prog.close()
     for name, prefix in envs.items():

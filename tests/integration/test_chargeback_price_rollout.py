@@ -19,6 +19,7 @@ from gpupipe.durations import format_iso_ms
 from gpupipe.kafka_admin import ensure_topics
 from tests.integration.chargeback_util import (
     Progress,
+    kill_left,
     new_id,
     read_output,
     start_service,
@@ -73,10 +74,7 @@ def test_a_rolling_update_never_bills_a_window_at_two_prices(
         for name in list(procs):
             assert stop_service(procs.pop(name)) == 0, logs[name].read_text()[-3000:]
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_left(procs)
         prog.close()
     out = read_output(kafka, topic_prefix + topics.CHARGEBACK)
     assert_billed_once_at_one_price(out)

@@ -68,15 +68,21 @@ def make_certs(d: Path) -> tuple[Path, Path, Path]:
     return paths
 
 
-def test_tls_and_basic_auth_scraped_by_prometheus(kafka: str, topic_prefix: str, tmp_path: Path) -> None:
-    ca, crt, key = make_certs(tmp_path)
+def web_config(d: Path) -> tuple[Path, Path, str]:
+    """(CA certificate, exporter-toolkit web config with TLS and the user ``prometheus``, its password)."""
+    ca, crt, key = make_certs(d)
     password = "s3cret-" + uuid.uuid4().hex[:6]
     hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()
-    web = tmp_path / "web.yml"
+    web = d / "web.yml"
     web.write_text(
         f"tls_server_config:\n  cert_file: {crt.name}\n  key_file: {key.name}\n"
         f"basic_auth_users:\n  prometheus: '{hashed}'\n"
     )
+    return ca, web, password
+
+
+def test_tls_and_basic_auth_scraped_by_prometheus(kafka: str, topic_prefix: str, tmp_path: Path) -> None:
+    ca, web, password = web_config(tmp_path)
     port = free_port()
     svc = MetricsService(
         MetricsConfig(

@@ -15,10 +15,8 @@ import ssl
 import subprocess
 import urllib.error
 import urllib.request
-import uuid
 from pathlib import Path
 
-import bcrypt
 import pytest
 
 from gpupipe import topics
@@ -27,7 +25,7 @@ from tests import hygiene
 from tests.conftest import free_port
 from tests.integration.kafka_util import GPUPIPE, REPO
 from tests.integration.metrics_helpers import wait_for
-from tests.integration.test_metrics_tls_auth import make_certs
+from tests.integration.test_metrics_tls_auth import web_config
 
 pytestmark = pytest.mark.integration
 
@@ -47,14 +45,7 @@ def test_own_metrics_behind_tls_and_basic_auth(
     kafka: str, topic_prefix: str, tmp_path: Path, service: str
 ) -> None:
     ensure_topics(kafka, topics.ALL, prefix=topic_prefix)
-    ca, crt, key = make_certs(tmp_path)
-    password = "s3cret-" + uuid.uuid4().hex[:6]
-    hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()
-    web = tmp_path / "web.yml"
-    web.write_text(
-        f"tls_server_config:\n  cert_file: {crt}\n  key_file: {key}\n"
-        f"basic_auth_users:\n  prometheus: '{hashed}'\n"
-    )
+    ca, web, password = web_config(tmp_path)
     prices = tmp_path / "prices.yaml"
     prices.write_text(PRICES)
     extra, own = SERVICES[service]
