@@ -116,6 +116,13 @@ def make_source(kind: str, collectors: tuple[str, ...] | None, module: Any = Non
     return src
 
 
+def force_classic(g: Any) -> None:
+    """Every batched field answered as NVML answers an unsupported one (learned for good), so the
+    source reads it with its classic call."""
+    for key in BATCH_KEYS:
+        g.ctx.unsupported.add(key, "NotSupported")
+
+
 def calls_per_tick(kind: str, batched: bool) -> float:
     import pynvml
 
@@ -123,7 +130,7 @@ def calls_per_tick(kind: str, batched: bool) -> float:
     src = make_source(kind, ("fast",), counting)
     if not batched:
         for g in src._gpus:
-            g.ctx.unsupported.update(BATCH_KEYS)
+            force_classic(g)
     src.poll()
     nvml = src._nvml
     before = nvml.calls
@@ -143,7 +150,7 @@ def cpu_per_tick(kind: str, collectors: tuple[str, ...] | None, batched: bool) -
     src = make_source(kind, collectors)
     if not batched:
         for g in src._gpus:
-            g.ctx.unsupported.update(BATCH_KEYS)  # every batched field back to its classic call
+            force_classic(g)  # every batched field back to its classic call
     clock = getattr(src, "_bench_clock", None)
     src.poll()
     t0 = time.process_time()
