@@ -30,6 +30,7 @@ deps:
 test: deps venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 	$(BIN)/pytest -q -ra --durations=10 -n $(TEST_WORKERS) --dist loadfile tests
 
 test-unit: venv
@@ -41,6 +42,7 @@ test-integration: deps venv
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 fmt: venv
 	$(BIN)/ruff format .

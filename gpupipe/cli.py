@@ -10,30 +10,39 @@ become one line on stderr and a non-zero exit, never a traceback.
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 from typing import NoReturn
 
-from gpupipe import kafka_config
+from consumers import tail
+from consumers.alerts import command as alerts_command
+from consumers.chargeback import command as chargeback_command
+from consumers.metrics import command as metrics_command
+from consumers.recommend import command as recommend_command
+from consumers.report import command as report_command
+from consumers.report import idle_command
+from gpupipe import acls_command, kafka_config
 from gpupipe.errors import BrokerUnavailableError, ConfigError, GpupipeError
+from producer import command as producer_command
+from producer.xid import parse_command as xid_parse_command
 
 ENV_PREFIX = "GPUPIPE_"
 
-# (path of words, module, help). Modules are imported when the parser is built.
-COMMANDS: tuple[tuple[tuple[str, ...], str, str], ...] = (
-    (("produce",), "producer.command", "run the node producer (simulated fleet or NVML) publishing to Kafka"),
-    (("tail",), "consumers.tail", "print records of a gpupipe topic as JSON lines"),
-    (("xid", "parse"), "producer.xid.parse_command", "parse kernel-log lines on stdin into XID JSON lines"),
-    (("metrics",), "consumers.metrics.command", "serve dcgm-exporter-compatible /metrics from Kafka"),
-    (("chargeback",), "consumers.chargeback.command", "aggregate GPU cost per namespace into windows"),
-    (("report", "chargeback"), "consumers.report.command", "print chargeback reports per namespace or team"),
-    (("alerts",), "consumers.alerts.command", "classify and deduplicate XIDs into alerts"),
-    (("recommend",), "consumers.recommend.command", "recommend what to do with GPUs that pods hold idle"),
-    (("report", "idle"), "consumers.report.idle_command", "print the top idle-GPU wasters per team or owner"),
-    (("acls",), "gpupipe.acls_command", "print or apply the least-privilege Kafka ACLs of each role"),
+# (path of words, command module, help). Every command module has add_arguments(p) and run(args).
+COMMANDS: tuple[tuple[tuple[str, ...], ModuleType, str], ...] = (
+    (("produce",), producer_command, "run the node producer (simulated fleet or NVML) publishing to Kafka"),
+    (("tail",), tail, "print records of a gpupipe topic as JSON lines"),
+    (("xid", "parse"), xid_parse_command, "parse kernel-log lines on stdin into XID JSON lines"),
+    (("metrics",), metrics_command, "serve dcgm-exporter-compatible /metrics from Kafka"),
+    (("chargeback",), chargeback_command, "aggregate GPU cost per namespace into windows"),
+    (("report", "chargeback"), report_command, "print chargeback reports per namespace or team"),
+    (("alerts",), alerts_command, "classify and deduplicate XIDs into alerts"),
+    (("recommend",), recommend_command, "recommend what to do with GPUs that pods hold idle"),
+    (("report", "idle"), idle_command, "print the top idle-GPU wasters per team or owner"),
+    (("acls",), acls_command, "print or apply the least-privilege Kafka ACLs of each role"),
 )
 
 
@@ -107,13 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     tops = root.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     tops.required = True
     groups: dict[str, argparse._SubParsersAction] = {}
-    for words, module_name, help_text in COMMANDS:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name and module_name.startswith(exc.name):
-                continue  # service not built in this version
-            raise
+    for words, module, help_text in COMMANDS:
         parent = tops
         for w in words[:-1]:
             if w not in groups:

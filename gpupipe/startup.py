@@ -3,9 +3,10 @@
 Why: on a fresh install every service starts at once, before the broker answers, before the topics
 exist, while partition leaders are being elected and while another service creates the same topics.
 Each of those passes by itself, so a service waits for it (retry with capped exponential backoff and
-jitter, one log line per attempt at most every few seconds) and answers 503 on ``/healthz`` meanwhile
-(:class:`StartupHealth`); a Kubernetes readiness probe then shows "starting", not a crash loop. What
-will not pass (a bad flag, authentication or authorization refused) is one line and an exit at once.
+jitter, one log line per attempt at most every few seconds) and its server answers 503 "starting"
+meanwhile (:mod:`gpupipe.runner`); a Kubernetes readiness probe then shows "starting", not a crash
+loop. What will not pass (a bad flag, authentication or authorization refused) is one line and an
+exit at once.
 
 Also here: the moment the process started (:func:`process_start_ms`), where a new consumer group
 begins reading (:func:`start_offsets`: offsets for that time, so records written while the service
@@ -15,7 +16,6 @@ was starting are never skipped), and the shutdown budget every service shares (`
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import random
@@ -25,7 +25,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -131,8 +130,12 @@ def is_fatal(exc: BaseException) -> bool:
     return err is not None and (err.code() in FATAL_CODES or err.fatal())
 
 
+class StartupCancelled(GpupipeError):
+    """The service was asked to stop while it was still waiting to start."""
+
+
 class StartupState:
-    """What the service waits for, shared with :class:`StartupHealth` for /healthz."""
+    """What the service waits for, shown on /healthz while it starts."""
 
     def __init__(self) -> None:
         self.waiting_for = "start"
@@ -152,11 +155,13 @@ def retry(
     transient: tuple[type[BaseException], ...] = (BrokerUnavailableError, KafkaException, TimeoutError),
     backoff: Backoff | None = None,
     sleep: Callable[[float], Any] = time.sleep,
+    stop: threading.Event | None = None,
 ) -> T:
     """Call ``fn`` until it succeeds; wait with backoff on transient errors, re-raise fatal ones.
 
     ``timeout_s`` 0 waits for ever. After the deadline the last error is raised as
-    BrokerUnavailableError (exit 3); a fatal error becomes a ConfigError (exit 2) at once.
+    BrokerUnavailableError (exit 3); a fatal error becomes a ConfigError (exit 2) at once. A set
+    ``stop`` ends the wait with :class:`StartupCancelled` (SIGTERM while starting is a clean exit).
     """
     backoff = backoff or Backoff()
     state = state or StartupState()
@@ -190,7 +195,10 @@ def retry(
                     what,
                     extra=fields(attempt=state.attempts, error=message, retry_in_s=round(delay, 2)),
                 )
-            sleep(delay)
+            if stop is None:
+                sleep(delay)
+            elif stop.wait(delay):
+                raise StartupCancelled(f"stopped while waiting for {what}") from exc
             continue
         if state.attempts:
             log.info("ready: %s", what, extra=fields(attempts=state.attempts))
@@ -234,6 +242,7 @@ def prepare_kafka(
     timeout_s: float = 0.0,
     state: StartupState | None = None,
     exact: Iterable[str] = (),
+    stop: threading.Event | None = None,
 ) -> None:
     """Wait until the broker answers and the topics (created when `create`) have leaders.
 
@@ -257,7 +266,7 @@ def prepare_kafka(
         check_topics_ready(AdminClient(conf), names)
 
     what = f"Kafka at {bootstrap} with topics {', '.join(names)}"
-    retry(attempt, what=what, timeout_s=timeout_s, state=state)
+    retry(attempt, what=what, timeout_s=timeout_s, state=state, stop=stop)
 
 
 # -- where a new consumer group starts -------------------------------------------------------------
@@ -293,53 +302,6 @@ def start_offsets(
             off = at.get(key, -1)
             out.append(TopicPartition(tp.topic, tp.partition, off if off >= 0 else highs[key]))
     return out
-
-
-# -- /healthz while starting -----------------------------------------------------------------------
-class StartupHealth:
-    """Answers 503 ``{"status": "starting", ...}`` on the service's --listen address until the
-    service's own server takes the port over (use as a context manager around the waiting)."""
-
-    def __init__(self, listen: str | None, state: StartupState, service: str) -> None:
-        self.state = state
-        self._server: ThreadingHTTPServer | None = None
-        if not listen:
-            return
-        from gpupipe.health_server import parse_listen, server_class
-
-        host, port = parse_listen(listen)
-        st = state
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = json.dumps({"status": "starting", "service": service, **st.as_dict()}).encode()
-                self.send_response(503)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                return
-
-        try:
-            self._server = server_class(host)((host, port), Handler)
-        except OSError as exc:
-            raise ConfigError(f"cannot listen on {listen}: {exc.strerror}") from exc
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, name="startup-health", daemon=True).start()
-
-    def __enter__(self) -> StartupHealth:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
 
 
 # -- bounded shutdown ------------------------------------------------------------------------------

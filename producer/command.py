@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import threading
 import time
 from typing import Any
@@ -18,10 +17,10 @@ from typing import Any
 from gpupipe import startup, topics
 from gpupipe.argtypes import iso_time_ms, positive_duration_ms
 from gpupipe.errors import BrokerUnavailableError, ConfigError, GpupipeError
-from gpupipe.health_server import ServiceHttp
 from gpupipe.kafka_admin import parse_kafka_overrides, parse_topic_overrides, wait_for_broker
 from gpupipe.kafka_auth import KafkaAuthError, principal_of, runtime_write_denial
 from gpupipe.logs import fields
+from gpupipe.runner import Lifecycle, ServiceSpec, run_service
 from producer.podmeta.extras import add_arguments as podmeta_arguments
 from producer.publish import DENIED, Publisher, producer_config
 from producer.self_metrics import ProducerMetrics
@@ -203,135 +202,174 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     startup.add_arguments(p, startup_default=None)
 
 
-class _Stop:
-    """Set by SIGINT/SIGTERM; the loop checks it between ticks and then flushes."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-
-    def install(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, lambda *_: self.event.set())
-            signal.signal(signal.SIGINT, lambda *_: self.event.set())
-
-
 def run(args: argparse.Namespace) -> int:
     if args.source == "simulated" and (args.nodes < 1 or args.gpus_per_node < 1):
         raise ConfigError("--nodes and --gpus-per-node must be at least 1")
-    extra = parse_kafka_overrides(args.kafka_config)
-    specs = parse_topic_overrides(args.topic_partitions, args.topic_retention)
     # A finite run (--duration) is a job: an unreachable broker is one line and exit 3 after 10s.
     # Otherwise a service: wait for ever (503 on /healthz meanwhile), whatever starts first.
-    startup_s = (10_000 if args.duration else 0) if args.startup_timeout is None else args.startup_timeout
-    state = startup.StartupState()
-    try:
-        if args.source == "nvml":
-            wait_for_broker(args.bootstrap_servers, extra=extra)
-        else:
-            with startup.StartupHealth(args.listen, state, "producer"):
+    startup_ms = (10_000 if args.duration else 0) if args.startup_timeout is None else args.startup_timeout
+    producer = ProducerRun(args)
+    spec = ServiceSpec(
+        name="producer",
+        listen=args.listen,
+        web_config_file=args.web_config_file,
+        startup_timeout_ms=startup_ms,
+        shutdown_timeout_ms=args.shutdown_timeout,
+    )
+    run_service(spec, producer.build)
+    producer.raise_outcome()
+    return 0
+
+
+class ProducerRun:
+    """One producer process: Kafka preparation, the publisher, and the simulated or NVML loop."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.extra = parse_kafka_overrides(args.kafka_config)
+        self.specs = parse_topic_overrides(args.topic_partitions, args.topic_retention)
+        self.metrics = ProducerMetrics()
+        self.registry = self.metrics.registry
+        self.refused: list[str] = []  # the one line for a delivery the broker will never take
+        self.publisher: Publisher | None = None
+        self._checks: list[Any] = [lambda: (True, {})] * 2
+        self._life: Lifecycle | None = None
+        self._left = 0
+        self._dropped: dict[str, int] = {}
+        self.t_samples = topics.with_prefix(args.topic_prefix, topics.SAMPLES)
+        self.t_xid = topics.with_prefix(args.topic_prefix, topics.XID)
+
+    # -- start ---------------------------------------------------------------------------------
+    def build(self, life: Lifecycle) -> ProducerRun:
+        args, extra = self.args, self.extra
+        self._life = life
+        try:
+            if args.source == "nvml":
+                wait_for_broker(args.bootstrap_servers, extra=extra)
+            else:
                 startup.prepare_kafka(
                     args.bootstrap_servers,
                     topics.ALL if args.create_topics else [topics.SAMPLES, topics.XID],
                     prefix=args.topic_prefix,
                     create=args.create_topics,
-                    specs=specs,
+                    specs=self.specs,
                     extra=extra,
-                    timeout_s=startup_s / 1000,
-                    state=state,
+                    timeout_s=life.startup_timeout_s,
+                    state=life.state,
+                    stop=life.stop,
                 )
-            args.create_topics = False  # done
-    except BrokerUnavailableError:
-        if args.source != "nvml":
-            raise
-        # A node agent must start (and spool XIDs) even while Kafka is down; topics then must exist.
-        log.warning(
-            "Kafka unreachable at start; XIDs will be spooled until it returns",
-            extra=fields(bootstrap=args.bootstrap_servers),
+                args.create_topics = False  # done
+        except BrokerUnavailableError:
+            if args.source != "nvml":
+                raise
+            # A node agent must start (and spool XIDs) even while Kafka is down; topics then must exist.
+            log.warning(
+                "Kafka unreachable at start; XIDs will be spooled until it returns",
+                extra=fields(bootstrap=args.bootstrap_servers),
+            )
+            args.create_topics = False
+        if args.create_topics:
+            startup.prepare_kafka(
+                args.bootstrap_servers,
+                topics.ALL,
+                prefix=args.topic_prefix,
+                specs=self.specs,
+                extra=extra,
+                state=life.state,
+                stop=life.stop,
+            )
+        metrics = self.metrics
+
+        def on_delivery(err: Any, msg: Any) -> None:
+            # Successes are counted by the Publisher (cheap ints, synced at scrape); failures are rare.
+            if err is not None:
+                metrics.records_failed.labels(msg.topic(), err.name()).inc()
+
+        def on_fatal(err: Any, topic: str | None) -> None:  # a delivery callback: Kafka's thread
+            if err.code() in DENIED:
+                line = runtime_write_denial(principal_of(extra), err.name(), topic)
+            else:
+                line = f"the Kafka producer failed fatally ({err.name()}: {err.str()})"
+            self.refused.append(line)
+            log.error("stopping: " + line)
+            life.stop.set()  # the node agent's XIDs stay in its spool for the next start
+
+        publisher = Publisher(
+            producer_config(args.bootstrap_servers, extra, args.compression, args.linger_ms),
+            on_delivery,
+            on_fatal=on_fatal,
         )
-        args.create_topics = False
-    if args.create_topics:
-        startup.prepare_kafka(
-            args.bootstrap_servers, topics.ALL, prefix=args.topic_prefix, specs=specs, extra=extra
-        )
-    metrics = ProducerMetrics()
-    codec = codec_from_url(args.schema_registry_url)
-    t_samples = topics.with_prefix(args.topic_prefix, topics.SAMPLES)
-    t_xid = topics.with_prefix(args.topic_prefix, topics.XID)
+        metrics.watch_publisher(publisher)
+        self.publisher = publisher
+        # The node agent replaces these with its own checks (stalled loops, no GPU) once it exists.
+        self._checks = [lambda: (True, {"sent": publisher.sent, "failed": publisher.failed})] * 2
+        return self
 
-    def on_delivery(err: Any, msg: Any) -> None:
-        # Successes are counted by the Publisher (cheap ints, synced at scrape); failures are rare.
-        if err is not None:
-            metrics.records_failed.labels(msg.topic(), err.name()).inc()
+    # -- serve ---------------------------------------------------------------------------------
+    def _checked(self, which: int) -> tuple[bool, dict[str, Any]]:
+        if self.refused:  # says so before the process has gone
+            return False, {"error": self.refused[0]}
+        return self._checks[which]()
 
-    stop = _Stop()
-    refused: list[str] = []  # the one line for a delivery the broker will never take
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        return self._checked(0)
 
-    def on_fatal(err: Any, topic: str | None) -> None:  # a delivery callback: Kafka's thread
-        if err.code() in DENIED:
-            line = runtime_write_denial(principal_of(extra), err.name(), topic)
-        else:
-            line = f"the Kafka producer failed fatally ({err.name()}: {err.str()})"
-        refused.append(line)
-        log.error("stopping: " + line)
-        stop.event.set()  # the node agent's XIDs stay in its spool for the next start
+    def ready(self) -> tuple[bool, dict[str, Any]]:
+        return self._checked(1)
 
-    publisher = Publisher(
-        producer_config(args.bootstrap_servers, extra, args.compression, args.linger_ms),
-        on_delivery,
-        on_fatal=on_fatal,
-    )
-    metrics.watch_publisher(publisher)
-    deadline = startup.ShutdownDeadline(stop.event, args.shutdown_timeout, "producer").install()
-    http = None
-    # The node agent replaces this with its own check (stalled loops, no GPU) once it exists.
-    health: list[Any] = [lambda: (True, {"sent": publisher.sent, "failed": publisher.failed})] * 2
+    def _on_agent(self, agent: Any) -> None:
+        self._checks = [agent.health, agent.ready]
 
-    def checked(which: int) -> tuple[bool, dict[str, Any]]:
-        if refused:  # says so before the process has gone
-            return False, {"error": refused[0]}
-        return health[which]()
-
-    if args.listen:
-        http = ServiceHttp(
-            args.listen,
-            metrics.registry,
-            lambda: checked(0),
-            args.web_config_file,
-            ready=lambda: checked(1),
-        ).start()
-    try:
+    def run(self, stop: threading.Event) -> None:
+        args, publisher, codec = self.args, self.publisher, codec_from_url(self.args.schema_registry_url)
+        assert publisher is not None
         if args.source == "simulated":
-            enc_s = codec.encoder("GpuSample", t_samples).encode
-            enc_x = codec.encoder("XidEvent", t_xid).encode
-            run_simulated(args, publisher, metrics, stop.event, t_samples, t_xid, enc_s, enc_x)
+            enc_s = codec.encoder("GpuSample", self.t_samples).encode
+            enc_x = codec.encoder("XidEvent", self.t_xid).encode
+            run_simulated(args, publisher, self.metrics, stop, self.t_samples, self.t_xid, enc_s, enc_x)
         else:
             from producer.node_agent import run_nvml  # needs NVML; imported only when asked for
 
             run_nvml(
                 args,
                 publisher,
-                metrics,
-                stop.event,
+                self.metrics,
+                stop,
                 codec,
-                t_samples,
-                t_xid,
-                on_agent=lambda agent: health.__setitem__(slice(None), [agent.health, agent.ready]),
+                self.t_samples,
+                self.t_xid,
+                on_agent=self._on_agent,
             )
-    finally:
-        # Within the shutdown budget, broker up or down: what is still undelivered then is purged,
-        # counted per topic, and said in one line (the nvml source's XIDs stay in its spool).
-        left = publisher.flush(deadline.remaining(default_s=30.0))
-        dropped = publisher.drop_pending() if left else {}
-        if http:
-            http.stop()
-    log.info("producer stopped", extra=fields(sent=publisher.sent, failed=publisher.failed, undelivered=left))
-    if refused:
-        raise KafkaAuthError(refused[0])
-    if dropped:
-        raise GpupipeError(_dropped_line(dropped, t_samples, t_xid, spooled=args.source == "nvml"))
-    if left or publisher.failed:
-        raise GpupipeError(f"{publisher.failed} records failed and {left} were not delivered (see logs)")
-    return 0
+
+    # -- stop ----------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Within the shutdown budget, broker up or down: what is still undelivered then is purged,
+        counted per topic, and said in one line (the nvml source's XIDs stay in its spool)."""
+        publisher = self.publisher
+        if publisher is None:
+            return
+        assert self._life is not None
+        self._left = publisher.flush(self._life.deadline.remaining(default_s=30.0))
+        self._dropped = publisher.drop_pending() if self._left else {}
+        log.info(
+            "producer stopped",
+            extra=fields(sent=publisher.sent, failed=publisher.failed, undelivered=self._left),
+        )
+
+    def raise_outcome(self) -> None:
+        publisher = self.publisher
+        if self.refused:
+            raise KafkaAuthError(self.refused[0])
+        if publisher is None:
+            return
+        if self._dropped:
+            raise GpupipeError(
+                _dropped_line(self._dropped, self.t_samples, self.t_xid, spooled=self.args.source == "nvml")
+            )
+        if self._left or publisher.failed:
+            raise GpupipeError(
+                f"{publisher.failed} records failed and {self._left} were not delivered (see logs)"
+            )
 
 
 def _dropped_line(dropped: dict[str, int], t_samples: str, t_xid: str, spooled: bool) -> str:

@@ -15,9 +15,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from consumers.report.chargeback_report import build_report
-from consumers.report.example import EXAMPLE_TEAMS, simulated_windows
 from consumers.report.formats import render_report
-from consumers.report.teams import parse_team_map
+from gpupipe.teams import parse_team_map
+from scripts.report_example_data import EXAMPLE_TEAMS, simulated_windows
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,7 @@
 
 Pure: no clocks (times are passed in), no I/O. :class:`Alert` is the mutable state the engine
 (:mod:`consumers.alerts.dedupe`) keeps per open alert; :func:`to_record` turns a snapshot of it into a
-``GpuAlert`` dict (``schemas/GpuAlert.avsc``) and :func:`am_alert` turns a record into one element of
+``GpuAlert`` dict (``schemas/GpuAlert.avsc``) and :func:`gpu_alert_shape` turns a record into one element of
 Alertmanager's ``POST /api/v2/alerts`` body.
 
 Alert id (:func:`alert_id`): the first 24 hex digits of SHA-256 over ``scope|hostname|device|signal|anchor``.
@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
+from gpupipe.alertmanager import AmState, iso_ms
 from schemas import catalog as schema_catalog
 
 __all__ = [
@@ -41,9 +41,9 @@ __all__ = [
     "action_record",
     "alert_from_record",
     "alert_id",
-    "am_alert",
     "am_annotations",
     "am_labels",
+    "gpu_alert_shape",
     "iso_ms",
     "to_record",
 ]
@@ -379,11 +379,6 @@ def _key_signal(rec: dict[str, Any]) -> str:
 # ------------------------------------------------------------------------------------ Alertmanager
 
 
-def iso_ms(ms: int) -> str:
-    """RFC 3339 with milliseconds, UTC (what Alertmanager's API expects)."""
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 def am_labels(rec: dict[str, Any]) -> dict[str, str]:
     """Alertmanager labels of a record: its identity there, stable for the incident (see module doc)."""
     labels = {
@@ -434,20 +429,13 @@ def am_annotations(rec: dict[str, Any]) -> dict[str, str]:
     return {k: v for k, v in out.items() if v}
 
 
-def am_alert(
-    labels: dict[str, str],
-    annotations: dict[str, str],
-    starts_at_ms: int,
-    ends_at_ms: int,
-    generator_url: str = "",
-) -> dict[str, Any]:
-    """One element of the ``POST /api/v2/alerts`` body."""
-    out: dict[str, Any] = {
-        "labels": labels,
-        "annotations": annotations,
-        "startsAt": iso_ms(starts_at_ms),
-        "endsAt": iso_ms(ends_at_ms),
-    }
-    if generator_url:
-        out["generatorURL"] = generator_url
-    return out
+def gpu_alert_shape(rec: dict[str, Any]) -> AmState:
+    """A GpuAlert record as the Alertmanager sender keeps it."""
+    return AmState(
+        rec["alert_id"],
+        rec["status"],
+        am_labels(rec),
+        am_annotations(rec),
+        rec["first_seen_ms"],
+        rec.get("resolved_at_ms"),
+    )

@@ -19,7 +19,7 @@ import threading
 
 from prometheus_client import CollectorRegistry
 
-from consumers.alerts.alertmanager import AlertmanagerFanout, AlertmanagerMetrics, AlertmanagerSender
+from consumers.alerts.alert_record import gpu_alert_shape
 from consumers.alerts.cordon import HOUR_MS, Cordoner, KubeNodeApi, kube_config
 from consumers.alerts.dedupe import EngineConfig
 from consumers.alerts.health_signals import HealthConfig
@@ -27,11 +27,12 @@ from consumers.alerts.leader import LeaderElector
 from consumers.alerts.service import AlertsService, KafkaAlertSink, restore_from_topic
 from consumers.consume_loop import ConsumeLoop
 from gpupipe import startup, topics
+from gpupipe.alertmanager import AlertmanagerFanout, AlertmanagerMetrics, AlertmanagerSender
 from gpupipe.argtypes import duration_ms
 from gpupipe.errors import ConfigError, GpupipeError
-from gpupipe.health_server import ServiceHttp
 from gpupipe.kafka_admin import parse_kafka_overrides, wait_for_broker
 from gpupipe.logs import fields
+from gpupipe.runner import KafkaNeeds, Lifecycle, ServiceSpec, run_service
 from schemas.codec import codec_from_url
 
 USES_KAFKA = True
@@ -235,7 +236,7 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, HealthConfig]:
 class AlertsApp:
     """The service wired from parsed arguments; :func:`run` and the storm benchmark use it."""
 
-    def __init__(self, args: argparse.Namespace, state: startup.StartupState | None = None) -> None:
+    def __init__(self, args: argparse.Namespace, life: Lifecycle | None = None) -> None:
         engine_cfg, health_cfg = _configs(args)
         self.args = args
         self.instance = args.instance_id or socket.gethostname()
@@ -243,16 +244,6 @@ class AlertsApp:
         if args.cordon and not args.dry_run:
             kube = KubeNodeApi(kube_config(args.kube_api_url, args.kube_token_file, args.kube_ca_file))
         extra = parse_kafka_overrides(args.kafka_config)
-        needed = [topics.XID, topics.ALERTS, topics.DEADLETTER] + ([topics.SAMPLES] * args.health_signals)
-        startup.prepare_kafka(  # waits (503 on /healthz) until Kafka and the topics are usable
-            args.bootstrap_servers,
-            topics.ALL if args.create_topics else needed,
-            prefix=args.topic_prefix,
-            create=args.create_topics,
-            extra=extra,
-            timeout_s=getattr(args, "startup_timeout", 0) / 1000,
-            state=state,
-        )
         t_xid = topics.with_prefix(args.topic_prefix, topics.XID)
         t_samples = topics.with_prefix(args.topic_prefix, topics.SAMPLES)
         self.alerts_topic = topics.with_prefix(args.topic_prefix, topics.ALERTS)
@@ -269,6 +260,7 @@ class AlertsApp:
                 [
                     AlertmanagerSender(
                         url,
+                        shape=gpu_alert_shape,
                         resend_interval_ms=args.resend_interval,
                         timeout_s=args.alertmanager_timeout / 1000,
                         max_alerts=args.alertmanager_max_alerts,
@@ -298,7 +290,9 @@ class AlertsApp:
             cordoner=self.cordoner,
             instance=self.instance,
         )
-        self._codec, self._extra, self._state = codec, extra, state
+        self._codec, self._extra = codec, extra
+        self._state = life.state if life is not None else None
+        self._stop = life.stop if life is not None else None
         self.loop: ConsumeLoop | None = None
         self.elector: LeaderElector | None = None
         if args.ha:
@@ -327,6 +321,7 @@ class AlertsApp:
                 transient=(GpupipeError,),
                 timeout_s=getattr(args, "startup_timeout", 0) / 1000,
                 state=self._state,
+                stop=self._stop,
             )
             since = self.service.now_ms() - args.restore_lookback
             alerts = [r for r in records if args.restore_lookback and r["emitted_at_ms"] >= since]
@@ -372,11 +367,6 @@ class AlertsApp:
     def run(self, stop: threading.Event) -> None:
         """Serve until ``stop`` is set (or the consume loop fails, or leadership is lost), then shut down."""
         args = self.args
-        http = (
-            ServiceHttp(args.listen, self.registry, self.health, args.web_config_file).start()
-            if args.listen
-            else None
-        )
         if self.elector is not None:
             self.elector.start()
             log.info("standing by for leadership", extra=fields(instance=self.instance))
@@ -384,8 +374,6 @@ class AlertsApp:
                 pass
             if stop.is_set():
                 self.elector.stop()
-                if http is not None:
-                    http.stop()
                 return
             threading.Thread(
                 target=_fence, args=(self.elector, stop), name="alerts-fence", daemon=True
@@ -430,21 +418,31 @@ class AlertsApp:
                     self.alertmanager.stop()
                 if self.elector is not None:
                     self.elector.stop()
-                if http is not None:
-                    http.stop()
         log.info("alerts service stopped", extra=fields(records=self.service.records_out))
 
 
 def run(args: argparse.Namespace) -> int:
     if args.ack:
         return _ack(args)
-    state = startup.StartupState()
-    with startup.StartupHealth(args.listen, state, "alerts"):
-        app = AlertsApp(args, state)
-    stop = threading.Event()
-    startup.ShutdownDeadline(stop, args.shutdown_timeout, "alerts").install()
-    app.run(stop)
-    return 0
+    _configs(args)  # flag mistakes are one line before any network
+    if args.cordon and not args.dry_run:
+        kube_config(args.kube_api_url, args.kube_token_file, args.kube_ca_file)
+    needed = [topics.XID, topics.ALERTS, topics.DEADLETTER] + ([topics.SAMPLES] * args.health_signals)
+    spec = ServiceSpec(
+        name="alerts",
+        listen=args.listen,
+        web_config_file=args.web_config_file,
+        startup_timeout_ms=args.startup_timeout,
+        shutdown_timeout_ms=args.shutdown_timeout,
+        kafka=KafkaNeeds(
+            args.bootstrap_servers,
+            topics.ALL if args.create_topics else needed,
+            prefix=args.topic_prefix,
+            create=args.create_topics,
+            extra=parse_kafka_overrides(args.kafka_config),
+        ),
+    )
+    return run_service(spec, lambda life: AlertsApp(args, life))
 
 
 def _fence(elector: LeaderElector, stop: threading.Event) -> None:

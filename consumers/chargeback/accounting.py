@@ -69,13 +69,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from consumers.chargeback.workloads import WorkloadKey, workload_keys
-
-UNALLOCATED = "__unallocated__"
-MIG_SHARED = "__mig_shared__"
-UNATTRIBUTED = "__unattributed__"
-"""Held GPU time that cannot be attributed to a tenant: the SM share of processes on a shared GPU
-that no holder pod owns, and (from producers that flag it) time while the kubelet was unreachable."""
-PSEUDO_NAMESPACES = (UNALLOCATED, MIG_SHARED, UNATTRIBUTED)
+from schemas.meaning import MIG_SHARED, UNALLOCATED, UNATTRIBUTED, activity_ratio, gpu_key
 
 # How a sample was placed on its GPU's timeline (see the module docstring).
 FIRST = "first"
@@ -162,12 +156,6 @@ class Accounted:
         return self.dt_ms / 1000.0 * self.fraction
 
 
-def gpu_key(sample: dict[str, Any]) -> str:
-    """Kafka key and accounting key of a sample: the MIG device UUID for a slice, else the GPU UUID."""
-    mig = sample.get("mig")
-    return mig["mig_uuid"] if mig else sample["uuid"]
-
-
 def nominal_interval_ms(sample: dict[str, Any], cfg: AccountingConfig) -> int:
     interval = sample.get("interval_ms")
     if not interval or interval <= 0:
@@ -177,18 +165,6 @@ def nominal_interval_ms(sample: dict[str, Any], cfg: AccountingConfig) -> int:
 
 def max_gap_ms(interval_ms: int, cfg: AccountingConfig) -> int:
     return min(int(interval_ms * cfg.max_gap_factor), cfg.max_gap_limit_ms)
-
-
-def activity_ratio(sample: dict[str, Any]) -> float | None:
-    """sm_active_ratio where reported, else gpu_util_ratio, clamped to 0..1; None when neither."""
-    if sample.get("gpu_lost"):
-        return None
-    value = sample.get("sm_active_ratio")
-    if value is None:
-        value = sample.get("gpu_util_ratio")
-    if value is None:
-        return None
-    return min(max(float(value), 0.0), 1.0)
 
 
 def gpu_fraction(sample: dict[str, Any]) -> float:

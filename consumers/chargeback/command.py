@@ -15,26 +15,25 @@ import argparse
 import logging
 import os
 import socket
-import threading
 from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
 from consumers.chargeback.accounting import AccountingConfig
 from consumers.chargeback.engine import ChargebackSettings, build_engine, projected_sample_schema
-from consumers.chargeback.fastdecode import SampleDecoder
 from consumers.chargeback.identity import default_group_id
-from consumers.chargeback.price_schedule import PriceSchedule, load_price_schedule
-from consumers.chargeback.prices import parse_price_table
 from consumers.chargeback.service import ChargebackService, ServiceConfig
 from gpupipe import startup, topics
 from gpupipe.argtypes import duration_ms, positive_duration_ms
 from gpupipe.errors import ConfigError
-from gpupipe.health_server import ServiceHttp
 from gpupipe.kafka_admin import client_config, parse_kafka_overrides
 from gpupipe.logs import fields
+from gpupipe.price_schedule import PriceSchedule, load_price_schedule
+from gpupipe.prices import parse_price_table
+from gpupipe.runner import KafkaNeeds, Lifecycle, ServiceSpec, run_service
 from schemas import catalog
 from schemas.codec import codec_from_url
+from schemas.fastdecode import SampleDecoder
 
 USES_KAFKA = True
 
@@ -223,7 +222,7 @@ def build_service(args: argparse.Namespace, extra: dict[str, str]) -> Chargeback
     prices = load_prices(args.prices)
     team_of = None
     if args.teams:
-        from consumers.report.teams import load_team_map
+        from gpupipe.teams import load_team_map
 
         team_of = load_team_map(args.teams).match
     if args.default_interval > 600_000:
@@ -274,6 +273,28 @@ def check_topics(bootstrap: str, names: list[str], extra: dict[str, str]) -> Non
         raise ConfigError(f"missing topics {missing}: create them, or run with --create-topics")
 
 
+class _ChargebackRun:
+    """The billing service as the runner serves it; ``close`` says what it did."""
+
+    def __init__(self, service: ChargebackService) -> None:
+        self.service = service
+        self.registry = service.registry
+        self.health = service.health
+        self.run = service.run
+
+    def close(self) -> None:
+        log.info(
+            "chargeback stopped",
+            extra=fields(**{k: int(v) for k, v in sorted(self.service.stats_snapshot.items())}),
+        )
+        if self.service.abandoned_producers:
+            # Producers replaced after an outage may still be inside a librdkafka call; tearing them
+            # down at interpreter exit can abort the process (confluent-kafka CallState assertion).
+            # Everything of ours is done and logged: leave without that teardown.
+            logging.shutdown()
+            os._exit(0)
+
+
 def run(args: argparse.Namespace) -> int:
     extra = parse_kafka_overrides(args.kafka_config)
     service = build_service(args, extra)  # config errors (prices, teams, flags) before any network
@@ -281,46 +302,27 @@ def run(args: argparse.Namespace) -> int:
     overridden = [
         t for t, o in ((cfg.input_topic, args.input_topic), (cfg.output_topic, args.output_topic)) if o
     ]
-    state = startup.StartupState()
-    with startup.StartupHealth(args.listen, state, "chargeback"):  # 503 on /healthz while waiting
-        startup.prepare_kafka(
+    bases = [
+        b for b, t in ((topics.SAMPLES, args.input_topic), (topics.CHARGEBACK, args.output_topic)) if not t
+    ]
+    spec = ServiceSpec(
+        name="chargeback",
+        listen=args.listen,
+        web_config_file=args.web_config_file,
+        startup_timeout_ms=args.startup_timeout,
+        shutdown_timeout_ms=args.shutdown_timeout,
+        kafka=KafkaNeeds(
             args.bootstrap_servers,
-            [
-                b
-                for b, t in ((topics.SAMPLES, args.input_topic), (topics.CHARGEBACK, args.output_topic))
-                if not t
-            ]
-            + [topics.DEADLETTER],
+            [*bases, topics.DEADLETTER],
             prefix=args.topic_prefix,
             create=args.create_topics,
             extra=extra,
-            timeout_s=args.startup_timeout / 1000,
-            state=state,
             exact=overridden,
-        )
-    check_topics(args.bootstrap_servers, [cfg.input_topic, cfg.output_topic, cfg.deadletter_topic], extra)
-    stop = threading.Event()
-    startup.ShutdownDeadline(stop, args.shutdown_timeout, "chargeback").install()
-    if stop.is_set():
-        return 0
-    http = (
-        ServiceHttp(args.listen, service.registry, service.health, args.web_config_file).start()
-        if args.listen
-        else None
+        ),
     )
-    try:
-        service.run(stop)
-    finally:
-        if http:
-            http.stop()
-    log.info(
-        "chargeback stopped",
-        extra=fields(**{k: int(v) for k, v in sorted(service.stats_snapshot.items())}),
-    )
-    if service.abandoned_producers:
-        # Producers replaced after an outage may still be inside a librdkafka call; tearing them
-        # down at interpreter exit can abort the process (confluent-kafka CallState assertion).
-        # Everything of ours is done and logged: leave without that teardown.
-        logging.shutdown()
-        os._exit(0)
-    return 0
+
+    def build(life: Lifecycle) -> _ChargebackRun:
+        check_topics(args.bootstrap_servers, [cfg.input_topic, cfg.output_topic, cfg.deadletter_topic], extra)
+        return _ChargebackRun(service)
+
+    return run_service(spec, build)

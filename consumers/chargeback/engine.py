@@ -21,7 +21,7 @@ and on assignment: ``engine.restore(p, Checkpoint.from_metadata(committed.offset
 consuming from the committed offset.
 
 Teams: records carry ``team`` only if the engine is given ``team_of``; pass
-``consumers.report.teams.load_team_map(path).match`` (None for unmapped namespaces), or nothing and
+``gpupipe.teams.load_team_map(path).match`` (None for unmapped namespaces), or nothing and
 let reports map namespaces (they do anyway, and their mapping wins).
 """
 
@@ -34,9 +34,9 @@ from typing import Any
 
 from consumers.chargeback.accounting import AccountingConfig
 from consumers.chargeback.late_runs import GAP_MS as LATE_RUN_GAP_MS
-from consumers.chargeback.price_schedule import PriceSchedule
-from consumers.chargeback.prices import PriceTable
 from consumers.chargeback.windows import DEFAULT_GRACE_MS, DEFAULT_WINDOW_MS, Checkpoint, WindowEngine
+from gpupipe.price_schedule import PriceSchedule
+from gpupipe.prices import PriceTable
 
 __all__ = ["SAMPLE_FIELDS", "ChargebackSettings", "Checkpoint", "build_engine", "projected_sample_schema"]
 

@@ -7,10 +7,6 @@ class ChargebackConfigError(ConfigError):
     """A chargeback setting (window, grace, accounting knob) is invalid."""
 
 
-class PriceTableError(ConfigError):
-    """The price table file is missing or malformed; the message names the file and the entry."""
-
-
 class ChargebackStateError(GpupipeError):
     """The engine was driven against its protocol (e.g. a checkpoint with output not yet polled).
 

@@ -11,10 +11,10 @@ from collections.abc import Callable
 from typing import Any
 
 from consumers.chargeback.accounting import Contribution
-from consumers.chargeback.prices import PriceTable
 from consumers.chargeback.workloads import WorkloadKey, WorkloadSums
 from consumers.chargeback.workloads import add as add_workload
 from consumers.chargeback.workloads import to_records as workload_records
+from gpupipe.prices import PriceTable
 
 WINDOW = "window"
 CORRECTION = "correction"

@@ -81,9 +81,9 @@ from consumers.chargeback.errors import (
     CheckpointMismatchError,
 )
 from consumers.chargeback.late_runs import GAP_MS, LateRun
-from consumers.chargeback.price_schedule import Fingerprint, PriceSchedule, fingerprint
-from consumers.chargeback.prices import PriceTable
 from consumers.chargeback.records import CORRECTION, WINDOW, GpuTimeAggregate, RowKey, to_record
+from gpupipe.price_schedule import Fingerprint, PriceSchedule, fingerprint
+from gpupipe.prices import PriceTable
 
 DEFAULT_WINDOW_MS = 3_600_000
 DEFAULT_GRACE_MS = 300_000

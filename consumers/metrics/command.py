@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import threading
 
 from consumers.metrics import dcgm_compat
 from consumers.metrics.collectors_csv import load_counters
@@ -27,6 +26,8 @@ from gpupipe import startup, topics
 from gpupipe.argtypes import duration_ms
 from gpupipe.errors import ConfigError
 from gpupipe.kafka_admin import parse_kafka_overrides
+from gpupipe.runner import KafkaNeeds, Lifecycle, ServiceSpec, run_service
+from gpupipe.web.server import parse_listen
 
 USES_KAFKA = True
 
@@ -200,7 +201,7 @@ def render_options(args: argparse.Namespace) -> RenderOptions:
 
 
 def config_from_args(args: argparse.Namespace) -> MetricsConfig:
-    host, port = dcgm_compat.parse_listen(args.listen)
+    host, port = parse_listen(args.listen)
     ignored = dcgm_compat.ignored_given(args)
     if ignored:
         log.info("dcgm-exporter flags with no effect in gpupipe ignored: %s", ", ".join(ignored))
@@ -236,26 +237,25 @@ def config_from_args(args: argparse.Namespace) -> MetricsConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args)  # config errors (CSV, web config, flags) before any network
-    if cfg.web_config is not None:
-        from consumers.metrics.http import load_web_config
-
-        load_web_config(cfg.web_config)
-    state = startup.StartupState()
-    timeout_s = args.startup_timeout / 1000
-    with startup.StartupHealth(args.listen, state, "metrics"):  # 503 on /healthz while waiting
-        startup.prepare_kafka(
+    cfg = config_from_args(args)  # config errors (CSV, flags) before any network
+    spec = ServiceSpec(
+        name="metrics",
+        listen=args.listen,
+        web_config_file=cfg.web_config,
+        startup_timeout_ms=args.startup_timeout,
+        shutdown_timeout_ms=args.shutdown_timeout,
+        kafka=KafkaNeeds(
             cfg.bootstrap,
             topics.ALL if cfg.create_topics else [topics.SAMPLES, topics.XID, topics.DEADLETTER],
             prefix=cfg.topic_prefix,
             create=cfg.create_topics,
             extra=cfg.extra,
-            timeout_s=timeout_s,
-            state=state,
-        )
-    service = startup.retry(lambda: MetricsService(cfg), what="metrics service start", timeout_s=timeout_s)
-    tune_gc()
-    stop = threading.Event()
-    startup.ShutdownDeadline(stop, args.shutdown_timeout, "metrics").install()
-    service.run(stop)
-    return 0
+        ),
+    )
+
+    def build(life: Lifecycle) -> MetricsService:
+        service = MetricsService(cfg, server=life.http)
+        tune_gc()
+        return service
+
+    return run_service(spec, build)

@@ -188,23 +188,3 @@ def resolve_collectors(path: str | None) -> str | None:
         log.info("counters file %s (dcgm-exporter's stock file) read from gpupipe's copy %s", path, copy)
         return copy
     return path
-
-
-def parse_listen(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` as Go reads it: ``:9400`` (all addresses), ``[::]:9400``, ``[::1]:9400``,
-    ``0.0.0.0:9400``. Returns ``("", port)`` for "all addresses" (dual-stack when possible)."""
-    s = text.strip()
-    if s.startswith("["):
-        host, sep, rest = s[1:].partition("]")
-        if not sep or not rest.startswith(":"):
-            raise ConfigError(f"--listen expects [IPV6]:PORT, got {text!r}")
-        port = rest[1:]
-    else:
-        host, sep, port = s.rpartition(":")
-        if not sep:
-            raise ConfigError(f"--listen expects HOST:PORT, got {text!r}")
-        if ":" in host:
-            raise ConfigError(f"--listen: put an IPv6 address in brackets, e.g. [::]:9400, got {text!r}")
-    if not port.isdigit() or int(port) > 65535:
-        raise ConfigError(f"--listen: bad port in {text!r}")
-    return host, int(port)

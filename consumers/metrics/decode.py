@@ -4,7 +4,7 @@ Decoding is most of a sample's ingest cost. Per known writer schema, the split d
 (:mod:`consumers.metrics.splitdecode`) reuses the decoded identity and inventory of the GPU's
 previous samples when their bytes are the same and leaves the readings to the scrape (checked now,
 converted when rendered: :mod:`consumers.metrics.readings`). What it does not take goes through
-the chargeback consumer's generated whole-record decoders (:mod:`consumers.chargeback.fastdecode`),
+the chargeback consumer's generated whole-record decoders (:mod:`schemas.fastdecode`),
 with the projection this service's counters and layout need (:func:`projected_fields`). Records in
 other framings, from unknown writers, or of another type go through the shared codec, so the
 consume loop's dead-lettering of bad input is unchanged.
@@ -15,13 +15,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from consumers.chargeback.fastdecode import _CORRUPT as CORRUPT
-from consumers.chargeback.fastdecode import SampleDecoder, writer_fields
 from consumers.metrics.fields import Kind
 from consumers.metrics.render import Renderer
 from consumers.metrics.splitdecode import SplitFn, build_split_decoder
 from schemas import catalog
 from schemas.codec import SINGLE_OBJECT_MAGIC, AvroCodec, Decoded
+from schemas.fastdecode import CORRUPT, SampleDecoder, writer_fields
 
 #: Read with ``.get`` by the store and renderer: kept when present in the writer schema.
 OPTIONAL = ("mig_enabled", "interval_ms", "last_xid", "gpu_lost", "driver_version")

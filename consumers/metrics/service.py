@@ -56,13 +56,14 @@ from consumers.consume_loop import ConsumeLoop, InRecord, Rejected
 from consumers.metrics.collectors_csv import CounterSet
 from consumers.metrics.decode import MetricsDecoder
 from consumers.metrics.gcpolicy import GC_THRESHOLDS, after_scrape, tune_gc  # noqa: F401 (re-exported)
-from consumers.metrics.http import MetricsServer, make_metrics_server
+from consumers.metrics.http import MetricsEndpoint, MetricsServer
 from consumers.metrics.render import RenderOptions
 from consumers.metrics.store import InvalidRecord, SeriesStore
 from gpupipe import topics
 from gpupipe.kafka_admin import client_config, ensure_topics, wait_for_broker
 from gpupipe.logs import fields
 from gpupipe.startup import process_start_ms, start_offsets
+from gpupipe.web.server import HttpServer
 from schemas.codec import AvroCodec, codec_from_url
 from schemas.errors import DecodeError
 
@@ -557,11 +558,8 @@ class MetricsService:
     """Store + consume loop + XID reader + HTTP server. ``run(stop)`` in the foreground, or
     ``start()``/``stop()`` with the consume loop in a thread (tests, benchmarks)."""
 
-    def __init__(self, cfg: MetricsConfig) -> None:
+    def __init__(self, cfg: MetricsConfig, server: HttpServer | None = None) -> None:
         self.cfg = cfg
-        wait_for_broker(cfg.bootstrap, extra=cfg.extra)
-        if cfg.create_topics:
-            ensure_topics(cfg.bootstrap, topics.ALL, prefix=cfg.topic_prefix, extra=cfg.extra)
         self.samples_topic = topics.with_prefix(cfg.topic_prefix, topics.SAMPLES)
         self.xid_topic = topics.with_prefix(cfg.topic_prefix, topics.XID)
         self.deadletter_topic = topics.with_prefix(cfg.topic_prefix, topics.DEADLETTER)
@@ -610,15 +608,18 @@ class MetricsService:
             from_beginning=cfg.from_beginning,
         )
         self.registry.register(_ServiceCollector(self))
-        self.server: MetricsServer = make_metrics_server(
+        self.endpoint = MetricsEndpoint(self.store, cfg.gzip_level)
+        self.endpoint.gzip = _TimedGzip(self.endpoint.gzip, self.metrics.render_seconds.labels("gzip"))
+        # Given a server (the runner's, already listening), the service only serves on it; without
+        # one (tests, benchmarks) it binds its own and prepares Kafka when started.
+        self._own_server = server is None
+        self.server: HttpServer = server or MetricsServer(
+            (cfg.host, cfg.port),
             self.store,
-            cfg.host,
-            cfg.port,
             health=self.health,
             web_config=cfg.web_config,
-            gzip_level=cfg.gzip_level,
+            endpoint=self.endpoint,
         )
-        self.server.gzip = _TimedGzip(self.server.gzip, self.metrics.render_seconds.labels("gzip"))
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._loop_thread: threading.Thread | None = None
@@ -631,6 +632,16 @@ class MetricsService:
     def url(self) -> str:
         host = self.cfg.host if self.cfg.host not in ("", "0.0.0.0", "::") else "127.0.0.1"
         return f"{self.server.scheme}://{host}:{self.port}"
+
+    def routes(self) -> dict[str, MetricsEndpoint]:
+        return {"/metrics": self.endpoint}
+
+    def prepare(self) -> None:
+        """Wait for the broker and create the topics (what the runner does before building)."""
+        cfg = self.cfg
+        wait_for_broker(cfg.bootstrap, extra=cfg.extra)
+        if cfg.create_topics:
+            ensure_topics(cfg.bootstrap, topics.ALL, prefix=cfg.topic_prefix, extra=cfg.extra)
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         loop_alive = self._loop_thread is None or self._loop_thread.is_alive()
@@ -646,7 +657,8 @@ class MetricsService:
         }
 
     def _start_side_threads(self) -> None:
-        self.server.start()
+        if self._own_server:
+            self.server.start()
         if self.xid_reader is not None:
             t = threading.Thread(
                 target=self.xid_reader.run, args=(self._stop,), name="xid-reader", daemon=True
@@ -676,7 +688,8 @@ class MetricsService:
             self._shutdown()
 
     def start(self) -> MetricsService:
-        """Run in background threads; returns self."""
+        """Prepare Kafka, then run in background threads; returns self."""
+        self.prepare()
         self._loop_thread = threading.Thread(target=self.run, name="metrics-consume", daemon=True)
         self._loop_thread.start()
         return self
@@ -690,5 +703,6 @@ class MetricsService:
         self._stop.set()
         for t in self._threads:
             t.join(10)
-        self.server.close()
+        if self._own_server:
+            self.server.close()
         log.info("metrics service stopped", extra=fields(gpus=self.store.gpu_count()))

@@ -33,8 +33,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from consumers.chargeback.fastdecode import CodeGen, compile_fields
 from consumers.metrics.readings import CONVERT_ENV, PENDING, Readings, ReadingsPlan, base_type
+from schemas.fastdecode import CodeGen, compile_fields
 
 SplitFn = Callable[[bytes], dict[str, Any] | None]
 

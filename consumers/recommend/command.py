@@ -14,26 +14,25 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import threading
 import time
 
 from prometheus_client import CollectorRegistry
 
-from consumers.alerts.alertmanager import AlertmanagerFanout, AlertmanagerMetrics, AlertmanagerSender
-from consumers.chargeback.prices import PriceTable, load_price_table
 from consumers.consume_loop import ConsumeLoop
 from consumers.recommend.detector import DetectorConfig, IdleDetector
 from consumers.recommend.rightsize import MIB, RightSizeConfig
-from consumers.recommend.service import KafkaRecommendationSink, RecommendService
-from consumers.report.teams import TeamMap, load_team_map
+from consumers.recommend.service import KafkaRecommendationSink, RecommendService, am_shape
 from consumers.topic_reader import read_topic
-from gpupipe import topics
+from gpupipe import startup, topics
+from gpupipe.alertmanager import AlertmanagerFanout, AlertmanagerMetrics, AlertmanagerSender
 from gpupipe.argtypes import duration_ms
-from gpupipe.errors import ConfigError
-from gpupipe.health_server import ServiceHttp
-from gpupipe.kafka_admin import ensure_topics, parse_kafka_overrides, wait_for_broker
+from gpupipe.errors import ConfigError, GpupipeError
+from gpupipe.kafka_admin import parse_kafka_overrides
 from gpupipe.logs import fields
+from gpupipe.prices import PriceTable, load_price_table
+from gpupipe.runner import KafkaNeeds, Lifecycle, ServiceSpec, run_service
+from gpupipe.teams import TeamMap, load_team_map
 from schemas.codec import codec_from_url
 
 USES_KAFKA = True
@@ -117,6 +116,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     am.add_argument(
         "--resend-interval", type=duration_ms, default=60_000, metavar="DURATION", help="default 1m"
     )
+    startup.add_arguments(p)
 
 
 def detector_config(args: argparse.Namespace, currency: str) -> DetectorConfig:
@@ -141,14 +141,77 @@ def detector_config(args: argparse.Namespace, currency: str) -> DetectorConfig:
     )
 
 
+class RecommendApp:
+    """The consume loop, the detector's service and the optional Alertmanager sender, run as one."""
+
+    def __init__(
+        self,
+        service: RecommendService,
+        loop: ConsumeLoop,
+        registry: CollectorRegistry,
+        alertmanager: AlertmanagerFanout | None,
+        cfg: DetectorConfig,
+        output_topic: str,
+    ) -> None:
+        self.service, self.loop, self.registry = service, loop, registry
+        self.alertmanager, self.cfg, self.output_topic = alertmanager, cfg, output_topic
+
+    def health(self) -> tuple[bool, dict[str, object]]:
+        return self.loop.healthy, {"open_recommendations": len(self.service.open)}
+
+    def run(self, stop: threading.Event) -> None:
+        if self.alertmanager is not None:
+            self.alertmanager.start()
+        log.info(
+            "recommend service started",
+            extra=fields(
+                input=self.loop.topics,
+                output=self.output_topic,
+                idle_after_ms=self.cfg.idle_after_ms,
+                threshold=self.cfg.idle_threshold,
+            ),
+        )
+        self.loop.run(stop)
+
+    def close(self) -> None:
+        try:
+            self.service.flush()
+        finally:
+            if self.alertmanager is not None:
+                self.alertmanager.stop()
+        log.info("recommend service stopped", extra=fields(records=self.service.records_out))
+
+
 def run(args: argparse.Namespace) -> int:
     prices = load_price_table(args.prices) if args.prices else PriceTable()
     teams = load_team_map(args.teams) if args.teams else TeamMap()
-    cfg = detector_config(args, prices.currency)
+    cfg = detector_config(args, prices.currency)  # config errors before any network
     extra = parse_kafka_overrides(args.kafka_config)
-    wait_for_broker(args.bootstrap_servers, extra=extra)
-    if args.create_topics:
-        ensure_topics(args.bootstrap_servers, topics.ALL, prefix=args.topic_prefix, extra=extra)
+    spec = ServiceSpec(
+        name="recommend",
+        listen=args.listen,
+        web_config_file=args.web_config_file,
+        startup_timeout_ms=args.startup_timeout,
+        shutdown_timeout_ms=args.shutdown_timeout,
+        kafka=KafkaNeeds(
+            args.bootstrap_servers,
+            topics.ALL if args.create_topics else [topics.SAMPLES, topics.RECOMMENDATIONS, topics.DEADLETTER],
+            prefix=args.topic_prefix,
+            create=args.create_topics,
+            extra=extra,
+        ),
+    )
+    return run_service(spec, lambda life: build(args, cfg, prices, teams, extra, life))
+
+
+def build(
+    args: argparse.Namespace,
+    cfg: DetectorConfig,
+    prices: PriceTable,
+    teams: TeamMap,
+    extra: dict[str, str],
+    life: Lifecycle,
+) -> RecommendApp:
     t_samples = topics.with_prefix(args.topic_prefix, topics.SAMPLES)
     t_out = topics.with_prefix(args.topic_prefix, topics.RECOMMENDATIONS)
     codec = codec_from_url(args.schema_registry_url)
@@ -158,7 +221,9 @@ def run(args: argparse.Namespace) -> int:
         am_metrics = AlertmanagerMetrics(registry)
         alertmanager = AlertmanagerFanout(
             [
-                AlertmanagerSender(url, resend_interval_ms=args.resend_interval, metrics=am_metrics)
+                AlertmanagerSender(
+                    url, shape=am_shape, resend_interval_ms=args.resend_interval, metrics=am_metrics
+                )
                 for url in args.alertmanager_url
             ]
         )
@@ -172,8 +237,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.restore_lookback:
         since = int(time.time() * 1000) - args.restore_lookback
-        restored = service.restore(
-            read_topic(
+        records = startup.retry(  # a fresh topic's leaders may still be moving: wait, do not crash
+            lambda: read_topic(
                 args.bootstrap_servers,
                 t_out,
                 codec,
@@ -181,8 +246,14 @@ def run(args: argparse.Namespace) -> int:
                 since_ms=since,
                 extra=extra,
                 missing_ok=True,  # first start with --no-create-topics: nothing to restore
-            )
+            ),
+            what=f"restore of open recommendations from {t_out}",
+            transient=(GpupipeError,),
+            timeout_s=life.startup_timeout_s,
+            state=life.state,
+            stop=life.stop,
         )
+        restored = service.restore(records)
         log.info("open recommendations restored", extra=fields(count=restored))
     loop = ConsumeLoop(
         bootstrap=args.bootstrap_servers,
@@ -196,32 +267,4 @@ def run(args: argparse.Namespace) -> int:
         extra=extra,
         from_beginning=args.from_beginning,
     )
-    stop = threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        signal.signal(signal.SIGINT, lambda *_: stop.set())
-
-    def health() -> tuple[bool, dict[str, object]]:
-        return loop.healthy, {"open_recommendations": len(service.open)}
-
-    http = ServiceHttp(args.listen, registry, health, args.web_config_file).start() if args.listen else None
-    if alertmanager is not None:
-        alertmanager.start()
-    log.info(
-        "recommend service started",
-        extra=fields(
-            input=t_samples, output=t_out, idle_after_ms=cfg.idle_after_ms, threshold=cfg.idle_threshold
-        ),
-    )
-    try:
-        loop.run(stop)
-    finally:
-        try:
-            service.flush()
-        finally:
-            if alertmanager is not None:
-                alertmanager.stop()
-            if http is not None:
-                http.stop()
-    log.info("recommend service stopped", extra=fields(records=service.records_out))
-    return 0
+    return RecommendApp(service, loop, registry, alertmanager, cfg, t_out)

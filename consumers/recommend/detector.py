@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.chargeback.accounting import activity_ratio, gpu_key
 from consumers.recommend.rightsize import RightSizeConfig, suggest
+from schemas.meaning import activity_ratio, gpu_key
 
 HOUR_MS = 3_600_000
 

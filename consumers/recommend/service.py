@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from consumers.consume_loop import InRecord, Rejected
 from consumers.recommend.detector import IdleDetector
+from gpupipe.alertmanager import AmState, iso_ms
 from gpupipe.errors import GpupipeError
 from gpupipe.kafka_admin import client_config
 from gpupipe.logs import fields
@@ -87,37 +88,45 @@ class KafkaRecommendationSink:
             raise GpupipeError(f"{left} recommendation records not delivered within {timeout_s:g}s")
 
 
-def to_alert(rec: dict[str, Any]) -> dict[str, Any]:
-    """A recommendation as the GpuAlert-shaped dict the Alertmanager sender takes (severity info)."""
-    return {
-        "alert_id": rec["recommendation_id"],
+def am_shape(rec: dict[str, Any]) -> AmState:
+    """A recommendation as an Alertmanager alert (severity info). One per pod and GPU: both belong
+    to its labels."""
+    gpu = rec["mig_uuid"] or rec["uuid"]
+    labels = {
         "alertname": ALERTNAME,
-        "status": rec["status"],
         "severity": "info",
-        "hostname": rec["hostname"],
-        "action": rec["action"],
+        "node": rec["hostname"],
         "cause_class": "idle",
         "scope": "gpu",
-        "xid_codes": [],
-        "gpu_uuid": rec["mig_uuid"] or rec["uuid"],
-        "gpu_index": rec["gpu_index"],
-        "pci_bus_id": None,
-        "allocations": [{"namespace": rec["namespace"], "pod": rec["pod"]}],
-        # One recommendation per pod and GPU: both belong to the alert's identity.
-        "identity_labels": {
-            "namespace": rec["namespace"],
-            "pod": rec["pod"],
-            "gpu_uuid": rec["mig_uuid"] or rec["uuid"],
-        },
+        "source": "gpupipe",
+        "namespace": rec["namespace"],
+        "pod": rec["pod"],
+        "gpu_uuid": gpu,
+    }
+    annotations = {
         "summary": f"GPU idle for {rec['idle_seconds'] / 3600:.1f} h in {rec['namespace']}/{rec['pod']}",
         "description": rec["message"],
         "runbook": "Release the GPU, or move the workload to the suggested target (see description).",
-        "occurrences": rec["sequence"],
-        "first_seen_ms": rec["idle_since_ms"],
-        "drain_node": False,
-        "catalog_version": "",
-        "resolved_at_ms": rec["timestamp_ms"] if rec["status"] == "resolved" else None,
+        "alert_id": rec["recommendation_id"],
+        "occurrences": str(rec["sequence"]),
+        "first_seen": iso_ms(rec["idle_since_ms"]),
+        "drain_node": "false",
+        "action": rec["action"],
+        "gpu_uuid": gpu,
+        "gpu": "" if rec["gpu_index"] is None else str(rec["gpu_index"]),
+        "namespace": rec["namespace"],
+        "pod": rec["pod"],
+        "pods": f"{rec['namespace']}/{rec['pod']}",
     }
+    resolved = rec["timestamp_ms"] if rec["status"] == "resolved" else None
+    return AmState(
+        rec["recommendation_id"],
+        rec["status"],
+        labels,
+        {k: v for k, v in annotations.items() if v},
+        rec["idle_since_ms"],
+        resolved,
+    )
 
 
 def _series_labels(rec: dict[str, Any]) -> list[str]:
@@ -256,7 +265,7 @@ class RecommendService:
                 else:
                     self.open.pop(rev["recommendation_id"], None)
             if self.alertmanager is not None:
-                self.alertmanager.update(to_alert(rev))
+                self.alertmanager.update(rev)
             log.info(
                 "recommendation",
                 extra=fields(

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from consumers.chargeback.accounting import PSEUDO_NAMESPACES
 from consumers.report.errors import ReportOptionError
-from consumers.report.teams import TeamMap
+from gpupipe.teams import TeamMap
+from schemas.meaning import PSEUDO_NAMESPACES
 
 DIMENSIONS = ("namespace", "team", "node")
 PERIODS = ("window", "hour", "day", "month", "all")

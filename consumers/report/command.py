@@ -22,13 +22,13 @@ from consumers.report.carbon import load_carbon_config
 from consumers.report.chargeback_report import DIMENSIONS, PERIODS, build_report, parse_time_ms
 from consumers.report.formats import FORMATS, FocusOptions, render_report
 from consumers.report.reader import Deduplicator, deduplicated, iter_chargeback_records
-from consumers.report.teams import TeamMap, load_team_map
 from consumers.report.workload_report import build_workload_report, is_workload_dim, valid_dims
 from gpupipe import topics
 from gpupipe.argtypes import positive_duration_ms
 from gpupipe.errors import ConfigError
 from gpupipe.kafka_admin import parse_kafka_overrides, wait_for_broker
 from gpupipe.logs import fields
+from gpupipe.teams import TeamMap, load_team_map
 from schemas.codec import AvroCodec, codec_from_url
 
 USES_KAFKA = True

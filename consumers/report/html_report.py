@@ -25,8 +25,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from consumers.chargeback.accounting import PSEUDO_NAMESPACES
 from consumers.report.chargeback_report import ReportRow
+from schemas.meaning import PSEUDO_NAMESPACES
 
 UNALLOCATED = "__unallocated__"
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from consumers.chargeback.accounting import PSEUDO_NAMESPACES
 from consumers.report.chargeback_report import (
     CORRECTION,
     PERIODS,
@@ -34,7 +33,8 @@ from consumers.report.chargeback_report import (
     billing_place,
 )
 from consumers.report.errors import ReportOptionError
-from consumers.report.teams import TeamMap
+from gpupipe.teams import TeamMap
+from schemas.meaning import PSEUDO_NAMESPACES
 
 BASE_DIMENSIONS = ("namespace", "team", "node")
 # (node, window start ms, energy kWh) -> kg CO2e

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
-from consumers.alerts.alert_record import to_record
-from consumers.alerts.alertmanager import AlertmanagerSender
+from consumers.alerts.alert_record import gpu_alert_shape, to_record
 from consumers.alerts.dedupe import AlertEngine, EngineConfig
+from gpupipe.alertmanager import AlertmanagerSender
 from tests.integration.kafka_util import REPO
 from tests.integration.test_alerts_service import Alertmanager, wait_until
 
@@ -85,7 +85,7 @@ def test_job_kill_and_other_cause_bursts_never_hide_a_critical_page(shipped_am: 
     assert set(storms) == {"node-b", "node-c"}  # a job kill is no node burst
     assert storms["node-b"]["severity"] == "warning" and storms["node-b"]["cause_class"] == "application"
 
-    sender = AlertmanagerSender(shipped_am.url, resend_interval_ms=MIN)
+    sender = AlertmanagerSender(shipped_am.url, shape=gpu_alert_shape, resend_interval_ms=MIN)
     for r in recs:
         sender.update(r)
     assert sender.step()
@@ -119,7 +119,7 @@ def test_a_late_fatal_xid_stays_active_in_alertmanager(shipped_am: Alertmanager)
     now = int(time.time() * 1000)
     e = AlertEngine(EngineConfig())
     e.on_xid(xid(79, now - 35 * MIN, "late-node", 0, msg="GPU has fallen off the bus."), now)
-    sender = AlertmanagerSender(shipped_am.url, resend_interval_ms=MIN)
+    sender = AlertmanagerSender(shipped_am.url, shape=gpu_alert_shape, resend_interval_ms=MIN)
     for step in (0, S, 31 * MIN):  # the first tick, and past --resolve-after
         e.tick(now + step)
         for a in e.take(now + step):

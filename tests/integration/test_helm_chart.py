@@ -336,7 +336,7 @@ def test_consumers_defaults(rendered: dict) -> None:
     prices = yaml.safe_load(
         _by_name(rendered["defaults"], "ConfigMap")["rel-gpupipe-chargeback"]["data"]["prices.yaml"]
     )
-    from consumers.chargeback.prices import parse_price_table
+    from gpupipe.prices import parse_price_table
 
     table = parse_price_table(prices)  # the chargeback service accepts the rendered price table
     assert table is not None

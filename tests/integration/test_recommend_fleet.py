@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 
 from consumers.chargeback.engine import ChargebackSettings, build_engine
-from consumers.chargeback.prices import load_price_table
 from consumers.report.carbon import load_carbon_config
 from consumers.report.workload_report import build_workload_report
+from gpupipe.prices import load_price_table
 from producer.simulated.fleet import FleetConfig, SimulatedFleet
 from tests.conftest import free_port
 from tests.integration.chargeback_util import Progress, past_hour_ms, start_service, stop_service

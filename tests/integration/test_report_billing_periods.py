@@ -16,11 +16,11 @@ import io
 import pytest
 from confluent_kafka import Producer
 
-from consumers.chargeback.prices import PriceTable
 from consumers.chargeback.records import CORRECTION, WINDOW, GpuTimeAggregate, to_record
 from consumers.chargeback.windows import record_id
 from gpupipe import topics
 from gpupipe.kafka_admin import ensure_topics
+from gpupipe.prices import PriceTable
 from schemas.codec import AvroCodec
 from tests.integration.kafka_util import gpupipe
 

@@ -17,12 +17,12 @@ from confluent_kafka import Producer
 from PIL import Image
 
 from consumers.report.chargeback_report import build_report
-from consumers.report.example import EXAMPLE_TEAMS, simulated_windows
 from consumers.report.html_report import PALETTE
-from consumers.report.teams import parse_team_map
 from gpupipe import topics
 from gpupipe.kafka_admin import ensure_topics
+from gpupipe.teams import parse_team_map
 from schemas.codec import AvroCodec
+from scripts.report_example_data import EXAMPLE_TEAMS, simulated_windows
 from tests.integration.browser_util import colour_stats, dump_dom, print_pdf, screenshot
 from tests.integration.kafka_util import gpupipe
 

@@ -1,8 +1,8 @@
-"""`gpupipe alerts` on an empty cluster: it creates the topics and must then serve, not crash.
+"""Every service on an empty cluster or before the broker: it waits, says "starting", then serves.
 
-Reproduces the defect of issue 9: started before any topic existed, the service created them and
-exited at once with "cannot restore alerts from gpu.alerts.v1: ... Not leader for partition" (a
-fresh partition has no leader for a moment), a crash loop on every fresh install.
+Started before any topic existed, a service that created them and read one at once could exit with
+"Not leader for partition" (a fresh partition has no leader for a moment), a crash loop on every
+fresh install; `recommend` did, as its start-up was its own copy without the wait.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def _health(port: int) -> int | None:
         return None
 
 
-@pytest.mark.parametrize("service", ["alerts", "metrics", "chargeback"])
+@pytest.mark.parametrize("service", ["alerts", "metrics", "chargeback", "recommend"])
 def test_service_on_an_empty_cluster_becomes_ready(
     kafka: str, topic_prefix: str, tmp_path: Path, service: str
 ) -> None:
@@ -56,6 +56,50 @@ def test_service_on_an_empty_cluster_becomes_ready(
             time.sleep(0.2)
         assert proc.poll() is None, f"{service} exited {proc.returncode}: {log.read_text()[-2000:]}"
         assert _health(port) == 200, log.read_text()[-2000:]
+        began = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0, log.read_text()[-2000:]
+        assert time.monotonic() - began < 10
+    finally:
+        if proc.poll() is None:
+            stop_group(proc)
+
+
+@pytest.mark.parametrize("service", ["alerts", "metrics", "chargeback", "recommend", "produce"])
+def test_before_the_broker_a_service_answers_starting_and_stops_on_sigterm(
+    tmp_path: Path, service: str
+) -> None:
+    nobody = f"127.0.0.1:{free_port()}"  # no broker there (yet)
+    port = free_port()
+    log = tmp_path / "service.log"
+    argv = [service, "--bootstrap-servers", nobody, "--listen", f"127.0.0.1:{port}", "--log-format", "text"]
+    if service == "produce":
+        argv += ["--source", "simulated", "--nodes", "1", "--gpus-per-node", "1"]
+    with log.open("wb") as out:
+        proc = popen([*GPUPIPE, *argv], cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    try:
+
+        def starting() -> dict | None:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2)
+            except urllib.error.HTTPError as exc:
+                return json.loads(exc.read()) if exc.code == 503 else None
+            except OSError:
+                return None
+            return None
+
+        deadline = time.monotonic() + 60
+        body = None
+        while time.monotonic() < deadline and proc.poll() is None and body is None:
+            body = starting()
+            time.sleep(0.1)
+        assert proc.poll() is None, f"{service} exited {proc.returncode}: {log.read_text()[-2000:]}"
+        assert (
+            body is not None
+            and body["status"] == "starting"
+            and body["service"] == ("producer" if service == "produce" else service)
+        ), body
+        assert nobody in body["waiting_for"]
         began = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == 0, log.read_text()[-2000:]

@@ -8,8 +8,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from consumers.alerts.alert_record import iso_ms
-from consumers.alerts.alertmanager import AlertmanagerFanout, AlertmanagerSender, http_post
+from consumers.alerts.alert_record import gpu_alert_shape, iso_ms
+from gpupipe.alertmanager import AlertmanagerFanout, AlertmanagerSender, http_post
 
 T0 = 1_800_000_000_000
 MIN = 60_000
@@ -71,7 +71,9 @@ class Clock:
 
 
 def sender(post: FakePost, clock: Clock, **kw: Any) -> AlertmanagerSender:
-    return AlertmanagerSender("http://am:9093/", post=post, clock=clock, resend_interval_ms=MIN, **kw)
+    return AlertmanagerSender(
+        "http://am:9093/", shape=gpu_alert_shape, post=post, clock=clock, resend_interval_ms=MIN, **kw
+    )
 
 
 def test_firing_is_sent_then_resent_each_interval_with_ends_at() -> None:
@@ -229,7 +231,9 @@ class _SlowAm:
 def test_slow_alertmanager_times_out_and_never_blocks_updates() -> None:
     am = _SlowAm(delay=5.0)
     try:
-        s = AlertmanagerSender(am.url, timeout_s=0.3, retry_min_s=0.05, retry_max_s=0.1).start()
+        s = AlertmanagerSender(
+            am.url, shape=gpu_alert_shape, timeout_s=0.3, retry_min_s=0.05, retry_max_s=0.1
+        ).start()
         t = time.perf_counter()
         for i in range(200):
             s.update(rec(f"a{i}"))

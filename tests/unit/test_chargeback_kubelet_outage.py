@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from consumers.chargeback.accounting import UNALLOCATED, UNATTRIBUTED, AccountingConfig, account
+from consumers.chargeback.accounting import AccountingConfig, account
+from schemas.meaning import UNALLOCATED, UNATTRIBUTED
 from tests.agent_harness import combined_fixture, node_for_fixtures, running_agent
 from tests.kubelet_fake import FakeKubelet
 from tests.unit.test_node_agent import config, memory_publisher, wait_for

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from consumers.chargeback.accounting import MIG_SHARED, UNALLOCATED, AccountingConfig, account
+from consumers.chargeback.accounting import AccountingConfig, account
+from schemas.meaning import MIG_SHARED, UNALLOCATED
 from tests.agent_harness import UUIDS, node_for_fixtures, running_agent
 from tests.unit.test_node_agent import config, memory_publisher
 

@@ -18,8 +18,8 @@ from types import SimpleNamespace
 
 from confluent_kafka import KafkaError, TopicPartition
 
-from consumers.chargeback.price_schedule import fingerprint
 from gpupipe.durations import format_iso_ms
+from gpupipe.price_schedule import fingerprint
 from tests.unit.test_chargeback_failures import ErrorMsg
 from tests.unit.test_chargeback_price_rollout import (
     IN,

@@ -21,9 +21,9 @@ from confluent_kafka import TopicPartition
 
 from consumers.chargeback.engine import ChargebackSettings, build_engine, projected_sample_schema
 from consumers.chargeback.errors import PriceChangeError
-from consumers.chargeback.price_schedule import PriceSchedule, divergence, fingerprint, parse_price_schedule
 from consumers.chargeback.service import ChargebackFatalError, ChargebackService, ServiceConfig
 from consumers.chargeback.windows import WindowEngine
+from gpupipe.price_schedule import PriceSchedule, divergence, fingerprint, parse_price_schedule
 from schemas import catalog
 from schemas.codec import AvroCodec
 from tests.unit.test_chargeback_service import (

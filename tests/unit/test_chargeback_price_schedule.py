@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from consumers.chargeback.errors import PriceTableError
-from consumers.chargeback.price_schedule import load_price_schedule, parse_price_schedule
 from consumers.chargeback.windows import WindowEngine
+from gpupipe.price_schedule import load_price_schedule, parse_price_schedule
+from gpupipe.prices import PriceTableError
 from tests.unit.test_chargeback_windows import MIN, T0, sample
 
 H = 60 * MIN
@@ -105,7 +105,7 @@ def versions(n: int, last_price: float = 9.0) -> dict:
 
 def test_fingerprints_tell_from_when_two_schedules_price_differently() -> None:
     """D6: what checkpoints carry so that instances of a rolling update agree on prices."""
-    from consumers.chargeback.price_schedule import divergence, fingerprint
+    from gpupipe.price_schedule import divergence, fingerprint
 
     same = parse_price_schedule(yaml.safe_load(DOC.replace("4.0", "4.00")), "reformatted")
     assert divergence(fingerprint(SCHEDULE), fingerprint(same)) is None

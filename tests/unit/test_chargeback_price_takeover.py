@@ -17,10 +17,10 @@ from confluent_kafka import TopicPartition
 
 from consumers.chargeback.errors import PriceChangeError
 from consumers.chargeback.price_agreement import PriceAgreement
-from consumers.chargeback.price_schedule import fingerprint
 from consumers.chargeback.service import ChargebackFatalError
 from consumers.chargeback.windows import Checkpoint, WindowEngine
 from gpupipe.durations import format_iso_ms
+from gpupipe.price_schedule import fingerprint
 from tests.unit.test_chargeback_price_rollout import (
     IN,
     NEW,

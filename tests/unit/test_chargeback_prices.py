@@ -1,4 +1,4 @@
-"""Price table parsing and lookup (consumers/chargeback/prices.py)."""
+"""Price table parsing and lookup (gpupipe/prices.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from consumers.chargeback.errors import PriceTableError
-from consumers.chargeback.prices import DEFAULT, EXACT, PATTERN, load_price_table, parse_price_table
+from gpupipe.prices import DEFAULT, EXACT, PATTERN, PriceTableError, load_price_table, parse_price_table
 
 REPO = Path(__file__).resolve().parents[2]
 

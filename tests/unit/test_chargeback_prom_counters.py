@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry
 
 from consumers.chargeback.prom_counters import WindowCounters
 from consumers.report.chargeback_report import build_report
-from consumers.report.example import simulated_windows
+from scripts.report_example_data import simulated_windows
 
 
 def _samples(reg: CollectorRegistry, name: str) -> dict[tuple, float]:
@@ -69,10 +69,10 @@ def test_prime_creates_series_at_zero_once_and_maps_teams():
 
 
 def test_engine_lists_the_rows_of_open_windows():
-    from consumers.chargeback.accounting import gpu_key
     from consumers.chargeback.synthetic import partition_of
     from consumers.chargeback.windows import WindowEngine
     from producer.simulated.fleet import FleetConfig, SimulatedFleet
+    from schemas.meaning import gpu_key
 
     fleet = SimulatedFleet(FleetConfig(nodes=2, gpus_per_node=8, seed=11, interval_ms=60_000))
     engine = WindowEngine()

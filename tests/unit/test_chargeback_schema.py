@@ -14,8 +14,8 @@ from consumers.chargeback.engine import (
     projected_sample_schema,
 )
 from consumers.chargeback.errors import ChargebackConfigError
-from consumers.chargeback.prices import parse_price_table
 from consumers.chargeback.synthetic import FleetSpec, generate_fleet
+from gpupipe.prices import parse_price_table
 from schemas import catalog
 from schemas.codec import AvroCodec
 

@@ -9,11 +9,12 @@ from dataclasses import replace
 
 import pytest
 
-from consumers.chargeback.accounting import MIG_SHARED, UNALLOCATED, AccountingConfig, account, gpu_key
+from consumers.chargeback.accounting import AccountingConfig, account
 from consumers.chargeback.errors import ChargebackConfigError, ChargebackStateError, CheckpointMismatchError
-from consumers.chargeback.prices import parse_price_table
 from consumers.chargeback.synthetic import FleetRecord, FleetSpec, blank_sample, generate_fleet
 from consumers.chargeback.windows import Checkpoint, WindowEngine, window_bounds
+from gpupipe.prices import parse_price_table
+from schemas.meaning import MIG_SHARED, UNALLOCATED, gpu_key
 
 H = 3_600_000
 MIN = 60_000

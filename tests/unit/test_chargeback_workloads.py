@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from consumers.chargeback.accounting import PSEUDO_NAMESPACES
 from consumers.chargeback.engine import ChargebackSettings, build_engine
-from consumers.chargeback.prices import load_price_table
 from consumers.report.carbon import CarbonConfigError, load_carbon_config, parse_carbon_config
 from consumers.report.chargeback_report import build_report
 from consumers.report.formats import render_report
-from consumers.report.teams import parse_team_map
 from consumers.report.workload_report import build_workload_report
+from gpupipe.prices import load_price_table
+from gpupipe.teams import parse_team_map
 from producer.simulated.fleet import FleetConfig, SimulatedFleet
 from schemas.codec import AvroCodec
+from schemas.meaning import PSEUDO_NAMESPACES
 
 REPO = Path(__file__).resolve().parents[2]
 START = 1_790_000_000_000 - 1_790_000_000_000 % 3_600_000

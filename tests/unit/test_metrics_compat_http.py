@@ -13,9 +13,9 @@ import ssl
 
 import pytest
 
-from consumers.metrics.dcgm_compat import parse_listen
 from consumers.metrics.http import make_metrics_server, parse_web_config
 from gpupipe.errors import ConfigError
+from gpupipe.web.server import parse_listen
 from tests.unit.test_metrics_http import client_context, get, pki, serve, store  # noqa: F401
 
 
@@ -177,7 +177,7 @@ def test_toolkit_spellings_and_go_semantics(pki):  # noqa: F811
 
 
 def test_ip_sans_compare_in_go_form():
-    from consumers.metrics.http import _san_allowed
+    from gpupipe.web.server import san_allowed as _san_allowed
 
     cert = {"subjectAltName": (("DNS", "scraper"), ("IP Address", "2001:DB8:0:0:0:0:0:1\n"))}
     assert _san_allowed(cert, frozenset({"2001:db8::1"}))  # Go's net.IP.String()
@@ -187,16 +187,16 @@ def test_ip_sans_compare_in_go_form():
 
 
 def test_startup_health_takes_the_same_listen_addresses():
-    """`gpupipe metrics -a [::]:9400` first answers 503 on that address while Kafka is awaited
-    (gpupipe.startup.StartupHealth): it refused `[::]` and `[::1]` before ('Name or service not
-    known'), so the command stopped although the metrics server itself accepted them."""
+    """`gpupipe metrics -a [::]:9400` first answers 503 on that address while Kafka is awaited:
+    the server in its start-up mode takes every address the metrics server takes."""
     from gpupipe import startup
+    from gpupipe.web.server import HttpServer
 
     hosts = ["[::]:0", "[::1]:0"] if _ipv6_loopback() else []
     for listen in [*hosts, ":0", "127.0.0.1:0"]:
-        h = startup.StartupHealth(listen, startup.StartupState(), "metrics")
+        h = HttpServer(listen, service="metrics", starting=startup.StartupState()).start()
         try:
-            port = h._server.server_address[1]
+            port = h.port
             conn = http.client.HTTPConnection(
                 "::1" if listen.startswith("[") else "127.0.0.1", port, timeout=10
             )

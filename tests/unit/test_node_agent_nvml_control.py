@@ -15,7 +15,7 @@ import pynvml
 from prometheus_client import CollectorRegistry
 
 from gpupipe.cli import build_parser
-from gpupipe.health_server import ServiceHttp
+from gpupipe.web.server import HttpServer, registry_route
 from producer.agent_config import config_from_args
 from tests.agent_harness import metric, running_agent, wait_for
 from tests.fake_nvml import FakeNvml
@@ -195,10 +195,11 @@ def test_a_driver_upgraded_under_the_agent_fails_liveness_so_the_pod_restarts(tm
 
 
 def test_readyz_answers_the_readiness_check_and_healthz_the_liveness_one() -> None:
-    http = ServiceHttp(
+    http = HttpServer(
         "127.0.0.1:0",
-        CollectorRegistry(),
-        lambda: (True, {"ticks": 3}),
+        None,
+        routes={"/metrics": registry_route(CollectorRegistry())},
+        health=lambda: (True, {"ticks": 3}),
         ready=lambda: (False, {"problems": ["nvml_released"]}),
     ).start()
     try:

@@ -212,7 +212,7 @@ def test_service_publishes_dead_letters_wrong_types_and_exposes_series() -> None
     from prometheus_client import CollectorRegistry, generate_latest
 
     from consumers.consume_loop import InRecord
-    from consumers.recommend.service import RecommendService, to_alert
+    from consumers.recommend.service import RecommendService, am_shape
 
     class Sink:
         def __init__(self) -> None:
@@ -247,16 +247,15 @@ def test_service_publishes_dead_letters_wrong_types_and_exposes_series() -> None
     assert 'gpupipe_recommendations_open{action="right_size_mig"} 1.0' in text
     assert "gpupipe_recommendation_cost_wasted{" in text and 'pod="nb-1"' in text
     (alert,) = am.alerts
-    assert (alert["alertname"], alert["severity"], alert["status"]) == (
+    state = am_shape(alert)
+    assert (state.labels["alertname"], state.labels["severity"], state.status) == (
         "GpuIdleRecommendation",
         "info",
         "firing",
     )
-    from consumers.alerts.alert_record import am_annotations, am_labels
-
-    labels = am_labels(to_alert(sink.sent[0]))
+    labels = am_shape(sink.sent[0]).labels
     assert labels["severity"] == "info" and labels["pod"] == "nb-1" and labels["namespace"] == "notebooks"
-    assert "1g.10gb" in am_annotations(to_alert(sink.sent[0]))["description"]
+    assert "1g.10gb" in am_shape(sink.sent[0]).annotations["description"]
     svc.handle([InRecord("s", 0, 200, None, "GpuSample", sample(31 * MIN, 0.9), 0)])
     assert svc.open == {} and "gpupipe_recommendation_cost_wasted{" not in generate_latest(reg).decode()
 

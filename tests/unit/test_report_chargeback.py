@@ -11,8 +11,8 @@ from consumers.report.chargeback_report import (
     parse_time_ms,
     read_records_jsonl,
 )
-from consumers.report.errors import ReportOptionError, TeamMapError
-from consumers.report.teams import TeamMap, load_team_map, parse_team_map
+from consumers.report.errors import ReportOptionError
+from gpupipe.teams import TeamMap, TeamMapError, load_team_map, parse_team_map
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "chargeback"
 REPO = Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ import pytest
 from consumers.report.chargeback_report import build_report, read_records_jsonl
 from consumers.report.errors import ReportOptionError
 from consumers.report.formats import COLUMNS, FOCUS_COLUMNS, FORMATS, FocusOptions, render_report
-from consumers.report.teams import load_team_map
+from gpupipe.teams import load_team_map
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "chargeback"
 T0 = 1_767_225_600_000

@@ -12,7 +12,7 @@ import pytest
 from consumers.report.chargeback_report import build_report, read_records_jsonl
 from consumers.report.formats import FORMATS, render_report
 from consumers.report.html_report import MAX_SERIES, OTHER, render_html, stacked_chart
-from consumers.report.teams import load_team_map
+from gpupipe.teams import load_team_map
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "chargeback"
 T0 = 1_767_225_600_000

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import subprocess
@@ -16,6 +17,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from gpupipe import startup
 from gpupipe.errors import BrokerUnavailableError, ConfigError
+from gpupipe.web.server import HttpServer
 from tests.conftest import free_port
 
 
@@ -87,7 +89,7 @@ def test_health_answers_503_while_starting() -> None:
     port = free_port()
     state = startup.StartupState()
     state.waiting_for = "Kafka at h:1"
-    with startup.StartupHealth(f"127.0.0.1:{port}", state, "alerts"):
+    with contextlib.closing(HttpServer(f"127.0.0.1:{port}", service="alerts", starting=state).start()):
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5)
         assert err.value.code == 503

@@ -1,8 +1,10 @@
 """Alertmanager v2 client: a bounded state of alerts, sent by a background thread, retried until delivered.
 
-The alerts service calls :meth:`AlertmanagerSender.update` with every ``GpuAlert`` record it publishes.
-That only takes a lock and writes a dict entry, so a slow or dead Alertmanager never blocks the Kafka
-path. A daemon thread posts what is due to ``<url>/api/v2/alerts``:
+A service calls :meth:`AlertmanagerSender.update` with every record it publishes (the alerts service its
+``GpuAlert`` records, recommend its recommendations); the sender's ``shape`` says what the record is
+in Alertmanager's terms (:class:`AmState`: id, status, labels, annotations, times). That only takes
+a lock and writes a dict entry, so a slow or dead Alertmanager never blocks the Kafka path. A daemon
+thread posts what is due to ``<url>/api/v2/alerts``:
 
 * a changed alert (new, updated, resolved) as soon as possible (the thread is woken, then waits
   ``batch_delay_s`` to batch a burst);
@@ -10,8 +12,8 @@ path. A daemon thread posts what is due to ``<url>/api/v2/alerts``:
   Prometheus does, so Alertmanager resolves an alert by itself if this service disappears;
 * a resolved alert with ``endsAt`` = its resolution time, once accepted it is forgotten.
 
-Alertmanager identifies an alert by its label set, so the state is keyed by labels
-(:func:`~consumers.alerts.alert_record.am_labels`). If an alert's labels change (its severity escalates,
+Alertmanager identifies an alert by its label set, so the state is keyed by labels (from the shape).
+If an alert's labels change (its severity escalates,
 its UUID becomes known) the old label set is sent resolved and the new one firing. A resolved record of an
 alert whose label set meanwhile belongs to a newer alert (a recurrence that superseded it) is not sent:
 the newer alert continues it.
@@ -38,11 +40,11 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from consumers.alerts.alert_record import am_alert, am_annotations, am_labels
 from gpupipe.logs import fields
 
 __all__ = ["AlertmanagerFanout", "AlertmanagerMetrics", "AlertmanagerSender", "PostFn", "http_post"]
@@ -51,6 +53,45 @@ log = logging.getLogger("gpupipe.alerts.alertmanager")
 
 PostFn = Callable[[str, bytes, float], int]
 """(url, JSON body, timeout seconds) -> HTTP status; raises OSError (incl. timeouts) when no answer."""
+
+
+@dataclass(frozen=True)
+class AmState:
+    """A record as Alertmanager sees it: labels are its identity there, annotations its text."""
+
+    alert_id: str
+    status: str  # "firing" or "resolved"
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    first_seen_ms: int
+    resolved_at_ms: int | None = None
+
+
+Shape = Callable[[dict[str, Any]], AmState]
+
+
+def iso_ms(ms: int) -> str:
+    """RFC 3339 with milliseconds, UTC (what Alertmanager's API expects)."""
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def am_alert(
+    labels: dict[str, str],
+    annotations: dict[str, str],
+    starts_at_ms: int,
+    ends_at_ms: int,
+    generator_url: str = "",
+) -> dict[str, Any]:
+    """One element of the ``POST /api/v2/alerts`` body."""
+    out: dict[str, Any] = {
+        "labels": labels,
+        "annotations": annotations,
+        "startsAt": iso_ms(starts_at_ms),
+        "endsAt": iso_ms(ends_at_ms),
+    }
+    if generator_url:
+        out["generatorURL"] = generator_url
+    return out
 
 
 def http_post(url: str, body: bytes, timeout_s: float) -> int:
@@ -131,6 +172,7 @@ class AlertmanagerSender:
         self,
         url: str,
         *,
+        shape: Shape,
         resend_interval_ms: int = 60_000,
         timeout_s: float = 10.0,
         max_alerts: int = 10_000,
@@ -153,6 +195,7 @@ class AlertmanagerSender:
         self.batch_delay_s = batch_delay_s
         self.retry_min_s = retry_min_s
         self.retry_max_s = retry_max_s
+        self._shape = shape
         self._post = post
         self._clock = clock
         self.metrics = metrics or AlertmanagerMetrics(None)
@@ -173,14 +216,12 @@ class AlertmanagerSender:
     # ---------------------------------------------------------------------------------- producer side
 
     def update(self, rec: dict[str, Any]) -> None:
-        """Take the latest state of an alert (a ``GpuAlert`` record); never blocks on the network."""
-        status = rec.get("status")
-        if status not in ("firing", "resolved"):
+        """Take the latest state of an alert (a record the shape reads); never blocks on the network."""
+        if rec.get("status") not in ("firing", "resolved"):
             return
-        labels = am_labels(rec)
+        state = self._shape(rec)
+        status, labels, annotations, aid = state.status, state.labels, state.annotations, state.alert_id
         key: LabelKey = tuple(sorted(labels.items()))
-        annotations = am_annotations(rec)
-        aid = rec["alert_id"]
         now_ms = self._now_ms()
         with self._lock:
             prev = self._by_id.get(aid)
@@ -192,11 +233,11 @@ class AlertmanagerSender:
             entry = self._entries.get(key)
             if status == "firing":
                 if entry is None:
-                    entry = self._entries[key] = _Entry(aid, labels, annotations, rec["first_seen_ms"], None)
+                    entry = self._entries[key] = _Entry(aid, labels, annotations, state.first_seen_ms, None)
                     self._bound()
                 entry.alert_id = aid
                 entry.annotations = annotations
-                entry.starts_ms = rec["first_seen_ms"]
+                entry.starts_ms = state.first_seen_ms
                 entry.ends_ms = None
                 self._by_id[aid] = key
             else:
@@ -204,10 +245,10 @@ class AlertmanagerSender:
                     self._by_id.pop(aid, None)
                     return  # a newer alert owns this label set
                 if entry is None:
-                    entry = self._entries[key] = _Entry(aid, labels, annotations, rec["first_seen_ms"], None)
+                    entry = self._entries[key] = _Entry(aid, labels, annotations, state.first_seen_ms, None)
                     self._bound()
                 entry.annotations = annotations
-                entry.ends_ms = rec.get("resolved_at_ms") or now_ms
+                entry.ends_ms = state.resolved_at_ms or now_ms
                 self._by_id.pop(aid, None)
             self._touch(entry)
         self._wake.set()

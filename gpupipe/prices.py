@@ -25,7 +25,12 @@ from typing import Any
 
 import yaml
 
-from consumers.chargeback.errors import PriceTableError
+from gpupipe.errors import ConfigError
+
+
+class PriceTableError(ConfigError):
+    """The price table file is missing or malformed; the message names the file and the entry."""
+
 
 EXACT = "exact"
 PATTERN = "pattern"

@@ -30,7 +30,7 @@ from schemas.errors import DecodeError
 FastFn = Callable[[bytes, int], dict[str, Any]]
 
 _PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
-_CORRUPT = (IndexError, ValueError, UnicodeDecodeError, struct.error, KeyError, TypeError, OverflowError)
+CORRUPT = (IndexError, ValueError, UnicodeDecodeError, struct.error, KeyError, TypeError, OverflowError)
 
 
 def _long(buf: bytes, pos: int) -> tuple[int, int]:
@@ -452,7 +452,7 @@ class SampleDecoder:
             if fn is not None:
                 try:
                     return Decoded(self.name, fn(payload, 10), "single-object")
-                except _CORRUPT as exc:
+                except CORRUPT as exc:
                     raise DecodeError(
                         "corrupt-avro-body", f"{self.name}: {type(exc).__name__}: {exc}"
                     ) from exc

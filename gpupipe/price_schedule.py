@@ -38,10 +38,9 @@ from typing import Any
 
 import yaml
 
-from consumers.chargeback.errors import PriceTableError
-from consumers.chargeback.prices import GpuPrice, PriceTable, parse_price_table
 from gpupipe.durations import format_iso_ms, parse_iso_ms
 from gpupipe.errors import ConfigError
+from gpupipe.prices import GpuPrice, PriceTable, PriceTableError, parse_price_table
 
 _CHANGE_KEYS = frozenset({"valid_from", "energy_per_kwh", "default_per_gpu_hour", "models"})
 FINGERPRINT_VERSIONS = 16

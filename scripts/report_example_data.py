@@ -11,13 +11,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from consumers.chargeback.accounting import gpu_key
-from consumers.chargeback.prices import PriceTable, load_price_table
 from consumers.chargeback.synthetic import partition_of
 from consumers.chargeback.windows import WindowEngine
+from gpupipe.prices import PriceTable, load_price_table
 from producer.simulated.fleet import FleetConfig, SimulatedFleet
+from schemas.meaning import gpu_key
 
-EXAMPLE_PRICES = Path(__file__).resolve().parents[2] / "deploy" / "prices.example.yaml"
+EXAMPLE_PRICES = Path(__file__).resolve().parents[1] / "deploy" / "prices.example.yaml"
 T0 = 1_795_000_000_000 - 1_795_000_000_000 % 86_400_000  # a UTC midnight in 2026
 
 EXAMPLE_TEAMS: dict[str, Any] = {

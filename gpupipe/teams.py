@@ -31,8 +31,13 @@ from typing import Any
 
 import yaml
 
-from consumers.chargeback.accounting import PSEUDO_NAMESPACES
-from consumers.report.errors import TeamMapError
+from gpupipe.errors import ConfigError
+from schemas.meaning import PSEUDO_NAMESPACES
+
+
+class TeamMapError(ConfigError):
+    """The namespace-to-team mapping file is missing or malformed; the message names the entry."""
+
 
 _RULE_KEYS = frozenset({"namespace", "team"})
 _LABEL_RULE_KEYS = frozenset({"label", "value", "team"})

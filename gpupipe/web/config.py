@@ -50,8 +50,9 @@ from typing import Any
 
 from gpupipe.durations import parse_duration_ms
 from gpupipe.errors import ConfigError
+from gpupipe.logs import fields
 
-log = logging.getLogger("gpupipe.metrics.http")
+log = logging.getLogger("gpupipe.web")
 
 TLS_VERSIONS = {
     "TLS10": ssl.TLSVersion.TLSv1,
@@ -158,6 +159,7 @@ class WebConfig:
     source: str = "<none>"
     allowed_sans: frozenset[str] = frozenset()  # client certificate SANs allowed (empty: any)
     rate_limit: RateLimiter | None = None
+    files: tuple[Path, ...] = ()  # the certificate, key and CA files it names (watched for rotation)
 
 
 def load_web_config(path: str | Path) -> WebConfig:
@@ -184,6 +186,11 @@ def parse_web_config(
     tls = doc.get("tls_server_config")
     if tls:
         cfg.ssl_context, cfg.allowed_sans = _tls_context(tls, base_dir, source)
+        cfg.files = tuple(
+            (base_dir / str(tls[k])).resolve()
+            for k in ("cert_file", "key_file", "client_ca_file")
+            if isinstance(tls, Mapping) and tls.get(k)
+        )
     users = doc.get("basic_auth_users") or {}
     if not isinstance(users, Mapping):
         raise ConfigError(f"web config {source}: basic_auth_users must map user names to bcrypt hashes")
@@ -373,3 +380,86 @@ class _pem_files:
     def __exit__(self, *exc: object) -> None:
         for name in self.tmp:
             os.unlink(name)
+
+
+#: How often a served web config looks at its files for a change (a stat of each, no read).
+RELOAD_CHECK_S = 1.0
+
+
+class WebConfigSource:
+    """The web config a server applies now, re-read when its file or a file it names changes.
+
+    Certificates are rotated and users revoked while a service runs (cert-manager renews before
+    expiry; a Secret update swaps the mounted files). exporter-toolkit re-reads its config for every
+    connection; here the files are stat'ed at most every ``check_every_s`` and parsed only when one
+    changed. A changed file that does not parse keeps the previous config (a half-written rotation
+    must not take the endpoint down or open it), with a warning and a count in ``reload_errors``.
+    """
+
+    def __init__(
+        self,
+        path: str | Path | None = None,
+        *,
+        config: WebConfig | None = None,
+        check_every_s: float = RELOAD_CHECK_S,
+        clock: Any = time.monotonic,
+    ) -> None:
+        self.path = Path(path) if path is not None else None
+        self._cfg = load_web_config(self.path) if self.path is not None else config or WebConfig()
+        self.check_every_s = check_every_s
+        self._clock = clock
+        self._checked = clock()
+        self._signature = self._stat()
+        self._lock = threading.Lock()
+        self.reloads = 0
+        self.reload_errors = 0
+
+    @classmethod
+    def of(cls, web: WebConfigSource | WebConfig | str | Path | None) -> WebConfigSource:
+        """A source from what callers hold: a path, a parsed config, nothing, or a source already."""
+        if isinstance(web, WebConfigSource):
+            return web
+        if isinstance(web, WebConfig):
+            return cls(config=web)
+        return cls(web)
+
+    def current(self) -> WebConfig:
+        if self.path is None or self._clock() - self._checked < self.check_every_s:
+            return self._cfg
+        with self._lock:
+            if self._clock() - self._checked >= self.check_every_s:
+                self._checked = self._clock()
+                signature = self._stat()
+                if signature != self._signature:
+                    self._signature = signature
+                    self._reload()
+        return self._cfg
+
+    def _reload(self) -> None:
+        assert self.path is not None
+        try:
+            fresh = load_web_config(self.path)
+        except ConfigError as exc:
+            self.reload_errors += 1
+            log.warning("web config changed but cannot be used, the previous one stays: %s", exc)
+            return
+        old = self._cfg.rate_limit
+        new = fresh.rate_limit
+        if old is not None and new is not None and (old.interval_s, old.burst) == (new.interval_s, new.burst):
+            fresh.rate_limit = old  # an unchanged limit keeps its bucket: a reload is no free burst
+        self._cfg = fresh
+        self.reloads += 1
+        log.info("web config reloaded", extra=fields(source=str(self.path), reloads=self.reloads))
+
+    def _stat(self) -> tuple[tuple[str, int, int] | None, ...]:
+        if self.path is None:
+            return ()
+        out: list[tuple[str, int, int] | None] = []
+        for p in (self.path, *self._cfg.files):
+            try:
+                st = os.stat(p)
+            except OSError:
+                out.append(None)
+                continue
+            out.append((str(p), st.st_mtime_ns, st.st_size))
+        return tuple(out)

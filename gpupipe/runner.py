@@ -1,0 +1,123 @@
+"""Start, serve and stop: the one sequence every long-running service goes through.
+
+Each service used to carry its own copy of this sequence, and the copies drifted (one had no
+start-up wait and crash-looped on a fresh broker, four served half of the web config). Now a
+command turns its flags into a config and a ``build`` function, and :func:`run_service` does:
+
+1. read the web config (a mistake is one line and exit 2, before any network);
+2. handle SIGTERM/SIGINT with the shutdown deadline (``--shutdown-timeout``);
+3. listen on ``--listen`` at once, answering 503 "starting" (same TLS and auth as later);
+4. wait for Kafka and the topics (``--startup-timeout``; a stop signal meanwhile is a clean exit);
+5. ``build`` the service (it may do more waiting of its own, shown on the same 503);
+6. serve its routes and checks, ``run(stop)`` it, then ``close()`` it and the server.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from gpupipe import startup, topics
+from gpupipe.web.config import WebConfigSource
+from gpupipe.web.server import HealthCheck, HttpServer, Route, registry_route
+
+log = logging.getLogger("gpupipe.runner")
+
+
+@runtime_checkable
+class Service(Protocol):
+    def health(self) -> tuple[bool, Mapping[str, Any]]: ...
+
+    def run(self, stop: threading.Event) -> None: ...
+
+
+@dataclass(frozen=True)
+class KafkaNeeds:
+    """What must be usable before the service is built: the broker and these topics with leaders."""
+
+    bootstrap: str
+    bases: Sequence[str]  # base names, prefixed with `prefix`
+    prefix: str = ""
+    create: bool = True
+    extra: Mapping[str, str] | None = None
+    specs: Mapping[str, topics.TopicSpec] | None = None
+    exact: Sequence[str] = ()  # full names used as given (topic overrides)
+
+
+@dataclass(frozen=True)
+class Lifecycle:
+    """What ``build`` gets: the stop event, the deadline, and the state shown while starting."""
+
+    name: str
+    stop: threading.Event
+    deadline: startup.ShutdownDeadline
+    state: startup.StartupState
+    startup_timeout_s: float
+    http: HttpServer | None = None
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    name: str
+    listen: str | None
+    web_config_file: str | None = None
+    startup_timeout_ms: int = 0
+    shutdown_timeout_ms: int = int(startup.DEFAULT_SHUTDOWN_S * 1000)
+    kafka: KafkaNeeds | None = None
+    extra_routes: Mapping[str, Route] = field(default_factory=dict)
+
+
+def routes_of(service: Any) -> dict[str, Route]:
+    """The service's own routes, else ``/metrics`` of its prometheus_client registry."""
+    own = getattr(service, "routes", None)
+    if callable(own):
+        return dict(own())
+    registry = getattr(service, "registry", None)
+    return {"/metrics": registry_route(registry)} if registry is not None else {}
+
+
+def run_service(spec: ServiceSpec, build: Callable[[Lifecycle], Service]) -> int:
+    web = WebConfigSource(spec.web_config_file) if spec.web_config_file else None
+    stop = threading.Event()
+    deadline = startup.ShutdownDeadline(stop, spec.shutdown_timeout_ms, spec.name).install()
+    state = startup.StartupState()
+    http = HttpServer(spec.listen, web, service=spec.name, starting=state).start() if spec.listen else None
+    life = Lifecycle(spec.name, stop, deadline, state, spec.startup_timeout_ms / 1000, http)
+    service: Service | None = None
+    try:
+        if spec.kafka is not None:
+            k = spec.kafka
+            startup.prepare_kafka(
+                k.bootstrap,
+                k.bases,
+                prefix=k.prefix,
+                create=k.create,
+                specs=k.specs,
+                extra=k.extra,
+                timeout_s=life.startup_timeout_s,
+                state=state,
+                exact=k.exact,
+                stop=stop,
+            )
+        if stop.is_set():
+            return 0
+        service = build(life)
+        if http is not None:
+            ready: HealthCheck | None = getattr(service, "ready", None)
+            http.serve({**routes_of(service), **spec.extra_routes}, health=service.health, ready=ready)
+        service.run(stop)
+    except startup.StartupCancelled:
+        log.info("stopped while starting", extra={"fields": {"service": spec.name}})
+        return 0
+    finally:
+        try:
+            close = getattr(service, "close", None)
+            if callable(close):
+                close()
+        finally:
+            if http is not None:
+                http.close()
+    return 0

@@ -1,0 +1,35 @@
+"""What record fields mean where several services read them: one reading, said once.
+
+The producer writes a GpuSample; chargeback bills it, recommend judges it idle, metrics and the
+reports show it. Each used to decide for itself which key names a GPU and which field is its
+activity; a second reading that differs would bill one thing and recommend another.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+UNALLOCATED = "__unallocated__"
+MIG_SHARED = "__mig_shared__"
+UNATTRIBUTED = "__unattributed__"
+"""Held GPU time that cannot be attributed to a tenant: the SM share of processes on a shared GPU
+that no holder pod owns, and (from producers that flag it) time while the kubelet was unreachable."""
+PSEUDO_NAMESPACES = (UNALLOCATED, MIG_SHARED, UNATTRIBUTED)
+
+
+def gpu_key(sample: dict[str, Any]) -> str:
+    """Kafka key and accounting key of a sample: the MIG device UUID for a slice, else the GPU UUID."""
+    mig = sample.get("mig")
+    return mig["mig_uuid"] if mig else sample["uuid"]
+
+
+def activity_ratio(sample: dict[str, Any]) -> float | None:
+    """sm_active_ratio where reported, else gpu_util_ratio, clamped to 0..1; None when neither."""
+    if sample.get("gpu_lost"):
+        return None
+    value = sample.get("sm_active_ratio")
+    if value is None:
+        value = sample.get("gpu_util_ratio")
+    if value is None:
+        return None
+    return min(max(float(value), 0.0), 1.0)
