@@ -27,6 +27,7 @@ import time
 from common import figure, ratio_line
 from k8s_pods_fake import FakePodApi
 
+from gpupipe.kube import KubeClient, KubeConfig
 from producer.podmeta.kube_watch import PodMetadataWatcher
 
 NODES = 40
@@ -61,10 +62,9 @@ def main() -> None:
             owners.append((ns, ref))
             api.add_pod(ns, f"pod-{n_pod}", f"node-{node}", labels={"team": ns}, owner=ref)
             n_pod += 1
-    watchers = [
-        PodMetadataWatcher(api.url, f"node-{n}", watch_timeout_s=max(1, round(300 / SPEED)))
-        for n in range(NODES)
-    ]
+    kube = KubeClient(KubeConfig(api.url, None, None))
+    timeout_s = max(1, round(300 / SPEED))
+    watchers = [PodMetadataWatcher(kube, f"node-{n}", watch_timeout_s=timeout_s) for n in range(NODES)]
     started = time.monotonic()
     for w in watchers:
         w.start()

@@ -30,9 +30,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from gpupipe import pci
 from producer.enrich import allocation_record, device_holders, gpu_aliases, slice_aliases
 from producer.kubelet.mapping import AllocationMap, PodRef
-from producer.nvml.identity import normalize_pci_bus_id
 from producer.nvml.records import DeviceIds, GpuRef
 from producer.xid.kmsg_parse import DriverLoaded, FallenOffBus, KernelXid
 
@@ -72,7 +72,7 @@ class XidContext:
         ids: DeviceIds | None = None,
     ) -> None:
         self.hostname = hostname
-        self.bus_map = bus_map  # canonical bus id (producer.nvml.identity) -> GPU
+        self.bus_map = bus_map  # gpupipe.pci.device_key of the bus id -> GPU
         self.amap = amap
         self.slices = slices or {}  # GPU uuid -> MIG uuids of its slices
         self.mig_lookup = mig_lookup
@@ -81,7 +81,7 @@ class XidContext:
     def gpu_for_bus(self, bus_id: str | None) -> GpuRef | None:
         if not bus_id:
             return None
-        key = normalize_pci_bus_id(bus_id)
+        key = pci.device_key(bus_id)
         return None if key is None else self.bus_map.get(key)
 
     def allocations(self, uuid: str | None, mig_uuid: str | None, gpu: GpuRef | None) -> list[dict[str, Any]]:

@@ -20,13 +20,13 @@ import threading
 from prometheus_client import CollectorRegistry
 
 from consumers.alerts.alert_record import gpu_alert_shape
-from consumers.alerts.cordon import HOUR_MS, Cordoner, KubeNodeApi, kube_config
+from consumers.alerts.cordon import HOUR_MS, Cordoner, KubeNodeApi
 from consumers.alerts.dedupe import EngineConfig
 from consumers.alerts.health_signals import HealthConfig
 from consumers.alerts.leader import LeaderElector
 from consumers.alerts.service import AlertsService, KafkaAlertSink, restore_from_topic
 from consumers.consume_loop import ConsumeLoop
-from gpupipe import startup, topics
+from gpupipe import kube, startup, topics
 from gpupipe.alertmanager import AlertmanagerFanout, AlertmanagerMetrics, AlertmanagerSender
 from gpupipe.argtypes import duration_ms
 from gpupipe.errors import ConfigError, GpupipeError
@@ -192,9 +192,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="make nodes gpupipe cordoned schedulable again once all their drain alerts resolved "
         "(recovered or acknowledged); default off",
     )
-    k8s.add_argument("--kube-api-url", default=None, help="API server URL (default: in-cluster config)")
-    k8s.add_argument("--kube-token-file", default=None, help="bearer token file (default: service account)")
-    k8s.add_argument("--kube-ca-file", default=None, help="CA bundle for the API server's certificate")
+    kube.add_arguments(k8s)
     startup.add_arguments(p)
 
 
@@ -240,9 +238,10 @@ class AlertsApp:
         engine_cfg, health_cfg = _configs(args)
         self.args = args
         self.instance = args.instance_id or socket.gethostname()
-        kube = None
+        node_api = None
         if args.cordon and not args.dry_run:
-            kube = KubeNodeApi(kube_config(args.kube_api_url, args.kube_token_file, args.kube_ca_file))
+            cfg = kube.config_from_args(args, needed_by="--cordon", otherwise="or use --dry-run")
+            node_api = KubeNodeApi(kube.KubeClient(cfg))
         extra = parse_kafka_overrides(args.kafka_config)
         t_xid = topics.with_prefix(args.topic_prefix, topics.XID)
         t_samples = topics.with_prefix(args.topic_prefix, topics.SAMPLES)
@@ -272,7 +271,7 @@ class AlertsApp:
         self.cordoner = None
         if args.cordon or args.dry_run:
             self.cordoner = Cordoner(
-                kube,
+                node_api,
                 dry_run=args.dry_run,
                 max_per_hour=args.cordon_max_per_hour,
                 on_result=lambda result: self.service.on_cordon_result(result),
@@ -426,7 +425,7 @@ def run(args: argparse.Namespace) -> int:
         return _ack(args)
     _configs(args)  # flag mistakes are one line before any network
     if args.cordon and not args.dry_run:
-        kube_config(args.kube_api_url, args.kube_token_file, args.kube_ca_file)
+        kube.config_from_args(args, needed_by="--cordon", otherwise="or use --dry-run")
     needed = [topics.XID, topics.ALERTS, topics.DEADLETTER] + ([topics.SAMPLES] * args.health_signals)
     spec = ServiceSpec(
         name="alerts",

@@ -11,10 +11,9 @@ application/strategic-merge-patch+json`` and body ``{"spec": {"unschedulable": t
 people or to a drain controller: evicting a training job is a decision with a cost. A ``GET`` first
 tells whether the node is already unschedulable (outcome ``already_cordoned``, not counted).
 
-Credentials: ``--kube-api-url`` + ``--kube-token-file`` (+ ``--kube-ca-file``), else the in-cluster
-service account (``KUBERNETES_SERVICE_HOST``/``_PORT`` and ``/var/run/secrets/kubernetes.io/
-serviceaccount/{token,ca.crt}``). The token file is read for every request (projected tokens rotate). RBAC
-needed: ``get``, ``list`` and ``patch`` on ``nodes``.
+Credentials and transport: :mod:`gpupipe.kube` (``--kube-api-url`` + ``--kube-token-file``, else the
+in-cluster service account; the token is read for every request). RBAC needed: ``get``, ``list`` and
+``patch`` on ``nodes``.
 
 Reconciled intent (review D3): the desired state is "every node with an open drain alert is cordoned
 (or was decided)". The service calls :meth:`Cordoner.reconcile` with its open drain alerts every few
@@ -49,152 +48,60 @@ result goes to the ``on_result`` callback.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import queue
-import ssl
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from gpupipe.errors import ConfigError
+from gpupipe.kube import STRATEGIC_MERGE_PATCH, KubeApiError, KubeClient
 from gpupipe.logs import fields
 
 __all__ = [
     "HOUR_MS",
-    "SA_DIR",
     "CordonResult",
     "Cordoner",
-    "KubeApiError",
-    "KubeConfig",
     "KubeNodeApi",
     "SlidingWindowLimiter",
-    "kube_config",
 ]
 
 log = logging.getLogger("gpupipe.alerts.cordon")
 
 HOUR_MS = 3_600_000
-SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-PATCH_CONTENT_TYPE = "application/strategic-merge-patch+json"
+PATCH_CONTENT_TYPE = STRATEGIC_MERGE_PATCH
 ANNOTATION_PREFIX = "gpupipe.io/"
 _RELEASE = "__release__"  # queue item: uncordon our nodes that are not in the item's list
 
 
-@dataclass(frozen=True, slots=True)
-class KubeConfig:
-    api_url: str
-    token_file: str | None
-    ca_file: str | None
-
-
-def kube_config(
-    api_url: str | None = None,
-    token_file: str | None = None,
-    ca_file: str | None = None,
-    environ: Mapping[str, str] | None = None,
-    sa_dir: Path = SA_DIR,
-) -> KubeConfig:
-    """Explicit settings, else in-cluster ones; :class:`ConfigError` when neither is available."""
-    env = os.environ if environ is None else environ
-    if api_url:
-        if not api_url.startswith(("http://", "https://")):
-            raise ConfigError(f"--kube-api-url must start with http:// or https://, got {api_url!r}")
-        if token_file and not Path(token_file).is_file():
-            raise ConfigError(f"--kube-token-file {token_file} does not exist")
-        if ca_file and not Path(ca_file).is_file():
-            raise ConfigError(f"--kube-ca-file {ca_file} does not exist")
-        return KubeConfig(api_url.rstrip("/"), token_file, ca_file)
-    host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT", "443")
-    token = sa_dir / "token"
-    if not host or not token.is_file():
-        raise ConfigError(
-            "--cordon needs the Kubernetes API: run in a pod with a service account, or give "
-            "--kube-api-url and --kube-token-file (or use --dry-run)"
-        )
-    ca = sa_dir / "ca.crt"
-    host = f"[{host}]" if ":" in host else host
-    return KubeConfig(f"https://{host}:{port}", str(token), ca_file or (str(ca) if ca.is_file() else None))
-
-
-class KubeApiError(Exception):
-    def __init__(self, status: int | None, message: str) -> None:
-        super().__init__(f"{status or 'no answer'}: {message}")
-        self.status = status
-        self.message = message
-
-
 class KubeNodeApi:
-    """The two node calls cordoning needs (urllib; no Kubernetes client dependency)."""
+    """The node calls cordoning needs, over the shared client."""
 
-    def __init__(self, cfg: KubeConfig, timeout_s: float = 10.0) -> None:
-        self.cfg = cfg
-        self.timeout_s = timeout_s
-        self._ssl: ssl.SSLContext | None = None
-        if cfg.api_url.startswith("https://"):
-            self._ssl = (
-                ssl.create_default_context(cafile=cfg.ca_file)
-                if cfg.ca_file
-                else ssl.create_default_context()
-            )
+    def __init__(self, client: KubeClient) -> None:
+        self.client = client
 
-    def _headers(self) -> dict[str, str]:
-        h = {"Accept": "application/json"}
-        if self.cfg.token_file:
-            try:
-                token = Path(self.cfg.token_file).read_text().strip()
-            except OSError as exc:
-                raise KubeApiError(None, f"cannot read token file: {exc}") from exc
-            h["Authorization"] = f"Bearer {token}"
-        return h
-
-    def _call(
-        self, method: str, name: str, body: bytes | None = None, ctype: str | None = None, path: str = ""
-    ) -> Any:
-        url = self.cfg.api_url + (path or f"/api/v1/nodes/{urllib.parse.quote(name, safe='')}")
-        headers = self._headers()
-        if ctype:
-            headers["Content-Type"] = ctype
-        req = urllib.request.Request(url, data=body, method=method, headers=headers)
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s, context=self._ssl) as resp:
-                return json.loads(resp.read() or b"{}")
-        except urllib.error.HTTPError as exc:
-            detail = exc.read()[:300].decode("utf-8", "replace")
-            raise KubeApiError(exc.code, _status_message(detail) or exc.reason) from exc
-        except (OSError, ValueError) as exc:
-            raise KubeApiError(None, f"{type(exc).__name__}: {exc}") from exc
+    @staticmethod
+    def _path(name: str) -> str:
+        return f"/api/v1/nodes/{urllib.parse.quote(name, safe='')}"
 
     def get_node(self, name: str) -> dict[str, Any]:
-        return self._call("GET", name)
+        return self.client.get(self._path(name))
 
     def cordon(self, name: str, annotations: Mapping[str, str]) -> dict[str, Any]:
         patch = {"metadata": {"annotations": dict(annotations)}, "spec": {"unschedulable": True}}
-        return self._call("PATCH", name, json.dumps(patch).encode(), PATCH_CONTENT_TYPE)
+        return self.client.patch(self._path(name), patch, PATCH_CONTENT_TYPE)
 
     def uncordon(self, name: str, annotations: Iterable[str]) -> dict[str, Any]:
         """Schedulable again; ``annotations`` are removed (a null in a merge patch deletes the key)."""
         patch = {"metadata": {"annotations": dict.fromkeys(annotations)}, "spec": {"unschedulable": False}}
-        return self._call("PATCH", name, json.dumps(patch).encode(), PATCH_CONTENT_TYPE)
+        return self.client.patch(self._path(name), patch, PATCH_CONTENT_TYPE)
 
     def list_nodes(self) -> list[dict[str, Any]]:
         """Every node (``GET /api/v1/nodes``): the cluster-side ledger and the share circuit breaker."""
-        return list(self._call("GET", "", path="/api/v1/nodes").get("items") or [])
-
-
-def _status_message(text: str) -> str:
-    try:
-        return str(json.loads(text).get("message", ""))
-    except (ValueError, AttributeError):
-        return text.strip()
+        return list(self.client.get("/api/v1/nodes").get("items") or [])
 
 
 class SlidingWindowLimiter:

@@ -45,7 +45,7 @@ from typing import Any, Literal
 
 from consumers.alerts.classify import GpuHealth
 from consumers.alerts.rules_notice import RECOVERY_ACTION_NAME, recovery_decision
-from gpupipe.pci import normalize_pci_bus_id
+from gpupipe import pci
 
 __all__ = [
     "LEVEL_SIGNALS",
@@ -162,7 +162,7 @@ def device_key(bus_id: str | None, fallback: str | None = None) -> str:
     if hit is not None:
         return hit
     try:
-        key = normalize_pci_bus_id(bus_id)
+        key = pci.canonical(bus_id)
     except ValueError:
         key = bus_id.strip().lower()
     if len(_BUS_CACHE) < 100_000:

@@ -52,7 +52,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from consumers.alerts.alert_record import Alert, action_record, to_record
-from consumers.alerts.cordon import Cordoner, CordonResult, KubeApiError
+from consumers.alerts.cordon import Cordoner, CordonResult
 from consumers.alerts.dedupe import AlertEngine, EngineConfig
 from consumers.alerts.evidence_memory import evidence_record
 from consumers.alerts.health_signals import LEVEL_SIGNALS, HealthConfig, HealthTracker, InvalidRecord
@@ -60,6 +60,7 @@ from consumers.alerts.recovery_policy import sample_healthy
 from consumers.consume_loop import InRecord
 from gpupipe.errors import GpupipeError
 from gpupipe.kafka_admin import client_config
+from gpupipe.kube import KubeApiError
 from gpupipe.logs import fields
 from schemas.codec import AvroCodec
 from schemas.errors import DecodeError

@@ -70,18 +70,17 @@ from consumers.metrics.render_multi import render_multi, render_shares
 from consumers.metrics.textfmt import (
     InvalidValue,
     attr_text,
-    bus_id_nvml_form,
     escape_help,
     escape_label_value,
     format_value,
 )
+from gpupipe import pci
 
 __all__ = [
     "GpuView",
     "InvalidValue",
     "RenderOptions",
     "Renderer",
-    "bus_id_nvml_form",
     "escape_help",
     "escape_label_value",
     "format_value",
@@ -415,7 +414,7 @@ class Renderer:
             "uuid": uuid,
             "model_name": event.get("model_name"),
         }
-        bus = bus_id_nvml_form(event.get("pci_bus_id") or "")
+        bus = pci.nvml_form(event.get("pci_bus_id") or "")
         values["pci_bus_id"] = bus
         base = self._base(
             event.get("gpu_index"),

@@ -59,12 +59,8 @@ from consumers.metrics.own_text import (
     unsupported_text,
 )
 from consumers.metrics.readings import PENDING, Kept, complete
-from consumers.metrics.render import (
-    GpuView,
-    Renderer,
-    RenderOptions,
-    bus_id_nvml_form,
-)
+from consumers.metrics.render import GpuView, Renderer, RenderOptions
+from gpupipe import pci
 
 XID_RESULTS = ("counted", "duplicate", "ignored", "unattributed")
 
@@ -267,7 +263,7 @@ class SeriesStore:
         if ident != g.ident:
             g.view = r.view(record)
             g.ident = ident
-            self._by_bus[(record["hostname"], bus_id_nvml_form(record["pci_bus_id"]))] = record["uuid"]
+            self._by_bus[(record["hostname"], pci.nvml_form(record["pci_bus_id"]))] = record["uuid"]
         if self._instances:
             if record["mig"] is not None:
                 g.parent = record["uuid"]
@@ -421,7 +417,7 @@ class SeriesStore:
             uuid = event.get("uuid")
             if not uuid:
                 bus = event.get("pci_bus_id") or ""
-                uuid = self._by_bus.get((event.get("hostname") or "", bus_id_nvml_form(bus)))
+                uuid = self._by_bus.get((event.get("hostname") or "", pci.nvml_form(bus)))
             if not uuid:
                 self._xid_results["unattributed"] += 1
                 return False

@@ -1,4 +1,4 @@
-"""Text-format primitives: label and HELP escaping, dcgm-exporter's value text, PCI bus id form (pure)."""
+"""Text-format primitives: label and HELP escaping, dcgm-exporter's value text (pure)."""
 
 from __future__ import annotations
 
@@ -61,20 +61,3 @@ def format_value(kind: int, value: Any, signed: bool = False) -> str:
     if kind == _MIB:
         return str(int(value) >> 20)
     return str(round(value))  # INT, ROUND, BOOL (an int stays as it is; a float is rounded)
-
-
-def bus_id_nvml_form(bus_id: str) -> str:
-    """A kernel-log or NVML bus id (``0000:3b:00``) in NVML's form (``00000000:3B:00.0``)."""
-    s = bus_id.strip()
-    try:
-        head, _, func = s.partition(".")
-        parts = head.split(":")
-        if len(parts) == 2:
-            parts.insert(0, "0")
-        if len(parts) != 3:
-            return bus_id
-        domain, bus, dev = (int(p, 16) for p in parts)
-        fn = int(func, 16) if func else 0
-    except ValueError:
-        return bus_id
-    return f"{domain:08X}:{bus:02X}:{dev:02X}.{fn:X}"

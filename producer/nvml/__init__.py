@@ -11,7 +11,6 @@ The NVML module (``pynvml`` from nvidia-ml-py) is always injected; only
 
 from producer.nvml.errors import NvmlInitError, NvmlSourceError
 from producer.nvml.events import XidEventWatcher
-from producer.nvml.identity import normalize_pci_bus_id
 from producer.nvml.records import GpuRef, LostGpu, gpu_lost_xid_event, nvml_xid_event
 from producer.nvml.source import DEFAULT_INTERVALS, NvmlSource, SourceHooks, default_nvml_module
 
@@ -26,6 +25,5 @@ __all__ = [
     "XidEventWatcher",
     "default_nvml_module",
     "gpu_lost_xid_event",
-    "normalize_pci_bus_id",
     "nvml_xid_event",
 ]

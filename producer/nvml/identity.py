@@ -8,12 +8,10 @@ and GPM support (``ctx.gpm_supported``, Hopper or newer).
 from __future__ import annotations
 
 import os
-import re
 from typing import Any
 
+from gpupipe.pci import device_key
 from producer.nvml.base import DeviceContext
-
-_BUS_ID = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})(?:\.([0-7]))?$")
 
 #: Where the kernel shows each PCI device (numa_node: the node it is attached to).
 SYSFS_PCI_DEVICES = "/sys/bus/pci/devices"
@@ -24,24 +22,6 @@ def text(value: Any) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     return "" if value is None else str(value)
-
-
-def normalize_pci_bus_id(bus_id: str) -> str | None:
-    """Canonical key ``dddd:bb:dd`` (lower-case hex, 4-digit domain, no function) for a PCI bus id.
-
-    Accepts NVML's ``00000000:3B:00.0``, the kernel log's ``0000:3b:00`` (``PCI:`` prefix
-    allowed) and ``3b:00.0``; returns None when ``bus_id`` is not a PCI address.
-    """
-    s = bus_id.strip()
-    if s[:4].upper() == "PCI:":
-        s = s[4:]
-    m = _BUS_ID.match(s)
-    if m is None:
-        return None
-    domain = int(m[1], 16) if m[1] else 0
-    if domain > 0xFFFF:
-        return None
-    return f"{domain:04x}:{int(m[2], 16):02x}:{int(m[3], 16):02x}"
 
 
 def read_driver_version(nvml: Any) -> str | None:
@@ -140,7 +120,7 @@ class IdentityCollector:
         (``/sys/bus/pci/devices/<bdf>/numa_node``) first, else NVML's memory affinity at node
         scope when it names exactly one node; -1 or several nodes: null (unknown).
         """
-        bdf = normalize_pci_bus_id(ctx.pci_bus_id or "")
+        bdf = device_key(ctx.pci_bus_id or "")
         if bdf is not None:
             try:
                 with open(os.path.join(self.sysfs_pci, bdf + ".0", "numa_node")) as fh:

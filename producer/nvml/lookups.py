@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from producer.nvml.identity import normalize_pci_bus_id
+from gpupipe import pci
 from producer.nvml.records import DeviceIds, GpuRef
 
 if TYPE_CHECKING:
@@ -76,12 +76,12 @@ class SourceLookups:
     def bus_id_map(self) -> dict[str, GpuRef]:
         """PCI bus id -> GPU for kernel-log attribution.
 
-        Keys are canonical (:func:`producer.nvml.identity.normalize_pci_bus_id`: ``0000:3b:00``);
+        Keys are :func:`gpupipe.pci.device_key` (``0000:3b:00``);
         normalise the kernel's ``PCI:0000:3b:00`` the same way before looking it up.
         """
         out: dict[str, GpuRef] = {}
         for g in self._gpus:
-            key = normalize_pci_bus_id(g.ctx.pci_bus_id) if g.ctx.pci_bus_id else None
+            key = pci.device_key(g.ctx.pci_bus_id) if g.ctx.pci_bus_id else None
             if key is not None:
                 out[key] = self._ref(g)
         return out

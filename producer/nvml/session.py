@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from producer.nvml.identity import normalize_pci_bus_id
+from gpupipe import pci
 
 if TYPE_CHECKING:
     from producer.nvml.base import NvmlErrors
@@ -133,7 +133,7 @@ class SourceSession:
     def _reenumerate(self, count: int) -> None:
         old = list(self._gpus)
         by_uuid = {g.ctx.uuid: g for g in old if g.ctx.uuid}
-        by_bus = {normalize_pci_bus_id(g.ctx.pci_bus_id): g for g in old if g.ctx.pci_bus_id}
+        by_bus = {pci.device_key(g.ctx.pci_bus_id): g for g in old if g.ctx.pci_bus_id}
         by_index = {g.ctx.index: g for g in old}
         self._stalled.clear()
         self.unusable_gpus = 0
@@ -145,7 +145,7 @@ class SourceSession:
                 continue
             prev = gpu if any(gpu is g for g in old) else by_uuid.get(gpu.ctx.uuid or "")
             if prev is None and gpu.ctx.pci_bus_id:
-                prev = by_bus.get(normalize_pci_bus_id(gpu.ctx.pci_bus_id))
+                prev = by_bus.get(pci.device_key(gpu.ctx.pci_bus_id))
             if prev is not None:
                 matched.add(id(prev))
                 if prev is not gpu and prev.lost and not gpu.lost:

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gpupipe.errors import ConfigError
+from gpupipe import kube
 from producer.podmeta.hpc_jobs import HpcJobMap
 from producer.podmeta.kube_watch import PodMetadataWatcher
 from producer.podmeta.owners import annotate
@@ -112,9 +112,7 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
         default=DEFAULT_POD_LABELS,
         help=f"pod label keys copied into each allocation, comma-separated (default {DEFAULT_POD_LABELS})",
     )
-    group.add_argument("--kube-api-url", default=None, help="API server URL (default: in-cluster config)")
-    group.add_argument("--kube-token-file", default=None, help="bearer token file (default: service account)")
-    group.add_argument("--kube-ca-file", default=None, help="CA bundle for the API server's certificate")
+    kube.add_arguments(group)
     group.add_argument(
         "--hpc-job-mapping-dir",
         default=None,
@@ -134,12 +132,7 @@ def extras_from_args(args: argparse.Namespace, node_name: str) -> AllocationExtr
     watcher = None
     keys = tuple(k.strip() for k in (getattr(args, "pod_labels", "") or "").split(",") if k.strip())
     if mode == "api":
-        from consumers.alerts.cordon import kube_config
-
-        try:
-            cfg = kube_config(args.kube_api_url, args.kube_token_file, args.kube_ca_file)
-        except ConfigError as exc:
-            raise ConfigError(str(exc).replace("--cordon", "--pod-metadata api")) from exc
-        watcher = PodMetadataWatcher(cfg.api_url, node_name, token_file=cfg.token_file, ca_file=cfg.ca_file)
+        cfg = kube.config_from_args(args, needed_by="--pod-metadata api")
+        watcher = PodMetadataWatcher(kube.KubeClient(cfg), node_name)
     hpc = HpcJobMap(hpc_dir, namespace=args.hpc_namespace) if hpc_dir else None
     return AllocationExtras(watcher, keys, hpc)

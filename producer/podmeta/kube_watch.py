@@ -24,18 +24,13 @@ metadata stays in use, flagged ``stale`` in every allocation, and ``healthy`` is
 
 from __future__ import annotations
 
-import contextlib
-import http.client
-import json
 import logging
-import socket
-import ssl
 import threading
 import urllib.parse
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
+from gpupipe.kube import GONE, KubeApiError, KubeClient, Watch
 from producer.podmeta.owners import PodMeta, object_path, pod_meta
 
 log = logging.getLogger("gpupipe.podmeta")
@@ -44,41 +39,20 @@ WATCH_TIMEOUT_S = 300
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.5, 30.0
 
 
-class ApiError(Exception):
-    def __init__(self, status: int | None, message: str) -> None:
-        super().__init__(f"{status or 'no answer'}: {message}")
-        self.status = status
-
-
 class PodMetadataWatcher:
     """Background thread keeping ``(namespace, pod) -> PodMeta`` for the pods of one node."""
 
     def __init__(
         self,
-        api_url: str,
+        api: KubeClient,
         node_name: str,
         *,
-        token_file: str | None = None,
-        ca_file: str | None = None,
-        timeout_s: float = 10.0,
         watch_timeout_s: int = WATCH_TIMEOUT_S,
         on_error: Callable[[str], None] = lambda _kind: None,
         on_request: Callable[[str], None] = lambda _verb: None,
     ) -> None:
-        u = urllib.parse.urlsplit(api_url)
-        if u.scheme not in ("http", "https") or not u.hostname:
-            raise ValueError(f"API URL must be http(s)://HOST[:PORT], got {api_url!r}")
-        self._https = u.scheme == "https"
-        self._host = u.hostname
-        self._port = u.port or (443 if self._https else 80)
-        self._ssl = (
-            (ssl.create_default_context(cafile=ca_file) if ca_file else ssl.create_default_context())
-            if self._https
-            else None
-        )
+        self.api = api
         self.node_name = node_name
-        self.token_file = token_file
-        self.timeout_s = timeout_s
         self.watch_timeout_s = watch_timeout_s
         self.on_error = on_error
         self.on_request = on_request
@@ -86,7 +60,7 @@ class PodMetadataWatcher:
         self._owners: dict[str, Mapping[str, Any] | None] = {}  # "apiVersion/kind/ns/name" -> metadata
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._conn: http.client.HTTPConnection | None = None
+        self._stream: Watch | None = None
         self._thread: threading.Thread | None = None
         self.healthy = False
         self.resource_version = ""
@@ -103,34 +77,9 @@ class PodMetadataWatcher:
             return len(self._pods)
 
     # -- HTTP ----------------------------------------------------------------------------------------
-    def _connection(self, timeout: float) -> http.client.HTTPConnection:
-        if self._https:
-            return http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=self._ssl)
-        return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
-
-    def _headers(self) -> dict[str, str]:
-        h = {"Accept": "application/json"}
-        if self.token_file:
-            try:
-                h["Authorization"] = "Bearer " + Path(self.token_file).read_text().strip()
-            except OSError as exc:
-                raise ApiError(None, f"cannot read token file: {exc}") from exc
-        return h
-
     def _get_json(self, path: str, verb: str) -> Any:
         self.on_request(verb)
-        conn = self._connection(self.timeout_s)
-        try:
-            conn.request("GET", path, headers=self._headers())
-            resp = conn.getresponse()
-            body = resp.read()
-            if resp.status != 200:
-                raise ApiError(resp.status, _message(body) or resp.reason)
-            return json.loads(body)
-        except (OSError, http.client.HTTPException, ValueError) as exc:
-            raise ApiError(None, f"{type(exc).__name__}: {exc}") from exc
-        finally:
-            conn.close()
+        return self.api.get(path)
 
     def _selector(self) -> str:
         return urllib.parse.quote(f"spec.nodeName={self.node_name}", safe="")
@@ -143,7 +92,7 @@ class PodMetadataWatcher:
         try:
             obj = self._get_json(object_path(api_version, kind, namespace, name), "get_owner")
             meta: Mapping[str, Any] | None = obj.get("metadata") or {}
-        except ApiError as exc:
+        except KubeApiError as exc:
             if exc.status is None or exc.status >= 500:
                 raise  # the API is down: retry later rather than remember a wrong owner
             self.on_error(f"owner_{exc.status}")
@@ -184,44 +133,33 @@ class PodMetadataWatcher:
             f"&resourceVersion={urllib.parse.quote(self.resource_version)}&timeoutSeconds={self.watch_timeout_s}"
         )
         self.on_request("watch")
-        conn = self._connection(self.timeout_s)  # connecting and the headers: the short timeout
-        self._conn = conn
+        # connecting and the headers: the client's short timeout; then the stream may stay quiet
+        # until the server ends it
+        stream = self.api.watch(path, idle_timeout_s=self.watch_timeout_s + self.api.timeout_s)
+        self._stream = stream
         try:
-            conn.request("GET", path, headers=self._headers())
-            resp = conn.getresponse()
-            if conn.sock is not None:  # then the stream may stay quiet until the server ends it
-                conn.sock.settimeout(self.watch_timeout_s + self.timeout_s)
-            if resp.status == 410:
-                resp.read()
-                return False
-            if resp.status != 200:
-                raise ApiError(resp.status, _message(resp.read()) or resp.reason)
+            stream.open()
             self.healthy = True
             while not self._stop.is_set():
-                line = resp.readline()
-                if not line:
+                event = stream.next_event()
+                if event is None:
                     return True
-                if not line.strip():
-                    continue
-                event = json.loads(line)
-                etype, obj = event.get("type"), event.get("object") or {}
-                if etype == "ERROR":
-                    if obj.get("code") == 410:
-                        return False
-                    raise ApiError(obj.get("code"), obj.get("message", "watch error"))
+                etype, obj = event
                 rv = (obj.get("metadata") or {}).get("resourceVersion")
                 if etype in ("ADDED", "MODIFIED", "DELETED"):
                     self._apply(etype, obj)
                 if rv:
                     self.resource_version = str(rv)
             return True
-        except (OSError, http.client.HTTPException, ValueError) as exc:
-            if self._stop.is_set():
+        except KubeApiError as exc:
+            if exc.status == GONE:
+                return False
+            if exc.status is None and self._stop.is_set():
                 return True
-            raise ApiError(None, f"{type(exc).__name__}: {exc}") from exc
+            raise
         finally:
-            self._conn = None
-            conn.close()
+            self._stream = None
+            stream.close()
 
     def run_once(self) -> None:
         """One list + watch cycle until the watch ends (tests drive this directly)."""
@@ -238,7 +176,7 @@ class PodMetadataWatcher:
             try:
                 self.run_once()
                 backoff = BACKOFF_MIN_S
-            except ApiError as exc:
+            except KubeApiError as exc:
                 if self._stop.is_set():
                     break
                 was = self.healthy
@@ -263,16 +201,8 @@ class PodMetadataWatcher:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self._stop.set()
-        conn = self._conn
-        if conn is not None and conn.sock is not None:
-            with contextlib.suppress(OSError):
-                conn.sock.shutdown(socket.SHUT_RDWR)
+        stream = self._stream
+        if stream is not None:
+            stream.abort()
         if self._thread is not None:
             self._thread.join(timeout_s)
-
-
-def _message(body: bytes) -> str:
-    try:
-        return str(json.loads(body).get("message", ""))
-    except (ValueError, AttributeError):
-        return body[:200].decode("utf-8", "replace")

@@ -18,7 +18,7 @@ whose time is ``window_s`` or more past it.
 Rules (deterministic; times are passed in, nothing reads a clock):
 
 * Different code or different bus id never merge. Bus ids are compared after
-  :func:`normalize_pci_bus_id`, so ``0000:3b:00`` (kmsg) matches ``00000000:3B:00.0`` (NVML).
+  :func:`gpupipe.pci.canonical`, so ``0000:3b:00`` (kmsg) matches ``00000000:3B:00.0`` (NVML).
 * Only cross-source pairs merge: two sightings from the same source are two events, even inside the
   window. A sighting pairs with the *oldest* held sighting of the other source (FIFO).
 * ``at_s`` must come from one monotonic clock for both sources - the time the producer *received* the
@@ -50,13 +50,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gpupipe.pci import normalize_pci_bus_id
+from gpupipe.pci import canonical
 
 __all__ = [
     "DEFAULT_WINDOW_S",
     "NVML_NO_INSTANCE",
     "XidMerger",
-    "normalize_pci_bus_id",
 ]
 
 Source = Literal["nvml", "kmsg"]
@@ -73,7 +72,7 @@ _BASE_KEYS = ("uuid", "gpu_instance_id", "compute_instance_id", "pid", "process_
 
 def _key_pci(bus_id: str) -> str:
     try:
-        return normalize_pci_bus_id(bus_id)
+        return canonical(bus_id)
     except ValueError:
         return bus_id.strip().lower()
 

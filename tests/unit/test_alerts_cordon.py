@@ -11,13 +11,10 @@ from consumers.alerts.cordon import (
     PATCH_CONTENT_TYPE,
     Cordoner,
     CordonResult,
-    KubeApiError,
-    KubeConfig,
     KubeNodeApi,
     SlidingWindowLimiter,
-    kube_config,
 )
-from gpupipe.errors import ConfigError
+from gpupipe.kube import KubeClient, KubeConfig
 from tests.k8s_api_fake import FakeKubeApi
 
 T0 = 1_800_000_000_000
@@ -52,7 +49,7 @@ def make(
     if api is not None:
         tf = tmp_path / "token"
         tf.write_text(token + "\n")
-        client = KubeNodeApi(KubeConfig(api.url, str(tf), None), timeout_s=0.5)
+        client = KubeNodeApi(KubeClient(KubeConfig(api.url, str(tf), None), timeout_s=0.5))
     clock = Clock()
     c = Cordoner(
         client,
@@ -203,32 +200,6 @@ def test_restore_ledger_from_action_records(tmp_path: Path) -> None:
     assert not c.request(rec("n1")) and not c.request(rec("n4"))
     assert c.process(rec("n5")).outcome == "dry_run"
     assert c.process(rec("n6")).outcome == "rate_limited"
-
-
-def test_kube_config_explicit_and_in_cluster(tmp_path: Path) -> None:
-    tok = tmp_path / "token"
-    tok.write_text("t")
-    cfg = kube_config("https://api:6443/", str(tok))
-    assert cfg.api_url == "https://api:6443" and cfg.token_file == str(tok)
-    with pytest.raises(ConfigError):
-        kube_config("api:6443", str(tok))
-    with pytest.raises(ConfigError):
-        kube_config("https://api", str(tmp_path / "missing"))
-    with pytest.raises(ConfigError):
-        kube_config(environ={}, sa_dir=tmp_path)
-    (tmp_path / "ca.crt").write_text("x")
-    in_cluster = kube_config(
-        environ={"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}, sa_dir=tmp_path
-    )
-    assert in_cluster == KubeConfig("https://10.0.0.1:443", str(tok), str(tmp_path / "ca.crt"))
-    v6 = kube_config(environ={"KUBERNETES_SERVICE_HOST": "fd00::1"}, sa_dir=tmp_path)
-    assert v6.api_url == "https://[fd00::1]:443"
-
-
-def test_unreadable_token_is_an_api_error(tmp_path: Path) -> None:
-    api = KubeNodeApi(KubeConfig("http://127.0.0.1:9", str(tmp_path / "gone"), None))
-    with pytest.raises(KubeApiError):
-        api.get_node("x")
 
 
 def test_fake_rejects_non_patch_content_type() -> None:

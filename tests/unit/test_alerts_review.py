@@ -247,14 +247,15 @@ class _Clock:
 def _cordon_service(api: Any, tmp_path: Any, clock: _Clock, sink: Any = None, **kw: Any) -> Any:
     from prometheus_client import CollectorRegistry
 
-    from consumers.alerts.cordon import Cordoner, KubeConfig, KubeNodeApi
+    from consumers.alerts.cordon import Cordoner, KubeNodeApi
     from consumers.alerts.service import AlertsService, ListSink
+    from gpupipe.kube import KubeClient, KubeConfig
 
     token = tmp_path / "token"
     token.write_text("tok")
     holder: dict[str, Any] = {}
     cordoner = Cordoner(
-        KubeNodeApi(KubeConfig(api.url, str(token), None), timeout_s=2),
+        KubeNodeApi(KubeClient(KubeConfig(api.url, str(token), None), timeout_s=2)),
         dry_run=False,
         max_per_hour=kw.pop("limit", 2),
         on_result=lambda r: holder["svc"].on_cordon_result(r),

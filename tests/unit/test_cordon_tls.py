@@ -1,4 +1,4 @@
-"""Issue 12: the cordon path verifies the Kubernetes API server's certificate against its CA.
+"""The cordon path verifies the Kubernetes API server's certificate against its CA.
 
 The fake API server (tests/k8s_api_fake.py) is served over real TLS with a throw-away CA: with
 `--kube-ca-file` (or the service account's ca.crt) the call goes through; with a CA that did not sign
@@ -12,9 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from consumers.alerts.cordon import KubeApiError, KubeNodeApi, kube_config
+from consumers.alerts.cordon import KubeNodeApi
+from gpupipe.kube import KubeApiError, KubeClient, kube_config
 from tests.integration.test_metrics_tls_auth import make_certs
 from tests.k8s_api_fake import FakeKubeApi
+
+
+def nodes(url: str, token: Path, ca: Path | None = None) -> KubeNodeApi:
+    cfg = kube_config(url, str(token), str(ca) if ca else None, needed_by="--cordon")
+    return KubeNodeApi(KubeClient(cfg))
 
 
 @pytest.fixture
@@ -31,7 +37,7 @@ def tls_api(tmp_path: Path) -> tuple[FakeKubeApi, str, Path, Path]:
 
 def test_the_api_server_certificate_is_checked_against_the_given_ca(tls_api: tuple) -> None:
     api, url, ca, token = tls_api
-    node = KubeNodeApi(kube_config(url, str(token), str(ca))).get_node("gpu-node-1")
+    node = nodes(url, token, ca).get_node("gpu-node-1")
     assert node["metadata"]["name"] == "gpu-node-1"
     assert api.requests[-1].headers["authorization"] == "Bearer t0ken"
 
@@ -44,7 +50,7 @@ def test_an_api_server_signed_by_another_ca_is_refused_before_the_token_is_sent(
     other_dir.mkdir()
     other_ca, _, _ = make_certs(other_dir)
     with pytest.raises(KubeApiError, match="CERTIFICATE_VERIFY_FAILED"):
-        KubeNodeApi(kube_config(url, str(token), str(other_ca))).get_node("gpu-node-1")
+        nodes(url, token, other_ca).get_node("gpu-node-1")
     with pytest.raises(KubeApiError, match="CERTIFICATE_VERIFY_FAILED"):  # system CAs do not know it either
-        KubeNodeApi(kube_config(url, str(token))).get_node("gpu-node-1")
+        nodes(url, token).get_node("gpu-node-1")
     assert api.requests == []

@@ -11,7 +11,6 @@ from consumers.metrics.collectors_csv import all_counters, default_counters, par
 from consumers.metrics.render import (
     Renderer,
     RenderOptions,
-    bus_id_nvml_form,
     escape_help,
     escape_label_value,
 )
@@ -407,15 +406,6 @@ def test_fast_path_matches_reference_path():
                 rec[src] = rng.random() * (1e10 if kind == 1 else 2)
         fast = r._render_fast(rec, view)
         assert fast == r._render_checked(rec, view, {})
-
-
-def test_bus_id_forms():
-    assert bus_id_nvml_form("0000:3b:00") == "00000000:3B:00.0"
-    assert bus_id_nvml_form("0000:3b:00.1") == "00000000:3B:00.1"
-    assert bus_id_nvml_form("00000000:3B:00.0") == "00000000:3B:00.0"
-    assert bus_id_nvml_form("3b:00.0") == "00000000:3B:00.0"
-    assert bus_id_nvml_form("garbage") == "garbage"
-    assert bus_id_nvml_form("") == ""
 
 
 def test_default_counters_render_every_default_family():

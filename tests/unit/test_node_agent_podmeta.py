@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from gpupipe.cli import build_parser
+from gpupipe.kube import KubeClient, KubeConfig
 from producer.node_agent import config_from_args
 from producer.podmeta.extras import AllocationExtras
 from producer.podmeta.hpc_jobs import HpcJobMap, mapping_key, parse_job_file, read_mapping_dir
@@ -57,7 +58,7 @@ def test_owner_labels_hpc_jobs_in_samples_and_xids_and_api_outage(tmp_path: Path
     (jobs / "README").write_text("ignored\n")
     with FakePodApi() as api, FakeKubelet(combined_fixture()) as kubelet:
         cluster(api)
-        watcher = PodMetadataWatcher(api.url, NODE, watch_timeout_s=30)
+        watcher = PodMetadataWatcher(KubeClient(KubeConfig(api.url, None, None)), NODE, watch_timeout_s=30)
         extras = AllocationExtras(watcher, ("team", "project"), HpcJobMap(str(jobs), refresh_s=0.0))
         cfg = config(tmp_path, kubelet_socket=kubelet.socket_path, kmsg_path=str(kmsg), extras=extras)
         with running_agent(cfg, pub, fake) as ra:

@@ -1,5 +1,5 @@
 """Pure parts of the NVML source: unit conversions and the garbage policy, MIG profile names,
-PCI bus ids, field-value unions. No NVML, no fake."""
+field-value unions. No NVML, no fake."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import pynvml
 import pytest
 
 from producer.nvml import convert
-from producer.nvml.identity import normalize_pci_bus_id
 from producer.nvml.mig import MigProfile, parse_mig_profile, slice_fraction
 
 NAN = float("nan")
@@ -116,22 +115,6 @@ def test_slice_fraction():
     assert slice_fraction(4, 4) == 1.0  # A30
     assert slice_fraction(3, 0) == pytest.approx(3 / 7)  # unknown maximum: 7 slices
     assert slice_fraction(9, 7) == 1.0
-
-
-@pytest.mark.parametrize(
-    ("bus_id", "expected"),
-    [
-        ("00000000:3B:00.0", "0000:3b:00"),  # NVML
-        ("0000:3b:00", "0000:3b:00"),  # kernel log
-        ("PCI:0000:3b:00", "0000:3b:00"),
-        ("3b:00.0", "0000:3b:00"),
-        ("00000001:C3:00.0", "0001:c3:00"),
-        ("not a bus id", None),
-        ("00010000:3B:00.0", None),
-    ],
-)
-def test_normalize_pci_bus_id(bus_id, expected):
-    assert normalize_pci_bus_id(bus_id) == expected
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from typing import Any
 import pynvml
 import pytest
 
+from gpupipe import pci
 from gpupipe.errors import ConfigError, GpupipeError
 from producer.nvml import (
     GpuRef,
@@ -24,7 +25,6 @@ from producer.nvml import (
     NvmlSourceError,
     SourceHooks,
     gpu_lost_xid_event,
-    normalize_pci_bus_id,
 )
 from producer.nvml.records import METRIC_FIELDS, SAMPLE_FIELDS
 from schemas.codec import AvroCodec
@@ -737,7 +737,7 @@ def test_bus_id_map_for_kernel_log_attribution():
     fake, src, _clock, _ = make()
     m = src.bus_id_map()
     assert len(m) == 8
-    ref = m[normalize_pci_bus_id("PCI:0000:c3:00")]
+    ref = m[pci.device_key("PCI:0000:c3:00")]
     assert ref.gpu_index == 5 and ref.uuid == fake.gpus[5].uuid
     assert ref.pci_bus_id == "00000000:C3:00.0" and ref.driver_version == "570.124.06"
     assert [g.gpu_index for g in src.gpus()] == list(range(8))

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from gpupipe.kube import KubeClient, KubeConfig
 from producer.podmeta.kube_watch import PodMetadataWatcher
 from producer.podmeta.owners import annotate, object_path, plural
 from tests.k8s_pods_fake import FakePodApi
@@ -50,7 +51,7 @@ def api() -> Iterator[FakePodApi]:
 def watcher(api: FakePodApi, tmp_path) -> Iterator[PodMetadataWatcher]:
     token = tmp_path / "token"
     token.write_text("tok\n")
-    w = PodMetadataWatcher(api.url, NODE, token_file=str(token), watch_timeout_s=30)
+    w = PodMetadataWatcher(KubeClient(KubeConfig(api.url, str(token), None)), NODE, watch_timeout_s=30)
     w.start()
     try:
         assert w.synced.wait(10)
@@ -106,7 +107,7 @@ def test_watch_follows_changes_and_relists_after_410(api: FakePodApi, watcher: P
 def test_http_410_on_watch_relists(tmp_path) -> None:
     with FakePodApi(gone_as_http=True) as api:
         populate(api)
-        w = PodMetadataWatcher(api.url, NODE, watch_timeout_s=30)
+        w = PodMetadataWatcher(KubeClient(KubeConfig(api.url, None, None)), NODE, watch_timeout_s=30)
         w.start()
         try:
             assert w.synced.wait(10)

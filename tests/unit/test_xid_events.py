@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from gpupipe import pci
 from producer.kubelet.mapping import AllocationMap, build_allocation_map, pod_resources_from_dict
-from producer.nvml.identity import normalize_pci_bus_id
 from producer.nvml.records import GpuRef
 from producer.xid.kmsg_parse import FallenOffBus, KernelXid, KmsgParser, parse_line
 from producer.xid.xid_merge import XidMerger
@@ -49,7 +49,7 @@ def ctx(amap: AllocationMap | None = None) -> XidContext:
             load_fixture("mig_mixed")
         )
         amap = build_allocation_map(pods)
-    bus_map = {normalize_pci_bus_id(g.pci_bus_id): g for g in (GPU0, GPU1)}
+    bus_map = {pci.device_key(g.pci_bus_id): g for g in (GPU0, GPU1)}
 
     def mig_lookup(uuid: str, gi: int | None, ci: int | None) -> str | None:
         return {("GPU-parent", 5): ALICE, ("GPU-parent", 6): BOB}.get((uuid, gi))
@@ -205,7 +205,7 @@ def test_fallen_off_bus_from_the_real_multiline_report() -> None:
     fallen = [e for e in events if isinstance(e, FallenOffBus)]
     assert fallen
     gpu = GpuRef(3, "GPU-b3", "00000000:B3:00.0", "NVIDIA H100", "570.1")
-    c = XidContext("node-1", {normalize_pci_bus_id(gpu.pci_bus_id): gpu}, AllocationMap.empty())
+    c = XidContext("node-1", {pci.device_key(gpu.pci_bus_id): gpu}, AllocationMap.empty())
     ev = fallen_off_bus_event(fallen[0], 42, c)
     assert (ev["kind"], ev["xid"], ev["uuid"], ev["gpu_index"], ev["source"]) == (
         "fallen_off_bus",

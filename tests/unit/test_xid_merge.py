@@ -7,56 +7,7 @@ from typing import Any
 import pytest
 
 from producer.xid.kmsg_parse import KernelXid, parse_line, to_json_dict
-from producer.xid.xid_merge import NVML_NO_INSTANCE, XidMerger, normalize_pci_bus_id
-
-
-@pytest.mark.parametrize(
-    ("given", "expected"),
-    [
-        ("00000000:3B:00.0", "0000:3b:00.0"),  # NVML
-        ("0000:3b:00", "0000:3b:00.0"),  # kmsg Xid line
-        ("PCI:0000:3b:00", "0000:3b:00.0"),
-        ("pci:0000:3B:00", "0000:3b:00.0"),
-        ("0000:05:00.0", "0000:05:00.0"),  # kmsg SXid line
-        ("3b:00.0", "0000:3b:00.0"),  # lspci
-        ("0009:01:00", "0009:01:00.0"),
-        ("00000009:01:00.0", "0009:01:00.0"),
-        ("0000:10:1c", "0000:10:1c.0"),
-        ("  0000:3b:00.3\n", "0000:3b:00.3"),
-        ("10000:01:00.0", "10000:01:00.0"),  # domains above 0xffff keep their digits
-    ],
-)
-def test_normalize_pci_bus_id(given: str, expected: str) -> None:
-    assert normalize_pci_bus_id(given) == expected
-
-
-@pytest.mark.parametrize(
-    "bad",
-    [
-        "",
-        "3b",
-        "0000:3b",
-        "zz:00.0",
-        "0000:3b:00.8",
-        "0000:3b:20.0",
-        "0000:3b:00.0.1",
-        "0000:-1:00",
-        "0000:3b:0_0",
-        "0:1:2:3",
-        "000000000:3b:00.0",
-        "0000:3bb:00.0",
-        "0000::00",
-    ],
-)
-def test_normalize_rejects(bad: str) -> None:
-    with pytest.raises(ValueError):
-        normalize_pci_bus_id(bad)
-
-
-def test_kmsg_and_nvml_forms_compare_equal() -> None:
-    assert normalize_pci_bus_id("0000:3b:00") == normalize_pci_bus_id("00000000:3B:00.0")
-    assert normalize_pci_bus_id("0000:3b:00") != normalize_pci_bus_id("00000000:3C:00.0")
-
+from producer.xid.xid_merge import NVML_NO_INSTANCE, XidMerger
 
 NVML: dict[str, Any] = {
     "uuid": "GPU-3b6ec030-5adc-1847-e155-79f635584b4e",
