@@ -32,11 +32,16 @@ from typing import Any
 import yaml
 
 from gpupipe.errors import ConfigError
-from schemas.meaning import PSEUDO_NAMESPACES
 
 
 class TeamMapError(ConfigError):
     """The namespace-to-team mapping file is missing or malformed; the message names the entry."""
+
+
+def _pseudo(namespace: str) -> bool:
+    """A pipeline pseudo-namespace (``__unallocated__`` and its kin, schemas.meaning): never a team's.
+    Kubernetes namespace names are DNS labels and cannot hold ``_``, so the form alone decides."""
+    return namespace.startswith("__") and namespace.endswith("__")
 
 
 _RULE_KEYS = frozenset({"namespace", "team"})
@@ -59,7 +64,7 @@ class TeamMap:
         does (or for a pseudo-namespace)."""
         if not labels or not self.has_label_rules:
             return self._match_namespace(namespace)
-        if namespace in PSEUDO_NAMESPACES:
+        if _pseudo(namespace):
             return None
         for key, pattern, team in self.ordered or tuple((None, p, t) for p, t in self.rules):
             value = namespace if key is None else labels.get(key)
@@ -71,7 +76,7 @@ class TeamMap:
         if namespace in self._cache:
             return self._cache[namespace]
         hit = None
-        if namespace not in PSEUDO_NAMESPACES:
+        if not _pseudo(namespace):
             for key, pattern, team in self.ordered or tuple((None, p, t) for p, t in self.rules):
                 if key is None and fnmatchcase(namespace, pattern):
                     hit = team
