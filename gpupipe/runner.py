@@ -69,6 +69,17 @@ class ServiceSpec:
     kafka: KafkaNeeds | None = None
     extra_routes: Mapping[str, Route] = field(default_factory=dict)
 
+    @classmethod
+    def from_args(cls, name: str, args: Any, kafka: KafkaNeeds | None = None, **over: Any) -> ServiceSpec:
+        """The spec from the flags every service has (--listen, --web-config-file, the two timeouts)."""
+        given = {
+            "listen": args.listen,
+            "web_config_file": args.web_config_file,
+            "startup_timeout_ms": args.startup_timeout,
+            "shutdown_timeout_ms": args.shutdown_timeout,
+        }
+        return cls(name=name, kafka=kafka, **{**given, **over})
+
 
 def routes_of(service: Any) -> dict[str, Route]:
     """The service's own routes, else ``/metrics`` of its prometheus_client registry."""

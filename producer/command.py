@@ -209,13 +209,7 @@ def run(args: argparse.Namespace) -> int:
     # Otherwise a service: wait for ever (503 on /healthz meanwhile), whatever starts first.
     startup_ms = (10_000 if args.duration else 0) if args.startup_timeout is None else args.startup_timeout
     producer = ProducerRun(args)
-    spec = ServiceSpec(
-        name="producer",
-        listen=args.listen,
-        web_config_file=args.web_config_file,
-        startup_timeout_ms=startup_ms,
-        shutdown_timeout_ms=args.shutdown_timeout,
-    )
+    spec = ServiceSpec.from_args("producer", args, startup_timeout_ms=startup_ms)
     run_service(spec, producer.build)
     producer.raise_outcome()
     return 0

@@ -427,13 +427,10 @@ def run(args: argparse.Namespace) -> int:
     if args.cordon and not args.dry_run:
         kube.config_from_args(args, needed_by="--cordon", otherwise="or use --dry-run")
     needed = [topics.XID, topics.ALERTS, topics.DEADLETTER] + ([topics.SAMPLES] * args.health_signals)
-    spec = ServiceSpec(
-        name="alerts",
-        listen=args.listen,
-        web_config_file=args.web_config_file,
-        startup_timeout_ms=args.startup_timeout,
-        shutdown_timeout_ms=args.shutdown_timeout,
-        kafka=KafkaNeeds(
+    spec = ServiceSpec.from_args(
+        "alerts",
+        args,
+        KafkaNeeds(
             args.bootstrap_servers,
             topics.ALL if args.create_topics else needed,
             prefix=args.topic_prefix,

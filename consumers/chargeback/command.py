@@ -305,13 +305,10 @@ def run(args: argparse.Namespace) -> int:
     bases = [
         b for b, t in ((topics.SAMPLES, args.input_topic), (topics.CHARGEBACK, args.output_topic)) if not t
     ]
-    spec = ServiceSpec(
-        name="chargeback",
-        listen=args.listen,
-        web_config_file=args.web_config_file,
-        startup_timeout_ms=args.startup_timeout,
-        shutdown_timeout_ms=args.shutdown_timeout,
-        kafka=KafkaNeeds(
+    spec = ServiceSpec.from_args(
+        "chargeback",
+        args,
+        KafkaNeeds(
             args.bootstrap_servers,
             [*bases, topics.DEADLETTER],
             prefix=args.topic_prefix,

@@ -238,13 +238,10 @@ def config_from_args(args: argparse.Namespace) -> MetricsConfig:
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)  # config errors (CSV, flags) before any network
-    spec = ServiceSpec(
-        name="metrics",
-        listen=args.listen,
-        web_config_file=cfg.web_config,
-        startup_timeout_ms=args.startup_timeout,
-        shutdown_timeout_ms=args.shutdown_timeout,
-        kafka=KafkaNeeds(
+    spec = ServiceSpec.from_args(
+        "metrics",
+        args,
+        KafkaNeeds(
             cfg.bootstrap,
             topics.ALL if cfg.create_topics else [topics.SAMPLES, topics.XID, topics.DEADLETTER],
             prefix=cfg.topic_prefix,

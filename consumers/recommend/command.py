@@ -187,13 +187,10 @@ def run(args: argparse.Namespace) -> int:
     teams = load_team_map(args.teams) if args.teams else TeamMap()
     cfg = detector_config(args, prices.currency)  # config errors before any network
     extra = parse_kafka_overrides(args.kafka_config)
-    spec = ServiceSpec(
-        name="recommend",
-        listen=args.listen,
-        web_config_file=args.web_config_file,
-        startup_timeout_ms=args.startup_timeout,
-        shutdown_timeout_ms=args.shutdown_timeout,
-        kafka=KafkaNeeds(
+    spec = ServiceSpec.from_args(
+        "recommend",
+        args,
+        KafkaNeeds(
             args.bootstrap_servers,
             topics.ALL if args.create_topics else [topics.SAMPLES, topics.RECOMMENDATIONS, topics.DEADLETTER],
             prefix=args.topic_prefix,
