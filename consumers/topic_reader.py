@@ -1,23 +1,21 @@
 """Read one record type of a gpupipe topic up to its end as of now, without a consumer group.
 
-For reports and for services that restore state at start: every partition from the oldest retained
-offset (or from the first offset at or after ``since_ms`` by record timestamp) up to the end offsets
-seen when the read began, read_committed. Never commits, so it moves no one's offsets.
+The floor's :func:`gpupipe.kafka_replay.iter_messages` does the Kafka side (from the oldest retained
+offset or from ``since_ms``, read_committed, never committing); this adds the contract: decoding, and
+keeping only the record type asked for.
 """
 
 from __future__ import annotations
 
-import time
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
-
-from gpupipe.errors import ConfigError, GpupipeError
-from gpupipe.kafka_admin import client_config
+from gpupipe.kafka_replay import iter_messages
 from schemas.codec import AvroCodec
 from schemas.errors import DecodeError
+
+#: The private, never committing group of the readers that name none (the ACL table grants it).
+READ_GROUP_PREFIX = "gpupipe-read-"
 
 
 def iter_topic(
@@ -32,90 +30,31 @@ def iter_topic(
     missing_ok: bool = False,
     missing_hint: str = "check --topic-prefix and that its writer ran",
     on_bad: Callable[[str], None] | None = None,
-    group_prefix: str = "gpupipe-read-",
+    group_prefix: str = READ_GROUP_PREFIX,
 ) -> Iterator[tuple[dict[str, Any], int]]:
     """(record, Kafka timestamp) of every committed ``record_name`` record of ``topic``, per
-    partition in offset order, up to the end offsets seen when the read began.
-
-    ``since_ms``: each partition starts at the first offset whose timestamp is at or after it (a
-    partition with nothing that recent is skipped). ``group_prefix`` names the private, never
-    committing group (the ACL table grants it by prefix).
-    """
-    consumer = Consumer(
-        client_config(
-            bootstrap,
-            extra,
-            **{
-                "group.id": f"{group_prefix}{uuid.uuid4()}",
-                "enable.auto.commit": False,
-                "enable.auto.offset.store": False,
-                "isolation.level": "read_committed",
-                "enable.partition.eof": True,
-                "auto.offset.reset": "earliest",
-            },
-        )
-    )
-    try:
-        tmd = consumer.list_topics(topic, timeout=10).topics.get(topic)
-        if tmd is None or tmd.error is not None:
-            if missing_ok:
-                return
-            raise ConfigError(f"topic {topic} does not exist ({missing_hint})")
-        ends: dict[int, int] = {}
-        starts: dict[int, int] = {}
-        for part in sorted(tmd.partitions):
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, part), timeout=10)
-            if high > low:
-                ends[part] = high
-                starts[part] = OFFSET_BEGINNING
-        if since_ms is not None and ends:
-            wanted = [TopicPartition(topic, p, since_ms) for p in sorted(ends)]
-            for tp in consumer.offsets_for_times(wanted, timeout=10):
-                if tp.error is None and tp.offset >= 0:
-                    starts[tp.partition] = tp.offset
-                elif tp.error is None:  # nothing that recent: the range is empty here
-                    starts[tp.partition] = ends[tp.partition]
-        pending = {p for p in ends if starts[p] == OFFSET_BEGINNING or starts[p] < ends[p]}
-        if not pending:
-            return
-        consumer.assign([TopicPartition(topic, p, starts[p]) for p in sorted(pending)])
-        deadline = time.monotonic() + timeout_s
-        decode = codec.decode
-        while pending:
-            if time.monotonic() > deadline:
-                where = ", ".join(f"[{p}] (end {ends[p]})" for p in sorted(pending))
-                raise GpupipeError(
-                    f"timed out after {timeout_s:g}s reading {topic} partitions {where}: an open "
-                    "transaction (of a crashed writer) holds read_committed readers until the writer "
-                    "restarts or the transaction times out; retry, or raise --timeout"
+    partition in offset order; an undecodable record is passed to ``on_bad`` and skipped."""
+    decode = codec.decode
+    for msg in iter_messages(
+        bootstrap,
+        topic,
+        since_ms=since_ms,
+        extra=extra,
+        timeout_s=timeout_s,
+        missing_ok=missing_ok,
+        missing_hint=missing_hint,
+        group_prefix=group_prefix,
+    ):
+        try:
+            d = decode(msg.value())
+        except DecodeError as exc:
+            if on_bad:
+                on_bad(
+                    f"{topic}[{msg.partition()}]@{msg.offset()}: not a {record_name} record ({exc.reason})"
                 )
-            for msg in consumer.consume(1000, 0.5):
-                err = msg.error()
-                part = msg.partition()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        if msg.offset() >= ends.get(part, 0):
-                            pending.discard(part)
-                    elif err.fatal():
-                        raise GpupipeError(f"reading {topic}: {err.str()}")
-                    continue
-                if part not in ends or msg.offset() >= ends[part]:
-                    pending.discard(part)
-                    continue
-                try:
-                    d = decode(msg.value())
-                except DecodeError as exc:
-                    if on_bad:
-                        on_bad(f"{topic}[{part}]@{msg.offset()}: not a {record_name} record ({exc.reason})")
-                    continue
-                if d.name == record_name:
-                    yield d.record, msg.timestamp()[1]
-                if msg.offset() + 1 >= ends[part]:
-                    pending.discard(part)
-    except KafkaException as exc:
-        raise GpupipeError(f"reading {topic}: {exc.args[0].str()}") from exc
-    finally:
-        consumer.close()
+            continue
+        if d.name == record_name:
+            yield d.record, msg.timestamp()[1]
 
 
 def read_topic(
@@ -129,6 +68,7 @@ def read_topic(
     timeout_s: float = 60.0,
     missing_ok: bool = False,
     on_bad: Callable[[str], None] | None = None,
+    group_prefix: str = READ_GROUP_PREFIX,
 ) -> list[dict[str, Any]]:
     """Decoded ``record_name`` records of ``topic`` (per partition in offset order), as a list."""
     return [
@@ -143,5 +83,6 @@ def read_topic(
             timeout_s=timeout_s,
             missing_ok=missing_ok,
             on_bad=on_bad,
+            group_prefix=group_prefix,
         )
     ]

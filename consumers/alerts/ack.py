@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from consumers.alerts.alert_record import action_record
-from consumers.alerts.service import KafkaAlertSink, restore_from_topic
+from consumers.alerts.service import kafka_alert_sink, restore_from_topic
 from gpupipe.errors import ConfigError
 from schemas.codec import AvroCodec
 
@@ -67,7 +67,7 @@ def publish_ack(
     if latest["status"] != "firing":
         raise ConfigError(f"alert {alert_id} is already resolved ({latest.get('resolve_reason')})")
     rec = ack_record(latest, note, getpass.getuser(), int(time.time() * 1000))
-    sink = KafkaAlertSink(bootstrap, topic, codec, extra)
+    sink = kafka_alert_sink(bootstrap, topic, codec, extra)
     sink.send(rec)
     sink.flush(30.0)
     return rec

@@ -24,7 +24,7 @@ from consumers.alerts.cordon import HOUR_MS, Cordoner, KubeNodeApi
 from consumers.alerts.dedupe import EngineConfig
 from consumers.alerts.health_signals import HealthConfig
 from consumers.alerts.leader import LeaderElector
-from consumers.alerts.service import AlertsService, KafkaAlertSink, restore_from_topic
+from consumers.alerts.service import AlertsService, kafka_alert_sink, restore_from_topic
 from consumers.consume_loop import ConsumeLoop
 from gpupipe import kube, startup, topics
 from gpupipe.alertmanager import AlertmanagerFanout, AlertmanagerMetrics, AlertmanagerSender
@@ -279,7 +279,7 @@ class AlertsApp:
                 max_share=args.cordon_max_share,
                 uncordon=args.uncordon,
             )
-        sink = KafkaAlertSink(args.bootstrap_servers, self.alerts_topic, codec, extra)
+        sink = kafka_alert_sink(args.bootstrap_servers, self.alerts_topic, codec, extra)
         self.service = AlertsService(
             sink=sink,
             engine_config=engine_cfg,

@@ -42,11 +42,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -58,16 +56,18 @@ from consumers.alerts.evidence_memory import evidence_record
 from consumers.alerts.health_signals import LEVEL_SIGNALS, HealthConfig, HealthTracker, InvalidRecord
 from consumers.alerts.recovery_policy import sample_healthy
 from consumers.consume_loop import InRecord
-from gpupipe.errors import GpupipeError
-from gpupipe.kafka_admin import client_config
+from consumers.topic_reader import read_topic
+from gpupipe.kafka_sink import KeyedSink
 from gpupipe.kube import KubeApiError
 from gpupipe.logs import fields
 from schemas.codec import AvroCodec
-from schemas.errors import DecodeError
 
-__all__ = ["AlertSink", "AlertsService", "KafkaAlertSink", "ListSink", "restore_from_topic"]
+__all__ = ["AlertSink", "AlertsService", "ListSink", "kafka_alert_sink", "restore_from_topic"]
 
 log = logging.getLogger("gpupipe.alerts")
+
+#: The private group of the restore read (the ACL table grants it by prefix).
+RESTORE_GROUP_PREFIX = "gpupipe-alerts-restore-"
 
 
 class AlertSink(Protocol):
@@ -90,71 +90,19 @@ class ListSink:
         return None
 
 
-class KafkaAlertSink:
-    """GpuAlert records to the alerts topic, keyed by alert id, idempotent producer."""
-
-    def __init__(
-        self, bootstrap: str, topic: str, codec: AvroCodec, extra: dict[str, str] | None = None
-    ) -> None:
-        self.topic = topic
-        self._encode = codec.encoder("GpuAlert", topic).encode
-        self.failed = 0
-        self.sent = 0
-        #: With --ha: the leader elector's ``fenced``; once True, records are dropped, not published
-        #: (the new leader owns the alerts and replays the input from the committed offsets).
-        self.fence: Callable[[], bool] | None = None
-        self.fenced_drops = 0
-        self._producer = Producer(
-            client_config(
-                bootstrap,
-                extra,
-                **{
-                    "enable.idempotence": True,
-                    "acks": "all",
-                    "linger.ms": 5,
-                    "compression.type": "zstd",
-                },
-            )
-        )
-
-    def _delivered(self, err: Any, msg: Any) -> None:
-        if err is not None:
-            self.failed += 1
-            log.error("alert record not delivered", extra=fields(topic=self.topic, error=str(err)))
-        else:
-            self.sent += 1
-
-    def send(self, record: dict[str, Any]) -> None:
-        if self.fence is not None and self.fence():
-            if not self.fenced_drops:
-                log.warning(
-                    "leadership lost: alert records no longer published", extra=fields(topic=self.topic)
-                )
-            self.fenced_drops += 1
-            return
-        value = self._encode(record)
-        key = record["alert_id"].encode()
-        while True:
-            try:
-                self._producer.produce(self.topic, value, key, on_delivery=self._delivered)
-                break
-            except BufferError:
-                self._producer.poll(0.05)
-        self._producer.poll(0)
-
-    def flush(self, timeout_s: float = 30.0) -> None:
-        before = self.failed
-        left = self._producer.flush(timeout_s)
-        while left and self.failed == before:
-            # Undelivered but not failed: the broker is away (an outage passes). Wait for it: the
-            # input is not committed until this returns, so nothing is lost and nothing sent twice.
-            log.warning("alert records waiting for the broker", extra=fields(topic=self.topic, left=left))
-            left = self._producer.flush(timeout_s)
-        if left or self.failed != before:
-            raise GpupipeError(
-                f"{left} alert records not delivered within {timeout_s:g}s and {self.failed - before} "
-                "failed: stopping so that the input is replayed after a restart"
-            )
+def kafka_alert_sink(
+    bootstrap: str, topic: str, codec: AvroCodec, extra: dict[str, str] | None = None
+) -> KeyedSink:
+    """GpuAlert records to the alerts topic, keyed by alert id (the floor's outage-tolerant sink)."""
+    return KeyedSink(
+        bootstrap,
+        topic,
+        codec.encoder("GpuAlert", topic).encode,
+        lambda rec: rec["alert_id"].encode(),
+        what="alert records",
+        extra=extra,
+        log=log,
+    )
 
 
 def restore_from_topic(
@@ -166,60 +114,20 @@ def restore_from_topic(
     timeout_s: float = 60.0,
     now_ms: int | None = None,
 ) -> list[dict[str, Any]]:
-    """GpuAlert records of ``topic`` from ``now - lookback_ms`` up to the end as of now, oldest first."""
+    """GpuAlert records of ``topic`` from ``now - lookback_ms`` up to the end as of now, oldest first
+    (a topic not created yet holds none)."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    c = Consumer(
-        client_config(
-            bootstrap,
-            extra,
-            **{
-                "group.id": f"gpupipe-alerts-restore-{uuid.uuid4()}",
-                "enable.auto.commit": False,
-                "isolation.level": "read_committed",
-                "enable.partition.eof": True,
-            },
-        )
+    out = read_topic(
+        bootstrap,
+        topic,
+        codec,
+        "GpuAlert",
+        since_ms=now_ms - lookback_ms,
+        extra=extra,
+        timeout_s=timeout_s,
+        missing_ok=True,
+        group_prefix=RESTORE_GROUP_PREFIX,
     )
-    out: list[dict[str, Any]] = []
-    try:
-        md = c.list_topics(topic, timeout=timeout_s).topics.get(topic)
-        if md is None or md.error is not None or not md.partitions:
-            return out
-        parts = [TopicPartition(topic, p, now_ms - lookback_ms) for p in sorted(md.partitions)]
-        starts = c.offsets_for_times(parts, timeout=timeout_s)
-        assign, ends = [], {}
-        for tp in starts:
-            _, high = c.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=timeout_s)
-            if tp.offset < 0 or tp.offset >= high:
-                continue  # nothing that recent in this partition
-            assign.append(TopicPartition(topic, tp.partition, tp.offset))
-            ends[tp.partition] = high
-        if not assign:
-            return out
-        c.assign(assign)
-        done: set[int] = set()
-        deadline = time.monotonic() + timeout_s
-        while len(done) < len(ends) and time.monotonic() < deadline:
-            for msg in c.consume(1000, 0.5):
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        done.add(msg.partition())
-                    continue
-                if msg.offset() + 1 >= ends[msg.partition()]:
-                    done.add(msg.partition())
-                try:
-                    d = codec.decode(msg.value())
-                except DecodeError:
-                    continue
-                if d.name == "GpuAlert":
-                    out.append(d.record)
-        if len(done) < len(ends):
-            raise GpupipeError(f"restoring alerts from {topic} did not finish within {timeout_s:g}s")
-    except KafkaException as exc:
-        raise GpupipeError(f"cannot restore alerts from {topic}: {exc.args[0].str()}") from exc
-    finally:
-        c.close()
     out.sort(key=lambda r: (r["emitted_at_ms"], r["sequence"]))
     return out
 

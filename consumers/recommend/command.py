@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from consumers.consume_loop import ConsumeLoop
 from consumers.recommend.detector import DetectorConfig, IdleDetector
 from consumers.recommend.rightsize import MIB, RightSizeConfig
-from consumers.recommend.service import KafkaRecommendationSink, RecommendService, am_shape
+from consumers.recommend.service import RecommendService, am_shape, kafka_recommendation_sink
 from consumers.topic_reader import read_topic
 from gpupipe import startup, topics
 from gpupipe.alertmanager import AlertmanagerFanout, AlertmanagerMetrics, AlertmanagerSender
@@ -230,7 +230,10 @@ def build(
         team_of=lambda ns, labels: teams.match(ns, labels),
     )
     service = RecommendService(
-        detector, KafkaRecommendationSink(args.bootstrap_servers, t_out, codec, extra), registry, alertmanager
+        detector,
+        kafka_recommendation_sink(args.bootstrap_servers, t_out, codec, extra),
+        registry,
+        alertmanager,
     )
     if args.restore_lookback:
         since = int(time.time() * 1000) - args.restore_lookback

@@ -14,7 +14,6 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from confluent_kafka import Producer
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -22,8 +21,7 @@ from prometheus_client.registry import Collector
 from consumers.consume_loop import InRecord, Rejected
 from consumers.recommend.detector import IdleDetector
 from gpupipe.alertmanager import AmState, iso_ms
-from gpupipe.errors import GpupipeError
-from gpupipe.kafka_admin import client_config
+from gpupipe.kafka_sink import KeyedSink
 from gpupipe.logs import fields
 from schemas.codec import AvroCodec
 
@@ -44,48 +42,20 @@ _SERIES_LABELS = (
 )
 
 
-class KafkaRecommendationSink:
-    """GpuRecommendation records to their topic, keyed by recommendation id."""
-
-    def __init__(
-        self, bootstrap: str, topic: str, codec: AvroCodec, extra: dict[str, str] | None = None
-    ) -> None:
-        self.topic = topic
-        self._encode = codec.encoder("GpuRecommendation", topic).encode
-        self.failed = 0
-        self.sent = 0
-        self._producer = Producer(
-            client_config(
-                bootstrap,
-                extra,
-                **{"enable.idempotence": True, "acks": "all", "linger.ms": 5, "compression.type": "zstd"},
-            )
-        )
-
-    def _delivered(self, err: Any, _msg: Any) -> None:
-        if err is not None:
-            self.failed += 1
-            log.error("recommendation not delivered", extra=fields(topic=self.topic, error=str(err)))
-        else:
-            self.sent += 1
-
-    def send(self, record: dict[str, Any]) -> None:
-        value = self._encode(record)
-        while True:
-            try:
-                self._producer.produce(
-                    self.topic, value, record["recommendation_id"].encode(), on_delivery=self._delivered
-                )
-                break
-            except BufferError:
-                self._producer.poll(0.05)
-        self._producer.poll(0)
-
-    def flush(self, timeout_s: float = 30.0) -> None:
-        before = self.failed
-        left = self._producer.flush(timeout_s)
-        if left or self.failed != before:
-            raise GpupipeError(f"{left} recommendation records not delivered within {timeout_s:g}s")
+def kafka_recommendation_sink(
+    bootstrap: str, topic: str, codec: AvroCodec, extra: dict[str, str] | None = None
+) -> KeyedSink:
+    """GpuRecommendation records to their topic, keyed by recommendation id; a broker outage is
+    waited out, as for alerts."""
+    return KeyedSink(
+        bootstrap,
+        topic,
+        codec.encoder("GpuRecommendation", topic).encode,
+        lambda rec: rec["recommendation_id"].encode(),
+        what="recommendation records",
+        extra=extra,
+        log=log,
+    )
 
 
 def am_shape(rec: dict[str, Any]) -> AmState:

@@ -54,7 +54,9 @@ def test_the_group_ids_match_what_the_services_use() -> None:
     from consumers.alerts import service as alerts_service
     from consumers.metrics import service as metrics_service
     from consumers.report import reader as report_command  # the report's Kafka reader
+    from gpupipe import kafka_replay
 
+    readers = {"gpupipe-read-": topic_reader.READ_GROUP_PREFIX}  # report idle and recommend
     for module, role in (
         (tail, "tail"),
         (report_command, "report"),
@@ -63,15 +65,16 @@ def test_the_group_ids_match_what_the_services_use() -> None:
     ):
         for prefix in acls.PRIVATE_GROUP_PREFIXES[role]:
             src = inspect.getsource(module)
-            if prefix == "gpupipe-read-":  # report idle and recommend read through consumers.topic_reader
-                src = inspect.getsource(topic_reader)
-                assert f'group_prefix: str = "{prefix}"' in src, (role, prefix)
+            if prefix in readers:
+                assert readers[prefix] == prefix, (role, prefix)
             elif module is report_command:  # the report reads through topic_reader with its own prefix
                 assert f'group_prefix="{prefix}"' in src, (role, prefix)
+            elif module is alerts_service:  # the restore reads through topic_reader too
+                assert prefix == alerts_service.RESTORE_GROUP_PREFIX
             else:
                 assert f'"group.id": f"{prefix}{{' in src, (role, prefix)
-    # topic_reader's group is the prefix it is given
-    assert '"group.id": f"{group_prefix}{uuid.uuid4()}"' in inspect.getsource(topic_reader)
+    # the floor's replay joins the group prefix it is given
+    assert '"group.id": f"{group_prefix}{uuid.uuid4()}"' in inspect.getsource(kafka_replay)
 
 
 def test_report_is_read_only_and_only_chargeback_and_recommendations() -> None:

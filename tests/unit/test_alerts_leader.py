@@ -22,7 +22,8 @@ from confluent_kafka import TopicPartition
 from consumers.alerts import leader as leader_mod
 from consumers.alerts.command import _fence
 from consumers.alerts.leader import LEASE_TOPIC, LeaderElector
-from consumers.alerts.service import KafkaAlertSink
+from consumers.alerts.service import kafka_alert_sink
+from gpupipe.kafka_sink import KeyedSink
 from schemas.codec import AvroCodec
 from tests.agent_harness import wait_for
 from tests.unit.test_alerts_record import _records
@@ -157,7 +158,7 @@ def test_the_fence_stops_the_service_and_the_sink_publishes_nothing_once_fenced(
 ) -> None:
     e, c, _ = elector
     lead(e, c)
-    sink = KafkaAlertSink("127.0.0.1:1", "t.gpu.alerts.v1", AvroCodec())
+    sink = kafka_alert_sink("127.0.0.1:1", "t.gpu.alerts.v1", AvroCodec())
     sink.fence = e.fenced
     stop = threading.Event()
     fence = threading.Thread(target=_fence, args=(e, stop), name="test-fence")
@@ -174,7 +175,7 @@ def test_the_fence_stops_the_service_and_the_sink_publishes_nothing_once_fenced(
         fence.join(5)
 
 
-def queued(sink: KafkaAlertSink, rec: dict[str, Any]) -> int:
+def queued(sink: KeyedSink, rec: dict[str, Any]) -> int:
     """How many records ``send`` handed to librdkafka: purged unsent (no broker here), each one's
     delivery report comes back as a failure."""
     before = sink.failed
