@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 from consumers.deadletter import deadletter_headers
 from gpupipe.kafka_admin import client_config
 from gpupipe.kafka_auth import KafkaAuthError, principal_of, runtime_denial
+from gpupipe.kafka_lag import lags
 from gpupipe.logs import fields
 from gpupipe.startup import process_start_ms, start_offsets
 from schemas.codec import AvroCodec
@@ -283,17 +284,8 @@ class ConsumeLoop:
 
     def _refresh_lag(self) -> None:
         self._lag_refreshed = time.monotonic()
-        out = {}
         with self._lock:
             positions = dict(self._positions)
-        for tp in list(self.assigned):
-            try:
-                _, high = self.consumer.get_watermark_offsets(TopicPartition(*tp), timeout=0.5, cached=True)
-            except Exception:
-                continue
-            pos = positions.get(tp)
-            if pos is None or high < 0:
-                continue
-            out[tp] = max(0, high - pos)
+        out = lags(self.consumer, {tp: positions.get(tp) for tp in list(self.assigned)})
         with self._lock:
             self._lag = out

@@ -61,6 +61,7 @@ from consumers.metrics.render import RenderOptions
 from consumers.metrics.store import InvalidRecord, SeriesStore
 from gpupipe import topics
 from gpupipe.kafka_admin import client_config, ensure_topics, wait_for_broker
+from gpupipe.kafka_lag import lags
 from gpupipe.logs import fields
 from gpupipe.startup import process_start_ms, start_offsets
 from gpupipe.web.server import HttpServer
@@ -515,16 +516,8 @@ class XidReader:
     def _refresh_lag(self) -> None:
         with self._lock:
             positions = dict(self._positions)
-        out: dict[int, int] = {}
-        for part, pos in positions.items():
-            try:
-                _, high = self.consumer.get_watermark_offsets(
-                    TopicPartition(self.topic, part), timeout=0.5, cached=True
-                )
-            except Exception:
-                continue
-            if high >= 0:
-                out[part] = max(0, high - pos)
+        found = lags(self.consumer, {(self.topic, part): pos for part, pos in positions.items()})
+        out = {part: lag for (_, part), lag in found.items()}
         with self._lock:
             self._lag = out
 
