@@ -36,11 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gpupipe.durations import format_iso_ms, parse_iso_ms
 from gpupipe.errors import ConfigError
 from gpupipe.prices import GpuPrice, PriceTable, PriceTableError, parse_price_table
+from gpupipe.yaml_file import load_yaml
 
 _CHANGE_KEYS = frozenset({"valid_from", "energy_per_kwh", "default_per_gpu_hour", "models"})
 FINGERPRINT_VERSIONS = 16
@@ -124,15 +123,7 @@ def parse_price_schedule(data: Any, source: str = "<prices>") -> PriceSchedule:
 
 def load_price_schedule(path: str | Path) -> PriceSchedule:
     """Read and validate a price file (fails at startup, never mid-stream)."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise PriceTableError(f"cannot read price table {path}: {exc.strerror or exc}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise PriceTableError(f"price table {path} is not valid YAML: {exc}") from exc
-    return parse_price_schedule(data, str(path))
+    return parse_price_schedule(load_yaml(path, "price table", PriceTableError), str(path))
 
 
 def table_digest(table: PriceTable) -> str:

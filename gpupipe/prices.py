@@ -23,9 +23,8 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gpupipe.errors import ConfigError
+from gpupipe.yaml_file import load_yaml
 
 
 class PriceTableError(ConfigError):
@@ -126,12 +125,4 @@ def parse_price_table(data: Any, source: str = "<prices>") -> PriceTable:
 
 def load_price_table(path: str | Path) -> PriceTable:
     """Read and validate a price table file (fails at startup, never mid-stream)."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise PriceTableError(f"cannot read price table {path}: {exc.strerror or exc}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise PriceTableError(f"price table {path} is not valid YAML: {exc}") from exc
-    return parse_price_table(data, str(path))
+    return parse_price_table(load_yaml(path, "price table", PriceTableError), str(path))

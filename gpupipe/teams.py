@@ -29,9 +29,8 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gpupipe.errors import ConfigError
+from gpupipe.yaml_file import load_yaml
 
 
 class TeamMapError(ConfigError):
@@ -122,12 +121,4 @@ def parse_team_map(data: Any, source: str = "<teams>") -> TeamMap:
 
 
 def load_team_map(path: str | Path) -> TeamMap:
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise TeamMapError(f"cannot read team mapping {path}: {exc.strerror or exc}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise TeamMapError(f"team mapping {path} is not valid YAML: {exc}") from exc
-    return parse_team_map(data, str(path))
+    return parse_team_map(load_yaml(path, "team mapping", TeamMapError), str(path))

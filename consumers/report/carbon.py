@@ -33,10 +33,9 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from consumers.report.chargeback_report import parse_time_ms
 from consumers.report.errors import ReportOptionError
+from gpupipe.yaml_file import load_yaml
 
 _KEYS = frozenset({"pue", "default_gco2e_per_kwh", "zones", "nodes", "series", "node_list", "zone_label"})
 ZONE_LABEL = "topology.kubernetes.io/zone"
@@ -172,13 +171,5 @@ def parse_carbon_config(data: Any, source: str = "<carbon>", base: Path | None =
 
 
 def load_carbon_config(path: str | Path) -> CarbonConfig:
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise CarbonConfigError(f"cannot read carbon config {path}: {exc.strerror or exc}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise CarbonConfigError(f"carbon config {path} is not valid YAML: {exc}") from exc
-    return parse_carbon_config(data, str(path), p.parent)
+    data = load_yaml(path, "carbon config", CarbonConfigError)
+    return parse_carbon_config(data, str(path), Path(path).parent)

@@ -51,6 +51,7 @@ from typing import Any
 from gpupipe.durations import parse_duration_ms
 from gpupipe.errors import ConfigError
 from gpupipe.logs import fields
+from gpupipe.yaml_file import load_yaml
 
 log = logging.getLogger("gpupipe.web")
 
@@ -164,13 +165,8 @@ class WebConfig:
 
 def load_web_config(path: str | Path) -> WebConfig:
     """Read an exporter-toolkit web-config YAML file; :class:`ConfigError` says what is wrong."""
-    import yaml
-
     p = Path(path)
-    try:
-        doc = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"web config {p}: {exc}") from exc
+    doc = load_yaml(p, "web config") or {}
     return parse_web_config(doc, base_dir=p.parent, source=str(p))
 
 

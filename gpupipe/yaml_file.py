@@ -1,0 +1,42 @@
+"""Read a YAML configuration file the operator wrote: every way it can be wrong is one line.
+
+The team map, the price tables, the carbon config and the web config are all read here, so a file
+that cannot be read, is not UTF-8 or is not YAML gets the same kind of message everywhere: the file,
+what it is meant to be, and where it broke, as a :class:`ConfigError` (exit 2, no traceback).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpupipe.errors import ConfigError
+
+__all__ = ["load_yaml"]
+
+
+def _where(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    if mark is None:
+        return problem
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+
+
+def load_yaml(path: str | Path, what: str, error: type[ConfigError] = ConfigError) -> Any:
+    """The document of ``path`` (``what`` names it in errors, e.g. "price table"); raises ``error``."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise error(f"cannot read {what} {path}: {exc.strerror or exc}") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise error(f"{what} {path} is not UTF-8 text (byte 0x{raw[exc.start]:02x} on line {line})") from exc
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise error(f"{what} {path} is not valid YAML: {_where(exc)}") from exc
