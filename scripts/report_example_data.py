@@ -7,11 +7,11 @@ test show what a real run would. Deterministic: same arguments, same records.
 
 from __future__ import annotations
 
+import zlib
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from consumers.chargeback.synthetic import partition_of
 from consumers.chargeback.windows import WindowEngine
 from gpupipe.prices import PriceTable, load_price_table
 from producer.simulated.fleet import FleetConfig, SimulatedFleet
@@ -54,7 +54,7 @@ def simulated_windows(
     for k in range(int(hours * 3_600_000 // interval_ms)):
         samples, _ = fleet.tick(start_ms + k * interval_ms)
         for s in samples:
-            p = partition_of(gpu_key(s), 3)
+            p = zlib.crc32(gpu_key(s).encode()) % 3  # spread as three input partitions would
             engine.add(s, p, offsets[p])
             offsets[p] += 1
         out += engine.poll_closed()

@@ -25,7 +25,6 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from consumers.chargeback.synthetic import blank_sample
 from gpupipe import topics
 from gpupipe.kafka_admin import ensure_topics
 from producer.simulated.fleet import FleetConfig, SimulatedFleet
@@ -42,6 +41,7 @@ from tests.integration.chargeback_util import (
     wait_log,
     window_keys,
 )
+from tests.synthetic_fleet import blank_sample
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from consumers.chargeback.synthetic import blank_sample
 from gpupipe import topics
 from gpupipe.kafka_admin import ensure_topics
 from schemas.codec import AvroCodec
@@ -30,6 +29,7 @@ from tests.integration.chargeback_util import (
     totals,
     wait_log,
 )
+from tests.synthetic_fleet import blank_sample
 
 pytestmark = pytest.mark.integration
 

@@ -20,7 +20,7 @@ from consumers.chargeback.accounting import (
     pod_shares,
 )
 from consumers.chargeback.errors import ChargebackConfigError
-from consumers.chargeback.synthetic import blank_sample
+from tests.synthetic_fleet import blank_sample
 
 CFG = AccountingConfig()  # default interval 10 s, max gap 2.5 x interval
 T0 = 1_767_225_600_000

@@ -9,12 +9,12 @@ import pytest
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
 from consumers.chargeback.engine import projected_sample_schema
-from consumers.chargeback.synthetic import FleetSpec, blank_sample, generate_fleet
 from producer.simulated.fleet import FleetConfig, SimulatedFleet
 from schemas import catalog
 from schemas.codec import SINGLE_OBJECT_MAGIC, AvroCodec
 from schemas.errors import DecodeError
 from schemas.fastdecode import SampleDecoder, build_fast_decoder
+from tests.synthetic_fleet import FleetSpec, blank_sample, generate_fleet
 
 CURRENT = catalog.current("GpuSample")
 PROJECTED = projected_sample_schema(CURRENT.raw)

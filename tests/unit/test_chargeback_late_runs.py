@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from consumers.chargeback.synthetic import FleetRecord, FleetSpec, generate_fleet
 from consumers.chargeback.windows import WindowEngine
 from consumers.report.chargeback_report import build_report
 from consumers.report.reader import Deduplicator, deduplicated
+from tests.synthetic_fleet import FleetRecord, FleetSpec, generate_fleet
 from tests.unit.test_chargeback_windows import Cluster, engine
 
 H = 3_600_000

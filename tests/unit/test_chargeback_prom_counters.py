@@ -69,10 +69,10 @@ def test_prime_creates_series_at_zero_once_and_maps_teams():
 
 
 def test_engine_lists_the_rows_of_open_windows():
-    from consumers.chargeback.synthetic import partition_of
     from consumers.chargeback.windows import WindowEngine
     from producer.simulated.fleet import FleetConfig, SimulatedFleet
     from schemas.meaning import gpu_key
+    from tests.synthetic_fleet import partition_of
 
     fleet = SimulatedFleet(FleetConfig(nodes=2, gpus_per_node=8, seed=11, interval_ms=60_000))
     engine = WindowEngine()

@@ -14,10 +14,10 @@ from consumers.chargeback.engine import (
     projected_sample_schema,
 )
 from consumers.chargeback.errors import ChargebackConfigError
-from consumers.chargeback.synthetic import FleetSpec, generate_fleet
 from gpupipe.prices import parse_price_table
 from schemas import catalog
 from schemas.codec import AvroCodec
+from tests.synthetic_fleet import FleetSpec, generate_fleet
 
 SCHEMAS = Path(catalog.__file__).resolve().parent
 

@@ -7,10 +7,10 @@ from collections import Counter
 import pytest
 
 from consumers.chargeback.accounting import AccountingConfig, account
-from consumers.chargeback.synthetic import partition_of
 from consumers.chargeback.windows import WindowEngine
 from producer.simulated.fleet import FleetConfig, SimulatedFleet
 from schemas.meaning import gpu_key
+from tests.synthetic_fleet import partition_of
 
 T0 = 1_795_000_000_000
 

@@ -11,10 +11,10 @@ import pytest
 
 from consumers.chargeback.accounting import AccountingConfig, account
 from consumers.chargeback.errors import ChargebackConfigError, ChargebackStateError, CheckpointMismatchError
-from consumers.chargeback.synthetic import FleetRecord, FleetSpec, blank_sample, generate_fleet
 from consumers.chargeback.windows import Checkpoint, WindowEngine, window_bounds
 from gpupipe.prices import parse_price_table
 from schemas.meaning import MIG_SHARED, UNALLOCATED, gpu_key
+from tests.synthetic_fleet import FleetRecord, FleetSpec, blank_sample, generate_fleet
 
 H = 3_600_000
 MIN = 60_000

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from consumers.chargeback.synthetic import FleetSpec, generate_fleet
 from consumers.chargeback.windows import WindowEngine
 from consumers.report.chargeback_report import build_report
 from consumers.report.reader import Deduplicator, deduplicated
 from consumers.report.workload_report import build_workload_report
+from tests.synthetic_fleet import FleetSpec, generate_fleet
 from tests.unit.test_chargeback_windows import T0, sample
 
 H = 3_600_000

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from consumers.chargeback.synthetic import FleetSpec, generate_fleet
 from consumers.chargeback.windows import WindowEngine
 from consumers.report.chargeback_report import build_report
 from consumers.report.reader import Deduplicator, deduplicated, read_from_ms
 from gpupipe.durations import parse_iso_ms
+from tests.synthetic_fleet import FleetSpec, generate_fleet
 
 H, DAY = 3_600_000, 86_400_000
 FEB, MAR, APR = (
