@@ -1,7 +1,7 @@
 """Build the Grafana dashboards (Fleet, Chargeback, GPU health) as code with grafana-foundation-sdk.
 
-Writes deploy/grafana/dashboards/*.json (provisioned by docker-compose.yml's Grafana) and the same
-files into the Helm chart (deploy/helm/gpupipe/files/dashboards/, ConfigMaps for Grafana's sidecar).
+Writes deploy/grafana/dashboards/*.json, provisioned by docker-compose.yml's Grafana and shipped by the
+Helm chart as ConfigMaps for Grafana's sidecar (its files/dashboards links here).
 ``--check`` writes nothing and exits 1 if a committed file differs from what this code builds.
 
     .venv/bin/python deploy/grafana/build_dashboards.py [--check]
@@ -36,10 +36,8 @@ from recommendations import recommendation_row  # noqa: E402
 
 from consumers.alerts.catalog import CATALOG_VERSION, entries  # noqa: E402
 
-OUT_DIRS = (
-    REPO / "deploy" / "grafana" / "dashboards",
-    REPO / "deploy" / "helm" / "gpupipe" / "files" / "dashboards",
-)
+#: The one place they are written; the Helm chart's files/dashboards is a link to it.
+OUT_DIR = REPO / "deploy" / "grafana" / "dashboards"
 XID = "DCGM_EXP_XID_ERRORS_TOTAL"
 
 
@@ -533,14 +531,13 @@ def main(argv: list[str] | None = None) -> int:
     stale = []
     for name, fn in DASHBOARDS.items():
         text = json.dumps(fn(), indent=2, sort_keys=True) + "\n"
-        for out in OUT_DIRS:
-            path = out / name
-            if args.check:
-                if not path.exists() or path.read_text() != text:
-                    stale.append(str(path.relative_to(REPO)))
-            else:
-                out.mkdir(parents=True, exist_ok=True)
-                path.write_text(text)
+        path = OUT_DIR / name
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(str(path.relative_to(REPO)))
+        else:
+            OUT_DIR.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
     if stale:
         print("out of date (run deploy/grafana/build_dashboards.py): " + ", ".join(stale), file=sys.stderr)
         return 1

@@ -13,6 +13,7 @@ import copy
 import json
 import re
 import subprocess
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -186,10 +187,29 @@ def test_prometheus_operator_objects(rendered: dict, tmp_path: Path) -> None:
             assert d["apiVersion"] == "monitoring.coreos.com/v1" and d["metadata"]["namespace"] == "gpu"
 
 
-def test_chart_rules_are_the_deploy_rules() -> None:
-    assert (CHART / "files" / "gpupipe-alerts.rules.yml").read_text() == (
-        REPO / "deploy" / "prometheus" / "gpupipe-alerts.rules.yml"
-    ).read_text(), "copy deploy/prometheus/gpupipe-alerts.rules.yml to the chart's files/"
+def test_the_chart_ships_deploys_rules_and_dashboards_without_a_copy(helm: str, tmp_path: Path) -> None:
+    # One source: the chart's files are links into deploy/, and a packaged chart carries their contents.
+    sources = {
+        "files/gpupipe-alerts.rules.yml": REPO / "deploy" / "prometheus" / "gpupipe-alerts.rules.yml",
+        "files/dashboards": REPO / "deploy" / "grafana" / "dashboards",
+    }
+    for name, source in sources.items():
+        link = CHART / name
+        assert link.is_symlink() and link.resolve() == source.resolve(), name
+    out = subprocess.run(
+        [helm, "package", str(CHART), "-d", str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    (tgz,) = tmp_path.glob("*.tgz")
+    with tarfile.open(tgz) as tar:
+        packed = {m.name.removeprefix("gpupipe/"): m for m in tar.getmembers()}
+        assert packed["files/gpupipe-alerts.rules.yml"].isfile()
+        rules = tar.extractfile(packed["files/gpupipe-alerts.rules.yml"])
+        assert rules is not None and rules.read() == sources["files/gpupipe-alerts.rules.yml"].read_bytes()
+        dashboards = sorted(n for n in packed if n.startswith("files/dashboards/"))
+        assert dashboards == sorted(
+            f"files/dashboards/{p.name}" for p in sources["files/dashboards"].glob("*.json")
+        )
 
 
 # -- command lines ---------------------------------------------------------------------------------------
