@@ -21,7 +21,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from consumers.deadletter import deadletter_headers
+from consumers.deadletter import DeadLetterWriter
+from gpupipe import topics as gpupipe_topics
 from gpupipe.kafka_admin import client_config
 from gpupipe.kafka_auth import KafkaAuthError, principal_of, runtime_denial
 from gpupipe.kafka_lag import lags
@@ -75,8 +76,14 @@ class ConsumerMetrics:
         )
         self.dead_letters = Counter(
             "gpupipe_consumer_dead_letters",
-            "Records sent to the dead-letter topic.",
+            "Records written to the dead-letter topic (acknowledged by the broker).",
             ["topic"],
+            registry=registry,
+        )
+        self.dead_letter_failures = Counter(
+            "gpupipe_consumer_dead_letter_failures",
+            "Dead-letter writes that failed and are tried again; the input is not committed meanwhile.",
+            ["error"],
             registry=registry,
         )
         self.handle_seconds = Histogram(
@@ -125,8 +132,16 @@ class ConsumeLoop:
         consumer_factory: Callable[[dict[str, Any]], Any] = Consumer,
         from_beginning: bool = False,
         start_ms: int | None = None,
+        topic_prefix: str = "",
     ) -> None:
         self.handler = handler
+        # A record type is accepted only on its own topic: a node may write samples and XIDs, and
+        # must not get, say, an operator's ack applied by writing it to the XID topic.
+        self._carries = {
+            t: frozenset(gpupipe_topics.RECORDS_ON[gpupipe_topics.base_name(topic_prefix, t)])
+            for t in topics
+            if gpupipe_topics.base_name(topic_prefix, t) in gpupipe_topics.RECORDS_ON
+        }
         # A partition without a committed offset starts at the first record at or after this time
         # (the service's start): records written while it was starting are not skipped.
         self.from_beginning = from_beginning
@@ -139,7 +154,8 @@ class ConsumeLoop:
         self.batch_size = batch_size
         self.poll_timeout_s = poll_timeout_s
         self.assigned: set[tuple[str, int]] = set()
-        self.healthy = False
+        self._polling = False
+        self._stop = threading.Event()
         self.last_batch_time = 0.0
         self._positions: dict[tuple[str, int], int] = {}
         self._lag: dict[tuple[str, int], int] = {}  # refreshed by the loop thread (see lag())
@@ -161,8 +177,28 @@ class ConsumeLoop:
         self.consumer = consumer_factory(conf)
         self.group_id = group_id
         self._principal = principal_of(conf)
-        self._dlq = Producer(client_config(bootstrap, extra, **{"enable.idempotence": True, "linger.ms": 20}))
+        self.deadletters = DeadLetterWriter(
+            Producer(client_config(bootstrap, extra, **{"enable.idempotence": True, "linger.ms": 20})),
+            deadletter_topic,
+            service,
+            on_written=lambda topic, _reason: self.metrics.dead_letters.labels(topic).inc(),
+            on_failed=lambda error: self.metrics.dead_letter_failures.labels(error).inc(),
+        )
         registry.register(_LagCollector(self))
+
+    @property
+    def healthy(self) -> bool:
+        """Polling, and able to dead-letter (a service that cannot is doing nothing useful)."""
+        return self._polling and self.deadletters.failing is None
+
+    def health_detail(self) -> dict[str, Any]:
+        """What /healthz adds for the loop: why dead letters are not being written, while they are not."""
+        failing = self.deadletters.failing
+        return (
+            {}
+            if failing is None
+            else {"deadletters_failing": failing, "deadletters_pending": self.deadletters.pending}
+        )
 
     # -- rebalance callbacks (run inside consume()) -----------------------------------
     def _assign(self, consumer: Any, parts: list[TopicPartition]) -> None:
@@ -199,17 +235,18 @@ class ConsumeLoop:
         self.consumer.subscribe(
             self.topics, on_assign=self._assign, on_revoke=self._revoke, on_lost=self._revoke
         )
+        self._stop = stop
         try:
             while not stop.is_set():
                 msgs = self.consumer.consume(self.batch_size, self.poll_timeout_s)
-                self.healthy = True
+                self._polling = True
                 if msgs:
                     self.process(msgs)
-                self._dlq.poll(0)
+                self.deadletters.producer.poll(0)
                 if time.monotonic() - self._lag_refreshed >= 1.0:
                     self._refresh_lag()
         finally:
-            self._dlq.flush(10)
+            self.deadletters.producer.flush(10)
             try:
                 self.consumer.close()
             except Exception:  # closing after a broker loss must not mask the real exit reason
@@ -239,6 +276,14 @@ class ConsumeLoop:
             except DecodeError as exc:
                 self.dead_letter(msg, exc.reason, exc.detail)
                 continue
+            carries = self._carries.get(topic)
+            if carries is not None and d.name not in carries:
+                self.dead_letter(
+                    msg,
+                    "unexpected-record-type",
+                    f"{d.name} on {topic}, which carries {', '.join(sorted(carries))}",
+                )
+                continue
             counts[topic] = counts.get(topic, 0) + 1
             records.append(
                 InRecord(topic, part, msg.offset(), msg.key(), d.name, d.record, msg.timestamp()[1], msg)
@@ -250,6 +295,8 @@ class ConsumeLoop:
                     self.dead_letter(rec.raw, reason, detail)
         for topic, n in counts.items():
             self.metrics.consumed.labels(topic).inc(n)
+        if self.deadletters.pending and not self.deadletters.settle(self._stop):
+            return  # stopping with dead letters unwritten: their input is read again after a restart
         if last:
             offs = [TopicPartition(t, p, m.offset() + 1) for (t, p), m in last.items()]
             self.consumer.store_offsets(offsets=offs)
@@ -260,19 +307,9 @@ class ConsumeLoop:
         self.metrics.handle_seconds.observe(time.perf_counter() - began)
 
     def dead_letter(self, msg: Message, reason: str, detail: str) -> None:
+        """Dead-letter ``msg`` (counted once acknowledged; see :class:`DeadLetterWriter`)."""
         self.metrics.decode_errors.labels(msg.topic(), reason).inc()
-        headers = deadletter_headers(msg, reason, detail, self.service)
-        while True:
-            try:
-                self._dlq.produce(self.deadletter_topic, msg.value(), msg.key(), headers=headers)
-                break
-            except BufferError:
-                self._dlq.poll(0.1)
-        self.metrics.dead_letters.labels(msg.topic()).inc()
-        log.warning(
-            "record dead-lettered",
-            extra=fields(topic=msg.topic(), partition=msg.partition(), offset=msg.offset(), reason=reason),
-        )
+        self.deadletters.write(msg, reason, detail)
 
     def lag(self) -> dict[tuple[str, int], int]:
         """Lag per assigned partition, as of the loop's last refresh (about every second).

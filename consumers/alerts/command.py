@@ -343,6 +343,7 @@ class AlertsApp:
             registry=self.registry,
             extra=extra,
             from_beginning=args.from_beginning,
+            topic_prefix=args.topic_prefix,
         )
 
     def role(self) -> str:
@@ -361,7 +362,7 @@ class AlertsApp:
             return False, detail
         if self.loop is None:  # a standby is healthy while it waits to lead
             return self.elector is not None, detail
-        return self.loop.healthy, detail
+        return self.loop.healthy, {**detail, **self.loop.health_detail()}
 
     def run(self, stop: threading.Event) -> None:
         """Serve until ``stop`` is set (or the consume loop fails, or leadership is lost), then shut down."""

@@ -586,6 +586,7 @@ class MetricsService:
             registry=self.registry,
             extra=cfg.extra,
             from_beginning=cfg.from_beginning,
+            topic_prefix=cfg.topic_prefix,
             # consume() waits for a full batch or this timeout: keep it short, a sample's value
             # should reach /metrics without waiting for 2000 others
             poll_timeout_s=0.05,
@@ -647,6 +648,7 @@ class MetricsService:
             "samples_topic": self.samples_topic,
             "group": self.cfg.group_id,
             "last_batch_age_s": round(time.time() - last, 3) if last else None,
+            **self.loop.health_detail(),
         }
 
     def _start_side_threads(self) -> None:

@@ -157,7 +157,10 @@ class RecommendApp:
         self.alertmanager, self.cfg, self.output_topic = alertmanager, cfg, output_topic
 
     def health(self) -> tuple[bool, dict[str, object]]:
-        return self.loop.healthy, {"open_recommendations": len(self.service.open)}
+        return self.loop.healthy, {
+            "open_recommendations": len(self.service.open),
+            **self.loop.health_detail(),
+        }
 
     def run(self, stop: threading.Event) -> None:
         if self.alertmanager is not None:
@@ -266,5 +269,6 @@ def build(
         registry=registry,
         extra=extra,
         from_beginning=args.from_beginning,
+        topic_prefix=args.topic_prefix,
     )
     return RecommendApp(service, loop, registry, alertmanager, cfg, t_out)
