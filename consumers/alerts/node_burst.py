@@ -1,48 +1,69 @@
-"""Node-level rollup of the alert engine: several GPUs of one node failing at once (``GpuNodeXidStorm``).
+"""Node-level rollup: several GPUs of one node failing at once (``GpuNodeXidStorm``).
 
-A mixin of :class:`consumers.alerts.dedupe.AlertEngine` (it shares the engine's state); see that module's
-doc, "Node burst".
+When occurrences on at least ``node_burst_gpus`` distinct GPUs of one node fall within
+``node_burst_window_ms``, a node alert opens in the table; the GPU alerts stay as detail and name it in
+``parent_alert_id``. See :mod:`consumers.alerts.dedupe`, "Node burst".
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from consumers.alerts.alert_policy import counts_toward_burst, merge_codes, rank
 from consumers.alerts.alert_record import Alert
+from consumers.alerts.alert_table import AlertTable, Key
 from consumers.alerts.catalog import CATALOG_VERSION
 
-if TYPE_CHECKING:
-    from consumers.alerts.engine_config import EngineConfig, Key
-
-__all__ = ["NodeBurstMixin"]
+__all__ = ["NodeBursts"]
 
 
-class NodeBurstMixin:
-    """The engine's node-burst methods (state lives in the engine)."""
+class NodeBursts:
+    """Recent GPU occurrences per node, and each open node alert's worst member and code-less signals."""
 
-    cfg: EngineConfig
-    _bursts: dict[str, dict[str, dict[str, int]]]
-    _open: dict[Key, Alert]
-    _ids: dict[str, Alert]
-    _node_worst: dict[str, tuple[int, int, int]]
-    _node_signals: dict[str, set[str]]  # node alert id -> signals of its members without an XID code
+    def __init__(self, table: AlertTable) -> None:
+        self._table = table
+        self._cfg = table.cfg
+        self._bursts: dict[str, dict[str, dict[str, int]]] = {}  # host -> device -> alert id -> ts
+        self._node_worst: dict[str, tuple[int, int, int]] = {}  # node alert id -> worst member's rank
+        self._node_signals: dict[str, set[str]] = {}  # node alert id -> signals of members without a code
+        table.when_ended(self._forget)
 
-    def _touch(self, key: Key, ts: int, now_ms: int, count: int, *, anchor: str) -> Alert: ...
+    def _forget(self, a: Alert) -> None:
+        if a.scope == "node":
+            self._node_worst.pop(a.alert_id, None)
+            self._node_signals.pop(a.alert_id, None)
 
-    def _dirty(self, a: Alert) -> None: ...
+    def restored(self, a: Alert) -> None:
+        """A restored open node alert: its members' worst decision is the one it shows."""
+        if a.scope == "node":
+            self._node_worst[a.alert_id] = rank(a.severity, a.drain_node, a.action)
 
-    def _node_burst(self, gpu_alert: Alert, ts: int, now_ms: int) -> None:
+    def expire(self, now_ms: int) -> None:
+        """Forget occurrences older than the burst window, measured against the newest time seen on the
+        node, not the clock: a backlog replays old times."""
+        for host, recent in list(self._bursts.items()):
+            newest = max(t for alerts in recent.values() for t in alerts.values())
+            horizon = min(now_ms, newest) - self._cfg.node_burst_window_ms - self._cfg.max_future_skew_ms
+            for device, alerts in list(recent.items()):
+                for aid, t in list(alerts.items()):
+                    if t < horizon:
+                        del alerts[aid]
+                if not alerts:
+                    del recent[device]
+            if not recent:
+                del self._bursts[host]
+
+    def count(self, gpu_alert: Alert, ts: int, now_ms: int) -> None:
         """Count a GPU occurrence toward its node's burst (see module doc).
 
-        Only faults that carry a health signal count (:func:`_counts_toward_burst`): killing an 8-GPU job
-        logs Xid 45 on every GPU, which says nothing about the node. Per node, the newest occurrence time
-        of each GPU's alerts is kept (bounded by GPUs x codes), so the cost of an event does not grow with
-        the node's history (a flood on one node costs what a flood spread over many does).
+        Only faults that carry a health signal count
+        (:func:`~consumers.alerts.alert_policy.counts_toward_burst`): killing an 8-GPU job logs Xid 45 on
+        every GPU, which says nothing about the node. Per node, the newest occurrence time of each GPU's
+        alerts is kept (bounded by GPUs x codes), so the cost of an event does not grow with the node's
+        history (a flood on one node costs what a flood spread over many does).
         """
         if not counts_toward_burst(gpu_alert):
             return
-        cfg = self.cfg
+        cfg = self._cfg
+        table = self._table
         host = gpu_alert.hostname
         recent = self._bursts.get(host)
         if recent is None:
@@ -51,9 +72,9 @@ class NodeBurstMixin:
         if ts > per_device.get(gpu_alert.alert_id, -1):
             per_device[gpu_alert.alert_id] = ts
         key: Key = ("node", host, "", "node_burst")
-        node = self._open.get(key)
+        node = table.get(key)
         if node is not None and ts <= node.last_seen_ms + cfg.dedupe_window_ms:
-            self._touch(key, ts, now_ms, 1, anchor="")
+            table.touch(key, ts, now_ms, 1, anchor="")
             members = [(ts, gpu_alert.device, gpu_alert.alert_id)]
         else:
             # Events arrive out of event-time order (two topics, late records): compare each event with
@@ -70,7 +91,7 @@ class NodeBurstMixin:
             if len(devices) < cfg.node_burst_gpus:
                 return
             first = min(m[0] for m in in_window)
-            node = self._touch(key, first, now_ms, len(in_window), anchor=str(first))
+            node = table.touch(key, first, now_ms, len(in_window), anchor=str(first))
             if ts > node.last_seen_ms:
                 node.last_seen_ms = ts
             members = in_window
@@ -87,7 +108,7 @@ class NodeBurstMixin:
             changed |= node.add_gpu(member.gpu_uuid or device)
             if member.parent_alert_id != node.alert_id:
                 member.parent_alert_id = node.alert_id
-                self._dirty(member)
+                table.dirty(member)
             if not member.codes:  # NVML's GPU-unavailable event: a fault without an XID code
                 signals = self._node_signals.setdefault(node.alert_id, set())
                 changed |= member.signal not in signals
@@ -122,8 +143,8 @@ class NodeBurstMixin:
             f"worst: {node.severity} {node.action}."
         )
         if changed:
-            self._dirty(node)
+            table.dirty(node)
 
     def _member(self, member_id: str) -> Alert | None:
-        a = self._ids.get(member_id)
+        a = self._table.by_id(member_id)
         return a if a is not None and a.status == "firing" else None

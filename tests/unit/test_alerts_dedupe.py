@@ -410,7 +410,7 @@ def test_event_id_memory_is_bounded() -> None:
     e = engine(event_id_memory=10)
     for i in range(50):
         e.on_xid(xid(13, T0 + i, eid=f"id{i}"), T0 + i)
-    assert len(e._seen) == 10
+    assert e.guard.remembered() == 10
 
 
 def test_force_take_publishes_throttled_changes() -> None:

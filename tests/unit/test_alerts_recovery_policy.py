@@ -261,7 +261,7 @@ def test_an_old_boots_fault_processed_late_is_recovered_at_once_and_never_pages(
     b = e.on_xid(xid(79, T0 + 90 * MIN, boot="boot-B"), T0 + 90 * MIN)
     assert b is not None and b.rule == "xid79.recurring"
     # and the old boot never becomes the host's current boot again
-    assert e._memory.current_boot("node-a") == "boot-B"
+    assert e.memory.current_boot("node-a") == "boot-B"
 
 
 def test_a_gpu_reset_seen_before_the_xid_it_ends_still_ends_it() -> None:

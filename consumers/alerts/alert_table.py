@@ -1,0 +1,302 @@
+"""The alert table: every alert the engine holds, by key and by id, and the revisions due for publishing.
+
+One table is shared by the engine's collaborators (:mod:`consumers.alerts.xid_intake`,
+:mod:`consumers.alerts.signal_alerts`, :mod:`consumers.alerts.recovery_evidence`,
+:mod:`consumers.alerts.node_burst`): they decide *what* happens to an alert, the table keeps the
+lifecycle every alert shares -- fold an occurrence in (supersede, reopen or raise), end it, expire it by
+quiet time, hand out its revisions in the order they changed with a sequence that never repeats. The
+engine's settings (:class:`EngineConfig`) live here too: the table's windows are most of them, and every
+collaborator receives the two together. See :mod:`consumers.alerts.dedupe` for the rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from consumers.alerts.alert_policy import sticky
+from consumers.alerts.alert_record import Alert, alert_id
+from consumers.alerts.classify import DEFAULT_CONFIG, ClassifyConfig
+from consumers.alerts.health_signals import LEVEL_SIGNALS
+
+__all__ = ["COUNTS", "MINUTE_MS", "AlertTable", "EngineConfig", "Key"]
+
+MINUTE_MS = 60_000
+
+Key = tuple[str, str, str, str]
+"""``(scope, hostname, device, signal)``: one open alert per key."""
+
+COUNTS = (
+    "events",
+    "duplicate_event_id",
+    "replayed",
+    "stale_clear",
+    "double_sighting",
+    "new",
+    "folded",
+    "superseded",
+    "reopened",
+    "resolved",
+    "clock_future",
+    "invalid",
+    "signals",
+    "recovered",
+    "acknowledged",
+    "reboots_seen",
+    "driver_loads",
+)
+"""What the engine counts (exported as ``gpupipe_alerts_input``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    dedupe_window_ms: int = 10 * MINUTE_MS
+    resolve_after_ms: int = 30 * MINUTE_MS
+    update_interval_ms: int = 30_000
+    node_burst_gpus: int = 3
+    node_burst_window_ms: int = MINUTE_MS
+    sighting_merge_ms: int = 2_000
+    max_future_skew_ms: int = 5 * MINUTE_MS
+    event_id_memory: int = 200_000
+    confirm_by_samples: bool = True
+    """The service reads gpu.samples.v1: a reboot or driver load ends a GPU's alert only once a sample of
+    that GPU after it shows it healthy (see :mod:`consumers.alerts.recovery_policy`); off: at once."""
+    confirm_within_ms: int = 10 * MINUTE_MS
+    """How long an alert waits for that sample before it says the GPU has not come back (it keeps waiting)."""
+    classify: ClassifyConfig = field(default=DEFAULT_CONFIG)
+
+    def __post_init__(self) -> None:
+        for name in ("dedupe_window_ms", "resolve_after_ms", "node_burst_window_ms", "confirm_within_ms"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if self.update_interval_ms < 0 or self.sighting_merge_ms < 0 or self.max_future_skew_ms < 0:
+            raise ValueError("intervals must not be negative")
+        if self.node_burst_gpus < 2:
+            raise ValueError("node_burst_gpus must be at least 2")
+        if self.event_id_memory < 1:
+            raise ValueError("event_id_memory must be positive")
+
+
+class AlertTable:
+    """Open alerts, tombstones of resolved ones (reopened within the dedupe window), and what to publish.
+
+    Collaborators that keep state per alert id register :meth:`when_ended` to forget it when an alert
+    leaves the open set, so the table never needs to know what they keep."""
+
+    def __init__(self, cfg: EngineConfig) -> None:
+        self.cfg = cfg
+        self.counts: dict[str, int] = dict.fromkeys(COUNTS, 0)
+        self._open: dict[Key, Alert] = {}
+        self._closed: dict[Key, Alert] = {}
+        self._ids: dict[str, Alert] = {}  # open alerts by id
+        self._by_gpu: dict[tuple[str, str], set[Key]] = {}  # open alert keys per (host, device)
+        self._changed: dict[str, Alert] = {}
+        # Latest published sequence per alert id (restored ones too): an incident raised again under
+        # an id already published continues its sequence, never repeats one (downstream de-duplicates
+        # by (alert_id, sequence)).
+        self._sequences: dict[str, int] = {}
+        self._early: list[Alert] = []  # revisions handed out before a new alert took their id
+        self._ended: list[Callable[[Alert], None]] = []
+
+    def when_ended(self, forget: Callable[[Alert], None]) -> None:
+        """Call ``forget`` with every alert that leaves the open set (resolved, superseded, recovered)."""
+        self._ended.append(forget)
+
+    # ------------------------------------------------------------------------------------ queries
+
+    def get(self, key: Key) -> Alert | None:
+        return self._open.get(key)
+
+    def by_id(self, aid: str) -> Alert | None:
+        """The open alert of id ``aid``."""
+        return self._ids.get(aid)
+
+    def open_alerts(self) -> list[Alert]:
+        return list(self._open.values())
+
+    def open_count(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for a in self._open.values():
+            out[a.scope] = out.get(a.scope, 0) + 1
+        return out
+
+    def gpu_alerts(self, host: str, device: str) -> list[Alert]:
+        """The open alerts of one GPU (or NVSwitch)."""
+        return [self._open[key] for key in self._by_gpu.get((host, device), ())]
+
+    def host_keys(self, host: str) -> list[Key]:
+        """Keys of the open alerts of one node's devices (node alerts included)."""
+        return [key for (h, _device), keys in self._by_gpu.items() if h == host for key in keys]
+
+    def pending(self) -> int:
+        """Alerts with a revision not yet handed out."""
+        return len(self._changed)
+
+    # ---------------------------------------------------------------------------------- lifecycle
+
+    def touch(
+        self,
+        key: Key,
+        ts: int,
+        now_ms: int,
+        count: int,
+        *,
+        anchor: str,
+        first_event_id: str | None = None,
+    ) -> Alert:
+        """The open alert an occurrence at ``ts`` belongs to (supersede / reopen / new), folded."""
+        d = self.cfg.dedupe_window_ms
+        a = self._open.get(key)
+        if a is not None and ts > a.last_seen_ms + d:
+            self.counts["superseded"] += 1
+            self.end(a, now_ms, "superseded")
+            a = None
+        if a is None:
+            t = self._closed.get(key)
+            if t is not None and t.first_seen_ms - d <= ts <= t.last_seen_ms + d:
+                del self._closed[key]
+                t.status = "firing"
+                t.resolved_at_ms = None
+                t.resolve_reason = None
+                t.urgent = True
+                self._add(t)
+                a = t
+                self.counts["reopened"] += 1
+        if a is None:
+            scope, host, device, _ = key
+            self._closed.pop(key, None)
+            aid = alert_id(scope, host, device, key[3], anchor)
+            a = Alert(
+                alert_id=aid,
+                key=key,
+                scope=scope,
+                alertname="",
+                signal=key[3].split(":", 1)[0],
+                hostname=host,
+                first_seen_ms=ts,
+                last_seen_ms=ts,
+                device=device,
+                first_event_id=first_event_id,
+                urgent=True,
+                sequence=self._sequences.get(aid, 0),  # an id published before goes on from there
+            )
+            self._add(a)
+            self.counts["new"] += 1
+        else:
+            self.counts["folded"] += 1
+            if a.pending is not None and ts > a.pending.since_ms:
+                a.pending = None  # the fault is back after the reboot / driver load: not over
+                a.urgent = True
+        if ts < a.first_seen_ms:
+            a.first_seen_ms = ts
+        if ts > a.last_seen_ms:
+            a.last_seen_ms = ts
+        a.seen_at_ms = now_ms
+        a.occurrences += count
+        self.dirty(a)
+        return a
+
+    def end(self, a: Alert, now_ms: int, reason: str, *, keep: bool = False) -> None:
+        """Resolve open alert ``a`` (``reason``) and take it out of the open set; ``keep`` leaves a tombstone
+        that an occurrence within the dedupe window reopens."""
+        a.status = "resolved"
+        a.resolved_at_ms = now_ms
+        a.resolve_reason = reason
+        a.urgent = True
+        self.counts["resolved"] += 1
+        self.dirty(a)
+        key = a.key
+        self._open.pop(key, None)
+        self._ids.pop(a.alert_id, None)
+        keys = self._by_gpu.get((key[1], key[2]))
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._by_gpu[(key[1], key[2])]
+        if keep:
+            self._closed[key] = a
+        for forget in self._ended:
+            forget(a)
+
+    def tick(self, now_ms: int, waiting: Callable[[Alert, int], None]) -> None:
+        """Resolve alerts quiet for ``resolve_after_ms`` (node alerts: ``min(R, D)``) unless sticky; hand
+        each one that stays open and waits for its GPU (``Alert.pending``) to ``waiting`` in the same pass,
+        so revisions keep the order they changed in; forget tombstones older than the dedupe window."""
+        r = self.cfg.resolve_after_ms
+        d = self.cfg.dedupe_window_ms
+        for key, a in list(self._open.items()):
+            quiet = min(r, d) if a.scope == "node" else r
+            if now_ms - a.seen_at_ms >= quiet and not sticky(a):
+                self.end(a, now_ms, "quiet", keep=r < d and key[3] not in LEVEL_SIGNALS)
+            elif a.pending is not None:
+                waiting(a, now_ms)
+        for key, a in list(self._closed.items()):
+            if now_ms - a.seen_at_ms > d:
+                del self._closed[key]
+
+    # ----------------------------------------------------------------------------------- publishing
+
+    def dirty(self, a: Alert) -> None:
+        """``a`` changed: a revision of it is due (see :meth:`take`)."""
+        if not a.dirty:
+            a.dirty = True
+        prev = self._changed.get(a.alert_id)
+        if prev is not None and prev is not a:
+            # A new incident under the id of one with a revision still due (a level signal cleared
+            # and raised again from the same start): that revision goes out first, and the new one
+            # continues its sequence.
+            prev.sequence += 1
+            prev.dirty = prev.urgent = False
+            self._published(prev)
+            self._early.append(prev.snapshot())
+            a.sequence = max(a.sequence, prev.sequence)
+        self._changed[a.alert_id] = a
+
+    def take(self, now_ms: int, *, force: bool = False) -> list[Alert]:
+        """Revisions due for publishing (snapshots, in the order they changed); see
+        :mod:`consumers.alerts.dedupe`, "Emission". ``force`` hands out every pending change regardless of
+        the update interval."""
+        out, self._early = self._early, []
+        interval = self.cfg.update_interval_ms
+        for aid, a in list(self._changed.items()):
+            if not (force or a.urgent or a.last_emit_ms is None or now_ms - a.last_emit_ms >= interval):
+                continue
+            a.sequence += 1
+            a.dirty = a.urgent = False
+            a.last_emit_ms = now_ms
+            self._published(a)
+            out.append(a.snapshot())
+            del self._changed[aid]
+        return out
+
+    def _published(self, a: Alert) -> None:
+        seqs = self._sequences
+        seqs.pop(a.alert_id, None)
+        seqs[a.alert_id] = a.sequence
+        if len(seqs) > self.cfg.event_id_memory:
+            del seqs[next(iter(seqs))]
+
+    # -------------------------------------------------------------------------------------- restore
+
+    def published_before(self, aid: str, sequence: int) -> None:
+        """Alert ``aid`` was published up to ``sequence`` (restored): an incident raised again under that
+        id goes on from there."""
+        self._sequences[aid] = sequence
+
+    def restore_open(self, a: Alert, now_ms: int) -> Alert | None:
+        """Hold restored firing alert ``a``; returns the open alert of the same key it superseded (two open
+        alerts for one key: the newer incident stays)."""
+        old = self._open.get(a.key)
+        if old is not None:
+            self.end(old, now_ms, "superseded")
+        self._add(a)
+        return old
+
+    def restore_closed(self, a: Alert) -> None:
+        """Hold restored resolved alert ``a`` as a tombstone (reopened by an occurrence within the window)."""
+        self._closed[a.key] = a
+
+    def _add(self, a: Alert) -> None:
+        self._open[a.key] = a
+        self._ids[a.alert_id] = a
+        self._by_gpu.setdefault((a.key[1], a.key[2]), set()).add(a.key)
