@@ -129,7 +129,7 @@ def calls_per_tick(kind: str, batched: bool) -> float:
     counting = Counting(pynvml)
     src = make_source(kind, ("fast",), counting)
     if not batched:
-        for g in src._gpus:
+        for g in src._table.entries:
             force_classic(g)
     src.poll()
     nvml = src._nvml
@@ -149,7 +149,7 @@ def calls_per_tick(kind: str, batched: bool) -> float:
 def cpu_per_tick(kind: str, collectors: tuple[str, ...] | None, batched: bool) -> float:
     src = make_source(kind, collectors)
     if not batched:
-        for g in src._gpus:
+        for g in src._table.entries:
             force_classic(g)  # every batched field back to its classic call
     clock = getattr(src, "_bench_clock", None)
     src.poll()

@@ -1,6 +1,7 @@
 """The node agent's configuration: ``AgentConfig`` and how ``gpupipe produce`` flags become one.
 
-Split out of :mod:`producer.node_agent` so the agent module stays about orchestration.
+Every collaborator of the agent (the XID path, the NVML source's settings) reads this one value,
+so it stands below them all and imports none of them.
 """
 
 from __future__ import annotations

@@ -1,24 +1,32 @@
 """The node agent's XID path: from a reader thread's queue item to a spooled XidEvent record.
 
-Split out of :mod:`producer.node_agent` (which is about threads and lifecycle). Everything here
-runs on the agent's main loop, except :meth:`XidPath._on_nvml_event` (the event watcher's threads)
-and :meth:`XidPath._on_gpu_lost` (the polling thread), which only put into the queue. The main loop
-never calls NVML, so a hung GPU cannot delay an XID (review finding 1.6).
+The reader threads (kernel log, NVML events, the polling thread for a lost GPU) put into one
+:class:`XidInbox`; the agent's main loop drains it through :class:`XidPath`, which pairs NVML and
+kernel-log sightings in its merger, builds XidEvent records (:mod:`producer.xid_events`), spools
+and sends them in batches and advances the kernel-log cursor. The main loop never calls NVML, so a
+hung GPU cannot delay an XID: what the path needs of the GPUs are the source's snapshots.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from gpupipe.logs import fields
+from producer.agent_config import AgentConfig
+from producer.delivery import XidSender
+from producer.kubelet.mapping import AllocationMap
 from producer.lost_reported import LostReported
 from producer.nvml.records import LostGpu, gpu_lost_xid_event
-from producer.xid.kmsg_cursor import read_boot_id
+from producer.nvml.source import NvmlSource
+from producer.self_metrics import ProducerMetrics
+from producer.xid.kmsg_cursor import KmsgCursorStore, read_boot_id
 from producer.xid.kmsg_parse import DriverLoaded, FallenOffBus, KernelXid
+from producer.xid.xid_merge import XidMerger
 from producer.xid_events import (
     XidContext,
     build_xid_event,
@@ -30,15 +38,6 @@ from producer.xid_events import (
 )
 from schemas.errors import EncodeError
 
-if TYPE_CHECKING:
-    from producer.agent_config import AgentConfig
-    from producer.delivery import XidSender
-    from producer.kubelet.mapping import AllocationMap
-    from producer.nvml.source import NvmlSource
-    from producer.self_metrics import ProducerMetrics
-    from producer.xid.kmsg_cursor import KmsgCursorStore
-    from producer.xid.xid_merge import XidMerger
-
 log = logging.getLogger("gpupipe.agent")
 
 #: Events spooled and sent in one batch at most (one fsync each batch).
@@ -46,58 +45,122 @@ MAX_BATCH = 1000
 #: One WARNING line per (kind, GPU, code) at most this often; the others are counted in it.
 LOG_EVERY_S = 10.0
 
+#: (kind, monotonic arrival, wall ms, payload, kernel-log seq or None); kind is ``kmsg``, ``nvml``,
+#: ``notice`` or ``lost``.
+InboxItem = tuple[str, float, int, Any, int | None]
+
+
+class XidInbox:
+    """The queue every XID source puts into and the main loop drains.
+
+    It exists before NVML is started: a GPU found lost while the source opens it is queued here.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._q: queue.SimpleQueue[InboxItem] = queue.SimpleQueue()
+        self._clock = clock
+        self._nvml_seq = itertools.count(1)  # numbers NVML events (their event_id suffix)
+
+    def put(self, item: InboxItem) -> None:
+        """The kernel-log reader's way in (it builds the item)."""
+        self._q.put(item)
+
+    def nvml_event(self, event: dict[str, Any]) -> None:  # watcher threads
+        kind = "notice" if event.get("type") in ("recovery_action", "gpu_unavailable") else "nvml"
+        # Numbered here (next() on itertools.count is atomic): two NVML XIDs of one code on one GPU
+        # in the same millisecond must not share an event_id.
+        event = {**event, "nvml_seq": next(self._nvml_seq)}
+        self._q.put((kind, self._clock(), int(event["timestamp_ms"]), event, None))
+
+    def gpu_lost(self, lost: LostGpu) -> None:  # nvml-poll thread (NvmlSource.poll), or its start
+        self._q.put(("lost", self._clock(), lost.timestamp_ms, lost, None))
+
+    def get(self, timeout: float) -> InboxItem | None:
+        """The next item, waiting up to ``timeout`` (0: not at all); None when there is none."""
+        try:
+            return self._q.get(timeout=timeout) if timeout > 0 else self._q.get_nowait()
+        except queue.Empty:
+            return None
+
 
 class XidPath:
-    """Mixed into :class:`producer.node_agent.NodeAgent`, which provides the attributes below."""
+    """The main loop's XID work: merge, build, spool and send, count, log, advance the cursor.
 
-    if TYPE_CHECKING:
-        config: AgentConfig
-        metrics: ProducerMetrics
-        source: NvmlSource | None
-        sender: XidSender | None
-        merger: XidMerger
-        cursor: KmsgCursorStore | None
-        xid_merged: int
-        encode_errors: int
-        xids_sent: int
-        boot_id: str | None
-        _events: queue.SimpleQueue[tuple[str, float, int, Any, int | None]]
-        _slices: dict[str, list[str]]
-        _tick_amap: AllocationMap
-        _lost_reported: LostReported | None
-        _enc_xid: Any
-        _xid_log: dict[tuple[Any, ...], list[Any]]
-        _nvml_seq: Iterator[int]
+    Built at the agent's start, once the source is started and the spool opened. Everything here
+    runs on the main loop except :meth:`poll_began` and :meth:`poll_ended` (the polling thread,
+    single assignments).
+    """
 
-        @property
-        def allocations(self) -> AllocationMap: ...
+    def __init__(
+        self,
+        config: AgentConfig,
+        metrics: ProducerMetrics,
+        inbox: XidInbox,
+        source: NvmlSource,
+        sender: XidSender,
+        encode: Callable[[dict[str, Any]], bytes],
+        *,
+        cursor: KmsgCursorStore | None,
+        allocations: Callable[[], AllocationMap],
+        boot_id: str | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.inbox = inbox
+        self.source = source
+        self.sender = sender
+        self.cursor = cursor
+        self._encode = encode
+        self._allocations = allocations
+        self.boot_id = boot_id
+        self._clock = clock
+        # Pairing only makes sense with both sources on; with one, holding an XID for the window
+        # would only add latency to the alert.
+        both = config.nvml_events and config.kmsg_path is not None
+        self.merger = XidMerger(config.xid_merge_window_s if both else 0.0)
+        self.xid_merged = 0
+        self.encode_errors = 0
+        self.sent = 0
+        # What the newest poll saw: MIG slices per GPU, and the kubelet map it began with.
+        self._slices: dict[str, list[str]] = {}
+        self._poll_amap = AllocationMap.empty()
+        self._lost_reported: LostReported | None = None
+        self._xid_log: dict[tuple[Any, ...], list[Any]] = {}  # (kind, gpu, code) -> [last line, held]
 
-    def _on_nvml_event(self, event: dict[str, Any]) -> None:  # watcher threads
-        kind = "notice" if event.get("type") in ("recovery_action", "gpu_unavailable") else "nvml"
-        # Numbered here (next() on itertools.count is atomic): two NVML XIDs of one code on one GPU in
-        # the same millisecond must not share an event_id (review §2 records.py:80-81).
-        event = {**event, "nvml_seq": next(self._nvml_seq)}
-        self._events.put((kind, time.monotonic(), int(event["timestamp_ms"]), event, None))
+    # -- fed by the polling thread --------------------------------------------------------------
+    def poll_began(self, amap: AllocationMap) -> None:
+        self._poll_amap = amap
 
-    def _drain_events(self, timeout: float) -> None:
+    def poll_ended(self, slices: dict[str, list[str]]) -> None:
+        self._slices = slices
+
+    # -- the main loop --------------------------------------------------------------------------
+    def holding(self) -> bool:
+        """True while the merger holds a sighting waiting for its pair."""
+        return len(self.merger) > 0
+
+    def expire(self) -> None:
+        """Send what the merger held past its window."""
+        self._emit_all(self.merger.expire(self._clock()))
+
+    def flush_held(self) -> None:
+        """Send everything the merger holds (shutdown)."""
+        self._emit_all(self.merger.flush(self._clock()))
+
+    def drain(self, timeout: float) -> None:
         """Handle what the reader threads queued; the events built are spooled and sent together
         (one fsync per batch: an XID storm costs per batch, not per event)."""
-        try:
-            item = self._events.get(timeout=timeout) if timeout > 0 else self._events.get_nowait()
-        except queue.Empty:
-            return
+        item = self.inbox.get(timeout)
         batch = _Batch()
-        while True:
+        while item is not None:
             self._handle(item, batch)
             if len(batch.events) >= MAX_BATCH:
                 self._flush(batch)
-            try:
-                item = self._events.get_nowait()
-            except queue.Empty:
-                break
+            item = self.inbox.get(0.0)
         self._flush(batch)
 
-    def _handle(self, item: tuple[str, float, int, Any, int | None], batch: _Batch) -> None:
+    def _handle(self, item: InboxItem, batch: _Batch) -> None:
         kind, at, seen_ms, payload, seq = item
         if kind == "lost":
             event = self._lost_event(payload)
@@ -140,11 +203,10 @@ class XidPath:
 
     def _context(self) -> XidContext:
         src = self.source
-        assert src is not None
         return XidContext(
             self.config.hostname,
             src.bus_id_map(),
-            self.allocations,
+            self._allocations(),
             slices=self._slices,
             mig_lookup=src.mig_uuid_for,
             ids=src.device_ids(),
@@ -179,7 +241,7 @@ class XidPath:
             if self.config.extras is not None:
                 self.config.extras.decorate(event)
             try:
-                value = self._enc_xid(event)
+                value = self._encode(event)
             except EncodeError as exc:
                 self.encode_errors += 1
                 log.error("XID event could not be encoded: %s", exc, extra=fields(event=repr(event)[:500]))
@@ -189,13 +251,12 @@ class XidPath:
             key = (ident or "unknown").encode()
             items.append((key, value))
             sent.append(event)
-        assert self.sender is not None
         if items:
             self.sender.send_many(items)
         for event in sent:
-            self.xids_sent += 1
+            self.sent += 1
             self.metrics.xid_events.labels(event["kind"]).inc()
-            if event["kind"] == "xid" and event["gpu_index"] is not None and self.source is not None:
+            if event["kind"] == "xid" and event["gpu_index"] is not None:
                 self.source.record_xid(event["gpu_index"], event["xid"], event["gpu_instance_id"])
             self._log_event(event)
         seqs = [q for q in batch.seqs if q is not None]
@@ -216,7 +277,7 @@ class XidPath:
             )
             return
         key = (event["kind"], event["gpu_index"], event["xid"])
-        now = time.monotonic()
+        now = self._clock()
         seen = self._xid_log.get(key)
         if seen is not None and now - seen[0] < LOG_EVERY_S:
             seen[1] += 1
@@ -241,9 +302,6 @@ class XidPath:
             ),
         )
 
-    def _on_gpu_lost(self, lost: LostGpu) -> None:  # nvml-poll thread (NvmlSource.poll)
-        self._events.put(("lost", time.monotonic(), lost.timestamp_ms, lost, None))
-
     def _lost_event(self, lost: LostGpu) -> dict[str, Any] | None:  # main loop
         if self._lost_reported is None:
             self._lost_reported = LostReported(self.config.spool_dir, read_boot_id(self.config.boot_id_path))
@@ -252,7 +310,7 @@ class XidPath:
             return None
         self._lost_reported.record(lost)
         event = gpu_lost_xid_event(lost, self.config.hostname)
-        ctx = XidContext(self.config.hostname, {}, self._tick_amap, slices=self._slices)
+        ctx = XidContext(self.config.hostname, {}, self._poll_amap, slices=self._slices)
         event["allocations"] = ctx.allocations(event["uuid"], None, lost.gpu)
         return event
 
@@ -271,7 +329,7 @@ class _Batch:
         self.events.append(event)
         self.seqs.append(seq)
 
-    def context(self, make: Any) -> XidContext:
+    def context(self, make: Callable[[], XidContext]) -> XidContext:
         """One attribution context per batch (the kubelet map and slices as of this pass)."""
         if self._ctx is None:
             self._ctx = make()

@@ -2,11 +2,11 @@
 
 Threads (all daemon, all joined on shutdown):
 
-* **main loop** (the caller's thread): waits on one queue fed by the threads below, pairs XIDs in
-  the :class:`XidMerger`, builds XidEvent records (:mod:`producer.xid_events`) and sends them
-  through the spooled :class:`XidSender`, and services librdkafka. It never calls NVML, so a GPU
-  whose NVML calls hang cannot delay an XID (review finding 1.6). Merger, sender and cursor are
-  touched here only.
+* **main loop** (the caller's thread): drains the :class:`~producer.agent_xids.XidInbox` the
+  threads below feed through the :class:`~producer.agent_xids.XidPath` (pairs XIDs, builds
+  XidEvent records, sends them through the spooled :class:`XidSender`), and services librdkafka.
+  It never calls NVML, so a GPU whose NVML calls hang cannot delay an XID. Merger, sender and
+  cursor are touched here only.
 * **nvml-poll**: every ``--interval`` polls the :class:`NvmlSource` (each GPU on its own worker,
   bounded by ``--nvml-timeout``: a hung GPU is left out and reported, the others go on), attaches
   the kubelet allocations and the processes' pods (:mod:`producer.enrich`), encodes and queues the
@@ -38,9 +38,7 @@ spool for the next start.
 from __future__ import annotations
 
 import argparse
-import itertools
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -60,13 +58,12 @@ from producer.agent_config import (
     default_hostname,
 )
 from producer.agent_metrics import AgentCollector
-from producer.agent_xids import XidPath
+from producer.agent_xids import XidInbox, XidPath
 from producer.delivery import SampleQueue, XidSender
 from producer.enrich import PidResolver, enrich_sample
 from producer.kmsg_input import KmsgInput
 from producer.kubelet.client import AllocationRefresher
 from producer.kubelet.mapping import DEFAULT_DRA_DRIVERS, AllocationMap, AllocationMapper
-from producer.lost_reported import LostReported
 from producer.nvml.errors import NvmlSourceError
 from producer.nvml.events import XidEventWatcher
 from producer.nvml.records import GpuRef, LostGpu
@@ -157,33 +154,41 @@ class _XidProducer:
 
 
 class _Hooks(SourceHooks):
-    def __init__(self, agent: NodeAgent) -> None:
-        self._a = agent
+    """The source's telemetry as the agent's metrics; a lost GPU goes to the XID inbox."""
+
+    def __init__(self, metrics: ProducerMetrics, inbox: XidInbox) -> None:
+        self._metrics = metrics
+        self._inbox = inbox
 
     def collect_duration(self, group: str, seconds: float) -> None:
-        self._a.metrics.collect_seconds.labels(group).observe(seconds)
+        self._metrics.collect_seconds.labels(group).observe(seconds)
 
     def nvml_error(self, kind: str) -> None:
-        self._a.metrics.nvml_errors.labels(kind).inc()
+        self._metrics.nvml_errors.labels(kind).inc()
 
     def garbage(self, field: str) -> None:
-        self._a.metrics.nvml_errors.labels("garbage").inc()
+        self._metrics.nvml_errors.labels("garbage").inc()
 
     def collector_failure(self, group: str, exc: BaseException) -> None:
-        self._a.metrics.nvml_errors.labels("collector_failure").inc()
+        self._metrics.nvml_errors.labels("collector_failure").inc()
 
     def gpu_lost(self, lost: LostGpu) -> None:
-        self._a._on_gpu_lost(lost)
+        self._inbox.gpu_lost(lost)
 
     def gpu_recovered(self, gpu: GpuRef) -> None:
         log.info("GPU answers NVML again", extra=fields(gpu=gpu.gpu_index, uuid=gpu.uuid))
 
     def unsupported(self, call: str, reason: str) -> None:
-        self._a.metrics.nvml_unsupported.labels(call, reason).inc()
+        self._metrics.nvml_unsupported.labels(call, reason).inc()
 
 
-class NodeAgent(XidPath):
-    """One node's producer. Construct, then ``run(stop_event)`` on the thread that should poll."""
+class NodeAgent:
+    """One node's producer. Construct, then ``run(stop_event)`` on the thread that should poll.
+
+    A thin owner: the threads, the kubelet map and health are here; the NVML source, the XID path
+    (:class:`~producer.agent_xids.XidPath`), the sample queue and the inputs are collaborators it
+    builds at start. Constructing it starts nothing and opens no device.
+    """
 
     def __init__(
         self,
@@ -210,26 +215,22 @@ class NodeAgent(XidPath):
         self.refresher: AllocationRefresher | None = None
         self.control: NvmlControl | None = None
         self.sender: XidSender | None = None
+        self.xids: XidPath | None = None
         self.samples = SampleQueue(
             publisher.produce, lambda: len(publisher), c.sample_queue_max, c.in_flight_limit
         )
-        # Pairing only makes sense with both sources on; with one, holding an XID for the window
-        # would only add latency to the alert.
-        both = c.nvml_events and c.kmsg_path is not None
-        self.merger = XidMerger(c.xid_merge_window_s if both else 0.0)
         self.pid_resolver: PidResolver | None = None
         if c.pid_resolver is not None:
             self.pid_resolver = c.pid_resolver
         elif c.resolve_pids:
             self.pid_resolver = PidPodResolver(c.proc_root, c.pod_logs_dir)
-        # Shared with the threads: (kind, monotonic arrival, wall ms, payload, kmsg seq or None).
-        self._events: queue.SimpleQueue[tuple[str, float, int, Any, int | None]] = queue.SimpleQueue()
+        # Fed by the threads (and by the source while it opens the GPUs), drained by the XID path.
+        self.inbox = XidInbox()
         self._amap_state: tuple[AllocationMap, float] = (AllocationMap.empty(), float("-inf"))  # map, when
         # A WakeEvent: the kernel-log reader blocks on it and its input together, without a timeout.
         self._threads_stop = WakeEvent()
         self._threads: list[threading.Thread] = []
         self.kmsg_input: KmsgInput | None = None
-        self._lost_reported: LostReported | None = None
         self.cursor: KmsgCursorStore | None = None
         self._kmsg_thread: threading.Thread | None = None
         self._poll_thread: threading.Thread | None = None
@@ -240,19 +241,32 @@ class NodeAgent(XidPath):
         # Counters (main loop or the one thread that owns them).
         self.ticks = 0
         self.kmsg_malformed = 0
-        self.xid_merged = 0
-        self.encode_errors = 0
-        self.xids_sent = 0
+        self._sample_encode_errors = 0
         self._dropped_seen = 0
-        self._xid_log: dict[tuple[Any, ...], list[Any]] = {}  # (kind, gpu, code) -> [last line, held]
-        self._nvml_seq = itertools.count(1)  # numbers NVML events (their event_id suffix)
-        self._slices: dict[str, list[str]] = {}
-        self._tick_amap: AllocationMap = AllocationMap.empty()
         self.boot_id = read_boot_id(c.boot_id_path)
         self._collector = AgentCollector(self)
         metrics.registry.register(self._collector)
 
     # -- public state ---------------------------------------------------------------------------
+    @property
+    def merger(self) -> XidMerger | None:
+        """The XID path's merger (None before the start)."""
+        return self.xids.merger if self.xids is not None else None
+
+    @property
+    def xids_sent(self) -> int:
+        return self.xids.sent if self.xids is not None else 0
+
+    @property
+    def xid_merged(self) -> int:
+        """XIDs seen by both NVML and the kernel log and sent as one event."""
+        return self.xids.xid_merged if self.xids is not None else 0
+
+    @property
+    def encode_errors(self) -> int:
+        """Samples and XID events that did not match their schema."""
+        return self._sample_encode_errors + (self.xids.encode_errors if self.xids is not None else 0)
+
     @property
     def allocations(self) -> AllocationMap:
         """The newest good kubelet map; after failed Lists the last good one for up to
@@ -394,7 +408,7 @@ class NodeAgent(XidPath):
                 "processes": c.processes_interval_s,
                 "lost_reinit": c.nvml_reinit_after_s,
             },
-            hooks=_Hooks(self),
+            hooks=_Hooks(self.metrics, self.inbox),
         )
         self.source.start()  # NvmlInitError: the caller exits with NVML's message
         self.source.call_timeout_s = c.nvml_timeout_s
@@ -409,10 +423,22 @@ class NodeAgent(XidPath):
             spool,
             retry_after_s=c.xid_retry_after_s,
         )
+        cursor = self.cursor = KmsgCursorStore(c.spool_dir, self.boot_id) if c.kmsg_path else None
+        self.xids = XidPath(
+            c,
+            self.metrics,
+            self.inbox,
+            self.source,
+            self.sender,
+            self._enc_xid,
+            cursor=cursor,
+            allocations=lambda: self.allocations,
+            boot_id=self.boot_id,
+        )
         if c.nvml_events:
             self.watcher = XidEventWatcher(
                 nvml,
-                self._on_nvml_event,
+                self.inbox.nvml_event,
                 timeout_ms=c.nvml_event_timeout_ms,
                 on_error=lambda kind: self.metrics.nvml_errors.labels(kind).inc(),
                 mig_uuid_lookup=self.source.mig_uuid_for,
@@ -445,13 +471,12 @@ class NodeAgent(XidPath):
                 on_error=lambda kind: self.metrics.kubelet_errors.labels(kind).inc(),
             )
             self._spawn("kubelet-refresh", self._kubelet_loop)
-        if c.kmsg_path:
-            self.cursor = KmsgCursorStore(c.spool_dir, self.boot_id)
+        if c.kmsg_path and cursor is not None:
             self.kmsg_input = KmsgInput(
                 c.kmsg_path,
-                self._events.put,
+                self.inbox.put,
                 self._threads_stop,
-                after_seq=self.cursor.start_after(),
+                after_seq=cursor.start_after(),
                 retry_s=c.kmsg_retry_s,
             )
             self._kmsg_thread = self._spawn("kmsg-reader", self.kmsg_input.run)
@@ -486,7 +511,8 @@ class NodeAgent(XidPath):
         self._threads_stop.set()
         if self.config.extras is not None:
             self.config.extras.stop()
-        if self.sender is None:  # failed before anything was queued or spooled
+        xids = self.xids
+        if xids is None:  # failed before anything was spooled
             for t in self._threads:
                 t.join(self.config.kubelet_timeout_s + 2.0)
             if self.watcher is not None:
@@ -502,8 +528,8 @@ class NodeAgent(XidPath):
                 log.warning("thread %s did not stop in time", t.name)
         if self.watcher is not None:
             self.watcher.stop()  # bounded (a wait stuck in NVML is left); drains into the queue
-        self._drain_events(0.0)
-        self._emit_all(self.merger.flush(time.monotonic()))
+        xids.drain(0.0)
+        xids.flush_held()
         if self.refresher is not None:
             self.refresher.close()
         if self.source is not None:
@@ -515,14 +541,14 @@ class NodeAgent(XidPath):
                 self.publisher.poll(0.05)
         left = self.publisher.flush(max(0.0, deadline - time.monotonic()))
         self._sync_metrics()
-        if self.sender is not None and not left:
-            self.sender.spool.close()  # else late delivery reports may still ack into it
+        if not left:
+            xids.sender.spool.close()  # else late delivery reports may still ack into it
         log.info(
             "node agent stopped",
             extra=fields(
                 ticks=self.ticks,
                 xids_sent=self.xids_sent,
-                xid_spool_depth=self.sender.depth if self.sender else 0,
+                xid_spool_depth=xids.sender.depth,
                 samples_dropped=self.samples.dropped,
                 undelivered=left,
             ),
@@ -531,9 +557,11 @@ class NodeAgent(XidPath):
     # -- main loop ------------------------------------------------------------------------------
     def _loop(self, stop: threading.Event) -> None:
         """XIDs and delivery only: never NVML (see the module docstring)."""
+        xids = self.xids
+        assert xids is not None
         while not stop.is_set():
             self._main_beat = time.monotonic()
-            self._drain_events(0.05 if len(self.merger) else _WAKE_S)
+            xids.drain(0.05 if xids.holding() else _WAKE_S)
             self._service()
             if self._poll_thread is not None and not self._poll_thread.is_alive():
                 log.error("the NVML polling thread died; stopping the agent")
@@ -559,12 +587,12 @@ class NodeAgent(XidPath):
             stop.wait(max(0.0, next_tick - now))
 
     def _tick(self) -> None:
-        src = self.source
-        assert src is not None
+        src, xids = self.source, self.xids
+        assert src is not None and xids is not None
         began = time.perf_counter()
         amap = self.allocations
         known = self.allocations_known
-        self._tick_amap = amap
+        xids.poll_began(amap)
         resolve = self.pid_resolver
         samples = src.poll()  # may call _on_gpu_lost (hooks) on this thread
         ids = src.device_ids()
@@ -592,12 +620,12 @@ class NodeAgent(XidPath):
             try:
                 value = enc(s)
             except EncodeError as exc:
-                self.encode_errors += 1
+                self._sample_encode_errors += 1
                 log.error("sample dropped: %s", exc, extra=fields(gpu=s.get("gpu_index")))
                 continue
             put(topic, (mig["mig_uuid"] if mig else s["uuid"]).encode(), value)
             ts = s["timestamp_ms"]
-        self._slices = slices
+        xids.poll_ended(slices)
         self.samples.pump()
         self.ticks += 1
         m = self.metrics
@@ -608,10 +636,10 @@ class NodeAgent(XidPath):
         m.gpus_lost.set(len(src.lost_gpus))
 
     def _service(self) -> None:
-        self._emit_all(self.merger.expire(time.monotonic()))
-        sender = self.sender
-        assert sender is not None
-        sender.retry_failed()
+        xids = self.xids
+        assert xids is not None
+        xids.expire()
+        xids.sender.retry_failed()
         self.publisher.poll(0)
         self.samples.pump()
         self._sync_metrics()

@@ -5,7 +5,7 @@ Two reasons to let go, one way back:
 * **A GPU is lost.** An initialised NVML rarely sees a GPU come back after a fall off the bus, a
   reset or a rebind; a new NVML session does. So while a GPU is lost, the agent re-initialises
   NVML ``--nvml-reinit-after`` (60 s) after the loss and then with a doubling back-off up to an
-  hour (:meth:`NvmlSource.reinit_due <producer.nvml.session.SourceSession.reinit_due>`): the event
+  hour (:meth:`NvmlSource.reinit_due <producer.nvml.source.NvmlSource.reinit_due>`): the event
   watcher is stopped (its sets drained, so no queued XID is dropped), the source shuts NVML down
   (every holder gone: a real ``nvmlShutdown``), inits again and re-enumerates, the watcher starts
   again. Telemetry of the other GPUs misses at most the tick it happens in; kernel-log XIDs are

@@ -24,7 +24,7 @@ Per GPU, every poll yields:
   (only the whole-GPU record says True, so a consumer skipping ``mig_enabled`` records never
   skips a slice), slice memory, processes and GPM; whole-GPU values (power, energy, clocks,
   temperatures, ECC...) only on the parent record;
-* a lost GPU (``NVMLError_GpuIsLost`` from any call): one record with ``gpu_lost`` True, identity
+* a lost GPU (``NVMLErrorGpuIsLost`` from any call): one record with ``gpu_lost`` True, identity
   kept and every metric null; the other GPUs go on. ``hooks.gpu_lost`` is called once per loss
   (build the XidEvent with :func:`producer.nvml.records.gpu_lost_xid_event`); NVML is not asked
   about that GPU again except a cheap probe every ``lost_retry`` seconds, which brings it back
@@ -37,6 +37,12 @@ worker thread (:mod:`producer.nvml.workers`) and ``poll`` waits at most that lon
 calls have not returned is *stalled*, logged once, counted through ``hooks.nvml_error("call_timeout")``,
 and left out of this and later polls until its call returns. Without it (the default, for library
 use and tests) GPUs are polled one after the other on the caller's thread.
+
+The source is the polling and the GPUs' lifecycle (open, lost, probed, re-enumerated); it owns
+three collaborators with their own state: the :class:`~producer.nvml.gpu_table.GpuTable` (the GPUs,
+which other threads read), the :class:`~producer.nvml.session.NvmlSession` (the NVML reference and
+its re-initialisation back-off) and the :class:`~producer.nvml.reporting.SourceReporter` (counters,
+rate-limited log lines, hooks). Constructing the source calls nothing in NVML: ``start`` does.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from gpupipe import pci
 from gpupipe.errors import ConfigError
 from producer.nvml.base import Collector, DeviceContext, NvmlErrors
 from producer.nvml.driver_info import DRIVER_GPUS_DIR, driver_gpu
@@ -54,6 +61,7 @@ from producer.nvml.errors import NvmlInitError, NvmlSourceError
 from producer.nvml.fabric import FabricCollector
 from producer.nvml.fast import FastCollector
 from producer.nvml.gpm import GpmCollector
+from producer.nvml.gpu_table import Gpu, GpuTable
 from producer.nvml.identity import (
     SYSFS_PCI_DEVICES,
     IdentityCollector,
@@ -61,12 +69,11 @@ from producer.nvml.identity import (
     read_nvml_version,
     text,
 )
-from producer.nvml.lookups import SourceLookups
 from producer.nvml.mig import MigSlice, enumerate_slices
 from producer.nvml.processes import ProcessCollector
-from producer.nvml.records import GpuRef, LostGpu, empty_sample
-from producer.nvml.reporting import SourceReporter, check_intervals
-from producer.nvml.session import SourceSession
+from producer.nvml.records import DeviceIds, GpuRef, LostGpu, empty_sample
+from producer.nvml.reporting import SourceHooks, SourceReporter, check_intervals
+from producer.nvml.session import NvmlSession
 from producer.nvml.slow import SlowCollector
 from producer.nvml.workers import GpuWorker
 
@@ -88,7 +95,8 @@ DEFAULT_INTERVALS: dict[str, float] = {
     "lost_reinit": 60.0,
 }
 DUE_SLACK = 0.1  # a group is due this much of the poll (fast) interval early: tick jitter
-ERROR_LOG_INTERVAL_S = 60.0
+
+__all__ = ["DEFAULT_INTERVALS", "GROUPS", "NvmlSource", "SourceHooks", "default_nvml_module"]
 
 
 def default_nvml_module() -> Any:
@@ -98,35 +106,6 @@ def default_nvml_module() -> Any:
     except ImportError as exc:
         raise NvmlInitError(f"NVML init failed: the nvidia-ml-py package is not installed ({exc})") from exc
     return pynvml
-
-
-class SourceHooks:
-    """The source's own telemetry. Subclass and override what you need; all no-ops here.
-
-    Called on the polling thread; an exception raised by a hook is logged and swallowed.
-    """
-
-    def collect_duration(self, group: str, seconds: float) -> None:
-        """Wall time one group took over all GPUs in one poll."""
-
-    def nvml_error(self, kind: str) -> None:
-        """One NVML error that is not "unsupported" (kind: the error class, ``NVMLError_Unknown``)."""
-
-    def garbage(self, field: str) -> None:
-        """NVML returned a value that cannot be real for ``field``; the field is null instead."""
-
-    def collector_failure(self, group: str, exc: BaseException) -> None:
-        """A collector raised something other than an NVML error (a bug); its group is null."""
-
-    def gpu_lost(self, lost: LostGpu) -> None:
-        """NVML reported a GPU lost; once per loss."""
-
-    def gpu_recovered(self, gpu: GpuRef) -> None:
-        """A GPU reported lost answers NVML again."""
-
-    def unsupported(self, call: str, reason: str) -> None:
-        """A call was learned as unanswerable on one device; ``reason`` is the NVML error class
-        without its prefix (``NotSupported``, ``NoPermission``, ``FunctionNotFound``...)."""
 
 
 COLLECTOR_FACTORIES: dict[str, Callable[[Any, Callable[[], float], frozenset[str]], Collector]] = {
@@ -140,19 +119,7 @@ COLLECTOR_FACTORIES: dict[str, Callable[[Any, Callable[[], float], frozenset[str
 }
 
 
-class _Gpu:
-    __slots__ = ("ctx", "identity", "lost", "minor", "next_probe", "slices")
-
-    def __init__(self, ctx: DeviceContext) -> None:
-        self.ctx = ctx
-        self.identity: dict[str, Any] = {}
-        self.slices: list[MigSlice] = []
-        self.lost = False
-        self.next_probe = 0.0
-        self.minor: int | None = None
-
-
-class NvmlSource(SourceSession, SourceLookups):
+class NvmlSource:
     """Polls every GPU of the node through an injected NVML module (``pynvml`` or a fake)."""
 
     def __init__(
@@ -173,7 +140,6 @@ class NvmlSource(SourceSession, SourceLookups):
         self.intervals = check_intervals(intervals, DEFAULT_INTERVALS)
         self._clock = clock
         self._wall_clock = wall_clock
-        self.hooks = hooks or SourceHooks()
         enabled = tuple(GROUPS if collectors is None else collectors)
         unknown = [n for n in enabled if n not in COLLECTOR_FACTORIES]
         if unknown:
@@ -188,27 +154,53 @@ class NvmlSource(SourceSession, SourceLookups):
         self._groups_with_collectors = frozenset(c.name for c in self._collectors)
         self._identity = IdentityCollector(sysfs_pci)
         self._driver_gpus_dir = driver_gpus_dir
+        self._table = GpuTable()
+        self._session = NvmlSession(self._nvml, self.intervals["lost_reinit"])
+        self._report = SourceReporter(hooks or SourceHooks(), self._current_time)
         #: GPUs NVML failed to open at start with an error other than "lost" (left out).
         self.unusable_gpus = 0
         self._errors: NvmlErrors | None = None
-        self._gpus: list[_Gpu] = []
         self._next_due: dict[str, float] = {}
-        self._driver_version: str | None = None
         self._nvml_version: str | None = None
         self._started = False
         self._interval_ms = round(self.intervals["fast"] * 1000)
-        self._last_xid: dict[tuple[int, int | None], int] = {}
-        self._error_logged: dict[str, float] = {}
-        # The source's own counters (also fed to the hooks).
-        self.error_counts: Counter[str] = Counter()
-        self.garbage_counts: Counter[str] = Counter()
-        self.collector_failures: Counter[str] = Counter()
         self.collect_seconds: dict[str, float] = {}
         #: Per-GPU time limit of a poll (None: sequential, no limit). See the module docstring.
         self.call_timeout_s: float | None = None
         self._workers: dict[int, GpuWorker] = {}
         self._stalled: set[int] = set()
-        self._warned_unsupported: set[tuple[str, str]] = set()
+
+    # -- the collaborators' state, as callers know it -------------------------------------------
+    @property
+    def hooks(self) -> SourceHooks:
+        return self._report.hooks
+
+    @property
+    def error_counts(self) -> Counter[str]:
+        """NVML errors by class (``call_timeout`` for a stalled GPU); also fed to the hooks."""
+        return self._report.error_counts
+
+    @property
+    def garbage_counts(self) -> Counter[str]:
+        return self._report.garbage_counts
+
+    @property
+    def collector_failures(self) -> Counter[str]:
+        return self._report.collector_failures
+
+    @property
+    def released(self) -> bool:
+        """True between :meth:`suspend` and a successful :meth:`resume`."""
+        return self._session.released
+
+    @property
+    def resume_error(self) -> str | None:
+        """NVML's error class when the last :meth:`resume` failed."""
+        return self._session.resume_error
+
+    @property
+    def sessions_resumed(self) -> int:
+        return self._session.sessions_resumed
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -220,27 +212,21 @@ class NvmlSource(SourceSession, SourceLookups):
             self._errors = NvmlErrors(nvml)
         except AttributeError as exc:
             raise NvmlInitError(f"NVML init failed: {nvml!r} is not an NVML binding ({exc})") from exc
-        try:
-            nvml.nvmlInit()
-        except nvml.NVMLError as exc:
-            raise NvmlInitError(f"NVML init failed: {exc}") from exc
-        try:
-            count = int(nvml.nvmlDeviceGetCount())
-        except nvml.NVMLError as exc:
-            self._quiet_shutdown()
-            raise NvmlInitError(f"NVML init failed: cannot count GPUs: {exc}") from exc
-        self._driver_version = read_driver_version(nvml)
+        count = self._session.open()
+        self._table.driver_version = read_driver_version(nvml)
         self._nvml_version = read_nvml_version(nvml)
         self._now = self._clock()
+        gpus: list[Gpu] = []
         for index in range(count):
             gpu = self._open(index)
             if gpu is not None:
-                self._gpus.append(gpu)
+                gpus.append(gpu)
+        self._table.entries = gpus
         self._next_due["mig"] = self._now + self.intervals["mig"]  # enumerated just now
         self._started = True
         log.info(
             "NVML source started",
-            extra={"fields": {"gpus": len(self._gpus), "driver": self._driver_version}},
+            extra={"fields": {"gpus": len(self._table.entries), "driver": self._table.driver_version}},
         )
 
     def shutdown(self) -> None:
@@ -249,21 +235,15 @@ class NvmlSource(SourceSession, SourceLookups):
             return
         for w in self._workers.values():
             w.close()
-        for gpu in self._gpus:
+        for gpu in self._table.entries:
             w = self._workers.get(gpu.ctx.index)
             if w is not None and w.busy:
                 continue  # a hung call still uses this GPU's handles: leave them alone
-            for ctx in (gpu.ctx, *(s.ctx for s in gpu.slices)):
+            for ctx in gpu.contexts():
                 self._release(ctx)
         self._started = False
         if not self.released:  # a released source holds no NVML reference to give back
-            self._quiet_shutdown()
-
-    def _quiet_shutdown(self) -> None:
-        try:
-            self._nvml.nvmlShutdown()
-        except Exception as exc:
-            log.debug("nvmlShutdown failed: %s", exc)
+            self._session.close()
 
     def _release(self, ctx: DeviceContext) -> None:
         for c in self._collectors:
@@ -271,6 +251,84 @@ class NvmlSource(SourceSession, SourceLookups):
                 c.release(ctx)
             except Exception as exc:
                 log.debug("release of %s failed: %s", c.name, exc)
+
+    # -- letting go of NVML (producer.nvml.session) ----------------------------------------------
+    def can_suspend(self) -> bool:
+        """False while a GPU's NVML call is in flight (a stalled GPU's worker)."""
+        return not any(w.busy for w in self._workers.values())
+
+    def suspend(self) -> bool:
+        """Free what the source holds and let NVML go; ``poll`` returns nothing meanwhile. True
+        when released (or already); False while a GPU's call is in flight: NVML must not be shut
+        down under a running call."""
+        if self.released or not self._started:
+            return True
+        if not self.can_suspend():
+            return False
+        for gpu in self._table.entries:
+            for ctx in gpu.contexts():
+                self._release(ctx)
+                ctx.state.clear()
+        self._session.let_go()
+        return True
+
+    def resume(self) -> bool:
+        """Take NVML again and re-enumerate: each GPU found again by UUID (else PCI bus id, else
+        NVML index) keeps its place and telemetry continues under new handles, with everything
+        learned per device asked again (a new driver may answer differently); a GPU lost before
+        and answering now is reported recovered; one still lost keeps its identity and is not
+        reported again; one that vanished from the enumeration stays listed as lost. False
+        (still released, ``resume_error`` set) when NVML cannot be initialised."""
+        if not self.released:
+            return True
+        count = self._session.take_again()
+        if count is None:
+            return False
+        self._reenumerate(count)
+        self._session.resumed()
+        return True
+
+    def reinit(self) -> bool:
+        """:meth:`suspend` then :meth:`resume` (a new session only if nobody else holds NVML)."""
+        return self.suspend() and self.resume()
+
+    def reinit_due(self, now: float) -> bool:
+        """True when a re-initialisation should be tried for the GPUs lost now (back-off)."""
+        return self._session.reinit_due(now, self._table.any_lost())
+
+    def reinit_tried(self, now: float) -> None:
+        """A re-initialisation was tried: the next one (if GPUs stay lost) waits twice as long."""
+        self._session.reinit_tried(now)
+
+    def _reenumerate(self, count: int) -> None:
+        old = list(self._table.entries)
+        by_uuid = {g.ctx.uuid: g for g in old if g.ctx.uuid}
+        by_bus = {pci.device_key(g.ctx.pci_bus_id): g for g in old if g.ctx.pci_bus_id}
+        by_index = {g.ctx.index: g for g in old}
+        self._stalled.clear()
+        self.unusable_gpus = 0
+        found: list[Gpu] = []
+        matched: set[int] = set()  # id() of the old entries found again
+        for index in range(count):
+            gpu = self._open(index, by_index.get(index))
+            if gpu is None:
+                continue
+            prev = gpu if any(gpu is g for g in old) else by_uuid.get(gpu.ctx.uuid or "")
+            if prev is None and gpu.ctx.pci_bus_id:
+                prev = by_bus.get(pci.device_key(gpu.ctx.pci_bus_id))
+            if prev is not None:
+                matched.add(id(prev))
+                if prev is not gpu and prev.lost and not gpu.lost:
+                    log.info("GPU %d answers NVML again after re-initialisation", gpu.ctx.index)
+                    self._report.hook("gpu_recovered", self._table.ref(gpu))
+            found.append(gpu)
+        for g in old:  # gone from the enumeration: still a GPU of this node, reported lost
+            if id(g) not in matched:
+                if not g.lost:
+                    exc = self._errs.base(self._nvml.NVML_ERROR_GPU_IS_LOST)
+                    self._mark_lost(g, int(self._wall_clock() * 1000), "reinit", exc)
+                found.append(g)
+        self._table.entries = found
 
     # -- polling --------------------------------------------------------------------------------
     def poll(self, now: float | None = None) -> list[dict[str, Any]]:
@@ -287,18 +345,18 @@ class NvmlSource(SourceSession, SourceLookups):
         ran: set[str] = set()
         out: list[dict[str, Any]] = []
         if self.call_timeout_s is None:
-            for gpu in self._gpus:
+            for gpu in self._table.entries:
                 out += self._poll_gpu(gpu, due, now, ts, spent, ran)
         else:
             out = self._poll_parallel(due, now, ts, spent, ran, self.call_timeout_s)
         for group, seconds in spent.items():
             if group in ran:
                 self.collect_seconds[group] = seconds
-                self._hook("collect_duration", group, seconds)
+                self._report.hook("collect_duration", group, seconds)
         return out
 
     def _poll_gpu(
-        self, gpu: _Gpu, due: set[str], now: float, ts: int, spent: dict[str, float], ran: set[str]
+        self, gpu: Gpu, due: set[str], now: float, ts: int, spent: dict[str, float], ran: set[str]
     ) -> list[dict[str, Any]]:
         if gpu.lost and not self._probe(gpu, now):
             return [self._lost_sample(gpu, ts)]
@@ -317,7 +375,7 @@ class NvmlSource(SourceSession, SourceLookups):
         self, due: set[str], now: float, ts: int, spent: dict[str, float], ran: set[str], limit: float
     ) -> list[dict[str, Any]]:
         jobs = []
-        for gpu in self._gpus:
+        for gpu in self._table.entries:
             idx = gpu.ctx.index
             w = self._workers.get(idx)
             if w is None:
@@ -328,7 +386,7 @@ class NvmlSource(SourceSession, SourceLookups):
             local_ran: set[str] = set()
 
             def job(
-                gpu: _Gpu = gpu, sp: dict[str, float] = local_spent, rn: set[str] = local_ran
+                gpu: Gpu = gpu, sp: dict[str, float] = local_spent, rn: set[str] = local_ran
             ) -> tuple[list[dict[str, Any]], dict[str, float], set[str]]:
                 return self._poll_gpu(gpu, set(due), now, ts, sp, rn), sp, rn
 
@@ -337,7 +395,7 @@ class NvmlSource(SourceSession, SourceLookups):
         for _, j in jobs:
             j.done.wait(max(0.0, deadline - time.monotonic()))
         out: list[dict[str, Any]] = []
-        for gpu in self._gpus:
+        for gpu in self._table.entries:
             idx = gpu.ctx.index
             w = self._workers[idx]
             job = w.job
@@ -351,8 +409,7 @@ class NvmlSource(SourceSession, SourceLookups):
                         limit,
                         extra={"fields": {"gpu": idx, "uuid": gpu.ctx.uuid}},
                     )
-                    self.error_counts["call_timeout"] += 1
-                    self._hook("nvml_error", "call_timeout")
+                    self._report.nvml_error("call_timeout")
                 continue
             if idx in self._stalled:
                 self._stalled.discard(idx)
@@ -388,7 +445,7 @@ class NvmlSource(SourceSession, SourceLookups):
                 self._next_due[group] = now + interval
         return due
 
-    def _collect_gpu(self, gpu: _Gpu, due: set[str], spent: dict[str, float], ran: set[str]) -> None:
+    def _collect_gpu(self, gpu: Gpu, due: set[str], spent: dict[str, float], ran: set[str]) -> None:
         """Run the due groups on the GPU and its slices.
 
         A device with no values yet for a group (a new MIG slice, a GPU back from lost or whose
@@ -400,12 +457,10 @@ class NvmlSource(SourceSession, SourceLookups):
             except self._errs.lost:
                 raise
             except Exception as exc:  # garbage from NVML must not stop the poll: keep old slices
-                self.collector_failures["mig"] += 1
-                self._log_error(
-                    "collector:mig", f"MIG enumeration failed on GPU {gpu.ctx.index}: {exc!r}", exc
+                self._report.collector_failure(
+                    "mig", f"MIG enumeration failed on GPU {gpu.ctx.index}: {exc!r}", exc
                 )
-                self._hook("collector_failure", "mig", exc)
-        ctxs = (gpu.ctx, *(s.ctx for s in gpu.slices))
+        ctxs = gpu.contexts()
         for c in self._collectors:
             name = c.name
             is_due = name in due
@@ -425,12 +480,10 @@ class NvmlSource(SourceSession, SourceLookups):
         except self._errs.lost:
             raise
         except Exception as exc:  # a failing collector never stops the poll
-            self.collector_failures[c.name] += 1
-            self._log_error(f"collector:{c.name}", f"collector {c.name} failed on {ctx!r}: {exc!r}", exc)
-            self._hook("collector_failure", c.name, exc)
+            self._report.collector_failure(c.name, f"collector {c.name} failed on {ctx!r}: {exc!r}", exc)
             return {}
 
-    def _sample(self, gpu: _Gpu, ctx: DeviceContext, ts: int, sl: MigSlice | None) -> dict[str, Any]:
+    def _sample(self, gpu: Gpu, ctx: DeviceContext, ts: int, sl: MigSlice | None) -> dict[str, Any]:
         s = empty_sample()
         s.update(gpu.identity)
         s["timestamp_ms"] = ts
@@ -440,19 +493,19 @@ class NvmlSource(SourceSession, SourceLookups):
         if procs:
             s["processes"] = [dict(p) for p in procs]
         if sl is None:
-            s["last_xid"] = self._last_xid.get((gpu.ctx.index, None))
+            s["last_xid"] = self._table.last_xid(gpu.ctx.index)
         else:
             s["mig"] = sl.identity()
             s["mig_enabled"] = None
-            s["last_xid"] = self._last_xid.get((gpu.ctx.index, sl.gpu_instance_id))
+            s["last_xid"] = self._table.last_xid(gpu.ctx.index, sl.gpu_instance_id)
         return s
 
-    def _lost_sample(self, gpu: _Gpu, ts: int) -> dict[str, Any]:
+    def _lost_sample(self, gpu: Gpu, ts: int) -> dict[str, Any]:
         s = empty_sample()
         s.update(gpu.identity)
         s["timestamp_ms"] = ts
         s["gpu_lost"] = True
-        s["last_xid"] = self._last_xid.get((gpu.ctx.index, None))
+        s["last_xid"] = self._table.last_xid(gpu.ctx.index)
         return s
 
     # -- devices --------------------------------------------------------------------------------
@@ -461,14 +514,14 @@ class NvmlSource(SourceSession, SourceLookups):
             self._nvml,
             index,
             handle,
-            SourceReporter(self),
+            self._report,
             errors=self._errs,
             clock=self._current_time,
             refused_retry_s=self.intervals["refused_retry"],
             **kw,
         )
 
-    def _open(self, index: int, prev: _Gpu | None = None) -> _Gpu | None:
+    def _open(self, index: int, prev: Gpu | None = None) -> Gpu | None:
         """Open GPU ``index``; ``prev``: the GPU at that index before a re-initialisation."""
         nvml = self._nvml
         where = "start" if prev is None else "reinit"
@@ -477,7 +530,7 @@ class NvmlSource(SourceSession, SourceLookups):
         except self._errs.lost as exc:
             if prev is not None and prev.lost:
                 return prev  # still lost: reported already, probed as before
-            gpu = _Gpu(self._new_ctx(index, None))
+            gpu = Gpu(self._new_ctx(index, None))
             if prev is not None:  # lost during a re-initialisation: it keeps the identity it had
                 p = prev.ctx
                 gpu.ctx.pci_bus_id, gpu.ctx.uuid, gpu.minor = p.pci_bus_id, p.uuid, prev.minor
@@ -492,12 +545,11 @@ class NvmlSource(SourceSession, SourceLookups):
             gpu.next_probe = self._now + self.intervals["lost_retry"]
             return gpu
         except nvml.NVMLError as exc:
-            self.error_counts[type(exc).__name__] += 1
             self.unusable_gpus += 1
             log.error("GPU %d is not usable through NVML, skipped: %s", index, exc)
-            self._hook("nvml_error", type(exc).__name__)
+            self._report.nvml_error(type(exc).__name__)
             return None
-        gpu = _Gpu(self._new_ctx(index, handle))
+        gpu = Gpu(self._new_ctx(index, handle))
         try:
             self._read_minor(gpu)
             self._set_identity(gpu, self._identity.collect(gpu.ctx))
@@ -507,7 +559,7 @@ class NvmlSource(SourceSession, SourceLookups):
             self._mark_lost(gpu, int(self._wall_clock() * 1000), where, exc)
         return gpu
 
-    def _set_identity(self, gpu: _Gpu, ident: Mapping[str, Any]) -> None:
+    def _set_identity(self, gpu: Gpu, ident: Mapping[str, Any]) -> None:
         ctx = gpu.ctx
         gpu.identity = {
             "hostname": self.hostname,
@@ -515,7 +567,7 @@ class NvmlSource(SourceSession, SourceLookups):
             "uuid": ctx.uuid,
             "pci_bus_id": ctx.pci_bus_id,
             "model_name": ctx.model_name,
-            "driver_version": self._driver_version,
+            "driver_version": self._table.driver_version,
             "numa_node": ident.get("numa_node", gpu.identity.get("numa_node")),
             "mig_enabled": ctx.mig_enabled,
             "interval_ms": self._interval_ms,
@@ -526,7 +578,7 @@ class NvmlSource(SourceSession, SourceLookups):
             },
         }
 
-    def _refresh_mig(self, gpu: _Gpu, *, check_mode: bool = False) -> None:
+    def _refresh_mig(self, gpu: Gpu, *, check_mode: bool = False) -> None:
         ctx = gpu.ctx
         if check_mode and "mig_mode" not in ctx.unsupported:
             mode = IdentityCollector._mig_mode(ctx)
@@ -556,25 +608,24 @@ class NvmlSource(SourceSession, SourceLookups):
                 self._release(s.ctx)
         gpu.slices = slices
 
-    def _mark_lost(self, gpu: _Gpu, ts: int, where: str, exc: BaseException) -> None:
+    def _mark_lost(self, gpu: Gpu, ts: int, where: str, exc: BaseException) -> None:
         if gpu.lost:
             return
         gpu.lost = True
         gpu.next_probe = self._now + self.intervals["lost_retry"]
-        for ctx in (gpu.ctx, *(s.ctx for s in gpu.slices)):
+        for ctx in gpu.contexts():
             self._release(ctx)
             ctx.state.pop("values", None)
-        ref = self._ref(gpu)
+        ref = self._table.ref(gpu)
         lost = LostGpu(ref, ts, where, f"NVML reported the GPU lost ({where}): {exc}")
-        self.error_counts[type(exc).__name__] += 1
         log.error(
             "GPU lost",
             extra={"fields": {"gpu": ref.gpu_index, "uuid": ref.uuid, "pci_bus_id": ref.pci_bus_id}},
         )
-        self._hook("nvml_error", type(exc).__name__)
-        self._hook("gpu_lost", lost)
+        self._report.nvml_error(type(exc).__name__)
+        self._report.hook("gpu_lost", lost)
 
-    def _probe(self, gpu: _Gpu, now: float) -> bool:
+    def _probe(self, gpu: Gpu, now: float) -> bool:
         """True when a lost GPU answers again (it is then re-read like at start)."""
         if now < gpu.next_probe:
             return False
@@ -596,33 +647,52 @@ class NvmlSource(SourceSession, SourceLookups):
             return False
         gpu.lost = False
         log.info("GPU %d answers NVML again", gpu.ctx.index)
-        self._hook("gpu_recovered", self._ref(gpu))
+        self._report.hook("gpu_recovered", self._table.ref(gpu))
         return True
 
-    # -- devices, continued -----------------------------------------------------------------------
-    def _ref(self, gpu: _Gpu) -> GpuRef:
-        c = gpu.ctx
-        return GpuRef(c.index, c.uuid, c.pci_bus_id, c.model_name, self._driver_version, gpu.minor)
-
     @staticmethod
-    def _read_minor(gpu: _Gpu) -> None:
+    def _read_minor(gpu: Gpu) -> None:
         """Read once at open (never on the XID path: a hung GPU must not block attribution)."""
         c = gpu.ctx
         minor = c.call("minor", "nvmlDeviceGetMinorNumber", c.handle)
         gpu.minor = minor if isinstance(minor, int) and 0 <= minor < 1 << 20 else None
 
-    # -- reporting ------------------------------------------------------------------------------
-    def _hook(self, name: str, *args: Any) -> None:
-        try:
-            getattr(self.hooks, name)(*args)
-        except Exception as exc:
-            log.warning("NVML source hook %s failed: %r", name, exc)
+    # -- what the rest of the producer asks (producer.nvml.gpu_table) ----------------------------
+    def gpus(self) -> list[GpuRef]:
+        """Every GPU the source knows (lost ones included)."""
+        return self._table.refs()
 
-    def _log_error(self, kind: str, message: str, exc: BaseException | None = None) -> None:
-        now = self._now
-        last = self._error_logged.get(kind)
-        if last is None or now - last >= ERROR_LOG_INTERVAL_S:
-            self._error_logged[kind] = now
-            log.warning(
-                "%s (logged at most once per %ds per kind)", message, ERROR_LOG_INTERVAL_S, exc_info=exc
-            )
+    @property
+    def lost_gpus(self) -> list[GpuRef]:
+        """The GPUs currently reported lost."""
+        return self._table.lost_refs()
+
+    def device_ids(self) -> DeviceIds:
+        """What kubelet matching needs beyond UUIDs: minor numbers and MIG slice aliases."""
+        return self._table.device_ids()
+
+    def dra_device_uuid(self, driver: str, pool: str, device: str) -> str | None:
+        """The GPU UUID of an NVIDIA DRA driver device name ``gpu-<n>`` (whole GPUs only)."""
+        return self._table.dra_device_uuid(driver, pool, device)
+
+    def bus_id_map(self) -> dict[str, GpuRef]:
+        """PCI bus id (:func:`gpupipe.pci.device_key`) -> GPU, for kernel-log attribution."""
+        return self._table.bus_id_map()
+
+    def mig_uuid_for(
+        self, uuid: str, gpu_instance_id: int | None, compute_instance_id: int | None
+    ) -> str | None:
+        """The MIG device UUID of a GPU/compute instance of GPU ``uuid``, when known."""
+        return self._table.mig_uuid_for(uuid, gpu_instance_id, compute_instance_id)
+
+    def record_xid(self, gpu_index: int, xid: int, gpu_instance_id: int | None = None) -> None:
+        """Remember an XID for ``last_xid`` on the GPU's (and the attributed slice's) samples."""
+        self._table.record_xid(gpu_index, xid, gpu_instance_id)
+
+    def unsupported(self, gpu_index: int, gpu_instance_id: int | None = None) -> frozenset[str]:
+        """The call keys learned as unsupported for a GPU (or one of its slices)."""
+        return self._table.unsupported(gpu_index, gpu_instance_id)
+
+    def learned(self) -> Counter[tuple[str, str]]:
+        """(call, refusal kind) -> how many device contexts have it learned now."""
+        return self._table.learned()

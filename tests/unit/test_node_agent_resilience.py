@@ -250,9 +250,9 @@ def test_an_xid_storm_costs_one_fsync_per_batch_and_a_log_line_per_gpu_and_code(
     try:
         monkeypatch.setattr(os, "fsync", fsync)
         for i in range(2500):
-            agent._events.put(("kmsg", time.monotonic(), 1_767_225_600_000 + i, xid13, None))
+            agent.inbox.put(("kmsg", time.monotonic(), 1_767_225_600_000 + i, xid13, None))
         with caplog.at_level(logging.WARNING, "gpupipe.agent"):
-            agent._drain_events(0.0)
+            agent.xids.drain(0.0)
         assert agent.xids_sent + len(agent.merger) == 2500  # the merger may hold the newest one
         assert synced.count(spool_file) == 3  # batches of at most 1000
         lines = [r for r in caplog.records if r.getMessage().startswith("GPU error event")]

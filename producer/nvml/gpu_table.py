@@ -1,38 +1,65 @@
-"""What the rest of the producer asks an :class:`~producer.nvml.source.NvmlSource` about its GPUs
-(kubelet matching, kernel-log attribution, MIG lookups, what NVML refused), split out of
-source.py, which is about polling.
+"""The GPUs an :class:`~producer.nvml.source.NvmlSource` knows, and what the rest of the producer
+asks about them (kubelet matching, kernel-log attribution, MIG lookups, what NVML refused).
 
-Called from other threads than the polling one (the event watcher, the main loop, a metrics
-scrape): the reads take snapshots and never call NVML.
+The source opens and polls the GPUs; the table holds them. It is read from other threads than
+the polling one (the event watcher, the main loop, a metrics scrape): the list is replaced whole,
+never edited in place, and the reads take snapshots and never call NVML.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpupipe import pci
+from producer.nvml.base import DeviceContext
+from producer.nvml.mig import MigSlice
 from producer.nvml.records import DeviceIds, GpuRef
 
-if TYPE_CHECKING:
-    from producer.nvml.base import DeviceContext
+
+class Gpu:
+    """One GPU of the node: its whole-GPU context, identity fields, MIG slices and lost state."""
+
+    __slots__ = ("ctx", "identity", "lost", "minor", "next_probe", "slices")
+
+    def __init__(self, ctx: DeviceContext) -> None:
+        self.ctx = ctx
+        self.identity: dict[str, Any] = {}
+        self.slices: list[MigSlice] = []
+        self.lost = False
+        self.next_probe = 0.0
+        self.minor: int | None = None
+
+    def contexts(self) -> tuple[DeviceContext, ...]:
+        """The whole GPU's context, then one per MIG slice."""
+        return (self.ctx, *(s.ctx for s in self.slices))
 
 
-class SourceLookups:
-    """Mixed into NvmlSource; uses its ``_gpus``, ``_ref`` and ``_last_xid``."""
+class GpuTable:
+    """The GPU list, the driver version their references carry, and the last XID per device."""
 
-    if TYPE_CHECKING:
-        _gpus: list[Any]
-        _last_xid: dict[tuple[int, int | None], int]
+    def __init__(self) -> None:
+        self.entries: list[Gpu] = []  # replaced whole (see the module docstring)
+        self.driver_version: str | None = None
+        self._last_xid: dict[tuple[int, int | None], int] = {}
 
-        def _ref(self, gpu: Any) -> GpuRef: ...
+    def ref(self, gpu: Gpu) -> GpuRef:
+        c = gpu.ctx
+        return GpuRef(c.index, c.uuid, c.pci_bus_id, c.model_name, self.driver_version, gpu.minor)
+
+    def any_lost(self) -> bool:
+        return any(g.lost for g in self.entries)
+
+    def last_xid(self, gpu_index: int, gpu_instance_id: int | None = None) -> int | None:
+        """The newest XID recorded for a GPU (``gpu_instance_id`` None) or one of its slices."""
+        return self._last_xid.get((gpu_index, gpu_instance_id))
 
     def device_ids(self) -> DeviceIds:
         """What kubelet matching needs beyond UUIDs: minor numbers and MIG slice aliases."""
         minors: dict[str, int] = {}
         mig: dict[str, str] = {}
         aliases: dict[str, tuple[str, ...]] = {}
-        for g in list(self._gpus):
+        for g in list(self.entries):
             if g.ctx.uuid and g.minor is not None:
                 minors[g.ctx.uuid] = g.minor
             for s in list(g.slices):
@@ -55,7 +82,7 @@ class SourceLookups:
         if not device.startswith("gpu-") or not device[4:].isdigit():
             return None
         n = int(device[4:])
-        refs = [self._ref(g) for g in self._gpus]
+        refs = [self.ref(g) for g in self.entries]
         for r in refs:
             if r.minor == n:
                 return r.uuid or None
@@ -64,14 +91,13 @@ class SourceLookups:
                 return r.uuid or None
         return None
 
-    def gpus(self) -> list[GpuRef]:
+    def refs(self) -> list[GpuRef]:
         """Every GPU the source knows (lost ones included)."""
-        return [self._ref(g) for g in self._gpus]
+        return [self.ref(g) for g in self.entries]
 
-    @property
-    def lost_gpus(self) -> list[GpuRef]:
+    def lost_refs(self) -> list[GpuRef]:
         """The GPUs currently reported lost."""
-        return [self._ref(g) for g in self._gpus if g.lost]
+        return [self.ref(g) for g in self.entries if g.lost]
 
     def bus_id_map(self) -> dict[str, GpuRef]:
         """PCI bus id -> GPU for kernel-log attribution.
@@ -80,10 +106,10 @@ class SourceLookups:
         normalise the kernel's ``PCI:0000:3b:00`` the same way before looking it up.
         """
         out: dict[str, GpuRef] = {}
-        for g in self._gpus:
+        for g in self.entries:
             key = pci.device_key(g.ctx.pci_bus_id) if g.ctx.pci_bus_id else None
             if key is not None:
-                out[key] = self._ref(g)
+                out[key] = self.ref(g)
         return out
 
     def mig_uuid_for(
@@ -92,7 +118,7 @@ class SourceLookups:
         """The MIG device UUID of a GPU/compute instance of GPU ``uuid``, when known."""
         if gpu_instance_id is None:
             return None
-        for g in self._gpus:
+        for g in self.entries:
             if g.ctx.uuid != uuid:
                 continue
             for s in g.slices:
@@ -113,7 +139,7 @@ class SourceLookups:
 
     def unsupported(self, gpu_index: int, gpu_instance_id: int | None = None) -> frozenset[str]:
         """The call keys learned as unsupported for a GPU (or one of its slices)."""
-        for g in self._gpus:
+        for g in self.entries:
             if g.ctx.index != gpu_index:
                 continue
             if gpu_instance_id is None:
@@ -127,7 +153,7 @@ class SourceLookups:
         """(call, refusal kind) -> how many device contexts have it learned now (the
         ``gpupipe_producer_nvml_learned`` gauge): tells "no ECC here" from "the agent lacks rights"."""
         out: Counter[tuple[str, str]] = Counter()
-        for g in list(self._gpus):
+        for g in list(self.entries):
             ctxs: list[DeviceContext] = [g.ctx, *(s.ctx for s in list(g.slices))]
             for ctx in ctxs:
                 for key, kind in ctx.unsupported.kinds().items():
