@@ -28,7 +28,7 @@ from consumers.alerts.service import AlertsService, KafkaAlertSink, restore_from
 from consumers.consume_loop import ConsumeLoop
 from gpupipe import kube, startup, topics
 from gpupipe.alertmanager import AlertmanagerFanout, AlertmanagerMetrics, AlertmanagerSender
-from gpupipe.argtypes import duration_ms
+from gpupipe.argtypes import duration_ms, field_default, keyword_default
 from gpupipe.errors import ConfigError, GpupipeError
 from gpupipe.kafka_admin import parse_kafka_overrides, wait_for_broker
 from gpupipe.logs import fields
@@ -42,9 +42,7 @@ log = logging.getLogger("gpupipe.alerts")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", default=None, help="HOST:PORT for the service's /metrics and /healthz")
-    p.add_argument(
-        "--group-id", default="gpupipe-alerts", help="Kafka consumer group (default gpupipe-alerts)"
-    )
+    p.add_argument("--group-id", default="gpupipe-alerts", help="Kafka consumer group")
     p.add_argument(
         "--from-beginning",
         action="store_true",
@@ -65,9 +63,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--ha-session-timeout",
         type=duration_ms,
-        default=10_000,
+        default=keyword_default(LeaderElector, "session_timeout_ms"),
         metavar="DURATION",
-        help="how long a silent leader keeps leadership (Kafka session timeout; default 10s)",
+        help="how long a silent leader keeps leadership (Kafka session timeout)",
     )
     p.add_argument(
         "--ack",
@@ -80,62 +78,65 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--instance-id",
         default=None,
-        help="name of this instance in records and cordon annotations (host name)",
+        help="name of this instance in records and cordon annotations (default: host name)",
     )
     life = p.add_argument_group("deduplication and lifecycle")
     life.add_argument(
         "--dedupe-window",
         type=duration_ms,
-        default=600_000,
+        default=field_default(EngineConfig, "dedupe_window_ms"),
         metavar="DURATION",
-        help="repeats of the same fault on the same GPU within this gap fold into one alert (default 10m)",
+        help="repeats of the same fault on the same GPU within this gap fold into one alert",
     )
     life.add_argument(
         "--resolve-after",
         type=duration_ms,
-        default=1_800_000,
+        default=field_default(EngineConfig, "resolve_after_ms"),
         metavar="DURATION",
-        help="an alert resolves after this long without an occurrence (default 30m)",
+        help="an alert resolves after this long without an occurrence",
     )
     life.add_argument(
         "--update-interval",
         type=duration_ms,
-        default=30_000,
+        default=field_default(EngineConfig, "update_interval_ms"),
         metavar="DURATION",
-        help="publish count/last-seen updates of an alert at most this often (default 30s); new, "
-        "escalated and resolved alerts go out at once",
+        help="publish count/last-seen updates of an alert at most this often; new, escalated and "
+        "resolved alerts go out at once",
     )
     life.add_argument(
         "--node-burst-gpus",
         type=int,
-        default=3,
+        default=field_default(EngineConfig, "node_burst_gpus"),
         metavar="N",
-        help="GPUs of one node with faults within --node-burst-window that make a node-level alert "
-        "(default 3)",
+        help="GPUs of one node with faults within --node-burst-window that make a node-level alert",
     )
     life.add_argument(
-        "--node-burst-window", type=duration_ms, default=60_000, metavar="DURATION", help="default 60s"
+        "--node-burst-window",
+        type=duration_ms,
+        default=field_default(EngineConfig, "node_burst_window_ms"),
+        metavar="DURATION",
+        help="the window of --node-burst-gpus",
     )
     life.add_argument(
         "--restore-lookback",
         type=duration_ms,
         default=86_400_000,
         metavar="DURATION",
-        help="how far back gpu.alerts.v1 is read at startup to restore open alerts (default 24h)",
+        help="how far back gpu.alerts.v1 is read at startup to restore open alerts",
     )
     health = p.add_argument_group("health signals from gpu.samples.v1")
     health.add_argument(
         "--health-signals",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="also consume gpu.samples.v1 for ECC, row-remap, GPU-lost and thermal alerts (default on)",
+        help="also consume gpu.samples.v1 for ECC, row-remap, GPU-lost and thermal alerts",
     )
     health.add_argument(
         "--thermal-for",
         type=duration_ms,
-        default=300_000,
+        default=field_default(HealthConfig, "thermal_for_ms"),
         metavar="DURATION",
-        help="thermal clock-event bits must be set this long to alert (default 5m)",
+        help="thermal clock-event bits must be set this long to alert",
     )
     am = p.add_argument_group("Alertmanager")
     am.add_argument(
@@ -148,24 +149,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     am.add_argument(
         "--resend-interval",
         type=duration_ms,
-        default=60_000,
+        default=keyword_default(AlertmanagerSender, "resend_interval_ms"),
         metavar="DURATION",
-        help="re-send firing alerts this often, with endsAt = now + 4 x this (default 1m)",
+        help="re-send firing alerts this often, with endsAt = now + 4 x this",
     )
     am.add_argument(
-        "--alertmanager-timeout", type=duration_ms, default=10_000, metavar="DURATION", help="default 10s"
+        "--alertmanager-timeout",
+        type=duration_ms,
+        default=round(keyword_default(AlertmanagerSender, "timeout_s") * 1000),
+        metavar="DURATION",
+        help="how long one POST to Alertmanager may take",
     )
     am.add_argument(
         "--alertmanager-max-alerts",
         type=int,
-        default=10_000,
+        default=keyword_default(AlertmanagerSender, "max_alerts"),
         metavar="N",
-        help="alerts held for Alertmanager while it is unreachable (default 10000)",
+        help="alerts held for Alertmanager while it is unreachable",
     )
     k8s = p.add_argument_group("remediation (Kubernetes cordon)")
-    k8s.add_argument(
-        "--cordon", action="store_true", help="cordon nodes whose alert calls for draining (default off)"
-    )
+    k8s.add_argument("--cordon", action="store_true", help="cordon nodes whose alert calls for draining")
     k8s.add_argument(
         "--dry-run",
         action="store_true",
@@ -176,21 +179,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=2,
         metavar="N",
-        help="never cordon more than N nodes in any hour (default 2; 0 disables cordoning)",
+        help="never cordon more than N nodes in any hour (0 disables cordoning)",
     )
     k8s.add_argument(
         "--cordon-max-share",
         type=float,
-        default=0.5,
+        default=keyword_default(Cordoner, "max_share"),
         metavar="FRACTION",
-        help="never cordon when that would make more than this share of the cluster's nodes unschedulable "
-        "(default 0.5)",
+        help="never cordon when that would make more than this share of the cluster's nodes unschedulable",
     )
     k8s.add_argument(
         "--uncordon",
         action="store_true",
         help="make nodes gpupipe cordoned schedulable again once all their drain alerts resolved "
-        "(recovered or acknowledged); default off",
+        "(recovered or acknowledged)",
     )
     kube.add_arguments(k8s)
     startup.add_arguments(p)
