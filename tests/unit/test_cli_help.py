@@ -166,16 +166,16 @@ def test_format_duration_ms_is_exact_and_reads_back(ms: int, text: str) -> None:
 
 def test_flag_defaults_come_from_the_configs() -> None:
     """The flags read their defaults from the config classes: parsing no flags gives the configs'."""
-    from consumers.alerts.command import _configs
+    from consumers.alerts.command import options_from_args
     from consumers.alerts.dedupe import EngineConfig
     from consumers.alerts.health_signals import HealthConfig
     from consumers.metrics import command as metrics_command
     from consumers.metrics.service import MetricsConfig
 
-    args = cli.build_parser().parse_args(["alerts"])
-    engine, health = _configs(args)
-    assert engine == EngineConfig(confirm_by_samples=True)
-    assert health == HealthConfig()
+    opts = options_from_args(cli.build_parser().parse_args(["alerts", "--instance-id", "a"]))
+    assert opts.engine == EngineConfig(confirm_by_samples=True)
+    assert opts.health == HealthConfig()
+    assert (opts.instance, opts.cluster, opts.alertmanager_urls) == ("a", None, ())
     cfg = metrics_command.config_from_args(cli.build_parser().parse_args(["metrics"]))
     want = MetricsConfig(bootstrap="localhost:9092")
     for name in ("group_id", "stale_intervals", "max_sample_age_s", "gzip_level", "host_label"):
