@@ -29,7 +29,7 @@ from collections import Counter
 from common import bench_kafka, figure, ratio_line
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-from consumers.alerts.command import AlertsApp
+from consumers.alerts.command import AlertsApp, options_from_args
 from gpupipe import topics
 from gpupipe.cli import build_parser
 from gpupipe.kafka_admin import ensure_topics
@@ -148,7 +148,7 @@ def main() -> int:
             "--no-create-topics",
         ]
     )
-    app = AlertsApp(args)
+    app = AlertsApp(options_from_args(args))
     stop = threading.Event()
     runner = threading.Thread(target=app.run, args=(stop,), name="alerts", daemon=True)
     runner.start()

@@ -28,14 +28,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         choices=acls.ROLES,
-        help="only this role (repeatable; default: every role)",
+        help="only this role, repeatable (default: every role)",
     )
     p.add_argument(
         "--principal",
         action="append",
         default=[],
         metavar="ROLE=PRINCIPAL",
-        help="principal of a role (default User:<role>), e.g. metrics=User:gpu-metrics",
+        help="principal of a role, e.g. metrics=User:gpu-metrics (default: User:<role>)",
     )
     p.add_argument(
         "--group",

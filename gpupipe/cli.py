@@ -2,7 +2,10 @@
 
 Every flag has an environment-variable twin (`--bootstrap-servers` ->
 `GPUPIPE_BOOTSTRAP_SERVERS`), so the same image runs in Kubernetes with env
-vars and on a laptop with flags (12-factor). A command module provides
+vars and on a laptop with flags (12-factor). A flag's `add_argument` is its one
+declaration: `--help` appends its default and its variable from it
+(:class:`HelpFormatter`), so help texts never restate either and cannot drift
+from what the code does. A command module provides
 `add_arguments(parser)` and `run(args) -> int`; errors we raise on purpose
 become one line on stderr and a non-zero exit, never a traceback.
 """
@@ -10,12 +13,15 @@ become one line on stderr and a non-zero exit, never a traceback.
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 import os
+import re
 import sys
+import textwrap
 from collections.abc import Sequence
 from types import ModuleType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from consumers import tail
 from consumers.alerts import command as alerts_command
@@ -46,13 +52,93 @@ COMMANDS: tuple[tuple[tuple[str, ...], ModuleType, str], ...] = (
 )
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 def env_name(option: str) -> str:
     return ENV_PREFIX + option.lstrip("-").upper().replace("-", "_")
+
+
+def flag_env_name(action: argparse.Action) -> str | None:
+    """The GPUPIPE_* twin of a flag (from its first long option), None for positionals and --help."""
+    longs = [o for o in action.option_strings if o.startswith("--")]
+    if not longs or action.dest in ("help", "version") or isinstance(action, argparse._SubParsersAction):
+        return None
+    return env_name(longs[0])
+
+
+def shown_default(action: argparse.Action) -> str | None:
+    """A flag's default as one would type it (`10s`, not 10000), or None when there is none to state.
+
+    None, False, empty values and on/off switches that are off say nothing; the converter's `show`
+    (see :mod:`gpupipe.argtypes`) turns a parsed default back into its text. A default a GPUPIPE_*
+    variable replaced is a string already and is shown as given.
+    """
+    d = action.default
+    if d is None or d is False or d is argparse.SUPPRESS or action.help is argparse.SUPPRESS:
+        return None
+    if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+        return None  # the flag's presence is the value; its absence needs no words
+    if d is True:
+        return "on"
+    if isinstance(d, str):
+        return d or None
+    if isinstance(d, list | tuple):
+        sep = ";" if isinstance(action, argparse._AppendAction) else ","  # as GPUPIPE_* / the flag take it
+        return sep.join(str(v) for v in d) or None
+    show = getattr(action.type, "show", None)
+    if show is not None:
+        return str(show(d))
+    if isinstance(d, float):
+        return f"{d:g}"
+    return str(d)
+
+
+# A computed default (default=None) is said in words at the end of the help: "(default: host name)".
+_WORDS_DEFAULT = re.compile(r"\s*\(default:? ([^()]*)\)$")
+
+
+def help_text(action: argparse.Action) -> str | None:
+    """A flag's help as `--help` shows it: its own text, then '(default: 30s; env GPUPIPE_LOOKBACK)'.
+
+    The default comes from the flag's `default=` (:func:`shown_default`), the variable from its name;
+    a default=None flag that says its computed default in words keeps them, in the same parentheses.
+    Like the flag's own text it is an argparse %-template: a `%` in a default is doubled.
+    """
+    own = action.help
+    env = flag_env_name(action)
+    if env is None or own is argparse.SUPPRESS:
+        return own
+    default = shown_default(action)
+    if default is None and own and (words := _WORDS_DEFAULT.search(own)):
+        own, default = own[: words.start()], words.group(1)
+    note = f"(default: {default.replace('%', '%%')}; env {env})" if default is not None else f"(env {env})"
+    return f"{own} {note}" if own else note
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, every flag's help from :func:`help_text` (its default and variable added).
+
+    Lines break only at spaces, so a default such as `/var/lib/kubelet/pod-resources/kubelet.sock`
+    or a variable name stays whole (and can be copied).
+    """
+
+    def _format_action(self, action: argparse.Action) -> str:
+        text = help_text(action)
+        if text != action.help:
+            action = copy.copy(action)  # the parser's action keeps its own help text
+            action.help = text
+        return super()._format_action(action)
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        text = " ".join(text.split())
+        return textwrap.wrap(text, width, break_on_hyphens=False, break_long_words=False)
+
+
+class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def _truthy(value: str) -> bool:
@@ -66,10 +152,8 @@ def apply_env_defaults(parser: argparse.ArgumentParser, environ: os._Environ[str
             for sub in action.choices.values():
                 apply_env_defaults(sub, environ)
             continue
-        longs = [o for o in action.option_strings if o.startswith("--")]
-        if not longs or action.dest == "help":
-            continue
-        value = environ.get(env_name(longs[0]))
+        name = flag_env_name(action)
+        value = None if name is None else environ.get(name)
         if value is None:
             continue
         if isinstance(

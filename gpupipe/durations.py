@@ -33,6 +33,19 @@ def parse_duration_ms(text: str) -> int:
     return round(total)
 
 
+def format_duration_ms(ms: int) -> str:
+    """The exact, shortest unit-by-unit form of `ms` ('1h30m', '10s', '500ms', '0'), so `--help` can
+    show a millisecond default as people type it and :func:`parse_duration_ms` reads it back unchanged."""
+    if ms == 0:
+        return "0"
+    sign, rest, parts = ("-" if ms < 0 else ""), abs(int(ms)), []
+    for unit in ("d", "h", "m", "s", "ms"):
+        count, rest = divmod(rest, _UNITS_MS[unit])
+        if count:
+            parts.append(f"{count}{unit}")
+    return sign + "".join(parts)
+
+
 def parse_positive_duration_ms(text: str) -> int:
     ms = parse_duration_ms(text)
     if ms <= 0:

@@ -74,29 +74,30 @@ def process_start_ms() -> int:
 
 
 # -- flags -------------------------------------------------------------------------------------------
-def add_arguments(p: argparse.ArgumentParser, *, startup_default: str | None = "0") -> None:
-    """``--startup-timeout`` and ``--shutdown-timeout`` (env twins GPUPIPE_STARTUP_TIMEOUT, ...).
+def add_arguments(
+    p: argparse.ArgumentParser, *, startup_default: str | None = "0", unset_means: str = ""
+) -> None:
+    """``--startup-timeout`` and ``--shutdown-timeout``.
 
-    `startup_default` None leaves the default to the command (the producer: 10s for a --duration
-    job, else for ever)."""
+    `startup_default` None leaves the default to the command, which says in `unset_means` what it
+    then does (the producer: 10s for a --duration job, else for ever); `--help` adds the rest."""
     from gpupipe.argtypes import duration_ms
 
     g = p.add_argument_group("start-up and shutdown")
-    shown = "0: for ever" if startup_default == "0" else (startup_default or "10s with --duration, else 0")
     g.add_argument(
         "--startup-timeout",
         type=duration_ms,
         default=None if startup_default is None else duration_ms(startup_default),
         metavar="DURATION",
         help="give up (exit 3) when Kafka and the topics are not usable within this time; 0 waits for "
-        f"ever, answering 503 on /healthz meanwhile (default {shown})",
+        "ever, answering 503 on /healthz meanwhile" + (f" (default: {unset_means})" if unset_means else ""),
     )
     g.add_argument(
         "--shutdown-timeout",
         type=duration_ms,
-        default=int(DEFAULT_SHUTDOWN_S * 1000),
+        default=round(DEFAULT_SHUTDOWN_S * 1000),
         metavar="DURATION",
-        help="exit within this time of SIGTERM, broker up or down (default 10s)",
+        help="exit within this time of SIGTERM, broker up or down",
     )
 
 

@@ -15,7 +15,8 @@ import time
 from typing import Any
 
 from gpupipe import startup, topics
-from gpupipe.argtypes import iso_time_ms, positive_duration_ms
+from gpupipe.argtypes import field_default, iso_time_ms, positive_duration_ms
+from gpupipe.durations import format_duration_ms
 from gpupipe.errors import BrokerUnavailableError, ConfigError, GpupipeError
 from gpupipe.kafka_admin import parse_kafka_overrides, parse_topic_overrides, wait_for_broker
 from gpupipe.kafka_auth import KafkaAuthError, principal_of, runtime_write_denial
@@ -24,10 +25,13 @@ from gpupipe.runner import Lifecycle, ServiceSpec, run_service
 from producer.podmeta.extras import add_arguments as podmeta_arguments
 from producer.publish import DENIED, Publisher, producer_config
 from producer.self_metrics import ProducerMetrics
-from producer.simulated.fleet import DEFAULT_XID_RATE_PER_GPU_HOUR, FleetConfig, SimulatedFleet
+from producer.simulated.fleet import FleetConfig, SimulatedFleet
 from schemas.codec import codec_from_url
 
 log = logging.getLogger("gpupipe.produce")
+
+#: --startup-timeout of a finite run (--duration) when none is given: a job fails fast, a service waits.
+JOB_STARTUP_TIMEOUT_MS = 10_000
 
 
 def _speed(text: str) -> float:
@@ -47,8 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--interval",
         type=positive_duration_ms,
-        default=1000,
-        help="sample interval, e.g. 1s, 500ms (default 1s)",
+        default=field_default(FleetConfig, "interval_ms"),
+        help="sample interval, e.g. 1s, 500ms",
     )
     p.add_argument("--listen", default=None, help="HOST:PORT for the producer's own /metrics and /healthz")
     p.add_argument(
@@ -74,8 +78,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compression", default="zstd", choices=["zstd", "lz4", "snappy", "gzip", "none"])
     p.add_argument("--linger-ms", type=int, default=50, help="librdkafka linger for batching")
     sim = p.add_argument_group("simulated source")
-    sim.add_argument("--nodes", type=int, default=2)
-    sim.add_argument("--gpus-per-node", type=int, default=8)
+    sim.add_argument("--nodes", type=int, default=field_default(FleetConfig, "nodes"))
+    sim.add_argument("--gpus-per-node", type=int, default=field_default(FleetConfig, "gpus_per_node"))
     sim.add_argument(
         "--duration", type=positive_duration_ms, default=None, help="simulated time to cover, then exit"
     )
@@ -85,20 +89,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sim.add_argument(
         "--speed", type=_speed, default=1.0, help="1 (real time), 60 (a minute per second) or max"
     )
-    sim.add_argument("--seed", type=int, default=1)
+    sim.add_argument("--seed", type=int, default=field_default(FleetConfig, "seed"))
     sim.add_argument(
         "--xid-rate",
         type=float,
-        default=DEFAULT_XID_RATE_PER_GPU_HOUR,
+        default=field_default(FleetConfig, "xid_rate_per_gpu_hour"),
         metavar="PER_GPU_HOUR",
         help="mean XIDs per GPU-hour of simulated time",
     )
-    sim.add_argument("--hostname-prefix", default="sim-node")
+    sim.add_argument("--hostname-prefix", default=field_default(FleetConfig, "hostname_prefix"))
     sim.add_argument(
         "--hpc-nodes",
         type=int,
-        default=0,
-        help="extra Slurm-style nodes whose GPUs are held by HPC jobs (hpc_job allocations) (default 0)",
+        default=field_default(FleetConfig, "hpc_nodes"),
+        help="extra Slurm-style nodes whose GPUs are held by HPC jobs (hpc_job allocations)",
     )
     nv = p.add_argument_group("nvml source")
     nv.add_argument(
@@ -113,13 +117,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--kubelet-timeout",
         type=positive_duration_ms,
         default=1000,
-        help="deadline of one kubelet List (default 1s)",
+        help="deadline of one kubelet List",
     )
     nv.add_argument(
         "--kubelet-grace",
         type=positive_duration_ms,
         default=10_000,
-        help="keep the last good pod attribution this long after failed kubelet Lists, flagged (default 10s)",
+        help="keep the last good pod attribution this long after failed kubelet Lists, flagged",
     )
     nv.add_argument(
         "--extra-resource-names",
@@ -138,7 +142,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--xid-merge-window",
         type=positive_duration_ms,
         default=500,
-        help="an XID seen by NVML and the kernel log within this window is one event (default 500ms)",
+        help="an XID seen by NVML and the kernel log within this window is one event",
     )
     nv.add_argument("--spool-dir", default="/var/lib/gpupipe/spool", help="XID spool directory (on disk)")
     nv.add_argument(
@@ -157,40 +161,39 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--slow-interval",
         type=positive_duration_ms,
         default=30_000,
-        help="ECC / remapped rows / retired pages (default 30s)",
+        help="ECC / remapped rows / retired pages",
     )
     nv.add_argument(
         "--profiling-interval",
         type=positive_duration_ms,
         default=1000,
-        help="GPM profiling metrics (default 1s)",
+        help="GPM profiling metrics",
     )
     nv.add_argument(
         "--processes-interval",
         type=positive_duration_ms,
         default=5000,
-        help="per-process memory/utilisation (default 5s)",
+        help="per-process memory/utilisation",
     )
     nv.add_argument(
         "--nvml-timeout",
         type=positive_duration_ms,
         default=2000,
-        help="longest wait for one GPU's NVML calls in a poll; a GPU over it is left out and "
-        "reported (default 2s)",
+        help="longest wait for one GPU's NVML calls in a poll; a GPU over it is left out and reported",
     )
     nv.add_argument(
         "--nvml-release-file",
         default=None,
         metavar="PATH",
         help="while this file exists the agent holds no NVML session (for nvidia-smi -r or a driver "
-        "upgrade; /readyz answers 503 meanwhile); default <spool-dir>/nvml-release, '' for none",
+        "upgrade; /readyz answers 503 meanwhile); '' for none (default: <spool-dir>/nvml-release)",
     )
     nv.add_argument(
         "--nvml-reinit-after",
         type=positive_duration_ms,
         default=60_000,
         help="with a GPU lost, re-initialise NVML after this long (then doubling up to 1h), so a "
-        "reset GPU is seen again without a restart (default 60s)",
+        "reset GPU is seen again without a restart",
     )
     nv.add_argument("--proc-root", default="/proc", help="procfs of the host (pid -> pod via cgroups)")
     nv.add_argument(
@@ -199,7 +202,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="kubelet pod log directory (pod UID -> namespace/name)",
     )
     podmeta_arguments(p.add_argument_group("pod metadata and HPC jobs (nvml source)"))
-    startup.add_arguments(p, startup_default=None)
+    startup.add_arguments(
+        p,
+        startup_default=None,
+        unset_means=f"{format_duration_ms(JOB_STARTUP_TIMEOUT_MS)} with --duration, else 0",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -207,7 +214,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--nodes and --gpus-per-node must be at least 1")
     # A finite run (--duration) is a job: an unreachable broker is one line and exit 3 after 10s.
     # Otherwise a service: wait for ever (503 on /healthz meanwhile), whatever starts first.
-    startup_ms = (10_000 if args.duration else 0) if args.startup_timeout is None else args.startup_timeout
+    startup_ms = args.startup_timeout
+    if startup_ms is None:
+        startup_ms = JOB_STARTUP_TIMEOUT_MS if args.duration else 0
     producer = ProducerRun(args)
     spec = ServiceSpec.from_args("producer", args, startup_timeout_ms=startup_ms)
     run_service(spec, producer.build)

@@ -16,6 +16,7 @@ import argparse
 import logging
 import socket
 import threading
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
@@ -28,7 +29,7 @@ from consumers.alerts.service import AlertsService, kafka_alert_sink, restore_fr
 from consumers.consume_loop import ConsumeLoop
 from gpupipe import kube, startup, topics
 from gpupipe.alertmanager import AlertmanagerFanout, AlertmanagerMetrics, AlertmanagerSender
-from gpupipe.argtypes import duration_ms
+from gpupipe.argtypes import duration_ms, field_default, keyword_default
 from gpupipe.errors import ConfigError, GpupipeError
 from gpupipe.kafka_admin import parse_kafka_overrides, wait_for_broker
 from gpupipe.logs import fields
@@ -42,9 +43,7 @@ log = logging.getLogger("gpupipe.alerts")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", default=None, help="HOST:PORT for the service's /metrics and /healthz")
-    p.add_argument(
-        "--group-id", default="gpupipe-alerts", help="Kafka consumer group (default gpupipe-alerts)"
-    )
+    p.add_argument("--group-id", default="gpupipe-alerts", help="Kafka consumer group")
     p.add_argument(
         "--from-beginning",
         action="store_true",
@@ -65,9 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--ha-session-timeout",
         type=duration_ms,
-        default=10_000,
+        default=keyword_default(LeaderElector, "session_timeout_ms"),
         metavar="DURATION",
-        help="how long a silent leader keeps leadership (Kafka session timeout; default 10s)",
+        help="how long a silent leader keeps leadership (Kafka session timeout)",
     )
     p.add_argument(
         "--ack",
@@ -80,62 +79,65 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--instance-id",
         default=None,
-        help="name of this instance in records and cordon annotations (host name)",
+        help="name of this instance in records and cordon annotations (default: host name)",
     )
     life = p.add_argument_group("deduplication and lifecycle")
     life.add_argument(
         "--dedupe-window",
         type=duration_ms,
-        default=600_000,
+        default=field_default(EngineConfig, "dedupe_window_ms"),
         metavar="DURATION",
-        help="repeats of the same fault on the same GPU within this gap fold into one alert (default 10m)",
+        help="repeats of the same fault on the same GPU within this gap fold into one alert",
     )
     life.add_argument(
         "--resolve-after",
         type=duration_ms,
-        default=1_800_000,
+        default=field_default(EngineConfig, "resolve_after_ms"),
         metavar="DURATION",
-        help="an alert resolves after this long without an occurrence (default 30m)",
+        help="an alert resolves after this long without an occurrence",
     )
     life.add_argument(
         "--update-interval",
         type=duration_ms,
-        default=30_000,
+        default=field_default(EngineConfig, "update_interval_ms"),
         metavar="DURATION",
-        help="publish count/last-seen updates of an alert at most this often (default 30s); new, "
-        "escalated and resolved alerts go out at once",
+        help="publish count/last-seen updates of an alert at most this often; new, escalated and "
+        "resolved alerts go out at once",
     )
     life.add_argument(
         "--node-burst-gpus",
         type=int,
-        default=3,
+        default=field_default(EngineConfig, "node_burst_gpus"),
         metavar="N",
-        help="GPUs of one node with faults within --node-burst-window that make a node-level alert "
-        "(default 3)",
+        help="GPUs of one node with faults within --node-burst-window that make a node-level alert",
     )
     life.add_argument(
-        "--node-burst-window", type=duration_ms, default=60_000, metavar="DURATION", help="default 60s"
+        "--node-burst-window",
+        type=duration_ms,
+        default=field_default(EngineConfig, "node_burst_window_ms"),
+        metavar="DURATION",
+        help="the window of --node-burst-gpus",
     )
     life.add_argument(
         "--restore-lookback",
         type=duration_ms,
         default=86_400_000,
         metavar="DURATION",
-        help="how far back gpu.alerts.v1 is read at startup to restore open alerts (default 24h)",
+        help="how far back gpu.alerts.v1 is read at startup to restore open alerts",
     )
     health = p.add_argument_group("health signals from gpu.samples.v1")
     health.add_argument(
         "--health-signals",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="also consume gpu.samples.v1 for ECC, row-remap, GPU-lost and thermal alerts (default on)",
+        help="also consume gpu.samples.v1 for ECC, row-remap, GPU-lost and thermal alerts",
     )
     health.add_argument(
         "--thermal-for",
         type=duration_ms,
-        default=300_000,
+        default=field_default(HealthConfig, "thermal_for_ms"),
         metavar="DURATION",
-        help="thermal clock-event bits must be set this long to alert (default 5m)",
+        help="thermal clock-event bits must be set this long to alert",
     )
     am = p.add_argument_group("Alertmanager")
     am.add_argument(
@@ -148,24 +150,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     am.add_argument(
         "--resend-interval",
         type=duration_ms,
-        default=60_000,
+        default=keyword_default(AlertmanagerSender, "resend_interval_ms"),
         metavar="DURATION",
-        help="re-send firing alerts this often, with endsAt = now + 4 x this (default 1m)",
+        help="re-send firing alerts this often, with endsAt = now + 4 x this",
     )
     am.add_argument(
-        "--alertmanager-timeout", type=duration_ms, default=10_000, metavar="DURATION", help="default 10s"
+        "--alertmanager-timeout",
+        type=duration_ms,
+        default=round(keyword_default(AlertmanagerSender, "timeout_s") * 1000),
+        metavar="DURATION",
+        help="how long one POST to Alertmanager may take",
     )
     am.add_argument(
         "--alertmanager-max-alerts",
         type=int,
-        default=10_000,
+        default=keyword_default(AlertmanagerSender, "max_alerts"),
         metavar="N",
-        help="alerts held for Alertmanager while it is unreachable (default 10000)",
+        help="alerts held for Alertmanager while it is unreachable",
     )
     k8s = p.add_argument_group("remediation (Kubernetes cordon)")
-    k8s.add_argument(
-        "--cordon", action="store_true", help="cordon nodes whose alert calls for draining (default off)"
-    )
+    k8s.add_argument("--cordon", action="store_true", help="cordon nodes whose alert calls for draining")
     k8s.add_argument(
         "--dry-run",
         action="store_true",
@@ -176,21 +180,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=2,
         metavar="N",
-        help="never cordon more than N nodes in any hour (default 2; 0 disables cordoning)",
+        help="never cordon more than N nodes in any hour (0 disables cordoning)",
     )
     k8s.add_argument(
         "--cordon-max-share",
         type=float,
-        default=0.5,
+        default=keyword_default(Cordoner, "max_share"),
         metavar="FRACTION",
-        help="never cordon when that would make more than this share of the cluster's nodes unschedulable "
-        "(default 0.5)",
+        help="never cordon when that would make more than this share of the cluster's nodes unschedulable",
     )
     k8s.add_argument(
         "--uncordon",
         action="store_true",
         help="make nodes gpupipe cordoned schedulable again once all their drain alerts resolved "
-        "(recovered or acknowledged); default off",
+        "(recovered or acknowledged)",
     )
     kube.add_arguments(k8s)
     startup.add_arguments(p)
@@ -231,59 +234,126 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, HealthConfig]:
     return engine, HealthConfig(thermal_for_ms=args.thermal_for)
 
 
-class AlertsApp:
-    """The service wired from parsed arguments; :func:`run` and the storm benchmark use it."""
+@dataclass(frozen=True)
+class AlertsOptions:
+    """What the alerts service is run with, typed: the flags end at :func:`options_from_args`.
 
-    def __init__(self, args: argparse.Namespace, life: Lifecycle | None = None) -> None:
-        engine_cfg, health_cfg = _configs(args)
-        self.args = args
-        self.instance = args.instance_id or socket.gethostname()
+    No defaults here: the flags hold them (and `--help` shows them), the builder passes every field.
+    """
+
+    engine: EngineConfig
+    health: HealthConfig
+    bootstrap: str
+    topic_prefix: str
+    group_id: str
+    instance: str
+    schema_registry_url: str | None
+    extra: dict[str, str]  # librdkafka settings
+    from_beginning: bool
+    create_topics: bool
+    health_signals: bool
+    restore_lookback_ms: int
+    startup_timeout_ms: int
+    ha: bool
+    ha_session_timeout_ms: int
+    alertmanager_urls: tuple[str, ...]
+    resend_interval_ms: int
+    alertmanager_timeout_ms: int
+    alertmanager_max_alerts: int
+    cordon: bool
+    dry_run: bool
+    cordon_max_per_hour: int
+    cordon_max_share: float
+    uncordon: bool
+    cluster: kube.KubeConfig | None  # the API server to cordon through (--cordon without --dry-run)
+
+
+def options_from_args(args: argparse.Namespace) -> AlertsOptions:
+    """Check the flags (one line per mistake, before any network) and type them."""
+    engine, health = _configs(args)
+    cluster = None
+    if args.cordon and not args.dry_run:
+        cluster = kube.config_from_args(args, needed_by="--cordon", otherwise="or use --dry-run")
+    return AlertsOptions(
+        engine=engine,
+        health=health,
+        bootstrap=args.bootstrap_servers,
+        topic_prefix=args.topic_prefix,
+        group_id=args.group_id,
+        instance=args.instance_id or socket.gethostname(),
+        schema_registry_url=args.schema_registry_url,
+        extra=parse_kafka_overrides(args.kafka_config),
+        from_beginning=args.from_beginning,
+        create_topics=args.create_topics,
+        health_signals=args.health_signals,
+        restore_lookback_ms=args.restore_lookback,
+        startup_timeout_ms=getattr(args, "startup_timeout", 0) or 0,
+        ha=args.ha,
+        ha_session_timeout_ms=args.ha_session_timeout,
+        alertmanager_urls=tuple(args.alertmanager_url),
+        resend_interval_ms=args.resend_interval,
+        alertmanager_timeout_ms=args.alertmanager_timeout,
+        alertmanager_max_alerts=args.alertmanager_max_alerts,
+        cordon=args.cordon,
+        dry_run=args.dry_run,
+        cordon_max_per_hour=args.cordon_max_per_hour,
+        cordon_max_share=args.cordon_max_share,
+        uncordon=args.uncordon,
+        cluster=cluster,
+    )
+
+
+class AlertsApp:
+    """The service wired from its options; :func:`run` and the storm benchmark use it."""
+
+    def __init__(self, opts: AlertsOptions, life: Lifecycle | None = None) -> None:
+        self.opts = opts
+        self.instance = opts.instance
         node_api = None
-        if args.cordon and not args.dry_run:
-            cfg = kube.config_from_args(args, needed_by="--cordon", otherwise="or use --dry-run")
-            node_api = KubeNodeApi(kube.KubeClient(cfg))
-        extra = parse_kafka_overrides(args.kafka_config)
-        t_xid = topics.with_prefix(args.topic_prefix, topics.XID)
-        t_samples = topics.with_prefix(args.topic_prefix, topics.SAMPLES)
-        self.alerts_topic = topics.with_prefix(args.topic_prefix, topics.ALERTS)
+        if opts.cluster is not None:
+            node_api = KubeNodeApi(kube.KubeClient(opts.cluster))
+        extra = opts.extra
+        t_xid = topics.with_prefix(opts.topic_prefix, topics.XID)
+        t_samples = topics.with_prefix(opts.topic_prefix, topics.SAMPLES)
+        self.alerts_topic = topics.with_prefix(opts.topic_prefix, topics.ALERTS)
         # gpu.alerts.v1 is read for operators' acks (gpupipe alerts --ack); the rest of it is skipped
         self.inputs = (
-            [t_xid, t_samples, self.alerts_topic] if args.health_signals else [t_xid, self.alerts_topic]
+            [t_xid, t_samples, self.alerts_topic] if opts.health_signals else [t_xid, self.alerts_topic]
         )
-        codec = codec_from_url(args.schema_registry_url)
+        codec = codec_from_url(opts.schema_registry_url)
         self.registry = CollectorRegistry()
         self.alertmanager = None
-        if args.alertmanager_url:
+        if opts.alertmanager_urls:
             am_metrics = AlertmanagerMetrics(self.registry)
             self.alertmanager = AlertmanagerFanout(
                 [
                     AlertmanagerSender(
                         url,
                         shape=gpu_alert_shape,
-                        resend_interval_ms=args.resend_interval,
-                        timeout_s=args.alertmanager_timeout / 1000,
-                        max_alerts=args.alertmanager_max_alerts,
+                        resend_interval_ms=opts.resend_interval_ms,
+                        timeout_s=opts.alertmanager_timeout_ms / 1000,
+                        max_alerts=opts.alertmanager_max_alerts,
                         metrics=am_metrics,
                     )
-                    for url in args.alertmanager_url
+                    for url in opts.alertmanager_urls
                 ]
             )
         self.cordoner = None
-        if args.cordon or args.dry_run:
+        if opts.cordon or opts.dry_run:
             self.cordoner = Cordoner(
                 node_api,
-                dry_run=args.dry_run,
-                max_per_hour=args.cordon_max_per_hour,
+                dry_run=opts.dry_run,
+                max_per_hour=opts.cordon_max_per_hour,
                 on_result=lambda result: self.service.on_cordon_result(result),
                 instance=self.instance,
-                max_share=args.cordon_max_share,
-                uncordon=args.uncordon,
+                max_share=opts.cordon_max_share,
+                uncordon=opts.uncordon,
             )
-        sink = kafka_alert_sink(args.bootstrap_servers, self.alerts_topic, codec, extra)
+        sink = kafka_alert_sink(opts.bootstrap, self.alerts_topic, codec, extra)
         self.service = AlertsService(
             sink=sink,
-            engine_config=engine_cfg,
-            health_config=health_cfg,
+            engine_config=opts.engine,
+            health_config=opts.health,
             registry=self.registry,
             alertmanager=self.alertmanager,
             cordoner=self.cordoner,
@@ -294,15 +364,15 @@ class AlertsApp:
         self._stop = life.stop if life is not None else None
         self.loop: ConsumeLoop | None = None
         self.elector: LeaderElector | None = None
-        if args.ha:
+        if opts.ha:
             self.elector = LeaderElector(
-                args.bootstrap_servers,
-                prefix=args.topic_prefix,
-                group_id=args.group_id,
+                opts.bootstrap,
+                prefix=opts.topic_prefix,
+                group_id=opts.group_id,
                 instance=self.instance,
-                session_timeout_ms=args.ha_session_timeout,
+                session_timeout_ms=opts.ha_session_timeout_ms,
                 extra=extra,
-                create_topic=args.create_topics,
+                create_topic=opts.create_topics,
             )
             sink.fence = self.elector.fenced  # checked per record: a fenced leader publishes nothing
         else:
@@ -310,40 +380,40 @@ class AlertsApp:
 
     def activate(self) -> None:
         """Restore state and build the consume loop: at start, or when this instance becomes the leader."""
-        args, codec, extra = self.args, self._codec, self._extra
+        opts, codec, extra = self.opts, self._codec, self._extra
         # The cordon ledger always needs the rate-limit window, however short --restore-lookback is.
-        lookback = max(args.restore_lookback, HOUR_MS if self.cordoner is not None else 0)
+        lookback = max(opts.restore_lookback_ms, HOUR_MS if self.cordoner is not None else 0)
         if lookback:
             records = startup.retry(  # a fresh topic's leaders may still be moving: wait, do not crash
-                lambda: restore_from_topic(args.bootstrap_servers, self.alerts_topic, codec, lookback, extra),
+                lambda: restore_from_topic(opts.bootstrap, self.alerts_topic, codec, lookback, extra),
                 what=f"restore of open alerts from {self.alerts_topic}",
                 transient=(GpupipeError,),
-                timeout_s=getattr(args, "startup_timeout", 0) / 1000,
+                timeout_s=opts.startup_timeout_ms / 1000,
                 state=self._state,
                 stop=self._stop,
             )
-            since = self.service.now_ms() - args.restore_lookback
-            alerts = [r for r in records if args.restore_lookback and r["emitted_at_ms"] >= since]
+            since = self.service.now_ms() - opts.restore_lookback_ms
+            alerts = [r for r in records if opts.restore_lookback_ms and r["emitted_at_ms"] >= since]
             self.service.restore(alerts, ledger=records)
-        if args.ha:  # the input group moves to the standby as fast as the leader group does
-            timeout = args.ha_session_timeout
+        if opts.ha:  # the input group moves to the standby as fast as the leader group does
+            timeout = opts.ha_session_timeout_ms
             extra = {
                 "session.timeout.ms": str(timeout),
                 "heartbeat.interval.ms": str(max(500, timeout // 5)),
                 **(extra or {}),
             }
         self.loop = ConsumeLoop(
-            bootstrap=args.bootstrap_servers,
-            group_id=args.group_id,
+            bootstrap=opts.bootstrap,
+            group_id=opts.group_id,
             topics=self.inputs,
             handler=self.service,
             codec=codec,
-            deadletter_topic=topics.with_prefix(args.topic_prefix, topics.DEADLETTER),
+            deadletter_topic=topics.with_prefix(opts.topic_prefix, topics.DEADLETTER),
             service="alerts",
             registry=self.registry,
             extra=extra,
-            from_beginning=args.from_beginning,
-            topic_prefix=args.topic_prefix,
+            from_beginning=opts.from_beginning,
+            topic_prefix=opts.topic_prefix,
         )
 
     def role(self) -> str:
@@ -366,7 +436,7 @@ class AlertsApp:
 
     def run(self, stop: threading.Event) -> None:
         """Serve until ``stop`` is set (or the consume loop fails, or leadership is lost), then shut down."""
-        args = self.args
+        opts = self.opts
         if self.elector is not None:
             self.elector.start()
             log.info("standing by for leadership", extra=fields(instance=self.instance))
@@ -394,10 +464,10 @@ class AlertsApp:
                 input=self.inputs,
                 output=self.alerts_topic,
                 instance=self.instance,
-                alertmanager=args.alertmanager_url,
-                cordon="dry-run" if args.dry_run else ("on" if args.cordon else "off"),
-                dedupe_window_ms=args.dedupe_window,
-                resolve_after_ms=args.resolve_after,
+                alertmanager=opts.alertmanager_urls,
+                cordon="dry-run" if opts.dry_run else ("on" if opts.cordon else "off"),
+                dedupe_window_ms=opts.engine.dedupe_window_ms,
+                resolve_after_ms=opts.engine.resolve_after_ms,
             ),
         )
         try:
@@ -424,9 +494,7 @@ class AlertsApp:
 def run(args: argparse.Namespace) -> int:
     if args.ack:
         return _ack(args)
-    _configs(args)  # flag mistakes are one line before any network
-    if args.cordon and not args.dry_run:
-        kube.config_from_args(args, needed_by="--cordon", otherwise="or use --dry-run")
+    opts = options_from_args(args)  # flag mistakes are one line before any network
     needed = [topics.XID, topics.ALERTS, topics.DEADLETTER] + ([topics.SAMPLES] * args.health_signals)
     spec = ServiceSpec.from_args(
         "alerts",
@@ -436,10 +504,10 @@ def run(args: argparse.Namespace) -> int:
             topics.ALL if args.create_topics else needed,
             prefix=args.topic_prefix,
             create=args.create_topics,
-            extra=parse_kafka_overrides(args.kafka_config),
+            extra=opts.extra,
         ),
     )
-    return run_service(spec, lambda life: AlertsApp(args, life))
+    return run_service(spec, lambda life: AlertsApp(opts, life))
 
 
 def _fence(elector: LeaderElector, stop: threading.Event) -> None:

@@ -24,7 +24,8 @@ from consumers.chargeback.engine import ChargebackSettings, build_engine, projec
 from consumers.chargeback.identity import default_group_id
 from consumers.chargeback.service import ChargebackService, ServiceConfig
 from gpupipe import startup, topics
-from gpupipe.argtypes import duration_ms, positive_duration_ms
+from gpupipe.argtypes import ArgType, duration_ms, field_default, field_default_ms, positive_duration_ms
+from gpupipe.durations import format_duration_ms
 from gpupipe.errors import ConfigError
 from gpupipe.kafka_admin import client_config, parse_kafka_overrides
 from gpupipe.logs import fields
@@ -55,10 +56,14 @@ EXAMPLE_PRICES: dict[str, Any] = {
 }
 
 
-def _skew(text: str) -> int | None:
+def _parse_skew(text: str) -> int | None:
     if text.strip().lower() in ("off", "none", "0"):
         return None
     return positive_duration_ms(text)
+
+
+_skew = ArgType(_parse_skew, show=format_duration_ms)
+"""A positive duration in milliseconds, or off (None)."""
 
 
 def _positive_int(text: str) -> int:
@@ -91,21 +96,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     w.add_argument(
         "--window",
         type=positive_duration_ms,
-        default=3_600_000,
-        help="tumbling event-time window, e.g. 1h, 10m (default 1h)",
+        default=field_default(ChargebackSettings, "window_ms"),
+        help="tumbling event-time window, e.g. 1h, 10m",
     )
     w.add_argument(
         "--grace",
         type=duration_ms,
-        default=300_000,
-        help="how long after its end a window waits for late samples before it closes (default 5m); "
-        "later samples go into correction records",
+        default=field_default(ChargebackSettings, "grace_ms"),
+        help="how long after its end a window waits for late samples before it closes; later samples go "
+        "into correction records",
     )
     w.add_argument(
         "--prices",
         default=None,
         metavar="FILE",
-        help="price table YAML (see deploy/prices.example.yaml; default: those example prices)",
+        help="price table YAML (default: the example prices of deploy/prices.example.yaml)",
     )
     w.add_argument(
         "--teams",
@@ -116,42 +121,40 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     w.add_argument(
         "--default-interval",
         type=positive_duration_ms,
-        default=10_000,
-        help="interval assumed for samples without interval_ms (default 10s)",
+        default=field_default(AccountingConfig, "default_interval_ms"),
+        help="interval assumed for samples without interval_ms",
     )
     w.add_argument(
         "--idle-threshold",
         type=_ratio,
-        default=0.05,
-        help="activity below which allocated time counts as idle (default 0.05)",
+        default=field_default(AccountingConfig, "idle_activity_threshold"),
+        help="activity below which allocated time counts as idle",
     )
     w.add_argument(
         "--max-clock-skew",
         type=_skew,
-        default=60_000,
+        default=field_default(ChargebackSettings, "max_clock_skew_ms"),
         help="samples stamped further ahead of their Kafka timestamp (broker time: the samples topic is "
-        "created with LogAppendTime) are billed once, at that time, and counted (default 1m; 'off' "
-        "disables)",
+        "created with LogAppendTime) are billed once, at that time, and counted ('off' disables)",
     )
     w.add_argument(
         "--idle-timeout",
         type=_skew,
         default=300_000,
         help="a caught-up input partition that delivers nothing for this long has its event time "
-        "advanced to broker time, so its last window closes and its checkpoint moves (default 5m; "
-        "'off' disables)",
+        "advanced to broker time, so its last window closes and its checkpoint moves ('off' disables)",
     )
     k = p.add_argument_group("kafka")
     k.add_argument(
         "--group-id",
         default=None,
-        help="consumer group (default <topic prefix>gpupipe-chargeback, so environments sharing a "
-        "cluster never share a group)",
+        help="consumer group; environments sharing a cluster never share the default one (default: <topic "
+        "prefix>gpupipe-chargeback)",
     )
     k.add_argument(
         "--transactional-id",
         default=None,
-        help="the producer's transactional.id (default <group id>.<instance id>)",
+        help="the producer's transactional.id (default: <group id>.<instance id>)",
     )
     k.add_argument(
         "--instance-id",
@@ -162,43 +165,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     k.add_argument(
         "--static-membership",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=field_default(ServiceConfig, "static_membership"),
         help="join with group.instance.id so a restarted instance gets its partitions back without a "
-        "rebalance (default on; an instance that goes away for good releases its partitions only "
-        "after session.timeout.ms)",
+        "rebalance (an instance that goes away for good releases its partitions only after "
+        "session.timeout.ms)",
     )
     k.add_argument(
         "--commit-interval",
         type=positive_duration_ms,
-        default=1000,
-        help="commit a transaction this often (default 1s); also the output latency",
+        default=field_default_ms(ServiceConfig, "commit_interval_s"),
+        help="commit a transaction this often; also the output latency",
     )
     k.add_argument(
         "--commit-records",
         type=_positive_int,
-        default=100_000,
-        help="or after this many consumed records (default 100000)",
+        default=field_default(ServiceConfig, "commit_records"),
+        help="or after this many consumed records",
     )
     k.add_argument(
-        "--batch-size", type=_positive_int, default=5000, help="records per consume() call (default 5000)"
+        "--batch-size",
+        type=_positive_int,
+        default=field_default(ServiceConfig, "batch_size"),
+        help="records per consume() call",
     )
     k.add_argument(
         "--transaction-timeout",
         type=positive_duration_ms,
-        default=30_000,
+        default=field_default(ServiceConfig, "transaction_timeout_ms"),
         help="transaction.timeout.ms: how long a crashed instance's open transaction can block "
-        "read_committed readers if no instance with its id comes back (default 30s)",
+        "read_committed readers if no instance with its id comes back",
     )
     k.add_argument(
         "--start",
         choices=["earliest", "latest"],
-        default="earliest",
-        help="where a partition without a committed checkpoint starts (default earliest: bill all "
-        "retained samples)",
+        default=field_default(ServiceConfig, "start"),
+        help="where a partition without a committed checkpoint starts (earliest: bill all retained samples)",
     )
-    k.add_argument("--input-topic", default=None, help="override the samples topic (default gpu.samples.v1)")
+    k.add_argument("--input-topic", default=None, help="override the samples topic (default: gpu.samples.v1)")
     k.add_argument(
-        "--output-topic", default=None, help="override the output topic (default gpu.chargeback.v1)"
+        "--output-topic", default=None, help="override the output topic (default: gpu.chargeback.v1)"
     )
     k.add_argument(
         "--create-topics",

@@ -23,7 +23,7 @@ from consumers.metrics.http import DEFAULT_PORT
 from consumers.metrics.render import MIG_LAYOUTS, RenderOptions
 from consumers.metrics.service import MetricsConfig, MetricsService, tune_gc
 from gpupipe import startup, topics
-from gpupipe.argtypes import duration_ms
+from gpupipe.argtypes import duration_ms, field_default, field_default_ms
 from gpupipe.errors import ConfigError
 from gpupipe.kafka_admin import parse_kafka_overrides
 from gpupipe.runner import KafkaNeeds, Lifecycle, ServiceSpec, run_service
@@ -44,14 +44,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         dest="listen",
         default=f":{DEFAULT_PORT}",
         metavar="HOST:PORT",
-        help=f"address of /metrics, /health and /healthz (default :{DEFAULT_PORT}, dcgm-exporter's: every "
-        "IPv4 and IPv6 address, IPv4 only where the host has no IPv6); '[::]:9400' is IPv6 (dual-stack), "
-        "'0.0.0.0:9400' IPv4 only",
+        help=f"address of /metrics, /health and /healthz; the default is dcgm-exporter's: every IPv4 and "
+        f"IPv6 address, IPv4 only where the host has no IPv6; '[::]:{DEFAULT_PORT}' is IPv6 (dual-stack), "
+        f"'0.0.0.0:{DEFAULT_PORT}' IPv4 only",
     )
     p.add_argument(
         "--group-id",
-        default="gpupipe-metrics",
-        help="Kafka consumer group; instances of one group split the GPUs (default gpupipe-metrics)",
+        default=field_default(MetricsConfig, "group_id"),
+        help="Kafka consumer group; instances of one group split the GPUs",
     )
     p.add_argument(
         "--from-beginning",
@@ -78,9 +78,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ex.add_argument(
         "--host-label",
         choices=sorted(HOST_LABELS),
-        default="Hostname",
+        default=field_default(MetricsConfig, "host_label"),
         help="name of the node label: Hostname (dcgm-exporter up to 4.5.3-4.8.2 and its dashboards), "
-        "hostname (4.8.3), or none (default Hostname)",
+        "hostname (4.8.3), or none",
     )
     ex.add_argument(
         "--no-hostname",
@@ -92,15 +92,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--kubernetes-virtual-gpus",
         action=dcgm_compat.GoBool,
         help="dcgm-exporter's virtual-GPU layout: on shared (time-sliced) GPUs one copy of every series "
-        "per pod replica (vgpu label), GPU_UTIL and FB_USED split per pod (pod_uid label). Default: one "
+        "per pod replica (vgpu label), GPU_UTIL and FB_USED split per pod (pod_uid label); without it one "
         "series per GPU, as dcgm-exporter's default",
     )
     ex.add_argument(
         "--mig-layout",
         choices=MIG_LAYOUTS,
         default=None,
-        help="instances (default, dcgm-exporter's -d f): a GPU in MIG mode appears only as its GPU "
-        "instances, each with the parent's device-wide readings; gpu+instances (-d g+i): the parent too",
+        help="instances (dcgm-exporter's -d f): a GPU in MIG mode appears only as its GPU instances, each "
+        "with the parent's device-wide readings; gpu+instances (-d g+i): the parent too (default: "
+        "instances, or what --devices maps to)",
     )
     ex.add_argument(
         "--devices",
@@ -122,14 +123,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=300_000,
         metavar="MS",
-        help="window of DCGM_EXP_XID_ERRORS_COUNT in milliseconds (default 300000, as dcgm-exporter)",
+        help="window of DCGM_EXP_XID_ERRORS_COUNT in milliseconds, as dcgm-exporter's",
     )
     ex.add_argument(
         "--clock-events-count-window-size",
         type=int,
         default=300_000,
         metavar="MS",
-        help="window of DCGM_EXP_CLOCK_EVENTS_COUNT in milliseconds (default 300000)",
+        help="window of DCGM_EXP_CLOCK_EVENTS_COUNT in milliseconds",
     )
     ex.add_argument(
         "--per-pod-shares",
@@ -137,7 +138,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=True,
         help="on GPUs held by two or more containers, each pod's share of SM time, memory-controller "
         "time and framebuffer as gpupipe_pod_gpu_util_percent, gpupipe_pod_mem_copy_util_percent and "
-        "gpupipe_pod_fb_used_mib (from per-process data; default on)",
+        "gpupipe_pod_fb_used_mib (from per-process data)",
     )
     ex.add_argument(
         "--stale-after",
@@ -150,33 +151,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ex.add_argument(
         "--stale-intervals",
         type=float,
-        default=3.0,
+        default=field_default(MetricsConfig, "stale_intervals"),
         metavar="N",
-        help="sample intervals without a sample before a GPU's series go (default 3)",
+        help="sample intervals without a sample before a GPU's series go",
     )
     ex.add_argument(
         "--max-sample-age",
         type=duration_ms,
-        default=300_000,
+        default=field_default_ms(MetricsConfig, "max_sample_age_s"),
         metavar="DURATION",
-        help="do not show samples older than this when they arrive (replays, backfills; default 5m, "
-        "0 = no limit)",
+        help="do not show samples older than this when they arrive (replays, backfills; 0 = no limit)",
     )
     web = p.add_argument_group("HTTP")
     web.add_argument(
         "--web-config-file",
         default=None,
         metavar="FILE",
-        help="exporter-toolkit web config: TLS and basic auth for /metrics (default off)",
+        help="exporter-toolkit web config: TLS and basic auth for /metrics (none: plain HTTP)",
     )
     dcgm_compat.add_ignored(p)
     web.add_argument(
         "--gzip-level",
         type=int,
-        default=1,
+        default=field_default(MetricsConfig, "gzip_level"),
         choices=range(1, 10),
         metavar="1-9",
-        help="gzip level for scrapers that accept gzip (default 1: fast, still ~10x smaller)",
+        help="gzip level for scrapers that accept gzip (1: fast, still ~10x smaller)",
     )
     startup.add_arguments(p)
 

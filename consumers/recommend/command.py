@@ -26,7 +26,7 @@ from consumers.recommend.service import RecommendService, am_shape, kafka_recomm
 from consumers.topic_reader import read_topic
 from gpupipe import startup, topics
 from gpupipe.alertmanager import AlertmanagerFanout, AlertmanagerMetrics, AlertmanagerSender
-from gpupipe.argtypes import duration_ms
+from gpupipe.argtypes import duration_ms, field_default, keyword_default
 from gpupipe.errors import ConfigError, GpupipeError
 from gpupipe.kafka_admin import parse_kafka_overrides
 from gpupipe.logs import fields
@@ -56,29 +56,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--idle-threshold",
         type=float,
-        default=0.05,
-        help="activity (SM active, else GPU utilisation, 0..1) under which a sample is idle (default 0.05)",
+        default=field_default(DetectorConfig, "idle_threshold"),
+        help="activity (SM active, else GPU utilisation, 0..1) under which a sample is idle",
     )
     p.add_argument(
         "--idle-after",
         type=duration_ms,
-        default=2 * 3_600_000,
+        default=field_default(DetectorConfig, "idle_after_ms"),
         metavar="DURATION",
-        help="idle this long before a recommendation fires (default 2h)",
+        help="idle this long before a recommendation fires",
     )
     p.add_argument(
         "--update-interval",
         type=duration_ms,
-        default=900_000,
+        default=field_default(DetectorConfig, "update_interval_ms"),
         metavar="DURATION",
-        help="publish an update of an open recommendation this often, in event time (default 15m)",
+        help="publish an update of an open recommendation this often, in event time",
     )
     p.add_argument(
         "--gone-after",
         type=duration_ms,
-        default=600_000,
+        default=field_default(DetectorConfig, "gone_after_ms"),
         metavar="DURATION",
-        help="resolve a recommendation whose GPU sent nothing for this long (default 10m)",
+        help="resolve a recommendation whose GPU sent nothing for this long",
     )
     p.add_argument(
         "--prices", default=None, metavar="FILE", help="price table YAML (as chargeback's) for costs"
@@ -87,23 +87,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--release-memory",
         type=int,
-        default=1024,
+        default=field_default(RightSizeConfig, "release_memory_bytes") // MIB,
         metavar="MIB",
-        help="an idle pod whose memory peak stays under this many MiB should release its GPU (default 1024)",
+        help="an idle pod whose memory peak stays under this many MiB should release its GPU",
     )
     p.add_argument(
         "--shared-replicas",
         type=int,
-        default=4,
+        default=field_default(RightSizeConfig, "shared_replicas"),
         metavar="N",
-        help="replicas per time-sliced GPU in your shared pool, for shared_gpu suggestions (default 4)",
+        help="replicas per time-sliced GPU in your shared pool, for shared_gpu suggestions",
     )
     p.add_argument(
         "--restore-lookback",
         type=duration_ms,
         default=7 * 86_400_000,
         metavar="DURATION",
-        help="how far back gpu.recommendations.v1 is read at start to continue open ones (default 7d)",
+        help="how far back gpu.recommendations.v1 is read at start to continue open ones",
     )
     am = p.add_argument_group("Alertmanager (optional)")
     am.add_argument(
@@ -114,7 +114,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="also post open recommendations as severity=info alerts (repeatable)",
     )
     am.add_argument(
-        "--resend-interval", type=duration_ms, default=60_000, metavar="DURATION", help="default 1m"
+        "--resend-interval",
+        type=duration_ms,
+        default=keyword_default(AlertmanagerSender, "resend_interval_ms"),
+        metavar="DURATION",
+        help="re-send open recommendations to Alertmanager this often",
     )
     startup.add_arguments(p)
 

@@ -66,7 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--by",
         type=_by,
         default=("namespace",),
-        help="group by namespace (default), team or node, and by owner or label:<key> (the pods' top "
+        help="group by namespace, team or node, and by owner or label:<key> (the pods' top "
         "controller, a pod label); several with commas, e.g. team,node or namespace,owner",
     )
     p.add_argument(
@@ -75,13 +75,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="grid carbon intensity YAML (static gCO2e/kWh per zone, or a time series): adds CO2e columns",
     )
-    p.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
+    p.add_argument("--format", choices=FORMATS, default="table", help="output format")
     p.add_argument("--teams", default=None, metavar="FILE", help="namespace-to-team mapping YAML")
     p.add_argument(
         "--period",
         choices=PERIODS,
         default="window",
-        help="sum windows per window (default), hour, day, month (UTC) or over the whole range (all)",
+        help="sum windows per window, hour, day, month (UTC) or over the whole range (all)",
     )
     p.add_argument(
         "--split-corrections",
@@ -97,13 +97,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=60.0,
         metavar="SECONDS",
         help="give up if the end offsets are not reached in time (an open transaction holds "
-        "read_committed readers until it ends) (default 60)",
+        "read_committed readers until it ends)",
     )
     p.add_argument(
         "--invoice-lag",
         type=positive_duration_ms,
         default=86_400_000,
-        help="FOCUS export: how long after a month ends its invoice is cut (default 1d); records "
+        help="FOCUS export: how long after a month ends its invoice is cut; records "
         "recorded later are billed in the month they were recorded in, as ChargeClass=Correction, "
         "and --from/--to select billing periods",
     )

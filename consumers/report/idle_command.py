@@ -32,14 +32,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--since",
         default="7d",
-        help="streaks that lasted into this recent period: a duration (7d, 12h) or an ISO date (default 7d)",
+        help="streaks that lasted into this recent period: a duration (7d, 12h) or an ISO date",
     )
-    p.add_argument("--by", choices=IDLE_DIMENSIONS, default="team", help="group by (default team)")
-    p.add_argument("--format", choices=FORMATS, default="table", help="output format (default table)")
+    p.add_argument("--by", choices=IDLE_DIMENSIONS, default="team", help="group by")
+    p.add_argument("--format", choices=FORMATS, default="table", help="output format")
     p.add_argument("--teams", default=None, metavar="FILE", help="team mapping YAML (as report chargeback)")
-    p.add_argument("--top", type=int, default=0, metavar="N", help="only the N largest wasters (default all)")
+    p.add_argument("--top", type=int, default=0, metavar="N", help="only the N largest wasters (0: all)")
     p.add_argument("--topic", default=None, help="read this topic instead of gpu.recommendations.v1")
-    p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="default 60")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="give up if the end offsets are not reached in time",
+    )
     p.add_argument("--focus-provider", default="gpupipe", help="FOCUS ProviderName")
 
 

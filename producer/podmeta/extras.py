@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gpupipe import kube
+from producer.podmeta.hpc_jobs import DEFAULT_NAMESPACE as DEFAULT_HPC_NAMESPACE
 from producer.podmeta.hpc_jobs import HpcJobMap
 from producer.podmeta.kube_watch import PodMetadataWatcher
 from producer.podmeta.owners import annotate
@@ -105,12 +106,12 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
         choices=["off", "api"],
         default="off",
         help="learn this node's pods' labels, owner and priority class from the API server with a "
-        "node-scoped watch (default off)",
+        "node-scoped watch",
     )
     group.add_argument(
         "--pod-labels",
         default=DEFAULT_POD_LABELS,
-        help=f"pod label keys copied into each allocation, comma-separated (default {DEFAULT_POD_LABELS})",
+        help="pod label keys copied into each allocation, comma-separated",
     )
     kube.add_arguments(group)
     group.add_argument(
@@ -120,7 +121,7 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
         help="dcgm-exporter-style GPU -> job id files written by the scheduler's prolog/epilog",
     )
     group.add_argument(
-        "--hpc-namespace", default="hpc", help="namespace of HPC job allocations (default hpc)"
+        "--hpc-namespace", default=DEFAULT_HPC_NAMESPACE, help="namespace of HPC job allocations"
     )
 
 

@@ -1,0 +1,182 @@
+"""`--help` states every flag's default and environment twin once, from the flag's own declaration.
+
+Help texts once restated defaults by hand ("(default 10s)") next to `default=`; the two drift apart
+silently. The CLI now appends the default and the GPUPIPE_* variable itself, so these tests check,
+for every subcommand, that each appears exactly once, that the shown default reads back as the
+real one, and that no help text states a default (or a variable) by hand any more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+import pytest
+
+from gpupipe import cli
+from gpupipe.durations import format_duration_ms, parse_duration_ms
+
+# A default stated in words: "(default 10s)", "default: x", "; default off", "default 60", "default is 5".
+STATED_DEFAULT = re.compile(r"\(default\b|\bdefault(?::|\s+(?:is\s+)?[\d'\"])|;\s*default\b|^default\b", re.I)
+
+
+def _commands() -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    out: list[tuple[tuple[str, ...], argparse.ArgumentParser]] = []
+
+    def walk(parser: argparse.ArgumentParser, words: tuple[str, ...]) -> None:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs and words:
+            out.append((words, parser))
+        for sub in subs:
+            for name, child in sub.choices.items():
+                walk(child, (*words, name))
+
+    walk(cli.build_parser(), ())
+    return out
+
+
+COMMANDS = _commands()
+IDS = [" ".join(words) for words, _ in COMMANDS]
+
+
+def _flags(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    return [
+        a for a in parser._actions if cli.flag_env_name(a) is not None and a.help is not argparse.SUPPRESS
+    ]
+
+
+def _help(parser: argparse.ArgumentParser) -> str:
+    return " ".join(parser.format_help().split())  # line breaks fall only at spaces
+
+
+def _reads_back(action: argparse.Action, shown: str) -> object:
+    """What the flag's value would be if one typed the shown default."""
+    if isinstance(action, argparse.BooleanOptionalAction):
+        return {"on": True, "off": False}[shown]
+    return action.type(shown) if action.type is not None else shown
+
+
+def test_every_command_is_covered() -> None:
+    assert {
+        "produce",
+        "metrics",
+        "chargeback",
+        "alerts",
+        "recommend",
+        "report chargeback",
+        "report idle",
+    } <= set(IDS)
+
+
+@pytest.mark.parametrize(("words", "parser"), COMMANDS, ids=IDS)
+def test_every_flag_shows_its_environment_variable_once(
+    words: tuple[str, ...], parser: argparse.ArgumentParser
+) -> None:
+    text = _help(parser)
+    for action in _flags(parser):
+        name = cli.flag_env_name(action)
+        assert text.count(f"env {name})") == 1, (words, action.option_strings)
+
+
+@pytest.mark.parametrize(("words", "parser"), COMMANDS, ids=IDS)
+def test_every_default_is_shown_once_and_reads_back_as_the_default(
+    words: tuple[str, ...], parser: argparse.ArgumentParser
+) -> None:
+    text = _help(parser)
+    shown_any = 0
+    for action in _flags(parser):
+        shown = cli.shown_default(action)
+        if action.default is None or action.default is False or action.default in ([], "", ()):
+            assert shown is None, (words, action.option_strings)
+            continue
+        if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+            continue  # a switch: its presence is the value
+        assert shown is not None, (words, action.option_strings)
+        note = f"(default: {shown}; env {cli.flag_env_name(action)})"
+        assert text.count(note) == 1, (words, note)
+        assert text.count(f"default: {shown};") >= 1
+        real = action.default
+        if isinstance(real, str) and action.type is not None:
+            real = action.type(real)  # argparse converts a string default as it would the flag's value
+        assert _reads_back(action, shown) == real, (words, action.option_strings, shown)
+        shown_any += 1
+    assert shown_any or words in {("xid", "parse")}, words
+
+
+@pytest.mark.parametrize(("words", "parser"), COMMANDS, ids=IDS)
+def test_no_help_text_states_a_default_or_a_variable_by_hand(
+    words: tuple[str, ...], parser: argparse.ArgumentParser
+) -> None:
+    twins = {cli.flag_env_name(a) for a in _flags(parser)}
+    for action in _flags(parser):
+        own = action.help or ""
+        switch = isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction)
+        if cli.shown_default(action) is None and not switch:
+            own = cli._WORDS_DEFAULT.sub("", own)  # a computed default: in words, last, in parentheses
+        assert not STATED_DEFAULT.search(own), (words, action.option_strings, action.help)
+        for name in re.findall(r"GPUPIPE_[A-Z0-9_]+", own):
+            assert name not in twins, (words, action.option_strings, name)
+
+
+def test_a_computed_default_in_words_shares_the_parentheses() -> None:
+    parser = dict(COMMANDS)[("alerts",)]
+    text = _help(parser)
+    assert "(default: in-cluster config; env GPUPIPE_KUBE_API_URL)" in text
+    assert "(default: host name; env GPUPIPE_INSTANCE_ID)" in text
+    assert "(env GPUPIPE_LISTEN)" in text  # no default: the variable alone
+
+
+def test_a_default_from_the_environment_is_the_one_shown() -> None:
+    root = cli.build_parser()
+    cli.apply_env_defaults(root, {"GPUPIPE_DEDUPE_WINDOW": "15m", "GPUPIPE_HEALTH_SIGNALS": "false"})
+    alerts = next(p for w, p in _walk_root(root) if w == ("alerts",))
+    text = _help(alerts)
+    assert "(default: 15m; env GPUPIPE_DEDUPE_WINDOW)" in text
+    assert "(env GPUPIPE_HEALTH_SIGNALS)" in text  # switched off: nothing to state
+
+
+def _walk_root(root: argparse.ArgumentParser) -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    sub = next(a for a in root._actions if isinstance(a, argparse._SubParsersAction))
+    return [((name,), p) for name, p in sub.choices.items()]
+
+
+def test_help_keeps_paths_and_names_whole() -> None:
+    parser = dict(COMMANDS)[("produce",)]
+    raw = parser.format_help()
+    assert "/var/lib/kubelet/pod-resources/kubelet.sock;" in raw
+    assert all(len(word) < 80 for word in raw.split())
+
+
+def test_the_parsers_actions_keep_their_own_help() -> None:
+    parser = dict(COMMANDS)[("alerts",)]
+    parser.format_help()
+    action = next(a for a in parser._actions if a.dest == "dedupe_window")
+    assert "env" not in action.help and "default" not in action.help
+
+
+@pytest.mark.parametrize(
+    ("ms", "text"),
+    [(0, "0"), (500, "500ms"), (1000, "1s"), (1500, "1s500ms"), (60_000, "1m"), (90_000, "1m30s"),
+     (5_400_000, "1h30m"), (86_400_000, "1d"), (7 * 86_400_000, "7d"), (123_456_789, "1d10h17m36s789ms")],
+)  # fmt: skip
+def test_format_duration_ms_is_exact_and_reads_back(ms: int, text: str) -> None:
+    assert format_duration_ms(ms) == text
+    assert parse_duration_ms(text) == ms
+
+
+def test_flag_defaults_come_from_the_configs() -> None:
+    """The flags read their defaults from the config classes: parsing no flags gives the configs'."""
+    from consumers.alerts.command import options_from_args
+    from consumers.alerts.dedupe import EngineConfig
+    from consumers.alerts.health_signals import HealthConfig
+    from consumers.metrics import command as metrics_command
+    from consumers.metrics.service import MetricsConfig
+
+    opts = options_from_args(cli.build_parser().parse_args(["alerts", "--instance-id", "a"]))
+    assert opts.engine == EngineConfig(confirm_by_samples=True)
+    assert opts.health == HealthConfig()
+    assert (opts.instance, opts.cluster, opts.alertmanager_urls) == ("a", None, ())
+    cfg = metrics_command.config_from_args(cli.build_parser().parse_args(["metrics"]))
+    want = MetricsConfig(bootstrap="localhost:9092")
+    for name in ("group_id", "stale_intervals", "max_sample_age_s", "gzip_level", "host_label"):
+        assert getattr(cfg, name) == getattr(want, name), name
