@@ -12,6 +12,8 @@ failure modes, all settable while it runs::
         api.node("node-a")            # current object: {"metadata": {...}, "spec": {...}}
         api.fail_next(500, times=2)   # the next 2 requests answer 500 with a Status body
         api.set_delay(1.5)            # every request sleeps first
+        api.set_late_answer(1.5)      # every PATCH is applied, then answered that much later
+        api.refuse_patches(422)       # every PATCH is answered 422 and not applied
         api.set_unschedulable("node-b")
 
 A wrong or missing bearer token answers 401 (when ``token`` is set); an unknown node 404; a PATCH with a
@@ -78,6 +80,8 @@ class FakeKubeApi:
         self.requests: list[Request] = []
         self._fail: list[int] = []
         self._delay = 0.0
+        self._late_patch = 0.0
+        self._refuse_patch: int | None = None
         self._stop_delay = threading.Event()
         fake = self
 
@@ -102,12 +106,18 @@ class FakeKubeApi:
                     fake.requests.append(req)
                     delay = fake._delay
                     fail = fake._fail.pop(0) if fake._fail else None
+                    if fail is None and method == "PATCH":
+                        fail = fake._refuse_patch
                 if delay:
                     fake._stop_delay.wait(delay)
                 if fail is not None:
                     self._reply(fail, _status(fail, "InternalError", f"injected failure {fail}"))
                     return
                 code, out = fake._serve(req)
+                with fake._lock:
+                    late = fake._late_patch if method == "PATCH" else 0.0
+                if late:  # applied already: only the answer is late (an overloaded API server)
+                    fake._stop_delay.wait(late)
                 self._reply(code, out)
 
             def do_GET(self) -> None:
@@ -157,6 +167,14 @@ class FakeKubeApi:
     def fail_next(self, status: int, times: int = 1) -> None:
         with self._lock:
             self._fail.extend([status] * times)
+
+    def refuse_patches(self, status: int | None) -> None:
+        with self._lock:
+            self._refuse_patch = status
+
+    def set_late_answer(self, seconds: float) -> None:
+        with self._lock:
+            self._late_patch = seconds
 
     def set_delay(self, seconds: float) -> None:
         with self._lock:

@@ -28,8 +28,10 @@ Circuit breakers: the hourly limit below, and a share of the cluster (``--cordon
 as NVSentinel's): no cordon that would make more than that share of all nodes unschedulable; when the
 nodes cannot be listed, no cordon (fail closed).
 
-Rate limit (``--cordon-max-per-hour N``, default 2): a sliding window of one hour over the cordons that
-succeeded (in dry-run mode: the dry-run decisions). When N nodes were cordoned in the last hour, the next
+Rate limit (``--cordon-max-per-hour N``, default 2): a sliding window of one hour over the cordons
+attempted (in dry-run mode: the dry-run decisions). An attempt counts from before its PATCH: one the API
+server refused (a 4xx answer) is taken back, one without an answer (a timeout, a 5xx) keeps counting,
+because it may have taken effect. When N nodes were cordoned in the last hour, the next
 request is refused (outcome ``rate_limited``) and left to people -- one bad driver rollout must not cordon
 the fleet. A node is decided once per window: later drain alerts for a node already cordoned, refused
 or dry-run are not re-requested (a failed API call is retried, see above).
@@ -48,6 +50,7 @@ result goes to the ``on_result`` callback.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -129,6 +132,11 @@ class SlidingWindowLimiter:
         self._times.append(at_ms)
         if len(self._times) > 1 and self._times[-2] > at_ms:
             self._times = deque(sorted(self._times))
+
+    def forget(self, at_ms: int) -> None:
+        """Take back one event recorded at ``at_ms`` (an attempt known to have had no effect)."""
+        with contextlib.suppress(ValueError):  # not recorded (it left the window meanwhile)
+            self._times.remove(at_ms)
 
     def next_free_ms(self, now_ms: int) -> int | None:
         """When the next slot frees up (None if one is free now)."""
@@ -220,6 +228,11 @@ class Cordoner:
         self._counted.add((node, at_ms))
         self.limiter.record(at_ms)
         return True
+
+    def _uncount(self, node: str, at_ms: int) -> None:
+        if (node, at_ms) in self._counted:
+            self._counted.discard((node, at_ms))
+            self.limiter.forget(at_ms)
 
     def restore_from_cluster(self, now_ms: int | None = None) -> int:
         """Count the cordons the cluster itself records: nodes carrying our ``cordoned-at`` annotation
@@ -391,12 +404,19 @@ class Cordoner:
             ANNOTATION_PREFIX + "cordon-reason": str(record.get("summary", ""))[:500],
             ANNOTATION_PREFIX + "cordoned-at": str(now),
         }
+        # Intent is counted before the call: a PATCH that times out may still have been applied (an
+        # overloaded API server during a mass fault), and its retry then finds the node cordoned.
+        self._count(node, now)
         try:
             assert self.api is not None
             self.api.cordon(node, annotations)
         except KubeApiError as exc:
-            return CordonResult(node, "failed", False, f"PATCH node: {exc}", now, record)
-        self._count(node, now)
+            if exc.status is not None and 400 <= exc.status < 500:
+                self._uncount(node, now)  # the server answered no: nothing changed
+                return CordonResult(node, "failed", False, f"PATCH node: {exc}", now, record)
+            return CordonResult(
+                node, "failed", False, f"PATCH node: {exc}; counted, it may have taken effect", now, record
+            )
         return CordonResult(
             node, "cordoned", False, f"spec.unschedulable=true ({window} before)", now, record
         )

@@ -213,3 +213,33 @@ def test_fake_rejects_non_patch_content_type() -> None:
         with pytest.raises(urllib.error.HTTPError) as exc:
             urllib.request.urlopen(req, timeout=2)
         assert exc.value.code == 415
+
+
+def test_a_patch_answered_too_late_counts_against_the_limit(tmp_path: Path) -> None:
+    # The API server applies each PATCH but answers after the client gave up: the attempts count.
+    nodes = [f"cn-{i:02}" for i in range(8)]
+    with FakeKubeApi(nodes, token="tok") as api:
+        api.set_late_answer(1.0)
+        c, results, _ = make(api, tmp_path, limit=2)
+        for i, node in enumerate(nodes):
+            c.process(rec(node, f"a{i}"))
+        for node in nodes:  # the retries after the timeouts
+            c.process(rec(node, "again"))
+        cordoned = [n for n in nodes if api.node(n)["spec"].get("unschedulable")]
+        assert len(cordoned) == 2, cordoned
+        assert len(api.patches()) == 2
+        assert [r.outcome for r in results[:2]] == ["failed", "failed"]
+        assert all("may have taken effect" in r.detail for r in results[:2])
+        assert {r.outcome for r in results[2:8]} == {"rate_limited"}
+
+
+def test_a_patch_the_server_refused_gives_its_slot_back(tmp_path: Path) -> None:
+    with FakeKubeApi(["node-a", "node-b"], token="tok") as api:
+        c, results, _ = make(api, tmp_path, limit=1)
+        api.refuse_patches(422)
+        c.process(rec("node-a", "a1"))
+        assert results[-1].outcome == "failed" and "may have taken effect" not in results[-1].detail
+        assert not api.node("node-a")["spec"].get("unschedulable")
+        api.refuse_patches(None)
+        c.process(rec("node-b", "a2"))  # the refused attempt left its slot free
+        assert results[-1].outcome == "cordoned"
