@@ -30,6 +30,7 @@ from gpupipe.logs import fields
 from gpupipe.startup import process_start_ms, start_offsets
 from schemas.codec import AvroCodec
 from schemas.errors import DecodeError
+from schemas.validate import violation
 
 log = logging.getLogger("gpupipe.consume")
 
@@ -258,6 +259,7 @@ class ConsumeLoop:
         decode = self.codec.decode
         last: dict[tuple[str, int], Message] = {}
         counts: dict[str, int] = {}
+        now_ms = int(time.time() * 1000)
         for msg in msgs:
             err = msg.error()
             if err is not None:
@@ -283,6 +285,10 @@ class ConsumeLoop:
                     "unexpected-record-type",
                     f"{d.name} on {topic}, which carries {', '.join(sorted(carries))}",
                 )
+                continue
+            bad = violation(d.name, d.record, msg.timestamp()[1], now_ms)
+            if bad is not None:
+                self.dead_letter(msg, "out-of-range", bad)
                 continue
             counts[topic] = counts.get(topic, 0) + 1
             records.append(

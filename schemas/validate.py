@@ -1,0 +1,198 @@
+"""What a record's fields may hold, beyond what Avro checks: one place every consumer asks.
+
+Avro says a ``timestamp_ms`` is a long and ``power_w`` a double; it lets through a sample dated
+-2**63, a NaN power or a 200 KB namespace, each of which any GPU node may write and each of which
+once stopped or poisoned a consumer (a window start beyond Avro's range, NaN bills, an 11 MB scrape).
+:func:`violation` names the first field out of bounds and the bound, or None; the consumers
+dead-letter such a record with that text and count it.
+
+Bounds are deliberately wide: they refuse the impossible, never the unusual. Kubernetes' own name
+limits bound the identity strings (a DNS label is 63 characters, a subdomain 253).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["MAX_AGE_MS", "MAX_AHEAD_MS", "violation"]
+
+DAY_MS = 86_400_000
+#: An event may be dated this far after the broker's clock (or ours): a node clock ahead.
+MAX_AHEAD_MS = DAY_MS
+#: ... and this far before it: the chargeback topic's 400 days of retention, replayed.
+MAX_AGE_MS = 400 * DAY_MS
+
+#: Ratios of a whole (utilisation, activity, a MIG slice's share).
+_RATIOS = (
+    "gpu_util_ratio",
+    "mem_copy_util_ratio",
+    "enc_util_ratio",
+    "dec_util_ratio",
+    "gr_engine_active_ratio",
+    "sm_active_ratio",
+    "sm_occupancy_ratio",
+    "tensor_active_ratio",
+    "dram_active_ratio",
+    "fp64_active_ratio",
+    "fp32_active_ratio",
+    "fp16_active_ratio",
+    "mig_configured_fraction",
+)
+#: No GPU module draws 10 kW; readings above 3x the GPU's own power limit are no reading either.
+POWER_MAX_W = 10_000.0
+POWER_OVER_LIMIT = 3.0
+_POWERS = ("power_w", "module_power_w")
+_TEMPERATURES = ("gpu_temp_c", "memory_temp_c")
+TEMPERATURE_C = (-60.0, 250.0)
+#: Any other double: finite and within this magnitude (NVLink bytes/s reach 1e12).
+MAGNITUDE_MAX = 1e15
+_OTHER_DOUBLES = (
+    "power_limit_w",
+    "pcie_tx_bytes_per_s",
+    "pcie_rx_bytes_per_s",
+    "nvlink_tx_bytes_per_s",
+    "nvlink_rx_bytes_per_s",
+)
+_NON_NEGATIVE_LONGS = (
+    "total_energy_mj",
+    "module_energy_mj",
+    "fb_total_bytes",
+    "fb_used_bytes",
+    "fb_free_bytes",
+)
+#: NVIDIA's Xid codes are small positive numbers (the catalogue ends in the low hundreds).
+XID_RANGE = (1, 999)
+
+#: Kubernetes' limits: a namespace and a container are DNS labels, a pod and a node DNS subdomains.
+_NAME_LIMITS = {
+    "hostname": 253,
+    "uuid": 128,
+    "pci_bus_id": 32,
+    "model_name": 256,
+    "driver_version": 64,
+}
+_ALLOCATION_LIMITS = {
+    "namespace": 63,
+    "pod": 253,
+    "container": 63,
+    "resource_name": 317,
+    "owner_kind": 63,
+    "owner_name": 253,
+    "priority_class": 253,
+    "hpc_job": 253,
+}
+#: Label keys may be prefixed (253 + "/" + 63); values are at most 63.
+LABEL_KEY_MAX, LABEL_VALUE_MAX = 317, 63
+#: Any other string (an XID's kernel message, a process name).
+STRING_MAX = 4096
+MAX_ALLOCATIONS, MAX_PROCESSES = 256, 4096
+
+
+def _long_strings(rec: Mapping[str, Any], limits: Mapping[str, int], where: str) -> str | None:
+    for name, limit in limits.items():
+        v = rec.get(name)
+        if isinstance(v, str) and len(v) > limit:
+            return f"{where}{name}: {len(v)} characters, at most {limit}"
+    return None
+
+
+def _allocations(rec: Mapping[str, Any]) -> str | None:
+    allocs = rec.get("allocations")
+    if not isinstance(allocs, list):
+        return None
+    if len(allocs) > MAX_ALLOCATIONS:
+        return f"allocations: {len(allocs)} entries, at most {MAX_ALLOCATIONS}"
+    for i, a in enumerate(allocs):
+        if not isinstance(a, Mapping):
+            continue
+        bad = _long_strings(a, _ALLOCATION_LIMITS, f"allocations[{i}].")
+        if bad:
+            return bad
+        for k, v in (a.get("labels") or {}).items():
+            if len(k) > LABEL_KEY_MAX or (isinstance(v, str) and len(v) > LABEL_VALUE_MAX):
+                return f"allocations[{i}].labels: a label over {LABEL_KEY_MAX}/{LABEL_VALUE_MAX} characters"
+    return None
+
+
+def _time(rec: Mapping[str, Any], broker_ms: int | None, now_ms: int) -> str | None:
+    ts = rec.get("timestamp_ms")
+    if not isinstance(ts, int):
+        return None
+    refs = [now_ms] if broker_ms is None or broker_ms <= 0 else [now_ms, broker_ms]
+    if ts > max(refs) + MAX_AHEAD_MS:
+        return f"timestamp_ms: {ts}, more than {MAX_AHEAD_MS // DAY_MS} day ahead of the broker's clock"
+    if ts < min(refs) - MAX_AGE_MS:
+        return f"timestamp_ms: {ts}, more than {MAX_AGE_MS // DAY_MS} days before the broker's clock"
+    return None
+
+
+def _sample(rec: Mapping[str, Any]) -> str | None:
+    for name in _RATIOS:
+        v = rec.get(name)
+        if isinstance(v, float) and not 0.0 <= v <= 1.0:
+            return f"{name}: {v!r}, a ratio within [0, 1]"
+    mig = rec.get("mig")
+    if isinstance(mig, Mapping):
+        f = mig.get("slice_fraction")
+        if isinstance(f, float) and not 0.0 <= f <= 1.0:
+            return f"mig.slice_fraction: {f!r}, a ratio within [0, 1]"
+    limit = rec.get("power_limit_w")
+    for name in _POWERS:
+        v = rec.get(name)
+        if isinstance(v, float):
+            if not 0.0 <= v <= POWER_MAX_W:
+                return f"{name}: {v!r}, within [0, {POWER_MAX_W:g}] W"
+            if isinstance(limit, float) and limit > 0 and v > POWER_OVER_LIMIT * limit:
+                return f"{name}: {v!r}, over {POWER_OVER_LIMIT:g}x the power limit {limit:g} W"
+    lo, hi = TEMPERATURE_C
+    for name in _TEMPERATURES:
+        v = rec.get(name)
+        if isinstance(v, float) and not lo <= v <= hi:
+            return f"{name}: {v!r}, within [{lo:g}, {hi:g}] C"
+    for name in _OTHER_DOUBLES:
+        v = rec.get(name)
+        if isinstance(v, float) and not -MAGNITUDE_MAX <= v <= MAGNITUDE_MAX:  # NaN fails too
+            return f"{name}: {v!r}, finite and within {MAGNITUDE_MAX:g}"
+    for name in _NON_NEGATIVE_LONGS:
+        v = rec.get(name)
+        if isinstance(v, int) and v < 0:
+            return f"{name}: {v}, not negative"
+    last = rec.get("last_xid")
+    if isinstance(last, int) and last != 0 and not XID_RANGE[0] <= last <= XID_RANGE[1]:
+        return f"last_xid: {last}, an Xid code within [{XID_RANGE[0]}, {XID_RANGE[1]}]"
+    procs = rec.get("processes")
+    if isinstance(procs, list):
+        if len(procs) > MAX_PROCESSES:
+            return f"processes: {len(procs)} entries, at most {MAX_PROCESSES}"
+        for i, p in enumerate(procs):
+            if not isinstance(p, Mapping):
+                continue
+            for name in ("sm_util_ratio", "mem_util_ratio"):
+                v = p.get(name)
+                if isinstance(v, float) and not 0.0 <= v <= 1.0:
+                    return f"processes[{i}].{name}: {v!r}, a ratio within [0, 1]"
+            bad = _long_strings(p, {**_ALLOCATION_LIMITS, "process_name": STRING_MAX}, f"processes[{i}].")
+            if bad:
+                return bad
+    return None
+
+
+def _xid(rec: Mapping[str, Any]) -> str | None:
+    code = rec.get("xid")
+    if isinstance(code, int) and not XID_RANGE[0] <= code <= XID_RANGE[1]:
+        return f"xid: {code}, an Xid code within [{XID_RANGE[0]}, {XID_RANGE[1]}]"
+    return _long_strings(rec, {"message": STRING_MAX, "process_name": STRING_MAX, "boot_id": 64}, "")
+
+
+def violation(name: str, rec: Mapping[str, Any], broker_ms: int | None, now_ms: int) -> str | None:
+    """The first field of ``rec`` (a ``name`` record) out of bounds, with the bound; None if none.
+
+    ``broker_ms`` is the record's Kafka timestamp, ``now_ms`` the consumer's clock: an event time far
+    from both is refused (one of them may be off, not both by a day)."""
+    if name not in ("GpuSample", "XidEvent"):
+        return None
+    bad = _time(rec, broker_ms, now_ms) or _long_strings(rec, _NAME_LIMITS, "") or _allocations(rec)
+    if bad:
+        return bad
+    return _sample(rec) if name == "GpuSample" else _xid(rec)
