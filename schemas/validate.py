@@ -185,11 +185,34 @@ def _xid(rec: Mapping[str, Any]) -> str | None:
     return _long_strings(rec, {"message": STRING_MAX, "process_name": STRING_MAX, "boot_id": 64}, "")
 
 
+#: A bill may be re-emitted long after its window (a reprocessing run): windows are bounded below by
+#: a date, not by their distance from the broker's clock.
+WINDOW_EPOCH_MS = 946_684_800_000  # 2000-01-01T00:00:00Z
+
+
+def _window(rec: Mapping[str, Any], broker_ms: int | None, now_ms: int) -> str | None:
+    ahead = max(now_ms, broker_ms or 0) + MAX_AHEAD_MS
+    for name in ("window_start_ms", "window_end_ms"):
+        v = rec.get(name)
+        if isinstance(v, int) and not WINDOW_EPOCH_MS <= v <= ahead:
+            return f"{name}: {v}, from 2000-01-01 to a day ahead of the broker's clock"
+    for name, v in rec.items():
+        if isinstance(v, float) and not -MAGNITUDE_MAX <= v <= MAGNITUDE_MAX:  # NaN fails too
+            return f"{name}: {v!r}, finite and within {MAGNITUDE_MAX:g}"
+    for i, w in enumerate(rec.get("workloads") or ()):
+        for name, v in w.items() if isinstance(w, Mapping) else ():
+            if isinstance(v, float) and not -MAGNITUDE_MAX <= v <= MAGNITUDE_MAX:
+                return f"workloads[{i}].{name}: {v!r}, finite and within {MAGNITUDE_MAX:g}"
+    return None
+
+
 def violation(name: str, rec: Mapping[str, Any], broker_ms: int | None, now_ms: int) -> str | None:
     """The first field of ``rec`` (a ``name`` record) out of bounds, with the bound; None if none.
 
     ``broker_ms`` is the record's Kafka timestamp, ``now_ms`` the consumer's clock: an event time far
     from both is refused (one of them may be off, not both by a day)."""
+    if name == "ChargebackWindow":
+        return _window(rec, broker_ms, now_ms)
     if name not in ("GpuSample", "XidEvent"):
         return None
     bad = _time(rec, broker_ms, now_ms) or _long_strings(rec, _NAME_LIMITS, "") or _allocations(rec)

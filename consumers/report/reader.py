@@ -10,12 +10,14 @@ which the de-duplication below uses to forget keys that can no longer repeat.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from consumers.report.chargeback_report import RECORDED_AT
 from consumers.topic_reader import iter_topic
 from schemas.codec import AvroCodec
+from schemas.validate import violation
 
 SEEK_MARGIN_MS = 86_400_000
 """How far before ``--from`` reading starts: covers emission delay, clock skew and slow commits."""
@@ -58,7 +60,8 @@ def iter_chargeback_records(
 ) -> Iterator[tuple[dict[str, Any], int]]:
     """(record, Kafka timestamp) of every committed record up to the end offsets seen at the start,
     from where a report of ``since_ms`` on must read (:func:`read_from_ms`)."""
-    return iter_topic(
+    now_ms = int(time.time() * 1000)
+    for rec, ts in iter_topic(
         bootstrap,
         topic,
         codec,
@@ -69,7 +72,14 @@ def iter_chargeback_records(
         missing_hint="has chargeback run with this --topic-prefix?",
         on_bad=on_bad,
         group_prefix="gpupipe-report-",
-    )
+    ):
+        # A window out of the contract's bounds (a forged record, a writer before the bounds) would
+        # break every format of the report; it is skipped with a line, like an undecodable one.
+        bad = violation("ChargebackWindow", rec, ts, now_ms)
+        if bad is None:
+            yield rec, ts
+        elif on_bad is not None:
+            on_bad(f"{topic}: window {rec.get('record_id') or '?'} out of range ({bad})")
 
 
 class Deduplicator:
