@@ -35,6 +35,8 @@ SECRET_KEYS = frozenset(
         "ssl.key.password",
         "ssl.keystore.password",
         "ssl.key.pem",
+        "sasl.oauthbearer.assertion.private.key.pem",
+        "sasl.oauthbearer.assertion.private.key.passphrase",
     }
 )
 """librdkafka (and Java-client) settings whose value is a credential."""
@@ -53,7 +55,7 @@ class KafkaSettings(dict[str, str]):
 
 
 def is_secret(key: str) -> bool:
-    return key in SECRET_KEYS or key.endswith(".password") or key.endswith(".secret")
+    return key in SECRET_KEYS or key.endswith((".password", ".secret", ".passphrase", ".key.pem"))
 
 
 def split_items(items: Iterable[str], source: str) -> list[tuple[str, str]]:

@@ -27,7 +27,16 @@ def test_password_on_the_command_line_is_refused_with_the_alternatives(
     assert "hunter2" not in err
 
 
-@pytest.mark.parametrize("key", ["ssl.key.password", "sasl.jaas.config", "sasl.oauthbearer.client.secret"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "ssl.key.password",
+        "sasl.jaas.config",
+        "sasl.oauthbearer.client.secret",
+        "sasl.oauthbearer.assertion.private.key.pem",
+        "sasl.oauthbearer.assertion.private.key.passphrase",
+    ],
+)
 def test_every_secret_key_is_refused_on_every_kafka_subcommand(key: str) -> None:
     parser = cli.build_parser()
     for argv in (
