@@ -2,7 +2,8 @@
 
 Windows with NaN and infinite costs, one from year -29719 and one at Avro's lowest long sit between
 good windows on a real topic; each format of ``gpupipe report chargeback --period all`` succeeds, says
-what it skipped, and totals exactly the good windows; a namespace that is a formula stays text in CSV and FOCUS.
+what it skipped, and totals exactly the good windows; a namespace that is a formula stays text in CSV
+and FOCUS.
 """
 
 from __future__ import annotations
