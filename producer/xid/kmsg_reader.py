@@ -85,6 +85,9 @@ DEFAULT_KMSG_PATH = "/dev/kmsg"
 #: /dev/kmsg returns EINVAL when the buffer is smaller than the record; records are < 8 KiB
 #: (CONSOLE_EXT_LOG_MAX), so start there and grow on EINVAL up to _KMSG_MAX_BUF.
 _KMSG_BUF = 16384
+#: The kernel's own facility; devkmsg_write() gives userspace writes LOG_USER unless told another
+#: non-zero facility, never this one.
+KERNEL_FACILITY = 0
 _KMSG_MAX_BUF = 1 << 20
 _CHUNK = 65536
 
@@ -132,6 +135,9 @@ class KmsgReaderStats:
     skipped: int = 0
     #: Waits for input that returned (data, an idle tick, a stop): the thread's wake-ups.
     wakeups: int = 0
+    #: Records of a facility other than the kernel's, dropped: userspace may write to /dev/kmsg
+    #: (root, a privileged container), but never as facility 0, so a forged Xid line is not one.
+    not_kernel: int = 0
 
 
 def decode_kmsg_record(data: bytes | str) -> KmsgRecord | None:
@@ -472,6 +478,9 @@ class KmsgReader:
             if rec is None:
                 yield ""
                 continue
+            if rec.facility != KERNEL_FACILITY:
+                self.stats.not_kernel += 1
+                continue
             cont = rec.flags == "+" or (rec.flags == "c" and prev_flag in ("c", "+"))
             prev_flag = rec.flags
             self.line_seq = rec.seq
@@ -493,6 +502,9 @@ class KmsgReader:
             in_record = True
             self.stats.records += 1
             if self._seen(rec.seq):
+                continue
+            if rec.facility != KERNEL_FACILITY:
+                self.stats.not_kernel += 1
                 continue
             cont = rec.flags == "+" or (rec.flags == "c" and prev_flag in ("c", "+"))
             prev_flag = rec.flags

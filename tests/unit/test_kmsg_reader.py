@@ -387,3 +387,22 @@ def test_relayed_records_after_the_cursor_and_a_relay_restart_are_yielded_once(t
     assert [ln.split("] ", 1)[1] for ln in lines[:2]] == ["new after the cursor", "newest"]
     assert lines[2] == "plain text line"
     assert r.last_seq == 8 and r.stats.skipped == 5  # 5, 6, then 5, 6, 7 again
+
+
+def test_only_the_kernel_facility_speaks_for_the_driver(tmp_path: Path) -> None:
+    # Raw /dev/kmsg records as the relay passes them: root or a privileged container may write to
+    # /dev/kmsg, but the kernel never gives a userspace write facility 0 (kern).
+    xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus."
+    load = "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.183.01  Sun May 12 19:39:15 UTC 2024"
+    p = tmp_path / "relay.log"
+    p.write_text(
+        f"3,1,100,-;{xid}\n"  # kern.err: the driver's own line
+        f"14,2,200,-;{xid}\n"  # user.info: echo ... > /dev/kmsg
+        f"12,3,300,-;myapp: NVRM: Xid (PCI:0000:3c:00): 48, pid=1, name=x, DBE\n"  # user.warn
+        f"30,4,400,-;{load}\n"  # daemon.info: forged recovery evidence
+    )
+    reader = KmsgReader(str(p), follow=False)
+    parser = KmsgParser(driver_loads=True)
+    events = [ev for line in _collect(reader) for ev in parser.feed(line)] + parser.flush()
+    assert [(type(e).__name__, getattr(e, "xid", None)) for e in events] == [("KernelXid", 79)]
+    assert reader.stats.not_kernel == 3
