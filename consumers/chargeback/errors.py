@@ -22,9 +22,5 @@ class ChargebackFatalError(GpupipeError):
     """The service cannot go on (fenced by another instance, fatal client error, broken protocol)."""
 
 
-class AbortTransaction(Exception):
-    """Internal to the service: the current transaction must be aborted and the input rewound."""
-
-
 class PriceChangeError(ConfigError):
-    """The price table would re-price usage that was already billed with other prices (review D6)."""
+    """The price table would re-price usage that was already billed with other prices."""

@@ -1,4 +1,4 @@
-"""One price per window across the instances of a group, also during a rolling update (review D6).
+"""One price per window across the instances of a group, also during a rolling update.
 
 A price change is deployed by restarting the instances with a new price file, one after the other.
 For a while old and new instances run side by side, each pricing the windows of its partitions with
@@ -35,6 +35,7 @@ from typing import Any
 from confluent_kafka import KafkaException, TopicPartition
 
 from consumers.chargeback.errors import PriceChangeError
+from consumers.chargeback.partitions import InputPartitions
 from consumers.chargeback.service_config import OP_TIMEOUT_S
 from consumers.chargeback.windows import Checkpoint
 from gpupipe.durations import format_iso_ms
@@ -253,37 +254,32 @@ class PriceAgreement:
 
 
 class PriceHolds:
-    """The chargeback service's side of :class:`PriceAgreement` (a mixin of ChargebackService)."""
+    """The partitions paused for :class:`PriceAgreement`, and the Kafka reads its decisions need.
 
-    # Set by the service (see ChargebackService.__init__).
-    cfg: Any
-    consumer: Any
-    engine: Any
-    assigned: set[int]
-    positions: dict[int, int]
-    prices_agreement: PriceAgreement
-    held: dict[int, int]  # held partition -> offset of its first record not processed
-    _reposition: Any
+    A held partition is paused at its first record that may not be processed yet (``held[P]``,
+    that record's offset) until the instances agree; it owns those holds and keeps them consistent
+    with the partitions' state as it is dropped and restored (see :meth:`unhold`)."""
 
-    def _check_group_prices(self) -> None:
+    def __init__(self, agreement: PriceAgreement, partitions: InputPartitions, engine: Any) -> None:
+        self.agreement = agreement
+        self.partitions = partitions
+        self.engine = engine
+        self.held: dict[int, int] = {}  # held partition -> offset of its first record not processed
+
+    def check_group_prices(self) -> None:
         """At start, before joining: refuse this price table if any partition of the group, not
         only the ones this instance will get, was billed past where it prices differently. Its own
         partitions' horizons may have moved on by the time it is redeployed, and an instance
         restored elsewhere would wait for ever on the others; the message names the latest billed
         horizon of all of them (PriceChangeError)."""
-        topic = self.cfg.input_topic
-        md = retry(
-            lambda: self.consumer.list_topics(topic, timeout=OP_TIMEOUT_S), what=f"metadata of {topic}"
-        )
+        consumer, topic = self.partitions.consumer, self.partitions.topic
+        md = retry(lambda: consumer.list_topics(topic, timeout=OP_TIMEOUT_S), what=f"metadata of {topic}")
         meta = md.topics.get(topic)
         if meta is None or meta.error is not None or not meta.partitions:
             return  # no input topic yet: nothing was billed
         parts = sorted(meta.partitions)
-        committed = retry(
-            lambda: self.consumer.committed([TopicPartition(topic, p) for p in parts], timeout=OP_TIMEOUT_S),
-            what=f"committed offsets of {topic}",
-        )
-        self.prices_agreement.check_restored(
+        committed = self.partitions.read_committed(parts)
+        self.agreement.check_restored(
             {
                 tp.partition: Checkpoint.from_metadata(tp.offset, tp.metadata)
                 for tp in committed
@@ -292,20 +288,16 @@ class PriceHolds:
             total=len(parts),
         )
 
-    def _agree_on_prices(self) -> None:
+    def agree(self) -> None:
         """Read the other partitions' checkpoints; resume what no longer has to wait."""
-        if getattr(self, "_broker_was_down", False):
-            return
-        topic = self.cfg.input_topic
+        consumer, topic = self.partitions.consumer, self.partitions.topic
         try:
-            md = self.consumer.list_topics(topic, timeout=2.0).topics.get(topic)
+            md = consumer.list_topics(topic, timeout=2.0).topics.get(topic)
             if md is None or md.error is not None:
                 return
-            others = [p for p in sorted(md.partitions) if p not in self.assigned]
+            others = [p for p in sorted(md.partitions) if p not in self.partitions.assigned]
             committed = (
-                self.consumer.committed([TopicPartition(topic, p) for p in others], timeout=2.0)
-                if others
-                else []
+                consumer.committed([TopicPartition(topic, p) for p in others], timeout=2.0) if others else []
             )
         except KafkaException:
             return  # keep the last decision; the next check tries again
@@ -318,7 +310,7 @@ class PriceHolds:
                 extra=fields(partitions=failed),
             )
             return
-        changed = self.prices_agreement.update(
+        changed = self.agreement.update(
             {
                 tp.partition: Checkpoint.from_metadata(tp.offset, tp.metadata)
                 for tp in committed
@@ -328,18 +320,17 @@ class PriceHolds:
         if changed and self.held:  # lifted or moved: each held record is checked again when it comes
             self._resume_held(list(self.held))
 
-    def _hold_new(self, parts: list[int]) -> None:
+    def hold_new(self, parts: list[int]) -> None:
         """Pause the partitions that reached a record they may not process yet."""
-        topic = self.cfg.input_topic
         for part in parts:
-            self.positions[part] = self.held[part]
-        self.consumer.pause([TopicPartition(topic, p) for p in parts])
+            self.partitions.positions[part] = self.held[part]
+        self.partitions.consumer.pause([TopicPartition(self.partitions.topic, p) for p in parts])
         log.info(
             "holding partitions until the instances agree on prices",
-            extra=fields(partitions=parts, windows_from=format_iso_ms(self.prices_agreement.held_from or 0)),
+            extra=fields(partitions=parts, windows_from=format_iso_ms(self.agreement.held_from or 0)),
         )
 
-    def _unhold(self, parts: Iterable[int]) -> None:
+    def unhold(self, parts: Iterable[int]) -> None:
         """Forget the holds of ``parts`` and resume them.
 
         Whenever a partition's state is dropped or restored (an aborted transaction, a rebalance,
@@ -353,26 +344,30 @@ class PriceHolds:
         for p in ids:
             self.held.pop(p, None)
         if ids:
-            self.consumer.resume([TopicPartition(self.cfg.input_topic, p) for p in ids])
+            self.partitions.consumer.resume([TopicPartition(self.partitions.topic, p) for p in ids])
+
+    def unhold_held(self, parts: Iterable[int]) -> None:
+        """:meth:`unhold` those of ``parts`` that are held."""
+        self.unhold([p for p in parts if p in self.held])
 
     def _resume_held(self, parts: list[int]) -> None:
-        topic = self.cfg.input_topic
-        parts = [p for p in parts if p in self.held and p in self.assigned]
+        consumer, topic = self.partitions.consumer, self.partitions.topic
+        parts = [p for p in parts if p in self.held and p in self.partitions.assigned]
         if not parts:
-            self._unhold(list(self.held))
+            self.unhold(list(self.held))
             return
         try:
             for p in parts:  # librdkafka fetched past the held record: go back to it
-                self.consumer.seek(TopicPartition(topic, p, self.held[p]))
+                consumer.seek(TopicPartition(topic, p, self.held[p]))
         except KafkaException:  # as after a rebalance: every partition where its state is
-            self._reposition()
-        self.consumer.resume([TopicPartition(topic, p) for p in parts])
+            self.partitions.reposition()
+        consumer.resume([TopicPartition(topic, p) for p in parts])
         for p in parts:
             del self.held[p]
 
-    def _advance_idle(self, part: int, broker_ms: int) -> bool:
+    def advance_idle(self, part: int, broker_ms: int) -> bool:
         """Idleness advances event time too: never past a hold."""
-        hold_at = self.prices_agreement.hold_at
+        hold_at = self.agreement.hold_at
         if hold_at is not None:
             broker_ms = min(broker_ms, hold_at - 1)
         return bool(self.engine.advance_idle(part, broker_ms))

@@ -11,44 +11,49 @@ from confluent_kafka import TopicPartition
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from consumers.chargeback.partitions import InputPartitions
+from consumers.chargeback.price_agreement import PriceAgreement
+
 
 class PartitionInfo:
-    """Per-partition snapshots for the scrape thread (a mixin of ChargebackService): taken by the
-    loop at every commit attempt, lag included (from the consumer's cached end offsets, read in the
-    loop thread too), read under a lock. The scrape thread never calls into the consumer: a call on
-    it from another thread waits for the loop's own (seen: a /metrics answer taking 3-56 s on a
-    loaded machine, past Prometheus' 10 s scrape timeout)."""
+    """What the scrape thread reads of the loop's state: the engine's counters and, per assigned
+    partition, position, watermark, checkpoint distance and lag. Taken by the loop (after each batch,
+    and at every commit attempt), lag included (from the consumer's cached end offsets, read in the
+    loop thread too). The scrape thread never calls into the consumer: a call on it from another
+    thread waits for the loop's own (seen: a /metrics answer taking 3-56 s on a loaded machine,
+    past Prometheus' 10 s scrape timeout)."""
 
-    # Set by the service (see ChargebackService.__init__).
-    cfg: Any
-    consumer: Any
-    engine: Any
-    assigned: set[int]
-    positions: dict[int, int]
-    starts: dict[int, int]
-    committed: dict[int, Any]
-    _lock: threading.Lock
-    _info: dict[int, dict[str, Any]]
+    def __init__(self, partitions: InputPartitions, engine: Any) -> None:
+        self.partitions = partitions
+        self.engine = engine
+        self.stats: dict[str, int] = {}  # replaced whole, never mutated: a scrape reads it as is
+        self._lock = threading.Lock()
+        self._info: dict[int, dict[str, Any]] = {}
 
-    def _refresh_info(self) -> None:
+    def take_stats(self) -> None:
+        self.stats = dict(self.engine.stats)
+
+    def refresh(self) -> None:
+        """Take the per-partition snapshot (the loop thread)."""
+        parts, engine = self.partitions, self.engine
         info: dict[int, dict[str, Any]] = {}
-        for part in self.assigned:
-            pos = self.positions.get(part)
+        for part in parts.assigned:
+            pos = parts.positions.get(part)
             if pos is None:  # nothing read yet: the consumer starts where its state begins
-                pos = self.starts.get(part)
-            cp = self.committed.get(part)
-            until = self.engine.replay_until(part)
+                pos = parts.starts.get(part)
+            cp = parts.committed.get(part)
+            until = engine.replay_until(part)
             info[part] = {
                 "replay_remaining": (until - pos)
                 if until is not None and pos is not None and pos < until
                 else 0,
                 "position": pos,
-                "watermark_ms": self.engine.watermark(part),
+                "watermark_ms": engine.watermark(part),
                 "checkpoint_behind": (pos - cp.offset) if pos is not None and cp is not None else None,
             }
             try:
-                _, high = self.consumer.get_watermark_offsets(
-                    TopicPartition(self.cfg.input_topic, part), timeout=0.5, cached=True
+                _, high = parts.consumer.get_watermark_offsets(
+                    TopicPartition(parts.topic, part), timeout=0.5, cached=True
                 )
             except Exception:
                 continue
@@ -57,7 +62,7 @@ class PartitionInfo:
         with self._lock:
             self._info = info
 
-    def partition_info(self) -> dict[int, dict[str, Any]]:
+    def snapshot(self) -> dict[int, dict[str, Any]]:
         """Per assigned partition: position, watermark, checkpoint distance and lag (scrape thread)."""
         with self._lock:
             return {p: dict(v) for p, v in self._info.items()}
@@ -66,12 +71,12 @@ class PartitionInfo:
 class StateCollector(Collector):
     """Engine counters, watermarks and lag, read from snapshots the loop takes after each batch."""
 
-    def __init__(self, service: Any) -> None:
-        self._svc = service
+    def __init__(self, info: PartitionInfo, agreement: PriceAgreement) -> None:
+        self.info = info
+        self.agreement = agreement
 
     def collect(self) -> Iterator[Any]:
-        svc = self._svc
-        stats = dict(svc.stats_snapshot)
+        stats = dict(self.info.stats)
         events = CounterMetricFamily(
             "gpupipe_chargeback_engine_events",
             "Window-engine events: samples, first/continued/duplicate/backwards placements, late "
@@ -123,17 +128,17 @@ class StateCollector(Collector):
         )
         replaying = GaugeMetricFamily(
             "gpupipe_chargeback_replay_remaining_records",
-            "Records still to replay before a restored partition makes new progress (review L7: alert "
-            "when it does not fall, e.g. a crash loop that never finishes its replay).",
+            "Records still to replay before a restored partition makes new progress (alert when it "
+            "does not fall, e.g. a crash loop that never finishes its replay).",
             labels=["partition"],
         )
         hold = GaugeMetricFamily(
             "gpupipe_chargeback_price_hold_from_seconds",
             "Usage time from which windows wait, unbilled, because another instance prices them "
-            "differently (a rolling update of the price table in progress, review D6); absent when "
+            "differently (a rolling update of the price table in progress); absent when "
             "every instance agrees.",
         )
-        agreement = svc.prices_agreement
+        agreement = self.agreement
         if agreement.held_from is not None:
             hold.add_metric([], agreement.held_from / 1000.0)
         yield hold
@@ -148,7 +153,7 @@ class StateCollector(Collector):
         for part, (since, writer) in sorted(agreement.differing.items()):
             other.add_metric([str(part), writer or "?"], since / 1000.0)
         yield other
-        for part, info in sorted(svc.partition_info().items()):
+        for part, info in sorted(self.info.snapshot().items()):
             if info.get("replay_remaining") is not None:
                 replaying.add_metric([str(part)], info["replay_remaining"])
             if info.get("lag") is not None:

@@ -166,7 +166,7 @@ def test_without_the_agreement_the_old_instance_would_bill_the_hour_at_its_price
     new_a.run(new_a._stop_event)  # type: ignore[attr-defined]
     old_b = instance(broker, [1], OLD)
     old_b.prices_agreement.update = lambda others, lift=True: False  # type: ignore[method-assign]
-    old_b._check_group_prices = lambda: None  # type: ignore[method-assign]  # nor the start check
+    old_b.holds.check_group_prices = lambda: None  # type: ignore[method-assign]  # nor the start check
     old_b.run(old_b._stop_event)  # type: ignore[attr-defined]
     assert {w for w, p in prices_by_window(broker).items() if p == {4.0, 8.0}}
 

@@ -9,6 +9,7 @@ import threading
 from types import SimpleNamespace
 from typing import Any
 
+from consumers.chargeback.partitions import InputPartitions
 from consumers.chargeback.state_metrics import PartitionInfo
 
 
@@ -23,26 +24,25 @@ class Consumer:
         return 0, 100
 
 
-class Info(PartitionInfo):
-    def __init__(self) -> None:
-        self.cfg = SimpleNamespace(input_topic="gpu.samples.v1")
-        self.consumer = Consumer()
-        self.engine = SimpleNamespace(replay_until=lambda p: None, watermark=lambda p: 0)
-        self.assigned, self.positions, self.starts, self.committed = {0, 1}, {0: 60, 1: 100}, {}, {}
-        self._lock = threading.Lock()
-        self._info = {}
+def partition_info() -> PartitionInfo:
+    partitions = InputPartitions("gpu.samples.v1", "earliest", cooperative=False)
+    partitions.attach(Consumer())
+    partitions.assigned, partitions.positions = {0, 1}, {0: 60, 1: 100}
+    engine = SimpleNamespace(replay_until=lambda p: None, watermark=lambda p: 0, stats={})
+    return PartitionInfo(partitions, engine)
 
 
 def test_the_scrape_reads_the_loops_lag_without_touching_the_consumer() -> None:
-    info = Info()
-    info._refresh_info()  # the loop thread, at a commit attempt
-    info.consumer.busy.set()  # the loop is inside consume() from now on
+    info = partition_info()
+    consumer = info.partitions.consumer
+    info.refresh()  # the loop thread, at a commit attempt
+    consumer.busy.set()  # the loop is inside consume() from now on
     got: dict = {}
-    scrape = threading.Thread(target=lambda: got.update(info.partition_info()))
+    scrape = threading.Thread(target=lambda: got.update(info.snapshot()))
     scrape.start()
     scrape.join(2.0)
     alive = scrape.is_alive()
-    info.consumer.released.set()
+    consumer.released.set()
     scrape.join(5.0)
     assert not alive, "the scrape waited for the consumer"
     assert {p: v["lag"] for p, v in got.items()} == {0: 40, 1: 0}

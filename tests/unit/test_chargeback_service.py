@@ -276,3 +276,36 @@ def test_restart_from_committed_checkpoints_continues_exactly() -> None:
     run_service(broker, batch_size=250, commit_records=250, commit_interval_s=0.0)
     assert output(broker) == expected_output(fed)
     assert [v for t, v in broker.output if t == DLQ] == [b"garbage"]
+
+
+def test_building_the_service_creates_no_kafka_client() -> None:
+    """Config errors come before any network: the clients are made when the service runs."""
+    log, _ = input_log(ticks=10)
+    broker = Broker(log)
+    stop = threading.Event()
+    made: list[str] = []
+
+    def consumer(conf: dict) -> FakeConsumer:
+        made.append("consumer")
+        return FakeConsumer(broker, stop)
+
+    def producer(conf: dict) -> FakeProducer:
+        made.append("producer")
+        return FakeProducer(broker)
+
+    def admin(conf: dict) -> Any:
+        made.append("admin")
+        return SimpleNamespace(alter_consumer_group_offsets=lambda reqs: {})
+
+    proj = projected_sample_schema(catalog.current("GpuSample").raw)
+    svc = ChargebackService(
+        ServiceConfig(bootstrap="fake", input_topic=IN, output_topic=OUT, deadletter_topic=DLQ),
+        build_engine(ChargebackSettings(window_ms=600_000, grace_ms=60_000), None, "svc"),  # type: ignore[arg-type]
+        AvroCodec(reader_schemas={"GpuSample": proj}),
+        consumer_factory=consumer,
+        producer_factory=producer,
+        admin_factory=admin,
+    )
+    assert made == []
+    svc.run(stop)
+    assert sorted(made) == ["admin", "consumer", "producer"]
