@@ -78,6 +78,11 @@ DUPLICATE = "duplicate"
 BACKWARDS = "backwards"
 
 
+def _unit(x: float) -> float:
+    """``x`` clamped to [0, 1], NaN to 0 (``min``/``max`` would let NaN through into a bill)."""
+    return min(x, 1.0) if x >= 0.0 else 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class AccountingConfig:
     """Knobs of the accounting rules; the defaults suit 1..10 s sampling."""
@@ -171,7 +176,7 @@ def gpu_fraction(sample: dict[str, Any]) -> float:
     """Share of a whole GPU the sample's time is worth: 1, a MIG slice's fraction, or 0 for a MIG-mode GPU."""
     mig = sample.get("mig")
     if mig:
-        return min(max(float(mig.get("slice_fraction") or 0.0), 0.0), 1.0)
+        return _unit(float(mig.get("slice_fraction") or 0.0))
     if sample.get("mig_enabled"):
         return 0.0
     return 1.0
@@ -283,7 +288,7 @@ def account(sample: dict[str, Any], ref: GpuRef | None, offset: int, cfg: Accoun
             return Accounted(key, status, dt_ms, 0.0, (contrib,), new_ref, depends_on)
         # Review L5: capacity no slice covers is capacity nobody can use: __unallocated__, so the
         # namespaces plus __unallocated__ reconcile with physical GPU-hours.
-        uncovered = min(max(1.0 - float(configured), 0.0), 1.0)
+        uncovered = _unit(1.0 - float(configured))
         free_s = dt_ms / 1000.0 * uncovered
         free = Contribution(
             UNALLOCATED, None, node, model, free_s, 0.0, 0.0, free_s, 0.0, free_s, 0.0, 0.0, 0.0

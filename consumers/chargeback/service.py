@@ -71,13 +71,14 @@ from consumers.chargeback.service_config import OP_TIMEOUT_S as _OP_TIMEOUT_S
 from consumers.chargeback.service_config import ChargebackMetrics, ServiceConfig, output_key
 from consumers.chargeback.state_metrics import PartitionInfo, StateCollector
 from consumers.chargeback.windows import Checkpoint, WindowEngine
-from consumers.deadletter import deadletter_headers
+from consumers.deadletter import deadletter_message
 from gpupipe.kafka_admin import client_config
 from gpupipe.kafka_txn import AbortRequired, TransactionalSession, TransactionFatalError
 from gpupipe.logs import fields
 from gpupipe.startup import StuckCallError
 from schemas.codec import AvroCodec, Decoded
 from schemas.errors import DecodeError
+from schemas.validate import violation
 
 log = logging.getLogger("gpupipe.chargeback")
 
@@ -385,6 +386,7 @@ class ChargebackService:
         last: dict[int, int] = {}
         n = 0
         held, hold_at, newly_held = self.holds.held, self.prices_agreement.hold_at, []
+        now_ms = int(time.time() * 1000)
         for msg in msgs:
             err = msg.error()
             if err is not None:
@@ -413,6 +415,9 @@ class ChargebackService:
                         extra=fields(topic=msg.topic()),
                     )
                 record_ts = None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts
+                bad = violation(_SAMPLE, d.record, record_ts, now_ms)
+                if bad is not None:  # e.g. dated -2**63: its window would not encode, for ever
+                    raise DecodeError("out-of-range", bad)
                 if hold_at is not None and (
                     engine.event_time(int(d.record["timestamp_ms"]), record_ts) >= hold_at
                 ):
@@ -465,10 +470,11 @@ class ChargebackService:
         log.warning("consume error", extra=fields(error=err.str(), code=err.name()))
 
     def dead_letter(self, msg: Message, reason: str, detail: str) -> None:
-        """Produce the undecodable record, untouched, to the dead-letter topic in the current transaction."""
+        """Produce the record to the dead-letter topic in the current transaction, whole when it fits in
+        one Kafka message, else cut to fit (a refused dead letter would abort every transaction)."""
         self.txn.begin()
-        headers = deadletter_headers(msg, reason, detail, SERVICE)
-        self.txn.produce(self.cfg.deadletter_topic, msg.value(), msg.key(), headers)
+        value, key, headers = deadletter_message(msg, reason, detail, SERVICE)
+        self.txn.produce(self.cfg.deadletter_topic, value, key, headers)
         self.metrics.dead_letters.labels(reason).inc()
         log.warning(
             "record dead-lettered",
