@@ -13,18 +13,23 @@ service registers its routes (paths to callables); the server owns the rest:
   ``{"status": "starting", ...}`` on the same port, with the same TLS and auth;
 * HEAD for every GET path; 429 past the rate limit; 401 without the password;
 * at most ``max_connections`` connections served at once (each one a thread); more are closed at
-  once instead of queueing threads without bound.
+  once instead of queueing threads without bound;
+* a request's line and headers must arrive within ``HEADER_DEADLINE_S`` in all (a client sending a
+  byte every few seconds holds a slot that long, not for ever) and weigh at most
+  ``MAX_HEADER_BYTES`` (431 past it); no endpoint takes a body (413).
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import ipaddress
 import json
 import logging
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from email.message import Message
@@ -43,7 +48,50 @@ log = logging.getLogger("gpupipe.web")
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/health"})
 DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
+#: Go's http.Server reads headers under ReadHeaderTimeout; the whole head, not each read.
+HEADER_DEADLINE_S = 10.0
+MAX_HEADER_BYTES = 64 * 1024
 _WRITE_SLICE = 1 << 20
+
+
+class _HeadTooLarge(Exception):
+    pass
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The connection's reads, under one deadline and byte budget per request head (see
+    :meth:`arm`); a read past the deadline times out, one past the budget raises."""
+
+    def __init__(self, sock: socket.socket, timeout_s: float) -> None:
+        self._sock = sock
+        self._timeout_s = timeout_s
+        self._deadline: float | None = None
+        self._budget = 0
+
+    def arm(self, deadline_s: float, budget: int) -> None:
+        self._deadline = time.monotonic() + deadline_s
+        self._budget = budget
+
+    def disarm(self) -> None:
+        self._deadline = None
+        self._sock.settimeout(self._timeout_s)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        if self._deadline is not None:
+            left = self._deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("request head not received in time")
+            self._sock.settimeout(min(left, self._timeout_s))
+        n = self._sock.recv_into(b)
+        if self._deadline is not None:
+            self._budget -= n
+            if self._budget < 0:
+                raise _HeadTooLarge
+        return n
+
 
 HealthCheck = Callable[[], "bool | tuple[bool, Mapping[str, Any]]"]
 
@@ -263,6 +311,33 @@ class _Handler(BaseHTTPRequestHandler):
             if sans and not san_allowed(self.request.getpeercert(), sans):
                 raise ssl.SSLError("client certificate SAN not in client_allowed_sans")
         super().setup()
+        self._reader = _DeadlineReader(self.request, self.server.request_timeout_s)
+        self.rfile = io.BufferedReader(self._reader)
+
+    def handle_one_request(self) -> None:
+        self._reader.arm(HEADER_DEADLINE_S, MAX_HEADER_BYTES)
+        try:
+            super().handle_one_request()
+        except _HeadTooLarge:
+            self.close_connection = True
+            self.request_version, self.requestline = "HTTP/1.1", "(head too large)"
+            with contextlib.suppress(OSError):
+                self._send(
+                    Response(431, b"Request Header Fields Too Large\n", "text/plain; charset=utf-8"),
+                    head=False,
+                )
+
+    def parse_request(self) -> bool:
+        ok = super().parse_request()
+        self._reader.disarm()  # the head is in: answering is bounded by the write timeout
+        length = (self.headers.get("Content-Length") or "0").strip() if ok else "0"
+        if ok and (length != "0" or self.headers.get("Transfer-Encoding")):
+            self.close_connection = True
+            self._send(
+                Response(413, b"No endpoint takes a request body\n", "text/plain; charset=utf-8"), head=False
+            )
+            return False
+        return ok
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("HTTP %s: " + format, self.address_string(), *args)

@@ -278,3 +278,55 @@ def test_connections_past_the_bound_are_closed_not_queued() -> None:
                     break
             assert time.monotonic() < deadline, "the slot never came back"
             time.sleep(0.05)
+
+
+def _raw(port: int, data: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(data)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+        return out
+
+
+def test_a_head_over_the_budget_is_431_and_a_body_is_413() -> None:
+    http = serve(CollectorRegistry()).start()
+    with contextlib.closing(http):
+        big = b"".join(b"X-Pad-%d: %s\r\n" % (i, b"a" * 1000) for i in range(90))
+        answer = _raw(http.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + big + b"\r\n")
+        assert answer.startswith(b"HTTP/1.1 431 ")
+        answer = _raw(http.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello")
+        assert answer.startswith(b"HTTP/1.1 413 ")
+        assert _status(f"http://127.0.0.1:{http.port}")[0] == 200, "ordinary requests still served"
+
+
+def test_a_client_trickling_its_head_loses_the_slot_at_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpupipe.web import server as server_mod
+
+    monkeypatch.setattr(server_mod, "HEADER_DEADLINE_S", 1.0)
+    http = serve(CollectorRegistry(), max_connections=1).start()
+    with contextlib.closing(http):
+        slow = socket.create_connection(("127.0.0.1", http.port), timeout=10)
+        with contextlib.closing(slow):
+            slow.sendall(b"GET /metrics HTTP/1.1\r\n")
+            slow.settimeout(0.3)
+            closed = False
+            for _ in range(60):  # up to ~18 s of one header byte every 0.3 s
+                try:
+                    slow.sendall(b"X")
+                    if slow.recv(1024) == b"":
+                        closed = True
+                        break
+                except TimeoutError:
+                    continue
+                except OSError:
+                    closed = True
+                    break
+            assert closed, "the trickling client kept its slot"
+        deadline = time.monotonic() + 30
+        while True:  # the slot comes back once the server thread let the connection go
+            with contextlib.suppress(OSError, http_client.HTTPException):
+                if _status(f"http://127.0.0.1:{http.port}")[0] == 200:
+                    break
+            assert time.monotonic() < deadline, "the slot never came back"
+            time.sleep(0.05)
