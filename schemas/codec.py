@@ -137,10 +137,14 @@ class AvroCodec:
             body, framing = 5, "confluent"
         else:
             raise DecodeError("not-gpupipe-avro", f"first bytes {payload[:4].hex()}")
+        stream = io.BytesIO(payload[body:])
         try:
-            rec = schemaless_reader(io.BytesIO(payload[body:]), rd.writer, rd.reader)
+            rec = schemaless_reader(stream, rd.writer, rd.reader)
         except Exception as exc:  # truncated or corrupt body: fastavro raises many types
             raise DecodeError("corrupt-avro-body", f"{rd.name}: {type(exc).__name__}: {exc}") from exc
+        left = len(payload) - body - stream.tell()
+        if left:  # a body is exactly one record: bytes after it mean a writer other than ours
+            raise DecodeError("trailing-bytes", f"{rd.name}: {left} bytes after the record")
         return Decoded(rd.name, rec, framing)
 
     def _confluent_reader(self, schema_id: int) -> _Reader:

@@ -424,6 +424,7 @@ def build_fast_decoder(writer_raw: dict[str, Any], reader_raw: dict[str, Any]) -
         "    end = len(buf)",
         *gen.lines,
         "    if pos > end: raise ValueError('truncated')",
+        "    if pos < end: raise ValueError(f'{end - pos} bytes after the record')",
         f"    return {{{items}}}",
     ]
     fn: FastFn = gen.build(src, str(writer.get("name")))

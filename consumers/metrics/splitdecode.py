@@ -143,7 +143,8 @@ def build_split_decoder(
     gen.emit(1, "pos = m.end()")
     gen.emit(1, "tv = _tails_get(buf[pos:])")
     gen.emit(1, "if tv is None:")
-    gen.emit(2, "tv = _tail(buf, pos)[0]")
+    gen.emit(2, "tv, tail_end = _tail(buf, pos)")
+    gen.emit(2, "if tail_end != end: raise ValueError(f'{end - tail_end} bytes after the record')")
     gen.emit(2, "_add_tail(buf[pos:], tv)")
     items = ["'timestamp_ms': ts"] if "timestamp_ms" in wanted else []
     items += [f"{n!r}: {v}" for n, v in mid_vars.items()]
