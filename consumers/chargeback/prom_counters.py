@@ -12,22 +12,44 @@ team, model) at 0 while its first window is still open (an hour before it first 
 Labels: ``namespace``, ``team`` (the record's team, else the namespace: what reports show when no
 mapping matches), ``gpu_model``; cost also ``currency``. Pseudo-namespaces (``__unallocated__``,
 ``__mig_shared__``) are series of their own, as in reports.
+
+Bounded: past ``max_series`` label sets, new ones are counted under namespace and team
+``__overflow__`` (per model), so totals stay right while forged namespaces cannot grow the
+exposition without end; each overflowing record is counted and the first one logged.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
 LABELS = ("namespace", "team", "gpu_model")
+#: (namespace, team, model) label sets kept; a fleet's real ones are a few thousand at most.
+MAX_SERIES = 10_000
+OVERFLOW = "__overflow__"
+
+log = logging.getLogger("gpupipe.chargeback")
+
+
+def _counted(v: float) -> float:
+    """What a counter may add: positive and finite (NaN compares false, so it adds nothing)."""
+    return v if 0.0 < v < float("inf") else 0.0
 
 
 class WindowCounters:
-    def __init__(self, registry: CollectorRegistry, currency: str = "") -> None:
+    def __init__(self, registry: CollectorRegistry, currency: str = "", max_series: int = MAX_SERIES) -> None:
         self.currency = currency
+        self.max_series = max_series
         self._seen: set[tuple[str, str, str]] = set()
+        self.overflow_records = 0
+        self.overflowed = Counter(
+            "gpupipe_chargeback_series_overflow_records",
+            f"Committed records counted under namespace {OVERFLOW}: past the cap on label sets.",
+            registry=registry,
+        )
         self.allocated = Counter(
             "gpupipe_chargeback_allocated_gpu_seconds",
             "GPU-seconds allocated (held by pods; capacity for __unallocated__) in committed windows.",
@@ -59,6 +81,22 @@ class WindowCounters:
             registry=registry,
         )
 
+    def _key(self, key: tuple[str, str, str]) -> tuple[str, str, str]:
+        if key in self._seen or len(self._seen) < self.max_series:
+            self._seen.add(key)
+            return key
+        if not self.overflow_records:
+            log.warning(
+                "chargeback counters at their cap: new namespaces counted as %s",
+                OVERFLOW,
+                extra={"max_series": self.max_series},
+            )
+        self.overflow_records += 1
+        self.overflowed.inc()
+        over = (OVERFLOW, OVERFLOW, key[2])
+        self._seen.add(over)
+        return over
+
     def _children(self, key: tuple[str, str, str], currency: str) -> tuple[Any, ...]:
         return (
             self.allocated.labels(*key),
@@ -73,18 +111,17 @@ class WindowCounters:
         for namespace, model in rows:
             team = (team_of(namespace) if team_of is not None else None) or namespace
             key = (namespace, team, model)
-            if key not in self._seen:
+            if key not in self._seen and len(self._seen) < self.max_series:
                 self._seen.add(key)
                 self._children(key, self.currency)
 
     def add(self, records: Iterable[dict[str, Any]]) -> None:
         """Count committed ChargebackWindow records (windows and corrections)."""
         for rec in records:
-            key = (rec["namespace"], rec.get("team") or rec["namespace"], rec["gpu_model"])
-            self._seen.add(key)
+            key = self._key((rec["namespace"], rec.get("team") or rec["namespace"], rec["gpu_model"]))
             alloc, used, idle, energy, cost = self._children(key, rec.get("currency") or self.currency)
-            alloc.inc(max(rec["allocated_gpu_seconds"], 0.0))
-            used.inc(max(rec["used_gpu_seconds"], 0.0))
-            idle.inc(max(rec["idle_gpu_seconds"], 0.0))
-            energy.inc(max(rec["energy_joules"], 0.0))
-            cost.inc(max(rec["cost_total"], 0.0))
+            alloc.inc(_counted(rec["allocated_gpu_seconds"]))
+            used.inc(_counted(rec["used_gpu_seconds"]))
+            idle.inc(_counted(rec["idle_gpu_seconds"]))
+            energy.inc(_counted(rec["energy_joules"]))
+            cost.inc(_counted(rec["cost_total"]))

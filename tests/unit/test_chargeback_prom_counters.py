@@ -89,3 +89,30 @@ def test_engine_lists_the_rows_of_open_windows():
     rows = engine.open_rows()
     assert engine.poll_closed() == [] and rows
     assert {m for _, m in rows} == models and namespaces <= {ns for ns, _ in rows}
+
+
+def test_past_the_cap_new_namespaces_count_as_overflow_and_totals_hold() -> None:
+    records = simulated_windows(3, nodes=2)
+    namespaces = sorted({r["namespace"] for r in records})
+    assert len(namespaces) > 3
+    reg = CollectorRegistry()
+    counters = WindowCounters(reg, "USD", max_series=3)
+    counters.add(records)
+    costs = _samples(reg, "gpupipe_chargeback_cost_total")
+    assert len(costs) <= 3 + len({r["gpu_model"] for r in records})
+    assert "__overflow__" in {dict(labels)["namespace"] for labels in costs}
+    assert sum(costs.values()) == pytest.approx(sum(r["cost_total"] for r in records), rel=1e-9)
+    assert (
+        reg.get_sample_value("gpupipe_chargeback_series_overflow_records_total")
+        == counters.overflow_records
+        > 0
+    )
+
+
+def test_a_non_finite_record_adds_nothing() -> None:
+    rec = simulated_windows(1, nodes=1)[0]
+    reg = CollectorRegistry()
+    counters = WindowCounters(reg, "USD")
+    counters.add([{**rec, "cost_total": float("nan"), "energy_joules": float("inf")}])
+    assert set(_samples(reg, "gpupipe_chargeback_cost_total").values()) == {0.0}
+    assert set(_samples(reg, "gpupipe_chargeback_energy_joules_total").values()) == {0.0}
