@@ -258,7 +258,7 @@ class AlertmanagerSender:
         entry.version += 1
 
     def _bound(self) -> None:
-        """Evict resolved entries beyond ``max_alerts``; never a firing one (review D9).
+        """Evict resolved entries beyond ``max_alerts``; never a firing one.
 
         Firing entries are bounded by the engine's open alerts; dropping one would leave Alertmanager to
         expire an alert gpupipe still has firing. The excess is counted (``over_limit``) instead."""

@@ -1,4 +1,4 @@
-"""Effective-dated prices: which price table applies to usage at a given time (review D6).
+"""Effective-dated prices: which price table applies to usage at a given time.
 
 A price change applies to usage from its ``valid_from`` on, never to windows before it, however
 late they are replayed or corrected, and never depends on which process (old or new pod of a

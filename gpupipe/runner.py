@@ -1,8 +1,8 @@
 """Start, serve and stop: the one sequence every long-running service goes through.
 
-Each service used to carry its own copy of this sequence, and the copies drifted (one had no
-start-up wait and crash-looped on a fresh broker, four served half of the web config). Now a
-command turns its flags into a config and a ``build`` function, and :func:`run_service` does:
+Copies of this sequence per service drift (a missing start-up wait crash-loops on a fresh
+broker; a copied server honours half of the web config), so there is one: a command turns
+its flags into a config and a ``build`` function, and :func:`run_service` does:
 
 1. read the web config (a mistake is one line and exit 2, before any network);
 2. handle SIGTERM/SIGINT with the shutdown deadline (``--shutdown-timeout``);

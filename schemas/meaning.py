@@ -1,8 +1,8 @@
 """What record fields mean where several services read them: one reading, said once.
 
 The producer writes a GpuSample; chargeback bills it, recommend judges it idle, metrics and the
-reports show it. Each used to decide for itself which key names a GPU and which field is its
-activity; a second reading that differs would bill one thing and recommend another.
+reports show it. If each decided for itself which key names a GPU and which field is its
+activity, a second reading that differs would bill one thing and recommend another.
 """
 
 from __future__ import annotations

@@ -229,7 +229,7 @@ def _energy_j(
     if ref is not None and ref.energy_mj is not None and now is not None:
         delta_mj = now - ref.energy_mj
         if status == CONTINUED or (status == FIRST and sample["timestamp_ms"] > ref.ts_ms):
-            # After a gap too (review D8): the counter is the one measurement that survives
+            # After a gap too: the counter is the one measurement that survives
             # telemetry gaps, so its delta over the whole gap is kept when it is continuous.
             span_ms = max(dt_ms, int(sample["timestamp_ms"]) - ref.ts_ms)
             if delta_mj >= 0 and delta_mj <= cfg.max_plausible_power_w * span_ms:  # W x ms == mJ
@@ -258,8 +258,8 @@ def account(sample: dict[str, Any], ref: GpuRef | None, offset: int, cfg: Accoun
     if ref is None:
         status, dt_ms = FIRST, interval
     elif ts - ref.ts_ms > cap:
-        # A gap longer than the cap bills the cap, never less than a shorter gap would (review D8:
-        # a 2.6 s gap used to bill 1 s while a 2.5 s one billed 2.5 s). Depends on the reference.
+        # A gap longer than the cap bills the cap, never less than a shorter gap would: a 2.6 s
+        # gap must not bill less than a 2.5 s one. Depends on the reference.
         status, dt_ms, depends_on = FIRST, max(interval, cap), ref.offset
     else:
         depends_on = ref.offset

@@ -2,14 +2,14 @@
 
 Two environments on one cluster (``--topic-prefix staging.`` next to production) must never share
 a consumer group, a ``group.instance.id`` namespace or a ``transactional.id``: with shared ids the
-later process fences the earlier one and takes its partitions, and billing stops without an error
-(review D3). So every identity derives from the topic prefix unless it is given explicitly.
+later process fences the earlier one and takes its partitions, and billing stops without an
+error. So every identity derives from the topic prefix unless it is given explicitly.
 
 The loop assigns partitions itself inside the rebalance callbacks: eagerly by default (every
 rebalance revokes, commits and restores everything), or incrementally with
 ``partition.assignment.strategy=cooperative-sticky`` (only moved partitions are restored and
-replayed, review W1). Other assignors, and the KIP-848 ``group.protocol=consumer`` (whose
-callbacks the loop does not handle), are refused at start (review L3) instead of failing mid-run.
+replayed). Other assignors, and the KIP-848 ``group.protocol=consumer`` (whose
+callbacks the loop does not handle), are refused at start instead of failing mid-run.
 """
 
 from __future__ import annotations

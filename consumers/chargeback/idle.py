@@ -1,4 +1,4 @@
-"""Idleness detection for input partitions (review D7), apart from the loop that feeds it.
+"""Idleness detection for input partitions, apart from the loop that feeds it.
 
 A partition whose GPUs stopped sending would never see its event time move, so its last window
 would never close and its checkpoint would stay pinned. After ``timeout_s`` without a record, and

@@ -1,12 +1,12 @@
 """Corrections grouped by *runs* of late records: the same input always gives the same corrections.
 
-A late sample (its window already closed) goes into a ``kind=correction`` record. These used to be
-grouped per commit, so a re-processing run (an offset reset), which commits at other moments,
-grouped the same late samples differently. The report recognises a correction whose samples were
-all counted already, but a correction that straddles the earlier run's end (some samples counted
-by it, some it never reached) was kept whole and its counted part billed twice.
+A late sample (its window already closed) goes into a ``kind=correction`` record. Grouped per
+commit, a re-processing run (an offset reset), which commits at other moments, would group the
+same late samples differently; the report recognises a correction whose samples were all counted
+already, but one that straddles the earlier run's end (some samples counted by it, some it never
+reached) would be kept whole and its counted part billed twice.
 
-Now a correction sums the late samples of one row (window, namespace, node, model) within one
+So a correction sums the late samples of one row (window, namespace, node, model) within one
 *run*: consecutive late records of the partition, in offset order, and the run ends where the
 input alone says so:
 

@@ -114,10 +114,10 @@ class PriceAgreement:
         """Remember the restored partitions whose checkpoint shows another instance's table.
 
         During a rolling update an instance that restarts (or goes away) hands its partitions to
-        the others (a rebalance). An old instance taking a new one's partitions no longer saw the
-        new table anywhere (it reads only the partitions it does not own): it billed the windows
-        after the change at the old price and its commits erased the new table's fingerprint, so
-        that every new instance was refused afterwards. So a partition restored from another
+        the others (a rebalance). An old instance taking a new one's partitions would see the new
+        table nowhere (it reads only the partitions it does not own): it would bill the windows
+        after the change at the old price and its commits erase the new table's fingerprint, so
+        that every new instance is refused afterwards. So a partition restored from another
         writer's checkpoint with another table (allowed: nothing billed past their divergence),
         or carrying one, holds from there as if that writer still owned it, and its checkpoints
         carry that table and writer (``cx``/``cby``) beside this instance's own, so the group keeps

@@ -1,4 +1,4 @@
-"""A true progress offset for standard lag tooling (review W1/W2).
+"""A true progress offset for standard lag tooling.
 
 The chargeback group's committed offset is a *checkpoint* (the oldest offset the open windows
 depend on), about a window behind the consumer position by design. Burrow, kafka-lag-exporter or

@@ -98,6 +98,6 @@ class ChargebackMetrics:
 
 
 def output_key(rec: dict[str, Any]) -> bytes:
-    """``namespace/node``: spreads a large namespace over the output partitions (review L8); records
+    """``namespace/node``: spreads a large namespace over the output partitions; records
     are additive partials, so nothing relies on one namespace's records sharing a partition."""
     return f"{rec['namespace']}/{rec['node']}".encode()

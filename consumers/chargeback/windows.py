@@ -92,7 +92,7 @@ _METADATA_VERSION = 1
 
 
 def record_id(kind: str, partition: int, key: RowKey, sequence: str) -> str:
-    """The output record's idempotency key (see ChargebackWindow.record_id; review L2/W5)."""
+    """The output record's idempotency key (see ChargebackWindow.record_id)."""
     start, namespace, node, model = key
     return f"{kind}|{partition}|{start}|{namespace}|{node}|{model}|{sequence}"
 
@@ -113,13 +113,13 @@ class Checkpoint:
     window_ms: int
     grace_ms: int
     # The committing instance's price schedule (price_schedule.fingerprint): what the partition's
-    # windows before the watermark's horizon were priced with (review D6); None from older writers.
+    # windows before the watermark's horizon were priced with; None from older writers.
     prices: Fingerprint | None = None
     # First offset of the run of late records pending at the checkpoint (late_runs.py): a replay
     # folds the late records from there on into corrections again; None: no run was pending.
     late_from: int | None = None
     # The committing instance's --instance-id: an instance held by another partition's prices can
-    # name which instance still runs the other table (review: a hold that never ends).
+    # name which instance still runs the other table (a hold that never ends).
     writer: str | None = None
     # Another instance's table this partition was taken over from (price_agreement.carry): the
     # group keeps knowing of it while that instance is away; with that instance's id.
@@ -357,7 +357,7 @@ class WindowEngine:
             p.closed.append((start, p.windows.pop(start)))
 
     def advance_idle(self, partition: int, broker_ms: int) -> bool:
-        """Move an idle partition's watermark to ``broker_ms`` (review D7); True if it moved.
+        """Move an idle partition's watermark to ``broker_ms``; True if it moved.
 
         Called by the service when the partition delivered nothing for ``--idle-timeout`` and is
         caught up: its GPUs stopped sending (scale-down, a quiet fleet), so event time would never
@@ -398,7 +398,7 @@ class WindowEngine:
                 rec = self._record(rk, agg, CORRECTION, pid, emitted_at)
                 rec["record_id"] = record_id(CORRECTION, pid, rk, f"{offsets[0]}-{offsets[-1]}")
                 # Which samples it sums: the report counts each once even against corrections of
-                # writers that grouped late samples per commit (review L2).
+                # writers that grouped late samples per commit.
                 rec["late_offsets"] = list(offsets)
                 out.append(rec)
                 self.stats["corrections_emitted"] += 1
@@ -470,7 +470,7 @@ class WindowEngine:
             position = next_offset if position is None else max(position, next_offset)
         if p.restored is not None and (position is None or position < p.restored.replay_until):
             # Still replaying: the restored checkpoint stays the truth, with this instance's price
-            # schedule (the service checked that it prices what was billed as before, review D6),
+            # schedule (the service checked that it prices what was billed as before),
             # so that the other instances learn of it before this one bills anything.
             return dataclasses.replace(
                 p.restored,

@@ -205,7 +205,7 @@ def build_report(
         raise ReportOptionError("the end of the range must be after its start")
     teams = teams if teams is not None else TeamMap()
 
-    # One pass, no list of records (review L4): memory is the number of rows, not of records. With
+    # One pass, no list of records: memory is the number of rows, not of records. With
     # period "all" the span is known only at the end, so those rows are keyed without it first.
     first = last = None
     sums: dict[tuple[Any, ...], _Sum] = {}
@@ -299,7 +299,7 @@ def billing_place(
     end_ms: int | None,
     lag_ms: int,
 ) -> tuple[int, int, tuple[int, int], str] | None:
-    """Billing mode (review D5): (charge period start, end, billing period, kind) of a record, or
+    """Billing mode: (charge period start, end, billing period, kind) of a record, or
     None when its billing date is outside ``[start_ms, end_ms)``.
 
     A record belongs to the billing period (UTC month) of its window, unless it was written more

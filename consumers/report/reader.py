@@ -1,7 +1,7 @@
-"""Stream ChargebackWindow records from Kafka for a report, in bounded memory (review L4).
+"""Stream ChargebackWindow records from Kafka for a report, in bounded memory.
 
-The report used to read all of ``gpu.chargeback.v1`` (400 days' retention, about 10^8 records for
-a 10k-GPU fleet) into a list on every run. Here records are yielded one by one, and a report with a
+``gpu.chargeback.v1`` holds 400 days (about 10^8 records for a 10k-GPU fleet): records are
+yielded one by one, never listed, and a report with a
 ``--from`` starts each partition at ``offsets_for_times(from - margin)``: a record is emitted after
 its window started (in wall-clock time, give or take the bounded clock skew), so nothing of the
 range lies before that offset. Records come with their Kafka timestamp (wall-clock emission time),
@@ -83,7 +83,7 @@ def iter_chargeback_records(
 
 
 class Deduplicator:
-    """Counts each ``record_id`` once (review L2): an offset reset or a failover that re-processes
+    """Counts each ``record_id`` once: an offset reset or a failover that re-processes
     input re-emits records with the same key. Corrections are matched by the samples they sum too
     (``late_offsets``): a re-processing run groups the same late samples into other corrections,
     with other keys, and one whose samples were all counted for its window and row is a copy.
@@ -143,7 +143,7 @@ def deduplicated(
 ) -> Iterator[dict[str, Any]]:
     """The records of ``records`` (with their Kafka timestamps), each ``record_id`` once, each with
     its timestamp under ``RECORDED_AT``: when it was written, which bills a record written after
-    its month was invoiced into a later month (review D5)."""
+    its month was invoiced into a later month."""
     dedup = dedup if dedup is not None else Deduplicator()
     for rec, ts in records:
         if dedup.keep(rec, ts):

@@ -98,8 +98,8 @@ def build_workload_report(
     billing_lag_ms: int | None = None,
 ) -> list[ReportRow]:
     """Sum records into rows by ``by`` (see the module docstring), in one pass and bounded memory
-    (review L4: rows, not records, are kept). ``billing_lag_ms``: billing mode for the FOCUS export,
-    as in :func:`~consumers.report.chargeback_report.build_report` (review D5)."""
+    (rows, not records, are kept). ``billing_lag_ms``: billing mode for the FOCUS export,
+    as in :func:`~consumers.report.chargeback_report.build_report`."""
     dims = tuple(by)
     if not valid_dims(dims):
         raise ReportOptionError(
