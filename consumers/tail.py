@@ -23,6 +23,9 @@ from gpupipe.kafka_admin import client_config, parse_kafka_overrides, wait_for_b
 from schemas.codec import AvroCodec, codec_from_url
 from schemas.errors import DecodeError
 
+#: One line for `gpupipe --help`.
+HELP = "print records of a gpupipe topic as JSON lines"
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(

@@ -19,6 +19,10 @@ from gpupipe.errors import ConfigError
 USES_KAFKA = True
 
 
+#: One line for `gpupipe --help`.
+HELP = "print or apply the least-privilege Kafka ACLs of each role"
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--print", dest="print_acls", action="store_true", help="print the ACLs")

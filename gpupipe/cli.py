@@ -23,33 +23,26 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any, NoReturn
 
-from consumers import tail
-from consumers.alerts import command as alerts_command
-from consumers.chargeback import command as chargeback_command
-from consumers.metrics import command as metrics_command
-from consumers.recommend import command as recommend_command
-from consumers.report import command as report_command
-from consumers.report import idle_command
-from gpupipe import acls_command, kafka_config
+from gpupipe import kafka_config
 from gpupipe.errors import BrokerUnavailableError, ConfigError, GpupipeError
-from producer import command as producer_command
-from producer.xid import parse_command as xid_parse_command
+
+#: Each command registers itself under this entry-point group (``pyproject.toml``): the roof is that
+#: table, so the floor the CLI stands on imports no service. A name's dots are its words
+#: (``report.idle`` is ``gpupipe report idle``); the module has ``HELP``, ``add_arguments(p)`` and
+#: ``run(args)``.
+COMMAND_GROUP = "gpupipe.commands"
 
 ENV_PREFIX = "GPUPIPE_"
 
-# (path of words, command module, help). Every command module has add_arguments(p) and run(args).
-COMMANDS: tuple[tuple[tuple[str, ...], ModuleType, str], ...] = (
-    (("produce",), producer_command, "run the node producer (simulated fleet or NVML) publishing to Kafka"),
-    (("tail",), tail, "print records of a gpupipe topic as JSON lines"),
-    (("xid", "parse"), xid_parse_command, "parse kernel-log lines on stdin into XID JSON lines"),
-    (("metrics",), metrics_command, "serve dcgm-exporter-compatible /metrics from Kafka"),
-    (("chargeback",), chargeback_command, "aggregate GPU cost per namespace into windows"),
-    (("report", "chargeback"), report_command, "print chargeback reports per namespace or team"),
-    (("alerts",), alerts_command, "classify and deduplicate XIDs into alerts"),
-    (("recommend",), recommend_command, "recommend what to do with GPUs that pods hold idle"),
-    (("report", "idle"), idle_command, "print the top idle-GPU wasters per team or owner"),
-    (("acls",), acls_command, "print or apply the least-privilege Kafka ACLs of each role"),
-)
+
+def commands() -> list[tuple[tuple[str, ...], ModuleType]]:
+    """(words, module) of every registered command (by name, as importlib.metadata lists them)."""
+    from importlib.metadata import entry_points
+
+    found = [(tuple(ep.name.split(".")), ep.load()) for ep in entry_points(group=COMMAND_GROUP)]
+    if not found:
+        raise RuntimeError(f"no {COMMAND_GROUP} entry points: gpupipe is not installed (pip install -e .)")
+    return found
 
 
 def env_name(option: str) -> str:
@@ -200,7 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     tops = root.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     tops.required = True
     groups: dict[str, argparse._SubParsersAction] = {}
-    for words, module, help_text in COMMANDS:
+    for words, module in commands():
+        help_text = module.HELP
         parent = tops
         for w in words[:-1]:
             if w not in groups:

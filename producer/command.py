@@ -46,6 +46,10 @@ def _speed(text: str) -> float:
     return v
 
 
+#: One line for `gpupipe --help`.
+HELP = "run the node producer (simulated fleet or NVML) publishing to Kafka"
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source", choices=["simulated", "nvml"], default="simulated")
     p.add_argument(

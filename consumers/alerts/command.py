@@ -41,6 +41,10 @@ USES_KAFKA = True
 log = logging.getLogger("gpupipe.alerts")
 
 
+#: One line for `gpupipe --help`.
+HELP = "classify and deduplicate XIDs into alerts"
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", default=None, help="HOST:PORT for the service's /metrics and /healthz")
     p.add_argument("--group-id", default="gpupipe-alerts", help="Kafka consumer group")

@@ -91,6 +91,10 @@ def default_instance_id() -> str:
     return os.environ.get("HOSTNAME") or socket.gethostname() or "chargeback"
 
 
+#: One line for `gpupipe --help`.
+HELP = "aggregate GPU cost per namespace into windows"
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     w = p.add_argument_group("windows and prices")
     w.add_argument(

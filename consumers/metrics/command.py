@@ -36,6 +36,10 @@ log = logging.getLogger("gpupipe.metrics")
 HOST_LABELS = {"Hostname": "Hostname", "hostname": "hostname", "none": None}
 
 
+#: One line for `gpupipe --help`.
+HELP = "serve dcgm-exporter-compatible /metrics from Kafka"
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--listen",

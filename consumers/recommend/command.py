@@ -40,6 +40,10 @@ USES_KAFKA = True
 log = logging.getLogger("gpupipe.recommend")
 
 
+#: One line for `gpupipe --help`.
+HELP = "recommend what to do with GPUs that pods hold idle"
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--listen", default=None, help="HOST:PORT for /metrics (open recommendations) and /healthz"

@@ -47,6 +47,10 @@ def _by(text: str) -> tuple[str, ...]:
     return dims
 
 
+#: One line for `gpupipe --help`.
+HELP = "print chargeback reports per namespace or team"
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--from",

@@ -28,6 +28,10 @@ from schemas.codec import codec_from_url
 USES_KAFKA = True
 
 
+#: One line for `gpupipe --help`.
+HELP = "print the top idle-GPU wasters per team or owner"
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--since",

@@ -15,6 +15,10 @@ from producer.xid.parse_cli import run_xid_parse
 USES_KAFKA = False
 
 
+#: One line for `gpupipe --help`.
+HELP = "parse kernel-log lines on stdin into XID JSON lines"
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.epilog = "example: dmesg | gpupipe xid parse"
 
