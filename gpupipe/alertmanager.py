@@ -13,8 +13,10 @@ thread posts what is due to ``<url>/api/v2/alerts``:
 * a resolved alert with ``endsAt`` = its resolution time, once accepted it is forgotten.
 
 Alertmanager identifies an alert by its label set, so the state is keyed by labels (from the shape).
-If an alert's labels change (its severity escalates,
-its UUID becomes known) the old label set is sent resolved and the new one firing. A resolved record of an
+If an alert's labels change the old label set is sent resolved and the new one firing -- unless the
+shape says ``keep_earlier`` (GPU alerts, whose labels change only when they escalate): then the earlier
+label sets stay firing, re-sent like the others, until the alert resolves, and are resolved with it, so
+an escalation never tells a receiver the incident is over. A resolved record of an
 alert whose label set meanwhile belongs to a newer alert (a recurrence that superseded it) is not sent:
 the newer alert continues it.
 
@@ -65,6 +67,11 @@ class AmState:
     annotations: dict[str, str]
     first_seen_ms: int
     resolved_at_ms: int | None = None
+    keep_earlier: bool = False
+    """Labels that change while the alert fires (an escalation of severity or cause) add a label set and
+    keep the earlier ones firing until the alert resolves, instead of resolving them: the new set is
+    routed by its new labels, the earlier one sends no false RESOLVED (the receiving config inhibits it
+    under the newer one)."""
 
 
 Shape = Callable[[dict[str, Any]], AmState]
@@ -201,6 +208,7 @@ class AlertmanagerSender:
         self.metrics = metrics or AlertmanagerMetrics(None)
         self._entries: dict[LabelKey, _Entry] = {}
         self._by_id: dict[str, LabelKey] = {}
+        self._earlier: dict[str, list[LabelKey]] = {}  # alert id -> label sets kept firing (keep_earlier)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -228,8 +236,20 @@ class AlertmanagerSender:
             if prev is not None and prev != key:
                 old = self._entries.get(prev)
                 if old is not None and old.alert_id == aid and not old.resolved:
-                    old.ends_ms = now_ms
-                    self._touch(old)
+                    if state.keep_earlier and status == "firing":
+                        self._earlier.setdefault(aid, []).append(prev)
+                    else:
+                        old.ends_ms = now_ms
+                        self._touch(old)
+            if status == "firing" and key in self._earlier.get(aid, ()):
+                self._earlier[aid].remove(key)  # the current label set again
+            if status != "firing":
+                for k in self._earlier.pop(aid, ()):
+                    e = self._entries.get(k)
+                    if e is not None and e.alert_id == aid and not e.resolved:
+                        e.annotations = annotations
+                        e.ends_ms = state.resolved_at_ms or now_ms
+                        self._touch(e)
             entry = self._entries.get(key)
             if status == "firing":
                 if entry is None:

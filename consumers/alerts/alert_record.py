@@ -13,11 +13,13 @@ input gives the same ids, and a restarted service that restores its open alerts 
 keeps them (see :mod:`consumers.alerts.service`).
 
 Alertmanager mapping (:func:`am_labels`, :func:`am_annotations`). Alertmanager identifies an alert by its
-label set, so labels hold only what defines the incident and cannot change while it is open: ``alertname``,
-``severity``, ``node``, ``cause_class``, ``scope``, ``source="gpupipe"``, and for GPU and NVSwitch alerts
-``xid`` (the first code) and ``pci_bus_id``. A change of one of them (an escalation of severity, a node
-burst whose worst member changes cause) is deliberately a new Alertmanager alert: the old label set is
-resolved and the new one routed by its new severity. Mutable or late-discovered facts are annotations:
+label set, so labels hold only what defines the incident: ``alertname``, ``severity``, ``node``,
+``cause_class``, ``scope``, ``source="gpupipe"``, and for GPU and NVSwitch alerts ``xid`` (the first
+code) and ``pci_bus_id``. Routing needs ``severity`` and the node-storm inhibition ``cause_class``, and an
+open alert may escalate both (a node burst whose worst member changes cause): an escalation adds a
+label set, routed by its new severity, and the earlier one stays firing until the incident ends
+(:attr:`~gpupipe.alertmanager.AmState.keep_earlier`; the shipped config inhibits it under the newer one),
+so no label set of an open incident is ever sent resolved. Mutable or late-discovered facts are annotations:
 ``action``, ``gpu_uuid``, ``gpu`` (index), ``namespace``/``pod`` (``pods``), ``occurrences``, plus
 ``summary``, ``description``, ``runbook``, ``alert_id``, ``first_seen``, ``catalog_version``,
 ``drain_node``; discovering a GPU's UUID or its pod 5 s into an incident therefore sends no RESOLVED.
@@ -438,4 +440,5 @@ def gpu_alert_shape(rec: dict[str, Any]) -> AmState:
         am_annotations(rec),
         rec["first_seen_ms"],
         rec.get("resolved_at_ms"),
+        keep_earlier=True,
     )

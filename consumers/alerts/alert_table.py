@@ -44,6 +44,7 @@ COUNTS = (
     "acknowledged",
     "reboots_seen",
     "driver_loads",
+    "stale_event",
 )
 """What the engine counts (exported as ``gpupipe_alerts_input``)."""
 
@@ -63,10 +64,25 @@ class EngineConfig:
     that GPU after it shows it healthy (see :mod:`consumers.alerts.recovery_policy`); off: at once."""
     confirm_within_ms: int = 10 * MINUTE_MS
     """How long an alert waits for that sample before it says the GPU has not come back (it keeps waiting)."""
+    keepalive_ms: int = 6 * 60 * MINUTE_MS
+    """An open alert unchanged for this long is published again as it is: a restart restores open alerts
+    from a bounded look-back of ``gpu.alerts.v1``, so every open alert must have a revision within it,
+    however long ago it last changed (the command keeps it under half of ``--restore-lookback``)."""
+    max_event_age_ms: int = 6 * 60 * MINUTE_MS
+    """An XidEvent whose own time is older than this when processed is history, not a new fault: it feeds
+    the GPU's history (recurrence rules) but opens, folds into or drains nothing. A kernel-log backlog
+    read again without its cursor re-publishes every XID of the boot with its original time."""
     classify: ClassifyConfig = field(default=DEFAULT_CONFIG)
 
     def __post_init__(self) -> None:
-        for name in ("dedupe_window_ms", "resolve_after_ms", "node_burst_window_ms", "confirm_within_ms"):
+        for name in (
+            "dedupe_window_ms",
+            "resolve_after_ms",
+            "node_burst_window_ms",
+            "confirm_within_ms",
+            "keepalive_ms",
+            "max_event_age_ms",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
         if self.update_interval_ms < 0 or self.sighting_merge_ms < 0 or self.max_future_skew_ms < 0:
@@ -187,6 +203,16 @@ class AlertTable:
             if a.pending is not None and ts > a.pending.since_ms:
                 a.pending = None  # the fault is back after the reboot / driver load: not over
                 a.urgent = True
+        self._fold(a, ts, now_ms, count)
+        return a
+
+    def fold(self, a: Alert, ts: int, now_ms: int, count: int) -> None:
+        """Fold an occurrence at ``ts`` into open alert ``a`` whatever its gap to the latest one (a node
+        alert held open by its members goes on absorbing its node's faults)."""
+        self.counts["folded"] += 1
+        self._fold(a, ts, now_ms, count)
+
+    def _fold(self, a: Alert, ts: int, now_ms: int, count: int) -> None:
         if ts < a.first_seen_ms:
             a.first_seen_ms = ts
         if ts > a.last_seen_ms:
@@ -194,7 +220,6 @@ class AlertTable:
         a.seen_at_ms = now_ms
         a.occurrences += count
         self.dirty(a)
-        return a
 
     def end(self, a: Alert, now_ms: int, reason: str, *, keep: bool = False) -> None:
         """Resolve open alert ``a`` (``reason``) and take it out of the open set; ``keep`` leaves a tombstone
@@ -219,20 +244,39 @@ class AlertTable:
             forget(a)
 
     def tick(self, now_ms: int, waiting: Callable[[Alert, int], None]) -> None:
-        """Resolve alerts quiet for ``resolve_after_ms`` (node alerts: ``min(R, D)``) unless sticky; hand
-        each one that stays open and waits for its GPU (``Alert.pending``) to ``waiting`` in the same pass,
-        so revisions keep the order they changed in; forget tombstones older than the dedupe window."""
+        """Resolve alerts quiet for ``resolve_after_ms`` (node alerts: ``min(R, D)``) unless sticky or, for
+        a node alert, held open by a sticky member (:meth:`held`); hand each one that stays open and waits
+        for its GPU (``Alert.pending``) to ``waiting`` in the same pass, so revisions keep the order they
+        changed in; republish open alerts unchanged for ``keepalive_ms``; forget tombstones older than the
+        dedupe window."""
         r = self.cfg.resolve_after_ms
         d = self.cfg.dedupe_window_ms
+        keepalive = self.cfg.keepalive_ms
         for key, a in list(self._open.items()):
             quiet = min(r, d) if a.scope == "node" else r
-            if now_ms - a.seen_at_ms >= quiet and not sticky(a):
+            if now_ms - a.seen_at_ms >= quiet and not sticky(a) and not self.held(a):
                 self.end(a, now_ms, "quiet", keep=r < d and key[3] not in LEVEL_SIGNALS)
-            elif a.pending is not None:
+                continue
+            if a.pending is not None:
                 waiting(a, now_ms)
+            if a.last_emit_ms is not None and now_ms - a.last_emit_ms >= keepalive and not a.dirty:
+                self.dirty(a)  # unchanged, published again so that a restart's look-back finds it
         for key, a in list(self._closed.items()):
             if now_ms - a.seen_at_ms > d:
                 del self._closed[key]
+
+    def held(self, a: Alert) -> bool:
+        """A node alert with a sticky member still firing: it stays open as long as they do. Alertmanager
+        inhibits the members under it; resolving it first would page them all again for one incident."""
+        if a.scope != "node":
+            return False
+        host, aid = a.hostname, a.alert_id
+        return any(
+            m.parent_alert_id == aid and sticky(m)
+            for (h, _device), keys in self._by_gpu.items()
+            if h == host
+            for m in (self._open[k] for k in keys)
+        )
 
     # ----------------------------------------------------------------------------------- publishing
 

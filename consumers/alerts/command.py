@@ -129,6 +129,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="how far back gpu.alerts.v1 is read at startup to restore open alerts",
     )
+    life.add_argument(
+        "--keepalive-interval",
+        type=duration_ms,
+        default=field_default(EngineConfig, "keepalive_ms"),
+        metavar="DURATION",
+        help="publish an open alert that has not changed for this long again, so that a restart's "
+        "--restore-lookback finds it however old it is (held under half of --restore-lookback)",
+    )
+    life.add_argument(
+        "--max-event-age",
+        type=duration_ms,
+        default=field_default(EngineConfig, "max_event_age_ms"),
+        metavar="DURATION",
+        help="an XID this much older than its processing is history (a kernel-log backlog read again), "
+        "not a new fault: it raises, pages and drains nothing",
+    )
     health = p.add_argument_group("health signals from gpu.samples.v1")
     health.add_argument(
         "--health-signals",
@@ -224,6 +240,11 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, HealthConfig]:
         raise ConfigError("--cordon-max-share must be greater than 0 and at most 1")
     if args.restore_lookback < 0:
         raise ConfigError("--restore-lookback must not be negative")
+    if args.keepalive_interval <= 0 or args.max_event_age <= 0:
+        raise ConfigError("--keepalive-interval and --max-event-age must be greater than zero")
+    keepalive = args.keepalive_interval
+    if args.restore_lookback:  # a restart must find every open alert's latest revision in its look-back
+        keepalive = max(1000, min(keepalive, args.restore_lookback // 2))
     for url in args.alertmanager_url:
         if not url.startswith(("http://", "https://")):
             raise ConfigError(f"--alertmanager-url must start with http:// or https://, got {url!r}")
@@ -234,6 +255,8 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, HealthConfig]:
         node_burst_gpus=args.node_burst_gpus,
         node_burst_window_ms=args.node_burst_window,
         confirm_by_samples=args.health_signals,  # nothing else could show a GPU back after a reboot
+        keepalive_ms=keepalive,
+        max_event_age_ms=args.max_event_age,
     )
     return engine, HealthConfig(thermal_for_ms=args.thermal_for)
 

@@ -22,6 +22,13 @@ processed late (consumer lag, an outage, a node clock behind) is never born reso
   ``first_seen_ms`` back. An occurrence more than D after the latest one is a *recurrence*: the open alert
   is resolved (``resolve_reason="superseded"``) and a new alert (new id) starts; the classifier sees the
   history and may escalate (e.g. Xid 79 or 119/120 coming back after a reset).
+* **History, not faults**: an XID whose own time is more than ``max_event_age_ms`` (6 h) before
+  ``now_ms`` feeds the GPU's history (recurrence rules) and opens, folds into or drains nothing (counted
+  ``stale_event``). A kernel-log backlog read again without its cursor (the first start of a producer
+  with cursors on a node, a lost or unwritable cursor) re-publishes every XID of the boot with its
+  original time; a week-old Xid 79 of a GPU reset since must not drain its node. The price: a real fault
+  delivered more than that late (producer spool held through a longer Kafka outage, a node clock hours
+  behind) is not raised either.
 * **Duplicates** are not occurrences: an ``event_id`` seen before (producer retry, replay after a
   rebalance or restart; the last ``event_id_memory`` ids are remembered), and the second sighting of one
   Xid by the producer's two sources (``nvml`` and ``kmsg`` records of the same key within
@@ -52,8 +59,9 @@ processed late (consumer lag, an outage, a node clock behind) is never born reso
   detail and name it in ``parent_alert_id``. Only faults above info that are not job-kill codes (Xid
   43/45) count: killing a multi-GPU job is no node fault. While it is open, every such occurrence on that
   node folds into it (its GPUs, codes, worst severity/action and drain flag accumulate); it resolves after
-  ``min(R, D)`` quiet, so it never outlives the span in which it absorbs faults (its per-GPU detail of a
-  sticky fault stays firing on its own).
+  ``min(R, D)`` quiet, so it never outlives the span in which it absorbs faults -- unless one of its
+  members is sticky and still firing: then it stays open as long as they do and goes on absorbing the
+  node's faults (Alertmanager inhibits the members under it; resolving it first would page them again).
 * **Classification** (:func:`~consumers.alerts.classify.classify`, per GPU history and health snapshot) runs
   for every occurrence; an alert keeps the *worst* decision seen (severity, then drain, then action rank):
   it may escalate, never de-escalate, while open.
@@ -61,7 +69,13 @@ processed late (consumer lag, an outage, a node clock behind) is never born reso
 Emission (:meth:`take`): a new alert, a status change (resolved, reopened) and an escalation are *urgent*
 and published at the next :meth:`take`; other changes (count, last seen, pods, parent) at most once per
 ``update_interval_ms`` per alert (the latest state; the resolved record always carries the final counts).
-Each published revision increments ``sequence``.
+A level signal seen again in a sample (and a lost GPU's sample) moves ``last_seen_ms`` without a
+revision: that is no change, and one open level alert would otherwise publish one record per update
+interval for as long as the condition holds. Every open alert unchanged for ``keepalive_ms`` (6 h) is
+published again as it is (keep-alive): a restart restores the open alerts from the last
+``--restore-lookback`` (24 h) of ``gpu.alerts.v1``, and a sticky alert that has not changed for days must
+be among them, or Alertmanager would expire it and ``--uncordon`` release its still broken node. Each
+published revision increments ``sequence``.
 
 Parts. :class:`AlertEngine` is the façade the service drives; the work is done by collaborators that each
 own their state and share one :class:`~consumers.alerts.alert_table.AlertTable` (the alerts by key and

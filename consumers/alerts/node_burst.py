@@ -2,7 +2,9 @@
 
 When occurrences on at least ``node_burst_gpus`` distinct GPUs of one node fall within
 ``node_burst_window_ms``, a node alert opens in the table; the GPU alerts stay as detail and name it in
-``parent_alert_id``. See :mod:`consumers.alerts.dedupe`, "Node burst".
+``parent_alert_id``. It stays open while any of its sticky members fires (and absorbs the node's faults
+meanwhile): Alertmanager inhibits the members under it, so resolving it first would send a RESOLVED and
+page every member again for one incident. See :mod:`consumers.alerts.dedupe`, "Node burst".
 """
 
 from __future__ import annotations
@@ -75,6 +77,11 @@ class NodeBursts:
         node = table.get(key)
         if node is not None and ts <= node.last_seen_ms + cfg.dedupe_window_ms:
             table.touch(key, ts, now_ms, 1, anchor="")
+            members = [(ts, gpu_alert.device, gpu_alert.alert_id)]
+        elif node is not None and table.held(node):
+            # Open past its span only because sticky members still fire: it goes on absorbing the node's
+            # faults, so every GPU alert it inhibits in Alertmanager is one it lists.
+            table.fold(node, ts, now_ms, 1)
             members = [(ts, gpu_alert.device, gpu_alert.alert_id)]
         else:
             # Events arrive out of event-time order (two topics, late records): compare each event with

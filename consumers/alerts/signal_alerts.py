@@ -68,11 +68,9 @@ class SignalAlerts:
                 self._counts["events"] -= 1  # counted as a signal, not as an XidEvent
                 return self._xids.on_xid(ev, now_ms)
             a = self._table.get(("gpu", host, device, "xid:79"))
-            if a is not None:
+            if a is not None:  # still lost: no change to publish (the next revision carries the time)
                 a.seen_at_ms = now_ms
-                if ts > a.last_seen_ms:
-                    a.last_seen_ms = ts
-                    self._table.dirty(a)
+                a.last_seen_ms = max(a.last_seen_ms, ts)
             return a
         if sig.signal == "gpu_reset":
             self._recovery.recovered(host, device, ts, now_ms, sig.detail, kind=sig.evidence or "reset")
@@ -103,11 +101,9 @@ class SignalAlerts:
             return None
         if sig.kind == "active":
             a = self._table.get(key)
-            if a is not None:
+            if a is not None:  # the condition holds: no change to publish, the keep-alive carries it
                 a.seen_at_ms = now_ms
-                if ts > a.last_seen_ms:
-                    a.last_seen_ms = ts
-                    self._table.dirty(a)
+                a.last_seen_ms = max(a.last_seen_ms, ts)
             else:
                 since = self._guard.clamp(sig.since_ms or ts, now_ms)
                 if sig.signal == "recovery_action" and self._histories.stale_recovery(host, device, since):

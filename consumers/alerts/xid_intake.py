@@ -5,7 +5,9 @@ driver's load line are evidence (:mod:`consumers.alerts.recovery_evidence`); NVM
 :mod:`consumers.alerts.nvml_notices`; a fault is keyed (Xid 45 and 154 join the fault they follow),
 merged with its other source's sighting, classified (:mod:`consumers.alerts.fault_decisions`), folded into
 its alert in the table, matched against evidence processed before it, and counted toward its node's
-burst (:mod:`consumers.alerts.node_burst`). See :mod:`consumers.alerts.dedupe` for the rules.
+burst (:mod:`consumers.alerts.node_burst`). A fault whose own time is older than ``max_event_age_ms``
+when processed only feeds the GPU's history (``stale_event``): it is a kernel-log backlog read again,
+not a new fault. See :mod:`consumers.alerts.dedupe` for the rules.
 """
 
 from __future__ import annotations
@@ -120,6 +122,12 @@ class XidIntake:
         if scope == "gpu" and eff in FOLLOWER_CODES:
             key = self._follows(key, host, device, eff, ts)
         if self._guard.replayed(key, position):
+            return None
+        if now_ms - ts > self._cfg.max_event_age_ms:
+            # A backlog re-read without its cursor (a first start, a lost cursor) brings back every XID of
+            # the boot with its original time: a GPU reset and used since must not be drained for it.
+            counts["stale_event"] += 1
+            self._histories.get(host, device).record(fe)
             return None
 
         double = self._double_sighting(key, ev.get("source") or "unknown", ts)

@@ -122,9 +122,40 @@ def test_alertmanager_down_queues_and_delivers_when_back() -> None:
     assert s.pending() == 0 and len(s) == 4
 
 
-def test_label_change_resolves_old_label_set() -> None:
+def test_an_escalation_keeps_the_earlier_label_set_firing_until_the_alert_ends() -> None:
     post, clock = FakePost(), Clock()
     s = sender(post, clock)
+    s.update(rec(severity="warning"))
+    s.step(T0)
+    clock.ms = T0 + 1000
+    s.update(rec(severity="critical"))
+    s.step(T0 + 1000)
+    assert {a["labels"]["severity"]: a["endsAt"] for a in post.calls[-1]} == {
+        "critical": iso_ms(T0 + 1000 + 4 * MIN)  # the new label set; the warning one is not resolved
+    }
+    clock.ms = T0 + MIN + 1000
+    s.step(T0 + MIN + 1000)  # both re-sent while the alert fires
+    assert {a["labels"]["severity"] for a in post.calls[-1]} == {"warning", "critical"}
+    s.update(rec(severity="critical", status="resolved", resolved_at_ms=T0 + 2 * MIN))
+    s.step(T0 + 2 * MIN)
+    assert {a["labels"]["severity"]: a["endsAt"] for a in post.calls[-1]} == {
+        "warning": iso_ms(T0 + 2 * MIN),
+        "critical": iso_ms(T0 + 2 * MIN),
+    }
+    assert len(s) == 0
+
+
+def test_label_change_resolves_old_label_set() -> None:
+    from dataclasses import replace
+
+    post, clock = FakePost(), Clock()
+    s = AlertmanagerSender(  # a shape that does not keep earlier label sets (recommendations)
+        "http://am:9093/",
+        shape=lambda r: replace(gpu_alert_shape(r), keep_earlier=False),
+        post=post,
+        clock=clock,
+        resend_interval_ms=MIN,
+    )
     s.update(rec(severity="warning"))
     s.step(T0)
     clock.ms = T0 + 1000
@@ -144,7 +175,7 @@ def test_resolution_of_a_superseded_alert_does_not_end_its_successor() -> None:
     s.update(rec("new", gpu_uuid="GPU-x", pci_bus_id="bus-x"))  # same labels, newer alert
     s.update(rec("old", status="resolved", gpu_uuid="GPU-x", pci_bus_id="bus-x", resolved_at_ms=T0))
     s.step(T0 + 1000)
-    x = [a for a in post.calls[-1] if a["annotations"]["gpu_uuid"] == "GPU-x"]
+    x = [a for a in post.calls[-1] if a["labels"].get("pci_bus_id") == "bus-x"]
     assert len(x) == 1 and x[0]["endsAt"] == iso_ms(T0 + 1000 + 4 * MIN)
 
 
