@@ -3,7 +3,7 @@
 `/metrics` carries dcgm-exporter's metric names, label names and order, units and HELP/TYPE
 (selectable with its counters CSV format, `-f/--collectors`), its series layout for MIG and shared
 GPUs (and its `--kubernetes-virtual-gpus` mode), its exporter-derived `DCGM_EXP_*` families, and no
-stale series: a GPU or pod not seen for `--stale-after` disappears. dcgm-exporter's flags and
+stale series: a GPU or pod not seen for `--stale-after` while others are disappears. dcgm-exporter's flags and
 `DCGM_EXPORTER_*` variables are accepted (see `consumers/metrics/dcgm_compat.py`). `/health`
 answers `OK` as dcgm-exporter's; `/healthz` answers 200 once consuming.
 
@@ -145,8 +145,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=duration_ms,
         default=None,
         metavar="DURATION",
-        help="drop a GPU's series when no sample came for this long (default: --stale-intervals "
-        "x the GPU's own sample interval)",
+        help="drop a GPU's series when no sample of it came for this long while other GPUs' samples "
+        "did, so a stall of all input holds every series (unset: --stale-intervals x the GPU's own "
+        "sample interval)",
     )
     ex.add_argument(
         "--stale-intervals",

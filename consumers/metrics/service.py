@@ -24,7 +24,8 @@ reason ``unexpected-record-type`` / ``invalid-record``; both count in
 ``gpupipe_consumer_decode_errors_total{reason}`` and ``gpupipe_consumer_dead_letters_total``. On
 the XID topic only the owner of a bad record's key dead-letters it, so N instances do not write N
 copies. Samples older than ``max_sample_age_s`` (a replay after a long outage, a backfill) are
-not shown: they would look current, since staleness runs on ingest time.
+not shown: they would look current, since staleness runs on ingest time (the time of the newest
+ingest, so that a stalled pipeline holds the series instead of expiring them all).
 
 Own metrics (appended to the exposition by the store): the loop's ``gpupipe_consumer_*`` (records,
 decode errors, dead letters, batch time, rebalances, lag per partition), the store's
