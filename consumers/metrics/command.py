@@ -157,6 +157,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="sample intervals without a sample before a GPU's series go",
     )
     ex.add_argument(
+        "--max-gpus",
+        type=int,
+        default=field_default(MetricsConfig, "max_gpus"),
+        metavar="N",
+        help="GPUs (and MIG slices) one instance holds at most; samples and XIDs of further ones are "
+        "dropped, counted in gpupipe_metrics_gpus_dropped_total and logged, so records for made-up "
+        "UUIDs cannot exhaust its memory",
+    )
+    ex.add_argument(
         "--max-sample-age",
         type=duration_ms,
         default=field_default_ms(MetricsConfig, "max_sample_age_s"),
@@ -210,6 +219,8 @@ def config_from_args(args: argparse.Namespace) -> MetricsConfig:
         raise ConfigError("--stale-intervals must be greater than zero")
     if args.stale_after is not None and args.stale_after <= 0:
         raise ConfigError("--stale-after must be greater than zero")
+    if args.max_gpus <= 0:
+        raise ConfigError("--max-gpus must be greater than zero")
     if args.max_sample_age < 0:
         raise ConfigError("--max-sample-age must not be negative")
     if args.host_label not in HOST_LABELS:
@@ -227,6 +238,7 @@ def config_from_args(args: argparse.Namespace) -> MetricsConfig:
         render=options,
         stale_after_s=None if args.stale_after is None else args.stale_after / 1000.0,
         stale_intervals=args.stale_intervals,
+        max_gpus=args.max_gpus,
         max_sample_age_s=args.max_sample_age / 1000.0 or None,
         web_config=args.web_config_file,
         gzip_level=args.gzip_level,
