@@ -118,6 +118,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="dcgm-exporter 1.x label names (uuid, pod_name, pod_namespace, container_name)",
     )
     ex.add_argument(
+        "--replace-blanks-in-model-name",
+        "-rbmn",
+        action=dcgm_compat.GoBool,
+        help="dashes for the spaces of the modelName label (NVIDIA-H200), as dcgm-exporter's flag",
+    )
+    ex.add_argument(
         "--xid-count-window-size",
         "-x",
         type=int,
@@ -207,6 +213,7 @@ def render_options(args: argparse.Namespace) -> RenderOptions:
         xid_window_ms=int(args.xid_count_window_size),
         clock_window_ms=int(args.clock_events_count_window_size),
         mig_layout=mig,
+        replace_blanks_in_model_name=args.replace_blanks_in_model_name,
     )
 
 
