@@ -22,6 +22,7 @@ INVALID_METRIC = "gpupipe_metrics_invalid_values_total"
 EXPIRED_METRIC = "gpupipe_metrics_expired_total"
 XID_EVENTS_METRIC = "gpupipe_metrics_xid_events_total"
 UNSUPPORTED_METRIC = "gpupipe_metrics_unsupported_fields"
+HEALTH_NOT_RUN_METRIC = "gpupipe_metrics_health_watch_not_run"
 NODE_AGE_METRIC = "gpupipe_metrics_node_last_sample_age_seconds"
 PIPELINE_DELAY_METRIC = "gpupipe_metrics_pipeline_delay_seconds"
 DROPPED_METRIC = "gpupipe_metrics_gpus_dropped_total"
@@ -35,6 +36,7 @@ OWN_METRICS = (
     EXPIRED_METRIC,
     XID_EVENTS_METRIC,
     UNSUPPORTED_METRIC,
+    HEALTH_NOT_RUN_METRIC,
 )
 
 
@@ -122,6 +124,19 @@ def registry_text(registry: Any, own: frozenset[str]) -> str:
         if not skip:
             out.append(line)
     return "".join(out)
+
+
+def health_not_run_text(watches: Sequence[str]) -> str:
+    """The DCGM health watches DCGM_EXP_GPU_HEALTH_STATUS has no series for: no check of them runs
+    here, and a missing series must not be read as a pass or as a lost GPU."""
+    if not watches:
+        return ""
+    head = (
+        f"# HELP {HEALTH_NOT_RUN_METRIC} DCGM health watches not run here (no series in "
+        f"DCGM_EXP_GPU_HEALTH_STATUS): GpuSample carries no signal for them.\n"
+        f"# TYPE {HEALTH_NOT_RUN_METRIC} gauge\n"
+    )
+    return head + "".join(f'{HEALTH_NOT_RUN_METRIC}{{health_watch="{w}"}} 1\n' for w in watches)
 
 
 def unsupported_text(counters: CounterSet) -> str:

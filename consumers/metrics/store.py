@@ -67,6 +67,7 @@ from consumers.metrics.collectors_csv import CounterSet, default_counters
 from consumers.metrics.layout import merge_parent
 from consumers.metrics.own_text import (
     OWN_METRICS,
+    health_not_run_text,
     own_text,
     registry_text,
     unsupported_text,
@@ -208,7 +209,9 @@ class SeriesStore:
         self._windowed: set[str] = set()  # keys with XIDs in their window (pruned at scrape)
         self._want_xid_win = r.has_xid_count or r.has_health
         self._want_exp = r.has_xid_count or r.has_health or r.has_clock_count or r.has_clock_total
-        self._unsupported_text = unsupported_text(r.counters)
+        self._unsupported_text = unsupported_text(r.counters) + (
+            health_not_run_text(exp.NOT_RUN_WATCHES) if r.has_health else ""
+        )
         # keys sampled since the last scrape (rendered by _flush); g.pending is not None for them
         self._dirty: set[str] = set()
         # label views of GPUs expired in the last expired_view_ttl_s, oldest first: a GPU that comes
