@@ -24,6 +24,7 @@ BENCHES = [
     "bench_metrics_pipeline.py",
     "bench_metrics_freshness.py",
     "bench_metrics_freshness_ha.py",
+    "bench_metrics_flood.py",
     "bench_chargeback.py",
     "bench_alerts.py",
     "bench_alerts_latency.py",

@@ -3,7 +3,7 @@
 `/metrics` carries dcgm-exporter's metric names, label names and order, units and HELP/TYPE
 (selectable with its counters CSV format, `-f/--collectors`), its series layout for MIG and shared
 GPUs (and its `--kubernetes-virtual-gpus` mode), its exporter-derived `DCGM_EXP_*` families, and no
-stale series: a GPU or pod not seen for `--stale-after` disappears. dcgm-exporter's flags and
+stale series: a GPU or pod not seen for `--stale-after` while others are disappears. dcgm-exporter's flags and
 `DCGM_EXPORTER_*` variables are accepted (see `consumers/metrics/dcgm_compat.py`). `/health`
 answers `OK` as dcgm-exporter's; `/healthz` answers 200 once consuming.
 
@@ -122,6 +122,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="dcgm-exporter 1.x label names (uuid, pod_name, pod_namespace, container_name)",
     )
     ex.add_argument(
+        "--replace-blanks-in-model-name",
+        "-rbmn",
+        action=dcgm_compat.GoBool,
+        help="dashes for the spaces of the modelName label (NVIDIA-H200), as dcgm-exporter's flag",
+    )
+    ex.add_argument(
         "--xid-count-window-size",
         "-x",
         type=int,
@@ -149,8 +155,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=duration_ms,
         default=None,
         metavar="DURATION",
-        help="drop a GPU's series when no sample came for this long (default: --stale-intervals "
-        "x the GPU's own sample interval)",
+        help="drop a GPU's series when no sample of it came for this long while other GPUs' samples "
+        "did, so a stall of all input holds every series (unset: --stale-intervals x the GPU's own "
+        "sample interval)",
     )
     ex.add_argument(
         "--stale-intervals",
@@ -158,6 +165,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=field_default(MetricsConfig, "stale_intervals"),
         metavar="N",
         help="sample intervals without a sample before a GPU's series go",
+    )
+    ex.add_argument(
+        "--max-gpus",
+        type=int,
+        default=field_default(MetricsConfig, "max_gpus"),
+        metavar="N",
+        help="GPUs (and MIG slices) one instance holds at most; samples and XIDs of further ones are "
+        "dropped, counted in gpupipe_metrics_gpus_dropped_total and logged, so records for made-up "
+        "UUIDs cannot exhaust its memory",
     )
     ex.add_argument(
         "--max-sample-age",
@@ -201,6 +217,7 @@ def render_options(args: argparse.Namespace) -> RenderOptions:
         xid_window_ms=int(args.xid_count_window_size),
         clock_window_ms=int(args.clock_events_count_window_size),
         mig_layout=mig,
+        replace_blanks_in_model_name=args.replace_blanks_in_model_name,
     )
 
 
@@ -213,6 +230,8 @@ def config_from_args(args: argparse.Namespace) -> MetricsConfig:
         raise ConfigError("--stale-intervals must be greater than zero")
     if args.stale_after is not None and args.stale_after <= 0:
         raise ConfigError("--stale-after must be greater than zero")
+    if args.max_gpus <= 0:
+        raise ConfigError("--max-gpus must be greater than zero")
     if args.max_sample_age < 0:
         raise ConfigError("--max-sample-age must not be negative")
     if args.host_label not in HOST_LABELS:
@@ -230,6 +249,7 @@ def config_from_args(args: argparse.Namespace) -> MetricsConfig:
         render=options,
         stale_after_s=None if args.stale_after is None else args.stale_after / 1000.0,
         stale_intervals=args.stale_intervals,
+        max_gpus=args.max_gpus,
         max_sample_age_s=args.max_sample_age / 1000.0 or None,
         web_config=args.web_config_file,
         gzip_level=args.gzip_level,

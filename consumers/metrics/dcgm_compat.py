@@ -4,6 +4,7 @@
 A DaemonSet or Helm values written for dcgm-exporter keep working: its flags and short flags are
 aliases of ours (``-f/--collectors``, ``-a/--address`` for ``--listen``, ``-n/--no-hostname``,
 ``-x/--xid-count-window-size``, ``-o/--use-old-namespace``, ``-d/--devices``,
+``-rbmn/--replace-blanks-in-model-name``,
 ``--kubernetes-virtual-gpus``, ``--web-config-file``...), and its ``DCGM_EXPORTER_*`` environment
 variables (plus ``KUBERNETES_VIRTUAL_GPUS``) set the same defaults as our ``GPUPIPE_*`` twins, which
 win when both are set. Flags that only make sense next to a DCGM host engine (``-c`` collect
@@ -40,6 +41,7 @@ DCGM_ENV: Mapping[str, str] = {
     "DCGM_EXPORTER_CLOCK_EVENTS_COUNT_WINDOW_SIZE": "clock_events_count_window_size",
     "DCGM_EXPORTER_USE_OLD_NAMESPACE": "use_old_namespace",
     "DCGM_EXPORTER_DEVICES_STR": "devices",
+    "DCGM_EXPORTER_REPLACE_BLANKS_IN_MODEL_NAME": "replace_blanks_in_model_name",
     "KUBERNETES_VIRTUAL_GPUS": "kubernetes_virtual_gpus",
 }
 
@@ -56,7 +58,6 @@ IGNORED_FLAGS: tuple[tuple[str, str | None, bool], ...] = (
     ("--cpu-devices", "-p", True),
     ("--fake-gpus", None, False),
     ("--configmap-data", "-m", True),
-    ("--replace-blanks-in-model-name", "-rbmn", False),
     ("--enable-dcgm-log", None, False),
     ("--dcgm-log-level", None, True),
     ("--pod-resources-kubelet-socket", None, True),

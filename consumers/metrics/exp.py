@@ -15,8 +15,10 @@ this module holds their facts and the small state they need, so that the store s
 * ``DCGM_EXP_GPU_HEALTH_STATUS{health_error_code, health_watch}``: one series per DCGM health
   watch dcgm-exporter exports (PCIE ... DRIVER, ALL), value 0 pass, 10 warn, 20 fail (DCGM's
   ``dcgmHealthWatchResult_t``), from the health signals a GpuSample carries (see
-  :func:`health_status`); a watch we have no signal for reports pass, as DCGM does for a
-  healthy subsystem.
+  :func:`sample_health`): MEM, THERMAL, POWER and ALL. PCIE, NVLINK, PMU, MCU, SM, INFOROM and
+  DRIVER have no signal in a GpuSample, so no check of them runs: they have no series (listed once
+  in ``gpupipe_metrics_health_watch_not_run``) rather than a pass, which told an NVLink or PCIe
+  alert or dashboard that a check nobody ran had passed.
 * ``err_code``/``err_msg`` of ``DCGM_FI_DEV_XID_ERRORS``: the code and dcgm-exporter's text for it
   (``"No Error"`` for 0, ``"Unknown Error"`` past its table), see :func:`xid_message`.
 
@@ -50,6 +52,9 @@ _CLOCK_MASK = sum(b for b, _ in CLOCK_EVENTS)
 
 #: DCGM health watches dcgm-exporter exports, in its order (gpu_health_collector.go).
 HEALTH_WATCHES = ("PCIE", "NVLINK", "PMU", "MCU", "MEM", "SM", "INFOROM", "THERMAL", "POWER", "DRIVER", "ALL")
+#: The watches our health signals answer; the others are not run (see the module docstring).
+RUN_WATCHES = ("MEM", "THERMAL", "POWER", "ALL")
+NOT_RUN_WATCHES = tuple(w for w in HEALTH_WATCHES if w not in RUN_WATCHES)
 PASS, WARN, FAIL = 0, 10, 20  # dcgmHealthWatchResult_t
 OK_CODE = "DCGM_FR_OK"
 _RECOVERY_CODES = {
@@ -61,7 +66,7 @@ _RECOVERY_CODES = {
 FATAL_XIDS = {79: "DCGM_FR_FALLEN_OFF_BUS", 95: "DCGM_FR_UNCONTAINED_ERROR"}
 
 Health = tuple[tuple[str, int, str], ...]  # (watch, value, error code) per watch
-ALL_PASS: Health = tuple((w, PASS, OK_CODE) for w in HEALTH_WATCHES)
+ALL_PASS: Health = tuple((w, PASS, OK_CODE) for w in RUN_WATCHES)
 
 
 def clock_bits(mask: int | None) -> tuple[int, ...]:
@@ -92,7 +97,8 @@ def xid_message(code: int) -> str:
 
 
 def sample_health(rec: Mapping[str, Any]) -> Health:
-    """Health per watch from one sample's health fields (MEM, THERMAL, POWER, ALL; others pass).
+    """Health per watch from one sample's health fields: MEM, THERMAL, POWER and ALL only (the
+    watches with a signal; the others are not run, so not reported).
 
     MEM: volatile DBE count > 0 or a failed row remap fail; pending page retirement or row remap
     warn. THERMAL: the HW thermal slowdown clock event warns. POWER: the HW power-brake clock event
@@ -116,7 +122,7 @@ def sample_health(rec: Mapping[str, Any]) -> Health:
     elif action in _RECOVERY_CODES:
         everything = (FAIL, _RECOVERY_CODES[action])
     by = {"MEM": mem, "THERMAL": thermal, "POWER": power, "ALL": everything}
-    return tuple((w, *by.get(w, (PASS, OK_CODE))) for w in HEALTH_WATCHES)
+    return tuple((w, *by[w]) for w in HEALTH_WATCHES if w in by)
 
 
 def with_fatal_xids(health: Health, window_codes: Iterable[int]) -> Health:

@@ -105,7 +105,9 @@ class RenderOptions:
     ``DCGM_EXP_XID_ERRORS_COUNT`` / ``DCGM_EXP_CLOCK_EVENTS_COUNT``. ``mig_layout``:
     ``instances`` (dcgm-exporter's default ``-d f``: a GPU in MIG mode is shown only as its
     instances, each with the parent's device-wide readings) or ``gpu+instances`` (``-d g+i``: the
-    parent GPU's own series too).
+    parent GPU's own series too). ``replace_blanks_in_model_name``: dcgm-exporter's
+    ``--replace-blanks-in-model-name``, ``modelName="NVIDIA-H200"`` for ``NVIDIA H200``, which
+    dashboards and rules written for that form match on.
     """
 
     host_label: str | None = "Hostname"
@@ -115,6 +117,7 @@ class RenderOptions:
     xid_window_ms: int = 300_000
     clock_window_ms: int = 300_000
     mig_layout: str = "instances"
+    replace_blanks_in_model_name: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,6 +339,8 @@ class Renderer:
         if gpu_index is not None:
             parts.append(f'device="nvidia{gpu_index}"')
         if model_name is not None:
+            if self.options.replace_blanks_in_model_name:
+                model_name = model_name.replace(" ", "-")
             parts.append(f'modelName="{escape_label_value(model_name)}"')
         if mig is not None:
             parts.append(f'GPU_I_PROFILE="{escape_label_value(mig["profile"])}"')

@@ -24,7 +24,8 @@ reason ``unexpected-record-type`` / ``invalid-record``; both count in
 ``gpupipe_consumer_decode_errors_total{reason}`` and ``gpupipe_consumer_dead_letters_total``. On
 the XID topic only the owner of a bad record's key dead-letters it, so N instances do not write N
 copies. Samples older than ``max_sample_age_s`` (a replay after a long outage, a backfill) are
-not shown: they would look current, since staleness runs on ingest time.
+not shown: they would look current, since staleness runs on ingest time (the time of the newest
+ingest, so that a stalled pipeline holds the series instead of expiring them all).
 
 Own metrics (appended to the exposition by the store): the loop's ``gpupipe_consumer_*`` (records,
 decode errors, dead letters, batch time, rebalances, lag per partition), the store's
@@ -58,7 +59,7 @@ from consumers.metrics.decode import MetricsDecoder
 from consumers.metrics.gcpolicy import GC_THRESHOLDS, after_scrape, tune_gc  # noqa: F401 (re-exported)
 from consumers.metrics.http import MetricsEndpoint, MetricsServer
 from consumers.metrics.render import RenderOptions
-from consumers.metrics.store import InvalidRecord, SeriesStore
+from consumers.metrics.store import DEFAULT_MAX_GPUS, InvalidRecord, SeriesStore
 from gpupipe import topics
 from gpupipe.kafka_admin import client_config, ensure_topics, wait_for_broker
 from gpupipe.kafka_lag import lags
@@ -67,6 +68,7 @@ from gpupipe.startup import process_start_ms, start_offsets
 from gpupipe.web.server import HttpServer
 from schemas.codec import AvroCodec, codec_from_url
 from schemas.errors import DecodeError
+from schemas.validate import violation
 
 log = logging.getLogger("gpupipe.metrics")
 
@@ -477,8 +479,16 @@ class XidReader:
                 next_lag = time.monotonic() + 1.0
 
     def process(self, msgs: Sequence[Any]) -> None:
+        """Decode and check a consumed batch, then hand it to the handler.
+
+        The same contract check as the shared consume loop (:func:`schemas.validate.violation`):
+        this reader decodes on its own, and without it an XID dated 2100 pinned the last XID for
+        ever, codes -1 and 2**31-1 were counted, and a 200 KB hostname was copied into every
+        series of a GPU. Only the owner of the record's key dead-letters it, as for undecodable
+        bytes, so N instances do not write N copies."""
         records: list[InRecord] = []
         metrics = self.loop.metrics
+        now_ms = int(time.time() * 1000)
         for msg in msgs:
             err = msg.error()
             if err is not None:
@@ -493,6 +503,14 @@ class XidReader:
             except DecodeError as exc:
                 if self.handler.rejects(msg.key(), part):
                     self.loop.dead_letter(msg, exc.reason, exc.detail)
+                else:
+                    self.handler.xid_results["other_owner"] += 1
+                continue
+            bad = violation(d.name, d.record, msg.timestamp()[1], now_ms)
+            if bad is not None:
+                if self.handler.rejects(msg.key(), part):
+                    self.loop.dead_letter(msg, "out-of-range", bad)
+                    self.handler.xid_results["rejected"] += 1
                 else:
                     self.handler.xid_results["other_owner"] += 1
                 continue
@@ -537,6 +555,7 @@ class MetricsConfig:
     split_shared: bool = True
     stale_after_s: float | None = None  # None: stale_intervals x the sample's interval
     stale_intervals: float = 3.0
+    max_gpus: int = DEFAULT_MAX_GPUS
     max_sample_age_s: float | None = 300.0
     web_config: str | None = None
     gzip_level: int = 1
@@ -565,6 +584,7 @@ class MetricsService:
             registry=self.registry,
             stale_after_s=cfg.stale_after_s,
             stale_intervals=cfg.stale_intervals,
+            max_gpus=cfg.max_gpus,
         )
         self.store.metrics = self.metrics
         self.handler = MetricsHandler(

@@ -31,10 +31,23 @@ Lifecycle of series:
   only from events is shown with the labels the event carries (no pod labels).
 * :meth:`drop_partitions` removes at once what came from revoked partitions (pass the same
   partition objects as on ingest: ``(topic, partition)`` tuples when consuming two topics).
-* :meth:`expire` removes a GPU not sampled for ``stale_after`` seconds of wall time: by default
-  ``stale_intervals`` (3) x the sample's ``interval_ms`` (``fallback_interval_s`` when the sample
-  has none), or the fixed ``stale_after_s``. A GPU known only from XID events goes after
-  ``xid_only_stale_after_s``. Every scrape expires first, so a scrape never shows stale series.
+* :meth:`expire` removes a GPU whose samples stopped while the rest of the input went on: one
+  whose last sample was ingested more than ``stale_after`` seconds before the newest sample of any
+  GPU (the consumer's progress), by default ``stale_intervals`` (3) x the sample's ``interval_ms``
+  (``fallback_interval_s`` when the sample has none), or the fixed ``stale_after_s``. Staleness is
+  judged against that progress, not against the scrape's clock, because a stalled broker, producer
+  link or consumer stops every GPU's samples at once: judged by the clock, every series went after
+  3 s of any stall, Prometheus wrote stale markers for the whole fleet and a 2-minute stall paged
+  ``GpuMissing`` for every GPU. Judged by progress, a GPU (or a whole node) that stops while others
+  go on still expires, and a stall keeps every series at its last value, with its age in
+  ``gpupipe_metrics_node_last_sample_age_seconds`` and ``gpupipe_metrics_pipeline_delay_seconds``
+  for the rules to tell a late pipeline from a lost GPU. Progress is ingest wall time, not sample
+  time: node clocks differ, and one catching up a backlog ingests old samples at today's speed. A
+  GPU known only from XID events goes after ``xid_only_stale_after_s`` of wall time. Every scrape
+  expires first, so a scrape never shows stale series.
+* At most ``max_gpus`` GPU keys are held: every key costs some 10 KB of label text, and any node
+  can write an XID or a sample for a UUID that does not exist. Keys past the cap are dropped,
+  counted in ``gpupipe_metrics_gpus_dropped_total{kind}`` and logged (at most once a minute).
 
 Thread safety: one lock guards the state; a scrape holds it only to snapshot references (line
 lists are replaced, never mutated, and bytes are immutable), and joins outside it.
@@ -54,6 +67,7 @@ from consumers.metrics.collectors_csv import CounterSet, default_counters
 from consumers.metrics.layout import merge_parent
 from consumers.metrics.own_text import (
     OWN_METRICS,
+    health_not_run_text,
     own_text,
     registry_text,
     unsupported_text,
@@ -63,6 +77,11 @@ from consumers.metrics.render import GpuView, Renderer, RenderOptions
 from gpupipe import pci
 
 XID_RESULTS = ("counted", "duplicate", "ignored", "unattributed")
+DROP_KINDS = ("sample", "xid")
+#: GPU keys one store holds: 20k GPUs are some 200 MB of label text and a 60 MB scrape, past what one
+#: instance serves in a scrape interval (scale out by partitions instead); a flood of forged UUIDs
+#: stops here instead of at the memory limit.
+DEFAULT_MAX_GPUS = 20_000
 
 log = logging.getLogger("gpupipe.metrics")
 
@@ -75,11 +94,13 @@ class InvalidRecord(ValueError):
 
 class _Gpu:
     __slots__ = (
+        "bus",
         "clock_prev",
         "clock_totals",
         "clock_win",
         "health",
         "hidden",
+        "host",
         "ident",
         "key",
         "lines",
@@ -106,6 +127,8 @@ class _Gpu:
         self.view: GpuView | None = None
         self.lines: list[bytes] = []  # the line list (head, value per family; see render.py)
         self.partition: Any = None
+        self.host: str | None = None  # the node of its latest sample (None: XID only)
+        self.bus: tuple[str, str] | None = None  # its (node, bus id) entry in the store's map
         self.seen_s = 0.0  # wall time of the last sample ingested
         self.stale_s = 0.0
         self.ts_ms: int | None = None  # sample time of the last sample; None: no sample (XID only)
@@ -143,6 +166,8 @@ class SeriesStore:
         max_expired_views: int = 20_000,
         expired_view_ttl_s: float = 600.0,
         flush_chunk: int = 256,
+        max_gpus: int = DEFAULT_MAX_GPUS,
+        drop_log_interval_s: float = 60.0,
     ) -> None:
         self.renderer = Renderer(counters if counters is not None else default_counters(), options)
         self.families = self.renderer.families
@@ -159,6 +184,13 @@ class SeriesStore:
         self._built: list[bytes] | None = None
         self._built_gen = 0
         self._gpus: dict[str, _Gpu] = {}
+        self._max_gpus = max_gpus
+        self._dropped = dict.fromkeys(DROP_KINDS, 0)
+        self._drop_log_interval_s = drop_log_interval_s
+        self._drop_logged_s = float("-inf")
+        self._drop_logged_n = 0
+        self._progress_s = float("-inf")  # ingest wall time of the newest sample: the input's progress
+        self._nodes: dict[str, int] = {}  # node -> newest sample time (ms) of its GPUs here
         self._by_bus: dict[tuple[str, str], str] = {}  # (hostname, NVML bus id) -> GPU UUID
         self._event_ids: dict[str, None] = {}  # recent XID event ids, oldest first
         self._invalid: dict[tuple[str, str], int] = {}
@@ -177,7 +209,9 @@ class SeriesStore:
         self._windowed: set[str] = set()  # keys with XIDs in their window (pruned at scrape)
         self._want_xid_win = r.has_xid_count or r.has_health
         self._want_exp = r.has_xid_count or r.has_health or r.has_clock_count or r.has_clock_total
-        self._unsupported_text = unsupported_text(r.counters)
+        self._unsupported_text = unsupported_text(r.counters) + (
+            health_not_run_text(exp.NOT_RUN_WATCHES) if r.has_health else ""
+        )
         # keys sampled since the last scrape (rendered by _flush); g.pending is not None for them
         self._dirty: set[str] = set()
         # label views of GPUs expired in the last expired_view_ttl_s, oldest first: a GPU that comes
@@ -187,6 +221,7 @@ class SeriesStore:
         self._max_expired_views = max_expired_views
         self._expired_view_ttl_s = expired_view_ttl_s
         self._identity = r.identity_getter()
+        self._node_label = o.host_label or "Hostname"
 
     # -- ingest ----------------------------------------------------------------------------------
     def apply_sample(self, record: Mapping[str, Any], partition: Any, now_s: float) -> str:
@@ -222,6 +257,9 @@ class SeriesStore:
         g = self._gpus.get(key)
         new = g is None
         if g is None:
+            if len(self._gpus) >= self._max_gpus:
+                self._drop("sample", key, now_s)
+                return key
             g = _Gpu(key)
             kept = self._expired_views.pop(key, None)
             if kept is not None:  # back after expiring (a consumer that fell behind): same labels
@@ -240,7 +278,16 @@ class SeriesStore:
         self._dirty.add(key)
         g.partition = partition
         g.seen_s = now_s
-        g.ts_ms = record["timestamp_ms"]
+        if now_s > self._progress_s:
+            self._progress_s = now_s
+        ts = g.ts_ms = record["timestamp_ms"]
+        host = record["hostname"]
+        if host != g.host:
+            if g.host is not None:
+                self._prune_nodes()  # the GPU moved: its old node may have no GPU left
+            g.host = host
+        if ts > self._nodes.get(host, -(2**63)):
+            self._nodes[host] = ts
         if self._stale_after_s is not None:
             g.stale_s = self._stale_after_s
         else:
@@ -263,7 +310,8 @@ class SeriesStore:
         if ident != g.ident:
             g.view = r.view(record)
             g.ident = ident
-            self._by_bus[(record["hostname"], pci.nvml_form(record["pci_bus_id"]))] = record["uuid"]
+            g.bus = (record["hostname"], pci.nvml_form(record["pci_bus_id"]))
+            self._by_bus[g.bus] = record["uuid"]
         if self._instances:
             if record["mig"] is not None:
                 g.parent = record["uuid"]
@@ -425,6 +473,9 @@ class SeriesStore:
             key = mig_uuid if mig_uuid and mig_uuid in self._gpus else uuid
             g = self._gpus.get(key)
             if g is None:
+                if len(self._gpus) >= self._max_gpus:
+                    self._drop("xid", key, now_s)
+                    return False
                 g = self._gpus[key] = _Gpu(key)
                 g.view = r.event_view(event, uuid)
                 g.lines = r.render_xid_only(g.view, None, None)
@@ -474,10 +525,12 @@ class SeriesStore:
                     self._dirty.discard(key)
                     g.pending = None
                     g.ts_ms, g.ident, g.partition, g.rec, g.health = None, None, None, None, None
+                    g.host = None
                     g.prev = None
                     g.clock_win, g.clock_totals, g.clock_prev, g.hidden = None, {}, 0, False
                 if g.ts_ms is None and not g.xid_counts:
                     del self._gpus[key]
+                    self._forget_bus(g)
                     removed += 1
                 elif g.ts_ms is None:  # XIDs stay: counters without the pod labels of a sample
                     g.view = self.renderer.base_view(g.view)
@@ -494,6 +547,7 @@ class SeriesStore:
                     if self._want_exp:
                         self._fill_exp(g, g.lines, sampled=True)
                 self._version += 1
+            self._prune_nodes()
         return removed
 
     def expire(self, now_s: float) -> int:
@@ -504,9 +558,10 @@ class SeriesStore:
     def _expire_locked(self, now_s: float) -> int:
         gone = []
         xid_ttl = self._xid_only_stale_after_s
+        progress = self._progress_s
         for key, g in self._gpus.items():
             if g.ts_ms is not None:
-                if now_s - g.seen_s > g.stale_s:
+                if progress - g.seen_s > g.stale_s:
                     gone.append(key)
             elif now_s - g.xid_seen_s > xid_ttl:
                 gone.append(key)
@@ -515,6 +570,7 @@ class SeriesStore:
             g = self._gpus.pop(key)
             if g.ident is not None and g.view is not None:
                 kept[key] = (g.ident, g.view, now_s)
+            self._forget_bus(g)
         # a view is some 10 KB (a label head per family): keep them for a lag episode, not forever
         while kept and (
             len(kept) > self._max_expired_views
@@ -524,7 +580,34 @@ class SeriesStore:
         if gone:
             self._expired += len(gone)
             self._version += 1
+            self._prune_nodes()
         return len(gone)
+
+    def _prune_nodes(self) -> None:
+        """Forget the nodes none of whose GPUs is held any more (their freshness gauge goes)."""
+        live = {g.host for g in self._gpus.values() if g.host is not None}
+        for host in [h for h in self._nodes if h not in live]:
+            del self._nodes[host]
+
+    def _forget_bus(self, g: _Gpu) -> None:
+        """Drop the (node, bus id) entry of a removed whole GPU, so the map stays as small as the store."""
+        if g.bus is not None and self._by_bus.get(g.bus) == g.key:
+            del self._by_bus[g.bus]
+
+    def _drop(self, kind: str, key: str, now_s: float) -> None:
+        """Count a GPU key refused at the cap; warn at most once per ``drop_log_interval_s``."""
+        self._dropped[kind] += 1
+        total = sum(self._dropped.values())
+        if now_s - self._drop_logged_s >= self._drop_log_interval_s:
+            log.warning(
+                "metrics: %d GPU keys held, the most --max-gpus allows; %d new ones dropped since the "
+                "last warning (latest %s from a %s), counted in gpupipe_metrics_gpus_dropped_total",
+                len(self._gpus),
+                total - self._drop_logged_n,
+                key[:128],
+                kind,
+            )
+            self._drop_logged_s, self._drop_logged_n = now_s, total
 
     def _slide_windows(self, now_ms: int) -> None:
         """XIDs leaving the window: re-render the window families of those GPUs only."""
@@ -566,6 +649,7 @@ class SeriesStore:
             return {
                 "gpus": len(self._gpus),
                 "expired": self._expired,
+                "dropped": dict(self._dropped),
                 "invalid": dict(self._invalid),
                 "xid_events": dict(self._xid_results),
             }
@@ -630,7 +714,19 @@ class SeriesStore:
             lines = None if body is not None else [g.lines for g in gpus]
             stats = (len(gpus), sorted(self._invalid.items()), list(self._xid_results.items()), self._expired)
             ages = [(g.view.age_head, g.ts_ms) for g in gpus if g.ts_ms is not None]
-        tail = own_text(now, ages, *stats, self._unsupported_text)
+            nodes = sorted(self._nodes.items())
+            progress = self._progress_s if ages else None
+            dropped = list(self._dropped.items())
+        tail = own_text(
+            now,
+            ages,
+            *stats,
+            self._unsupported_text,
+            nodes=nodes,
+            node_label=self._node_label,
+            progress_s=progress,
+            dropped=dropped,
+        )
         if self._registry is not None:
             tail += registry_text(self._registry, self._own_names).encode("utf-8")
         if body is None:

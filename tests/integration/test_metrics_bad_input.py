@@ -29,6 +29,8 @@ from tests.integration.metrics_helpers import (
 
 pytestmark = pytest.mark.integration
 
+OUT_OF_RANGE_XIDS = 2  # XID codes outside 0-65535: dead-lettered by the XID reader's contract check
+
 
 def test_dead_letters_and_absurd_values(kafka: str, topic_prefix: str, tmp_path: Path) -> None:
     samples_topic = topic_prefix + "gpu.samples.v1"
@@ -104,7 +106,7 @@ def test_dead_letters_and_absurd_values(kafka: str, topic_prefix: str, tmp_path:
             uuids = {lab.get("UUID") for n, lab, _ in parse_exposition(text) if n == "DCGM_FI_DEV_GPU_TEMP"}
             dead = [v for n, _, v in parse_exposition(text) if n == "gpupipe_consumer_dead_letters_total"]
             want = {good["uuid"], absurd["uuid"], later["uuid"]}
-            if want <= uuids and sum(dead) == len(bad_samples) + len(bad_xids):
+            if want <= uuids and sum(dead) == len(bad_samples) + len(bad_xids) + OUT_OF_RANGE_XIDS:
                 return text
             state["last"] = (sorted(want - uuids), dead, svc.handler.xid_results, svc.health())
             return None
@@ -117,7 +119,9 @@ def test_dead_letters_and_absurd_values(kafka: str, topic_prefix: str, tmp_path:
         assert svc.health()[0], svc.health()
 
         # -- dead letters: original bytes and key, reason in the headers -------------------------
-        dead = read_all(kafka, dlq_topic, expect=len(bad_samples) + len(bad_xids), timeout_s=30)
+        dead = read_all(
+            kafka, dlq_topic, expect=len(bad_samples) + len(bad_xids) + OUT_OF_RANGE_XIDS, timeout_s=30
+        )
         got = sorted(
             (
                 dict(m.headers())["gpupipe.dlq.topic"].decode(),
@@ -126,7 +130,9 @@ def test_dead_letters_and_absurd_values(kafka: str, topic_prefix: str, tmp_path:
             for m in dead
         )
         want = sorted(
-            [(samples_topic, r) for _, _, r in bad_samples] + [(xid_topic, r) for _, _, r in bad_xids]
+            [(samples_topic, r) for _, _, r in bad_samples]
+            + [(xid_topic, r) for _, _, r in bad_xids]
+            + [(xid_topic, "out-of-range")] * OUT_OF_RANGE_XIDS  # codes -5 and 2**31-1
         )
         assert got == want
         by_key = {m.key(): m for m in dead}
@@ -145,6 +151,7 @@ def test_dead_letters_and_absurd_values(kafka: str, topic_prefix: str, tmp_path:
         for topic, items in ((samples_topic, bad_samples), (xid_topic, bad_xids)):
             for _, _, reason in items:
                 assert errors.get((topic, reason)) == 1.0, (topic, reason, errors)
+        assert errors.get((xid_topic, "out-of-range")) == OUT_OF_RANGE_XIDS, errors
 
         # -- absurd values: left out and counted, the rest of the GPU served ------------------------
         def series(name: str, uid: str) -> list[float]:
@@ -172,6 +179,7 @@ def test_dead_letters_and_absurd_values(kafka: str, topic_prefix: str, tmp_path:
         # odd XID events were taken (or ignored) without harm; the GPU's counter shows the real ones
         xid_lines = [(lab["xid"], v) for n, lab, v in samples if n == "DCGM_EXP_XID_ERRORS_TOTAL"]
         assert ("0", 1.0) not in xid_lines
+        assert not {"-5", str(2**31 - 1)} & {code for code, _ in xid_lines}, xid_lines
         assert svc.handler.xid_results["applied"] >= 1
     finally:
         svc.stop()

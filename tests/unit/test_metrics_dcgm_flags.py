@@ -148,9 +148,9 @@ def test_helm_chart_debug_dump_and_go_style_flags(caplog):
         "--dump-enabled",
         "--dump-directory",
         "--web-systemd-socket",
-        "--replace-blanks-in-model-name",
     ):
         assert flag in caplog.text
+    assert o.replace_blanks_in_model_name and "--replace-blanks-in-model-name" not in caplog.text
     with pytest.raises(SystemExit):
         parse(["--no-hostname=maybe"])
 
@@ -178,3 +178,33 @@ def test_bad_devices():
 
     with pytest.raises(ConfigError, match="-d/--devices"):
         command.config_from_args(parse(["-d", "x"]))
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "model"),
+    [
+        ([], {}, "NVIDIA H200 NVL"),
+        (["-rbmn"], {}, "NVIDIA-H200-NVL"),
+        (["--replace-blanks-in-model-name=true"], {}, "NVIDIA-H200-NVL"),
+        ([], {"DCGM_EXPORTER_REPLACE_BLANKS_IN_MODEL_NAME": "true"}, "NVIDIA-H200-NVL"),
+    ],
+)
+def test_replace_blanks_in_model_name(argv, env, model):
+    """dcgm-exporter's -rbmn rewrites modelName; it was accepted and ignored, so dashboards and
+    rules written for NVIDIA-H200 matched nothing."""
+    from consumers.metrics.store import SeriesStore
+    from tests.unit.test_metrics_store import blank, lines_of
+
+    o = command.config_from_args(parse(argv, env)).render
+    store = SeriesStore(options=o)
+    store.apply_sample(blank(model_name="NVIDIA H200 NVL"), 0, 100.0)
+    store.apply_xid({**_xid_only_event(), "model_name": "NVIDIA H200 NVL"}, 0, 100.0)
+    text = store.render(100.0).decode()
+    lines = lines_of(text, "DCGM_FI_DEV_GPU_TEMP") + lines_of(text, "DCGM_FI_DEV_XID_ERRORS")
+    assert lines and all(f'modelName="{model}"' in ln for ln in lines), lines
+
+
+def _xid_only_event() -> dict:
+    from tests.unit.test_metrics_store import xid
+
+    return xid(13, uuid="GPU-xid-only")

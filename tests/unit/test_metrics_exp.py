@@ -138,12 +138,19 @@ def test_clock_events_count_and_total():
 def test_health_status_series_and_values():
     s = store()
     s.apply_sample(sample(), 0, NOW)
-    lines = lines_of(s.render(NOW).decode(), "DCGM_EXP_GPU_HEALTH_STATUS")
-    assert len(lines) == len(exp.HEALTH_WATCHES) == 11
+    text = s.render(NOW).decode()
+    lines = lines_of(text, "DCGM_EXP_GPU_HEALTH_STATUS")
+    assert [ln.split('health_watch="')[1].split('"')[0] for ln in lines] == ["MEM", "THERMAL", "POWER", "ALL"]
     assert (
         lines[0]
-        == f'DCGM_EXP_GPU_HEALTH_STATUS{{{BASE},health_error_code="DCGM_FR_OK",health_watch="PCIE"}} 0'
+        == f'DCGM_EXP_GPU_HEALTH_STATUS{{{BASE},health_error_code="DCGM_FR_OK",health_watch="MEM"}} 0'
     )
+    # watches no check runs for are not reported as passing: no series, and said once
+    assert 'health_watch="PCIE"' not in "\n".join(lines) and 'health_watch="NVLINK"' not in "\n".join(lines)
+    assert lines_of(text, "gpupipe_metrics_health_watch_not_run") == [
+        f'gpupipe_metrics_health_watch_not_run{{health_watch="{w}"}} 1'
+        for w in ("PCIE", "NVLINK", "PMU", "MCU", "SM", "INFOROM", "DRIVER")
+    ]
     s.apply_sample(sample(ts=T_MS + 1, ecc_dbe_volatile_total=2, clock_event_reasons=0x40), 0, NOW)
     text = s.render(NOW).decode()
     assert f'{BASE},health_error_code="DCGM_FR_VOLATILE_DBE_DETECTED",health_watch="MEM"}} 20' in text
@@ -206,7 +213,7 @@ def test_mig_gpu_health_is_per_gpu_and_gpu_xids_reach_every_instance():
     s.apply_xid(xid(79, ts=T_MS + 10), 0, NOW)
     text = s.render(NOW).decode()
     health = lines_of(text, "DCGM_EXP_GPU_HEALTH_STATUS")
-    assert len(health) == 11 and not any("GPU_I_ID" in ln for ln in health)
+    assert len(health) == len(exp.RUN_WATCHES) == 4 and not any("GPU_I_ID" in ln for ln in health)
     assert f'{{{BASE},health_error_code="DCGM_FR_FALLEN_OFF_BUS",health_watch="ALL"}} 20' in text
     for gi in (1, 2):
         inst = f'GPU_I_PROFILE="3g.71gb",GPU_I_ID="{gi}"'

@@ -102,7 +102,12 @@ def get(
 
 
 def without_ages(text: bytes) -> list[bytes]:
-    return [ln for ln in text.splitlines() if not ln.startswith(b"gpupipe_sample_age_seconds{")]
+    clocked = (b"gpupipe_sample_age_seconds{", b"gpupipe_metrics_node_last_sample_age_seconds{")
+    return [
+        ln
+        for ln in text.splitlines()
+        if not ln.startswith(clocked) and not ln.startswith(b"gpupipe_metrics_pipeline_delay_seconds ")
+    ]
 
 
 # -- /metrics --------------------------------------------------------------------------------------

@@ -70,15 +70,19 @@ def test_a_gpu_back_after_expiring_keeps_its_label_view() -> None:
     now = T_MS / 1000
     store.apply_sample(blank("GPU-0"), 0, now)
     assert 'UUID="GPU-0"' in store.render(now).decode()
+    store.apply_sample(blank("GPU-1", interval_ms=3_600_000), 0, now + 10)  # the input goes on
     assert 'UUID="GPU-0"' not in store.render(now + 10).decode()  # expired
     store.apply_sample(blank("GPU-0", timestamp_ms=T_MS + 1000, gpu_temp_c=51.0), 0, now + 11)
     text = store.render(now + 11).decode()
-    assert lines_of(text, "DCGM_FI_DEV_GPU_TEMP")[0].endswith(" 51")
-    assert views == ["GPU-0"]
+    (line,) = [ln for ln in lines_of(text, "DCGM_FI_DEV_GPU_TEMP") if 'UUID="GPU-0"' in ln]
+    assert line.endswith(" 51")
+    assert views == ["GPU-0", "GPU-1"]
     # labels that changed while it was away are rendered anew
+    store.apply_sample(blank("GPU-1", interval_ms=3_600_000), 0, now + 25)
+    assert 'UUID="GPU-0"' not in store.render(now + 25).decode()  # away again
     store.apply_sample(blank("GPU-0", hostname="node-2"), 0, now + 30)
     assert 'Hostname="node-2"' in store.render(now + 30).decode()
-    assert views == ["GPU-0", "GPU-0"]
+    assert views == ["GPU-0", "GPU-1", "GPU-0"]
 
 
 def test_a_batch_is_applied_under_one_lock_and_reports_its_bad_records() -> None:
@@ -131,9 +135,11 @@ def test_kept_label_views_are_bounded_in_time_and_number() -> None:
     now = T_MS / 1000
     for i in range(3):
         store.apply_sample(blank(f"GPU-{i}"), 0, now)
+    store.apply_sample(blank("GPU-beat"), 0, now + 10)  # the input goes on
     store.render(now + 10)  # all three expire; two views are kept
     assert len(store._expired_views) == 2
     store.apply_sample(blank("GPU-9"), 0, now + 20)
+    store.apply_sample(blank("GPU-beat"), 0, now + 100)
     store.render(now + 100)  # GPU-9 expires; the other two are older than the TTL
     assert list(store._expired_views) == ["GPU-9"]
 

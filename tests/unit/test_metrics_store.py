@@ -376,16 +376,25 @@ def test_pod_change_relabels_at_next_sample():
     assert 'namespace="b",pod="y"' in line
 
 
+def beat(store: SeriesStore, now_s: float, uuid: str = "GPU-beat", host: str = "node-9") -> None:
+    """Another GPU of the input goes on reporting (the input progresses); it never goes stale."""
+    store.apply_sample(blank(uuid, hostname=host, interval_ms=3_600_000), 0, now_s)
+
+
 def test_staleness_from_interval():
     store = SeriesStore()
     store.apply_sample(blank("GPU-fast", interval_ms=1000), 0, 100.0)
     store.apply_sample(blank("GPU-slow", interval_ms=10_000), 0, 100.0)
     store.apply_sample(blank("GPU-unknown", interval_ms=None), 0, 100.0)
+    beat(store, 102.9)
     assert store.expire(102.9) == 0
+    beat(store, 103.1)
     assert store.expire(103.1) == 1
-    assert sorted(store.keys()) == ["GPU-slow", "GPU-unknown"]
+    assert sorted(store.keys()) == ["GPU-beat", "GPU-slow", "GPU-unknown"]
+    beat(store, 130.1)
     assert store.expire(130.1) == 1
-    assert store.keys() == ["GPU-unknown"]
+    assert sorted(store.keys()) == ["GPU-beat", "GPU-unknown"]
+    beat(store, 190.1)
     assert store.expire(190.1) == 1  # fallback interval 30 s x 3
     assert store.stats()["expired"] == 3
 
@@ -394,16 +403,68 @@ def test_staleness_override_and_refresh():
     store = SeriesStore(stale_after_s=5.0)
     store.apply_sample(blank(interval_ms=1000), 0, 100.0)
     store.apply_sample(blank(interval_ms=1000), 0, 104.0)  # seen again: the clock restarts
+    beat(store, 108.5)
     assert store.expire(108.5) == 0
+    beat(store, 109.5)
     assert store.expire(109.5) == 1
 
 
 def test_scrape_never_shows_stale_series():
     store = SeriesStore()
     store.apply_sample(blank(), 0, 100.0)
+    beat(store, 104.0, host="node-1")  # another GPU of the same node goes on
     text = store.render(104.0).decode()
-    assert "DCGM_FI_DEV_GPU_TEMP" not in text
+    assert 'UUID="GPU-0"' not in text
     assert "gpupipe_metrics_expired_total 1\n" in text
+
+
+def test_a_stalled_input_keeps_every_series():
+    """Nothing arrives for a minute (a broker stall, a paused producer link): every GPU keeps its
+    series, the freshness gauges grow, and once samples flow again nothing was lost. Before, every
+    series went 3 s into the pause, which Prometheus recorded as every GPU disappearing."""
+    store = SeriesStore()
+    for t in range(5):
+        for u, host in (("GPU-a", "node-1"), ("GPU-b", "node-1"), ("GPU-c", "node-2")):
+            store.apply_sample(blank(u, hostname=host, timestamp_ms=T_MS + 1000 * t), 0, 100.0 + t)
+    scrapes = {now: store.render(now).decode() for now in (105.0, 110.0, 130.0, 164.0)}
+    assert {
+        now: len(lines_of(text, "DCGM_FI_DEV_GPU_TEMP")) for now, text in scrapes.items()
+    } == dict.fromkeys(scrapes, 3)  # a scrape every few seconds through the pause: every GPU in each
+    for now, text in scrapes.items():
+        assert "gpupipe_metrics_expired_total 0\n" in text
+        assert f"gpupipe_metrics_pipeline_delay_seconds {now - 104.0:.3f}\n" in text
+        ages = lines_of(text, "gpupipe_metrics_node_last_sample_age_seconds")
+        want = now - (T_MS + 4000) / 1000
+        assert ages == [
+            f'gpupipe_metrics_node_last_sample_age_seconds{{Hostname="node-1"}} {want:.3f}',
+            f'gpupipe_metrics_node_last_sample_age_seconds{{Hostname="node-2"}} {want:.3f}',
+        ]
+    assert store.stats()["expired"] == 0
+    # the input resumes: the backlog of the pause comes in at once, nothing is missing
+    for u, host in (("GPU-a", "node-1"), ("GPU-b", "node-1"), ("GPU-c", "node-2")):
+        store.apply_sample(blank(u, hostname=host, timestamp_ms=T_MS + 64_000), 0, 165.0)
+    assert len(lines_of(store.render(165.0).decode(), "DCGM_FI_DEV_GPU_TEMP")) == 3
+
+
+def test_a_gpu_or_node_that_stops_while_others_report_expires():
+    """Judged by the input's progress: a GPU whose node keeps reporting, and a node that stops while
+    the others go on, still lose their series after 3 of their intervals."""
+    store = SeriesStore()
+    for t in range(10):
+        now = 100.0 + t
+        store.apply_sample(blank("GPU-a", hostname="node-1", timestamp_ms=T_MS + 1000 * t), 0, now)
+        if t < 2:  # GPU-b (node-1) and node-2's only GPU stop after 2 s
+            store.apply_sample(blank("GPU-b", hostname="node-1", timestamp_ms=T_MS + 1000 * t), 0, now)
+            store.apply_sample(blank("GPU-c", hostname="node-2", timestamp_ms=T_MS + 1000 * t), 0, now)
+        store.expire(now)
+        if t == 4:  # last seen at 101, now 104: within 3 intervals
+            assert sorted(store.keys()) == ["GPU-a", "GPU-b", "GPU-c"]
+    assert store.keys() == ["GPU-a"]
+    text = store.render(109.0).decode()
+    assert [
+        ln.split("{")[1].split("}")[0]
+        for ln in lines_of(text, "gpupipe_metrics_node_last_sample_age_seconds")
+    ] == ['Hostname="node-1"']  # a node with no GPU left has no freshness series
 
 
 def test_xid_only_gpu_expiry():
