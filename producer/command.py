@@ -26,6 +26,7 @@ from producer.podmeta.extras import add_arguments as podmeta_arguments
 from producer.publish import DENIED, Publisher, producer_config
 from producer.self_metrics import ProducerMetrics
 from producer.simulated.fleet import FleetConfig, SimulatedFleet
+from producer.spool import DEFAULT_MAX_BYTES as DEFAULT_SPOOL_MAX_BYTES
 from schemas.codec import codec_from_url
 
 log = logging.getLogger("gpupipe.produce")
@@ -148,8 +149,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     nv.add_argument(
         "--spool-max-bytes",
         type=int,
-        default=64 * 1024 * 1024,
-        help="XID spool bound; oldest dropped over it",
+        default=DEFAULT_SPOOL_MAX_BYTES,
+        help="XID spool bound in bytes (memory holds about 1.6 times it); oldest dropped over it",
     )
     nv.add_argument(
         "--sample-queue-max",
