@@ -10,6 +10,10 @@ its flags into a config and a ``build`` function, and :func:`run_service` does:
 4. wait for Kafka and the topics (``--startup-timeout``; a stop signal meanwhile is a clean exit);
 5. ``build`` the service (it may do more waiting of its own, shown on the same 503);
 6. serve its routes and checks, ``run(stop)`` it, then ``close()`` it and the server.
+
+A service that must work before Kafka is usable (the node agent spools XIDs while its topics are
+missing) waits in a thread of its own and names the event it sets once ready: ``serve_after``.
+Its server keeps answering 503 "starting" (with what it waits for) until then, while it runs.
 """
 
 from __future__ import annotations
@@ -117,8 +121,7 @@ def run_service(spec: ServiceSpec, build: Callable[[Lifecycle], Service]) -> int
             return 0
         service = build(life)
         if http is not None:
-            ready: HealthCheck | None = getattr(service, "ready", None)
-            http.serve({**routes_of(service), **spec.extra_routes}, health=service.health, ready=ready)
+            _serve_when_ready(http, service, spec, stop)
         service.run(stop)
     except startup.StartupCancelled:
         log.info("stopped while starting", extra={"fields": {"service": spec.name}})
@@ -132,3 +135,24 @@ def run_service(spec: ServiceSpec, build: Callable[[Lifecycle], Service]) -> int
             if http is not None:
                 http.close()
     return 0
+
+
+def _serve_when_ready(http: HttpServer, service: Service, spec: ServiceSpec, stop: threading.Event) -> None:
+    """Serve the service's routes and checks now, or once its ``serve_after`` event is set."""
+    ready: HealthCheck | None = getattr(service, "ready", None)
+
+    def serve() -> None:
+        http.serve({**routes_of(service), **spec.extra_routes}, health=service.health, ready=ready)
+
+    after = getattr(service, "serve_after", None)
+    if not isinstance(after, threading.Event) or after.is_set():
+        serve()
+        return
+
+    def wait() -> None:
+        while not after.wait(0.2):
+            if stop.is_set():
+                return
+        serve()
+
+    threading.Thread(target=wait, name="serve-after-start", daemon=True).start()

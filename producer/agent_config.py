@@ -16,12 +16,13 @@ from gpupipe.errors import ConfigError
 from producer.enrich import PidResolver
 from producer.kubelet.client import DEFAULT_SOCKET_PATH
 from producer.podmeta.extras import AllocationExtras, extras_from_args
+from producer.spool import DEFAULT_MAX_BYTES
 from producer.xid.kmsg_cursor import BOOT_ID_PATH
 from producer.xid.kmsg_reader import DEFAULT_KMSG_PATH
 from producer.xid.xid_merge import DEFAULT_WINDOW_S
 
 DEFAULT_SPOOL_DIR = "/var/lib/gpupipe/spool"
-DEFAULT_SPOOL_MAX_BYTES = 64 * 1024 * 1024
+DEFAULT_SPOOL_MAX_BYTES = DEFAULT_MAX_BYTES  # sized against the DaemonSet's memory limit
 DEFAULT_SAMPLE_QUEUE_MAX = 10_000
 DEFAULT_IN_FLIGHT_LIMIT = 2_000
 SHUTDOWN_FLUSH_S = 5.0

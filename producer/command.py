@@ -17,8 +17,8 @@ from typing import Any
 from gpupipe import startup, topics
 from gpupipe.argtypes import field_default, iso_time_ms, positive_duration_ms
 from gpupipe.durations import format_duration_ms
-from gpupipe.errors import BrokerUnavailableError, ConfigError, GpupipeError
-from gpupipe.kafka_admin import parse_kafka_overrides, parse_topic_overrides, wait_for_broker
+from gpupipe.errors import ConfigError, GpupipeError
+from gpupipe.kafka_admin import parse_kafka_overrides, parse_topic_overrides
 from gpupipe.kafka_auth import KafkaAuthError, principal_of, runtime_write_denial
 from gpupipe.logs import fields
 from gpupipe.runner import Lifecycle, ServiceSpec, run_service
@@ -26,6 +26,7 @@ from producer.podmeta.extras import add_arguments as podmeta_arguments
 from producer.publish import DENIED, Publisher, producer_config
 from producer.self_metrics import ProducerMetrics
 from producer.simulated.fleet import FleetConfig, SimulatedFleet
+from producer.spool import DEFAULT_MAX_BYTES as DEFAULT_SPOOL_MAX_BYTES
 from schemas.codec import codec_from_url
 
 log = logging.getLogger("gpupipe.produce")
@@ -152,8 +153,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     nv.add_argument(
         "--spool-max-bytes",
         type=int,
-        default=64 * 1024 * 1024,
-        help="XID spool bound; oldest dropped over it",
+        default=DEFAULT_SPOOL_MAX_BYTES,
+        help="XID spool bound in bytes (memory holds about 1.6 times it); oldest dropped over it",
     )
     nv.add_argument(
         "--sample-queue-max",
@@ -243,6 +244,13 @@ class ProducerRun:
         self._life: Lifecycle | None = None
         self._left = 0
         self._dropped: dict[str, int] = {}
+        #: The nvml source: set once the broker answers and the topics exist (the agent runs and
+        #: spools XIDs before; it hands nothing to librdkafka until then). None: simulated.
+        self.serve_after: threading.Event | None = None
+        self._agent: Any = None
+        self._start_error: GpupipeError | None = None
+        self._xids_kept = 0
+        self._samples_left = 0
         self.t_samples = topics.with_prefix(args.topic_prefix, topics.SAMPLES)
         self.t_xid = topics.with_prefix(args.topic_prefix, topics.XID)
 
@@ -250,38 +258,23 @@ class ProducerRun:
     def build(self, life: Lifecycle) -> ProducerRun:
         args, extra = self.args, self.extra
         self._life = life
-        try:
-            if args.source == "nvml":
-                wait_for_broker(args.bootstrap_servers, extra=extra)
-            else:
-                startup.prepare_kafka(
-                    args.bootstrap_servers,
-                    topics.ALL if args.create_topics else [topics.SAMPLES, topics.XID],
-                    prefix=args.topic_prefix,
-                    create=args.create_topics,
-                    specs=self.specs,
-                    extra=extra,
-                    timeout_s=life.startup_timeout_s,
-                    state=life.state,
-                    stop=life.stop,
-                )
-                args.create_topics = False  # done
-        except BrokerUnavailableError:
-            if args.source != "nvml":
-                raise
-            # A node agent must start (and spool XIDs) even while Kafka is down; topics then must exist.
-            log.warning(
-                "Kafka unreachable at start; XIDs will be spooled until it returns",
-                extra=fields(bootstrap=args.bootstrap_servers),
-            )
-            args.create_topics = False
-        if args.create_topics:
+        if args.source == "nvml":
+            # A node agent must start (and spool XIDs) while Kafka is down or its topics are still
+            # missing: it waits for them in a thread, 503 "starting" meanwhile, and hands nothing to
+            # librdkafka until then (records to a missing topic only fail, "Unknown topic").
+            self.serve_after = threading.Event()
+            threading.Thread(
+                target=self._wait_for_kafka, args=(life,), name="kafka-wait", daemon=True
+            ).start()
+        else:
             startup.prepare_kafka(
                 args.bootstrap_servers,
-                topics.ALL,
+                topics.ALL if args.create_topics else [topics.SAMPLES, topics.XID],
                 prefix=args.topic_prefix,
+                create=args.create_topics,
                 specs=self.specs,
                 extra=extra,
+                timeout_s=life.startup_timeout_s,
                 state=life.state,
                 stop=life.stop,
             )
@@ -312,6 +305,33 @@ class ProducerRun:
         self._checks = [lambda: (True, {"sent": publisher.sent, "failed": publisher.failed})] * 2
         return self
 
+    def _wait_for_kafka(self, life: Lifecycle) -> None:
+        """The nvml source's start-up wait (its own thread): the broker, then the topics (created
+        with --create-topics), with leaders. A wait that times out or is refused stops the agent."""
+        args = self.args
+        assert self.serve_after is not None
+        try:
+            startup.prepare_kafka(
+                args.bootstrap_servers,
+                topics.ALL if args.create_topics else [topics.SAMPLES, topics.XID],
+                prefix=args.topic_prefix,
+                create=args.create_topics,
+                specs=self.specs,
+                extra=self.extra,
+                timeout_s=life.startup_timeout_s,
+                state=life.state,
+                stop=life.stop,
+            )
+        except startup.StartupCancelled:
+            return
+        except GpupipeError as exc:
+            self._start_error = exc
+            log.error("stopping: %s", exc)
+            life.stop.set()
+            return
+        log.info("Kafka and its topics are ready: delivering", extra=fields(bootstrap=args.bootstrap_servers))
+        self.serve_after.set()
+
     # -- serve ---------------------------------------------------------------------------------
     def _checked(self, which: int) -> tuple[bool, dict[str, Any]]:
         if self.refused:  # says so before the process has gone
@@ -325,6 +345,7 @@ class ProducerRun:
         return self._checked(1)
 
     def _on_agent(self, agent: Any) -> None:
+        self._agent = agent
         self._checks = [agent.health, agent.ready]
 
     def run(self, stop: threading.Event) -> None:
@@ -346,6 +367,7 @@ class ProducerRun:
                 self.t_samples,
                 self.t_xid,
                 on_agent=self._on_agent,
+                kafka_ready=self.serve_after,
             )
 
     # -- stop ----------------------------------------------------------------------------------
@@ -358,6 +380,13 @@ class ProducerRun:
         assert self._life is not None
         self._left = publisher.flush(self._life.deadline.remaining(default_s=30.0))
         self._dropped = publisher.drop_pending() if self._left else {}
+        agent = self._agent
+        if agent is not None and agent.sender is not None:
+            # After the purge: what the next start replays is what the spool holds now, whether
+            # it was purged here, never handed over (topics missing) or failed.
+            agent.sender.spool.close()
+            self._xids_kept = agent.sender.depth
+            self._samples_left = len(agent.samples)
         log.info(
             "producer stopped",
             extra=fields(sent=publisher.sent, failed=publisher.failed, undelivered=self._left),
@@ -367,11 +396,19 @@ class ProducerRun:
         publisher = self.publisher
         if self.refused:
             raise KafkaAuthError(self.refused[0])
+        if self._start_error is not None:
+            raise self._start_error
         if publisher is None:
             return
-        if self._dropped:
+        dropped = dict(self._dropped)
+        if self._agent is not None:
+            # Samples still queued were never handed over; XIDs are counted where they are.
+            dropped[self.t_samples] = dropped.get(self.t_samples, 0) + self._samples_left
+            dropped[self.t_xid] = self._xids_kept
+            dropped = {t: n for t, n in dropped.items() if n}
+        if dropped:
             raise GpupipeError(
-                _dropped_line(self._dropped, self.t_samples, self.t_xid, spooled=self.args.source == "nvml")
+                _dropped_line(dropped, self.t_samples, self.t_xid, spooled=self.args.source == "nvml")
             )
         if self._left or publisher.failed:
             raise GpupipeError(

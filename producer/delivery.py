@@ -30,8 +30,10 @@ class SampleQueue:
         in_flight: Callable[[], int],
         maxlen: int = 50_000,
         in_flight_limit: int = 20_000,
+        ready: Callable[[], bool] | None = None,
     ) -> None:
         self._produce = produce
+        self._ready = ready  # None: always; while false nothing is handed over (the topic is missing)
         self._in_flight = in_flight
         self._q: deque[tuple[str, bytes, bytes]] = deque()
         # put() runs on the NVML polling thread, pump() on both it and the main loop.
@@ -53,6 +55,8 @@ class SampleQueue:
     def pump(self) -> int:
         """Hand queued samples to librdkafka while it has room; returns how many were handed over."""
         n = 0
+        if self._ready is not None and not self._ready():
+            return 0
         room = self.in_flight_limit - self._in_flight()
         while room > 0:
             with self._lock:
@@ -65,7 +69,22 @@ class SampleQueue:
         return n
 
 
+#: XID events handed to librdkafka and not yet reported on, at most. Why: a restart with a full
+#: spool replayed every pending event into librdkafka at once, a second copy of the spool in
+#: memory (352 MB for a 64 MiB spool); in chunks the copy is this many events (a few hundred KB).
+MAX_XIDS_IN_FLIGHT = 1000
+
+
 class XidSender:
+    """Spooled, acknowledged, retried XID delivery.
+
+    Events go to librdkafka oldest first and at most ``max_in_flight`` at a time; :meth:`pump` (the
+    main loop, every pass) hands over more as deliveries are reported, re-sends failed ones after
+    ``retry_after_s``, and persists the spool's acknowledged mark once for all the acks reported
+    since the last pass. ``ready`` (None: always) holds every hand-over back while false: the
+    events stay spooled until, say, the topic exists.
+    """
+
     def __init__(
         self,
         producer: Any,
@@ -73,27 +92,33 @@ class XidSender:
         spool: XidSpool,
         retry_after_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        max_in_flight: int = MAX_XIDS_IN_FLIGHT,
+        ready: Callable[[], bool] | None = None,
     ) -> None:
         self._p = producer
         self.topic = topic
         self.spool = spool
         self.sent = 0
         self.failed_attempts = 0
+        self.max_in_flight = max(1, max_in_flight)
+        self._ready = ready
         self._in_flight: set[int] = set()
+        self._failed: set[int] = set()  # failed, waiting for the retry time
+        self._next_seq = 0  # the spool's events from here on were never handed over
         self._retry_at = 0.0
         self._retry_after = retry_after_s
         self._clock = clock
-        for seq, key, value in spool.pending():  # replay what a previous run did not deliver, in order
-            self._produce(seq, key, value)
+        self.pump()  # replay what a previous run did not deliver, in order, in bounded chunks
 
     def send(self, key: bytes, value: bytes) -> int:
         return self.send_many([(key, value)])[0]
 
     def send_many(self, items: list[tuple[bytes, bytes]]) -> list[int]:
-        """Spool the events (one write and fsync for all), then hand each to Kafka, in order."""
+        """Spool the events (one write and fsync for all), then hand them to Kafka, in order, as
+        far as the in-flight bound allows (:meth:`pump` hands over the rest)."""
         seqs = self.spool.append_many(items)
-        for seq, (key, value) in zip(seqs, items, strict=True):
-            self._produce(seq, key, value)
+        self.pump()
         return seqs
 
     def _produce(self, seq: int, key: bytes, value: bytes) -> None:
@@ -104,6 +129,7 @@ class XidSender:
                 self.sent += 1
             else:
                 self.failed_attempts += 1
+                self._failed.add(seq)
                 self._retry_at = self._clock() + self._retry_after
                 log.warning(
                     "xid delivery failed; kept in spool for retry",
@@ -118,16 +144,45 @@ class XidSender:
             except BufferError:
                 self._p.poll(0.05)
 
-    def retry_failed(self) -> int:
-        """Re-produce spooled events that are neither acknowledged nor in flight, oldest first."""
-        if self._clock() < self._retry_at:
+    @property
+    def in_flight(self) -> int:
+        """Events handed to librdkafka whose delivery is not reported yet."""
+        return len(self._in_flight)
+
+    @property
+    def ready(self) -> bool:
+        return self._ready is None or self._ready()
+
+    def pump(self) -> int:
+        """Persist the acknowledged mark, then hand over failed events (once their retry time has
+        come) and never-sent ones, oldest first, up to the in-flight bound; returns how many."""
+        self.spool.sync_acked()
+        if not self.ready:
             return 0
+        room = self.max_in_flight - len(self._in_flight)
         n = 0
-        for seq, key, value in self.spool.pending():
-            if seq not in self._in_flight:
-                self._produce(seq, key, value)
+        if self._failed and room > 0 and self._clock() >= self._retry_at:
+            for seq in sorted(self._failed):
+                if room <= 0:
+                    break
+                self._failed.discard(seq)
+                item = self.spool.get(seq)
+                if item is None or seq in self._in_flight:  # acknowledged late, or dropped for the bound
+                    continue
+                self._produce(seq, *item)
                 n += 1
+                room -= 1
+        if room > 0:
+            chunk, self._next_seq = self.spool.pending_from(self._next_seq, room)
+            for seq, key, value in chunk:
+                self._produce(seq, key, value)
+            n += len(chunk)
         return n
+
+    def retry_failed(self) -> int:
+        """Re-produce spooled events that are neither acknowledged nor in flight, oldest first
+        (and hand over what the in-flight bound held back): :meth:`pump`."""
+        return self.pump()
 
     @property
     def depth(self) -> int:

@@ -115,15 +115,26 @@ def run_nvml(
     *,
     nvml: Any = None,
     on_agent: Callable[[NodeAgent], None] | None = None,
+    kafka_ready: threading.Event | None = None,
 ) -> int:
     """``gpupipe produce --source nvml``: run the agent until ``stop`` is set; returns the ticks run.
 
     ``on_agent`` receives the agent before it starts (the command wires ``/healthz`` to it).
+    ``kafka_ready``: see :class:`NodeAgent`.
 
     Raises :class:`producer.nvml.errors.NvmlInitError` (a GpupipeError: one line, non-zero exit)
     when NVML cannot be initialised.
     """
-    agent = NodeAgent(config_from_args(args), publisher, metrics, codec, t_samples, t_xid, nvml=nvml)
+    agent = NodeAgent(
+        config_from_args(args),
+        publisher,
+        metrics,
+        codec,
+        t_samples,
+        t_xid,
+        nvml=nvml,
+        kafka_ready=kafka_ready,
+    )
     if on_agent is not None:
         on_agent(agent)
     return agent.run(stop)
@@ -188,6 +199,10 @@ class NodeAgent:
     A thin owner: the threads, the kubelet map and health are here; the NVML source, the XID path
     (:class:`~producer.agent_xids.XidPath`), the sample queue and the inputs are collaborators it
     builds at start. Constructing it starts nothing and opens no device.
+
+    ``kafka_ready`` (None: at once): nothing is handed to librdkafka before it is set (the topics
+    exist). Meanwhile XIDs are spooled and samples wait in their bounded queue (oldest dropped,
+    counted), instead of failing one by one on a missing topic.
     """
 
     def __init__(
@@ -200,8 +215,10 @@ class NodeAgent:
         t_xid: str,
         *,
         nvml: Any = None,
+        kafka_ready: threading.Event | None = None,
     ) -> None:
         self.config = config
+        self._kafka_ready = kafka_ready.is_set if kafka_ready is not None else None
         self.publisher = publisher
         self.metrics = metrics
         self.t_samples = t_samples
@@ -217,7 +234,11 @@ class NodeAgent:
         self.sender: XidSender | None = None
         self.xids: XidPath | None = None
         self.samples = SampleQueue(
-            publisher.produce, lambda: len(publisher), c.sample_queue_max, c.in_flight_limit
+            publisher.produce,
+            lambda: len(publisher),
+            c.sample_queue_max,
+            c.in_flight_limit,
+            ready=self._kafka_ready,
         )
         self.pid_resolver: PidResolver | None = None
         if c.pid_resolver is not None:
@@ -422,6 +443,7 @@ class NodeAgent:
             self.t_xid,
             spool,
             retry_after_s=c.xid_retry_after_s,
+            ready=self._kafka_ready,
         )
         cursor = self.cursor = KmsgCursorStore(c.spool_dir, self.boot_id) if c.kmsg_path else None
         self.xids = XidPath(
@@ -536,11 +558,16 @@ class NodeAgent:
             self.source.shutdown()
         # Whatever hung above, the flush ends within the budget (the spool keeps what is not sent).
         deadline = min(time.monotonic() + SHUTDOWN_FLUSH_S, began + SHUTDOWN_BUDGET_S)
-        while len(self.samples) and time.monotonic() < deadline:
-            if not self.samples.pump():
-                self.publisher.poll(0.05)
+        sender = xids.sender
+        while time.monotonic() < deadline:
+            # XIDs go over in bounded chunks (pump hands over more as deliveries are reported).
+            moved = sender.pump() + self.samples.pump()
+            if not moved and not len(self.samples) and not sender.in_flight:
+                break
+            self.publisher.poll(0.05)
         left = self.publisher.flush(max(0.0, deadline - time.monotonic()))
         self._sync_metrics()
+        xids.sender.spool.sync_acked()
         if not left:
             xids.sender.spool.close()  # else late delivery reports may still ack into it
         log.info(
@@ -639,8 +666,8 @@ class NodeAgent:
         xids = self.xids
         assert xids is not None
         xids.expire()
-        xids.sender.retry_failed()
-        self.publisher.poll(0)
+        self.publisher.poll(0)  # delivery reports: acknowledgements applied in memory
+        xids.sender.pump()  # one acknowledged-mark write for all of them, retries, the next chunk
         self.samples.pump()
         self._sync_metrics()
 

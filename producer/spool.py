@@ -9,13 +9,22 @@ Format (:mod:`producer.spool_format`): length-prefixed records with a CRC32, so
 a write torn by a crash loses only that record (never the next one) and a
 damaged record is counted and skipped, never replayed as other bytes. An
 ``acked`` file holds the highest sequence number below which everything was
-delivered (written to a temp file, fsynced, renamed, directory fsynced).
+delivered (written to a temp file, fsynced, renamed, directory fsynced). Acknowledgements are
+applied in memory at once and that mark is written by :meth:`XidSpool.sync_acked` (the agent's
+main loop calls it once per pass), not per event: two fsyncs per delivered XID stalled the loop
+for seconds in a storm. A mark that lags only means a crash replays events already delivered (at
+least once; consumers de-duplicate on ``event_id``), never that one is lost.
 
 Bounds: ``max_bytes`` holds for the pending events *and* the file. Over it the
 oldest events are dropped (counted) down to 7/8 of the bound, and the file is
 compacted (rewritten with only the pending events) before it would grow past
 the bound; a restart applies the same bound while loading. The hysteresis keeps
 compaction amortised (one rewrite per bound/8 of appended bytes).
+
+Memory: the pending events (at most the bound) are the spool's only large holding. A load reads the
+file through a bounded window (:class:`producer.spool_format.Scanner`) and applies the bound as it
+goes, and a compaction writes in chunks, so a file of any size costs about the bound, not a
+multiple of the file; the default bound is sized against the agent's memory limit.
 
 Degraded mode: when the directory cannot be created or written (a root-owned
 hostPath, a full disk: ``ENOSPC``), events are kept in memory under the same
@@ -35,9 +44,25 @@ from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
-from producer.spool_format import LEGACY_FILE, SPOOL_FILE, encode_record, read_legacy, scan_records
+from producer.spool_format import (
+    LEGACY_FILE,
+    MAX_RECORD,
+    SPOOL_FILE,
+    Scanner,
+    encode_record,
+    iter_legacy,
+    record_size,
+)
 
 log = logging.getLogger("gpupipe.spool")
+
+#: The default bound. Why this size: the DaemonSet's memory limit is 160 MiB and the agent runs at
+#: about 60 MB without a spool; pending events cost about 1.5 times their bytes in memory (Python
+#: objects), so 16 MiB of spool stays well inside the limit, and holds some 35,000 XIDs (days of a
+#: storm-prone node's output while Kafka is down).
+DEFAULT_MAX_BYTES = 16 * 1024 * 1024
+#: Bytes written at a time when the file is rewritten (compaction).
+_WRITE_CHUNK = 1024 * 1024
 
 #: After dropping for the bound, pending bytes are at most this fraction of it (hysteresis).
 _LOW_WATER = 7 / 8
@@ -49,7 +74,7 @@ class XidSpool:
     def __init__(
         self,
         directory: str | Path,
-        max_bytes: int = 64 * 1024 * 1024,
+        max_bytes: int = DEFAULT_MAX_BYTES,
         *,
         retry_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
@@ -76,10 +101,11 @@ class XidSpool:
         self._retry_at = 0.0
         self._legacy_to_remove: Path | None = None
         self._acked_through = 0
+        self._acked_saved = 0  # the mark as last written to ``acked``
         self._next = 1
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            self._acked_through = self._read_acked()
+            self._acked_through = self._acked_saved = self._read_acked()
             self._next = self._acked_through + 1
             needs_rewrite = self._load()
             if needs_rewrite:
@@ -152,6 +178,9 @@ class XidSpool:
             return seqs
 
     def ack(self, seq: int) -> None:
+        """Forget a delivered event. The ``acked`` mark is persisted by :meth:`sync_acked` (or at
+        once when nothing is left pending: the file is then emptied, and the mark must not lag
+        behind an empty file, or sequence numbers would be reused after a crash)."""
         with self._lock:
             item = self._pending.pop(seq, None)
             if item is not None:
@@ -160,25 +189,59 @@ class XidSpool:
             through = first - 1
             if through > self._acked_through:
                 self._acked_through = through
-                if self._fd >= 0:
-                    try:
-                        self._write_acked(through)
-                    except OSError as exc:
-                        self._degrade("cannot persist the XID spool's acknowledged mark", exc)
             if not self._pending and self._fd >= 0:
+                self._sync_acked_locked()
                 try:
                     os.ftruncate(self._fd, 0)
                     self._file_bytes = 0
                 except OSError as exc:
                     self._degrade("cannot truncate the XID spool", exc)
 
+    def sync_acked(self) -> None:
+        """Persist the acknowledged mark if it moved since the last call (one write, two fsyncs)."""
+        with self._lock:
+            self._sync_acked_locked()
+
+    def _sync_acked_locked(self) -> None:
+        through = self._acked_through
+        if through <= self._acked_saved or self._fd < 0:
+            return
+        try:
+            self._write_acked(through)
+            self._acked_saved = through
+        except OSError as exc:
+            self._degrade("cannot persist the XID spool's acknowledged mark", exc)
+
     def pending(self) -> list[tuple[int, bytes, bytes]]:
         """Unacknowledged events, oldest first."""
         with self._lock:
             return [(seq, k, v) for seq, (k, v, _) in self._pending.items()]
 
+    def get(self, seq: int) -> tuple[bytes, bytes] | None:
+        """The key and value of a pending event; None once it is acknowledged or dropped."""
+        with self._lock:
+            item = self._pending.get(seq)
+            return None if item is None else (item[0], item[1])
+
+    def pending_from(self, seq: int, limit: int) -> tuple[list[tuple[int, bytes, bytes]], int]:
+        """Up to ``limit`` pending events with a sequence number of ``seq`` or more, in sequence
+        order, and the number to continue from. Lets a sender replay a large spool in bounded
+        chunks instead of copying all of it at once."""
+        with self._lock:
+            out: list[tuple[int, bytes, bytes]] = []
+            s = max(seq, self._acked_through + 1)
+            end = self._next
+            pending = self._pending
+            while s < end and len(out) < limit:
+                item = pending.get(s)
+                if item is not None:
+                    out.append((s, item[0], item[1]))
+                s += 1
+            return out, s
+
     def close(self) -> None:
         with self._lock:
+            self._sync_acked_locked()
             self._close_fd()
 
     # -- load -------------------------------------------------------------------------------------
@@ -189,31 +252,40 @@ class XidSpool:
             return 0
 
     def _load(self) -> bool:
-        """Load pending events; True when the file must be rewritten (damage, torn tail, bound, legacy)."""
+        """Load pending events; True when the file must be rewritten (damage, torn tail, bound, legacy).
+
+        Streamed: records are read through a bounded window and the bound is applied while
+        loading, so memory stays near the bound whatever the file's size.
+        """
         rewrite = False
-        records: list[tuple[int, bytes, bytes]] = []
+        dropped_before = self.dropped
         legacy = self.dir / LEGACY_FILE
         if legacy.exists():
-            old, bad = read_legacy(legacy.read_bytes())
-            records += old
-            self.damaged += bad
+            bad = [0]
+            with legacy.open("rb") as fh:
+                for rec in iter_legacy(fh, bad):
+                    self._load_one(*rec)
+            self.damaged += bad[0]
             rewrite = True
         if self._data.exists():
-            scan = scan_records(self._data.read_bytes())
-            records += scan.records
+            fd = os.open(self._data, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                scan = Scanner.of_fd(fd, max_record=min(MAX_RECORD, self.max_bytes))
+                for rec in scan:
+                    self._load_one(*rec)
+            finally:
+                os.close(fd)
             self.damaged += scan.damaged
             self.torn += scan.torn
             self._file_bytes = scan.size
             rewrite = rewrite or scan.damaged > 0 or scan.torn > 0
-        for seq, key, value in records:
-            self._next = max(self._next, seq + 1)
-            if seq > self._acked_through and seq not in self._pending:
-                size = len(encode_record(seq, key, value))
-                self._pending[seq] = (key, value, size)
-                self._bytes += size
-        if self._bytes > self.max_bytes:
-            self._drop_oldest(int(self.max_bytes * _LOW_WATER))
+        if self.dropped > dropped_before or self._bytes > self.max_bytes:
+            self._drop_oldest(int(self.max_bytes * _LOW_WATER), quiet=True)
             rewrite = True
+            log.error(
+                "xid spool over its bound at load: dropped the oldest events",
+                extra={"fields": {"dropped": self.dropped - dropped_before, "max_bytes": self.max_bytes}},
+            )
         if self._file_bytes > self.max_bytes:
             rewrite = True
         if self.damaged or self.torn:
@@ -229,6 +301,15 @@ class XidSpool:
         if rewrite and legacy.exists():
             self._legacy_to_remove = legacy
         return rewrite
+
+    def _load_one(self, seq: int, key: bytes, value: bytes) -> None:
+        self._next = max(self._next, seq + 1)
+        if seq > self._acked_through and seq not in self._pending:
+            size = record_size(key, value)
+            self._pending[seq] = (key, value, size)
+            self._bytes += size
+            if self._bytes > self.max_bytes:
+                self._drop_oldest(int(self.max_bytes * _LOW_WATER), quiet=True)
 
     # -- disk -------------------------------------------------------------------------------------
     def _open_append(self) -> None:
@@ -262,12 +343,18 @@ class XidSpool:
         tmp = self._data.with_name(SPOOL_FILE + ".tmp")
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            blob = b"".join(encode_record(s, k, v) for s, (k, v, _) in self._pending.items())
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
             try:
-                view = memoryview(blob)
-                while view:
-                    view = view[os.write(fd, view) :]
+                parts: list[bytes] = []
+                size = 0
+                for s, (k, v, n) in self._pending.items():
+                    parts.append(encode_record(s, k, v))
+                    size += n
+                    if size >= _WRITE_CHUNK:
+                        _write_all(fd, b"".join(parts))
+                        parts, size = [], 0
+                if parts:
+                    _write_all(fd, b"".join(parts))
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -314,9 +401,18 @@ class XidSpool:
                 os.close(self._fd)
             self._fd = -1
 
-    def _drop_oldest(self, target: int) -> None:
+    def _drop_oldest(self, target: int, *, quiet: bool = False) -> None:
+        """Drop the oldest events down to ``target`` bytes; a line each unless ``quiet`` (a load
+        says how many in one line)."""
         while self._bytes > max(target, 0) and self._pending:
             old, (_, _, size) = self._pending.popitem(last=False)
             self._bytes -= size
             self.dropped += 1
-            log.error("xid spool full: dropped the oldest event", extra={"fields": {"seq": old}})
+            if not quiet:
+                log.error("xid spool full: dropped the oldest event", extra={"fields": {"seq": old}})
+
+
+def _write_all(fd: int, blob: bytes) -> None:
+    view = memoryview(blob)
+    while view:
+        view = view[os.write(fd, view) :]

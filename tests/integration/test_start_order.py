@@ -107,3 +107,132 @@ def test_before_the_broker_a_service_answers_starting_and_stops_on_sigterm(
     finally:
         if proc.poll() is None:
             stop_group(proc)
+
+
+def _nvml_agent(kafka: str, topic_prefix: str, tmp_path: Path, port: int) -> subprocess.Popen:
+    """The real CLI with the suite's fake NVML, topics not created by it (as the DaemonSet runs)."""
+    import os
+    import sys
+
+    kmsg = tmp_path / "kmsg.log"
+    kmsg.write_text("")
+    env = {**os.environ, "GPUPIPE_FAKE_NVML": "H100:2", "NODE_NAME": "order-node"}
+    argv = [sys.executable, str(REPO / "tests" / "fake_nvml_cli.py"), "produce", "--source", "nvml"]
+    argv += ["--bootstrap-servers", kafka, "--topic-prefix", topic_prefix, "--no-create-topics"]
+    argv += ["--interval", "200ms", "--sample-queue-max", "20", "--kubelet-socket", ""]
+    argv += ["--kmsg-path", str(kmsg), "--spool-dir", str(tmp_path / "spool"), "--no-nvml-events"]
+    argv += ["--listen", f"127.0.0.1:{port}", "--log-format", "text"]
+    # A record to a missing topic fails after this long (default 30 s): a short run shows it.
+    argv += ["--kafka-config", "topic.metadata.propagation.max.ms=1000"]
+    out = (tmp_path / "agent.log").open("wb")
+    return popen(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def _starting_body(port: int) -> dict | None:
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2)
+    except urllib.error.HTTPError as exc:
+        return json.loads(exc.read()) if exc.code == 503 else None
+    except OSError:
+        return None
+    return None
+
+
+def _spool_records(tmp_path: Path) -> int:
+    from producer.spool_format import SPOOL_FILE, scan_records
+
+    f = tmp_path / "spool" / SPOOL_FILE
+    return len(scan_records(f.read_bytes()).records) if f.exists() else 0
+
+
+def _write_xid(tmp_path: Path) -> None:
+    """An Xid 79 in the kernel log, once the agent reads it (it follows the file from its end)."""
+    from tests.agent_harness import find_line
+
+    log = tmp_path / "agent.log"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and "node agent started" not in log.read_text():
+        time.sleep(0.1)
+    time.sleep(1.0)
+    with (tmp_path / "kmsg.log").open("a") as f:
+        f.write(find_line("xid_real.txt", "Xid (PCI:0000:91:00): 79") + "\n")
+
+
+def test_the_node_agent_waits_for_its_topics_and_spools_xids_meanwhile(
+    kafka: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    # On a fresh broker the agent used to publish at once: every record failed with "Unknown topic
+    # or partition" and /healthz said ok. It must say "starting", spool, and deliver once they exist.
+    from gpupipe import topics
+    from gpupipe.kafka_admin import ensure_topics
+    from schemas.codec import AvroCodec
+    from tests.integration.kafka_util import read_all
+
+    port = free_port()
+    proc = _nvml_agent(kafka, topic_prefix, tmp_path, port)
+    log = tmp_path / "agent.log"
+    try:
+        deadline = time.monotonic() + 30
+        body: dict | None = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            body = _starting_body(port)
+            if body is not None and topic_prefix + topics.XID in body.get("waiting_for", ""):
+                break
+            time.sleep(0.1)
+        assert body is not None and body["status"] == "starting", (body, log.read_text()[-2000:])
+        assert topic_prefix + topics.XID in body["waiting_for"], (body, log.read_text()[-2000:])
+        _write_xid(tmp_path)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and _spool_records(tmp_path) < 1:
+            time.sleep(0.1)
+        assert _spool_records(tmp_path) == 1, log.read_text()[-2000:]
+        time.sleep(2.0)  # samples pile up in their bounded queue meanwhile
+        assert _starting_body(port) is not None, "still starting while the topics are missing"
+
+        ensure_topics(kafka, [topics.SAMPLES, topics.XID], prefix=topic_prefix)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None and _health(port) != 200:
+            time.sleep(0.2)
+        assert _health(port) == 200, log.read_text()[-3000:]
+        codec = AvroCodec()
+        xids = [codec.decode(m.value()).record for m in read_all(kafka, topic_prefix + topics.XID, expect=1)]
+        assert [(x["kind"], x["xid"]) for x in xids] == [("xid", 79)]
+        assert read_all(kafka, topic_prefix + topics.SAMPLES, expect=None, timeout_s=20)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            stop_group(proc)
+    text = log.read_text()
+    assert "Unknown topic" not in text and "UNKNOWN_TOPIC" not in text, text[-3000:]
+    assert _spool_records(tmp_path) == 0
+
+
+def test_a_node_agent_stopped_before_its_topics_exist_counts_what_it_keeps(
+    kafka: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    # The final line said "0 XIDs kept in the spool" while the spool held them (it counted only what
+    # librdkafka purged). It now counts the spool.
+    port = free_port()
+    proc = _nvml_agent(kafka, topic_prefix, tmp_path, port)
+    log = tmp_path / "agent.log"
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and proc.poll() is None and _starting_body(port) is None:
+            time.sleep(0.1)
+        _write_xid(tmp_path)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and _spool_records(tmp_path) < 1:
+            time.sleep(0.1)
+        time.sleep(3.0)  # long enough for a record sent to the missing topic to have failed
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(20)
+    finally:
+        if proc.poll() is None:
+            stop_group(proc)
+    text = log.read_text()
+    assert rc != 0, text[-3000:]
+    assert "XIDs kept in the spool" in text, text[-3000:]
+    assert "1 XIDs kept in the spool for the next start" in text, text[-3000:]
+    assert _spool_records(tmp_path) == 1
+    assert "Unknown topic" not in text and "UNKNOWN_TOPIC" not in text, text[-3000:]

@@ -8,15 +8,17 @@ is not a bound on disk and a restart resurrects dropped events.
 import base64
 import errno
 import os
+import random
 import stat
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from producer.agent_config import DEFAULT_SPOOL_MAX_BYTES
 from producer.delivery import SampleQueue
-from producer.spool import XidSpool
-from producer.spool_format import MAGIC, SPOOL_FILE, encode_record, scan_records
+from producer.spool import DEFAULT_MAX_BYTES, XidSpool
+from producer.spool_format import MAGIC, SPOOL_FILE, Scanner, encode_record, scan_records
 
 
 def _data(tmp_path: Path) -> Path:
@@ -202,6 +204,39 @@ def test_new_files_and_the_acknowledged_mark_are_durable(tmp_path: Path, monkeyp
     assert ("fsync", str(_data(tmp_path))) in ops  # each event before it is handed to Kafka
     ops.clear()
     s.ack(first)
+    assert ops == [], "an acknowledgement is applied in memory; the mark is written once per pass"
+    s.sync_acked()
     tmp, acked = str(tmp_path / "acked.tmp"), str(tmp_path / "acked")
     assert ops == [("fsync", tmp), ("replace", f"{tmp} -> {acked}"), ("fsync", str(tmp_path))]
     s.close()
+
+
+def test_the_default_bound_is_one_value_everywhere() -> None:
+    from gpupipe.cli import build_parser
+
+    args = build_parser().parse_args(["produce", "--source", "nvml"])
+    assert args.spool_max_bytes == DEFAULT_SPOOL_MAX_BYTES == DEFAULT_MAX_BYTES
+
+
+def test_the_streamed_scan_finds_what_the_whole_file_scan_finds() -> None:
+    # Records, damage and torn tails across window edges: a 7-byte window sees every boundary.
+    rng = random.Random(3)
+    for _ in range(200):
+        parts = []
+        for i in range(rng.randint(0, 6)):
+            rec = encode_record(i + 1, b"k%d" % i, rng.randbytes(rng.randint(0, 40)))
+            roll = rng.random()
+            if roll < 0.15:
+                rec = rec[: rng.randint(1, len(rec) - 1)]
+            elif roll < 0.3:
+                b = bytearray(rec)
+                b[rng.randrange(len(b))] ^= 0xFF
+                rec = bytes(b)
+            elif roll < 0.4:
+                rec = rng.randbytes(rng.randint(1, 9)) + MAGIC[: rng.randint(0, 4)] + rec
+            parts.append(rec)
+        data = b"".join(parts)
+        whole = scan_records(data)
+        streamed = Scanner(lambda pos, n, d=data: d[pos : pos + n], len(data), chunk=7)
+        records = list(streamed)
+        assert (records, streamed.damaged, streamed.torn) == (whole.records, whole.damaged, whole.torn)
