@@ -28,6 +28,7 @@ from consumers.alerts.leader import LeaderElector
 from consumers.alerts.service import AlertsService, kafka_alert_sink, restore_from_topic
 from consumers.consume_loop import ConsumeLoop
 from gpupipe import kube, startup, topics
+from gpupipe.acls import DEFAULT_GROUPS
 from gpupipe.alertmanager import AlertmanagerFanout, AlertmanagerMetrics, AlertmanagerSender
 from gpupipe.argtypes import duration_ms, field_default, keyword_default
 from gpupipe.errors import ConfigError, GpupipeError
@@ -47,7 +48,7 @@ HELP = "classify and deduplicate XIDs into alerts"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", default=None, help="HOST:PORT for the service's /metrics and /healthz")
-    p.add_argument("--group-id", default="gpupipe-alerts", help="Kafka consumer group")
+    p.add_argument("--group-id", default=DEFAULT_GROUPS["alerts"], help="Kafka consumer group")
     p.add_argument(
         "--from-beginning",
         action="store_true",

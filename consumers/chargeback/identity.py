@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from gpupipe.acls import DEFAULT_GROUPS
 from gpupipe.errors import ConfigError
 
-BASE_GROUP_ID = "gpupipe-chargeback"
+BASE_GROUP_ID = DEFAULT_GROUPS["chargeback"]
 
 
 def default_group_id(prefix: str) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from consumers.chargeback.identity import transactional_id
+from consumers.chargeback.identity import BASE_GROUP_ID, transactional_id
 
 OP_TIMEOUT_S = 30.0  # one Kafka client call of the service (transactions, offsets)
 
@@ -20,7 +20,7 @@ class ServiceConfig:
     input_topic: str
     output_topic: str
     deadletter_topic: str
-    group_id: str = "gpupipe-chargeback"
+    group_id: str = BASE_GROUP_ID
     instance_id: str = "chargeback"
     static_membership: bool = True
     commit_interval_s: float = 1.0

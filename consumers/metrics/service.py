@@ -61,6 +61,7 @@ from consumers.metrics.http import MetricsEndpoint, MetricsServer
 from consumers.metrics.render import RenderOptions
 from consumers.metrics.store import DEFAULT_MAX_GPUS, InvalidRecord, SeriesStore
 from gpupipe import topics
+from gpupipe.acls import DEFAULT_GROUPS
 from gpupipe.kafka_admin import client_config, ensure_topics, wait_for_broker
 from gpupipe.kafka_lag import lags
 from gpupipe.logs import fields
@@ -547,7 +548,7 @@ class MetricsConfig:
 
     bootstrap: str
     topic_prefix: str = ""
-    group_id: str = "gpupipe-metrics"
+    group_id: str = DEFAULT_GROUPS["metrics"]
     host: str = "0.0.0.0"
     port: int = 9400
     counters: CounterSet | None = None  # None: the shipped default

@@ -25,6 +25,7 @@ from consumers.recommend.rightsize import MIB, RightSizeConfig
 from consumers.recommend.service import RecommendService, am_shape, kafka_recommendation_sink
 from consumers.topic_reader import read_topic
 from gpupipe import startup, topics
+from gpupipe.acls import DEFAULT_GROUPS
 from gpupipe.alertmanager import AlertmanagerFanout, AlertmanagerMetrics, AlertmanagerSender
 from gpupipe.argtypes import duration_ms, field_default, keyword_default
 from gpupipe.errors import ConfigError, GpupipeError
@@ -48,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--listen", default=None, help="HOST:PORT for /metrics (open recommendations) and /healthz"
     )
-    p.add_argument("--group-id", default="gpupipe-recommend", help="Kafka consumer group")
+    p.add_argument("--group-id", default=DEFAULT_GROUPS["recommend"], help="Kafka consumer group")
     p.add_argument(
         "--from-beginning",
         action="store_true",
