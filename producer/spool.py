@@ -140,7 +140,7 @@ class XidSpool:
         """Record several events with one write and one fsync; their sequence numbers, in order.
 
         Why: in an XID storm the main loop releases thousands of events at once, and an fsync each
-        (about 0.2 ms) made the storm's cost grow with its size (review §2 ``xid_merge.py``).
+        (about 0.2 ms) made the storm's cost grow with its size.
         """
         with self._lock:
             seqs: list[int] = []

@@ -5,8 +5,8 @@ a whole when one of its GPUs fails (``NVMLError_GpuIsLost`` after a fall off the
 of a broken event channel); nvml.h does not say whether the other GPUs' queued events come out
 before that error. With one shared set, a failing GPU therefore held back (during the back-off)
 and finally dropped (when the set was freed and rebuilt) every other GPU's XIDs, and a GPU that
-could be registered again but kept failing made that cycle forever (review §2,
-``nvml/events.py:193-203``). With a set per GPU, a failing GPU costs nobody else anything.
+could be registered again but kept failing made that cycle forever. With a set per GPU, a failing
+GPU costs nobody else anything.
 
 ``start()`` initialises NVML (reference-counted, so it shares the process with ``NvmlSource``)
 and starts one thread per GPU. Each thread sets its own GPU up: creates a set, registers

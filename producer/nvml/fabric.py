@@ -18,7 +18,7 @@ field ``C2C_LINK_COUNT`` (170), per link ``..._STATUS``    c2c_links, c2c_links_
 
 Why: on NVL72 a GPU whose fabric registration has not completed cannot use NVLink (jobs fail or
 hang); a single flapping link is invisible in the aggregate throughput (on Hopper and before, the
-CRC / replay / recovery totals show it: review §4 item 2, read on no GPU before); "GPU-x had Xid 149" is
+CRC / replay / recovery totals show it); "GPU-x had Xid 149" is
 actionable only as "rack R, tray T". Link and error counters are two ``nvmlDeviceGetFieldValues``
 calls per GPU (counts, then every link at once). Everything a device does not answer is learned
 once and stays null (Hopper has no C2C or platform info; x86 no fabric).

@@ -30,7 +30,7 @@ fields ``NVLINK_THROUGHPUT_DATA_TX/RX``, scope UINT_MAX    nvlink_bandwidth_tota
   (KiB, summed over links; InvalidArgument = no links)
 =========================================================  =====================================
 
-Batching (review 1.12): every ``NVML_FI_*`` value above is read in *one*
+Batching: every ``NVML_FI_*`` value above is read in *one*
 ``nvmlDeviceGetFieldValues`` call per GPU per tick; each field has its own return code, so a field
 a device does not answer is learned alone and its classic call takes over. Utilisation, memory,
 temperature, the two clocks and the clock-event reasons stay separate calls (no field ids).
@@ -226,7 +226,7 @@ class FastCollector:
         """The aggregate (scope UINT_MAX) read 0: sum the links instead when they say otherwise.
 
         nvml.h says UINT_MAX sums every link, but NVIDIA's mock answers 0 there while its links
-        carry traffic (review §2); publishing 0 would hide it. Only asked while the aggregate is 0
+        carry traffic; publishing 0 would hide it. Only asked while the aggregate is 0
         and the link count is known (the fabric group reads it), so a real driver pays nothing.
         """
         counts = ctx.state.get("link_counts")

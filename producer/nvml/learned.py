@@ -8,7 +8,7 @@ point) and ``ArgumentVersionMismatch`` / pynvml's library mismatch (binding and 
 struct version) are about the agent's setup, which an operator fixes without a pod restart
 (profiling rights granted, a driver upgraded and NVML re-initialised). Learning those forever made a
 fixed node look broken until restart, and let "the agent lacks rights" pass for "this GPU has no
-such counter" (review §2, ``nvml/base.py:41-49``, ``nvml/processes.py:87-89``).
+such counter".
 
 So a refused key is re-asked after ``retry_s`` (5 min by default), doubling up to ``retry_max_s``
 while it stays refused; the back-off starts over once the call answers. A function missing from

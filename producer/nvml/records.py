@@ -36,7 +36,7 @@ IDENTITY_FIELDS = frozenset(
         "nvml_version",
         "inforom_image_version",
         "allocations_stale",
-        # Set by the node agent for chargeback (issue 10), not measured by NVML.
+        # Set by the node agent for chargeback, not measured by NVML.
         "allocations_known",
         "mig_configured_fraction",
     }

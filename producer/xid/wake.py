@@ -1,8 +1,8 @@
 """A stop event that a thread blocked in ``poll(2)`` notices at once.
 
-Why: the kernel-log reader used to wake 10 times a second (a ``select`` with a 100 ms timeout, then
-a look at a stop :class:`threading.Event`) only to notice a stop that almost never comes (review
-§1.12: about 4 ms of CPU per second for nothing). With :class:`WakeEvent` it blocks on its file
+Why: a kernel-log reader that wakes 10 times a second (a ``select`` with a 100 ms timeout, then a
+look at a stop :class:`threading.Event`) only to notice a stop that almost never comes spends about
+4 ms of CPU per second for nothing. With :class:`WakeEvent` it blocks on its file
 descriptor *and* this event's descriptor, without a timeout: ``set()`` makes the latter readable.
 
 It is a :class:`threading.Event` too, so every other thread of the agent keeps using
