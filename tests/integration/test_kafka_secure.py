@@ -288,6 +288,8 @@ def test_each_role_is_refused_what_it_does_not_need(secured: tuple[Any, Target])
         assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, base_topic
     res = gpupipe(
         "produce",
+        "--source",
+        "simulated",
         "--duration",
         "10s",
         "--no-create-topics",
@@ -302,7 +304,10 @@ def test_each_role_is_refused_what_it_does_not_need(secured: tuple[Any, Target])
         "(gpupipe acls --print --role producer)"
     )
     # a service needing topic creation rights it does not have says so
-    res = gpupipe("produce", "--duration", "10s", "--kafka-config-file", sk.config_file("producer"), *base)
+    res = gpupipe(
+        "produce", "--source", "simulated", "--duration", "10s",
+        "--kafka-config-file", sk.config_file("producer"), *base,
+    )  # fmt: skip
     assert res.returncode == 1
     assert res.stderr.strip().splitlines()[-1] == (
         f"gpupipe produce: error: Kafka denied User:producer CREATE on topic {t.prefix}gpu.chargeback.v1: "

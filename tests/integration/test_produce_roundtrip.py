@@ -93,6 +93,8 @@ def test_simulated_samples_roundtrip_identical(kafka: str, topic_prefix: str) ->
 def test_topics_created_with_partitions_and_retention(kafka: str, topic_prefix: str) -> None:
     res = gpupipe(
         "produce",
+        "--source",
+        "simulated",
         "--nodes",
         "1",
         "--gpus-per-node",
@@ -131,6 +133,8 @@ def test_topics_created_with_partitions_and_retention(kafka: str, topic_prefix: 
 def test_tail_decodes_and_reports_foreign_bytes(kafka: str, topic_prefix: str) -> None:
     res = gpupipe(
         "produce",
+        "--source",
+        "simulated",
         "--nodes",
         "1",
         "--gpus-per-node",
@@ -220,7 +224,16 @@ def test_confluent_framing_roundtrip_with_mock_registry(kafka: str, topic_prefix
 
 
 def test_unreachable_broker_is_one_clear_line() -> None:
-    res = gpupipe("produce", "--bootstrap-servers", "127.0.0.1:9", "--duration", "1s", timeout=60)
+    res = gpupipe(
+        "produce",
+        "--source",
+        "simulated",
+        "--bootstrap-servers",
+        "127.0.0.1:9",
+        "--duration",
+        "1s",
+        timeout=60,
+    )
     assert res.returncode == 3
     assert res.stderr.strip().count("\n") == 0, res.stderr
     assert "cannot reach Kafka at 127.0.0.1:9" in res.stderr
@@ -254,6 +267,7 @@ def test_env_vars_set_flags(kafka: str, topic_prefix: str) -> None:
         env={
             "GPUPIPE_BOOTSTRAP_SERVERS": kafka,
             "GPUPIPE_TOPIC_PREFIX": topic_prefix,
+            "GPUPIPE_SOURCE": "simulated",
             "GPUPIPE_NODES": "1",
             "GPUPIPE_GPUS_PER_NODE": "3",
         },
