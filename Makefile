@@ -67,8 +67,11 @@ kafka-start:
 kafka-stop:
 	scripts/kafka-local stop
 
-compose-check:
+## docker-compose validates the file; compose_ports.py refuses a host port that two services publish
+## (valid to docker-compose, but `docker compose up` then fails to bind the second).
+compose-check: venv
 	docker-compose -f docker-compose.yml config -q
+	$(BIN)/python scripts/compose_ports.py docker-compose.yml
 
 ## Helm chart: lint, render and validate (helm is built from its Go module once when missing).
 chart-check: venv
