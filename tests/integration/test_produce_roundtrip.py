@@ -176,6 +176,29 @@ def test_tail_decodes_and_reports_foreign_bytes(kafka: str, topic_prefix: str) -
     assert "not a gpupipe Avro record (not-gpupipe-avro" in out.stderr
 
 
+def test_tail_into_head_ends_quietly(kafka: str, topic_prefix: str) -> None:
+    """`gpupipe tail ... | head -1`, through a real pipe: no traceback, the status of a tool SIGPIPE ends."""
+    import subprocess
+
+    from tests.integration.kafka_util import GPUPIPE, REPO
+
+    res = gpupipe(
+        "produce", "--source", "simulated", "--nodes", "2", "--gpus-per-node", "8", "--duration", "30s",
+        "--speed", "max", "--start-time", START, "--bootstrap-servers", kafka, "--topic-prefix", topic_prefix,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    tail_argv = [*GPUPIPE, "tail", "gpu.samples.v1", "--from-beginning", "--idle-timeout", "10"]
+    tail_argv += ["--bootstrap-servers", kafka, "--topic-prefix", topic_prefix]
+    tail = subprocess.Popen(tail_argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    assert tail.stdout is not None and tail.stderr is not None
+    head = subprocess.run(["head", "-1"], stdin=tail.stdout, capture_output=True, text=True, timeout=60)
+    tail.stdout.close()  # head's end of the pipe is now the only reader, and it is gone
+    err = tail.stderr.read().decode()
+    assert tail.wait(60) == 141, err
+    assert json.loads(head.stdout)["hostname"].startswith("sim-node-")
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
 def test_confluent_framing_roundtrip_with_mock_registry(kafka: str, topic_prefix: str) -> None:
     # The mock registry lives in-process, so run producer and reader in this process.
     import argparse
