@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: deps venv install test test-unit test-integration lint fmt demo bench kafka-start kafka-stop compose-check proto clean chart-check
+.PHONY: deps deps-demo venv install test test-unit test-integration lint fmt demo bench kafka-start kafka-stop compose-check proto clean chart-check
 
 venv: $(STAMP)
 
@@ -25,6 +25,11 @@ install: venv
 ## root, else one line naming the exact command (scripts/ensure-deps; GPUPIPE_SKIP_DEPS=1 skips it).
 deps:
 	scripts/ensure-deps
+
+## The demo's share of deps: everything but helm, which only the chart tests run (building it from Go
+## takes minutes on a fresh machine, and needs Go).
+deps-demo:
+	scripts/ensure-deps --no-helm
 
 ## The whole suite, real services included (Kafka is started by the tests' own fixture).
 test: deps venv
@@ -49,7 +54,7 @@ fmt: venv
 	$(BIN)/ruff check --fix .
 
 ## Local broker, simulated fleet and every consumer; Ctrl-C stops everything.
-demo: deps venv
+demo: deps-demo venv
 	$(BIN)/python scripts/demo.py
 
 ## Benchmarks print `NAME ratio=X target=Y` lines (higher is better). Not part of `make test`.
@@ -62,8 +67,11 @@ kafka-start:
 kafka-stop:
 	scripts/kafka-local stop
 
-compose-check:
+## docker-compose validates the file; compose_ports.py refuses a host port that two services publish
+## (valid to docker-compose, but `docker compose up` then fails to bind the second).
+compose-check: venv
 	docker-compose -f docker-compose.yml config -q
+	$(BIN)/python scripts/compose_ports.py docker-compose.yml
 
 ## Helm chart: lint, render and validate (helm is built from its Go module once when missing).
 chart-check: venv

@@ -133,6 +133,21 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
+    def parse_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> argparse.Namespace:
+        """argparse's parse_args, but a leftover argument is reported by the subcommand it was given to.
+
+        argparse finds leftovers only back at the root parser, so its error would say `gpupipe:` and
+        leave the reader guessing which command's flags to look up; `gpupipe metrics: error: ...`
+        names the `--help` that lists them.
+        """
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            parser = getattr(ns, "_parser", self)
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        return ns
+
 
 def _truthy(value: str) -> bool:
     return value.strip().lower() in {"1", "true", "yes", "on"}
@@ -205,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = parent.add_parser(words[-1], help=help_text, description=(module.__doc__ or help_text).strip())
         module.add_arguments(p)
         add_common(p, kafka=getattr(module, "USES_KAFKA", True))
-        p.set_defaults(_run=module.run)
+        p.set_defaults(_run=module.run, _parser=p)
     return root
 
 
@@ -237,6 +252,39 @@ def _version() -> str:
         return "dev"
 
 
+#: Exit status of a writer whose reader closed the pipe: what a shell reports for a tool that SIGPIPE
+#: killed (128 + 13), so `set -o pipefail` scripts see gpupipe as they see `cat` or `grep`.
+EXIT_BROKEN_PIPE = 141
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reading end is closed (poll reports POLLERR on it)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), 0)
+        return any(ev & select.POLLERR for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _reader_went_away() -> int:
+    """`gpupipe tail ... | head`: the reader has what it wanted, so stop without a word.
+
+    Python turns SIGPIPE into BrokenPipeError; left alone it prints a traceback, and the interpreter's
+    last flush of stdout at exit would fail once more ("Exception ignored ..."). Pointing stdout at
+    /dev/null makes that flush a no-op.
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout already closed or not a real file: nothing left to flush
+        pass
+    return EXIT_BROKEN_PIPE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from gpupipe.startup import mark_start
 
@@ -250,6 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from gpupipe.startup import RepeatThrottle
 
     logging.getLogger("gpupipe.kafka").addFilter(RepeatThrottle())  # reconnect storms during outages
+    prog = " ".join(("gpupipe", *_command_words(args)))  # errors name the command whose --help helps
     try:
         if hasattr(args, "kafka_config"):
             # One place for every subcommand: file < GPUPIPE_KAFKA_* < --kafka-config, *.file read.
@@ -261,19 +310,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             preflight(args, _command_words(args))
         return int(args._run(args) or 0)
     except ConfigError as exc:
-        print(f"gpupipe: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     except BrokerUnavailableError as exc:
-        print(f"gpupipe: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 3
     except GpupipeError as exc:
         from gpupipe.kafka_auth import describe_denial
 
         line = describe_denial(str(exc), args, _command_words(args)) or str(exc)
-        print(f"gpupipe: error: {line}", file=sys.stderr)
+        print(f"{prog}: error: {line}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise  # a socket of our own, not the reader of our output: a real fault
+        return _reader_went_away()
 
 
 if __name__ == "__main__":

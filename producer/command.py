@@ -1,6 +1,8 @@
 """Publish GpuSample records (one per GPU per interval) and XidEvent records to Kafka.
 
-Sources: `simulated` (a deterministic virtual fleet) and `nvml` (this node's GPUs).
+Sources: `nvml` (this node's GPUs, the default) and `simulated` (a deterministic virtual fleet).
+The simulated fleet must be asked for by name: run by hand on a GPU node, `gpupipe produce` has to
+publish that node's readings, never made-up GPUs into the real topics.
 With `--speed max` simulated time runs as fast as the pipeline allows: event
 timestamps advance by the interval, not by the wall clock, so a backfill of two
 simulated hours yields exactly nodes x gpus x 7200/interval samples.
@@ -47,12 +49,28 @@ def _speed(text: str) -> float:
     return v
 
 
+def _node_indexes(text: str) -> tuple[int, ...]:
+    """'0,3' -> (0, 3): node indexes of the simulated fleet."""
+    try:
+        out = tuple(sorted({int(v) for v in text.split(",") if v.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad node list {text!r}: use node indexes such as 0,3") from None
+    if any(n < 0 for n in out):
+        raise argparse.ArgumentTypeError(f"bad node list {text!r}: indexes start at 0")
+    return out
+
+
 #: One line for `gpupipe --help`.
 HELP = "run the node producer (simulated fleet or NVML) publishing to Kafka"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--source", choices=["simulated", "nvml"], default="simulated")
+    p.add_argument(
+        "--source",
+        choices=["nvml", "simulated"],
+        default="nvml",
+        help="nvml: this node's GPUs; simulated: a made-up fleet for demos, tests and backfills",
+    )
     p.add_argument(
         "--interval",
         type=positive_duration_ms,
@@ -103,6 +121,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="mean XIDs per GPU-hour of simulated time",
     )
     sim.add_argument("--hostname-prefix", default=field_default(FleetConfig, "hostname_prefix"))
+    sim.add_argument(
+        "--mig-nodes",
+        type=_node_indexes,
+        default=(),
+        metavar="INDEXES",
+        help="nodes (0-based, comma-separated) that always have a MIG GPU, whatever the seed draws",
+    )
+    sim.add_argument(
+        "--shared-nodes",
+        type=_node_indexes,
+        default=(),
+        metavar="INDEXES",
+        help="nodes (0-based, comma-separated) that always have time-sliced GPUs, whatever the seed draws",
+    )
     sim.add_argument(
         "--hpc-nodes",
         type=int,
@@ -215,8 +247,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.source == "simulated" and (args.nodes < 1 or args.gpus_per_node < 1):
-        raise ConfigError("--nodes and --gpus-per-node must be at least 1")
+    if args.source == "simulated":
+        fleet_config(args)  # a bad fleet is one line before anything starts
     # A finite run (--duration) is a job: an unreachable broker is one line and exit 3 after 10s.
     # Otherwise a service: wait for ever (503 on /healthz meanwhile), whatever starts first.
     startup_ms = args.startup_timeout
@@ -426,6 +458,31 @@ def _dropped_line(dropped: dict[str, int], t_samples: str, t_xid: str, spooled: 
     return text + (f", {other} other records dropped" if other else "")
 
 
+def fleet_config(args: argparse.Namespace) -> FleetConfig:
+    """The simulated fleet that `produce --source simulated` flags describe; ConfigError if none can be."""
+    if args.nodes < 1 or args.gpus_per_node < 1:
+        raise ConfigError("--nodes and --gpus-per-node must be at least 1")
+    mig, shared = tuple(getattr(args, "mig_nodes", ())), tuple(getattr(args, "shared_nodes", ()))
+    for flag, picked in (("--mig-nodes", mig), ("--shared-nodes", shared)):
+        if picked and picked[-1] >= args.nodes:
+            raise ConfigError(f"{flag}: node {picked[-1]} is not in the fleet (nodes 0 to {args.nodes - 1})")
+    if both := sorted(set(mig) & set(shared)):
+        raise ConfigError(f"--mig-nodes and --shared-nodes both name node {both[0]}; pick one kind per node")
+    if mig and args.gpus_per_node < 2:
+        raise ConfigError("--mig-nodes needs --gpus-per-node 2 or more (a MIG GPU takes two slots)")
+    return FleetConfig(
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        interval_ms=args.interval,
+        seed=args.seed,
+        xid_rate_per_gpu_hour=args.xid_rate,
+        hostname_prefix=args.hostname_prefix,
+        hpc_nodes=getattr(args, "hpc_nodes", 0),
+        mig_nodes=mig,
+        shared_nodes=shared,
+    )
+
+
 def run_simulated(
     args: argparse.Namespace,
     publisher: Publisher,
@@ -438,17 +495,7 @@ def run_simulated(
 ) -> int:
     """The simulated loop; returns the number of ticks run."""
     interval = args.interval
-    fleet = SimulatedFleet(
-        FleetConfig(
-            nodes=args.nodes,
-            gpus_per_node=args.gpus_per_node,
-            interval_ms=interval,
-            seed=args.seed,
-            xid_rate_per_gpu_hour=args.xid_rate,
-            hostname_prefix=args.hostname_prefix,
-            hpc_nodes=getattr(args, "hpc_nodes", 0),
-        )
-    )
+    fleet = SimulatedFleet(fleet_config(args))
     start_ms = (
         args.start_time if args.start_time is not None else int(time.time() * 1000) // interval * interval
     )

@@ -1,11 +1,16 @@
 """`make demo`: a local broker, a simulated fleet, and every consumer service that exists.
 
-Ctrl-C (or SIGTERM) stops the services in reverse order, then the broker.
+Ctrl-C (or SIGTERM) stops the services in reverse order, then the broker. The demo exits 0 after
+Ctrl-C, 1 naming the service when one of them died (the others are stopped then), 2 when a port it
+needs is taken.
 GPUPIPE_DEMO_SECURE=1: the broker runs with `kafka-local start --secure` (SASL_SSL, ACLs; state in
 .run/kafka-secure), the ACLs of every role are applied and each service runs as its own role.
-Ports: Kafka 9092 (GPUPIPE_DEMO_KAFKA_PORT), producer self-metrics 9400, metrics 9401,
-chargeback 9402, alerts 9403, recommend 9404; Prometheus 9090 and Alertmanager 9093 when their binaries are
-installed (Debian packages prometheus, prometheus-alertmanager).
+Ports (see PORTS; each has a GPUPIPE_DEMO_*_PORT variable, printed at start): the GPU metrics on
+9400, where dcgm-exporter serves them, so `curl :9400/metrics` shows GPUs as a dcgm-exporter user
+expects; producer self-metrics 9401, chargeback 9402, alerts 9403, recommend 9404, Kafka 9092 (its
+controller 29093); Prometheus 9090 and Alertmanager 9093 when their binaries are installed (Debian
+packages prometheus, prometheus-alertmanager). All are checked before anything starts: a taken
+port is one line naming it and its variable, rather than a service dying mid-start.
 """
 
 from __future__ import annotations
@@ -14,97 +19,246 @@ import importlib.util
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parent.parent
 KAFKA = str(REPO / "scripts" / "kafka-local")
-PORT = os.environ.get("GPUPIPE_DEMO_KAFKA_PORT", "9092")
 GP = [sys.executable, "-m", "gpupipe"]
 LOGS = REPO / ".run" / "demo"
 CLI = ".venv/bin/gpupipe"
 
-# (module that must exist, name, argv, what to tell the user)
-SERVICES = [
-    (
-        "producer.command",
-        "producer",
-        [
-            "produce",
-            "--source",
-            "simulated",
-            "--nodes",
-            "4",
-            "--gpus-per-node",
-            "8",
-            "--interval",
-            "1s",
-            "--speed",
-            "1",
-            "--xid-rate",
-            "20",
-            "--listen",
-            "127.0.0.1:9400",
-        ],
-        "simulated fleet: 4 nodes x 8 GPUs, 1 sample/s each; own metrics http://127.0.0.1:9400/metrics",
-    ),
-    (
-        "consumers.metrics.command",
+
+class Port(NamedTuple):
+    key: str
+    variable: str
+    default: int
+    what: str
+    url: str  # how to reach it ("{port}" filled in)
+
+
+PORTS: tuple[Port, ...] = (
+    Port(
         "metrics",
-        ["metrics", "--listen", "127.0.0.1:9401"],
-        "dcgm-exporter-compatible metrics: curl -s http://127.0.0.1:9401/metrics | grep DCGM_FI_DEV_GPU_UTIL",
+        "GPUPIPE_DEMO_METRICS_PORT",
+        9400,
+        "GPU metrics (dcgm-exporter names)",
+        "http://127.0.0.1:{port}/metrics",
     ),
-    (
-        "consumers.chargeback.command",
-        "chargeback",
-        ["chargeback", "--window", "1m", "--grace", "10s", "--listen", "127.0.0.1:9402"],
-        f"chargeback windows (1 min in the demo): {CLI} report chargeback --by team --period all",
+    Port(
+        "producer",
+        "GPUPIPE_DEMO_PRODUCER_PORT",
+        9401,
+        "producer self-metrics",
+        "http://127.0.0.1:{port}/metrics",
     ),
-    (
-        "consumers.alerts.command",
-        "alerts",
-        ["alerts", "--listen", "127.0.0.1:9403", "--dry-run"],
-        f"XID alerts: {CLI} tail gpu.alerts.v1 (cordon decisions are dry-run only)",
-    ),
-    (
-        "consumers.recommend.command",
+    Port("chargeback", "GPUPIPE_DEMO_CHARGEBACK_PORT", 9402, "chargeback", "http://127.0.0.1:{port}/metrics"),
+    Port("alerts", "GPUPIPE_DEMO_ALERTS_PORT", 9403, "alerts", "http://127.0.0.1:{port}/metrics"),
+    Port(
         "recommend",
-        [
-            "recommend",
-            "--listen",
-            "127.0.0.1:9404",
-            "--idle-after",
-            "5m",  # demo scale (default 2h)
-            "--update-interval",
-            "1m",
-            "--prices",
-            str(REPO / "deploy" / "prices.example.yaml"),
-        ],
-        f"idle-GPU recommendations (idle 5 min in the demo): {CLI} report idle --since 1h --by owner",
+        "GPUPIPE_DEMO_RECOMMEND_PORT",
+        9404,
+        "idle-GPU recommendations",
+        "http://127.0.0.1:{port}/metrics",
     ),
-]
+    Port(
+        "prometheus",
+        "GPUPIPE_DEMO_PROMETHEUS_PORT",
+        9090,
+        "Prometheus",
+        "http://127.0.0.1:{port}/graph?g0.expr=DCGM_FI_DEV_GPU_UTIL",
+    ),
+    Port(
+        "alertmanager",
+        "GPUPIPE_DEMO_ALERTMANAGER_PORT",
+        9093,
+        "Alertmanager",
+        "http://127.0.0.1:{port}/#/alerts",
+    ),
+    Port("kafka", "GPUPIPE_DEMO_KAFKA_PORT", 9092, "Kafka", "127.0.0.1:{port}"),
+    Port(
+        "kafka-controller",
+        "GPUPIPE_DEMO_KAFKA_CONTROLLER_PORT",
+        29093,
+        "Kafka's controller",
+        "127.0.0.1:{port}",
+    ),
+)
+
+
+def demo_ports(environ: Mapping[str, str]) -> dict[str, int]:
+    """Each port of the demo: its GPUPIPE_DEMO_*_PORT variable, else its default."""
+    out = {}
+    for p in PORTS:
+        text = environ.get(p.variable, "").strip() or str(p.default)
+        if not text.isdigit() or not 0 < int(text) < 65536:
+            raise SystemExit(f"demo: {p.variable}={text!r} is not a port number (1-65535)")
+        out[p.key] = int(text)
+    return out
+
+
+def port_taken(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something already listens on host:port (a bind as the services do it fails)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the services: TIME_WAIT is fine
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def taken_ports_line(ports: Mapping[str, int], keys: Sequence[str]) -> str | None:
+    """One line naming every taken port of `keys` and the variable that moves it; None when all are free."""
+    by_key = {p.key: p for p in PORTS}
+    taken = [by_key[k] for k in keys if port_taken(ports[k])]
+    if not taken:
+        return None
+    parts = [f"port {ports[p.key]} ({p.what}) is in use; set {p.variable} to a free port" for p in taken]
+    return "demo: " + "; ".join(parts)
+
+
+def ports_banner(ports: Mapping[str, int], absent: Sequence[str] = ()) -> str:
+    """Where to look, printed before anything starts (README's quick start lists the same)."""
+    lines = ["demo: ports (each movable with its variable):"]
+    for p in PORTS:
+        note = "  (not installed: skipped)" if p.key in absent else ""
+        where = p.url.format(port=ports[p.key])
+        lines.append(f"demo:   {p.what:<34} {where:<58} {p.variable}{note}")
+    return "\n".join(lines)
+
+
+#: The demo fleet's forced node kinds: seed 1's four nodes draw neither a MIG GPU nor a time-sliced one,
+#: and those are what the chargeback split and the "MIG slices" / "time-sliced" panels are about.
+DEMO_MIG_NODES = "3"
+DEMO_SHARED_NODES = "0"
+
+
+def services(ports: Mapping[str, int]) -> list[tuple[str, str, list[str], str]]:
+    """(module that must exist, name, argv, what to tell the user) of every gpupipe service."""
+    return [
+        (
+            "producer.command",
+            "producer",
+            [
+                "produce",
+                "--source",
+                "simulated",
+                "--nodes",
+                "4",
+                "--gpus-per-node",
+                "8",
+                "--mig-nodes",
+                DEMO_MIG_NODES,
+                "--shared-nodes",
+                DEMO_SHARED_NODES,
+                "--interval",
+                "1s",
+                "--speed",
+                "1",
+                "--xid-rate",
+                "20",
+                "--listen",
+                f"127.0.0.1:{ports['producer']}",
+            ],
+            "simulated fleet: 4 nodes x 8 GPUs (node 3 with a MIG GPU, node 0 time-sliced), 1 sample/s "
+            f"each; own metrics http://127.0.0.1:{ports['producer']}/metrics",
+        ),
+        (
+            "consumers.metrics.command",
+            "metrics",
+            ["metrics", "--listen", f"127.0.0.1:{ports['metrics']}"],
+            "dcgm-exporter-compatible metrics: "
+            f"curl -s http://127.0.0.1:{ports['metrics']}/metrics | grep DCGM_FI_DEV_GPU_UTIL",
+        ),
+        (
+            "consumers.chargeback.command",
+            "chargeback",
+            [
+                "chargeback",
+                "--window",
+                "1m",
+                "--grace",
+                "10s",
+                "--listen",
+                f"127.0.0.1:{ports['chargeback']}",
+            ],
+            f"chargeback windows (1 min in the demo): {CLI} report chargeback --by team --period all",
+        ),
+        (
+            "consumers.alerts.command",
+            "alerts",
+            ["alerts", "--listen", f"127.0.0.1:{ports['alerts']}", "--dry-run"],
+            f"XID alerts: {CLI} tail gpu.alerts.v1 (cordon decisions are dry-run only)",
+        ),
+        (
+            "consumers.recommend.command",
+            "recommend",
+            [
+                "recommend",
+                "--listen",
+                f"127.0.0.1:{ports['recommend']}",
+                "--idle-after",
+                "5m",  # demo scale (default 2h)
+                "--update-interval",
+                "1m",
+                "--prices",
+                str(REPO / "deploy" / "prices.example.yaml"),
+            ],
+            f"idle-GPU recommendations (idle 5 min in the demo): {CLI} report idle --since 1h --by owner",
+        ),
+    ]
+
+
+def watch(
+    procs: Sequence[tuple[str, subprocess.Popen]], stopping: Callable[[], bool]
+) -> tuple[str, int] | None:
+    """Wait until asked to stop or until a process ends; the first one that ended, with its status."""
+    while not stopping():
+        for name, p in procs:
+            if p.poll() is not None:
+                return name, p.returncode
+        time.sleep(0.5)
+    return None
+
 
 PROMETHEUS_YML = """global: {scrape_interval: 5s, evaluation_interval: 5s}
 rule_files: ['%(rules)s']
 alerting:
-  alertmanagers: [{static_configs: [{targets: ['127.0.0.1:9093']}]}]
+  alertmanagers: [{static_configs: [{targets: ['127.0.0.1:%(alertmanager)d']}]}]
 scrape_configs:
   - job_name: gpupipe-metrics
     honor_labels: true
-    static_configs: [{targets: ['127.0.0.1:9401']}]
+    static_configs: [{targets: ['127.0.0.1:%(metrics)d']}]
     metric_relabel_configs:
       - {source_labels: [Hostname, hostname], separator: "", regex: "(.+)", target_label: instance}
   - job_name: gpupipe-services
-    static_configs: [{targets: ['127.0.0.1:9400', '127.0.0.1:9402', '127.0.0.1:9403', '127.0.0.1:9404']}]
+    static_configs:
+      - targets: ['127.0.0.1:%(producer)d', '127.0.0.1:%(chargeback)d', '127.0.0.1:%(alerts)d',
+                  '127.0.0.1:%(recommend)d']
 """
 
 
-def side_services() -> list[tuple[str, list[str], str]]:
+def side_binaries() -> dict[str, str]:
+    """Alertmanager's and Prometheus's binaries from the machine's packages, those installed."""
+    found = {
+        "alertmanager": shutil.which("prometheus-alertmanager") or shutil.which("alertmanager"),
+        "prometheus": shutil.which("prometheus")
+        if importlib.util.find_spec("consumers.metrics.command") is not None
+        else None,
+    }
+    return {k: v for k, v in found.items() if v}
+
+
+def side_services(ports: Mapping[str, int], binaries: Mapping[str, str]) -> list[tuple[str, list[str], str]]:
     """Alertmanager and Prometheus from the machine's packages, when installed."""
     out = []
-    am = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+    am = binaries.get("alertmanager")
     if am:
         out.append(
             (
@@ -113,17 +267,17 @@ def side_services() -> list[tuple[str, list[str], str]]:
                     am,
                     f"--config.file={REPO}/deploy/alertmanager/alertmanager.yml",
                     f"--storage.path={LOGS}/am",
-                    "--web.listen-address=127.0.0.1:9093",
+                    f"--web.listen-address=127.0.0.1:{ports['alertmanager']}",
                     "--cluster.listen-address=",
                 ],
-                "Alertmanager: http://127.0.0.1:9093/#/alerts",
+                f"Alertmanager: http://127.0.0.1:{ports['alertmanager']}/#/alerts",
             )
         )
-    prom = shutil.which("prometheus")
-    if prom and importlib.util.find_spec("consumers.metrics.command") is not None:
+    prom = binaries.get("prometheus")
+    if prom:
         cfg = LOGS / "prometheus.yml"
         cfg.write_text(
-            PROMETHEUS_YML % {"rules": REPO / "deploy" / "prometheus" / "gpupipe-alerts.rules.yml"}
+            PROMETHEUS_YML % {"rules": REPO / "deploy" / "prometheus" / "gpupipe-alerts.rules.yml", **ports}
         )
         out.append(
             (
@@ -132,9 +286,9 @@ def side_services() -> list[tuple[str, list[str], str]]:
                     prom,
                     f"--config.file={cfg}",
                     f"--storage.tsdb.path={LOGS}/prometheus",
-                    "--web.listen-address=127.0.0.1:9090",
+                    f"--web.listen-address=127.0.0.1:{ports['prometheus']}",
                 ],
-                "Prometheus: http://127.0.0.1:9090/graph?g0.expr=DCGM_FI_DEV_GPU_UTIL",
+                f"Prometheus: http://127.0.0.1:{ports['prometheus']}/graph?g0.expr=DCGM_FI_DEV_GPU_UTIL",
             )
         )
     return out
@@ -174,19 +328,31 @@ def secure_roles(bootstrap: str, secure_dir: Path) -> dict[str, dict[str, str]]:
     }
 
 
+def _kafka_running(kenv: Mapping[str, str]) -> bool:
+    """Whether kafka-local's broker for this state directory already runs (start then reuses it)."""
+    return subprocess.run([KAFKA, "status"], capture_output=True, env=dict(kenv)).returncode == 0
+
+
 def main() -> int:
-    LOGS.mkdir(parents=True, exist_ok=True)
-    print("demo: starting local Kafka (first run downloads the jars from Maven Central) ...", flush=True)
+    ports = demo_ports(os.environ)
+    binaries = side_binaries()
+    absent = [k for k in ("prometheus", "alertmanager") if k not in binaries]
     # The broker's controller listener would take port+1 = 9093, Alertmanager's port: move it.
-    kenv = {
-        **os.environ,
-        "KAFKA_CONTROLLER_PORT": os.environ.get("GPUPIPE_DEMO_KAFKA_CONTROLLER_PORT", "29093"),
-    }
+    kenv = {**os.environ, "KAFKA_CONTROLLER_PORT": str(ports["kafka-controller"])}
     secure = os.environ.get("GPUPIPE_DEMO_SECURE", "").lower() in ("1", "true", "yes")
     if secure:
         kenv["KAFKA_LOCAL_DIR"] = str(REPO / ".run" / "kafka-secure")
+    needed = [p.key for p in PORTS if p.key not in absent]
+    if _kafka_running(kenv):
+        needed = [k for k in needed if not k.startswith("kafka")]
+    print(ports_banner(ports, absent), flush=True)
+    if line := taken_ports_line(ports, needed):
+        print(line, file=sys.stderr)
+        return 2
+    LOGS.mkdir(parents=True, exist_ok=True)
+    print("demo: starting local Kafka (first run downloads the jars from Maven Central) ...", flush=True)
     out = subprocess.run(
-        [KAFKA, "start", "--port", PORT, *(["--secure"] if secure else [])],
+        [KAFKA, "start", "--port", str(ports["kafka"]), *(["--secure"] if secure else [])],
         capture_output=True,
         text=True,
         env=kenv,
@@ -201,6 +367,7 @@ def main() -> int:
     env = {**os.environ, "GPUPIPE_BOOTSTRAP_SERVERS": bootstrap, "GPUPIPE_LOG_FORMAT": "text"}
     procs: list[tuple[str, subprocess.Popen]] = []
     stopping = False
+    died: tuple[str, int] | None = None
 
     def stop(*_: object) -> None:
         nonlocal stopping
@@ -219,15 +386,15 @@ def main() -> int:
 
     try:
         print(f"demo: Kafka at {bootstrap}")
-        extra = side_services()
+        extra = side_services(ports, binaries)
         for name, argv, hint in extra:
             start(name, argv, hint)
         have_am = any(name == "alertmanager" for name, _, _ in extra)
-        for module, name, argv, hint in SERVICES:
+        for module, name, argv, hint in services(ports):
             if importlib.util.find_spec(module) is None:
                 continue
             if name == "alerts" and have_am:
-                argv = [*argv, "--alertmanager-url", "http://127.0.0.1:9093"]
+                argv = [*argv, "--alertmanager-url", f"http://127.0.0.1:{ports['alertmanager']}"]
             start(name, [*GP, *argv], hint, {**env, **role_env.get(name, {})})
             time.sleep(1.0 if name == "producer" else 0.2)
         tail_cfg = (
@@ -235,12 +402,9 @@ def main() -> int:
         )
         print(f"demo: records as JSON:  {CLI} tail gpu.samples.v1 --bootstrap-servers {bootstrap}{tail_cfg}")
         print(f"demo: logs in {LOGS}/   Ctrl-C stops everything.", flush=True)
-        while not stopping:
-            for name, p in procs:
-                if p.poll() is not None:
-                    print(f"demo: {name} exited with {p.returncode}; see {LOGS}/{name}.log", file=sys.stderr)
-                    stopping = True
-            time.sleep(0.5)
+        died = watch(procs, lambda: stopping)
+        if died is not None:
+            print(f"demo: {died[0]} exited with {died[1]}; see {LOGS}/{died[0]}.log", file=sys.stderr)
     finally:
         for _, p in reversed(procs):
             if p.poll() is None:
@@ -253,6 +417,9 @@ def main() -> int:
             print(f"demo: stopped {name}")
         subprocess.run([KAFKA, "stop"], capture_output=True, env=kenv)
         print("demo: Kafka stopped. Bye.")
+    if died is not None:
+        print(f"demo: failed: {died[0]} exited with {died[1]} (log: {LOGS}/{died[0]}.log)", file=sys.stderr)
+        return 1
     return 0
 
 

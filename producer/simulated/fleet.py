@@ -70,6 +70,11 @@ class FleetConfig:
     mig_node_ratio: float = 0.125
     shared_node_ratio: float = 0.125
     hpc_nodes: int = 0  # extra nodes after the others, GPUs held by Slurm-style jobs (own RNG streams)
+    # Nodes (indexes) that are MIG / time-sliced whatever the ratios draw: a small fleet (the demo's
+    # four nodes) may draw neither, and then shows none of what those nodes look like. A MIG node
+    # whose drawn model has no MIG gets the first MIG-capable model. Other nodes are unchanged.
+    mig_nodes: tuple[int, ...] = ()
+    shared_nodes: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -165,6 +170,13 @@ class SimulatedFleet:
             hostname = f"{cfg.hostname_prefix}-{n:04d}"
             mig = model.mig_capable and cfg.gpus_per_node >= 2 and node_rng.random() < cfg.mig_node_ratio
             shared = (not mig) and node_rng.random() < cfg.shared_node_ratio
+            # Forced kinds are applied after the draws, so every other value of the node stays as drawn.
+            if n in cfg.mig_nodes and cfg.gpus_per_node >= 2 and not mig:
+                mig, shared = True, False
+                if not model.mig_capable:
+                    model = next(m for m in MODELS if m.mig_capable)
+            elif n in cfg.shared_nodes and n not in cfg.mig_nodes:
+                mig, shared = False, True
             numa_split = max(1, cfg.gpus_per_node // 2)
             phys_uuids = [
                 str(uuid.UUID(int=node_rng.getrandbits(128), version=4)) for _ in range(cfg.gpus_per_node)

@@ -5,8 +5,9 @@
 Waiting costs nothing while nothing happens: on ``/dev/kmsg``, pipes and FIFOs the reader blocks in
 ``poll(2)`` on the descriptor (readable when a record or data arrives) together with the stop event's
 own descriptor (:class:`producer.xid.wake.WakeEvent`), with no timeout, so :meth:`KmsgReader.stop`
-ends the iteration at once and an idle node never wakes the thread. A timeout is armed only while the consumer needs an idle tick (``tick_needed``: the
-parser holds an Xid waiting for continuation lines), or when the stop event given is a plain
+ends the iteration at once and an idle node never wakes the thread. A timeout is armed only while the
+consumer needs an idle tick (``tick_needed``: the parser holds an Xid waiting for continuation
+lines), or when the stop event given is a plain
 :class:`threading.Event` (no descriptor to wait on: bounded waits of ``poll_interval_s``). A regular
 file is always "readable" to ``poll``, so a followed file is looked at every ``poll_interval_s``
 (files are for tests and ``--kmsg-path`` logs; the node agent reads ``/dev/kmsg`` or a relay FIFO).

@@ -283,6 +283,8 @@ def run_drill(tmp: Path, down_s: float, run_s: int, restarts: bool = True) -> Fi
         [
             "produce",
             *common[:2],
+            "--source",
+            "simulated",
             "--topic-prefix",
             "drill2.",
             "--startup-timeout",

@@ -32,6 +32,6 @@ def test_start_order_outage_and_restart_drill(tmp_path: Path) -> None:
     # the producer stopped with the broker down: one line saying what it dropped, exit 1
     assert fig.producer_stop_rc == 1
     assert re.fullmatch(
-        r"gpupipe: error: stopped with records undelivered: \d+ samples dropped, \d+ XIDs dropped",
+        r"gpupipe produce: error: stopped with records undelivered: \d+ samples dropped, \d+ XIDs dropped",
         fig.producer_stop_line,
     ), fig.producer_stop_line

@@ -275,8 +275,8 @@ def test_each_role_is_refused_what_it_does_not_need(secured: tuple[Any, Target])
     res = gpupipe("tail", "gpu.chargeback.v1", "--kafka-config-file", sk.config_file("producer"), *base)
     assert res.returncode == 1
     assert res.stderr.strip().splitlines()[-1] == (
-        f"gpupipe: error: Kafka denied User:producer READ on topic {t.prefix}gpu.chargeback.v1 (and 1 more): "
-        "no ACL allows it; grant the 'tail' role's ACLs (gpupipe acls --print --role tail)"
+        f"gpupipe tail: error: Kafka denied User:producer READ on topic {t.prefix}gpu.chargeback.v1 "
+        "(and 1 more): no ACL allows it; grant the 'tail' role's ACLs (gpupipe acls --print --role tail)"
     )
     # ... nor write alerts: the broker itself refuses, whatever the client does
     err = _deliver(sk.conf("producer"), t.topic(topics.ALERTS))
@@ -288,6 +288,8 @@ def test_each_role_is_refused_what_it_does_not_need(secured: tuple[Any, Target])
         assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, base_topic
     res = gpupipe(
         "produce",
+        "--source",
+        "simulated",
         "--duration",
         "10s",
         "--no-create-topics",
@@ -297,15 +299,19 @@ def test_each_role_is_refused_what_it_does_not_need(secured: tuple[Any, Target])
     )
     assert res.returncode == 1
     assert res.stderr.strip().splitlines()[-1] == (
-        f"gpupipe: error: Kafka denied User:report WRITE on topic {t.prefix}gpu.samples.v1 (and 1 more): "
-        "no ACL allows it; grant the 'producer' role's ACLs (gpupipe acls --print --role producer)"
+        f"gpupipe produce: error: Kafka denied User:report WRITE on topic {t.prefix}gpu.samples.v1 "
+        "(and 1 more): no ACL allows it; grant the 'producer' role's ACLs "
+        "(gpupipe acls --print --role producer)"
     )
     # a service needing topic creation rights it does not have says so
-    res = gpupipe("produce", "--duration", "10s", "--kafka-config-file", sk.config_file("producer"), *base)
+    res = gpupipe(
+        "produce", "--source", "simulated", "--duration", "10s",
+        "--kafka-config-file", sk.config_file("producer"), *base,
+    )  # fmt: skip
     assert res.returncode == 1
     assert res.stderr.strip().splitlines()[-1] == (
-        f"gpupipe: error: Kafka denied User:producer CREATE on topic {t.prefix}gpu.chargeback.v1: create the "
-        "topics with the admin role (gpupipe acls --role admin) and run with --no-create-topics"
+        f"gpupipe produce: error: Kafka denied User:producer CREATE on topic {t.prefix}gpu.chargeback.v1: "
+        "create the topics with the admin role (gpupipe acls --role admin) and run with --no-create-topics"
     )
 
 
@@ -325,7 +331,7 @@ def test_wrong_password_and_untrusted_ca_fail_fast_with_one_line(
     res = gpupipe(*base, env={"GPUPIPE_KAFKA_SASL_PASSWORD": "not-the-password"})
     assert res.returncode == 1
     assert re.fullmatch(
-        rf"gpupipe: error: Kafka at {sk.bootstrap} refused to authenticate User:tail: "
+        rf"gpupipe tail: error: Kafka at {sk.bootstrap} refused to authenticate User:tail: "
         r"wrong user name or password \(operation: SASL authenticate; broker said: SASL authentication "
         r"error: Authentication failed during authentication due to invalid credentials with SASL "
         r"mechanism SCRAM-SHA-512 \(after \d+ms in state AUTH_REQ\)\)",
@@ -340,7 +346,7 @@ def test_wrong_password_and_untrusted_ca_fail_fast_with_one_line(
     res = gpupipe(*base, env={"GPUPIPE_KAFKA_SSL_CA_LOCATION": str(other_ca)})
     assert res.returncode == 1
     assert res.stderr.strip() == (
-        f"gpupipe: error: TLS to Kafka at {sk.bootstrap} failed: the broker's certificate is not "
+        f"gpupipe tail: error: TLS to Kafka at {sk.bootstrap} failed: the broker's certificate is not "
         "signed by a CA we trust (set ssl.ca.location to the cluster's CA; principal User:tail, "
         "operation: TLS handshake)"
     )
@@ -394,8 +400,8 @@ def test_a_missing_transactional_id_acl_is_named(secured: tuple[Any, Target]) ->
         res.stderr.strip()
         .splitlines()[-1]
         .startswith(
-            f"gpupipe: error: Kafka denied User:chargeback WRITE on transactional id {group}.i1; grant the "
-            "'chargeback' role's ACLs (gpupipe acls --print --role chargeback) (fatal Kafka error "
+            f"gpupipe chargeback: error: Kafka denied User:chargeback WRITE on transactional id {group}.i1; "
+            "grant the 'chargeback' role's ACLs (gpupipe acls --print --role chargeback) (fatal Kafka error "
             "(TRANSACTIONAL_ID_AUTHORIZATION_FAILED)"
         )
     ), res.stderr
@@ -473,5 +479,5 @@ def test_a_write_acl_revoked_while_running_stops_the_producer_with_one_line(
     text = log.read_text()
     line = f"Kafka denied User:producer WRITE on topic {samples} (TOPIC_AUTHORIZATION_FAILED)"
     assert rc == 1, text[-2000:]
-    assert text.strip().splitlines()[-1] == f"gpupipe: error: {line}", text[-2000:]
+    assert text.strip().splitlines()[-1] == f"gpupipe produce: error: {line}", text[-2000:]
     assert f"stopping: {line}" in text

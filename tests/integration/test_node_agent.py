@@ -336,5 +336,5 @@ def test_cli_nvml_init_failure_exits_non_zero_with_a_clear_message(
         timeout=60,
     )
     assert res.returncode == 1
-    assert "gpupipe: error: NVML init failed: Driver Not Loaded" in res.stderr
+    assert "gpupipe produce: error: NVML init failed: Driver Not Loaded" in res.stderr
     assert "Traceback" not in res.stderr

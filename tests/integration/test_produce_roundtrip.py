@@ -93,6 +93,8 @@ def test_simulated_samples_roundtrip_identical(kafka: str, topic_prefix: str) ->
 def test_topics_created_with_partitions_and_retention(kafka: str, topic_prefix: str) -> None:
     res = gpupipe(
         "produce",
+        "--source",
+        "simulated",
         "--nodes",
         "1",
         "--gpus-per-node",
@@ -131,6 +133,8 @@ def test_topics_created_with_partitions_and_retention(kafka: str, topic_prefix: 
 def test_tail_decodes_and_reports_foreign_bytes(kafka: str, topic_prefix: str) -> None:
     res = gpupipe(
         "produce",
+        "--source",
+        "simulated",
         "--nodes",
         "1",
         "--gpus-per-node",
@@ -170,6 +174,29 @@ def test_tail_decodes_and_reports_foreign_bytes(kafka: str, topic_prefix: str) -
     assert len(lines) == 6
     assert {x["timestamp_ms"] for x in lines} == {parse_iso_ms(START) + k * 1000 for k in range(3)}
     assert "not a gpupipe Avro record (not-gpupipe-avro" in out.stderr
+
+
+def test_tail_into_head_ends_quietly(kafka: str, topic_prefix: str) -> None:
+    """`gpupipe tail ... | head -1`, through a real pipe: no traceback, the status of a tool SIGPIPE ends."""
+    import subprocess
+
+    from tests.integration.kafka_util import GPUPIPE, REPO
+
+    res = gpupipe(
+        "produce", "--source", "simulated", "--nodes", "2", "--gpus-per-node", "8", "--duration", "30s",
+        "--speed", "max", "--start-time", START, "--bootstrap-servers", kafka, "--topic-prefix", topic_prefix,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    tail_argv = [*GPUPIPE, "tail", "gpu.samples.v1", "--from-beginning", "--idle-timeout", "10"]
+    tail_argv += ["--bootstrap-servers", kafka, "--topic-prefix", topic_prefix]
+    tail = subprocess.Popen(tail_argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    assert tail.stdout is not None and tail.stderr is not None
+    head = subprocess.run(["head", "-1"], stdin=tail.stdout, capture_output=True, text=True, timeout=60)
+    tail.stdout.close()  # head's end of the pipe is now the only reader, and it is gone
+    err = tail.stderr.read().decode()
+    assert tail.wait(60) == 141, err
+    assert json.loads(head.stdout)["hostname"].startswith("sim-node-")
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
 
 
 def test_confluent_framing_roundtrip_with_mock_registry(kafka: str, topic_prefix: str) -> None:
@@ -220,7 +247,16 @@ def test_confluent_framing_roundtrip_with_mock_registry(kafka: str, topic_prefix
 
 
 def test_unreachable_broker_is_one_clear_line() -> None:
-    res = gpupipe("produce", "--bootstrap-servers", "127.0.0.1:9", "--duration", "1s", timeout=60)
+    res = gpupipe(
+        "produce",
+        "--source",
+        "simulated",
+        "--bootstrap-servers",
+        "127.0.0.1:9",
+        "--duration",
+        "1s",
+        timeout=60,
+    )
     assert res.returncode == 3
     assert res.stderr.strip().count("\n") == 0, res.stderr
     assert "cannot reach Kafka at 127.0.0.1:9" in res.stderr
@@ -254,6 +290,7 @@ def test_env_vars_set_flags(kafka: str, topic_prefix: str) -> None:
         env={
             "GPUPIPE_BOOTSTRAP_SERVERS": kafka,
             "GPUPIPE_TOPIC_PREFIX": topic_prefix,
+            "GPUPIPE_SOURCE": "simulated",
             "GPUPIPE_NODES": "1",
             "GPUPIPE_GPUS_PER_NODE": "3",
         },

@@ -12,6 +12,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "ensure-deps"
 
@@ -88,3 +90,59 @@ def test_helm_local_refuses_a_go_older_than_1_24_in_one_line(tmp_path: Path) -> 
     assert out.returncode == 1
     (line,) = out.stderr.splitlines()
     assert line.startswith(f"helm-local: Go 1.19.8 at {fake_go} is older than 1.24; install helm (")
+
+
+def _deps_tree(tmp: Path) -> tuple[Path, Path]:
+    """A copy of ensure-deps beside stub kafka-local/helm-local, every Debian command on a stub PATH;
+    the helm stub leaves a mark when it runs."""
+    (tmp / "scripts").mkdir()
+    shutil.copy(SCRIPT, tmp / "scripts" / "ensure-deps")
+    mark = tmp / "helm-ran"
+    stubs = {"kafka-local": "exit 0", "helm-local": f"touch {mark}; echo /fake/helm"}
+    for name, body in stubs.items():
+        (tmp / "scripts" / name).write_text(f"#!/bin/sh\n{body}\n")
+        (tmp / "scripts" / name).chmod(0o755)
+    bin_dir = _bare_path(tmp)
+    (bin_dir / "touch").symlink_to(shutil.which("touch"))  # type: ignore[arg-type]
+    (bin_dir / "sh").symlink_to(shutil.which("sh"))  # type: ignore[arg-type]
+    for cmd in (
+        "prometheus",
+        "promtool",
+        "prometheus-alertmanager",
+        "openssl",
+        "kcat",
+        "chromium",
+        "docker-compose",
+    ):
+        (bin_dir / cmd).write_text("#!/bin/sh\n")
+        (bin_dir / cmd).chmod(0o755)
+    return bin_dir, mark
+
+
+@pytest.mark.parametrize(("argv", "helm"), [([], True), (["--no-helm"], False)])
+def test_helm_is_built_for_the_tests_but_not_for_the_demo(
+    tmp_path: Path, argv: list[str], helm: bool
+) -> None:
+    bin_dir, mark = _deps_tree(tmp_path)
+    out = subprocess.run(
+        [str(bin_dir / "bash"), str(tmp_path / "scripts" / "ensure-deps"), *argv],
+        env={"PATH": str(bin_dir)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    assert mark.exists() is helm
+
+
+def test_an_unknown_option_is_one_line(tmp_path: Path) -> None:
+    bin_dir, mark = _deps_tree(tmp_path)
+    out = subprocess.run(
+        [str(bin_dir / "bash"), str(tmp_path / "scripts" / "ensure-deps"), "--no-hlem"],
+        env={"PATH": str(bin_dir)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 2 and not mark.exists()
+    assert out.stderr == "ensure-deps: unknown option --no-hlem (use --check or --no-helm)\n"

@@ -71,3 +71,29 @@ def test_energy_counter_monotonic_and_matches_power() -> None:
     for a, b in itertools.pairwise(gpu0):
         delta_j = (b["total_energy_mj"] - a["total_energy_mj"]) / 1000
         assert abs(delta_j - b["power_w"]) < 1.0
+
+
+def _by_host(samples: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for r in samples:
+        out.setdefault(r["hostname"], []).append(r)
+    return out
+
+
+def test_forced_mig_and_time_sliced_nodes_in_a_small_fleet() -> None:
+    # Seed 1's four nodes draw neither kind (L40S, H200, A100, H100), so the demo would show neither.
+    plain = _by_host(_run(FleetConfig(nodes=4, gpus_per_node=8), 30)[0])
+    assert not any(r["mig"] or len(r["allocations"]) > 1 for rs in plain.values() for r in rs)
+    forced = _by_host(_run(FleetConfig(nodes=4, gpus_per_node=8, mig_nodes=(3,), shared_nodes=(0,)), 30)[0])
+    assert any(r["mig"] for r in forced["sim-node-0003"]), "a MIG GPU on node 3"
+    assert not any(r["mig"] for h, rs in forced.items() if h != "sim-node-0003" for r in rs)
+    assert any(len(r["allocations"]) > 1 for r in forced["sim-node-0000"]), "a time-sliced GPU on node 0"
+    # the nodes not named are exactly as drawn
+    for host in ("sim-node-0001", "sim-node-0002"):
+        assert forced[host] == plain[host]
+
+
+def test_a_forced_mig_node_without_a_mig_model_gets_one() -> None:
+    samples, _ = _run(FleetConfig(nodes=1, gpus_per_node=4, mig_nodes=(0,)), 2)  # node 0 draws an L40S
+    assert {r["model_name"] for r in samples} == {"NVIDIA H100 80GB HBM3"}
+    assert sum(1 for r in samples if r["mig"]) == 2 * 2  # two slices, two ticks

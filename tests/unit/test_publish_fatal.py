@@ -99,5 +99,6 @@ def test_produce_stops_with_one_line_and_exit_1(
     assert not t.is_alive() and rc == [1]
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    lines = [ln for ln in err.splitlines() if ln.startswith("gpupipe: error:")]
-    assert lines == [f"gpupipe: error: the Kafka producer failed fatally ({CAUSE}: test_fatal_error: test)"]
+    lines = [ln for ln in err.splitlines() if ln.startswith("gpupipe produce: error:")]
+    want = f"gpupipe produce: error: the Kafka producer failed fatally ({CAUSE}: test_fatal_error: test)"
+    assert lines == [want]
