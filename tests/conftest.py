@@ -17,6 +17,10 @@ sys.path.insert(0, str(REPO / "tests"))  # tests/fake_nvml.py, tests/kubelet_fak
 # Every test's threads and child processes end with it; the run fails if anything outlives it.
 from tests.hygiene import _hygiene, pytest_sessionfinish, pytest_testnodedown  # noqa: E402, F401
 
+#: How long a test broker may take to answer: the start is awaited (the script polls the broker),
+#: so this only bounds a failure; a loaded machine (a JVM per test worker) needs more than 60 s.
+BROKER_START_TIMEOUT = {"KAFKA_START_TIMEOUT": "240"}
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -54,10 +58,11 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "KAFKA_LOCAL_DIR": str(state),
         "KAFKA_PORT": str(port),
         "KAFKA_CONTROLLER_PORT": str(port + 1),
+        **BROKER_START_TIMEOUT,
     }
     script = str(REPO / "scripts" / "kafka-local")
     proc = subprocess.run(
-        [script, "start", "--port", str(port)], env=env, capture_output=True, text=True, timeout=300
+        [script, "start", "--port", str(port)], env=env, capture_output=True, text=True, timeout=360
     )
     if proc.returncode != 0:
         pytest.fail(

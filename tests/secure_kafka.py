@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import BROKER_START_TIMEOUT
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -75,6 +77,7 @@ def start_secure_kafka(state: Path) -> Iterator[SecureKafka]:
         "KAFKA_LOCAL_DIR": str(state),
         "KAFKA_CONTROLLER_PORT": str(port + 1),
         "KAFKA_MTLS_PORT": str(port + 2),
+        **BROKER_START_TIMEOUT,
     }
     script = str(REPO / "scripts" / "kafka-local")
     proc = subprocess.run(
@@ -82,7 +85,7 @@ def start_secure_kafka(state: Path) -> Iterator[SecureKafka]:
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=360,
     )
     if proc.returncode != 0:
         pytest.fail(f"secured local Kafka did not start:\n{proc.stderr[-3000:]}", pytrace=False)

@@ -35,7 +35,7 @@ from typing import Any
 from gpupipe import topics
 from producer.simulated.fleet import FleetConfig, SimulatedFleet
 from schemas.codec import AvroCodec
-from tests.conftest import REPO, _free_pair, free_port
+from tests.conftest import BROKER_START_TIMEOUT, REPO, _free_pair, free_port
 from tests.hygiene import popen, stop_group
 from tests.integration.kafka_util import GPUPIPE, read_all
 
@@ -78,6 +78,7 @@ class Broker:
             "KAFKA_LOCAL_DIR": str(state),
             "KAFKA_PORT": str(self.port),
             "KAFKA_CONTROLLER_PORT": str(self.port + 1),
+            **BROKER_START_TIMEOUT,
         }
         self.script = str(REPO / "scripts" / "kafka-local")
         self.state = state

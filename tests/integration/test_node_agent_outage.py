@@ -19,7 +19,7 @@ from producer.publish import Publisher, producer_config
 from producer.spool_format import SPOOL_FILE
 from schemas.codec import AvroCodec
 from tests.agent_harness import UUIDS, find_line, metric, node_for_fixtures, running_agent, wait_for
-from tests.conftest import REPO, _free_pair
+from tests.conftest import BROKER_START_TIMEOUT, REPO, _free_pair
 from tests.integration.kafka_util import read_all
 
 pytestmark = pytest.mark.integration
@@ -28,7 +28,12 @@ pytestmark = pytest.mark.integration
 def test_xids_spooled_while_the_broker_is_down_then_delivered(tmp_path: Path) -> None:
     port = _free_pair()
     bootstrap = f"127.0.0.1:{port}"
-    env = {**os.environ, "KAFKA_LOCAL_DIR": str(tmp_path / "kafka"), "KAFKA_PORT": str(port)}
+    env = {
+        **os.environ,
+        "KAFKA_LOCAL_DIR": str(tmp_path / "kafka"),
+        "KAFKA_PORT": str(port),
+        **BROKER_START_TIMEOUT,
+    }
     script = str(REPO / "scripts" / "kafka-local")
     t_samples, t_xid = "outage." + topics.SAMPLES, "outage." + topics.XID
     fake = node_for_fixtures()

@@ -14,7 +14,7 @@ from gpupipe.kafka_admin import ensure_topics
 from producer.delivery import XidSender
 from producer.spool import XidSpool
 from producer.spool_format import SPOOL_FILE
-from tests.conftest import REPO, _free_pair
+from tests.conftest import BROKER_START_TIMEOUT, REPO, _free_pair
 from tests.integration.kafka_util import read_all
 
 pytestmark = pytest.mark.integration
@@ -34,7 +34,12 @@ def _producer(bootstrap: str) -> Producer:
 def test_xids_survive_a_broker_outage_and_a_restart(tmp_path: Path) -> None:
     port = _free_pair()
     bootstrap = f"127.0.0.1:{port}"
-    env = {**os.environ, "KAFKA_LOCAL_DIR": str(tmp_path / "kafka"), "KAFKA_PORT": str(port)}
+    env = {
+        **os.environ,
+        "KAFKA_LOCAL_DIR": str(tmp_path / "kafka"),
+        "KAFKA_PORT": str(port),
+        **BROKER_START_TIMEOUT,
+    }
     script = str(REPO / "scripts" / "kafka-local")
     spool_dir = tmp_path / "spool"
 

@@ -58,9 +58,14 @@ def test_the_fatal_error_is_noticed_once_and_never_raised() -> None:
 
 
 def test_produce_stops_with_one_line_and_exit_1(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    kafka: str,
+    topic_prefix: str,
 ) -> None:
-    """End to end: `gpupipe produce --source nvml` (fake NVML, librdkafka's mock cluster)."""
+    """End to end: `gpupipe produce --source nvml` (fake NVML, a real broker: the agent waits for
+    its topics, which librdkafka's mock cluster, one per client, cannot show it)."""
     fake = FakeNvml.node("H100", 2)
     monkeypatch.setattr(node_agent, "nvml_factory", lambda: fake)
     made: list[Publisher] = []
@@ -75,8 +80,8 @@ def test_produce_stops_with_one_line_and_exit_1(
     saved = (root.handlers[:], root.level)  # cli.main sets logging up for the process
     rc: list[int] = []
     argv = [
-        "produce", "--source", "nvml", "--bootstrap-servers", "127.0.0.1:1",
-        "--kafka-config", "test.mock.num.brokers=1", "--no-create-topics", "--kmsg-path", "",
+        "produce", "--source", "nvml", "--bootstrap-servers", kafka, "--topic-prefix", topic_prefix,
+        "--kmsg-path", "",
         "--kubelet-socket", "", "--spool-dir", str(tmp_path), "--interval", "100ms",
         "--log-level", "error",
     ]  # fmt: skip
