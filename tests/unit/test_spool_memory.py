@@ -29,7 +29,7 @@ GROWTH_BOUND = 48 * MiB
 AGENT_MARGIN = 48 * MiB
 
 _CHILD = r"""
-import json, resource, sys
+import json, sys
 import producer.node_agent  # what the agent process has loaded
 from producer.delivery import XidSender
 from producer.spool import XidSpool
@@ -44,7 +44,10 @@ class Broker:
         return 0
 
 def peak():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # VmHWM is this process image's own high-water mark; ru_maxrss is kept across exec on Linux,
+    # so a child of a big test worker would report the worker's peak.
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 
 before = peak()
 spool = XidSpool(sys.argv[1])
