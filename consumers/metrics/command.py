@@ -17,8 +17,8 @@ from __future__ import annotations
 import argparse
 import logging
 
-from consumers.metrics import dcgm_compat
-from consumers.metrics.collectors_csv import load_counters
+from consumers.metrics import dcgm_compat, dialect
+from consumers.metrics.collectors_csv import in_dialect, load_counters
 from consumers.metrics.http import DEFAULT_PORT
 from consumers.metrics.render import MIG_LAYOUTS, RenderOptions
 from consumers.metrics.service import MetricsConfig, MetricsService, tune_gc
@@ -78,6 +78,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="dcgm-exporter counters CSV selecting the metrics (default: dcgm-exporter's "
         "default-counters.csv set plus the profiling fields and DCGM_EXP_XID_ERRORS_TOTAL)",
+    )
+    ex.add_argument(
+        "--dialect",
+        choices=dialect.DIALECTS,
+        default=dialect.DEFAULT_DIALECT,
+        help="metric names to serve: dcgm-4.8 (dcgm-exporter up to 4.8, and the dashboards written for "
+        "it), dcgm-4.9 (4.9's DCGM base-unit names, values in Hz, J, ratios 0-1 and bytes), or both "
+        "(each renamed series under both names, while dashboards migrate)",
     )
     ex.add_argument(
         "--host-label",
@@ -236,6 +244,8 @@ def config_from_args(args: argparse.Namespace) -> MetricsConfig:
         raise ConfigError("--max-sample-age must not be negative")
     if args.host_label not in HOST_LABELS:
         raise ConfigError(f"--host-label must be one of {', '.join(sorted(HOST_LABELS))}")
+    if args.dialect not in dialect.DIALECTS:  # a GPUPIPE_DIALECT default is not checked by argparse
+        raise ConfigError(f"--dialect must be one of {', '.join(dialect.DIALECTS)}")
     options = render_options(args)
     return MetricsConfig(
         bootstrap=args.bootstrap_servers,
@@ -243,7 +253,7 @@ def config_from_args(args: argparse.Namespace) -> MetricsConfig:
         group_id=args.group_id,
         host=host,
         port=port,
-        counters=load_counters(dcgm_compat.resolve_collectors(args.collectors)),
+        counters=in_dialect(load_counters(dcgm_compat.resolve_collectors(args.collectors)), args.dialect),
         host_label=options.host_label,
         split_shared=args.per_pod_shares,
         render=options,

@@ -16,7 +16,13 @@ kind           GpuSample unit                              dcgm-exporter unit   
 ``MIB``        ``*_bytes``                                 MiB (bytes // 2**20)           ``%d``
 ``FLOAT``      W, ratio 0..1 (``DCGM_FI_PROF_*``)          same                           ``%f``
 ``BOOL``       boolean                                     0 / 1                          ``%d``
+``HERTZ``      MHz (int)                                   Hz (x 10**6)                   ``%d``
+``JOULES``     mJ (int)                                    J (// 1000)                    ``%d``
+``KIB``        KiB (int)                                   bytes (x 1024)                 ``%d``
 =============  ==========================================  =============================  ==========
+
+The last three exist for the base-unit names of dcgm-exporter 4.9 (DCGM 4.7), which
+:mod:`consumers.metrics.dialect` derives from these specs; today's names never use them.
 
 dcgm-exporter prints DCGM int64 fields with ``%d`` and doubles with ``%f`` (``30.982000``); we do the
 same per field, following DCGM's field type (e.g. temperatures and utilisations are int64 in DCGM
@@ -59,6 +65,9 @@ class Kind(enum.IntEnum):
     CLOCK_COUNT = 10  # DCGM_EXP_CLOCK_EVENTS_COUNT: samples per clock-event bit in the window
     CLOCK_TOTAL = 11  # DCGM_EXP_CLOCK_EVENTS_TOTAL: rising edges per clock-event bit
     HEALTH = 12  # DCGM_EXP_GPU_HEALTH_STATUS: one series per DCGM health watch
+    HERTZ = 13  # an int MHz reading as Hz (x 10**6): DCGM 4.7's *_CLOCK_HERTZ fields
+    JOULES = 14  # an int mJ reading as whole J (// 1000): DCGM 4.7's *_ENERGY_JOULES_TOTAL (INT64)
+    KIB = 15  # an int KiB reading as bytes (x 1024)
 
     @property
     def exp(self) -> bool:
@@ -82,6 +91,7 @@ class FieldSpec:
     help: str  # default HELP
     per_pod: str | None = None  # GpuProcess field summed per pod on shared GPUs (see render.py)
     signed: bool = False  # negative values are plausible (temperatures); else a negative value is dropped
+    renames: str | None = None  # the dcgm-exporter <= 4.8 name this spec is the newer name of (dialect.py)
 
     @property
     def is_label(self) -> bool:

@@ -38,6 +38,8 @@ PENDING = "__readings__"
 _INT, _ROUND, _PERCENT, _MIB, _FLOAT, _BOOL = (
     int(k) for k in (Kind.INT, Kind.ROUND, Kind.PERCENT, Kind.MIB, Kind.FLOAT, Kind.BOOL)
 )
+#: Int readings printed scaled (base-unit names): kind -> the expression of the printed int.
+_SCALED = {int(Kind.HERTZ): "v * 1000000", int(Kind.JOULES): "v // 1000", int(Kind.KIB): "v * 1024"}
 _VARINT = rb"[\x80-\xff]{0,9}[\x00-\x7f]"
 _BODY = {
     "null": b"",
@@ -176,21 +178,24 @@ class ReadingsPlan:
                 src += _format(kind, signed, None, 8)
                 src.append(f"        out[{j}] = t")
                 continue
+            # one memo per reading and family: two families of one reading (a field under both
+            # dialects' names) print it in different units
             memo: dict[bytes, bytes] = {}
             self.memos.append(memo)
-            env[f"_m{k}"], env[f"_g{k}"] = memo, memo.get
+            m = f"{k}_{fi}"
+            env[f"_m{m}"], env[f"_g{m}"] = memo, memo.get
             src.append(f"    g = gs[{k}]")
             src.append("    if g is None:")
             src.append(f"        out[{h}] = b''")
             src.append(f"    elif g == pg[{k}] and po[{j}]:")
             src.append(f"        out[{j}] = po[{j}]")
             src.append("    else:")
-            src.append(f"        t = _g{k}(g)")
+            src.append(f"        t = _g{m}(g)")
             src.append("        if t is None:")
             src.append(f"            v = {self.convert_expr(source, 'g')}")
             src += _format(kind, signed, self.types[source], 12)
-            src.append(f"            if len(_m{k}) >= {MEMO_SIZE}: _m{k}.clear()")
-            src.append(f"            _m{k}[g] = t")
+            src.append(f"            if len(_m{m}) >= {MEMO_SIZE}: _m{m}.clear()")
+            src.append(f"            _m{m}[g] = t")
             src.append(f"        out[{j}] = t")
         src.append("    return out")
         return _build(src, "lines", f"readings {label}", env)
@@ -210,6 +215,11 @@ def _format(kind: int, signed: bool, avro: str | None, ind: int) -> list[str]:
             return [f"{pad}raise _Bad"]  # _render_fast takes ints only
         check = "v < 0" if is_int else "v < 0 or type(v) is not int"
         return [f"{pad}if {check}: raise _Bad", f"{pad}t = b'%d\\n' % v"]
+    if kind in _SCALED:
+        if avro is not None and not is_int:
+            return [f"{pad}raise _Bad"]  # _render_fast takes ints only
+        check = "v < 0" if is_int else "v < 0 or type(v) is not int"
+        return [f"{pad}if {check}: raise _Bad", f"{pad}t = b'%d\\n' % ({_SCALED[kind]})"]
     if kind == _FLOAT:
         return [f"{pad}if v < 0 or v - v: raise _Bad", f"{pad}t = b'%f\\n' % v"]
     if kind == _PERCENT:

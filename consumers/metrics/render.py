@@ -89,6 +89,7 @@ __all__ = [
 _INT, _ROUND, _PERCENT, _MIB, _FLOAT, _BOOL = (
     int(k) for k in (Kind.INT, Kind.ROUND, Kind.PERCENT, Kind.MIB, Kind.FLOAT, Kind.BOOL)
 )
+_HERTZ, _JOULES, _KIB = (int(k) for k in (Kind.HERTZ, Kind.JOULES, Kind.KIB))
 
 SAMPLE_AGE_METRIC = "gpupipe_sample_age_seconds"
 MIG_LAYOUTS = ("instances", "gpu+instances")
@@ -254,7 +255,9 @@ class Renderer:
             if k.exp:
                 exp_fams.setdefault(k, []).append(fam)
             else:
-                plan.append((fam.spec.source, int(k), fam.spec.signed, fam.index, fam.name, fam.spec.name))
+                # the last item names the field as <= 4.8 did: the virtual-GPU split is keyed on it
+                dcgm_name = fam.spec.renames or fam.spec.name
+                plan.append((fam.spec.source, int(k), fam.spec.signed, fam.index, fam.name, dcgm_name))
         self._exp = {k: tuple(v) for k, v in exp_fams.items()}
         self._xid_last_fams = self._exp.get(Kind.XID_LAST, ())  # looked up once: render_xid is per GPU
         self._xid_total_fams = self._exp.get(Kind.XID_TOTAL, ())
@@ -281,8 +284,11 @@ class Renderer:
             group(_ROUND, signed=True),
             group(_MIB),
             group(_BOOL),
+            group(_HERTZ),
+            group(_JOULES),
+            group(_KIB),
         )
-        handled = {_INT, _FLOAT, _PERCENT, _ROUND, _MIB, _BOOL}
+        handled = {_INT, _FLOAT, _PERCENT, _ROUND, _MIB, _BOOL, _HERTZ, _JOULES, _KIB}
         if any(k not in handled or (sg and k != _ROUND) for _, k, sg, *_ in plan):  # a new Kind in fields.py
             raise ValueError("render plan: a field kind or sign that _render_fast does not handle")
         self._n = len(self.families)
@@ -474,7 +480,7 @@ class Renderer:
         the caller then renders the whole record with :meth:`_render_checked`, whose output is the
         same for good values and which counts the bad ones."""
         out = view.template.copy()  # every head; a null clears its head
-        ints, floats, percents, rounds, signed_rounds, mibs, bools = self._groups
+        ints, floats, percents, rounds, signed_rounds, mibs, bools, hertz, joules, kib = self._groups
         for src, j in ints:
             v = rec[src]
             if v is None:
@@ -529,6 +535,30 @@ class Renderer:
                 raise ValueError(src)
             else:
                 out[j] = b"1\n" if v else b"0\n"
+        for src, j in hertz:
+            v = rec[src]
+            if v is None:
+                out[j - 1] = b""
+            elif v < 0 or type(v) is not int:
+                raise ValueError(src)
+            else:
+                out[j] = b"%d\n" % (v * 1_000_000)
+        for src, j in joules:
+            v = rec[src]
+            if v is None:
+                out[j - 1] = b""
+            elif v < 0 or type(v) is not int:
+                raise ValueError(src)
+            else:
+                out[j] = b"%d\n" % (v // 1000)
+        for src, j in kib:
+            v = rec[src]
+            if v is None:
+                out[j - 1] = b""
+            elif v < 0 or type(v) is not int:
+                raise ValueError(src)
+            else:
+                out[j] = b"%d\n" % (v * 1024)
         return out
 
     def _render_checked(

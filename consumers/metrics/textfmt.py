@@ -9,6 +9,7 @@ from consumers.metrics.fields import Kind
 _INT, _ROUND, _PERCENT, _MIB, _FLOAT, _BOOL = (
     int(k) for k in (Kind.INT, Kind.ROUND, Kind.PERCENT, Kind.MIB, Kind.FLOAT, Kind.BOOL)
 )
+_HERTZ, _JOULES, _KIB = (int(k) for k in (Kind.HERTZ, Kind.JOULES, Kind.KIB))
 _INF = float("inf")
 
 
@@ -60,4 +61,10 @@ def format_value(kind: int, value: Any, signed: bool = False) -> str:
         return str(round(value * 100))
     if kind == _MIB:
         return str(int(value) >> 20)
+    if kind == _HERTZ:
+        return str(round(value) * 1_000_000)
+    if kind == _JOULES:
+        return str(round(value) // 1000)
+    if kind == _KIB:
+        return str(round(value) * 1024)
     return str(round(value))  # INT, ROUND, BOOL (an int stays as it is; a float is rounded)

@@ -11,7 +11,7 @@ import random
 import pytest
 from fastavro import parse_schema, schemaless_reader
 
-from consumers.metrics.collectors_csv import all_counters, default_counters
+from consumers.metrics.collectors_csv import all_counters, default_counters, in_dialect
 from consumers.metrics.decode import MetricsDecoder, projected_schema
 from consumers.metrics.readings import MEMO_SIZE, PENDING, complete
 from consumers.metrics.render import RenderOptions
@@ -155,13 +155,15 @@ def random_sample(rng: random.Random, uuid: str, good: bool) -> dict:
     [RenderOptions(), RenderOptions(virtual_gpus=True, split_shared=False)],
     ids=["default", "virtual_gpus"],
 )
-def test_exposition_from_pending_readings_equals_the_record_path(options, monkeypatch) -> None:
+@pytest.mark.parametrize("dialect", ["dcgm-4.8", "both"])  # both: every kind of both generations
+def test_exposition_from_pending_readings_equals_the_record_path(options, dialect, monkeypatch) -> None:
     """Random values (nulls, zero, -0.0, negatives, NaN, +-Inf, 64-bit and huge numbers) over
     rounds in which values change, stay and come back: the scrape from pending readings, with its
     text reuse and memos, is byte for byte the scrape from decoded records, and counts the same
     invalid values."""
     rng = random.Random(11)
-    lazy, eager = SeriesStore(all_counters(), options=options), SeriesStore(all_counters(), options=options)
+    counters = in_dialect(all_counters(), dialect)
+    lazy, eager = SeriesStore(counters, options=options), SeriesStore(counters, options=options)
     checked: list[int] = []
     inner = lazy.renderer._render_checked
     monkeypatch.setattr(lazy.renderer, "_render_checked", lambda *a: checked.append(1) or inner(*a))

@@ -1,0 +1,222 @@
+"""Metric-name dialects: the names (and units) of dcgm-exporter up to 4.8, or of 4.9 (pure data).
+
+dcgm-exporter 4.9.0, built on DCGM 4.7, moved its default and profiling fields to DCGM's canonical
+base-unit names, changing the unit of several (MHz to Hz, mJ to J, percent to a 0-1 ratio, MiB to
+bytes, MB/s to B/s), and renamed the driver-version label. A dashboard written for one generation
+finds nothing under the other's names, so the operator picks what ``/metrics`` speaks
+(``--dialect``):
+
+* ``dcgm-4.8`` (default): today's names and units, unchanged;
+* ``dcgm-4.9``: the 4.9 names, values in the base unit;
+* ``both``: every renamed series under both names, for a migration window in which old and new
+  dashboards run side by side (series of the old names then carry the new label too: the label
+  part of a series is shared by all families of a GPU).
+
+:data:`RENAMES` is the only declaration of a mapping: the 4.9 :class:`FieldSpec` of a field is
+derived from its 4.8 spec in :mod:`consumers.metrics.fields`, so a source field or a per-pod split
+is never written twice. A counters CSV may name either generation's fields whatever the dialect
+(:func:`lookup`): a row keeps the name the file gives it; the dialect translates only 4.8 names.
+
+Where the names come from (``origin``):
+
+* ``alias``: DCGM's deprecated-alias block (``#if DCGM_DEPRECATED``) of ``dcgm_fields.h`` in
+  NVIDIA/go-dcgm v1.4611.0 (``pkg/dcgm/dcgm_fields.h``, DCGM 4.6.1): the same field ID under its
+  canonical name, so the unit does not change;
+* ``base``: the base-unit fields 1600-1612 of that same header (new IDs, new units);
+* ``ref``: base-unit fields 1613-1650 added by DCGM 4.7, read from NVIDIA's *Field Identifiers*
+  reference as transcribed by a third-party guide (no DCGM 4.7 header could be read).
+
+dcgm-exporter 4.9's own counters CSV could not be read (no copy of a 4.9 tag was reachable), so
+which of DCGM's renames the exporter adopted is inferred: every field of its default set and of
+the profiling fields gpupipe serves by default, which gives the 23 renames and 11 unit changes
+that the 4.9.0 release notes count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from consumers.metrics import fields
+from consumers.metrics.fields import FieldSpec, Kind
+
+DIALECTS = ("dcgm-4.8", "dcgm-4.9", "both")
+DEFAULT_DIALECT = "dcgm-4.8"
+
+
+@dataclass(frozen=True, slots=True)
+class Rename:
+    """One field's 4.9 name; ``kind``/``source``/``help`` only where the unit changes."""
+
+    old: str
+    new: str
+    dcgm_id: int
+    origin: str  # alias | base | ref (see the module doc)
+    kind: Kind | None = None
+    source: str | None = None
+    help: str | None = None
+
+    @property
+    def unit_change(self) -> bool:
+        return self.kind is not None
+
+
+def _u(old: str, new: str, dcgm_id: int, origin: str, kind: Kind, source: str, help_: str) -> Rename:
+    return Rename(old, new, dcgm_id, origin, kind, source, help_)
+
+
+#: The 4.8 -> 4.9 renames, default CSV order. Ratios are DCGM doubles (``%f``); bytes are the exact
+#: byte counts GpuSample carries (DCGM's byte fields are byte-exact, not MiB x 2**20).
+RENAMES: tuple[Rename, ...] = (
+    _u(
+        "DCGM_FI_DEV_SM_CLOCK",
+        "DCGM_FI_DEV_SM_CLOCK_HERTZ",
+        1603,
+        "base",
+        Kind.HERTZ,
+        "sm_clock_mhz",
+        "SM clock frequency (in Hz).",
+    ),
+    _u(
+        "DCGM_FI_DEV_MEM_CLOCK",
+        "DCGM_FI_DEV_MEMORY_CLOCK_HERTZ",
+        1604,
+        "base",
+        Kind.HERTZ,
+        "mem_clock_mhz",
+        "Memory clock frequency (in Hz).",
+    ),
+    Rename("DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_MEMORY_TEMP_CELSIUS", 140, "alias"),
+    Rename("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_GPU_TEMP_CELSIUS", 150, "alias"),
+    Rename("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_BOARD_POWER_WATTS", 155, "alias"),
+    _u(
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL",
+        1611,
+        "base",
+        Kind.JOULES,
+        "total_energy_mj",
+        "Total energy consumption since boot (in J).",
+    ),
+    Rename("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_PCIE_REPLAY_TOTAL", 202, "alias"),
+    _u(
+        "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_DEV_GPU_UTIL_RATIO",
+        1613,
+        "ref",
+        Kind.FLOAT,
+        "gpu_util_ratio",
+        "GPU utilization (ratio 0-1).",
+    ),
+    _u(
+        "DCGM_FI_DEV_MEM_COPY_UTIL",
+        "DCGM_FI_DEV_MEMORY_UTIL_RATIO",
+        1614,
+        "ref",
+        Kind.FLOAT,
+        "mem_copy_util_ratio",
+        "Memory utilization (ratio 0-1).",
+    ),
+    _u(
+        "DCGM_FI_DEV_ENC_UTIL",
+        "DCGM_FI_DEV_ENC_UTIL_RATIO",
+        1615,
+        "ref",
+        Kind.FLOAT,
+        "enc_util_ratio",
+        "Encoder utilization (ratio 0-1).",
+    ),
+    _u(
+        "DCGM_FI_DEV_DEC_UTIL",
+        "DCGM_FI_DEV_DEC_UTIL_RATIO",
+        1616,
+        "ref",
+        Kind.FLOAT,
+        "dec_util_ratio",
+        "Decoder utilization (ratio 0-1).",
+    ),
+    Rename("DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_XID_ERROR", 230, "alias"),
+    _u(
+        "DCGM_FI_DEV_FB_FREE",
+        "DCGM_FI_DEV_FB_FREE_BYTES",
+        1626,
+        "ref",
+        Kind.INT,
+        "fb_free_bytes",
+        "Framebuffer memory free (in bytes).",
+    ),
+    _u(
+        "DCGM_FI_DEV_FB_USED",
+        "DCGM_FI_DEV_FB_USED_BYTES",
+        1627,
+        "ref",
+        Kind.INT,
+        "fb_used_bytes",
+        "Framebuffer memory used (in bytes).",
+    ),
+    _u(
+        "DCGM_FI_DEV_FB_RESERVED",
+        "DCGM_FI_DEV_FB_RESERVED_BYTES",
+        1628,
+        "ref",
+        Kind.INT,
+        "fb_reserved_bytes",
+        "Framebuffer memory reserved (in bytes).",
+    ),
+    # gpupipe's value under the 4.8 name is NVML's cumulative KiB counter, not DCGM's MB/s rate;
+    # the new name gets the same counter in bytes (README: differences that remain).
+    _u(
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+        "DCGM_FI_DEV_NVLINK_THROUGHPUT_BYTES_PER_SECOND",
+        1648,
+        "ref",
+        Kind.KIB,
+        "nvlink_bandwidth_total_kib",
+        "Total NVLink traffic for all lanes (in bytes).",
+    ),
+    Rename(
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL", 393, "alias"
+    ),
+    Rename("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL", 394, "alias"),
+    Rename("DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DEV_ROW_REMAP_FAILED", 395, "alias"),
+    Rename("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO", 1001, "alias"),
+    Rename("DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_UTIL_RATIO", 1002, "alias"),
+    Rename("DCGM_FI_PROF_SM_OCCUPANCY", "DCGM_FI_PROF_SM_OCCUPANCY_RATIO", 1003, "alias"),
+    Rename("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_TENSOR_UTIL_RATIO", 1004, "alias"),
+    Rename("DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_DRAM_UTIL_RATIO", 1005, "alias"),
+    Rename("DCGM_FI_PROF_PIPE_FP64_ACTIVE", "DCGM_FI_PROF_FP64_UTIL_RATIO", 1006, "alias"),
+    Rename("DCGM_FI_PROF_PIPE_FP32_ACTIVE", "DCGM_FI_PROF_FP32_UTIL_RATIO", 1007, "alias"),
+    Rename("DCGM_FI_PROF_PIPE_FP16_ACTIVE", "DCGM_FI_PROF_FP16_UTIL_RATIO", 1008, "alias"),
+    # a label row: the label name changes, its value does not
+    Rename("DCGM_FI_DRIVER_VERSION", "DCGM_FI_SYSTEM_DRIVER_VERSION", 1, "alias"),
+)
+
+BY_OLD: Mapping[str, Rename] = MappingProxyType({r.old: r for r in RENAMES})
+
+
+def _derive(r: Rename) -> FieldSpec:
+    """The 4.9 spec: the 4.8 spec under the new name, with the new unit where it changes."""
+    old = fields.BY_NAME[r.old]
+    spec = dataclasses.replace(old, name=r.new, renames=r.old)
+    if r.unit_change:
+        assert r.kind is not None and r.source is not None and r.help is not None
+        spec = dataclasses.replace(spec, kind=r.kind, source=r.source, help=r.help)
+    return spec
+
+
+#: 4.9 name -> its spec.
+NEW_SPECS: Mapping[str, FieldSpec] = MappingProxyType({r.new: _derive(r) for r in RENAMES})
+
+
+def lookup(name: str) -> FieldSpec | None:
+    """The spec for a field name of either generation (or a 1.x name), None when not served."""
+    return fields.lookup(name) or NEW_SPECS.get(name)
+
+
+def check(dialect: str) -> str:
+    """``dialect`` if known, else ValueError naming the choices."""
+    if dialect not in DIALECTS:
+        raise ValueError(f"unknown dialect {dialect!r} (use one of {', '.join(DIALECTS)})")
+    return dialect
