@@ -94,6 +94,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="repeats of the same fault on the same GPU within this gap fold into one alert",
     )
     life.add_argument(
+        "--recurrence-horizon",
+        type=duration_ms,
+        default=field_default(EngineConfig, "recurrence_horizon_ms"),
+        metavar="DURATION",
+        help="a repeat of the same fault on the same GPU by the same job (or no known job) after "
+        "--dedupe-window but within this continues the open alert (one notification) instead of "
+        "starting a new one; 0: it always starts a new one",
+    )
+    life.add_argument(
         "--resolve-after",
         type=duration_ms,
         default=field_default(EngineConfig, "resolve_after_ms"),
@@ -224,8 +233,8 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, HealthConfig]:
         raise ConfigError(
             "--dedupe-window, --resolve-after and --node-burst-window must be greater than zero"
         )
-    if args.update_interval < 0 or args.thermal_for < 0:
-        raise ConfigError("--update-interval and --thermal-for must not be negative")
+    if args.update_interval < 0 or args.thermal_for < 0 or args.recurrence_horizon < 0:
+        raise ConfigError("--update-interval, --thermal-for and --recurrence-horizon must not be negative")
     if args.node_burst_gpus < 2:
         raise ConfigError("--node-burst-gpus must be at least 2")
     if args.resend_interval <= 0 or args.alertmanager_timeout <= 0:
@@ -251,6 +260,7 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, HealthConfig]:
     engine = EngineConfig(
         dedupe_window_ms=args.dedupe_window,
         resolve_after_ms=args.resolve_after,
+        recurrence_horizon_ms=args.recurrence_horizon,
         update_interval_ms=args.update_interval,
         node_burst_gpus=args.node_burst_gpus,
         node_burst_window_ms=args.node_burst_window,

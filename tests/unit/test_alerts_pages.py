@@ -6,6 +6,8 @@ Each test failed before the change it names (see the commit that added it).
 
 from __future__ import annotations
 
+import random
+
 from consumers.alerts.classify import FaultEvent, GpuXidHistory
 from consumers.alerts.dedupe import AlertEngine, EngineConfig
 from tests.unit.test_alerts_review import MIN, T0, records, xid
@@ -42,3 +44,57 @@ def test_history_bound_is_per_cause_and_still_bounds_each() -> None:
     codes = [r.code for r in h.records()]
     assert codes.count(79) == 1 and codes.count(13) == 5
     assert [r.pid for r in h.records() if r.code == 13] == [15, 16, 17, 18, 19]
+
+
+# ------------------------------------------------------------------ a recurring fault is one alert
+
+
+def _replay(e: AlertEngine, events: list[dict], until: int) -> list[dict]:
+    """Feed ``events`` (sorted by time) as they happen, ticking and publishing every minute."""
+    out: list[dict] = []
+    pending = sorted(events, key=lambda ev: ev["timestamp_ms"])
+    now = T0
+    while now <= until:
+        while pending and pending[0]["timestamp_ms"] <= now:
+            ev = pending.pop(0)
+            e.on_xid(ev, ev["timestamp_ms"])
+        e.tick(now)
+        out += records(e, now)
+        now += MIN
+    return out
+
+
+def test_one_job_hitting_xid31_every_quarter_hour_is_one_alert() -> None:
+    e = AlertEngine(EngineConfig())
+    out = _replay(e, [xid(31, T0 + m * MIN, pid=7) for m in (0, 15, 30)], T0 + 40 * MIN)
+    assert len({r["alert_id"] for r in out}) == 1
+    assert [r["resolve_reason"] for r in out if r["status"] == "resolved"] == []
+    assert out[-1]["occurrences"] == 3
+
+
+def test_another_job_on_the_same_gpu_is_another_alert() -> None:
+    e = AlertEngine(EngineConfig())
+    out = _replay(e, [xid(31, T0, pod="a-0"), xid(31, T0 + 15 * MIN, pod="b-0")], T0 + 20 * MIN)
+    assert len({r["alert_id"] for r in out}) == 2
+    assert [r["resolve_reason"] for r in out if r["status"] == "resolved"] == ["superseded"]
+
+
+def test_a_synthetic_fleet_makes_no_more_alerts_than_faulty_gpu_and_code_pairs() -> None:
+    """4 nodes of 8 GPUs; each GPU's job hits one or two codes again and again, 11 to 25 minutes apart
+    (past the dedupe window, within the quiet period), for three hours."""
+    rng = random.Random(7)
+    events = []
+    pairs = set()
+    for n in range(4):
+        for g in range(8):
+            for code in rng.sample([13, 31, 79, 94, 119, 74, 63], rng.choice((1, 2))):
+                pairs.add((n, g, code))
+                t = T0 + rng.randrange(0, 10 * MIN)
+                while t < T0 + 3 * 60 * MIN:
+                    events.append(xid(code, t, host=f"node-{n}", g=g, pod=f"job-{n}-{g}", pid=100 + g))
+                    t += rng.randrange(11 * MIN, 25 * MIN)
+    e = AlertEngine(EngineConfig())
+    out = _replay(e, events, T0 + 3 * 60 * MIN)
+    gpu_alerts = {r["alert_id"] for r in out if r["scope"] == "gpu"}
+    assert 0 < len(gpu_alerts) <= len(pairs)
+    assert not [r for r in out if r["resolve_reason"] == "superseded"]
