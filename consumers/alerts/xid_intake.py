@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from consumers.alerts.alert_policy import FOLLOWER_CODES, workload
-from consumers.alerts.alert_record import Alert, signal_code
+from consumers.alerts.alert_record import Alert, AlertName, signal_code
 from consumers.alerts.alert_table import AlertTable, Key
 from consumers.alerts.classify import FaultEvent
 from consumers.alerts.classify_model import workload_key
@@ -150,7 +150,7 @@ class XidIntake:
             continues=lambda open_alert: self._continues(open_alert, fe.workload, boot),
         )
         if a.alertname == "":
-            a.alertname = "NvswitchSxidError" if scope == "nvswitch" else "GpuXidError"
+            a.alertname = AlertName.SXID if scope == "nvswitch" else AlertName.XID
         a.last_event_id = eid or a.last_event_id
         if position is not None:
             a.last_input = position

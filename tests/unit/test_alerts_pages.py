@@ -7,10 +7,54 @@ Each test failed before the change it names (see the commit that added it).
 from __future__ import annotations
 
 import random
+from pathlib import Path
+from typing import Any
 
+import yaml
+
+from consumers.alerts.alert_record import ALERTNAMES
 from consumers.alerts.classify import FaultEvent, GpuXidHistory
 from consumers.alerts.dedupe import AlertEngine, EngineConfig
+from consumers.alerts.health_signals import SIGNAL_INFO
+from consumers.alerts.nvml_notices import NOTICE_ALERTNAMES
 from tests.unit.test_alerts_review import MIN, T0, records, xid
+
+PROMETHEUS = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
+RULES = PROMETHEUS / "gpupipe-alerts.rules.yml"  # what the demo and the chart load by default
+FAULT_RULES = PROMETHEUS / "gpupipe-faults.rules.yml"  # only where gpupipe alerts does not run
+DEMO = Path(__file__).resolve().parents[2] / "scripts" / "demo.py"
+
+
+def _rules(path: Path) -> list[dict[str, Any]]:
+    return [r for g in yaml.safe_load(path.read_text())["groups"] for r in g["rules"] if "alert" in r]
+
+
+# ------------------------------------------------------------------------------- one source of pages
+
+
+def test_no_alert_name_is_produced_by_both_the_service_and_the_rules() -> None:
+    assert {i.alertname for i in SIGNAL_INFO.values()} | set(NOTICE_ALERTNAMES.values()) <= ALERTNAMES
+    assert {"GpuXidError", "GpuNodeXidStorm", "NvswitchSxidError"} <= ALERTNAMES
+    for path in (RULES, FAULT_RULES):
+        names = [r["alert"] for r in _rules(path)]
+        assert len(names) == len(set(names)), path.name
+        assert not set(names) & ALERTNAMES, f"{path.name}: {sorted(set(names) & ALERTNAMES)}"
+    both = {r["alert"] for r in _rules(RULES)} & {r["alert"] for r in _rules(FAULT_RULES)}
+    assert not both
+
+
+def test_the_default_rules_page_no_fault_the_service_pages() -> None:
+    """XIDs and the sampled health signals the service raises (ECC, row remap, recovery action,
+    thermal throttling) are not in the rules the demo and the chart load by default."""
+    owned = ("XID_ERRORS", "ECC_DBE_VOL", "ROW_REMAP_FAILURE", "ROW_REMAP_PENDING", "RECOVERY_ACTION")
+    owned += ("CLOCKS_EVENT_REASONS",)
+    for rule in _rules(RULES):
+        assert not [f for f in owned if f in rule["expr"]], rule["alert"]
+    fallback = " ".join(r["expr"] for r in _rules(FAULT_RULES))
+    assert all(f in fallback for f in owned)  # the fallback still covers every one of them
+    demo = DEMO.read_text()
+    assert "gpupipe-alerts.rules.yml" in demo and "gpupipe-faults.rules.yml" not in demo
+
 
 # ----------------------------------------------------------------------- history bounded per cause
 
