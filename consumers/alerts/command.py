@@ -24,7 +24,7 @@ from consumers.alerts.alert_record import gpu_alert_shape
 from consumers.alerts.cordon import HOUR_MS, Cordoner, KubeNodeApi
 from consumers.alerts.dedupe import EngineConfig
 from consumers.alerts.health_signals import HealthConfig
-from consumers.alerts.leader import LeaderElector
+from consumers.alerts.leader import LeaderElector, ha_members
 from consumers.alerts.service import AlertsService, kafka_alert_sink, restore_from_topic
 from consumers.consume_loop import ConsumeLoop
 from gpupipe import kube, startup, topics
@@ -413,7 +413,21 @@ class AlertsApp:
             )
             sink.fence = self.elector.fenced  # checked per record: a fenced leader publishes nothing
         else:
+            self._refuse_a_group_of_ha_instances()
             self.activate()
+
+    def _refuse_a_group_of_ha_instances(self) -> None:
+        """A plain instance must not join the input group of ``--ha`` instances: it would take part of the
+        leader's partitions (each XID seen by one of two engines, two publishers, two cordoners) and
+        nothing fences it. Live HA instances are the members of the leader group (see :func:`ha_members`)."""
+        opts = self.opts
+        members = ha_members(opts.bootstrap, opts.group_id, extra=opts.extra)
+        if members:
+            raise ConfigError(
+                f"--group-id {opts.group_id} is used by --ha instances ({', '.join(members)}): a plain "
+                "instance would split their input and publish beside their leader; run it with --ha (it "
+                "stands by), or give it a --group-id of its own"
+            )
 
     def activate(self) -> None:
         """Restore state and build the consume loop: at start, or when this instance becomes the leader."""
