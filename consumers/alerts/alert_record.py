@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from functools import cache
 from typing import Any
 
@@ -36,9 +37,11 @@ from gpupipe.alertmanager import AmState, iso_ms
 from schemas import catalog as schema_catalog
 
 __all__ = [
+    "ALERTNAMES",
     "MAX_ALLOCATIONS",
     "MAX_MESSAGE_CHARS",
     "Alert",
+    "AlertName",
     "Pending",
     "action_record",
     "alert_from_record",
@@ -49,6 +52,26 @@ __all__ = [
     "iso_ms",
     "to_record",
 ]
+
+
+class AlertName(StrEnum):
+    """Every ``alertname`` the alerts service gives its alerts: one list, so the shipped Prometheus rules
+    can be checked never to use one (two sources paging one fault under one name, with different labels,
+    defeat Alertmanager's grouping and inhibition; see deploy/prometheus/gpupipe-alerts.rules.yml)."""
+
+    XID = "GpuXidError"
+    SXID = "NvswitchSxidError"
+    NODE_BURST = "GpuNodeXidStorm"
+    ECC_UNCORRECTABLE = "GpuEccUncorrectable"
+    ROW_REMAP_FAILURE = "GpuRowRemapFailure"
+    ROW_REMAP_PENDING = "GpuRowRemapPending"
+    THERMAL_THROTTLING = "GpuThermalThrottling"
+    RECOVERY_ACTION = "GpuRecoveryActionRequired"
+    GPU_UNAVAILABLE = "GpuUnavailable"
+    RECOVERY_EVIDENCE = "GpuRecoveryEvidence"
+
+
+ALERTNAMES = frozenset(n.value for n in AlertName)
 
 MAX_MESSAGE_CHARS = 1024
 MAX_ALLOCATIONS = 64

@@ -72,6 +72,11 @@ class EngineConfig:
     """An XidEvent whose own time is older than this when processed is history, not a new fault: it feeds
     the GPU's history (recurrence rules) but opens, folds into or drains nothing. A kernel-log backlog
     read again without its cursor re-publishes every XID of the boot with its original time."""
+    recurrence_horizon_ms: int = 6 * 60 * MINUTE_MS
+    """An occurrence more than ``dedupe_window_ms`` after the open alert's latest one, but within this, of
+    the same job (or of none known) continues that alert instead of superseding it: a job that hits the
+    same fault every quarter of an hour is one incident, and superseding would notify Alertmanager again
+    for each. 0 (or less than the dedupe window): every such recurrence starts a new alert."""
     classify: ClassifyConfig = field(default=DEFAULT_CONFIG)
 
     def __post_init__(self) -> None:
@@ -85,6 +90,8 @@ class EngineConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.recurrence_horizon_ms < 0:
+            raise ValueError("recurrence_horizon_ms must not be negative")
         if self.update_interval_ms < 0 or self.sighting_merge_ms < 0 or self.max_future_skew_ms < 0:
             raise ValueError("intervals must not be negative")
         if self.node_burst_gpus < 2:
@@ -159,11 +166,15 @@ class AlertTable:
         *,
         anchor: str,
         first_event_id: str | None = None,
+        continues: Callable[[Alert], bool] | None = None,
     ) -> Alert:
-        """The open alert an occurrence at ``ts`` belongs to (supersede / reopen / new), folded."""
+        """The open alert an occurrence at ``ts`` belongs to (supersede / reopen / new), folded.
+
+        ``continues``: whether open alert ``a`` is the same incident as this occurrence (the same job); if
+        so, an occurrence after the dedupe window but within ``recurrence_horizon_ms`` folds into it."""
         d = self.cfg.dedupe_window_ms
         a = self._open.get(key)
-        if a is not None and ts > a.last_seen_ms + d:
+        if a is not None and ts > a.last_seen_ms + d and not self._continues(a, ts, continues):
             self.counts["superseded"] += 1
             self.end(a, now_ms, "superseded")
             a = None
@@ -205,6 +216,11 @@ class AlertTable:
                 a.urgent = True
         self._fold(a, ts, now_ms, count)
         return a
+
+    def _continues(self, a: Alert, ts: int, continues: Callable[[Alert], bool] | None) -> bool:
+        """A recurrence within the horizon that the caller says is the same incident."""
+        horizon = self.cfg.recurrence_horizon_ms
+        return continues is not None and ts <= a.last_seen_ms + horizon and continues(a)
 
     def fold(self, a: Alert, ts: int, now_ms: int, count: int) -> None:
         """Fold an occurrence at ``ts`` into open alert ``a`` whatever its gap to the latest one (a node

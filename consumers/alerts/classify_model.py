@@ -5,6 +5,7 @@ Split out of :mod:`consumers.alerts.classify`, which re-exports every public nam
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Literal
@@ -14,6 +15,7 @@ from consumers.alerts.catalog import (
     Action,
     CauseClass,
     Severity,
+    lookup,
 )
 
 EventKind = Literal[
@@ -156,11 +158,15 @@ class GpuXidHistory:
     """Recent fault records of one GPU, ordered by ``ts_ms`` and bounded two ways.
 
     Records older than ``horizon_ms`` before the newest record are dropped, and at most ``max_records``
-    are kept (oldest dropped first). Recording the same event twice (same code, kind, time, pid and
-    message, e.g. after a consumer rebalance replays it) keeps one record.
+    are kept *per cause* (the catalog's cause class of the code: application, bus, memory, ...), oldest
+    of that cause dropped first. A per-GPU cap would let a flood of one kind (a buggy job's hundreds of
+    Xid 13) push out the one record of another a recurrence rule needs (the Xid 79 before a reboot that
+    makes the next one a hardware case); per cause, a flood only evicts its own kind. Recording the same
+    event twice (same code, kind, time, pid and message, e.g. after a consumer rebalance replays it) keeps
+    one record.
     """
 
-    __slots__ = ("_records", "_resets", "horizon_ms", "max_records")
+    __slots__ = ("_per_cause", "_records", "_resets", "horizon_ms", "max_records")
 
     def __init__(self, horizon_ms: int = DAY_MS, max_records: int = 256) -> None:
         if horizon_ms <= 0 or max_records <= 0:
@@ -168,6 +174,7 @@ class GpuXidHistory:
         self.horizon_ms = horizon_ms
         self.max_records = max_records
         self._records: list[XidRecord] = []
+        self._per_cause: dict[str, int] = {}
         self._resets: list[int] = []
 
     def record_reset(self, ts_ms: int) -> None:
@@ -187,7 +194,9 @@ class GpuXidHistory:
         if rec in self._records[lo:hi]:
             return
         self._records.insert(hi, rec)
-        self._prune()
+        cause = _cause(rec.kind, rec.code)
+        self._per_cause[cause] = self._per_cause.get(cause, 0) + 1
+        self._prune(cause)
 
     def records(self) -> tuple[XidRecord, ...]:
         return tuple(self._records)
@@ -195,12 +204,32 @@ class GpuXidHistory:
     def __len__(self) -> int:
         return len(self._records)
 
-    def _prune(self) -> None:
+    def _prune(self, cause: str) -> None:
         cutoff = self._records[-1].ts_ms - self.horizon_ms
         start = bisect.bisect_left(self._records, cutoff, key=_ts)
-        start = max(start, len(self._records) - self.max_records)
         if start > 0:
+            for old in self._records[:start]:
+                self._forget(_cause(old.kind, old.code))
             del self._records[:start]
+        if self._per_cause.get(cause, 0) > self.max_records:
+            # the oldest record of the same cause: the one just recorded may be it (a late event)
+            i = next(i for i, r in enumerate(self._records) if _cause(r.kind, r.code) == cause)
+            del self._records[i]
+            self._forget(cause)
+
+    def _forget(self, cause: str) -> None:
+        left = self._per_cause[cause] - 1
+        if left:
+            self._per_cause[cause] = left
+        else:
+            del self._per_cause[cause]
+
+
+@functools.lru_cache(maxsize=4096)
+def _cause(kind: EventKind, code: int) -> str:
+    """The bound's unit: the catalog's cause class of the code (NVSwitch SXids apart from GPU XIDs)."""
+    table = "sxid" if kind == "sxid" else "xid"
+    return f"{table}:{lookup(code, table).cause_class.value}"
 
 
 def _ts(rec: XidRecord) -> int:

@@ -24,7 +24,7 @@ from consumers.alerts.alert_record import gpu_alert_shape
 from consumers.alerts.cordon import HOUR_MS, Cordoner, KubeNodeApi
 from consumers.alerts.dedupe import EngineConfig
 from consumers.alerts.health_signals import HealthConfig
-from consumers.alerts.leader import LeaderElector
+from consumers.alerts.leader import LeaderElector, ha_members
 from consumers.alerts.service import AlertsService, kafka_alert_sink, restore_from_topic
 from consumers.consume_loop import ConsumeLoop
 from gpupipe import kube, startup, topics
@@ -93,6 +93,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=field_default(EngineConfig, "dedupe_window_ms"),
         metavar="DURATION",
         help="repeats of the same fault on the same GPU within this gap fold into one alert",
+    )
+    life.add_argument(
+        "--recurrence-horizon",
+        type=duration_ms,
+        default=field_default(EngineConfig, "recurrence_horizon_ms"),
+        metavar="DURATION",
+        help="a repeat of the same fault on the same GPU by the same job (or no known job) after "
+        "--dedupe-window but within this continues the open alert (one notification) instead of "
+        "starting a new one; 0: it always starts a new one",
     )
     life.add_argument(
         "--resolve-after",
@@ -225,8 +234,8 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, HealthConfig]:
         raise ConfigError(
             "--dedupe-window, --resolve-after and --node-burst-window must be greater than zero"
         )
-    if args.update_interval < 0 or args.thermal_for < 0:
-        raise ConfigError("--update-interval and --thermal-for must not be negative")
+    if args.update_interval < 0 or args.thermal_for < 0 or args.recurrence_horizon < 0:
+        raise ConfigError("--update-interval, --thermal-for and --recurrence-horizon must not be negative")
     if args.node_burst_gpus < 2:
         raise ConfigError("--node-burst-gpus must be at least 2")
     if args.resend_interval <= 0 or args.alertmanager_timeout <= 0:
@@ -252,6 +261,7 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, HealthConfig]:
     engine = EngineConfig(
         dedupe_window_ms=args.dedupe_window,
         resolve_after_ms=args.resolve_after,
+        recurrence_horizon_ms=args.recurrence_horizon,
         update_interval_ms=args.update_interval,
         node_burst_gpus=args.node_burst_gpus,
         node_burst_window_ms=args.node_burst_window,
@@ -404,7 +414,21 @@ class AlertsApp:
             )
             sink.fence = self.elector.fenced  # checked per record: a fenced leader publishes nothing
         else:
+            self._refuse_a_group_of_ha_instances()
             self.activate()
+
+    def _refuse_a_group_of_ha_instances(self) -> None:
+        """A plain instance must not join the input group of ``--ha`` instances: it would take part of the
+        leader's partitions (each XID seen by one of two engines, two publishers, two cordoners) and
+        nothing fences it. Live HA instances are the members of the leader group (see :func:`ha_members`)."""
+        opts = self.opts
+        members = ha_members(opts.bootstrap, opts.group_id, extra=opts.extra)
+        if members:
+            raise ConfigError(
+                f"--group-id {opts.group_id} is used by --ha instances ({', '.join(members)}): a plain "
+                "instance would split their input and publish beside their leader; run it with --ha (it "
+                "stands by), or give it a --group-id of its own"
+            )
 
     def activate(self) -> None:
         """Restore state and build the consume loop: at start, or when this instance becomes the leader."""

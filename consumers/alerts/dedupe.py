@@ -19,9 +19,13 @@ processed late (consumer lag, an outage, a node clock behind) is never born reso
 
 * **Dedupe**: an occurrence within ``dedupe_window_ms`` (D) of the open alert's latest occurrence folds into
   it: ``occurrences += 1``, ``last_seen_ms`` moves. Late (out-of-order) occurrences fold in too and may move
-  ``first_seen_ms`` back. An occurrence more than D after the latest one is a *recurrence*: the open alert
-  is resolved (``resolve_reason="superseded"``) and a new alert (new id) starts; the classifier sees the
-  history and may escalate (e.g. Xid 79 or 119/120 coming back after a reset).
+  ``first_seen_ms`` back. An occurrence more than D after the latest one is a *recurrence*. Within
+  ``recurrence_horizon_ms`` (6 h) of the latest one, by the same job (or where either names none) and
+  with no reset, reboot or driver load since, it continues the open alert (``occurrences += 1``, same
+  id, no new notification): a job that hits the same fault every few minutes is one incident. Otherwise
+  the open alert is resolved (``resolve_reason="superseded"``) and a new alert (new id) starts. Either
+  way the classifier sees the history and may escalate (e.g. Xid 79 or 119/120 coming back after a
+  reset, which always starts a new alert).
 * **History, not faults**: an XID whose own time is more than ``max_event_age_ms`` (6 h) before
   ``now_ms`` feeds the GPU's history (recurrence rules) and opens, folds into or drains nothing (counted
   ``stale_event``). A kernel-log backlog read again without its cursor (the first start of a producer

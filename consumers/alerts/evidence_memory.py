@@ -30,7 +30,7 @@ import bisect
 from dataclasses import dataclass
 from typing import Any
 
-from consumers.alerts.alert_record import Alert, action_record, alert_id, to_record
+from consumers.alerts.alert_record import Alert, AlertName, action_record, alert_id, to_record
 
 __all__ = ["EVIDENCE_KINDS", "Evidence", "EvidenceMemory", "evidence_from_record", "evidence_record"]
 
@@ -160,7 +160,7 @@ def evidence_record(ev: Evidence, emitted_at_ms: int, instance: str = "") -> dic
         alert_id=alert_id("node", ev.host, "", "evidence", ""),
         key=(scope, ev.host, ev.device, ev.kind),
         scope=scope,
-        alertname="GpuRecoveryEvidence",
+        alertname=AlertName.RECOVERY_EVIDENCE,
         signal=ev.kind,
         hostname=ev.host,
         first_seen_ms=ev.at_ms,

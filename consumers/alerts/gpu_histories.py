@@ -4,7 +4,9 @@ The recurrence rules (Xid 79 or 119/120 back after a reset, an application fault
 workload) read them; the fault paths record faults, the evidence paths resets (a reset, a reboot, a
 driver load). A history made for a GPU only now starts with the resets the evidence memory already
 holds, so the order in which faults and evidence are processed does not matter
-(:mod:`consumers.alerts.evidence_memory`).
+(:mod:`consumers.alerts.evidence_memory`). Each history is bounded per cause, not per GPU
+(:class:`~consumers.alerts.classify_model.GpuXidHistory`): a flood of one kind of fault keeps the
+records of the others the recurrence rules read.
 """
 
 from __future__ import annotations

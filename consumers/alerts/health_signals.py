@@ -43,6 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from consumers.alerts.alert_record import AlertName
 from consumers.alerts.classify import GpuHealth
 from consumers.alerts.rules_notice import RECOVERY_ACTION_NAME, recovery_decision
 from gpupipe import pci
@@ -81,7 +82,7 @@ class SignalInfo:
 
 SIGNAL_INFO: dict[str, SignalInfo] = {
     "ecc_dbe": SignalInfo(
-        "GpuEccUncorrectable",
+        AlertName.ECC_UNCORRECTABLE,
         "ECC_DBE_VOLATILE_INCREASE",
         "critical",
         "hardware_memory",
@@ -93,7 +94,7 @@ SIGNAL_INFO: dict[str, SignalInfo] = {
         "and RMA.",
     ),
     "row_remap_failure": SignalInfo(
-        "GpuRowRemapFailure",
+        AlertName.ROW_REMAP_FAILURE,
         "ROW_REMAP_FAILURE",
         "critical",
         "hardware_memory",
@@ -104,7 +105,7 @@ SIGNAL_INFO: dict[str, SignalInfo] = {
         "(NVIDIA GPU memory error management guide).",
     ),
     "row_remap_pending": SignalInfo(
-        "GpuRowRemapPending",
+        AlertName.ROW_REMAP_PENDING,
         "ROW_REMAP_PENDING",
         "warning",
         "hardware_memory",
@@ -114,7 +115,7 @@ SIGNAL_INFO: dict[str, SignalInfo] = {
         "(or drain them), then reset the GPU with nvidia-smi -r -i <gpu> to apply the remap.",
     ),
     "thermal": SignalInfo(
-        "GpuThermalThrottling",
+        AlertName.THERMAL_THROTTLING,
         "THERMAL_SLOWDOWN_SUSTAINED",
         "warning",
         "thermal_power",
@@ -125,7 +126,7 @@ SIGNAL_INFO: dict[str, SignalInfo] = {
         "GPUs of the node are hot too (then it is the chassis or the room).",
     ),
     "recovery_action": SignalInfo(
-        "GpuRecoveryActionRequired",
+        AlertName.RECOVERY_ACTION,
         RECOVERY_ACTION_NAME,
         "critical",
         "hardware_memory",

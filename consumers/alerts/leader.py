@@ -40,17 +40,37 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException
+from confluent_kafka.admin import AdminClient
 
 from gpupipe import topics
 from gpupipe.kafka_admin import client_config, ensure_topics
 from gpupipe.logs import fields
 
-__all__ = ["LEASE_TOPIC", "LeaderElector"]
+__all__ = ["LEASE_TOPIC", "LeaderElector", "ha_members"]
 
 log = logging.getLogger("gpupipe.alerts.leader")
 
 LEASE_TOPIC = "gpu.alerts.leader.v1"
 _LEASE_SPEC = topics.TopicSpec(partitions=1, retention_ms=3_600_000)
+
+
+def ha_members(
+    bootstrap: str, group_id: str, *, extra: Mapping[str, str] | None = None, timeout_s: float = 10.0
+) -> list[str] | None:
+    """Client ids of the ``--ha`` instances (leader and standbys) that elect through ``group_id``: the
+    members of ``<group_id>-leader``. ``None`` when that cannot be told (no broker answer, no DESCRIBE
+    right on the group): the caller decides without it.
+
+    A plain (non-HA) instance with the same ``--group-id`` would join the leader's input group and take
+    half its partitions, and nothing fences it: it must not start while HA instances use the group."""
+    admin = AdminClient(client_config(bootstrap, extra))
+    name = f"{group_id}-leader"
+    try:
+        desc = admin.describe_consumer_groups([name], request_timeout=timeout_s)[name].result(timeout_s)
+    except KafkaException as exc:
+        log.warning("could not describe the HA leader group", extra=fields(group=name, error=str(exc)))
+        return None
+    return sorted(m.client_id for m in desc.members)
 
 
 class LeaderElector:

@@ -10,7 +10,7 @@ page every member again for one incident. See :mod:`consumers.alerts.dedupe`, "N
 from __future__ import annotations
 
 from consumers.alerts.alert_policy import counts_toward_burst, merge_codes, rank
-from consumers.alerts.alert_record import Alert
+from consumers.alerts.alert_record import Alert, AlertName
 from consumers.alerts.alert_table import AlertTable, Key
 from consumers.alerts.catalog import CATALOG_VERSION
 
@@ -103,7 +103,7 @@ class NodeBursts:
                 node.last_seen_ms = ts
             members = in_window
         if node.alertname == "":
-            node.alertname = "GpuNodeXidStorm"
+            node.alertname = AlertName.NODE_BURST
             node.name = "NODE_XID_BURST"
             node.rule = "node_burst"
             node.catalog_version = CATALOG_VERSION

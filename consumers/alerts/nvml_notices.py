@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 from consumers.alerts.alert_policy import workload
-from consumers.alerts.alert_record import Alert
+from consumers.alerts.alert_record import Alert, AlertName
 from consumers.alerts.alert_table import AlertTable, Key
 from consumers.alerts.classify import FaultEvent
 from consumers.alerts.fault_decisions import FaultDecisions
@@ -46,7 +46,7 @@ __all__ = ["NOTICE_ALERTNAMES", "NvmlNotices"]
 
 NOTICE_ALERTNAMES = {
     "recovery_action": SIGNAL_INFO["recovery_action"].alertname,  # the sampled signal's alert
-    "gpu_unavailable": "GpuUnavailable",
+    "gpu_unavailable": AlertName.GPU_UNAVAILABLE,
 }
 
 

@@ -15,9 +15,10 @@ from __future__ import annotations
 from typing import Any
 
 from consumers.alerts.alert_policy import FOLLOWER_CODES, workload
-from consumers.alerts.alert_record import Alert, signal_code
+from consumers.alerts.alert_record import Alert, AlertName, signal_code
 from consumers.alerts.alert_table import AlertTable, Key
 from consumers.alerts.classify import FaultEvent
+from consumers.alerts.classify_model import workload_key
 from consumers.alerts.fault_decisions import FaultDecisions
 from consumers.alerts.gpu_histories import GpuHistories
 from consumers.alerts.health_signals import InvalidRecord, device_key
@@ -139,9 +140,17 @@ class XidIntake:
 
         table = self._table
         before = table.get(key)
-        a = table.touch(key, ts, now_ms, 0 if double else 1, anchor=eid or str(ts), first_event_id=eid)
+        a = table.touch(
+            key,
+            ts,
+            now_ms,
+            0 if double else 1,
+            anchor=eid or str(ts),
+            first_event_id=eid,
+            continues=lambda open_alert: self._continues(open_alert, fe.workload, boot),
+        )
         if a.alertname == "":
-            a.alertname = "NvswitchSxidError" if scope == "nvswitch" else "GpuXidError"
+            a.alertname = AlertName.SXID if scope == "nvswitch" else AlertName.XID
         a.last_event_id = eid or a.last_event_id
         if position is not None:
             a.last_input = position
@@ -159,6 +168,17 @@ class XidIntake:
         if scope == "gpu" and not double:
             self._bursts.count(a, ts, now_ms)
         return a
+
+    def _continues(self, a: Alert, job: str | None, boot: str | None) -> bool:
+        """Whether a recurrence after the dedupe window is still open alert ``a``'s incident: the same
+        job (:func:`_same_job`) and no recovery attempt since its latest occurrence. A fault back after a
+        reset, a reboot or a driver load is a new incident (the classifier escalates it: Xid 79 after a
+        reboot is a hardware case), so it supersedes as before."""
+        if a.pending is not None or (boot is not None and a.boot_id not in (None, boot)):
+            return False
+        if any(r > a.last_seen_ms for r in self._histories.get(a.hostname, a.device).resets()):
+            return False
+        return _same_job(a, job)
 
     def _double_sighting(self, key: Key, source: str, ts: int) -> bool:
         """The second sighting of one Xid by the producer's other source within ``sighting_merge_ms``: no
@@ -201,3 +221,15 @@ class XidIntake:
             for key, s in list(self._sightings.items()):
                 if s.ts < horizon:
                     del self._sightings[key]
+
+
+def _same_job(a: Alert, job: str | None) -> bool:
+    """Whether an occurrence of ``job`` (``namespace/controller``, ``None`` if unknown) continues open
+    alert ``a``: the same job hit the same fault again, or one side names no job (attribution comes and
+    goes: a fault while no pod held the GPU, a pod listed late). Another job's fault is another incident:
+    its owners are told on their own, and the classifier counts it as a second workload."""
+    if job is None:
+        return True
+    mine = {workload_key(ns, pod) for ns, pod, _container in a.allocations}
+    mine.discard(None)
+    return not mine or job in mine

@@ -10,6 +10,7 @@ and the cordon rate limit held across the failover (review D5).
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 
 from gpupipe import topics
 from tests.integration.test_alerts_service import (
+    REPO,
     Alertmanager,
     AlertsProcess,
     TopicReader,
@@ -154,3 +156,28 @@ def test_standby_takes_over_with_state_and_limits(
                 assert b.stop() == 0, b.log_text()[-3000:]
             a.stop()
     reader.close()
+
+
+def test_a_plain_instance_refuses_the_group_of_ha_instances(
+    kafka: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    """A `gpupipe alerts` without --ha and with the HA pair's --group-id (a debugging run with the
+    default) would take half of the leader's input partitions unfenced: it refuses to start instead,
+    and the leader keeps its input. Another group id starts."""
+    _topics(kafka, topic_prefix)
+    group = f"alerts-ha-{topic_prefix}"
+    flags = ("--ha", "--ha-session-timeout", "6s", "--no-health-signals")
+    a = AlertsProcess(kafka, topic_prefix, tmp_path, *flags, "--instance-id", "a", group=group).start()
+    try:
+        wait_until(lambda: role(a) == "leader", 30, "instance a to lead")
+        plain = AlertsProcess(kafka, topic_prefix, tmp_path, "--no-health-signals", group=group)
+        res = subprocess.run(plain.cmd, cwd=REPO, capture_output=True, text=True, timeout=90)
+        assert res.returncode == 2, res.stdout + res.stderr
+        assert "used by --ha instances (gpupipe-alerts-a)" in res.stderr
+        assert role(a) == "leader"
+        other = AlertsProcess(kafka, topic_prefix, tmp_path, "--no-health-signals", group=f"{group}-debug")
+        other.start()
+        assert role(other) == "single"
+        other.stop()
+    finally:
+        a.stop()

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "deploy" / "prometheus" / "gpupipe-alerts.rules.yml"
+FAULT_RULES = REPO / "deploy" / "prometheus" / "gpupipe-faults.rules.yml"
 RULE_TESTS = REPO / "deploy" / "prometheus" / "gpupipe-alerts.rules.test.yml"
 AM_CONFIG = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 
@@ -33,7 +34,7 @@ def run(*cmd: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_promtool_check_rules() -> None:
-    res = run(tool("promtool"), "check", "rules", str(RULES))
+    res = run(tool("promtool"), "check", "rules", str(RULES), str(FAULT_RULES))
     assert res.returncode == 0, res.stdout + res.stderr
     assert "SUCCESS" in res.stdout
 
@@ -49,7 +50,8 @@ def test_promtool_unit_tests_with_the_4_8_3_hostname_label(tmp_path: Path) -> No
     host in its summary. Before, two summaries printed ``{{ $labels.Hostname }}`` only (empty host)."""
     text = RULE_TESTS.read_text()
     assert text.count('Hostname="') > 10 and text.count("Hostname: ") > 10
-    (tmp_path / RULES.name).write_text(RULES.read_text())
+    for rules in (RULES, FAULT_RULES):
+        (tmp_path / rules.name).write_text(rules.read_text())
     variant = tmp_path / RULE_TESTS.name
     variant.write_text(text.replace('Hostname="', 'hostname="').replace("Hostname: ", "hostname: "))
     res = subprocess.run(
@@ -63,9 +65,9 @@ def test_promtool_unit_tests_with_the_4_8_3_hostname_label(tmp_path: Path) -> No
 
 
 def test_every_rule_has_severity_action_and_runbook() -> None:
-    doc = yaml.safe_load(RULES.read_text())
+    groups = [g for f in (RULES, FAULT_RULES) for g in yaml.safe_load(f.read_text())["groups"]]
     names = []
-    for group in doc["groups"]:
+    for group in groups:
         for rule in group["rules"]:
             names.append(rule["alert"])
             assert rule["labels"]["severity"] in ("critical", "warning", "info"), rule["alert"]

@@ -21,6 +21,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from consumers.alerts.alert_record import ALERTNAMES
 from gpupipe.cli import apply_env_defaults, build_parser
 
 # A machine without helm builds it first (minutes): more than the default per-test timeout.
@@ -187,10 +188,49 @@ def test_prometheus_operator_objects(rendered: dict, tmp_path: Path) -> None:
             assert d["apiVersion"] == "monitoring.coreos.com/v1" and d["metadata"]["namespace"] == "gpu"
 
 
+def _alertnames(docs: list[dict[str, Any]]) -> list[str]:
+    return [
+        r["alert"]
+        for d in docs
+        if d["kind"] == "PrometheusRule"
+        for g in d["spec"]["groups"]
+        for r in g["rules"]
+        if "alert" in r
+    ]
+
+
+def test_the_chart_pages_each_fault_from_one_source(helm: str) -> None:
+    """With the PrometheusRule on, the chart's rules share no alert name with the alerts service and
+    read no XID series: the alerts service pages XIDs alone. The PromQL fault rules come only on request,
+    never while the alerts service posts to Alertmanager, and then under names of their own."""
+    docs = render(helm, None, "prometheusRule.enabled=true")
+    names = _alertnames(docs)
+    assert names and len(names) == len(set(names))
+    assert not set(names) & ALERTNAMES
+    groups = [g for d in docs if d["kind"] == "PrometheusRule" for g in d["spec"]["groups"]]
+    rules = [r for g in groups for r in g["rules"]]
+    exprs = " ".join(r["expr"] for r in rules)
+    assert "XID_ERRORS" not in exprs
+    both = ("--set", "prometheusRule.enabled=true", "--set", "prometheusRule.faultRules.enabled=true")
+    refused = subprocess.run(
+        [helm, "template", "rel", str(CHART), *both],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode != 0 and "paged twice" in refused.stderr
+    alone = render(helm, None, both[1], both[3], "alerts.enabled=false")
+    names = _alertnames(alone)
+    assert len(names) == len(set(names)) and "PromGpuXidFallenOffBus" in names
+    assert not set(names) & ALERTNAMES
+    assert not [d for d in alone if d["kind"] == "Deployment" and "alerts" in d["metadata"]["name"]]
+
+
 def test_the_chart_ships_deploys_rules_and_dashboards_without_a_copy(helm: str, tmp_path: Path) -> None:
     # One source: the chart's files are links into deploy/, and a packaged chart carries their contents.
     sources = {
         "files/gpupipe-alerts.rules.yml": REPO / "deploy" / "prometheus" / "gpupipe-alerts.rules.yml",
+        "files/gpupipe-faults.rules.yml": REPO / "deploy" / "prometheus" / "gpupipe-faults.rules.yml",
         "files/dashboards": REPO / "deploy" / "grafana" / "dashboards",
     }
     for name, source in sources.items():
@@ -203,9 +243,10 @@ def test_the_chart_ships_deploys_rules_and_dashboards_without_a_copy(helm: str, 
     (tgz,) = tmp_path.glob("*.tgz")
     with tarfile.open(tgz) as tar:
         packed = {m.name.removeprefix("gpupipe/"): m for m in tar.getmembers()}
-        assert packed["files/gpupipe-alerts.rules.yml"].isfile()
-        rules = tar.extractfile(packed["files/gpupipe-alerts.rules.yml"])
-        assert rules is not None and rules.read() == sources["files/gpupipe-alerts.rules.yml"].read_bytes()
+        for name in ("files/gpupipe-alerts.rules.yml", "files/gpupipe-faults.rules.yml"):
+            assert packed[name].isfile()
+            rules = tar.extractfile(packed[name])
+            assert rules is not None and rules.read() == sources[name].read_bytes()
         dashboards = sorted(n for n in packed if n.startswith("files/dashboards/"))
         assert dashboards == sorted(
             f"files/dashboards/{p.name}" for p in sources["files/dashboards"].glob("*.json")

@@ -126,10 +126,11 @@ def test_resolves_after_quiet_and_final_record_carries_counts() -> None:
 
 
 def test_recurrence_after_dedupe_window_supersedes() -> None:
+    # another job's occurrence is another incident (the same job's continues the alert: test_alerts_pages)
     e = engine(dedupe_window_ms=10 * MIN, resolve_after_ms=30 * MIN)
     e.on_xid(xid(79, T0), T0)
     a = records(e, T0)[0]
-    e.on_xid(xid(79, T0 + 15 * MIN), T0 + 15 * MIN)
+    e.on_xid(xid(79, T0 + 15 * MIN, pods=(("team-b", "serve-0"),)), T0 + 15 * MIN)
     out = records(e, T0 + 15 * MIN)
     assert [(r["status"], r["resolve_reason"]) for r in out] == [("resolved", "superseded"), ("firing", None)]
     assert out[0]["alert_id"] == a["alert_id"] and out[1]["alert_id"] != a["alert_id"]
@@ -321,7 +322,7 @@ def test_alert_ids_are_stable_and_deterministic() -> None:
 
 
 def test_restore_continues_open_alerts_with_same_id_and_sequence() -> None:
-    e = engine()
+    e = engine(recurrence_horizon_ms=0)  # x3 opens an alert of its own
     e.on_xid(xid(79, T0, eid="x1"), T0)
     e.on_xid(xid(13, T0, bus=BUS[1], eid="x2"), T0)
     published = records(e, T0)
@@ -331,7 +332,7 @@ def test_restore_continues_open_alerts_with_same_id_and_sequence() -> None:
     published += records(e, T0 + 32 * MIN)
     open_id = published[-1]["alert_id"]
 
-    fresh = engine()
+    fresh = engine(recurrence_horizon_ms=0)
     assert fresh.restore(published, T0 + 33 * MIN) == 1
     fresh.on_xid(xid(79, T0 + 33 * MIN, eid="x3"), T0 + 33 * MIN)  # replayed after the restart: ignored
     assert fresh.counts["duplicate_event_id"] == 1

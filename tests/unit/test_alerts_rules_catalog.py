@@ -1,4 +1,5 @@
-"""The Prometheus XID rules agree with the pinned catalog, code by code (review D13).
+"""The Prometheus XID rules (gpupipe-faults.rules.yml, for setups without ``gpupipe alerts``) agree
+with the pinned catalog, code by code (review D13).
 
 Each XID rule selects codes with one PromQL label matcher on ``xid`` (``=``, ``=~`` or ``!~``; PromQL
 regexes are fully anchored). For every catalog code and an unknown one: an info code raises nothing, any
@@ -16,7 +17,7 @@ import yaml
 
 from consumers.alerts.catalog import entries
 
-RULES = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "gpupipe-alerts.rules.yml"
+RULES = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "gpupipe-faults.rules.yml"
 _MATCHER = re.compile(r'DCGM_EXP_XID_ERRORS_TOTAL\{xid(=~|!~|=)"([^"]*)"\}')
 
 
