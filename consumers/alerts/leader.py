@@ -67,8 +67,8 @@ def ha_members(
     name = f"{group_id}-leader"
     try:
         desc = admin.describe_consumer_groups([name], request_timeout=timeout_s)[name].result(timeout_s)
-    except KafkaException as exc:
-        log.warning("could not describe the HA leader group", extra=fields(group=name, error=str(exc)))
+    except (KafkaException, TimeoutError) as exc:  # a fresh cluster's coordinator may not answer yet
+        log.warning("could not describe the HA leader group", extra=fields(group=name, error=repr(exc)))
         return None
     return sorted(m.client_id for m in desc.members)
 

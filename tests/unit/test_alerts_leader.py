@@ -183,3 +183,10 @@ def queued(sink: KeyedSink, rec: dict[str, Any]) -> int:
     sink._producer.purge(in_queue=True, in_flight=True)
     sink._producer.flush(1)
     return sink.failed - before
+
+
+def test_ha_members_is_unknown_not_a_crash_when_the_broker_does_not_answer() -> None:
+    # A fresh cluster's group coordinator may not answer in time: the plain instance starts anyway.
+    from consumers.alerts.leader import ha_members
+
+    assert ha_members("127.0.0.1:1", "gpupipe-alerts", timeout_s=0.5) is None
