@@ -160,7 +160,8 @@ def test_kill_9_mid_stream_twice_and_every_record_is_in_once(
     ensure_topics(kafka, bases, prefix=topic_prefix)
     want = produce_all(kafka, topic_prefix)
     (tmp_path / "warehouse").mkdir()
-    cat = SqlCatalog("gpupipe", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=(tmp_path / "warehouse").as_uri())
+    warehouse = (tmp_path / "warehouse").as_uri()
+    cat = SqlCatalog("gpupipe", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=warehouse)
     port = free_port()
     proc = start(kafka, topic_prefix, tmp_path, port)
     try:
