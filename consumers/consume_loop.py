@@ -12,11 +12,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -134,8 +134,13 @@ class ConsumeLoop:
         from_beginning: bool = False,
         start_ms: int | None = None,
         topic_prefix: str = "",
+        resume: Callable[[Sequence[tuple[str, int]]], Mapping[tuple[str, int], int]] | None = None,
     ) -> None:
         self.handler = handler
+        # A sink that stores its offsets with its output (the lake's Iceberg snapshots) says where
+        # each assigned partition starts; the group's committed offsets are then only for lag.
+        # Partitions it has no offset for start at the oldest record.
+        self.resume = resume
         # A record type is accepted only on its own topic: a node may write samples and XIDs, and
         # must not get, say, an operator's ack applied by writing it to the XID topic.
         self._carries = {
@@ -207,7 +212,12 @@ class ConsumeLoop:
         self.assigned.update(tps)
         self.metrics.rebalances.labels("assign").inc()
         log.info("partitions assigned", extra=fields(partitions=[f"{t}[{p}]" for t, p in tps]))
-        if not self.from_beginning:
+        if self.resume is not None:
+            known = self.resume(tps)
+            consumer.incremental_assign(
+                [TopicPartition(t, p, known.get((t, p), OFFSET_BEGINNING)) for t, p in tps]
+            )
+        elif not self.from_beginning:
             self._assign_from_start(consumer, parts)
         self.handler.on_assign(tps)
 

@@ -196,6 +196,8 @@ def test_every_command_is_registered_and_the_floor_imports_none() -> None:
         "recommend",
         "report idle",
         "acls",
+        "lake write",
+        "lake query",
     }
     for _, module in cli.commands():
         assert module.HELP and callable(module.add_arguments) and callable(module.run)

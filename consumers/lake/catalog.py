@@ -1,0 +1,110 @@
+"""Which Iceberg catalog the lake uses: SQLite by default, any pyiceberg catalog by properties.
+
+Out of the box (no catalog flag, no pyiceberg configuration for ``--catalog-name``) it is a
+pyiceberg ``SqlCatalog`` on ``sqlite:///lake/catalog.db`` with ``lake/warehouse`` as warehouse: a
+laptop or ``make demo`` needs no server. For production the same properties pyiceberg reads
+everywhere select a REST catalog and an object store: ``~/.pyiceberg.yaml``, the environment
+(``PYICEBERG_CATALOG__GPUPIPE__URI``...), ``--catalog-properties-file`` (YAML, for secrets: never
+put credentials in argv) or ``--catalog-property KEY=VALUE``, later ones winning.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.utils.config import Config
+
+from gpupipe.errors import ConfigError
+from gpupipe.yaml_file import load_yaml
+
+DEFAULT_URI = "sqlite:///lake/catalog.db"
+DEFAULT_WAREHOUSE = "lake/warehouse"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("Iceberg catalog")
+    g.add_argument("--catalog-name", default="gpupipe", help="pyiceberg catalog name (its config key)")
+    g.add_argument(
+        "--catalog-uri",
+        default=None,
+        help=f"SQL catalog URI, e.g. sqlite:///PATH; with no catalog configured anywhere, {DEFAULT_URI}",
+    )
+    g.add_argument(
+        "--warehouse",
+        default=None,
+        metavar="DIR_OR_URI",
+        help=f"warehouse folder or URI (s3://bucket/path); a SQL catalog without one: {DEFAULT_WAREHOUSE}",
+    )
+    g.add_argument(
+        "--catalog-property",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="pyiceberg catalog property, e.g. type=rest (repeatable; no secrets here: use the file)",
+    )
+    g.add_argument(
+        "--catalog-properties-file",
+        default=None,
+        metavar="FILE",
+        help="YAML mapping of pyiceberg catalog properties (credentials belong here or in the environment)",
+    )
+    g.add_argument("--namespace", default="gpupipe", help="Iceberg namespace of the tables")
+
+
+def _warehouse_uri(value: str) -> str:
+    if "://" in value:
+        return value
+    path = Path(value).resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path.as_uri()
+
+
+def _sqlite_ready(uri: str) -> None:
+    """Create the folder of a relative or absolute SQLite file (SQLAlchemy creates only the file)."""
+    if uri.startswith("sqlite:///") and uri != "sqlite:///:memory:":
+        Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+
+
+def catalog_properties(
+    args: argparse.Namespace, configured: Mapping[str, Any] | None = None
+) -> dict[str, str]:
+    """The properties given to ``load_catalog`` (pyiceberg merges them over its own config).
+
+    ``configured``: what pyiceberg's own configuration holds for the name (tests pass {})."""
+    props: dict[str, str] = {}
+    if args.catalog_properties_file:
+        doc = load_yaml(args.catalog_properties_file, "catalog properties file")
+        if not isinstance(doc, dict):
+            raise ConfigError(f"{args.catalog_properties_file}: expected a mapping of catalog properties")
+        props.update({str(k): str(v) for k, v in doc.items()})
+    for item in args.catalog_property:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--catalog-property must be KEY=VALUE, got {item!r}")
+        props[key] = value
+    if args.catalog_uri:
+        props.setdefault("type", "sql")
+        props["uri"] = args.catalog_uri
+    if args.warehouse:
+        props["warehouse"] = _warehouse_uri(args.warehouse)
+    if configured is None:
+        configured = Config().get_catalog_config(args.catalog_name) or {}
+    if not props.get("uri") and not configured.get("uri") and "type" not in props and not configured:
+        props.update(type="sql", uri=DEFAULT_URI)
+    if props.get("type") == "sql" and "warehouse" not in props and "warehouse" not in configured:
+        props["warehouse"] = _warehouse_uri(DEFAULT_WAREHOUSE)
+    return props
+
+
+def open_catalog(args: argparse.Namespace) -> Catalog:
+    props = catalog_properties(args)
+    if props.get("type") == "sql":
+        _sqlite_ready(props["uri"])
+    try:
+        return load_catalog(args.catalog_name, **props)
+    except Exception as exc:  # pyiceberg raises many kinds for a wrong config
+        raise ConfigError(f"cannot open Iceberg catalog {args.catalog_name!r}: {exc}") from exc
