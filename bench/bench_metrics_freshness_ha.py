@@ -46,7 +46,7 @@ from gpupipe.kafka_admin import ensure_topics
 from producer.publish import producer_config
 
 SCRAPE_INTERVAL_S = 5.0
-CAPACITY_TARGET = 20_000  # GPUs per second per instance (issue 11, this machine)
+CAPACITY_TARGET = 20_000  # GPUs per second per instance (this machine)
 DELAY = "gpupipe_metrics_ingest_delay_seconds"
 _BUCKET = re.compile(rb"^" + DELAY.encode() + rb'_bucket\{le="([^"]+)"\} (\S+)$', re.M)
 _CONSUMED = re.compile(rb"^gpupipe_consumer_records_total\{[^}]*\} (\S+)$", re.M)

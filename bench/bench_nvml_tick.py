@@ -1,5 +1,5 @@
 """NVML collection cost per tick for 8 GPUs, with the fast group batched into one
-``nvmlDeviceGetFieldValues`` call (review 1.12) against the same source with batching off.
+``nvmlDeviceGetFieldValues`` call against the same source with batching off.
 
 Which NVML: NVIDIA's mock ``libnvidia-ml`` loaded by the real ``pynvml`` when it is present (a
 development aid: ``GPUPIPE_MOCK_NVML`` = the ``.so.1`` or its ``.gz``, else

@@ -29,7 +29,7 @@ BENCHES = [
     "bench_alerts.py",
     "bench_alerts_latency.py",
     "bench_podmeta_load.py",
-    "soak_chargeback.py",  # issue 10: own broker; scale with GPUPIPE_SOAK_GPUS (default 10000)
+    "soak_chargeback.py",  # own broker; scale with GPUPIPE_SOAK_GPUS (default 10000)
 ]
 RATIO = re.compile(r"^(\S+) ratio=([0-9.]+) target=([0-9.]+)")
 

@@ -113,7 +113,7 @@ class Fleet:
     """The soak's input, generated as it is produced, and its closed-form totals per namespace.
 
     The GPUs that stop after the first hour are all in partition 0 and no other GPU is, so
-    partition 0 goes idle while the others go on (review D7).
+    partition 0 goes idle while the others go on.
     """
 
     def __init__(self, args: argparse.Namespace, t0: int, partitions: int) -> None:
@@ -325,7 +325,7 @@ def main() -> int:
         start("a")
         # Partition 0's GPUs stopped after the first hour: its last window must close by idleness
         # (and its checkpoint reach its end) while the other partitions' second hour is still to
-        # come; it is produced only then (review D7).
+        # come; it is produced only then.
         deadline = time.monotonic() + 300
         while not (idle_early := committed(bootstrap, group, t_in, [0])[0][0] >= idle_part_end):
             if time.monotonic() > deadline:

@@ -8,7 +8,7 @@ File format (YAML; see ``deploy/teams.example.yaml``)::
       - namespace: "research-*"
         team: research
 
-A rule may match a pod label's value instead of the namespace (issue 14: teams are often a label,
+A rule may match a pod label's value instead of the namespace (teams are often a label,
 not a namespace); it applies where the records carry labels (the chargeback ``workloads`` breakdown,
 idle recommendations), and is skipped where they do not::
 

@@ -139,7 +139,7 @@ def unless_elsewhere(
     window_ms: int,
 ) -> Classification:
     """WORKFLOW_XID_31 "MMU faults ... to diff GPU: CHECK_APP/CUDA": when the workloads that hit this GPU
-    also hit another GPU of the node, they are the common factor, not this GPU (review D4). Called only on
+    also hit another GPU of the node, they are the common factor, not this GPU. Called only on
     an escalation, so the scan over the node's GPUs is rare."""
     host, device = gpu
     mine = {r.workload for r in history.records() if r.code in (13, 31) and r.workload}

@@ -157,7 +157,7 @@ class Alert:
     last_emit_ms: int | None = None
     """Wall time of the last emitted revision."""
     seen_at_ms: int = 0
-    """Processing (wall) time of the latest occurrence: quiet periods are measured from it (review D2)."""
+    """Processing (wall) time of the latest occurrence: quiet periods are measured from it."""
 
     def snapshot(self) -> Alert:
         return replace(self, gpus=list(self.gpus), allocations=list(self.allocations))

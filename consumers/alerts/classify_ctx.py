@@ -149,7 +149,7 @@ class _Ctx:
     def incidents_across_resets(self, codes: Iterable[int]) -> tuple[int, list[int]]:
         """Earlier incidents of these codes that a reset or reboot separates from this event, and the
         codes they had. A fault that repeats while the GPU waits for its reset is the same incident: a
-        gap in time is no evidence that the reset was tried (review D11)."""
+        gap in time is no evidence that the reset was tried."""
         records = self.before(codes, self.cfg.recurrence_window_ms)
         if not records:
             return 0, []

@@ -15,7 +15,7 @@ Credentials and transport: :mod:`gpupipe.kube` (``--kube-api-url`` + ``--kube-to
 in-cluster service account; the token is read for every request). RBAC needed: ``get``, ``list`` and
 ``patch`` on ``nodes``.
 
-Reconciled intent (review D3): the desired state is "every node with an open drain alert is cordoned
+Reconciled intent: the desired state is "every node with an open drain alert is cordoned
 (or was decided)". The service calls :meth:`Cordoner.reconcile` with its open drain alerts every few
 seconds and right after a restore, so a request lost to a crash, a restart or a failover is asked again;
 a failed API call is retried with exponential backoff (``retry_min_ms`` doubling to ``retry_max_ms``).
@@ -40,7 +40,7 @@ Scope of the limit: every decision is also published as a status ``action`` reco
 (by the service), and at startup the service replays the last hour of those records into the limiter
 (:meth:`Cordoner.restore`, whatever ``--restore-lookback`` says) and adds the cordons the cluster itself
 records (:meth:`Cordoner.restore_from_cluster`: nodes with our ``gpupipe.io/cordoned-at`` within the hour),
-so a lost action record or a crash between the PATCH and the record cannot reset the limit (review D5).
+so a lost action record or a crash between the PATCH and the record cannot reset the limit.
 The limit is cluster-wide because only one instance is active at a time (the leader of the alerts pair;
 see :mod:`consumers.alerts.leader`), and the cluster-side ledger is shared by construction.
 
@@ -236,7 +236,7 @@ class Cordoner:
 
     def restore_from_cluster(self, now_ms: int | None = None) -> int:
         """Count the cordons the cluster itself records: nodes carrying our ``cordoned-at`` annotation
-        within the window. Authoritative and durable (review D5): it survives a lost action record, a
+        within the window. Authoritative and durable: it survives a lost action record, a
         crash between the PATCH and the record, and ``--restore-lookback 0``. Returns how many it added."""
         if self.api is None:
             return 0
@@ -338,7 +338,7 @@ class Cordoner:
             if result.outcome != "failed":
                 self._decided[node] = result.at_ms
                 self._retry.pop(node, None)
-            else:  # retried by the next reconcile once the backoff has passed (review D3)
+            else:  # retried by the next reconcile once the backoff has passed
                 attempts = self._retry.get(node, (0, 0))[0] + 1
                 delay = min(self.retry_max_ms, self.retry_min_ms * 2 ** (attempts - 1))
                 self._retry[node] = (attempts, result.at_ms + delay)

@@ -1,7 +1,7 @@
 """Leader election for the alerts HA pair: leadership is ownership of a one-partition topic.
 
-Design (issue 9 item 6, review D12; one design for both). Two (or more) ``gpupipe alerts --ha``
-instances join the consumer group ``<group-id>-leader`` on the one-partition topic
+Two (or more) ``gpupipe alerts --ha`` instances join the consumer group ``<group-id>-leader`` on the
+one-partition topic
 ``gpu.alerts.leader.v1``. Kafka's group coordinator gives that partition to exactly one member: the
 *leader*. Only the leader restores the open alerts and the cordon ledger from ``gpu.alerts.v1``, joins
 the input group (``--group-id``, so it resumes at the offsets the previous leader committed), publishes

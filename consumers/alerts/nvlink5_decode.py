@@ -3,7 +3,7 @@
 WORKFLOW_NVLINK5_ERR [CAT]: an Xid 144-150 line reads ``<unit> <Fatal|Nonfatal> XC<n> i<n> Link <n>
 (<intrInfo> <errorStatus> <debug data> ...)``, and "<intrInfo>, <errorStatus> must be decoded and
 evaluated using 'XID 144-150 Decode' to derive the final resolution": the Fatal/Nonfatal word alone is
-not the answer (review D6: a link the host or software took down is IGNORE although the line says
+not the answer (a link the host or software took down is IGNORE although the line says
 Fatal; a promotable RLW_RXPIPE error is RESET_GPU although it says Nonfatal).
 
 The sheet lives in ``nvlink5_decode.json`` next to this module (one entry per sheet row, each naming its

@@ -6,7 +6,7 @@ NVML R570+ reports two GPU states as events without an Xid number: ``nvmlEventTy
 rebooted). The node agent publishes them as XidEvent kinds ``recovery_action`` (the value in the
 message, ``GPU recovery action: DRAIN_AND_RESET (4)``) and ``gpu_unavailable``, ``xid`` null
 (``producer.xid_events.nvml_notice_event``). Treating them as an XID without a code gave a bogus
-"XID 0 UNKNOWN_XID" warning (issue 16).
+"XID 0 UNKNOWN_XID" warning.
 
 * ``recovery_action``: NVIDIA's own statement of what the GPU needs, graded exactly like the sampled
   field ``gpu_recovery_action`` (:func:`recovery_decision`, shared with

@@ -1,10 +1,10 @@
-"""`gpupipe alerts --ha` as a pair (issue 9 item 6, review D12): kill -9 the leader, the standby takes over.
+"""`gpupipe alerts --ha` as a pair: kill -9 the leader, the standby takes over.
 
 Real Kafka, real Alertmanager, the CLI in subprocesses, the Kubernetes API faked. Checks: takeover within
 30 s with the open-alert state (same alert id, sequence continues, no contradictory revision), nothing
 lost (an XID produced while no leader ran is alerted), nothing sent twice to Alertmanager (one entry per
-alert, the same label set), a cordon in flight when the leader died is done by the standby (review D3),
-and the cordon rate limit held across the failover (review D5).
+alert, the same label set), a cordon in flight when the leader died is done by the standby,
+and the cordon rate limit held across the failover.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def test_standby_takes_over_with_state_and_limits(
             assert x79["instance"] == "a" and x79["status"] == "firing"
             wait_until(lambda: len(kube.patches("node-a")) == 1, 15, "node-a cordoned by the leader")
             wait_until(lambda: alertmanager.alerts(), 15, "the alert in Alertmanager")
-            # review D3 (i01): a's next cordon is in flight (the API answers slowly) when a is killed
+            # a's next cordon is in flight (the API answers slowly) when a is killed
             kube.set_delay(8.0)
             produce(kafka, t[topics.XID], "XidEvent", [xid_event("node-d", "0000:18:00", 79, now + 1)])
             wait_until(

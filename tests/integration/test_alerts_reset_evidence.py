@@ -1,10 +1,10 @@
-"""Kernel-log recovery evidence end to end: real Kafka, the `gpupipe alerts` CLI (issue 16 item 2).
+"""Kernel-log recovery evidence end to end: real Kafka, the `gpupipe alerts` CLI.
 
 An Xid 79 (RESTART_BM: firing until evidence) and an Xid 95 (RESET_GPU) are published under boot A; a
 driver load of the same boot ends the 95 only (a GPU that fell off the bus is not back because the module
 loaded again); the next load line, under boot B, is the reboot and ends the 79.
 
-On node-b, NVML's events (issue 16 follow-up), as the node agent encodes them: GPU unavailable (a
+On node-b, NVML's events, as the node agent encodes them: GPU unavailable (a
 critical reset alert; a driver load is no evidence the GPU came back, the reboot is) and a recovery action
 DRAIN_AND_RESET (ended by NVML's recovery action NONE), never an "XID 0".
 

@@ -435,7 +435,7 @@ def test_alerts_end_to_end(kafka: str, topic_prefix: str, alertmanager: Alertman
             assert len(read_all(kafka, t[topics.DEADLETTER], expect=1, timeout_s=10)) == 1
 
             # quiet for --resolve-after: application-class alerts resolve; faults that need a reset,
-            # reboot or RMA stay firing until evidence of recovery (review D2): here an operator's ack.
+            # reboot or RMA stay firing until evidence of recovery: here an operator's ack.
             # A node storm stays as long as a sticky member fires (its members stay inhibited under it).
             def is_sticky(r: dict[str, Any]) -> bool:
                 return sticky(alert_from_record(r))

@@ -1,4 +1,4 @@
-"""A group rebalance while partitions are held for the price agreement (review D6) on a real broker.
+"""A group rebalance while partitions are held for the price agreement on a real broker.
 
 librdkafka keeps an application ``pause()`` across unassign/assign. Instance ``a`` (new price
 file) holds its partitions at the change while ``b`` (old file) runs. ``b`` is a dynamic member (no

@@ -1,4 +1,4 @@
-"""The node agent under exactly the privileges the shipped DaemonSet gives it (review finding 1.1).
+"""The node agent under exactly the privileges the shipped DaemonSet gives it.
 
 The real CLI (``tests/fake_nvml_cli.py produce --source nvml``, fake NVML only) runs in a process
 whose UID, groups and capabilities are derived from ``deploy/kubernetes/producer-daemonset.yaml``

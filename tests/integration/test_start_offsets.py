@@ -45,7 +45,7 @@ class Collect:
 def _produce_old(kafka: str, topic: str) -> str:
     """One record written before the service starts; returns its uuid.
 
-    The samples topic uses broker time (LogAppendTime, chargeback review D4), so "before" is when it
+    The samples topic uses broker time (LogAppendTime), so "before" is when it
     is written, whatever timestamp the producer asks for.
     """
     (old, *_), _ = SimulatedFleet(FleetConfig(nodes=3, gpus_per_node=3)).tick(int(time.time() * 1000))

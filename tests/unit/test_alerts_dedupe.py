@@ -236,7 +236,7 @@ def test_old_event_fires_and_quiet_is_counted_from_processing_time() -> None:
     e.on_xid(xid(13, T0), now)  # five hours late
     assert records(e, now)[0]["status"] == "firing"
     e.tick(now + S)
-    assert records(e, now + S) == []  # not born resolved (review D2)
+    assert records(e, now + S) == []  # not born resolved
     e.tick(now + 30 * MIN)
     assert [r["status"] for r in records(e, now + 30 * MIN)] == ["resolved"]
 

@@ -1,4 +1,4 @@
-"""Xid 144-150 decoded as NVIDIA's "XID 144-150 Decode" sheet says (review D6).
+"""Xid 144-150 decoded as NVIDIA's "XID 144-150 Decode" sheet says.
 
 Messages are built in the driver's format (WORKFLOW_NVLINK5_ERR [CAT]: ``<unit> <Fatal|Nonfatal>
 XC<n> i<n> Link <n> (<intrInfo> <errorStatus> <debug data> x4)``, as the real lines in

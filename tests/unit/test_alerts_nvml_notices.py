@@ -1,4 +1,4 @@
-"""NVML's recovery-action and GPU-unavailable events in the alerts consumer (issue 16 follow-up).
+"""NVML's recovery-action and GPU-unavailable events in the alerts consumer.
 
 The node agent publishes them as XidEvent kinds ``recovery_action`` / ``gpu_unavailable`` with ``xid``
 null; the events here are built by the agent's own ``nvml_notice_event``, so they carry its message

@@ -102,7 +102,7 @@ def test_alertmanager_labels_and_annotations() -> None:
         "pci_bus_id": "0000:18:00.0",
     }
     ann = am_annotations(gpu)
-    # Mutable or late-discovered facts are annotations (review D8).
+    # Mutable or late-discovered facts are annotations.
     assert ann["action"] == "RESTART_BM" and ann["gpu_uuid"] == "GPU-0" and ann["gpu"] == "0"
     assert ann["namespace"] == "ns" and ann["pod"] == "p0"
     assert (

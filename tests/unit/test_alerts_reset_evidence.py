@@ -1,6 +1,6 @@
-"""Kernel-log evidence of a reboot or a driver reload ends reset/reboot/RMA-class alerts (issue 16 item 2).
+"""Kernel-log evidence of a reboot or a driver reload ends reset/reboot/RMA-class alerts.
 
-A fault whose action needs a reset, reboot or RMA stays firing until evidence of recovery (review D2).
+A fault whose action needs a reset, reboot or RMA stays firing until evidence of recovery.
 The kernel log gives two kinds, both published by the node agent on ``gpu.xid.v1``:
 
 * every XidEvent carries the node's boot id: an event under another boot id than the one an alert was

@@ -1,5 +1,5 @@
 """The Prometheus XID rules (gpupipe-faults.rules.yml, for setups without ``gpupipe alerts``) agree
-with the pinned catalog, code by code (review D13).
+with the pinned catalog, code by code.
 
 Each XID rule selects codes with one PromQL label matcher on ``xid`` (``=``, ``=~`` or ``!~``; PromQL
 regexes are fully anchored). For every catalog code and an unknown one: an info code raises nothing, any

@@ -155,7 +155,7 @@ def test_gpu_key_is_mig_uuid_for_slices():
             [proc("c", "p9", 0.9), proc(None, None, 0.5)],
             {("a", "p1"): 0.0, ("b", "p2"): 0.0, (UNATTRIBUTED, None): 1.0},
         ),
-        # review D8: A (5% SM) and an unattributed process of B (90%) never bills A 100%
+        # A (5% SM) and an unattributed process of B (90%) never bills A 100%
         (
             [alloc("a", "p1"), alloc("b", "p2")],
             [proc("a", "p1", 0.05), proc(None, None, 0.9)],

@@ -198,7 +198,7 @@ def test_unsupported_client_overrides_are_refused_at_start(extra: dict[str, str]
 
 
 class AbortFailsProducer(FakeProducer):
-    """The commit needs an abort (abortable error), and the abort itself fails fatally (review L6)."""
+    """The commit needs an abort (abortable error), and the abort itself fails fatally."""
 
     def commit_transaction(self, timeout: float) -> None:
         if any(t == OUT for t, _ in self.staged):

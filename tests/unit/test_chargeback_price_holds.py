@@ -1,4 +1,4 @@
-"""A partition held for the price agreement (review D6) through aborts, rebalances and failed reads.
+"""A partition held for the price agreement through aborts, rebalances and failed reads.
 
 A held partition is paused at its first record that may not be processed yet (``held[P] = H``).
 Whatever restores it from its checkpoint C < H (an aborted transaction, the producer replaced

@@ -45,7 +45,7 @@ def test_current_is_released_v1_plus_defaulted_fields_at_the_end():
         "workloads",
         "record_id",
         "late_offsets",
-    ]  # issue 14; the idempotency key and what a correction sums (review L2)
+    ]  # the idempotency key and what a correction sums
     assert all("default" in f for f in added)
 
 

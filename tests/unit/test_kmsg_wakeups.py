@@ -1,5 +1,4 @@
-"""The kernel-log reader costs nothing while the log is quiet (review §1.12: it woke 10 times a
-second, ``select`` with a 100 ms timeout, to notice a stop that almost never comes).
+"""The kernel-log reader costs nothing while the log is quiet.
 
 Wake-ups are counted the way the kernel counts them: the reader thread's voluntary context switches
 (``/proc/self/task/<tid>/status``), one per return from a blocking wait, whatever the code does.

@@ -1,4 +1,4 @@
-"""The log handler writes to the stderr of the moment (issue 9: "Logging error ... I/O operation on
+"""The log handler writes to the stderr of the moment ("Logging error ... I/O operation on
 closed file" from consumer threads still logging after pytest had closed its captured stderr)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""DCGM_FI_PROF_* on GPUs older than Hopper: absent from the exposition, never 0 (issue 11, review #9).
+"""DCGM_FI_PROF_* on GPUs older than Hopper: absent from the exposition, never 0.
 
 dcgm-exporter reads them from DCGM's profiling module (Volta and newer); the node agent has only
 NVML's GPM, which Hopper introduced. Chain checked here end to end: the node agent's NVML source on the

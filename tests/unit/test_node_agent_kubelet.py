@@ -1,4 +1,4 @@
-"""Kubelet mapping on the real agent (fake NVML, a real gRPC fake kubelet): review finding 1.10.
+"""Kubelet mapping on the real agent (fake NVML, a real gRPC fake kubelet).
 
 * DRA: ``gpu.nvidia.com`` devices ``gpu-<minor>`` resolve to GPUs; ComputeDomain claims are mapped.
 * ``nvidia<N>`` (GKE) is the device minor, not the NVML index.

@@ -1,4 +1,4 @@
-"""The node agent under what a real node does to it (review findings 1.2, 1.6, 1.11, 1.1 no-crash).
+"""The node agent under what a real node does to it.
 
 * XIDs logged while the agent was down are reported after it starts, once: the kmsg backlog is
   read and a persisted cursor (boot id + seq) skips what was handled (1.2).

@@ -1,4 +1,4 @@
-"""Blackwell / GB200 NVL72 telemetry (review §4, issue item 6) on the project's fake NVML.
+"""Blackwell / GB200 NVL72 telemetry on the project's fake NVML.
 
 The fake follows what NVIDIA's mock libnvidia-ml showed for its GB200, B200 and H100 profiles
 (checked by hand with nvidia-ml-py 13.615.71; see producer/nvml/fabric.py): 18 NVLink links all up

@@ -1,5 +1,5 @@
 """NvmlControl (producer/nvml_control.py) on its own, against the fake NVML: a let-go that must
-wait is postponed, said and retried (review findings 5 and 6). The whole agent:
+wait is postponed, said and retried. The whole agent:
 tests/unit/test_node_agent_nvml_control.py."""
 
 from __future__ import annotations

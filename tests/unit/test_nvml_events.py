@@ -197,7 +197,7 @@ def test_init_failure_is_a_clear_error():
     assert not w.running
 
 
-# -- a failing GPU costs the other GPUs nothing (review §2, nvml/events.py:193-203) -----------------
+# -- a failing GPU costs the other GPUs nothing -----------------
 
 
 def _deliver_each(
@@ -310,7 +310,7 @@ def test_stop_while_start_is_under_way_leaves_no_thread_running(fake):
     fake.gpus[0].hang(0)
 
 
-# -- a wait stuck in NVML (review finding 1) and a GPU hung in its set-up (finding 4) ------------
+# -- a wait stuck in NVML and a GPU hung in its set-up (finding 4) ------------
 
 
 def _until(cond: Any, what: str) -> None:

@@ -1,7 +1,5 @@
 """What NVML refuses: hardware answers are learned for good, refusals about rights or versions are
-asked again with back-off, and what is learned is visible (review §2 ``nvml/base.py:41-49``,
-``nvml/processes.py:87-89``: NoPermission was learned for the life of the pod, so granting rights
-needed a restart and "the agent lacks rights" looked like "this GPU has no such counter")."""
+asked again with back-off, and what is learned is visible."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""NVML semantics the producer review found wrong (producer-review.md 1.7, 1.8, 1.9, 1.11, §3).
+"""NVML semantics the producer review found wrong.
 
 Run against the project's fake NVML, kept in step with what NVIDIA's mock libnvidia-ml shows
 (see tests/fixtures/nvml/README.md for what was checked against the mock by hand).

@@ -1,4 +1,4 @@
-"""The shipped producer DaemonSet, Dockerfile and agent agree on privileges and paths (review 1.1).
+"""The shipped producer DaemonSet, Dockerfile and agent agree on privileges and paths.
 
 The runtime proof (the agent under these exact privileges against root-owned node paths) is
 tests/integration/test_producer_privileges.py; this file pins the manifest's shape so the two

@@ -1,4 +1,4 @@
-"""A fatal error of the idempotent producer (review finding 2) with the real librdkafka on its mock
+"""A fatal error of the idempotent producer with the real librdkafka on its mock
 cluster (no broker): noticed once, never raised out of poll()/flush(), and `gpupipe produce`
 stops with one line and exit 1 instead of a traceback.
 

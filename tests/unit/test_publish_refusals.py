@@ -1,5 +1,5 @@
 """The Publisher stops the producer on a delivery that will never pass, and never raises for a refused
-record (issue 12: a WRITE ACL revoked while running is one line and an exit, not a traceback or a
+record (a WRITE ACL revoked while running is one line and an exit, not a traceback or a
 silent spin). Real broker: tests/integration/test_kafka_secure.py::test_a_write_acl_revoked_..."""
 
 from __future__ import annotations

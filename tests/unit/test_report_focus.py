@@ -1,5 +1,5 @@
 """The FOCUS export against the FOCUS 1.3 column list and allowed values (tests/fixtures/focus, with
-its sources), and the billing-period rules of review D5: ChargeClass null in period, late corrections
+its sources), and the billing-period rules: ChargeClass null in period, late corrections
 billed in the period in which they were recorded, charge periods inside the billing period."""
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ RECORDS = [
 
 def by_owner(records: list[dict], **kw: Any) -> list:
     """The FOCUS export through the workload path (``--by namespace,owner``, ``--carbon``, label
-    teams take it): it must bill by the same periods (it billed by window start, review D5)."""
+    teams take it): it must bill by the same periods (it billed by window start)."""
     return build_workload_report(records, by=("namespace", "owner"), **kw)
 
 

@@ -48,7 +48,7 @@ def test_top_level_shape():
 @pytest.mark.parametrize("table", ["xids", "sxids"])
 def test_every_entry_uses_valid_enum_members(table):
     for row in RAW[table]:
-        # nvidia_action holds only NVIDIA's buckets (review D16): null where NVIDIA gives none, ours apart
+        # nvidia_action holds only NVIDIA's buckets: null where NVIDIA gives none, ours apart
         assert (row["nvidia_action"] is None) != (row.get("action") is None), row["code"]
         assert (row["nvidia_action"] or row["action"]) in {a.value for a in Action}, row["code"]
         assert row["severity"] in {s.value for s in Severity}, row["code"]
@@ -67,7 +67,7 @@ def test_no_duplicate_codes_and_sorted(table):
 
 
 def test_xid_table_is_the_whole_catalog_1_to_176():
-    # 1-172 from NVIDIA's catalog page, 173-176 from the driver's nverror.h up to 595.45.04 (review D7)
+    # 1-172 from NVIDIA's catalog page, 173-176 from the driver's nverror.h up to 595.45.04
     assert [row["code"] for row in RAW["xids"]] == list(range(1, 177))
     assert all(set(row["applies_to"]) <= GPUS for row in RAW["xids"])
 
