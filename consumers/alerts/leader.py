@@ -1,12 +1,11 @@
 """Leader election for the alerts HA pair: leadership is ownership of a one-partition topic.
 
 Two (or more) ``gpupipe alerts --ha`` instances join the consumer group ``<group-id>-leader`` on the
-one-partition topic
-``gpu.alerts.leader.v1``. Kafka's group coordinator gives that partition to exactly one member: the
-*leader*. Only the leader restores the open alerts and the cordon ledger from ``gpu.alerts.v1``, joins
-the input group (``--group-id``, so it resumes at the offsets the previous leader committed), publishes
-revisions, talks to Alertmanager and cordons. The others are standbys: they hold no alert state and
-publish nothing.
+one-partition topic ``gpu.alerts.leader.v1``. Kafka's group coordinator gives that partition to exactly
+one member: the *leader*. Only the leader restores the open alerts and the cordon ledger from
+``gpu.alerts.v1``, joins the input group (``--group-id``, so it resumes at the offsets the previous
+leader committed), publishes revisions, talks to Alertmanager and cordons. The others are standbys: they
+hold no alert state and publish nothing.
 
 Why this and not keying XIDs by node: the node rollup, the per-node cordon decision and the cluster-wide
 rate limit all want one owner of everything, and a single active instance keeps the engine exactly as
