@@ -13,13 +13,13 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-
-from pyiceberg.catalog import Catalog, load_catalog
-from pyiceberg.utils.config import Config
+from typing import TYPE_CHECKING, Any
 
 from gpupipe.errors import ConfigError
 from gpupipe.yaml_file import load_yaml
+
+if TYPE_CHECKING:  # pyiceberg is imported where a catalog is opened: the CLI's parser loads this module
+    from pyiceberg.catalog import Catalog
 
 DEFAULT_URI = "sqlite:///lake/catalog.db"
 DEFAULT_WAREHOUSE = "lake/warehouse"
@@ -92,6 +92,8 @@ def catalog_properties(
     if args.warehouse:
         props["warehouse"] = _warehouse_uri(args.warehouse)
     if configured is None:
+        from pyiceberg.utils.config import Config
+
         configured = Config().get_catalog_config(args.catalog_name) or {}
     if not props.get("uri") and not configured.get("uri") and "type" not in props and not configured:
         props.update(type="sql", uri=DEFAULT_URI)
@@ -101,6 +103,8 @@ def catalog_properties(
 
 
 def open_catalog(args: argparse.Namespace) -> Catalog:
+    from pyiceberg.catalog import load_catalog
+
     props = catalog_properties(args)
     if props.get("type") == "sql":
         _sqlite_ready(props["uri"])

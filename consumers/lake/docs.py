@@ -11,7 +11,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from consumers.lake.tables import KAFKA_COLUMNS, TABLES, LakeTable, storage_schema
+from consumers.lake.arrow import KAFKA_COLUMNS, storage_schema
+from consumers.lake.tables import TABLES, LakeTable
 
 _KAFKA_DOCS = {
     "_kafka_partition": "Partition of the topic the record was read from.",

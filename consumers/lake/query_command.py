@@ -14,7 +14,6 @@ import sys
 from datetime import UTC, datetime
 
 from consumers.lake import catalog as lake_catalog
-from consumers.lake.query import gpu_hours_sql, load_tables, quarter_before, query
 from gpupipe.errors import ConfigError
 
 USES_KAFKA = False
@@ -37,6 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if bool(args.sql) == bool(args.gpu_hours_last_quarter):
         raise ConfigError("give either SQL or --gpu-hours-last-quarter")
+    # DuckDB, pyarrow and pyiceberg load here, not with the parser (see consumers.lake.command).
+    from consumers.lake.query import gpu_hours_sql, load_tables, quarter_before, query
+
     tables = load_tables(lake_catalog.open_catalog(args), args.namespace)
     if args.gpu_hours_last_quarter:
         start, end = quarter_before(datetime.now(UTC))

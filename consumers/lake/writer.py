@@ -33,7 +33,8 @@ from pyiceberg.table import Table
 from pyiceberg.transforms import BucketTransform, DayTransform, IdentityTransform, Transform
 
 from consumers.consume_loop import InRecord, Rejected
-from consumers.lake.tables import LakeTable, build_schema, storage_schema, to_arrow
+from consumers.lake.arrow import build_schema, storage_schema, to_arrow
+from consumers.lake.tables import LakeTable
 from gpupipe.logs import fields
 
 log = logging.getLogger("gpupipe.lake")

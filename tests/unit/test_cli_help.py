@@ -207,3 +207,17 @@ def test_every_command_is_registered_and_the_floor_imports_none() -> None:
     assert (
         "import producer" not in source and "from consumers" not in source and "from producer" not in source
     )
+
+
+def test_building_the_parser_loads_no_columnar_stack() -> None:
+    # Every gpupipe process builds the whole parser, a node agent's too: the lake's pyarrow,
+    # pyiceberg and DuckDB load only when a lake command runs.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from gpupipe.cli import build_parser; build_parser(); "
+        "print(sorted(m for m in ('pyarrow', 'pyiceberg', 'duckdb') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

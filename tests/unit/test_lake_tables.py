@@ -10,19 +10,19 @@ import pyarrow as pa
 import pytest
 
 from consumers.lake import catalog as lake_catalog
-from consumers.lake.docs import iceberg_type, render
-from consumers.lake.query import quarter_before
-from consumers.lake.tables import (
+from consumers.lake.arrow import (
     BUILD_TS,
     KAFKA_COLUMNS,
     STORE_TS,
-    TABLES,
     arrow_schema,
     arrow_type,
     build_schema,
     storage_schema,
     to_arrow,
 )
+from consumers.lake.docs import iceberg_type, render
+from consumers.lake.query import quarter_before
+from consumers.lake.tables import TABLES
 from producer.simulated.fleet import FleetConfig, SimulatedFleet
 from schemas import catalog
 from tests.lake_records import fill

@@ -1,0 +1,94 @@
+"""The lake writer as a service: the consume loop, the Iceberg writer and the commit timer."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import threading
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from consumers.consume_loop import ConsumeLoop
+from consumers.lake import catalog as lake_catalog
+from consumers.lake.tables import TABLES
+from consumers.lake.writer import LakeWriter, open_table
+from gpupipe import topics
+from gpupipe.logs import fields
+from gpupipe.runner import Lifecycle
+from schemas.codec import codec_from_url
+
+log = logging.getLogger("gpupipe.lake")
+
+
+class LakeApp:
+    """The consume loop, the writer and the timer that commits idle tables, run as one."""
+
+    def __init__(self, writer: LakeWriter, loop: ConsumeLoop, registry: CollectorRegistry) -> None:
+        self.writer, self.loop, self.registry = writer, loop, registry
+        self._timer: threading.Thread | None = None
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """Healthy only while writing: polling, committing, and nothing buffered for too long."""
+        w = self.writer
+        stale = w.oldest_buffered_s() > max(3 * w.flush_interval_s, 30.0)
+        detail: dict[str, Any] = {
+            "rows_written": w.rows_written,
+            "commits": w.commits,
+            "rows_buffered": w.buffered,
+            **self.loop.health_detail(),
+        }
+        if w.failing is not None:
+            detail["commit_failing"] = w.failing
+        if stale:
+            detail["buffer_stale_s"] = round(w.oldest_buffered_s(), 1)
+        return self.loop.healthy and w.failing is None and not stale, detail
+
+    def _tick(self, stop: threading.Event) -> None:
+        while not stop.wait(min(1.0, self.writer.flush_interval_s / 4)):
+            self.writer.flush_due()
+
+    def run(self, stop: threading.Event) -> None:
+        self.writer.stop = stop
+        self._timer = threading.Thread(target=self._tick, args=(stop,), name="lake-flush", daemon=True)
+        self._timer.start()
+        log.info("lake writer started", extra=fields(input=self.loop.topics))
+        self.loop.run(stop)
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.join(5)
+        # A clean stop commits what is buffered (a second signal cuts it short: read again later).
+        self.writer.stop = threading.Event()
+        self.writer.flush()
+        log.info(
+            "lake writer stopped", extra=fields(rows=self.writer.rows_written, commits=self.writer.commits)
+        )
+
+
+def build(args: argparse.Namespace, names: list[str], extra: dict[str, str], life: Lifecycle) -> LakeApp:
+    cat = lake_catalog.open_catalog(args)
+    chosen = [t for t in TABLES if t.name in names]
+    tables = {
+        topics.with_prefix(args.topic_prefix, t.topic): (t, open_table(cat, args.namespace, t))
+        for t in chosen
+    }
+    registry = CollectorRegistry()
+    writer = LakeWriter(
+        tables, registry, flush_rows=args.flush_rows, flush_interval_s=args.flush_interval / 1000
+    )
+    loop = ConsumeLoop(
+        bootstrap=args.bootstrap_servers,
+        group_id=args.group_id,
+        topics=list(tables),
+        handler=writer,
+        codec=codec_from_url(args.schema_registry_url),
+        deadletter_topic=topics.with_prefix(args.topic_prefix, topics.DEADLETTER),
+        service="lake",
+        registry=registry,
+        extra=extra,
+        from_beginning=True,
+        topic_prefix=args.topic_prefix,
+        resume=writer.resume,
+    )
+    return LakeApp(writer, loop, registry)
