@@ -66,6 +66,26 @@ _skew = ArgType(_parse_skew, show=format_duration_ms)
 """A positive duration in milliseconds, or off (None)."""
 
 
+_DAY_MS = 86_400_000
+
+
+def _parse_window(text: str) -> int:
+    """A window length that divides a day: windows are aligned to the epoch, so only those end on
+    every midnight (UTC) and thus on every day and month boundary. A 7-day or 7-hour window would
+    straddle a month end, and its usage could not be billed to either month whole."""
+    ms = positive_duration_ms(text)
+    if _DAY_MS % ms:
+        raise argparse.ArgumentTypeError(
+            f"must divide a day (e.g. 1m, 5m, 15m, 1h, 6h, 1d) so that no window straddles a "
+            f"day or month boundary, got {format_duration_ms(ms)}"
+        )
+    return ms
+
+
+_window = ArgType(_parse_window, show=format_duration_ms)
+"""A positive duration in milliseconds that divides a day."""
+
+
 def _positive_int(text: str) -> int:
     try:
         v = int(text)
@@ -99,9 +119,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     w = p.add_argument_group("windows and prices")
     w.add_argument(
         "--window",
-        type=positive_duration_ms,
+        type=_window,
         default=field_default(ChargebackSettings, "window_ms"),
-        help="tumbling event-time window, e.g. 1h, 10m",
+        help="tumbling event-time window, e.g. 1h, 10m; must divide a day, so that every window "
+        "lies within one day and one month",
     )
     w.add_argument(
         "--grace",

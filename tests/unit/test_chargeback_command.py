@@ -73,3 +73,24 @@ def test_report_flags() -> None:
         build_parser().parse_args(["report", "chargeback", "--by", "pod"])
     with pytest.raises(SystemExit):
         build_parser().parse_args(["report", "chargeback", "--format", "xml"])
+
+
+@pytest.mark.parametrize("window", ["7d", "7h", "25m", "2d"])
+def test_a_window_that_does_not_divide_a_day_is_refused_at_start(
+    window: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Epoch-aligned windows that do not divide a day straddle month ends (a 7-day window from 29
+    October to 5 November): their usage cannot be billed to either month whole, so they are refused
+    with one line before anything is consumed."""
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["chargeback", "--window", window])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "must divide a day" in err[0]
+
+
+@pytest.mark.parametrize(
+    ("window", "ms"), [("1m", 60_000), ("90m", 5_400_000), ("6h", 21_600_000), ("1d", 86_400_000)]
+)
+def test_windows_that_divide_a_day_are_accepted(window: str, ms: int) -> None:
+    assert build_parser().parse_args(["chargeback", "--window", window]).window == ms
