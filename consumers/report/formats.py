@@ -2,7 +2,9 @@
 
 Pure string building. ``csv``/``json``/``jsonl`` share one stable column set (columns that are not
 grouping dimensions are empty / null) so scripts can rely on it; ``table`` shows only the grouping
-columns and adds a totals row per currency.
+columns and adds a totals row per currency. ``table``, ``csv`` and ``html`` round money to the
+currency's minor unit so that the rows add up to the rounded total (``rounding.py``); ``json``,
+``jsonl`` and ``focus`` keep six decimals.
 
 FOCUS: every report row becomes up to two charge rows, because FOCUS prices one unit per row: a
 GPU-time charge (``GPU-Hours``, at the GPU model's hourly price) and an energy charge (``kWh``).
@@ -27,6 +29,7 @@ from typing import Any
 from consumers.report.chargeback_report import CORRECTION, ReportRow
 from consumers.report.errors import ReportOptionError
 from consumers.report.html_report import render_html
+from consumers.report.rounding import MONEY, money, rounded_rows
 
 FORMATS = ("table", "csv", "json", "jsonl", "focus", "html")
 
@@ -175,10 +178,10 @@ def _extra_columns(row: ReportRow) -> dict[str, Any]:
 def render_report(rows: Sequence[ReportRow], fmt: str, *, focus: FocusOptions | None = None) -> str:
     """The report in ``fmt`` (one of FORMATS), ending with a newline."""
     if fmt == "table":
-        return render_table(rows)
+        return render_table(rounded_rows(rows, quantities=True))
     if fmt == "csv":
         header = list(row_dict(rows[0])) if rows else list(COLUMNS)
-        return _csv(header, [_csv_values(row_dict(r)) for r in rows])
+        return _csv(header, [_csv_values(_money_cells(row_dict(r), r.currency)) for r in rounded_rows(rows)])
     if fmt == "json":
         return json.dumps([row_dict(r) for r in rows], indent=2) + "\n"
     if fmt == "jsonl":
@@ -186,8 +189,13 @@ def render_report(rows: Sequence[ReportRow], fmt: str, *, focus: FocusOptions | 
     if fmt == "focus":
         return render_focus(rows, focus or FocusOptions())
     if fmt == "html":
-        return render_html(rows)
+        return render_html(rounded_rows(rows))
     raise ReportOptionError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+
+
+def _money_cells(d: dict[str, Any], currency: str) -> dict[str, Any]:
+    """CSV: money in the currency's minor unit, as the rounding policy rounded it."""
+    return {k: money(v, currency) if k in MONEY else v for k, v in d.items()}
 
 
 def _csv_values(d: dict[str, Any]) -> list[str]:
@@ -268,7 +276,7 @@ def render_table(rows: Sequence[ReportRow]) -> str:
                 f"{r.gpu_hours_idle:.2f}",
                 f"{r.energy_kwh:.2f}",
                 *([f"{r.co2e_kg or 0.0:.2f}"] if carbon else []),
-                f"{r.cost:.2f}",
+                money(r.cost, r.currency),
                 r.currency,
             ]
         )
@@ -279,8 +287,9 @@ def render_table(rows: Sequence[ReportRow]) -> str:
         t = totals.setdefault(r.currency, [0.0] * (len(values) + 1))
         for i, v in enumerate((*values, r.cost)):
             t[i] += v
+    # Rows were rounded so that they add up to the rounded totals (rounding.py).
     foot = [
-        ["TOTAL"] + [""] * (len(head) - 1) + [f"{v:.2f}" for v in t] + [cur]
+        ["TOTAL"] + [""] * (len(head) - 1) + [f"{v:.2f}" for v in t[:-1]] + [money(t[-1], cur), cur]
         for cur, t in sorted(totals.items())
     ]
     if not foot:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from consumers.report.chargeback_report import ReportRow
+from consumers.report.rounding import minor_units
 from schemas.meaning import PSEUDO_NAMESPACES
 
 UNALLOCATED = "__unallocated__"
@@ -80,7 +81,7 @@ def _day(ms: int) -> str:
 
 
 def _money(cost: dict[str, float]) -> str:
-    parts = [f"{v:,.2f} {cur}" for cur, v in sorted(cost.items()) if cur]
+    parts = [f"{v:,.{minor_units(cur)}f} {cur}" for cur, v in sorted(cost.items()) if cur]
     return " + ".join(parts) if parts else "0.00"
 
 
@@ -257,8 +258,9 @@ def _rows_table(rows: Sequence[ReportRow]) -> str:
         out.append(
             "".join(
                 f'<td class="n">{v:,.2f}</td>'
-                for v in (r.gpu_hours_allocated, r.gpu_hours_used, r.gpu_hours_idle, r.energy_kwh, r.cost)
+                for v in (r.gpu_hours_allocated, r.gpu_hours_used, r.gpu_hours_idle, r.energy_kwh)
             )
+            + f'<td class="n">{r.cost:,.{minor_units(r.currency)}f}</td>'
             + f'<td class="n">{_e(r.currency)}</td></tr>'
         )
     out.append("</tbody></table>")
