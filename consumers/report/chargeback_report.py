@@ -19,7 +19,7 @@ import calendar
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any
 
 from consumers.report.errors import ReportOptionError
@@ -76,14 +76,15 @@ class ReportRow:
         return self.namespace in PSEUDO_NAMESPACES or self.team in PSEUDO_NAMESPACES
 
 
-def parse_time_ms(text: str) -> int:
-    """ISO 8601 date or date-time to epoch milliseconds; no zone means UTC ('2026-01-01', '...T10:00Z')."""
+def parse_time_ms(text: str, tz: tzinfo = UTC) -> int:
+    """ISO 8601 date or date-time to epoch milliseconds; no zone means ``tz`` (the report's time
+    zone, UTC by default: '2026-01-01', '...T10:00Z')."""
     try:
         dt = datetime.fromisoformat(text.strip())
     except ValueError as exc:
         raise ReportOptionError(f"not an ISO 8601 date or time: {text!r}") from exc
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
+        dt = dt.replace(tzinfo=tz)
     return int(dt.timestamp() * 1000)
 
 
@@ -94,10 +95,19 @@ def _ms(value: Any) -> int:
 
 
 def _period(
-    start: int, end: int, period: str, range_start: int | None, range_end: int | None, first: int, last: int
+    start: int,
+    end: int,
+    period: str,
+    range_start: int | None,
+    range_end: int | None,
+    first: int,
+    last: int,
+    tz: tzinfo = UTC,
 ) -> tuple[int, int]:
     if period == "window":
         return start, end
+    if period in ("hour", "day", "month") and tz is not UTC:
+        return _local_period(start, period, tz)
     if period == "hour":
         s = start - start % _HOUR_MS
         return s, s + _HOUR_MS
@@ -111,6 +121,39 @@ def _period(
         s_ms = int(s.timestamp() * 1000)
         return s_ms, s_ms + days * _DAY_MS
     return (range_start if range_start is not None else first, range_end if range_end is not None else last)
+
+
+def _local_period(ms: int, period: str, tz: tzinfo) -> tuple[int, int]:
+    """The hour, day or month of ``tz`` holding ``ms``; a day or month is as long as the zone makes
+    it (23 or 25 hours across a daylight-saving change)."""
+    d = datetime.fromtimestamp(ms / 1000, tz)
+    if period == "hour":
+        s = d.replace(minute=0, second=0, microsecond=0)
+        s_ms = int(s.timestamp() * 1000)
+        return s_ms, s_ms + _HOUR_MS
+    if period == "day":
+        s = datetime(d.year, d.month, d.day, tzinfo=tz)
+        n = s.date() + timedelta(days=1)
+        e = datetime(n.year, n.month, n.day, tzinfo=tz)
+    else:
+        s = datetime(d.year, d.month, 1, tzinfo=tz)
+        e = datetime(d.year + (d.month == 12), d.month % 12 + 1, 1, tzinfo=tz)
+    return int(s.timestamp() * 1000), int(e.timestamp() * 1000)
+
+
+def check_within_period(ws: int, we: int, ps: int, pe: int, tz: tzinfo) -> None:
+    """In a time zone other than UTC, refuse a window that crosses one of the zone's period
+    boundaries (a 1 h window in a zone at UTC+05:30): its usage cannot be put in either period
+    whole. In UTC, chargeback's windows divide a day and never do."""
+    if tz is not UTC and (ws < ps or we > pe):
+        raise ReportOptionError(
+            f"the window {_iso(ws)} to {_iso(we)} crosses a period boundary in {tz}: with "
+            "--timezone, chargeback's --window must divide the zone's offset from UTC (e.g. 30m)"
+        )
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%MZ")
 
 
 class _Sum:
@@ -182,8 +225,12 @@ def build_report(
     period: str = "window",
     split_corrections: bool = False,
     billing_lag_ms: int | None = None,
+    tz: tzinfo = UTC,
 ) -> list[ReportRow]:
     """Sum ChargebackWindow records into report rows (see the module docstring).
+
+    ``tz``: the time zone of the hour, day and month periods and of the billing periods (UTC by
+    default); a window that crosses one of that zone's period boundaries is refused.
 
     ``billing_lag_ms`` switches to *billing mode* (the FOCUS export, see :func:`billing_place`): a
     record belongs to the billing period (UTC month) of its window, unless it was written
@@ -215,7 +262,14 @@ def build_report(
         bp: tuple[int, int] | None = None
         if billing:
             place = billing_place(
-                rec, ws, we, period=period, start_ms=start_ms, end_ms=end_ms, lag_ms=billing_lag_ms or 0
+                rec,
+                ws,
+                we,
+                period=period,
+                start_ms=start_ms,
+                end_ms=end_ms,
+                lag_ms=billing_lag_ms or 0,
+                tz=tz,
             )
             if place is None:
                 continue
@@ -223,7 +277,9 @@ def build_report(
         elif (start_ms is not None and ws < start_ms) or (end_ms is not None and ws >= end_ms):
             continue
         else:
-            ps, pe = (0, 0) if period == "all" else _period(ws, we, period, start_ms, end_ms, ws, we)
+            ps, pe = (0, 0) if period == "all" else _period(ws, we, period, start_ms, end_ms, ws, we, tz)
+            if period != "all":
+                check_within_period(ws, we, ps, pe, tz)
             kind = (CORRECTION if rec["kind"] == CORRECTION else WINDOW) if split_corrections else TOTAL
         first = ws if first is None else min(first, ws)
         last = we if last is None else max(last, we)
@@ -298,6 +354,7 @@ def billing_place(
     start_ms: int | None,
     end_ms: int | None,
     lag_ms: int,
+    tz: tzinfo = UTC,
 ) -> tuple[int, int, tuple[int, int], str] | None:
     """Billing mode: (charge period start, end, billing period, kind) of a record, or
     None when its billing date is outside ``[start_ms, end_ms)``.
@@ -308,15 +365,16 @@ def billing_place(
     corrected window's. Otherwise its charge period never extends outside its billing period, nor
     outside the range with period ``all``.
     """
-    bp = _month(ws)
+    bp = _month(ws, tz)
+    check_within_period(ws, we, *bp, tz)
     written = recorded_ms(rec) - lag_ms
     late = written >= bp[1]
     billed_at = ws
     if late:
-        bp, billed_at = _month(written), written
+        bp, billed_at = _month(written, tz), written
     if (start_ms is not None and billed_at < start_ms) or (end_ms is not None and billed_at >= end_ms):
         return None
-    ps, pe = _period(ws, we, "month" if period == "all" else period, None, None, ws, we)
+    ps, pe = _period(ws, we, "month" if period == "all" else period, None, None, ws, we, tz)
     if not late:  # a window or day cannot cross a month; a window that does not divide one can
         ps, pe = max(ps, bp[0]), min(pe, bp[1])
         if period == "all" and start_ms is not None:
@@ -326,9 +384,14 @@ def billing_place(
     return ps, pe, bp, CORRECTION if late else TOTAL
 
 
-def _month(ms: int) -> tuple[int, int]:
-    """The UTC month holding ``ms``: (start, end) in epoch milliseconds."""
-    return _period(ms, ms, "month", None, None, ms, ms)
+def _month(ms: int, tz: tzinfo = UTC) -> tuple[int, int]:
+    """The month (of ``tz``) holding ``ms``: (start, end) in epoch milliseconds."""
+    return _period(ms, ms, "month", None, None, ms, ms, tz)
+
+
+def billing_period(ms: int, tz: tzinfo = UTC) -> tuple[int, int]:
+    """The billing period (a month of ``tz``) holding ``ms``."""
+    return _month(ms, tz)
 
 
 def _sort_key(r: ReportRow) -> tuple[Any, ...]:
@@ -362,3 +425,36 @@ def read_records_jsonl(lines: Iterable[str]) -> list[dict[str, Any]]:
             raise ReportOptionError(f"line {n}: expected a JSON object")
         out.append(rec)
     return out
+
+
+CLOSE_MARGIN_MS = 600_000
+"""How far past a billing period's cutoff (its end plus the invoice lag) chargeback must have written
+a record before the period counts as closed: covers a chargeback transaction still in flight, and
+producers' clocks a little apart, at the moment the export reads the topic."""
+
+
+def open_billing_periods(
+    rows: Iterable[ReportRow],
+    *,
+    end_ms: int | None,
+    newest_ms: int | None,
+    lag_ms: int,
+    tz: tzinfo = UTC,
+) -> list[tuple[int, int]]:
+    """The billing periods of a billing-mode export that are not closed yet, oldest first.
+
+    A record is billed by when it was written (its Kafka timestamp), so a period's invoice is
+    final once nothing written before its cutoff (period end + ``lag_ms``) can still be added:
+    when the newest record in the topic (``newest_ms``, what chargeback wrote last) is
+    ``CLOSE_MARGIN_MS`` past the cutoff. Written later, a record is in a later period's export, so
+    each record is in exactly one final export. The periods are those of ``rows``, and with an
+    ``end_ms`` the one holding the range's end (a month whose export is still empty can be open).
+    """
+    periods = {
+        (r.billing_period_start_ms, r.billing_period_end_ms)
+        for r in rows
+        if r.billing_period_start_ms is not None and r.billing_period_end_ms is not None
+    }
+    if end_ms is not None:
+        periods.add(billing_period(end_ms - 1, tz))
+    return sorted((s, e) for s, e in periods if newest_ms is None or newest_ms < e + lag_ms + CLOSE_MARGIN_MS)

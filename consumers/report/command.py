@@ -16,15 +16,25 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, tzinfo
 from typing import Any, TextIO
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from consumers.report.carbon import load_carbon_config
-from consumers.report.chargeback_report import DIMENSIONS, PERIODS, build_report, parse_time_ms
-from consumers.report.formats import FORMATS, FocusOptions, render_report
+from consumers.report.chargeback_report import (
+    CLOSE_MARGIN_MS,
+    DIMENSIONS,
+    PERIODS,
+    build_report,
+    open_billing_periods,
+    parse_time_ms,
+)
+from consumers.report.errors import ReportOptionError
+from consumers.report.formats import FORMATS, FocusOptions, iso, render_report
 from consumers.report.reader import Deduplicator, deduplicated, iter_chargeback_records
 from consumers.report.workload_report import build_workload_report, is_workload_dim, valid_dims
 from gpupipe import topics
-from gpupipe.argtypes import positive_duration_ms
+from gpupipe.argtypes import ArgType, positive_duration_ms
 from gpupipe.errors import ConfigError
 from gpupipe.kafka_admin import parse_kafka_overrides, wait_for_broker
 from gpupipe.logs import fields
@@ -34,6 +44,19 @@ from schemas.codec import AvroCodec, codec_from_url
 USES_KAFKA = True
 
 log = logging.getLogger("gpupipe.report")
+
+
+def _zone(text: str) -> tzinfo:
+    """An IANA time zone (Area/City); UTC is the fast path of every period computation."""
+    if text.strip().upper() in ("UTC", "Z", "ETC/UTC"):
+        return UTC
+    try:
+        return ZoneInfo(text.strip())
+    except (ZoneInfoNotFoundError, ValueError):
+        raise argparse.ArgumentTypeError(f"not an IANA time zone (Area/City): {text!r}") from None
+
+
+_zone_type = ArgType(_zone, show=str)
 
 
 def _by(text: str) -> tuple[str, ...]:
@@ -85,7 +108,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--period",
         choices=PERIODS,
         default="window",
-        help="sum windows per window, hour, day, month (UTC) or over the whole range (all)",
+        help="sum windows per window, hour, day, month (of --timezone) or over the whole range (all)",
+    )
+    p.add_argument(
+        "--timezone",
+        type=_zone_type,
+        default=UTC,
+        metavar="AREA/CITY",
+        help="time zone of hour, day and month periods, of billing periods and of --from/--to "
+        "without a zone, e.g. Europe/Berlin; times are still printed in UTC",
     )
     p.add_argument(
         "--split-corrections",
@@ -111,6 +142,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "recorded later are billed in the month they were recorded in, as ChargeClass=Correction, "
         "and --from/--to select billing periods",
     )
+    p.add_argument(
+        "--provisional",
+        action="store_true",
+        help="FOCUS export: export billing periods that are not closed yet (chargeback has not "
+        "written past their end plus --invoice-lag), marked x_Provisional=true; without it such "
+        "an export is refused, so that every record is in exactly one final export",
+    )
     p.add_argument("--focus-provider", default="gpupipe", help="FOCUS ProviderName/InvoiceIssuerName")
     p.add_argument("--focus-account", default="gpupipe", help="FOCUS BillingAccountId")
 
@@ -134,8 +172,9 @@ def read_chargeback_records(
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
-    start_ms = parse_time_ms(args.start) if args.start else None
-    end_ms = parse_time_ms(args.end) if args.end else None
+    tz: tzinfo = getattr(args, "timezone", UTC)
+    start_ms = parse_time_ms(args.start, tz) if args.start else None
+    end_ms = parse_time_ms(args.end, tz) if args.end else None
     if start_ms is not None and end_ms is not None and end_ms <= start_ms:
         raise ConfigError("--to must be after --from")
     if args.timeout <= 0:
@@ -166,10 +205,17 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         billing=args.format == "focus",  # far enough back to de-duplicate late copies (read_from_ms)
     )
     counted = 0
+    newest: int | None = None  # the newest Kafka timestamp in the topic: what chargeback wrote last
+
+    def watched() -> Iterator[tuple[dict[str, Any], int]]:
+        nonlocal newest
+        for rec, ts in stream:
+            newest = ts if newest is None else max(newest, ts)
+            yield rec, ts
 
     def counting() -> Iterator[dict[str, Any]]:
         nonlocal counted
-        for rec in deduplicated(stream, dedup):
+        for rec in deduplicated(watched(), dedup):
             counted += 1
             yield rec
 
@@ -184,6 +230,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             split_corrections=args.split_corrections,
             carbon=carbon,
             billing_lag_ms=args.invoice_lag if args.format == "focus" else None,
+            tz=tz,
         )
     else:
         rows = build_report(
@@ -195,13 +242,35 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             period=args.period,
             split_corrections=args.split_corrections,
             billing_lag_ms=args.invoice_lag if args.format == "focus" else None,
+            tz=tz,
         )
+    provisional = False
+    if args.format == "focus":
+        still_open = open_billing_periods(
+            rows, end_ms=end_ms, newest_ms=newest, lag_ms=args.invoice_lag, tz=tz
+        )
+        if still_open:
+            first_open = still_open[0]
+            closes = iso(first_open[1] + args.invoice_lag + CLOSE_MARGIN_MS)
+            line = (
+                f"the billing period {iso(first_open[0])} to {iso(first_open[1])} is not closed: "
+                f"chargeback has written nothing at or after {closes} "
+                f"(its end plus --invoice-lag and {CLOSE_MARGIN_MS // 60_000} min) yet"
+            )
+            if not args.provisional:
+                raise ReportOptionError(f"{line}; export closed periods only, or pass --provisional")
+            provisional = True
+            print(f"gpupipe report: provisional export: {line}", file=err)
     if dedup.dropped:
         print(
             f"gpupipe report: {dedup.dropped} re-emitted records counted once (same record_id)",
             file=err,
         )
-    focus = FocusOptions(provider_name=args.focus_provider, billing_account_id=args.focus_account)
+    focus = FocusOptions(
+        provider_name=args.focus_provider,
+        billing_account_id=args.focus_account,
+        provisional=provisional,
+    )
     out.write(render_report(rows, args.format, focus=focus))
     out.flush()
     log.debug(

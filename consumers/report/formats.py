@@ -113,6 +113,7 @@ FOCUS_COLUMNS = (
 # Appended only when a report has them (a workload dimension; a --carbon config).
 FOCUS_GROUP_COLUMNS = ("x_GroupBy", "x_Group")
 FOCUS_CARBON_COLUMNS = ("x_CarbonGCO2e",)
+FOCUS_PROVISIONAL_COLUMN = "x_Provisional"  # only in a --provisional export
 
 _DIGITS = 6  # machine formats: micro-units are plenty for hours, kWh and money
 
@@ -125,6 +126,9 @@ class FocusOptions:
     billing_account_id: str = "gpupipe"
     billing_account_name: str = "GPU chargeback"
     service_name: str = "Kubernetes GPU"
+    # An export of billing periods not closed yet (``--provisional``): every line says so in an
+    # ``x_Provisional`` column, so that it is never mistaken for the final invoice.
+    provisional: bool = False
 
 
 def iso(ms: int) -> str:
@@ -442,6 +446,10 @@ def render_focus(rows: Sequence[ReportRow], opts: FocusOptions) -> str:
         header += FOCUS_GROUP_COLUMNS
     if any(r.co2e_kg is not None for r in rows):
         header += FOCUS_CARBON_COLUMNS
+    if opts.provisional:
+        header.append(FOCUS_PROVISIONAL_COLUMN)
+        for values in out:
+            values[FOCUS_PROVISIONAL_COLUMN] = "true"
     return _csv(header, [[values.get(c, "") for c in header] for values in out])
 
 

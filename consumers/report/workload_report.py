@@ -18,6 +18,7 @@ dimension. With a carbon intensity function, each part's energy becomes CO2e (``
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, tzinfo
 from typing import Any
 
 from consumers.report.chargeback_report import (
@@ -31,6 +32,7 @@ from consumers.report.chargeback_report import (
     _sort_key,
     _Sum,
     billing_place,
+    check_within_period,
 )
 from consumers.report.errors import ReportOptionError
 from gpupipe.teams import TeamMap
@@ -96,10 +98,11 @@ def build_workload_report(
     split_corrections: bool = False,
     carbon: CarbonFn | None = None,
     billing_lag_ms: int | None = None,
+    tz: tzinfo = UTC,
 ) -> list[ReportRow]:
     """Sum records into rows by ``by`` (see the module docstring), in one pass and bounded memory
-    (rows, not records, are kept). ``billing_lag_ms``: billing mode for the FOCUS export,
-    as in :func:`~consumers.report.chargeback_report.build_report`."""
+    (rows, not records, are kept). ``billing_lag_ms``: billing mode for the FOCUS export, and
+    ``tz`` the time zone of periods, as in :func:`~consumers.report.chargeback_report.build_report`."""
     dims = tuple(by)
     if not valid_dims(dims):
         raise ReportOptionError(
@@ -118,7 +121,14 @@ def build_workload_report(
         extra: tuple[Any, ...] = ()
         if billing:
             place = billing_place(
-                rec, ws, we, period=period, start_ms=start_ms, end_ms=end_ms, lag_ms=billing_lag_ms or 0
+                rec,
+                ws,
+                we,
+                period=period,
+                start_ms=start_ms,
+                end_ms=end_ms,
+                lag_ms=billing_lag_ms or 0,
+                tz=tz,
             )
             if place is None:
                 continue
@@ -127,7 +137,9 @@ def build_workload_report(
         elif (start_ms is not None and ws < start_ms) or (end_ms is not None and ws >= end_ms):
             continue
         else:  # period "all": the span is known at the end (rows are re-keyed then)
-            ps, pe = (0, 0) if period == "all" else _period(ws, we, period, start_ms, end_ms, ws, we)
+            ps, pe = (0, 0) if period == "all" else _period(ws, we, period, start_ms, end_ms, ws, we, tz)
+            if period != "all":
+                check_within_period(ws, we, ps, pe, tz)
             kind = (CORRECTION if rec["kind"] == CORRECTION else WINDOW) if split_corrections else TOTAL
         first = ws if first is None else min(first, ws)
         last = we if last is None else max(last, we)

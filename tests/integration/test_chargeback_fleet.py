@@ -197,7 +197,7 @@ def test_invariant_and_report_formats(kafka: str, fleet: dict, single: list[dict
     assert sum(float(r["gpu_hours_allocated"]) for r in csv_rows) == pytest.approx(gpu_h, abs=1e-4)
     assert {r["window_start"] for r in csv_rows} == {frm}
 
-    focus = list(csv.DictReader(io.StringIO(report("--format", "focus"))))
+    focus = list(csv.DictReader(io.StringIO(report("--format", "focus", "--provisional"))))  # month open
     assert {"ChargePeriodStart", "ChargePeriodEnd", "BilledCost", "EffectiveCost", "ConsumedQuantity"} <= set(
         focus[0]
     ) and {"ConsumedUnit", "ResourceId", "Tags", "x_Namespace"} <= set(focus[0])
