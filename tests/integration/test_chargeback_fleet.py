@@ -214,8 +214,10 @@ def test_invariant_and_report_formats(kafka: str, fleet: dict, single: list[dict
 
 
 def test_kill9_at_random_points_gives_the_same_totals(kafka: str, fleet: dict, single: list[dict]) -> None:
-    # The same input, streamed live (two simulated hours in about 10 s) into a topic of its own while
-    # the service is killed with SIGKILL after random delays and restarted, five times.
+    # The same input, streamed live (two simulated hours in about 24 s) into a topic of its own while
+    # the service is killed with SIGKILL after random delays and restarted, five times. The stream
+    # must outlast the restarts (each one a process start and a group join, seconds on a loaded
+    # machine): at 700x it ended before the fourth kill in CI.
     prefix, name = f"cbkill-{new_id()}.", "kill"
     ensure_topics(kafka, [topics.SAMPLES, topics.CHARGEBACK, topics.DEADLETTER], prefix=prefix)
     group = f"cb-{name}-{new_id()}"
@@ -224,7 +226,7 @@ def test_kill9_at_random_points_gives_the_same_totals(kafka: str, fleet: dict, s
     rng = random.Random()
     seed = rng.randrange(1 << 30)
     rng.seed(seed)
-    producer = produce_fleet(kafka, prefix, fleet["start_ms"], speed="700", wait=False)
+    producer = produce_fleet(kafka, prefix, fleet["start_ms"], speed="300", wait=False)
     prog = Progress(kafka, group, prefix + topics.SAMPLES)
     total = NODES * GPUS * 720
     mid_stream = 0
