@@ -32,8 +32,10 @@ Lifecycle of series:
 * :meth:`drop_partitions` removes at once what came from revoked partitions (pass the same
   partition objects as on ingest: ``(topic, partition)`` tuples when consuming two topics).
 * :meth:`expire` removes a GPU whose samples stopped while the rest of the input went on: one
-  whose last sample was ingested more than ``stale_after`` seconds before the newest sample of any
-  GPU (the consumer's progress), by default ``stale_intervals`` (3) x the sample's ``interval_ms``
+  whose last sample was ingested more than ``stale_after`` seconds of the input's running time
+  before the newest sample of any GPU (ingest time, each gap between two ingests counted as one
+  sample interval at most, so the partitions that resume first after a stall do not make the
+  others look stale), by default ``stale_intervals`` (3) x the sample's ``interval_ms``
   (``fallback_interval_s`` when the sample has none), or the fixed ``stale_after_s``. Staleness is
   judged against that progress, not against the scrape's clock, because a stalled broker, producer
   link or consumer stops every GPU's samples at once: judged by the clock, every series went after
@@ -129,7 +131,7 @@ class _Gpu:
         self.partition: Any = None
         self.host: str | None = None  # the node of its latest sample (None: XID only)
         self.bus: tuple[str, str] | None = None  # its (node, bus id) entry in the store's map
-        self.seen_s = 0.0  # wall time of the last sample ingested
+        self.seen_s = 0.0  # the input's running time (see SeriesStore) at its last sample
         self.stale_s = 0.0
         self.ts_ms: int | None = None  # sample time of the last sample; None: no sample (XID only)
         self.xid_counts: dict[int, int] = {}
@@ -190,6 +192,10 @@ class SeriesStore:
         self._drop_logged_s = float("-inf")
         self._drop_logged_n = 0
         self._progress_s = float("-inf")  # ingest wall time of the newest sample: the input's progress
+        # The input's running time: ingest wall time with every gap between two ingests cut to one
+        # sample interval. Staleness is measured on it, so a stall (nothing arrives) counts as one
+        # interval, and after it the partitions that resume first do not make the others look stale.
+        self._active_s = 0.0
         self._nodes: dict[str, int] = {}  # node -> newest sample time (ms) of its GPUs here
         self._by_bus: dict[tuple[str, str], str] = {}  # (hostname, NVML bus id) -> GPU UUID
         self._event_ids: dict[str, None] = {}  # recent XID event ids, oldest first
@@ -277,9 +283,13 @@ class SeriesStore:
         g.pending = record
         self._dirty.add(key)
         g.partition = partition
-        g.seen_s = now_s
+        iv = record.get("interval_ms")
+        interval_s = iv / 1000.0 if iv else self._fallback_interval_s
         if now_s > self._progress_s:
+            if self._progress_s > float("-inf"):
+                self._active_s += min(now_s - self._progress_s, interval_s)
             self._progress_s = now_s
+        g.seen_s = self._active_s
         ts = g.ts_ms = record["timestamp_ms"]
         host = record["hostname"]
         if host != g.host:
@@ -291,8 +301,7 @@ class SeriesStore:
         if self._stale_after_s is not None:
             g.stale_s = self._stale_after_s
         else:
-            iv = record.get("interval_ms")
-            g.stale_s = self._stale_intervals * (iv / 1000.0 if iv else self._fallback_interval_s)
+            g.stale_s = self._stale_intervals * interval_s
         if g.hidden:  # its instances take its device-wide readings again
             self._dirty.update(self._children.get(key, ()))
         self._version += 1
@@ -558,7 +567,7 @@ class SeriesStore:
     def _expire_locked(self, now_s: float) -> int:
         gone = []
         xid_ttl = self._xid_only_stale_after_s
-        progress = self._progress_s
+        progress = self._active_s
         for key, g in self._gpus.items():
             if g.ts_ms is not None:
                 if progress - g.seen_s > g.stale_s:

@@ -135,11 +135,13 @@ def test_kept_label_views_are_bounded_in_time_and_number() -> None:
     now = T_MS / 1000
     for i in range(3):
         store.apply_sample(blank(f"GPU-{i}"), 0, now)
-    store.apply_sample(blank("GPU-beat"), 0, now + 10)  # the input goes on
+    for t in range(1, 11):  # the input goes on, a sample a second
+        store.apply_sample(blank("GPU-beat"), 0, now + t)
     store.render(now + 10)  # all three expire; two views are kept
     assert len(store._expired_views) == 2
     store.apply_sample(blank("GPU-9"), 0, now + 20)
-    store.apply_sample(blank("GPU-beat"), 0, now + 100)
+    for t in range(21, 101):
+        store.apply_sample(blank("GPU-beat"), 0, now + t)
     store.render(now + 100)  # GPU-9 expires; the other two are older than the TTL
     assert list(store._expired_views) == ["GPU-9"]
 

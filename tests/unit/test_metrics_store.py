@@ -418,6 +418,22 @@ def test_scrape_never_shows_stale_series():
     assert "gpupipe_metrics_expired_total 1\n" in text
 
 
+def test_after_a_stall_the_partitions_that_resume_first_do_not_expire_the_others():
+    """After a pause every partition resumes, but one first: its sample must not make the GPUs of the
+    partitions a moment behind it look stale (each was 8 s behind the clock, not behind the input)."""
+    store = SeriesStore()
+    for t in range(5):
+        store.apply_sample(blank("GPU-a", hostname="node-1", timestamp_ms=T_MS + 1000 * t), 0, 100.0 + t)
+        store.apply_sample(blank("GPU-b", hostname="node-2", timestamp_ms=T_MS + 1000 * t), 1, 100.0 + t)
+    store.apply_sample(blank("GPU-a", hostname="node-1", timestamp_ms=T_MS + 12_000), 0, 112.0)
+    text = store.render(112.1).decode()  # partition 1's fresh sample is still on its way
+    assert len(lines_of(text, "DCGM_FI_DEV_GPU_TEMP")) == 2 and store.stats()["expired"] == 0
+    for t in range(13, 17):  # partition 1 stays silent while partition 0 goes on: that GPU goes
+        store.apply_sample(blank("GPU-a", hostname="node-1", timestamp_ms=T_MS + 1000 * t), 0, 100.0 + t)
+    store.render(116.1)
+    assert store.stats()["expired"] == 1
+
+
 def test_a_stalled_input_keeps_every_series():
     """Nothing arrives for a minute (a broker stall, a paused producer link): every GPU keeps its
     series, the freshness gauges grow, and once samples flow again nothing was lost. Before, every
