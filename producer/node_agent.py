@@ -560,6 +560,8 @@ class NodeAgent:
         deadline = min(time.monotonic() + SHUTDOWN_FLUSH_S, began + SHUTDOWN_BUDGET_S)
         sender = xids.sender
         while time.monotonic() < deadline:
+            if self._kafka_ready is not None and not self._kafka_ready():
+                break  # the topics never became ready: nothing can go over; the spool keeps the XIDs
             # XIDs go over in bounded chunks (pump hands over more as deliveries are reported).
             moved = sender.pump() + self.samples.pump()
             if not moved and not len(self.samples) and not sender.in_flight:
