@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
+from consumers.alerts.admission import DeviceAdmission
 from consumers.alerts.alert_record import gpu_alert_shape
 from consumers.alerts.cordon import HOUR_MS, Cordoner, KubeNodeApi
 from consumers.alerts.dedupe import EngineConfig
@@ -155,6 +156,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="an XID this much older than its processing is history (a kernel-log backlog read again), "
         "not a new fault: it raises, pages and drains nothing",
     )
+    life.add_argument(
+        "--max-nodes",
+        type=int,
+        default=keyword_default(DeviceAdmission, "max_nodes"),
+        metavar="N",
+        help="keep state for at most N nodes: records of further nodes are refused and counted "
+        "(a bound on what forged host names can make the service hold); raise it for larger fleets",
+    )
+    life.add_argument(
+        "--max-devices",
+        type=int,
+        default=keyword_default(DeviceAdmission, "max_devices"),
+        metavar="N",
+        help="keep state for at most N GPUs and NVSwitches in all: records of further devices are "
+        "refused and counted",
+    )
     health = p.add_argument_group("health signals from gpu.samples.v1")
     health.add_argument(
         "--health-signals",
@@ -242,6 +259,8 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, HealthConfig]:
         raise ConfigError("--resend-interval and --alertmanager-timeout must be greater than zero")
     if args.alertmanager_max_alerts < 1:
         raise ConfigError("--alertmanager-max-alerts must be at least 1")
+    if args.max_nodes < 1 or args.max_devices < 1:
+        raise ConfigError("--max-nodes and --max-devices must be at least 1")
     if args.cordon_max_per_hour < 0:
         raise ConfigError("--cordon-max-per-hour must not be negative")
     if args.ha_session_timeout < 1000:
@@ -298,6 +317,8 @@ class AlertsOptions:
     resend_interval_ms: int
     alertmanager_timeout_ms: int
     alertmanager_max_alerts: int
+    max_nodes: int
+    max_devices: int
     cordon: bool
     dry_run: bool
     cordon_max_per_hour: int
@@ -332,6 +353,8 @@ def options_from_args(args: argparse.Namespace) -> AlertsOptions:
         resend_interval_ms=args.resend_interval,
         alertmanager_timeout_ms=args.alertmanager_timeout,
         alertmanager_max_alerts=args.alertmanager_max_alerts,
+        max_nodes=args.max_nodes,
+        max_devices=args.max_devices,
         cordon=args.cordon,
         dry_run=args.dry_run,
         cordon_max_per_hour=args.cordon_max_per_hour,
@@ -396,6 +419,7 @@ class AlertsApp:
             alertmanager=self.alertmanager,
             cordoner=self.cordoner,
             instance=self.instance,
+            admission=DeviceAdmission(max_nodes=opts.max_nodes, max_devices=opts.max_devices),
         )
         self._codec, self._extra = codec, extra
         self._state = life.state if life is not None else None

@@ -49,6 +49,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from consumers.alerts.admission import DeviceAdmission, device_of
 from consumers.alerts.alert_record import Alert, action_record, to_record
 from consumers.alerts.cordon import Cordoner, CordonResult
 from consumers.alerts.dedupe import AlertEngine, EngineConfig
@@ -142,9 +143,22 @@ class _ServiceCollector(Collector):
         fam = CounterMetricFamily(
             "gpupipe_alerts_input", "Input handled by the alert engine, by result.", labels=["result"]
         )
+        counts.update(s.admission.refused)
         for k, v in sorted(counts.items()):
             fam.add_metric([k], v)
         yield fam
+        adm = s.admission
+        known = GaugeMetricFamily(
+            "gpupipe_alerts_known",
+            "Nodes and devices the service keeps state for, and their caps (--max-nodes, --max-devices): "
+            'at a cap, records of new ones are refused (gpupipe_alerts_input_total{result=~"capped_.*"}).',
+            labels=["kind", "of"],
+        )
+        known.add_metric(["node", "known"], adm.nodes())
+        known.add_metric(["node", "cap"], adm.max_nodes)
+        known.add_metric(["device", "known"], adm.devices())
+        known.add_metric(["device", "cap"], adm.max_devices)
+        yield known
         open_fam = GaugeMetricFamily(
             "gpupipe_alerts_open", "Open (firing) alerts by scope.", labels=["scope"]
         )
@@ -179,8 +193,11 @@ class AlertsService:
         instance: str = "",
         clock: Callable[[], float] = time.time,
         reconcile_interval_ms: int = 10_000,
+        admission: DeviceAdmission | None = None,
     ) -> None:
         self.sink = sink
+        self.admission = admission or DeviceAdmission()
+        self._capped_logged_ms = -60_000
         self.reconcile_interval_ms = reconcile_interval_ms
         self._last_reconcile_ms = 0
         self.health = HealthTracker(health_config)
@@ -234,6 +251,8 @@ class AlertsService:
         rejected: list[tuple[InRecord, str, str]] = []
         with self.lock:
             for r in records:
+                if r.name in ("XidEvent", "GpuSample") and self._refused(r, now):
+                    continue
                 try:
                     if r.name == "XidEvent":
                         # XidEvents come from one topic: its partition and offset mark a replay
@@ -265,6 +284,27 @@ class AlertsService:
                     )
             self._emit(self.engine.take(now), now)
         return rejected
+
+    def _refused(self, r: InRecord, now: int) -> bool:
+        """A record of a node or device beyond the caps (see :mod:`consumers.alerts.admission`)."""
+        reason = self.admission.admit(r.value.get("hostname"), device_of(r.value))
+        if reason is None:
+            return False
+        if now - self._capped_logged_ms >= 60_000:
+            self._capped_logged_ms = now
+            adm = self.admission
+            log.warning(
+                "records of new nodes or devices refused: cap reached",
+                extra=fields(
+                    reason=reason,
+                    nodes=adm.nodes(),
+                    max_nodes=adm.max_nodes,
+                    devices=adm.devices(),
+                    max_devices=adm.max_devices,
+                    refused=sum(adm.refused.values()),
+                ),
+            )
+        return True
 
     def _on_alert_record(self, rec: dict[str, Any], now: int) -> None:
         rem = rec.get("remediation") or {}
@@ -311,6 +351,8 @@ class AlertsService:
         now = self.now_ms()
         with self.lock:
             n = self.engine.restore(records, now)
+            for a in self.engine.open_alerts():  # open alerts keep their devices whatever came first
+                self.admission.admit(a.hostname, a.device or None)
             for rec in records:  # acks published while we were down (the engine ignores stale ones)
                 self._on_alert_record(rec, now)
             open_alerts = [a.snapshot() for a in self.engine.open_alerts()]

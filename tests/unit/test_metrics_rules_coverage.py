@@ -1,6 +1,6 @@
 """Every metric a shipped Prometheus rule reads is in the default exposition of the service that
-exports it: `gpupipe chargeback`'s own /metrics for ``gpupipe_chargeback_*``, `gpupipe metrics` for
-the rest.
+exports it: `gpupipe chargeback`'s own /metrics for ``gpupipe_chargeback_*``, `gpupipe alerts`'s for
+``gpupipe_alerts_*``, `gpupipe metrics` for the rest.
 
 Before: four rules (ECC DBE, row remap pending, recovery action, thermal throttling) read metrics the
 default counters CSV left commented out, so they could never fire in the shipped deployment.
@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 
+from consumers.alerts.service import AlertsService, ListSink
 from consumers.chargeback.engine import ChargebackSettings, build_engine
 from consumers.chargeback.service import ChargebackService, ServiceConfig
 from consumers.metrics.store import SeriesStore
@@ -86,7 +87,7 @@ def chargeback_exposition() -> str:
 
 
 def test_rules_read_chargeback_metrics() -> None:
-    """Review L7: replay, commit and restart alerts are on chargeback's own series."""
+    """Replay, commit and restart alerts are on chargeback's own series."""
     assert {
         "gpupipe_chargeback_replay_remaining_records",
         "gpupipe_chargeback_last_commit_timestamp_seconds",
@@ -94,8 +95,22 @@ def test_rules_read_chargeback_metrics() -> None:
     } <= rule_metrics()
 
 
+def family(text: str, metric: str) -> bool:
+    """``metric`` is a family of ``text``, or a counter's sample of one (``_total``)."""
+    if f"# TYPE {metric} " in text:
+        return True
+    return metric.endswith("_total") and f"# TYPE {metric.removesuffix('_total')} counter" in text
+
+
 @pytest.mark.parametrize("metric", sorted(rule_metrics()))
 def test_rule_metric_is_in_the_default_exposition(metric: str) -> None:
+    if metric.startswith("gpupipe_alerts_"):
+        reg = CollectorRegistry()
+        AlertsService(sink=ListSink(), registry=reg)
+        assert family(generate_latest(reg).decode(), metric), (
+            f"{metric} is read by a shipped rule but not in the alerts service's default exposition"
+        )
+        return
     if metric.startswith("gpupipe_chargeback_"):
         text = chargeback_exposition()
         assert f"# TYPE {metric} " in text, (
