@@ -1,4 +1,4 @@
-"""Issue 6: detection latency through the whole path, kernel-log line -> alert on gpu.alerts.v1.
+"""Detection latency through the whole path, kernel-log line -> alert on gpu.alerts.v1.
 
 Runs, as separate processes on the benchmark broker: the node producer (`gpupipe produce --source nvml`
 with the fake NVML for 8 GPUs and a kernel-log FILE as its `--kmsg-path`) and the alerts service

@@ -1,4 +1,4 @@
-"""Issue 5 benchmark: chargeback throughput, transactions included, on the benchmark broker.
+"""Benchmark: chargeback throughput, transactions included, on the benchmark broker.
 
 Input: 200k GpuSample records of a simulated fleet (10 nodes x 8 GPUs, 10 s interval, 2500 ticks),
 produced once to a fresh topic. Then, on that same input:

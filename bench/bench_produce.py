@@ -1,4 +1,4 @@
-"""Issue 2 benchmarks: simulated producer throughput and bytes per sample on the wire.
+"""Benchmarks: simulated producer throughput and bytes per sample on the wire.
 
 1. producer_throughput: the real `--speed max` loop (simulate, encode, frame,
    produce to the local broker, flush) vs bare fastavro encoding of the same

@@ -1,4 +1,4 @@
-"""Issue 10 soak: chargeback under every failure at once, against closed-form totals (not in `make test`).
+"""Soak: chargeback under every failure at once, against closed-form totals (not in `make test`).
 
 A synthetic fleet (default 10k GPUs, 2 simulated hours, one sample per GPU every 30 s) whose bill
 is known in closed form: every GPU is held by one namespace for the whole run and samples at a

@@ -114,7 +114,7 @@ def test_job_kill_and_other_cause_bursts_never_hide_a_critical_page(shipped_am: 
 
 
 def test_a_late_fatal_xid_stays_active_in_alertmanager(shipped_am: Alertmanager) -> None:
-    # Review D2 (r13): an Xid 79 processed 35 min after it happened was published firing and resolved one
+    # An Xid 79 processed 35 min after it happened was published firing and resolved one
     # tick later; Alertmanager paged and sent RESOLVED while the GPU was still off the bus.
     now = int(time.time() * 1000)
     e = AlertEngine(EngineConfig())

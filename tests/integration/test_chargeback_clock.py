@@ -1,4 +1,4 @@
-"""Review D4 on a real broker: the samples topic stamps LogAppendTime, so a node clock running a day
+"""On a real broker: the samples topic stamps LogAppendTime, so a node clock running a day
 ahead is bounded by broker time; its samples are billed once, in the broker's window, and the
 correctly clocked GPU sharing its partition keeps final window records (no corrections)."""
 
@@ -79,7 +79,7 @@ def test_a_node_a_day_ahead_is_bounded_by_broker_time(kafka: str, topic_prefix: 
 
 
 def test_an_idle_partition_closes_its_last_window(kafka: str, topic_prefix: str, tmp_path: Path) -> None:
-    """Review D7: GPUs of partition 1 stopped 20 minutes ago; after --idle-timeout their last
+    """GPUs of partition 1 stopped 20 minutes ago; after --idle-timeout their last
     window closes by broker time and the partition's checkpoint reaches its end."""
     ensure_topics(kafka, [topics.SAMPLES, topics.CHARGEBACK, topics.DEADLETTER], prefix=topic_prefix)
     t_in = topic_prefix + topics.SAMPLES

@@ -1,4 +1,4 @@
-"""Review W1 on a real broker: with cooperative-sticky assignment a second instance joining moves
+"""On a real broker: with cooperative-sticky assignment a second instance joining moves
 only some partitions; the first instance keeps the others without restoring or replaying them, and
 the output is still exactly once."""
 

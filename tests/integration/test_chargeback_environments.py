@@ -1,8 +1,8 @@
 """Chargeback identities on a real broker: two environments side by side, and a fenced twin.
 
-Review D3: with ``--topic-prefix`` not reaching the group id, ``group.instance.id`` and
+With ``--topic-prefix`` not reaching the group id, ``group.instance.id`` and
 ``transactional.id``, a staging instance fenced production and took its partitions, and
-production billing stopped without an error. Review D2: the fenced instance lived on as a
+production billing stopped without an error. The fenced instance lived on as a
 healthy zombie and exited 0.
 """
 

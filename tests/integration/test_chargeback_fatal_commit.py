@@ -1,4 +1,4 @@
-"""Review D1 on a real broker: a commit that fails for good after the closed windows were drained
+"""On a real broker: a commit that fails for good after the closed windows were drained
 from the engine must not let the real consumer's close() commit checkpoints past them.
 
 librdkafka's close() runs the (eager) revoke callback, whose normal end-of-batch commit would have

@@ -1,4 +1,4 @@
-"""Review D6 on a real broker: a rolling update of a price change bills every window at one price.
+"""On a real broker: a rolling update of a price change bills every window at one price.
 
 Mid-update, instance ``a`` runs the new price file (H200 4.0 -> 8.0 from V) and ``b`` still the old
 one, each with half of the partitions. Input crosses V. Neither may emit a window from V on while

@@ -1,4 +1,4 @@
-"""Review L2 on a real broker: an offset reset (``kafka-consumer-groups --reset-offsets`` writes
+"""On a real broker: an offset reset (``kafka-consumer-groups --reset-offsets`` writes
 offsets without our metadata) makes chargeback re-process and re-emit its output; the records carry
 the same idempotency keys and ``gpupipe report chargeback`` counts them once (L4: with ``--from``
 it starts at the offsets for that time instead of the beginning)."""

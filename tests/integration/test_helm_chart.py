@@ -363,7 +363,7 @@ def test_producer_daemonset_defaults(rendered: dict) -> None:
 
 
 def test_the_chart_gives_the_producer_the_manifests_privileges(helm: str, rendered: dict) -> None:
-    # Issue 15 item 1: the manifest, the Dockerfile and the chart agree on least privilege.
+    # The manifest, the Dockerfile and the chart agree on least privilege.
     manifest = yaml.safe_load((REPO / "deploy" / "kubernetes" / "producer-daemonset.yaml").read_text())
     m_spec = manifest["spec"]["template"]["spec"]
     m_agent = next(c for c in m_spec["containers"] if c["name"] == "producer")

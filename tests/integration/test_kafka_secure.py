@@ -1,4 +1,4 @@
-"""Issue 12: the whole pipeline on a secured broker, each role with only its own ACLs.
+"""The whole pipeline on a secured broker, each role with only its own ACLs.
 
 One secured broker for the module (tests/secure_kafka.py: SASL_SSL SCRAM-SHA-512, mTLS listener,
 StandardAuthorizer with allow.everyone.if.no.acl.found=false). The same deterministic input goes
@@ -446,7 +446,7 @@ def _sent(port: int, topic: str) -> float:
 def test_a_write_acl_revoked_while_running_stops_the_producer_with_one_line(
     secured: tuple[Any, Target], tmp_path: Path
 ) -> None:
-    # Issue 12: never spin silently. Before, every record failed, was counted, and it ran on.
+    # Never spin silently. Before, every record failed, was counted, and it ran on.
     sk, _ = secured
     t = _secure_target(sk)  # its own prefix: its ACL is removed below
     res = gpupipe(

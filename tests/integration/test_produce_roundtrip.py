@@ -1,4 +1,4 @@
-"""Issue 2 end to end: simulated samples go to a real broker and come back identical."""
+"""End to end: simulated samples go to a real broker and come back identical."""
 
 from __future__ import annotations
 

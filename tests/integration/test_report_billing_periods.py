@@ -1,4 +1,4 @@
-"""Review D5 on a real broker: the FOCUS export bills a record by when it was written (its Kafka
+"""On a real broker: the FOCUS export bills a record by when it was written (its Kafka
 timestamp), so one written after its month was invoiced is in the next month's export as a
 correction of its charge period, and re-running the invoiced month gives the same month. Through
 both report paths: by namespace, and the workload path (``--by namespace,owner``).

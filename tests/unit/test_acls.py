@@ -1,4 +1,4 @@
-"""Issue 12: least privilege per role, the exact table `gpupipe acls` prints and applies."""
+"""Least privilege per role, the exact table `gpupipe acls` prints and applies."""
 
 from __future__ import annotations
 

@@ -192,7 +192,7 @@ def test_queue_is_bounded_resolved_dropped_first() -> None:
 
 
 def test_queue_never_evicts_a_firing_alert_review_d9() -> None:
-    # Review D9: with max_alerts=3 and five Xid 79s the two oldest firing alerts were dropped and never
+    # With max_alerts=3 and five Xid 79s the two oldest firing alerts were dropped and never
     # reached Alertmanager. Firing alerts are bounded by the engine's open alerts; they are held (and the
     # excess counted), only resolved ones are evicted.
     post, clock = FakePost(), Clock()

@@ -27,7 +27,7 @@ from consumers.alerts.service import AlertsService, ListSink
 from consumers.consume_loop import InRecord
 from gpupipe.alertmanager import AlertmanagerSender
 from tests.k8s_api_fake import FakeKubeApi
-from tests.unit.test_alerts_review import MIN, T0, S, _Clock, _cordon_service, _drain_event, records, xid
+from tests.unit.test_alerts_findings import MIN, T0, S, _Clock, _cordon_service, _drain_event, records, xid
 
 HOUR = 60 * MIN
 DAY = 24 * HOUR

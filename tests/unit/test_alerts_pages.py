@@ -17,7 +17,7 @@ from consumers.alerts.classify import FaultEvent, GpuXidHistory
 from consumers.alerts.dedupe import AlertEngine, EngineConfig
 from consumers.alerts.health_signals import SIGNAL_INFO
 from consumers.alerts.nvml_notices import NOTICE_ALERTNAMES
-from tests.unit.test_alerts_review import MIN, T0, records, xid
+from tests.unit.test_alerts_findings import MIN, T0, records, xid
 
 PROMETHEUS = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
 RULES = PROMETHEUS / "gpupipe-alerts.rules.yml"  # what the demo and the chart load by default

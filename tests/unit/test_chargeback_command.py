@@ -36,7 +36,7 @@ def test_chargeback_defaults_and_env() -> None:
 
 
 def test_every_kafka_identity_carries_the_topic_prefix() -> None:
-    """Review D3: environments sharing a cluster must never share a group or transactional id."""
+    """Environments sharing a cluster must never share a group or transactional id."""
     from consumers.chargeback.command import build_service
 
     args = build_parser().parse_args(

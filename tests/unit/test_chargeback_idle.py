@@ -1,4 +1,4 @@
-"""Review D7: a partition whose GPUs stopped sending still closes its last window, and its
+"""A partition whose GPUs stopped sending still closes its last window, and its
 checkpoint moves, once it has been idle for --idle-timeout (event time advanced to broker time)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Review L1: a kubelet outage bills tenants' time as flagged ``__unattributed__``, never silently
+"""A kubelet outage bills tenants' time as flagged ``__unattributed__``, never silently
 as ``__unallocated__`` capacity. The node agent (fake NVML, fake kubelet) marks its samples
 ``allocations_known=false`` while its kubelet map is missing or stale; chargeback bills those."""
 

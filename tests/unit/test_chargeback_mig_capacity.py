@@ -1,4 +1,4 @@
-"""Review L5: MIG capacity that no slice covers (e.g. 1/7 left unconfigured) is billed as
+"""MIG capacity that no slice covers (e.g. 1/7 left unconfigured) is billed as
 ``__unallocated__``, so namespaces plus ``__unallocated__`` reconcile with physical GPU-hours."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Review D6: a rolling update of a price change never bills one window at two prices.
+"""A rolling update of a price change never bills one window at two prices.
 
 During the update old instances (old price file) and new ones (file with the change) run side by
 side, each owning some partitions. An old instance does not know of the change: had it emitted the

@@ -1,4 +1,4 @@
-"""Review D6: prices by time of use. A change applies to usage from its valid_from on, never to
+"""Prices by time of use. A change applies to usage from its valid_from on, never to
 replayed or corrected windows before it, and never depends on which instance emits a window."""
 
 from __future__ import annotations

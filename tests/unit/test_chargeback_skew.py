@@ -1,4 +1,4 @@
-"""Review D4: a node clock running ahead, bounded by broker time (LogAppendTime record timestamps).
+"""A node clock running ahead, bounded by broker time (LogAppendTime record timestamps).
 
 Two GPUs share one input partition for 3 hours at 10 s: ``good`` has a correct clock, ``fast`` runs
 ahead. The record timestamp is the broker's append time (true time + 200 ms). Whatever ``fast``

@@ -1,4 +1,4 @@
-"""Issue 12: a consumer whose ACL is revoked while it runs exits with one line, it does not spin."""
+"""A consumer whose ACL is revoked while it runs exits with one line, it does not spin."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 12: secrets never on the command line; --kafka-config-file, GPUPIPE_KAFKA_*, *.file variants."""
+"""Secrets never on the command line; --kafka-config-file, GPUPIPE_KAFKA_*, *.file variants."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Review L2 (idempotency key + report de-duplication) and L4 (report in bounded memory)."""
+"""The idempotency key with the report's de-duplication, and the report in bounded memory."""
 
 from __future__ import annotations
 

@@ -107,7 +107,7 @@ CASES = [
          rule="app_fault.single"),
     Case("13 from 2 pids is below threshold", xid(13, 5, pid=200), prior=(xid(13, 0, pid=100),),
          action=Action.RESTART_APP, severity=W, rule="app_fault.single"),
-    # Review D4: pids are not workloads (a crash loop gets a new pid per restart); escalation is a ticket.
+    # Pids are not workloads (a crash loop gets a new pid per restart); escalation is a ticket.
     Case("13 from 3 pids of one workload stays application", xid(13, 40, pid=300, wl="ml/train"),
          prior=(xid(13, 0, pid=100, wl="ml/train"), xid(13, 20, pid=200, wl="ml/train")),
          action=Action.RESTART_APP, severity=W, rule="app_fault.single", cause=CauseClass.APPLICATION),
@@ -238,7 +238,7 @@ CASES = [
          action=Action.RESTART_BM, severity=C, drain=True, rule="gsp.recurring", codes=(120, 119)),
     Case("119 third incident -> support", xid(119, 300), prior=(xid(119, 0), xid(120, 120)),
          resets=(60, 200), action=Action.CONTACT_SUPPORT, severity=C, drain=True, rule="gsp.persistent"),
-    # Review D11: a GSP timeout every 11 min while the GPU waits for its reset is one incident.
+    # A GSP timeout every 11 min while the GPU waits for its reset is one incident.
     Case("119 repeating without a reset stays RESET_GPU", xid(119, 33), prior=(xid(119, 0), xid(119, 11),
          xid(119, 22)), action=Action.RESET_GPU, severity=C, drain=True, rule="gsp.reset", codes=(119,)),
     # --- Xid 154 recovery action text

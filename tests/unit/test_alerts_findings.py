@@ -2,7 +2,7 @@
 
 Every test here failed on the reviewed commit (586e909) and names its finding. Real-service counterparts
 (Alertmanager, Kafka, the CLI) are in ``tests/integration/test_alerts_inhibition.py`` and
-``tests/integration/test_alerts_review_service.py``.
+``tests/integration/test_alerts_findings_service.py``.
 """
 
 from __future__ import annotations
