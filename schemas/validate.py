@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MAX_AGE_MS", "MAX_AHEAD_MS", "violation"]
+__all__ = ["MAX_AGE_MS", "MAX_AHEAD_MS", "reading_max", "violation"]
 
 DAY_MS = 86_400_000
 #: An event may be dated this far after the broker's clock (or ours): wide, because replays and test
@@ -89,6 +89,22 @@ LABEL_KEY_MAX, LABEL_VALUE_MAX = 317, 63
 #: Any other string (an XID's kernel message, a process name).
 STRING_MAX = 4096
 MAX_ALLOCATIONS, MAX_PROCESSES = 256, 4096
+
+
+def reading_max(name: str) -> float | None:
+    """The largest value a GpuSample double reading ``name`` may hold (None: not bounded here).
+
+    For a reader that shows readings without checking whole records (the metrics exposition
+    converts them only when scraped): what :func:`violation` refuses, it does not print."""
+    if name in _RATIOS:
+        return 1.0
+    if name in _POWERS:
+        return POWER_MAX_W
+    if name in _TEMPERATURES:
+        return TEMPERATURE_C[1]
+    if name in _OTHER_DOUBLES:
+        return MAGNITUDE_MAX
+    return None
 
 
 def _long_strings(rec: Mapping[str, Any], limits: Mapping[str, int], where: str) -> str | None:

@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from consumers.metrics.fields import Kind
+from schemas.validate import reading_max
 
 #: Key of a record's pending readings (a :class:`Readings`); never a GpuSample field name.
 PENDING = "__readings__"
@@ -175,7 +176,7 @@ class ReadingsPlan:
                 src.append("    if v is None:")
                 src.append(f"        out[{h}] = b''")
                 src.append("    else:")
-                src += _format(kind, signed, None, 8)
+                src += _format(kind, signed, None, 8, reading_max(source))
                 src.append(f"        out[{j}] = t")
                 continue
             # one memo per reading and family: two families of one reading (a field under both
@@ -193,7 +194,7 @@ class ReadingsPlan:
             src.append(f"        t = _g{m}(g)")
             src.append("        if t is None:")
             src.append(f"            v = {self.convert_expr(source, 'g')}")
-            src += _format(kind, signed, self.types[source], 12)
+            src += _format(kind, signed, self.types[source], 12, reading_max(source))
             src.append(f"            if len(_m{m}) >= {MEMO_SIZE}: _m{m}.clear()")
             src.append(f"            _m{m}[g] = t")
             src.append(f"        out[{j}] = t")
@@ -205,10 +206,18 @@ class ReadingsPlan:
 MEMO_SIZE = 2048
 
 
-def _format(kind: int, signed: bool, avro: str | None, ind: int) -> list[str]:
+def _format(kind: int, signed: bool, avro: str | None, ind: int, hi: float | None = None) -> list[str]:
     """Check ``v`` and format it into ``t`` as ``Renderer._render_fast`` does; raise otherwise.
-    ``avro`` (the reading's type, None when unknown) drops checks that cannot fail."""
+    ``avro`` (the reading's type, None when unknown) drops checks that cannot fail; ``hi`` is the
+    reading's bound (:func:`schemas.validate.reading_max`), beyond which it is no reading."""
     pad = " " * ind
+    lines = _format_kind(kind, signed, avro, pad)
+    if hi is None or lines[0].strip() == "raise _Bad":  # refused whatever its value
+        return lines
+    return [f"{pad}if not {-hi!r} <= v <= {hi!r}: raise _Bad", *lines]
+
+
+def _format_kind(kind: int, signed: bool, avro: str | None, pad: str) -> list[str]:
     is_int = avro in ("int", "long")
     if kind == _INT:
         if avro is not None and not is_int:

@@ -75,6 +75,7 @@ from consumers.metrics.textfmt import (
     format_value,
 )
 from gpupipe import pci
+from schemas.validate import reading_max
 
 __all__ = [
     "GpuView",
@@ -292,6 +293,9 @@ class Renderer:
         if any(k not in handled or (sg and k != _ROUND) for _, k, sg, *_ in plan):  # a new Kind in fields.py
             raise ValueError("render plan: a field kind or sign that _render_fast does not handle")
         self._n = len(self.families)
+        # readings with a bound of their own, checked after the per-kind loops of the fast path
+        self._upper = {src: hi for src, *_ in plan if (hi := reading_max(src)) is not None}
+        self._bounded = tuple(self._upper.items())
 
     def needed_fields(self) -> set[str]:
         """GpuSample fields the exposition reads by key (others are read with ``.get``); a decoder
@@ -559,6 +563,10 @@ class Renderer:
                 raise ValueError(src)
             else:
                 out[j] = b"%d\n" % (v * 1024)
+        for src, hi in self._bounded:
+            v = rec[src]
+            if v is not None and not -hi <= v <= hi:
+                raise ValueError(src)
         return out
 
     def _render_checked(
@@ -571,7 +579,7 @@ class Renderer:
             try:
                 if v is None:
                     raise InvalidValue("")
-                out[2 * fi + 1] = f"{format_value(kind, v, signed)}\n".encode()
+                out[2 * fi + 1] = f"{format_value(kind, v, signed, self._upper.get(src))}\n".encode()
             except InvalidValue as bad:
                 out[2 * fi] = b""
                 if bad.reason:

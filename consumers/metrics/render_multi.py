@@ -50,7 +50,7 @@ def render_multi(
         text = None
         if v is not None:
             try:
-                text = format_value(kind, v, signed)
+                text = format_value(kind, v, signed, r._upper.get(src))
             except InvalidValue as bad:
                 key = (name, bad.reason)
                 invalid[key] = invalid.get(key, 0) + 1

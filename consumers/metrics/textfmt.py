@@ -39,8 +39,10 @@ def escape_help(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n")
 
 
-def format_value(kind: int, value: Any, signed: bool = False) -> str:
+def format_value(kind: int, value: Any, signed: bool = False, upper: float | None = None) -> str:
     """One value as dcgm-exporter prints it; raises :class:`InvalidValue` instead of printing junk.
+    ``upper``: the reading's bound (:func:`schemas.validate.reading_max`); above it (or below its
+    negative, for a signed reading) is ``out-of-range``.
 
     The reference (slow) path: :meth:`Renderer.render` has an inlined fast path that must agree.
     """
@@ -55,6 +57,8 @@ def format_value(kind: int, value: Any, signed: bool = False) -> str:
             raise InvalidValue("inf")
     if value < 0 and not signed:
         raise InvalidValue("negative")
+    if upper is not None and not -upper <= value <= upper:
+        raise InvalidValue("out-of-range")
     if kind == _FLOAT:
         return f"{value:f}"
     if kind == _PERCENT:

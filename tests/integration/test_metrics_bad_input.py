@@ -160,7 +160,7 @@ def test_dead_letters_and_absurd_values(kafka: str, topic_prefix: str, tmp_path:
         assert series("DCGM_FI_DEV_POWER_USAGE", absurd["uuid"]) == []  # NaN
         assert series("DCGM_FI_DEV_GPU_UTIL", absurd["uuid"]) == []  # negative
         assert series("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", absurd["uuid"]) == []  # inf
-        assert series("DCGM_FI_DEV_MEM_COPY_UTIL", absurd["uuid"]) == [750.0]  # shown as it is
+        assert series("DCGM_FI_DEV_MEM_COPY_UTIL", absurd["uuid"]) == []  # a ratio of 7.5: no reading
         assert series("DCGM_FI_DEV_GPU_TEMP", absurd["uuid"]) == [-40.0]
         assert series("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", absurd["uuid"]) == [float(2**62)]
         assert all(math.isfinite(v) for _, _, v in samples)
@@ -173,6 +173,7 @@ def test_dead_letters_and_absurd_values(kafka: str, topic_prefix: str, tmp_path:
             ("DCGM_FI_DEV_POWER_USAGE", "nan"),
             ("DCGM_FI_DEV_GPU_UTIL", "negative"),
             ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "inf"),
+            ("DCGM_FI_DEV_MEM_COPY_UTIL", "out-of-range"),
         } <= invalid, invalid
         assert promtool_check(text.encode()) == []
 

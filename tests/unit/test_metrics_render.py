@@ -16,6 +16,7 @@ from consumers.metrics.render import (
 )
 from consumers.metrics.store import SeriesStore
 from schemas import catalog
+from schemas.validate import reading_max
 
 T_MS = 1_764_460_800_000
 NOW = T_MS / 1000 + 1
@@ -330,10 +331,12 @@ def test_wrong_types_dropped_and_counted():
     assert s.stats()["invalid"] == {("DCGM_FI_DEV_SM_CLOCK", "invalid"): 1}
 
 
-def test_values_above_range_exposed():
-    text = expo(blank(gpu_util_ratio=1.37, tensor_active_ratio=1.2))
-    assert value_of(text, "DCGM_FI_DEV_GPU_UTIL") == "137"
-    assert value_of(text, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE") == "1.200000"
+def test_ratios_above_one_are_no_reading():
+    """The contract's bound (a ratio of a whole is within [0, 1]) holds where readings are printed."""
+    text = expo(blank(gpu_util_ratio=1.37, tensor_active_ratio=1.2, power_w=300.0))
+    assert lines_of(text, "DCGM_FI_DEV_GPU_UTIL") == []
+    assert lines_of(text, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE") == []
+    assert value_of(text, "DCGM_FI_DEV_POWER_USAGE") == "300.000000"
 
 
 def test_gpu_lost_sample_shows_only_xid_and_age():
@@ -403,7 +406,8 @@ def test_fast_path_matches_reference_path():
             elif kind == 3:
                 rec[src] = rng.randrange(0, 1 << 38)
             else:
-                rec[src] = rng.random() * (1e10 if kind == 1 else 2)
+                hi = reading_max(src) or (1e10 if kind == 1 else 2)  # good values stay within bounds
+                rec[src] = rng.random() * hi
         fast = r._render_fast(rec, view)
         assert fast == r._render_checked(rec, view, {})
 
