@@ -11,7 +11,8 @@ ids are the ones the services use (read from their code, overridable per role):
   ``gpupipe-metrics-xid-<uuid>``: prefix); WRITE deadletter (idempotent producer).
 - chargeback: READ samples (group ``<topic prefix>gpupipe-chargeback``); transactional WRITE of
   chargeback and deadletter with transactional ids ``<group>.<instance>`` (prefix ``<group>.``);
-  progress offsets in group ``<group>.progress``.
+  progress offsets in group ``<group>.progress``; READ chargeback to read its own output back
+  after an offset reset (group prefix ``<group>.dedupe-``, never committed).
 - alerts:     READ xid and samples (group ``gpupipe-alerts``); WRITE alerts and deadletter; READ alerts
   to restore open alerts at start (group prefix ``gpupipe-alerts-restore-``); with ``--ha`` READ the
   lease topic ``gpu.alerts.leader.v1`` (group ``gpupipe-alerts-leader``).
@@ -32,6 +33,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpupipe import topics
+
+#: Chargeback's private groups that read its own output back: ``<group id>.dedupe-<uuid>``.
+CHARGEBACK_DEDUPE_SUFFIX = ".dedupe-"
 
 ROLES = ("producer", "metrics", "chargeback", "alerts", "recommend", "report", "tail", "admin")
 
@@ -119,10 +123,15 @@ def role_acls(
         out += [*_topic(p, prefix, topics.DEADLETTER, "WRITE"), idem]
     elif role == "chargeback":
         out += _topic(p, prefix, topics.SAMPLES, "READ")
-        out += _topic(p, prefix, topics.CHARGEBACK, "WRITE") + _topic(p, prefix, topics.DEADLETTER, "WRITE")
+        out += _topic(p, prefix, topics.CHARGEBACK, "READ", "WRITE") + _topic(
+            p, prefix, topics.DEADLETTER, "WRITE"
+        )
         out += [Acl(p, "TRANSACTIONAL_ID", "PREFIXED", f"{g}.", "WRITE"), idem]
         # Progress offsets (position vs end, for lag tooling) are committed to ``<group>.progress``.
         out.append(Acl(p, "GROUP", "LITERAL", f"{g}.progress", "READ"))
+        # After an offset reset, its own output is read back (``<group>.dedupe-<uuid>``, never
+        # committing) for the ids its dashboard counters must not count twice.
+        out.append(Acl(p, "GROUP", "PREFIXED", f"{g}{CHARGEBACK_DEDUPE_SUFFIX}", "READ"))
     elif role == "alerts":
         out += _topic(p, prefix, topics.XID, "READ") + _topic(p, prefix, topics.SAMPLES, "READ")
         out += _topic(p, prefix, topics.ALERTS, "READ", "WRITE")

@@ -16,11 +16,18 @@ mapping matches), ``gpu_model``; cost also ``currency``. Pseudo-namespaces (``__
 Bounded: past ``max_series`` label sets, new ones are counted under namespace and team
 ``__overflow__`` (per model), so totals stay right while forged namespaces cannot grow the
 exposition without end; each overflowing record is counted and the first one logged.
+
+Once, as the report does: after an offset reset (or a mirror failover) a partition restarts from
+offsets without our checkpoint and re-emits windows an earlier process already counted, under the
+same ``record_id``. Such a partition's records are *held* (:meth:`WindowCounters.hold`) until the
+ids already on the output topic are known (:meth:`WindowCounters.release`); those are not counted
+again (``gpupipe_chargeback_counter_duplicates``).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -29,6 +36,8 @@ from prometheus_client import CollectorRegistry, Counter
 LABELS = ("namespace", "team", "gpu_model")
 #: (namespace, team, model) label sets kept; a fleet's real ones are a few thousand at most.
 MAX_SERIES = 10_000
+#: Records held per partition while its emitted ids are read; past it they are counted unchecked.
+MAX_HELD = 200_000
 OVERFLOW = "__overflow__"
 
 log = logging.getLogger("gpupipe.chargeback")
@@ -40,11 +49,27 @@ def _counted(v: float) -> float:
 
 
 class WindowCounters:
-    def __init__(self, registry: CollectorRegistry, currency: str = "", max_series: int = MAX_SERIES) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        currency: str = "",
+        max_series: int = MAX_SERIES,
+        max_held: int = MAX_HELD,
+    ) -> None:
         self.currency = currency
         self.max_series = max_series
+        self.max_held = max_held
         self._seen: set[tuple[str, str, str]] = set()
+        # The loop thread adds; the reader of emitted ids releases (see the module doc).
+        self._lock = threading.Lock()
+        self._held: dict[int, list[dict[str, Any]]] = {}
+        self._emitted: dict[int, set[str]] = {}
         self.overflow_records = 0
+        self.duplicates = Counter(
+            "gpupipe_chargeback_counter_duplicates",
+            "Committed records not counted again: re-emitted after an offset reset, counted before.",
+            registry=registry,
+        )
         self.overflowed = Counter(
             "gpupipe_chargeback_series_overflow_records",
             f"Committed records counted under namespace {OVERFLOW}: past the cap on label sets.",
@@ -108,6 +133,10 @@ class WindowCounters:
 
     def prime(self, rows: Iterable[tuple[str, str]], team_of: Callable[[str], str | None] | None) -> None:
         """Create the series of open windows' (namespace, gpu_model) at 0 if they do not exist yet."""
+        with self._lock:
+            self._prime(rows, team_of)
+
+    def _prime(self, rows: Iterable[tuple[str, str]], team_of: Callable[[str], str | None] | None) -> None:
         for namespace, model in rows:
             team = (team_of(namespace) if team_of is not None else None) or namespace
             key = (namespace, team, model)
@@ -115,9 +144,59 @@ class WindowCounters:
                 self._seen.add(key)
                 self._children(key, self.currency)
 
+    def hold(self, partition: int) -> None:
+        """Hold ``partition``'s records uncounted until :meth:`release`."""
+        with self._lock:
+            self._held.setdefault(partition, [])
+
+    def release(self, partition: int, emitted: set[str] | None) -> int:
+        """Count ``partition``'s held records, skipping ``emitted`` (ids an earlier process counted;
+        None: unknown, count all), and skip those ids from now on too. Returns records counted."""
+        with self._lock:
+            held = self._held.pop(partition, [])
+            if emitted:
+                self._emitted[partition] = set(emitted)
+            return self._count(held)
+
+    def held(self) -> dict[int, int]:
+        with self._lock:
+            return {p: len(recs) for p, recs in self._held.items()}
+
     def add(self, records: Iterable[dict[str, Any]]) -> None:
         """Count committed ChargebackWindow records (windows and corrections)."""
+        with self._lock:
+            held = self._held
+            if not held:
+                self._count(records)
+                return
+            now: list[dict[str, Any]] = []
+            for rec in records:
+                part = rec.get("source_partition")
+                pending = held.get(part) if part is not None else None
+                if pending is None:
+                    now.append(rec)
+                    continue
+                pending.append(rec)
+                if len(pending) > self.max_held:
+                    log.warning(
+                        "chargeback counters: too many records held while the emitted ids are read; "
+                        "counting partition %s without the check",
+                        part,
+                    )
+                    self._count(held.pop(part))
+            self._count(now)
+
+    def _count(self, records: Iterable[dict[str, Any]]) -> int:
+        n = 0
+        emitted = self._emitted
         for rec in records:
+            if emitted:
+                ids = emitted.get(rec.get("source_partition"))  # type: ignore[arg-type]
+                if ids and rec.get("record_id") in ids:
+                    ids.discard(rec["record_id"])  # re-emitted once: never again
+                    self.duplicates.inc()
+                    continue
+            n += 1
             key = self._key((rec["namespace"], rec.get("team") or rec["namespace"], rec["gpu_model"]))
             alloc, used, idle, energy, cost = self._children(key, rec.get("currency") or self.currency)
             alloc.inc(_counted(rec["allocated_gpu_seconds"]))
@@ -125,3 +204,4 @@ class WindowCounters:
             idle.inc(_counted(rec["idle_gpu_seconds"]))
             energy.inc(_counted(rec["energy_joules"]))
             cost.inc(_counted(rec["cost_total"]))
+        return n

@@ -44,8 +44,11 @@ class PartitionOwnership:
         txn: TransactionalSession,
         metrics: ChargebackMetrics,
         group_id: str,
+        on_foreign: Callable[[dict[int, int]], None] | None = None,
     ) -> None:
         self.partitions = partitions
+        # Partitions whose committed offset carries no checkpoint of ours (partition -> offset).
+        self.on_foreign = on_foreign
         self.engine = engine
         self.holds = holds
         self.agreement: PriceAgreement = holds.agreement
@@ -73,6 +76,7 @@ class PartitionOwnership:
         p, engine, agreement = self.partitions, self.engine, self.agreement
         committed = p.read_committed(parts)
         starts: dict[int, int] = {}
+        foreign: dict[int, int] = {}
         # PriceChangeError when this price table would re-price usage already billed.
         restored = {
             tp.partition: Checkpoint.from_metadata(tp.offset, tp.metadata)
@@ -97,6 +101,8 @@ class PartitionOwnership:
             engine.restore(part, cp)  # CheckpointMismatchError for other window settings
             if cp is not None:
                 p.committed[part] = cp
+            else:
+                foreign[part] = tp.offset
             starts[part] = tp.offset
             log.info(
                 "partition restored",
@@ -109,6 +115,10 @@ class PartitionOwnership:
             )
         # Restored below any held record: the hold must not stay above it (see PriceHolds.unhold).
         self.holds.unhold_held(parts)
+        if foreign:
+            self.metrics.foreign_checkpoints.inc(len(foreign))
+            if self.on_foreign is not None:
+                self.on_foreign(foreign)
         return starts
 
     def rewind(self, restore: bool = True) -> None:

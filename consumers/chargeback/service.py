@@ -59,6 +59,7 @@ from confluent_kafka import (
 )
 from prometheus_client import CollectorRegistry
 
+from consumers.chargeback.emitted import EmittedIdsReader
 from consumers.chargeback.errors import ChargebackFatalError, PriceChangeError
 from consumers.chargeback.identity import check_client_overrides
 from consumers.chargeback.idle import IdleDetector
@@ -181,6 +182,15 @@ class ChargebackService:
             self.txn,
             self.metrics,
             cfg.group_id,
+            on_foreign=self._on_foreign_checkpoints,
+        )
+        self.emitted_ids = EmittedIdsReader(
+            bootstrap=cfg.bootstrap,
+            topic=cfg.output_topic,
+            group_id=cfg.group_id,
+            codec=codec,
+            extra=cfg.extra,
+            release=self.window_counters.release,
         )
         self.progress: ProgressPublisher | None = None
         self.registry.register(StateCollector(self.info, self.prices_agreement))
@@ -208,6 +218,20 @@ class ChargebackService:
     @property
     def held(self) -> dict[int, int]:
         return self.holds.held
+
+    def _on_foreign_checkpoints(self, foreign: dict[int, int]) -> None:
+        """Partitions whose committed offsets are not our checkpoints: say so, and keep the dashboard
+        counters from counting again what an earlier process emitted (see prom_counters)."""
+        log.warning(
+            "committed offsets without a chargeback checkpoint (an offset reset, a mirror failover or "
+            "another writer): these partitions re-process their input from there and emit its windows "
+            "again under the same record ids, which the report counts once",
+            extra=fields(partitions={str(p): o for p, o in sorted(foreign.items())}),
+        )
+        for part in foreign:
+            self.window_counters.hold(part)
+        since_ms = int((time.time() - self.cfg.dedupe_lookback_s) * 1000)
+        self.emitted_ids.start(set(foreign), since_ms)
 
     @property
     def rebalances(self) -> int:

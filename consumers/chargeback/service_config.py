@@ -33,6 +33,9 @@ class ServiceConfig:
     transactional_id_override: str | None = None
     idle_timeout_s: float | None = None  # close an idle partition's windows by broker time after this
     progress_group: str | None = None  # where true positions go for lag tooling (None: <group>.progress)
+    # How far back the output topic is read for the ids of windows a partition restarted without
+    # our checkpoint may emit again: the input's retention (3 days) and a day of margin.
+    dedupe_lookback_s: float = 4 * 86_400.0
 
     @property
     def transactional_id(self) -> str:
@@ -46,6 +49,12 @@ class ChargebackMetrics:
         self.consumed = Counter(
             "gpupipe_chargeback_records_consumed",
             "Input records consumed (replayed ones included).",
+            registry=registry,
+        )
+        self.foreign_checkpoints = Counter(
+            "gpupipe_chargeback_foreign_checkpoints",
+            "Partitions restored from a committed offset without a chargeback checkpoint (an offset "
+            "reset, a mirror failover): re-processed from there, their windows emitted again.",
             registry=registry,
         )
         self.replayed = Counter(

@@ -6,6 +6,7 @@ it starts at the offsets for that time instead of the beginning)."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from confluent_kafka.admin import AdminClient
 from gpupipe import topics
 from gpupipe.durations import format_iso_ms
 from gpupipe.kafka_admin import ensure_topics
+from tests.conftest import free_port
 from tests.integration.chargeback_util import (
     Progress,
     new_id,
@@ -24,6 +26,7 @@ from tests.integration.chargeback_util import (
     wait_log,
 )
 from tests.integration.kafka_util import gpupipe
+from tests.integration.metrics_helpers import http_get
 from tests.integration.test_chargeback_environments import T0, produce, samples
 
 pytestmark = pytest.mark.integration
@@ -84,3 +87,68 @@ def test_an_offset_reset_re_emits_but_the_report_counts_once(
     assert hours_from == pytest.approx(hours)
     hours_later, _ = report(kafka, topic_prefix, "--from", format_iso_ms(T0 + 600_000))
     assert hours_later == 0.0
+
+
+def counter_sum(text: str, name: str) -> float:
+    """Sum of a counter family's ``_total`` samples in a /metrics text."""
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(f"{name}_total") and not line.startswith("#")
+    )
+
+
+def run_and_scrape(kafka: str, prefix: str, group: str, log: Path, wait_for: str | None = None) -> str:
+    """One run to the end of the input; the service's /metrics text just before it stops."""
+    prog = Progress(kafka, group, prefix + topics.SAMPLES)
+    port = free_port()
+    args = ("--window", "10m", "--grace", "1m", "--group-id", group, "--no-static-membership")
+    svc = start_service(kafka, prefix, log, *args, "--listen", f"127.0.0.1:{port}")
+    try:
+        prog.wait_done(60, [svc])
+        if wait_for is not None:
+            wait_log(log, wait_for, timeout=60)
+        deadline = time.monotonic() + 60
+        while True:  # the counters follow the commit that the progress group saw
+            text = http_get(f"http://127.0.0.1:{port}/metrics").decode()
+            if counter_sum(text, "gpupipe_chargeback_records_emitted") > 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert stop_service(svc) == 0, log.read_text()[-3000:]
+        return text
+    finally:
+        if svc.poll() is None:
+            svc.kill()
+            svc.wait()
+        prog.close()
+
+
+def test_after_an_offset_reset_the_dashboard_counters_count_once_and_say_so(
+    kafka: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    """The Chargeback dashboard sums increase() over every process' counters: a re-emitted window
+    counted again by the next process doubled it, while the report (by record id) did not."""
+    ensure_topics(kafka, [topics.SAMPLES, topics.CHARGEBACK, topics.DEADLETTER], prefix=topic_prefix)
+    t_in = topic_prefix + topics.SAMPLES
+    produce(kafka, t_in, samples("a", 4, 0, 90))
+    group, log = f"cb-reset-{new_id()}", tmp_path / "cb.log"
+    first = run_and_scrape(kafka, topic_prefix, group, log)
+    counted = counter_sum(first, "gpupipe_chargeback_allocated_gpu_seconds")
+    assert counted == pytest.approx(4 * 600.0)
+    once = read_output(kafka, topic_prefix + topics.CHARGEBACK)
+
+    admin = AdminClient({"bootstrap.servers": kafka})
+    parts = sorted(admin.list_topics(t_in, timeout=10).topics[t_in].partitions)
+    req = ConsumerGroupTopicPartitions(group, [TopicPartition(t_in, p, 0) for p in parts])
+    for fut in admin.alter_consumer_group_offsets([req]).values():
+        assert all(tp.error is None for tp in fut.result(timeout=30).topic_partitions)
+
+    second = run_and_scrape(kafka, topic_prefix, group, log, wait_for="emitted record ids read back")
+    assert "committed offsets without a chargeback checkpoint" in log.read_text()
+    assert counter_sum(second, "gpupipe_chargeback_foreign_checkpoints") == len(parts)
+    assert counter_sum(second, "gpupipe_chargeback_records_emitted") == len(once)  # re-emitted...
+    assert counter_sum(second, "gpupipe_chargeback_counter_duplicates") == len(once)  # ...not recounted
+    # what a dashboard adds up over both processes is what the report bills
+    total = counted + counter_sum(second, "gpupipe_chargeback_allocated_gpu_seconds")
+    hours, _ = report(kafka, topic_prefix)
+    assert total / 3600 == pytest.approx(hours) == pytest.approx(4 * 600.0 / 3600)

@@ -29,7 +29,10 @@ def test_chargeback_has_its_group_and_transactional_ids() -> None:
     assert ("GROUP", "LITERAL", "gpupipe-chargeback", "READ") in ops
     assert ("TOPIC", "LITERAL", "gpu.samples.v1", "READ") in ops
     assert ("TOPIC", "LITERAL", "gpu.chargeback.v1", "WRITE") in ops
-    assert not any(o == "READ" and n == "gpu.chargeback.v1" for _, _, n, o in ops)
+    # its own output, read back after an offset reset, through never-committing private groups only
+    assert ("TOPIC", "LITERAL", "gpu.chargeback.v1", "READ") in ops
+    assert ("GROUP", "PREFIXED", "gpupipe-chargeback.dedupe-", "READ") in ops
+    assert not any(o == "READ" and n in ("gpu.alerts.v1", "gpu.xid.v1") for _, _, n, o in ops)
     # a service started with --group-id billing gets transactional ids billing.<instance>
     custom = {(a.resource_type, a.name) for a in acls.role_acls("chargeback", group="billing")}
     assert ("TRANSACTIONAL_ID", "billing.") in custom and ("GROUP", "billing") in custom
@@ -47,6 +50,7 @@ def test_the_group_ids_match_what_the_services_use() -> None:
     assert {a.name for a in acls.role_acls("chargeback", "staging.") if a.resource_type == "GROUP"} == {
         default_group_id("staging."),
         default_group_id("staging.") + ".progress",
+        default_group_id("staging.") + ".dedupe-",
     }
     import inspect
 
