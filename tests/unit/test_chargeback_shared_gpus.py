@@ -8,12 +8,19 @@ README's "Shared GPUs" section (``test_the_readme_worked_example`` checks its nu
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import re
 from pathlib import Path
 
 import pytest
 
 from consumers.chargeback.accounting import AccountingConfig, GpuRef, account
+from consumers.chargeback.windows import WindowEngine
+from consumers.report.chargeback_report import build_report
+from consumers.report.formats import FocusOptions, render_report
+from gpupipe.prices import parse_price_table
 from schemas.meaning import MIG_SHARED, UNALLOCATED, UNATTRIBUTED
 from tests.synthetic_fleet import blank_sample
 
@@ -228,16 +235,43 @@ def _example_table() -> dict[str, float]:
     return {ns: float(total) for ns, _, _, total in rows}
 
 
-def test_the_readme_worked_example():
+def example_sample(ts_ms: int = T0) -> dict:
     """One 60 s sample of a 4-replica time-sliced H200: train holds 2 replicas and runs at 50 % SM,
     notebook holds 1 and runs at 10 %, an unplaced process adds 10 %, one replica is free."""
-    s = sample(
+    return sample(
         [alloc("train", "t", 0), alloc("train", "t", 1), alloc("notebook", "nb", 2)],
         [proc("train", "t", 0.5), proc("notebook", "nb", 0.1, pid=2), proc(None, None, 0.1, pid=3)],
+        timestamp_ms=ts_ms,
         shared_replicas=4,
         gpu_util_ratio=0.7,
         interval_ms=60_000,
     )
-    got = {ns: round(v, 3) for ns, v in bills(s).items()}
+
+
+def test_the_readme_worked_example():
+    got = {ns: round(v, 3) for ns, v in bills(example_sample()).items()}
     assert got == _example_table()
     assert sum(got.values()) == pytest.approx(60.0)
+
+
+def test_the_focus_export_allocates_the_gpu_as_the_example_bills_it():
+    """An hour of the example through the window engine and the FOCUS export: each namespace's row
+    is an allocated charge of the GPU's origin charge, with the example's ratio of it."""
+    prices = parse_price_table(
+        {"currency": "USD", "energy_per_kwh": 0.1, "models": [{"match": "NVIDIA H200", "per_gpu_hour": 4.0}]}
+    )
+    hour = 3_600_000
+    engine = WindowEngine(hour, 300_000, prices, "test")
+    for k in range(60):
+        engine.add(example_sample(T0 + k * 60_000), 0, k, T0 + k * 60_000)
+    records = engine.flush_all()
+    rows = build_report(records, billing_lag_ms=86_400_000)
+    lines = list(csv.DictReader(io.StringIO(render_report(rows, "focus", focus=FocusOptions()))))
+    gpu = {ln["x_Namespace"]: ln for ln in lines if ln["ConsumedUnit"] == "GPU-Hours"}
+    ratios = {
+        ns: json.loads(ln["AllocatedMethodDetails"])["Elements"][0]["AllocatedRatio"]
+        for ns, ln in gpu.items()
+    }
+    assert ratios == pytest.approx({ns: v / 60.0 for ns, v in _example_table().items()}, abs=1e-6)
+    assert {ln["AllocatedMethodId"] for ln in gpu.values()} == {"gpupipe-gpu-time"}
+    assert len({ln["ResourceId"] for ln in gpu.values()}) == 1  # one origin: the GPUs of the node
