@@ -315,9 +315,10 @@ class NodeAgent:
 
     @property
     def allocations_known(self) -> bool:
-        """False while kubelet enrichment is on but no attribution is known (chargeback L1): no map
-        yet, or the List failed past the grace period. Within the grace period the last good map is
-        kept (flagged ``allocations_stale``), so tenants stay billed to their pods."""
+        """False while kubelet enrichment is on but no attribution is known (chargeback then bills
+        ``__unattributed__``, not ``__unallocated__``): no map yet, or the List failed past the grace
+        period. Within the grace period the last good map is kept (flagged ``allocations_stale``),
+        so tenants stay billed to their pods."""
         if not self.config.kubelet_socket:
             return True
         r = self.refresher
