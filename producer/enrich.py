@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from producer.kubelet.mapping import AllocationMap, PodRef, lookup
+from producer.kubelet.mapping import AllocationMap, PodRef, lookup, replica_count
 from producer.nvml.records import DeviceIds
 
 
@@ -187,16 +187,16 @@ def enrich_sample(
     """
     mig = sample.get("mig")
     if mig:
-        refs = device_holders(
-            amap, sample.get("uuid"), mig.get("mig_uuid"), aliases=slice_aliases(ids, mig.get("mig_uuid"))
-        )
+        aliases = slice_aliases(ids, mig.get("mig_uuid"))
+        refs = device_holders(amap, sample.get("uuid"), mig.get("mig_uuid"), aliases=aliases)
+        keys = (mig.get("mig_uuid") or "", *aliases)
     else:
         minor = ids.minors.get(sample.get("uuid") or "") if ids is not None else None
-        refs = device_holders(
-            amap,
-            sample.get("uuid"),
-            aliases=gpu_aliases(sample.get("gpu_index"), sample.get("pci_bus_id"), minor),
-        )
+        aliases = gpu_aliases(sample.get("gpu_index"), sample.get("pci_bus_id"), minor)
+        refs = device_holders(amap, sample.get("uuid"), aliases=aliases)
+        keys = (sample.get("uuid") or "", *aliases)
+    if amap:
+        sample["shared_replicas"] = replica_count(amap, keys)
     refs = live_holders(refs, sample.get("processes") or (), resolve)
     sample["allocations"] = [allocation_record(r) for r in refs]
     procs = sample.get("processes")

@@ -315,9 +315,10 @@ class NodeAgent:
 
     @property
     def allocations_known(self) -> bool:
-        """False while kubelet enrichment is on but no attribution is known (chargeback L1): no map
-        yet, or the List failed past the grace period. Within the grace period the last good map is
-        kept (flagged ``allocations_stale``), so tenants stay billed to their pods."""
+        """False while kubelet enrichment is on but no attribution is known (chargeback then bills
+        ``__unattributed__``, not ``__unallocated__``): no map yet, or the List failed past the grace
+        period. Within the grace period the last good map is kept (flagged ``allocations_stale``),
+        so tenants stay billed to their pods."""
         if not self.config.kubelet_socket:
             return True
         r = self.refresher
@@ -627,9 +628,12 @@ class NodeAgent:
         ids = src.device_ids()
         stale = self.kubelet_map_stale
         configured: dict[str, float] = {}  # per MIG-mode GPU: the fractions its slices cover
+        parent_energy: dict[str, int] = {}  # per MIG-mode GPU: its energy counter, for its slices
         for s in samples:
             if s["mig"]:
                 configured[s["uuid"]] = configured.get(s["uuid"], 0.0) + (s["mig"]["slice_fraction"] or 0.0)
+            elif s.get("mig_enabled") and s.get("total_energy_mj") is not None:
+                parent_energy[s["uuid"]] = s["total_energy_mj"]
         slices: dict[str, list[str]] = {}
         put, enc, topic = self.samples.put, self._enc_sample, self.t_samples
         ts = 0
@@ -644,8 +648,13 @@ class NodeAgent:
             mig = s["mig"]
             if not mig and s.get("mig_enabled"):
                 s["mig_configured_fraction"] = configured.get(s["uuid"], 0.0)
+                # The slices are keyed (so partitioned) apart from their GPU: each carries the
+                # GPU's counter, read in this same poll, and bills its fraction of the delta.
+                s["mig_energy_by_slice"] = s["uuid"] in parent_energy and s["uuid"] in configured
             if mig:
                 slices.setdefault(s["uuid"], []).append(mig["mig_uuid"])
+                if s.get("total_energy_mj") is None:
+                    s["mig_parent_energy_mj"] = parent_energy.get(s["uuid"])
             try:
                 value = enc(s)
             except EncodeError as exc:

@@ -58,6 +58,7 @@ _OTHER_DOUBLES = (
 _NON_NEGATIVE_LONGS = (
     "total_energy_mj",
     "module_energy_mj",
+    "mig_parent_energy_mj",
     "fb_total_bytes",
     "fb_used_bytes",
     "fb_free_bytes",
@@ -65,6 +66,9 @@ _NON_NEGATIVE_LONGS = (
 #: Xid and NVSwitch SXid codes (five digits) are small non-negative numbers; 0 is a driver's
 #: "unknown", and codes the catalogue does not know yet still alert.
 XID_RANGE = (0, 65_535)
+#: Replicas of one time-sliced device: the device plugin's own limit is far below this; a count
+#: outside it is no count (and would make every tenant's share of the idle time vanish).
+REPLICAS_RANGE = (1, 1_024)
 
 #: Kubernetes' limits: a namespace and a container are DNS labels, a pod and a node DNS subdomains.
 _NAME_LIMITS = {
@@ -176,6 +180,9 @@ def _sample(rec: Mapping[str, Any]) -> str | None:
         v = rec.get(name)
         if isinstance(v, int) and v < 0:
             return f"{name}: {v}, not negative"
+    replicas = rec.get("shared_replicas")
+    if isinstance(replicas, int) and not REPLICAS_RANGE[0] <= replicas <= REPLICAS_RANGE[1]:
+        return f"shared_replicas: {replicas}, within [{REPLICAS_RANGE[0]}, {REPLICAS_RANGE[1]}]"
     last = rec.get("last_xid")
     if isinstance(last, int) and not XID_RANGE[0] <= last <= XID_RANGE[1]:
         return f"last_xid: {last}, an Xid code within [{XID_RANGE[0]}, {XID_RANGE[1]}]"

@@ -35,32 +35,43 @@ Fractions and shares
 --------------------
 * A whole GPU counts 1; a MIG slice counts ``mig.slice_fraction`` (clamped to 0..1).
 * The whole-GPU record of a GPU in MIG mode (``mig_enabled`` true, ``mig`` null) accounts no
-  time (its slices do). NVML measures power and energy only on that whole GPU, and the slices are
-  keyed (hence partitioned) apart from it, so its energy goes to the pseudo-namespace
-  ``__mig_shared__`` of its node: complete totals, honestly not split per slice. Slice records
-  with energy fields of their own are used as they are (a producer must not copy the parent's
-  power into its slices, or it is counted twice).
+  time (its slices do), only the capacity no slice covers (``1 - mig_configured_fraction``, to
+  ``__unallocated__``). NVML measures energy only on that whole GPU, and the slices are keyed
+  (hence partitioned) apart from it, so the parent's energy cannot be split where it is read. The
+  producer copies the parent's counter into each slice's record (``mig_parent_energy_mj``, and
+  ``mig_energy_by_slice`` on the parent): each slice bills ``slice_fraction`` of that counter's
+  delta along its own timeline, and the parent only the uncovered share. Every key's state is its
+  own, so this is exact under replay. Without those fields the parent's energy goes whole to the
+  pseudo-namespace ``__mig_shared__`` of its node.
 * GPU time no pod holds goes to ``__unallocated__``. A sample with ``gpu_lost`` also goes there
   (flagged in ``lost_s``): no tenant can use a GPU that fell off the bus, so none pays for it.
-* A GPU (or slice, or time-sliced GPU) held by several distinct (namespace, pod) pairs is split by
-  the pods' summed per-process ``sm_util_ratio`` when processes carry pod attribution and the sum
-  is positive (pods with no process get nothing for that sample), else equally. The SM share of
-  processes no holder owns (unattributed, or of a pod that does not hold the GPU) goes to
-  ``__unattributed__``, never to the other holders.
+* An exclusive GPU (one pod holds all of it) is that pod's, whatever runs on it.
+* A shared GPU (several pods hold it, or one holds fewer replicas than ``shared_replicas``):
+  each pod's *allocation* is its distinct replicas (1 for a device without replica ids, as with
+  DRA) over the GPU's replicas (``shared_replicas``, else the replicas held). The *measured use*
+  is the processes' summed ``sm_util_ratio`` (scaled down to 1 if over), or, when no process
+  reports SM, the GPU's activity weighted by ``used_memory_bytes``. Each pod pays its processes'
+  use, plus its allocation's share of the idle rest; the use of processes the node could not
+  place in a pod is split among the holders by allocation (only holders run on an allocated
+  device), a pod that does not hold the GPU pays its own use, and the idle share of replicas no
+  one holds is ``__unallocated__``. With no per-process measure at all, the time is split by
+  allocation. So a bill never moves with idle neighbours, and whoever used the GPU pays for it.
 
 Activity, idle, energy
 ----------------------
 * Activity is ``sm_active_ratio`` where reported, else ``gpu_util_ratio`` (clamped to 0..1);
   ``used = allocated x activity``. With neither, the time counts as ``unknown``.
 * ``idle`` is allocated time of samples whose activity is below ``idle_activity_threshold``:
-  held but inactive (what a chargeback reader looks for), rather than ``allocated - used``.
+  held but inactive (what a chargeback reader looks for), rather than ``allocated - used``. On a
+  shared GPU with per-process measures, ``used`` and ``idle`` are each party's measured use and
+  held-but-idle part, which add up to its allocated time.
 * Energy is the ``total_energy_mj`` delta against the reference sample for a *continued* sample
   and for one after a long gap (the whole gap's energy: the counter survives telemetry gaps); a
   sample of a clock that stepped back, with the counter still going up, adds none (the next sample
   past the reference measures it). Otherwise, or when a counter is missing, went backwards (driver
   reload) or implies more than
   ``max_plausible_power_w``, it is ``power_w x accounted time`` (counted as estimated). With
-  neither it is 0. It is split like the time.
+  neither it is 0. It is split like the time (a MIG slice's, see above, is its own).
 """
 
 from __future__ import annotations
@@ -182,52 +193,126 @@ def gpu_fraction(sample: dict[str, Any]) -> float:
     return 1.0
 
 
-def pod_shares(sample: dict[str, Any]) -> list[tuple[str, str | None, float]]:
-    """(namespace, pod, weight) of the holders of the sample's GPU; weights add up to 1."""
-    if sample.get("gpu_lost"):
-        return [(UNALLOCATED, None, 1.0)]
-    if sample.get("allocations_known") is False:
-        # Review L1: the kubelet was unreachable, so "no allocation" means "unknown": tenants' time
-        # must not silently become __unallocated__ capacity.
-        return [(UNATTRIBUTED, None, 1.0)]
-    pods: list[tuple[str, str]] = []
+@dataclass(frozen=True, slots=True)
+class Share:
+    """One party's part of a GPU's time in one sample, as fractions of that time."""
+
+    namespace: str
+    pod: str | None
+    weight: float
+    """Its part of the time (and the energy); the weights of a sample add up to 1."""
+    used: float | None = None
+    """On a shared GPU with per-process measurements, the measured-use part of ``weight`` (the
+    rest is held-but-idle time); None where use is judged from the GPU's activity instead."""
+
+
+def _holders(sample: dict[str, Any]) -> dict[tuple[str, str], int]:
+    """(namespace, pod) -> allocation units: distinct replicas held, or 1 for a device without."""
+    replicas: dict[tuple[str, str], set[int]] = {}
     for alloc in sample.get("allocations") or ():
-        pair = (alloc["namespace"], alloc["pod"])
-        if pair not in pods:
-            pods.append(pair)
-    if not pods:
-        return [(UNALLOCATED, None, 1.0)]
-    if len(pods) == 1:
-        return [(pods[0][0], pods[0][1], 1.0)]
-    use = dict.fromkeys(pods, 0.0)
+        held = replicas.setdefault((alloc["namespace"], alloc["pod"]), set())
+        if alloc.get("replica") is not None:
+            held.add(int(alloc["replica"]))
+    return {pair: max(len(held), 1) for pair, held in replicas.items()}
+
+
+def _measured_use(
+    sample: dict[str, Any], activity: float | None
+) -> tuple[float, dict[tuple[str, str] | None, float]] | None:
+    """(the GPU's used fraction, each process owner's weight in it); None where nothing measures it.
+
+    SM first: the processes' ``sm_util_ratio`` (their sum is the used fraction, scaled down to the
+    whole GPU when it exceeds 1). Memory second, only where no process reports SM use (NVML has no
+    per-process samples on some GPUs and drivers): the GPU's activity split by ``used_memory_bytes``.
+    The owner is the process's (namespace, pod), or None where the node could not place it.
+    """
+    sm = _owner_weights(sample, "sm_util_ratio")
+    if sm:
+        total = sum(sm.values())
+        return min(total, 1.0), {owner: w / total for owner, w in sm.items()}
+    memory = _owner_weights(sample, "used_memory_bytes")
+    if memory and activity:
+        total = sum(memory.values())
+        return activity, {owner: w / total for owner, w in memory.items()}
+    return None
+
+
+def _owner_weights(sample: dict[str, Any], field: str) -> dict[tuple[str, str] | None, float]:
+    """The positive ``field`` of the sample's processes summed per owner (SM ratios clamped to 1)."""
+    out: dict[tuple[str, str] | None, float] = {}
     for proc in sample.get("processes") or ():
-        pair = (proc.get("namespace"), proc.get("pod"))
-        util = proc.get("sm_util_ratio")
-        if pair in use and util is not None and util > 0:
-            use[pair] += float(util)
-    unattributed = 0.0  # SM of processes no holder owns (attribution failed, or a stale pod)
-    for proc in sample.get("processes") or ():
-        pair = (proc.get("namespace"), proc.get("pod"))
-        util = proc.get("sm_util_ratio")
-        if pair not in use and util is not None and util > 0:
-            unattributed += float(util)
-    total = sum(use.values()) + unattributed
-    if total > 0:
-        # Review D8: the unattributed share is nobody's to pay; never give it to the other holders.
-        shares = [(ns, pod, use[(ns, pod)] / total) for ns, pod in pods]
-        if unattributed > 0:
-            shares.append((UNATTRIBUTED, None, unattributed / total))
+        value = proc.get(field)
+        if value is None or not value > 0:
+            continue
+        ns, pod = proc.get("namespace"), proc.get("pod")
+        owner = (ns, pod) if ns and pod else None
+        out[owner] = out.get(owner, 0.0) + (_unit(float(value)) if field == "sm_util_ratio" else float(value))
+    return out
+
+
+def pod_shares(sample: dict[str, Any], activity: float | None = None) -> list[Share]:
+    """Who pays for the sample's GPU time; the weights add up to 1 (see the module docstring).
+
+    ``activity`` is the GPU's (``activity_ratio``): the memory-weighted use needs it.
+    """
+    if sample.get("gpu_lost"):
+        return [Share(UNALLOCATED, None, 1.0)]
+    if sample.get("allocations_known") is False:
+        # The kubelet was unreachable, so "no allocation" means "unknown": tenants' time must not
+        # silently become __unallocated__ capacity.
+        return [Share(UNATTRIBUTED, None, 1.0)]
+    units = _holders(sample)
+    if not units:
+        return [Share(UNALLOCATED, None, 1.0)]
+    held = sum(units.values())
+    replicas = sample.get("shared_replicas")
+    capacity = max(int(replicas), held) if isinstance(replicas, int) and replicas > 0 else held
+    if len(units) == 1 and capacity == held:
+        # Exclusive: whatever runs on the GPU runs on the holder's allocation.
+        ((ns, pod),) = units
+        return [Share(ns, pod, 1.0)]
+    measured = _measured_use(sample, activity)
+    if measured is None:
+        # Nothing measures who used it: all of it by allocation.
+        shares = [Share(ns, pod, n / capacity) for (ns, pod), n in units.items()]
+        if capacity > held:
+            shares.append(Share(UNALLOCATED, None, (capacity - held) / capacity))
         return shares
-    return [(ns, pod, 1.0 / len(pods)) for ns, pod in pods]
+    used, owners = measured
+    idle = 1.0 - used
+    unplaced = used * owners.get(None, 0.0)  # only holders run on an allocated device: theirs
+    shares = []
+    for pair, n in units.items():
+        use = used * owners.get(pair, 0.0) + unplaced * n / held
+        shares.append(Share(pair[0], pair[1], use + idle * n / capacity, use))
+    for owner, w in owners.items():
+        if owner is not None and owner not in units:  # a pod using a GPU it does not hold
+            shares.append(Share(owner[0], owner[1], used * w, used * w))
+    if capacity > held:
+        shares.append(Share(UNALLOCATED, None, idle * (capacity - held) / capacity, 0.0))
+    return shares
+
+
+def energy_counter(sample: dict[str, Any]) -> tuple[int | None, float]:
+    """(the energy counter a sample's energy is measured on, the share of its delta that is the
+    sample's): its own ``total_energy_mj``, else, on a MIG slice, the parent GPU's counter
+    ``mig_parent_energy_mj`` times the slice fraction (NVML measures energy only on the GPU)."""
+    own = sample.get("total_energy_mj")
+    if own is not None:
+        return int(own), 1.0
+    parent = sample.get("mig_parent_energy_mj")
+    if parent is not None and sample.get("mig"):
+        return int(parent), gpu_fraction(sample)
+    return None, 1.0
 
 
 def _energy_j(
     sample: dict[str, Any], ref: GpuRef | None, status: str, dt_ms: int, cfg: AccountingConfig
 ) -> tuple[float, float]:
     """(energy in joules, the part of it estimated from power) for the accounted time."""
-    now = sample.get("total_energy_mj")
+    now, share = energy_counter(sample)
     if ref is not None and ref.energy_mj is not None and now is not None:
-        delta_mj = now - ref.energy_mj
+        delta_mj = (now - ref.energy_mj) * share
         if status == CONTINUED or (status == FIRST and sample["timestamp_ms"] > ref.ts_ms):
             # After a gap too: the counter is the one measurement that survives
             # telemetry gaps, so its delta over the whole gap is kept when it is continuous.
@@ -251,7 +336,7 @@ def account(sample: dict[str, Any], ref: GpuRef | None, offset: int, cfg: Accoun
     ts = int(sample["timestamp_ms"])
     interval = nominal_interval_ms(sample, cfg)
     cap = max_gap_ms(interval, cfg)
-    this_ref = GpuRef(ts, sample.get("total_energy_mj"), offset)
+    this_ref = GpuRef(ts, energy_counter(sample)[0], offset)
 
     depends_on: int | None = None
     new_ref: GpuRef | None = this_ref
@@ -280,32 +365,27 @@ def account(sample: dict[str, Any], ref: GpuRef | None, offset: int, cfg: Accoun
     model = sample["model_name"]
 
     if fraction == 0.0 and sample.get("mig_enabled") and not sample.get("mig"):
-        contrib = Contribution(
-            MIG_SHARED, None, node, model, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, energy_j, estimated_j
-        )
-        configured = sample.get("mig_configured_fraction")
-        if configured is None:
-            return Accounted(key, status, dt_ms, 0.0, (contrib,), new_ref, depends_on)
-        # Review L5: capacity no slice covers is capacity nobody can use: __unallocated__, so the
-        # namespaces plus __unallocated__ reconcile with physical GPU-hours.
-        uncovered = _unit(1.0 - float(configured))
-        free_s = dt_ms / 1000.0 * uncovered
-        free = Contribution(
-            UNALLOCATED, None, node, model, free_s, 0.0, 0.0, free_s, 0.0, free_s, 0.0, 0.0, 0.0
-        )
-        contribs = (contrib, free) if free_s > 0 else (contrib,)
-        return Accounted(key, status, dt_ms, uncovered, contribs, new_ref, depends_on)
+        return _mig_parent(sample, key, status, dt_ms, energy_j, estimated_j, new_ref, depends_on)
 
     gpu_s = dt_ms / 1000.0 * fraction
     activity = activity_ratio(sample)
     lost = bool(sample.get("gpu_lost"))
     is_mig = bool(sample.get("mig"))
-    shares = pod_shares(sample)
+    shares = pod_shares(sample, activity)
     shared = len(shares) > 1
     workload = workload_keys(sample)
     out = []
-    for namespace, pod, weight in shares:
+    for share in shares:
+        namespace, pod, weight = share.namespace, share.pod, share.weight
         alloc_s = gpu_s * weight
+        if share.used is not None:  # measured per process: its use, and the held-but-idle rest
+            used_s, idle_s, unknown_s = gpu_s * share.used, gpu_s * (weight - share.used), 0.0
+        elif activity is None:
+            used_s, idle_s, unknown_s = 0.0, 0.0, alloc_s
+        else:
+            used_s = alloc_s * activity
+            idle_s = alloc_s if activity < cfg.idle_activity_threshold else 0.0
+            unknown_s = 0.0
         out.append(
             Contribution(
                 namespace=namespace,
@@ -313,9 +393,9 @@ def account(sample: dict[str, Any], ref: GpuRef | None, offset: int, cfg: Accoun
                 node=node,
                 gpu_model=model,
                 allocated_s=alloc_s,
-                used_s=alloc_s * activity if activity is not None else 0.0,
-                idle_s=alloc_s if activity is not None and activity < cfg.idle_activity_threshold else 0.0,
-                unknown_s=alloc_s if activity is None else 0.0,
+                used_s=used_s,
+                idle_s=idle_s,
+                unknown_s=unknown_s,
                 shared_s=alloc_s if shared else 0.0,
                 mig_s=alloc_s if is_mig else 0.0,
                 lost_s=alloc_s if lost else 0.0,
@@ -325,3 +405,34 @@ def account(sample: dict[str, Any], ref: GpuRef | None, offset: int, cfg: Accoun
             )
         )
     return Accounted(key, status, dt_ms, fraction, tuple(out), new_ref, depends_on)
+
+
+def _mig_parent(
+    sample: dict[str, Any],
+    key: str,
+    status: str,
+    dt_ms: int,
+    energy_j: float,
+    estimated_j: float,
+    new_ref: GpuRef | None,
+    depends_on: int | None,
+) -> Accounted:
+    """The whole-GPU record of a GPU in MIG mode: no time of its own (its slices bill it), the
+    capacity no slice covers to ``__unallocated__``, and the energy the slices do not bill."""
+    node, model = sample["hostname"], sample["model_name"]
+    configured = sample.get("mig_configured_fraction")
+    by_slice = bool(sample.get("mig_energy_by_slice"))
+    uncovered = 0.0 if configured is None else _unit(1.0 - float(configured))
+    contribs: list[Contribution] = []
+    if not by_slice:
+        # Slices without the parent's counter cannot bill energy: it stays whole, on the node.
+        zero = (0.0,) * 7
+        contribs.append(Contribution(MIG_SHARED, None, node, model, *zero, energy_j, estimated_j))
+    # Capacity no slice covers is capacity nobody can use: __unallocated__, so the namespaces plus
+    # __unallocated__ reconcile with physical GPU-hours (and, by slice, with the GPU's energy).
+    free_s = dt_ms / 1000.0 * uncovered
+    if free_s > 0:
+        free_j, free_est = (energy_j * uncovered, estimated_j * uncovered) if by_slice else (0.0, 0.0)
+        times = (free_s, 0.0, 0.0, free_s, 0.0, free_s, 0.0)  # allocated, unknown and MIG time
+        contribs.append(Contribution(UNALLOCATED, None, node, model, *times, free_j, free_est))
+    return Accounted(key, status, dt_ms, uncovered, tuple(contribs), new_ref, depends_on)

@@ -57,6 +57,9 @@ SAMPLE_FIELDS = (
     "total_energy_mj",
     "allocations_known",
     "mig_configured_fraction",
+    "shared_replicas",
+    "mig_parent_energy_mj",
+    "mig_energy_by_slice",
 )
 """GpuSample fields the accounting reads; everything else may be skipped when decoding."""
 

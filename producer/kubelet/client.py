@@ -191,7 +191,18 @@ class PodResourcesClient:
         """``List`` + mapping. ``mapper`` (if given) overrides ``extra_resource_names``."""
         if mapper is None:
             mapper = AllocationMapper(tuple(extra_resource_names))
-        return mapper.build(self.list_pod_resources())
+        amap = mapper.build(self.list_pod_resources())
+        try:
+            allocatable = self.get_allocatable()
+            devices = tuple(
+                ContainerDevices(d.resource_name, tuple(d.device_ids)) for d in allocatable.devices
+            )
+        except (grpc.RpcError, KubeletSocketAbsent, AttributeError, TypeError, ValueError) as exc:
+            # Replica counts only refine shared GPUs' bills: a kubelet that cannot tell them
+            # (too old, or the call failed) still gives the allocations.
+            log.debug("kubelet GetAllocatableResources failed: %s", exc)
+            return amap
+        return amap.with_replicas(mapper.replica_counts(devices))
 
     def get_allocatable(self) -> api_pb2.AllocatableResourcesResponse:
         """Raw ``GetAllocatableResources`` (allocatable, not free, devices). Raises like list_response."""

@@ -34,6 +34,11 @@ kubelet API does not carry; pass ``dra_device_resolver`` to :class:`AllocationMa
 allocations under the resolved device id, so :func:`lookup` finds them.
 
 Each tuple is sorted and free of duplicates, so the same allocation always yields the same labels.
+
+Replica counts: ``GetAllocatableResources`` lists every device id the device plugins advertise,
+held or not. :meth:`AllocationMapper.replica_counts` counts the ``<id>::<n>`` replicas per key, and
+:meth:`AllocationMap.with_replicas` attaches them (``AllocationMap.replicas``), so chargeback can
+tell one replica held of four from a whole GPU.
 """
 
 from __future__ import annotations
@@ -137,7 +142,7 @@ class AllocationMap(Mapping[str, tuple[PodRef, ...]]):
     device entries skipped), ``odd_device_ids`` (count). Falsy when it holds no allocation at all.
     """
 
-    __slots__ = ("_devices", "dra", "ignored_resources", "odd_device_ids")
+    __slots__ = ("_devices", "dra", "ignored_resources", "odd_device_ids", "replicas")
 
     def __init__(
         self,
@@ -145,11 +150,17 @@ class AllocationMap(Mapping[str, tuple[PodRef, ...]]):
         dra: Mapping[DraDeviceKey, tuple[PodRef, ...]] | None = None,
         ignored_resources: Mapping[str, int] | None = None,
         odd_device_ids: int = 0,
+        replicas: Mapping[str, int] | None = None,
     ) -> None:
         self._devices: Mapping[str, tuple[PodRef, ...]] = MappingProxyType(dict(devices or {}))
         self.dra: Mapping[DraDeviceKey, tuple[PodRef, ...]] = MappingProxyType(dict(dra or {}))
         self.ignored_resources: Mapping[str, int] = MappingProxyType(dict(ignored_resources or {}))
         self.odd_device_ids = odd_device_ids
+        self.replicas: Mapping[str, int] = MappingProxyType(dict(replicas or {}))
+
+    def with_replicas(self, replicas: Mapping[str, int]) -> AllocationMap:
+        """The same map with the shared devices' replica counts (device key -> replicas)."""
+        return AllocationMap(self._devices, self.dra, self.ignored_resources, self.odd_device_ids, replicas)
 
     @classmethod
     def empty(cls) -> AllocationMap:
@@ -175,6 +186,7 @@ class AllocationMap(Mapping[str, tuple[PodRef, ...]]):
             and dict(self.dra) == dict(other.dra)
             and dict(self.ignored_resources) == dict(other.ignored_resources)
             and self.odd_device_ids == other.odd_device_ids
+            and dict(self.replicas) == dict(other.replicas)
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -266,6 +278,20 @@ class AllocationMapper:
             acc.odd,
         )
 
+    def replica_counts(self, devices: Iterable[ContainerDevices]) -> dict[str, int]:
+        """Device key -> distinct replicas advertised, for the allocatable ``devices`` of a node."""
+        seen: dict[str, set[int]] = {}
+        for dev in devices:
+            if not isinstance(dev.resource_name, str) or not self.wants(dev.resource_name):
+                continue
+            for did in dev.device_ids:
+                if not isinstance(did, str) or not did.strip():
+                    continue
+                key, replica, _ = split_device_id(did)
+                if replica is not None:
+                    seen.setdefault(key, set()).add(replica)
+        return {key: len(replicas) for key, replicas in seen.items()}
+
     def _add_devices(
         self, acc: _Accumulator, pod: PodResources, ctr: ContainerResources, dev: ContainerDevices
     ) -> None:
@@ -306,6 +332,15 @@ class _Accumulator:
 
 def _sorted(refs: Iterable[PodRef]) -> tuple[PodRef, ...]:
     return tuple(sorted(refs, key=PodRef.sort_key))
+
+
+def replica_count(amap: AllocationMap, keys: Iterable[str]) -> int | None:
+    """Replicas advertised for the first of ``keys`` (a device's UUID, then its aliases) that has
+    them; None for a device that is not shared, or when the counts are unknown."""
+    for key in keys:
+        if key and key in amap.replicas:
+            return amap.replicas[key]
+    return None
 
 
 def build_allocation_map(

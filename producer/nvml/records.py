@@ -39,6 +39,9 @@ IDENTITY_FIELDS = frozenset(
         # Set by the node agent for chargeback, not measured by NVML.
         "allocations_known",
         "mig_configured_fraction",
+        "mig_energy_by_slice",
+        "mig_parent_energy_mj",
+        "shared_replicas",
     }
 )
 _LIST_FIELDS = ("allocations", "processes")

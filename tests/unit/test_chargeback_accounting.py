@@ -11,7 +11,6 @@ from consumers.chargeback.accounting import (
     FIRST,
     MIG_SHARED,
     UNALLOCATED,
-    UNATTRIBUTED,
     AccountingConfig,
     GpuRef,
     account,
@@ -78,7 +77,7 @@ def ref(ts: int, energy_mj: int | None = None, offset: int = 0) -> GpuRef:
         (T0, T0 + 10_037, CONTINUED, 10_037, True),  # jitter is billed as measured
         (T0, T0 + 20_050, CONTINUED, 20_050, True),  # one lost sample: still billed
         (T0, T0 + 25_000, CONTINUED, 25_000, True),  # exactly the cap
-        (T0, T0 + 25_001, FIRST, 25_000, True),  # a longer gap bills the cap, never less (D8)
+        (T0, T0 + 25_001, FIRST, 25_000, True),  # a longer gap bills the cap, never less
         (T0, T0 + 3_600_000, FIRST, 25_000, True),
         (T0, T0, DUPLICATE, 0, False),  # same key, same timestamp: counted once
         (T0, T0 - 10_000, DUPLICATE, 0, False),  # re-sent / reordered within the cap
@@ -129,37 +128,38 @@ def test_gpu_key_is_mig_uuid_for_slices():
         ([alloc("a", "p1")], [], {("a", "p1"): 1.0}),
         # one pod with two containers on the GPU is one holder
         ([alloc("a", "p1", "c1"), alloc("a", "p1", "c2")], [], {("a", "p1"): 1.0}),
-        # time-sliced, no per-process data: equal split
+        # shared, no per-process data: by allocation (one device each)
         ([alloc("a", "p1"), alloc("b", "p2")], [], {("a", "p1"): 0.5, ("b", "p2"): 0.5}),
         (
             [alloc("a", "p1"), alloc("b", "p2"), alloc("b", "p3")],
             [],
             {("a", "p1"): 1 / 3, ("b", "p2"): 1 / 3, ("b", "p3"): 1 / 3},
         ),
-        # by per-process SM share; several processes of one pod add up
+        # measured SM use to its user, the idle rest by allocation; a pod's processes add up
         (
             [alloc("a", "p1"), alloc("b", "p2")],
             [proc("a", "p1", 0.3), proc("b", "p2", 0.1), proc("b", "p2", 0.2, pid=2)],
-            {("a", "p1"): 0.5, ("b", "p2"): 0.5},
+            {("a", "p1"): 0.3 + 0.2, ("b", "p2"): 0.3 + 0.2},
         ),
         (
             [alloc("a", "p1"), alloc("b", "p2")],
             [proc("a", "p1", 0.6), proc("b", "p2", 0.2)],
-            {("a", "p1"): 0.75, ("b", "p2"): 0.25},
+            {("a", "p1"): 0.6 + 0.1, ("b", "p2"): 0.2 + 0.1},
         ),
-        # a holder with no process that ran gets nothing this sample
-        ([alloc("a", "p1"), alloc("b", "p2")], [proc("a", "p1", 0.4)], {("a", "p1"): 1.0, ("b", "p2"): 0.0}),
-        # processes of pods that do not hold the GPU, or unattributed: their share is nobody's (D8)
+        # a holder with no process that ran still pays its allocation's part of the idle time
+        ([alloc("a", "p1"), alloc("b", "p2")], [proc("a", "p1", 0.4)], {("a", "p1"): 0.7, ("b", "p2"): 0.3}),
+        # a pod that does not hold the GPU pays its use; an unplaced process is the holders'
+        # (SM over 1 is scaled to the whole GPU)
         (
             [alloc("a", "p1"), alloc("b", "p2")],
             [proc("c", "p9", 0.9), proc(None, None, 0.5)],
-            {("a", "p1"): 0.0, ("b", "p2"): 0.0, (UNATTRIBUTED, None): 1.0},
+            {("a", "p1"): 0.25 / 1.4, ("b", "p2"): 0.25 / 1.4, ("c", "p9"): 0.9 / 1.4},
         ),
-        # A (5% SM) and an unattributed process of B (90%) never bills A 100%
+        # A (5% SM) and an unplaced process (90%, B's): never A 100%, never B 0, none unattributed
         (
             [alloc("a", "p1"), alloc("b", "p2")],
             [proc("a", "p1", 0.05), proc(None, None, 0.9)],
-            {("a", "p1"): 0.05 / 0.95, ("b", "p2"): 0.0, (UNATTRIBUTED, None): 0.9 / 0.95},
+            {("a", "p1"): 0.05 + 0.45 + 0.025, ("b", "p2"): 0.45 + 0.025},
         ),
         (
             [alloc("a", "p1"), alloc("b", "p2")],
@@ -170,7 +170,7 @@ def test_gpu_key_is_mig_uuid_for_slices():
 )
 def test_pod_shares(allocations, processes, expected):
     shares = pod_shares(sample(allocations=allocations, processes=processes))
-    got = {(ns, pod): w for ns, pod, w in shares}
+    got = {(s.namespace, s.pod): s.weight for s in shares}
     assert got == pytest.approx(expected)
     assert sum(got.values()) == pytest.approx(1.0)
 
@@ -184,12 +184,14 @@ def test_shared_gpu_split_carries_time_energy_and_shared_flag():
     )
     res = account(s, None, 0, CFG)
     by_ns = {c.namespace: c for c in res.contributions}
-    assert by_ns["a"].allocated_s == pytest.approx(7.5)
-    assert by_ns["b"].allocated_s == pytest.approx(2.5)
-    assert by_ns["a"].used_s == pytest.approx(7.5 * 0.8)
+    # use 3 s and 1 s as measured, the 6 idle seconds by allocation
+    assert by_ns["a"].allocated_s == pytest.approx(6.0)
+    assert by_ns["b"].allocated_s == pytest.approx(4.0)
+    assert by_ns["a"].used_s == pytest.approx(3.0)
+    assert by_ns["a"].idle_s == pytest.approx(3.0)
     assert by_ns["a"].shared_s == by_ns["a"].allocated_s
-    assert by_ns["a"].energy_j == pytest.approx(4000 * 0.75)
-    assert by_ns["b"].energy_j == pytest.approx(4000 * 0.25)
+    assert by_ns["a"].energy_j == pytest.approx(4000 * 0.6)
+    assert by_ns["b"].energy_j == pytest.approx(4000 * 0.4)
 
 
 def test_exclusive_gpu_is_not_shared():
@@ -309,14 +311,14 @@ def test_backwards_sample_energy_is_power_times_interval():
 
 
 def test_clock_step_back_never_double_counts_energy():
-    """D8: the counter went on while the clock stepped back; the reference stays, so the next
+    """The counter went on while the clock stepped back; the reference stays, so the next
     sample past it measures that energy: the backwards samples must not add power x interval."""
     res = account(sample(T0 - 60_000, total_energy_mj=2 * 10**9, power_w=100.0), ref(T0, 10**9), 1, CFG)
     assert res.status == BACKWARDS and res.contributions[0].energy_j == 0.0
 
 
 def test_energy_series_through_a_step_back_and_a_gap_matches_the_counter():
-    """D8 end to end: 300 W for 30 min at 10 s with a 60 s clock step back and a 5-minute gap."""
+    """End to end: 300 W for 30 min at 10 s with a 60 s clock step back and a 5-minute gap."""
     cfg, power, r, total_j, off = CFG, 300.0, None, 0.0, 0
     true_ts = list(range(T0, T0 + 1_800_000 + 1, 10_000))
     for t in true_ts:
@@ -334,7 +336,7 @@ def test_energy_series_through_a_step_back_and_a_gap_matches_the_counter():
 
 
 def test_a_longer_gap_never_bills_less():
-    """D8: the gap cap is monotonic (it was a cliff: 2.5 s billed 2.5 s, 2.6 s billed 1 s)."""
+    """The gap cap is monotonic: a 2.6 s gap never bills less than a 2.5 s one."""
     billed = [
         account(sample(T0 + gap, interval_ms=1_000), ref(T0), 1, CFG).dt_ms for gap in range(1, 30_000, 100)
     ]

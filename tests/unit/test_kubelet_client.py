@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from producer.enrich import enrich_sample
 from producer.kubelet import api_pb2, api_pb2_grpc
 from producer.kubelet.client import (
     ERROR_KINDS,
@@ -21,7 +22,15 @@ from producer.kubelet.client import (
     KubeletSocketAbsent,
     PodResourcesClient,
 )
-from producer.kubelet.mapping import AllocationMapper, DraDeviceKey, PodRef, lookup, pod_resources_from_dict
+from producer.kubelet.mapping import (
+    AllocationMapper,
+    ContainerDevices,
+    DraDeviceKey,
+    PodRef,
+    lookup,
+    pod_resources_from_dict,
+)
+from producer.nvml.records import empty_sample
 
 try:
     from tests.kubelet_fake import FakeKubelet, fixture_names, load_fixture
@@ -74,7 +83,11 @@ def test_each_fixture_maps_the_same_over_grpc(name):
     mapper = AllocationMapper(tuple(fx.get("extra_resource_names", ())))
     with FakeKubelet(fx) as k, PodResourcesClient(k.socket_path, timeout_s=TIMEOUT_S) as client:
         amap = client.list_allocations(mapper=mapper)
-    assert amap == mapper.build(pod_resources_from_dict(fx))
+    advertised = [
+        ContainerDevices(d["resource_name"], tuple(d["device_ids"]))
+        for d in fx.get("allocatable", {}).get("devices", ())
+    ]
+    assert amap == mapper.build(pod_resources_from_dict(fx)).with_replicas(mapper.replica_counts(advertised))
     assert set(amap) == set(fx["expected"]["devices"])
 
 
@@ -321,3 +334,30 @@ def test_counters_readable_while_a_refresh_is_blocked(kubelet):
     worker.join(TIMEOUT_S + 2)
     assert not worker.is_alive()
     assert r.error_counts["deadline_exceeded"] == 1
+
+
+def test_replica_counts_come_from_the_allocatable_devices() -> None:
+    """Each time-sliced GPU of the fixture advertises 5 replicas; two of GPU A's are held. The
+    samples then say 5, so chargeback bills the 3 free replicas' idle share as unallocated."""
+    shared = "GPU-a0b1c2d3-e4f5-a6b7-c8d9-e0f1a2b3c4d5"
+    with (
+        FakeKubelet(load_fixture("time_slicing")) as k,
+        PodResourcesClient(k.socket_path, timeout_s=TIMEOUT_S) as client,
+    ):
+        amap = client.list_allocations()
+        assert k.call_count("GetAllocatableResources") == 1
+    assert amap.replicas == {shared: 5, "GPU-b1c2d3e4-f5a6-b7c8-d9e0-f1a2b3c4d5e6": 5}
+    s = empty_sample()
+    s.update(timestamp_ms=1, hostname="n", gpu_index=0, uuid=shared, pci_bus_id="00000000:1B:00.0")
+    assert enrich_sample(s, amap)["shared_replicas"] == 5
+
+
+def test_no_replica_count_for_a_device_the_kubelet_lists_no_replicas_of() -> None:
+    fixture = {k: v for k, v in load_fixture("time_slicing").items() if k != "allocatable"}
+    with FakeKubelet(fixture) as k, PodResourcesClient(k.socket_path, timeout_s=TIMEOUT_S) as client:
+        amap = client.list_allocations()
+    assert amap and amap.replicas == {}
+    s = empty_sample()
+    s.update(timestamp_ms=1, hostname="n", gpu_index=0, uuid="GPU-a0b1c2d3-e4f5-a6b7-c8d9-e0f1a2b3c4d5")
+    s["pci_bus_id"] = "00000000:1B:00.0"
+    assert len(enrich_sample(s, amap)["allocations"]) == 2 and s["shared_replicas"] is None
