@@ -27,9 +27,7 @@ from typing import Literal, Protocol
 import grpc
 from google.protobuf.message import DecodeError, Message
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2_grpc import LogsServiceStub
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2_grpc import MetricsServiceStub
 
 from consumers.otlp.settings import DEFAULT_ENDPOINTS, DEFAULT_TIMEOUT_S, PROTOCOLS, Protocol_
 from gpupipe.errors import ConfigError
@@ -164,7 +162,9 @@ def _read(path: str | None) -> bytes | None:
 
 
 class Transport(Protocol):
-    def export(self, signal: Signal, request: Message) -> PartialSuccess: ...
+    def export(self, signal: Signal, payload: bytes) -> PartialSuccess:
+        """Send one serialized Export*ServiceRequest; raise :class:`ExportError` unless acknowledged."""
+        ...
 
     def close(self) -> None: ...
 
@@ -172,6 +172,12 @@ class Transport(Protocol):
 _RESPONSES: dict[Signal, type[Message]] = {
     "metrics": ExportMetricsServiceResponse,
     "logs": ExportLogsServiceResponse,
+}
+# The services' methods (opentelemetry/proto/collector/*/v1/*_service.proto), called with the
+# request already serialized.
+_METHODS: dict[Signal, str] = {
+    "metrics": "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
+    "logs": "/opentelemetry.proto.collector.logs.v1.LogsService/Export",
 }
 
 
@@ -208,15 +214,15 @@ class GrpcTransport:
         self._channels[endpoint] = ch
         return ch
 
-    def export(self, signal: Signal, request: Message) -> PartialSuccess:
+    def export(self, signal: Signal, payload: bytes) -> PartialSuccess:
         ch = self._channel(self.cfg.signal_endpoints.get(signal, self.cfg.endpoint))
-        stub = MetricsServiceStub(ch) if signal == "metrics" else LogsServiceStub(ch)
+        call = ch.unary_unary(_METHODS[signal], response_deserializer=_RESPONSES[signal].FromString)
         try:
             headers = self.headers.current()
         except (OSError, ConfigError) as exc:
             raise ExportError(f"headers file: {exc}", retryable=True) from exc
         try:
-            response = stub.Export(request, timeout=self.cfg.timeout_s, metadata=list(headers.items()))
+            response = call(payload, timeout=self.cfg.timeout_s, metadata=list(headers.items()))
         except grpc.RpcError as exc:
             code = exc.code()  # type: ignore[attr-defined]
             detail = exc.details()  # type: ignore[attr-defined]
@@ -243,14 +249,14 @@ class HttpTransport:
         given = self.cfg.signal_endpoints.get(signal)
         return given if given else f"{self.cfg.endpoint.rstrip('/')}/v1/{signal}"
 
-    def export(self, signal: Signal, request: Message) -> PartialSuccess:
+    def export(self, signal: Signal, payload: bytes) -> PartialSuccess:
         try:
             headers = self.headers.current()
         except (OSError, ConfigError) as exc:
             raise ExportError(f"headers file: {exc}", retryable=True) from exc
         req = urllib.request.Request(
             self.url(signal),
-            data=request.SerializeToString(),
+            data=payload,
             headers={**headers, "Content-Type": "application/x-protobuf"},
             method="POST",
         )

@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from google.protobuf.message import Message
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from consumers.consume_loop import InRecord, Rejected
@@ -63,17 +62,6 @@ class OtlpMetrics:
         )
 
 
-def _count(signal: Signal, request: Message) -> int:
-    if signal == "logs":
-        return sum(len(sl.log_records) for rl in request.resource_logs for sl in rl.scope_logs)  # type: ignore[attr-defined]
-    n = 0
-    for rm in request.resource_metrics:  # type: ignore[attr-defined]
-        for sm in rm.scope_metrics:
-            for m in sm.metrics:
-                n += len(m.gauge.data_points) + len(m.sum.data_points)
-    return n
-
-
 class OtlpService:
     """Handler: GpuSample -> metrics requests, XidEvent -> logs requests, each acknowledged before return."""
 
@@ -106,25 +94,25 @@ class OtlpService:
         rejected: list[Rejected] = []
         self.held_records = len(records)
         try:
-            for signal, group, build in (
-                ("metrics", samples, mapping.metrics_request),
-                ("logs", xids, mapping.logs_request),
+            for signal, group, encode in (
+                ("metrics", samples, mapping.encode_metrics),
+                ("logs", xids, mapping.encode_logs),
             ):
                 for i in range(0, len(group), RECORDS_PER_REQUEST):
                     chunk = group[i : i + RECORDS_PER_REQUEST]
-                    refused = self._send(signal, build([r.value for r in chunk]))  # type: ignore[arg-type, operator]
+                    refused = self._send(signal, encode([r.value for r in chunk]))  # type: ignore[arg-type]
                     if refused is not None:
                         rejected += [(r, "otlp-rejected", refused) for r in chunk]
         finally:
             self.held_records = 0
         return rejected
 
-    def _send(self, signal: Signal, request: Message) -> str | None:
+    def _send(self, signal: Signal, request: mapping.Encoded) -> str | None:
         """Export until acknowledged; the collector's reason when it refused the data as bad."""
         wait = self.backoff().next
         while True:
             try:
-                partial = self.transport.export(signal, request)
+                partial = self.transport.export(signal, request.payload)
             except ExportError as exc:
                 if not exc.retryable:
                     self.metrics.exports.labels(signal, "rejected").inc()
@@ -137,9 +125,8 @@ class OtlpService:
                     raise ExportAbandoned(f"stopped while {signal} exports fail: {exc}") from exc
                 continue
             self.metrics.exports.labels(signal, "ok").inc()
-            n = _count(signal, request)
-            self.metrics.items.labels(signal).inc(n)
-            self.exported[signal] += n
+            self.metrics.items.labels(signal).inc(request.items)
+            self.exported[signal] += request.items
             if partial.rejected:
                 self.metrics.partial_rejected.labels(signal).inc(partial.rejected)
                 log.warning(

@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 import yaml
-from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality, NumberDataPoint
 
 from consumers.otlp import mapping
 from schemas.xid_catalog import CATALOG_VERSION, lookup
@@ -297,3 +299,88 @@ def test_an_xid_hitting_two_pods_is_logged_under_each() -> None:
         attrs(rl.scope_logs[0].log_records[0].attributes)["gpupipe.xid.event_id"] for rl in req.resource_logs
     }
     assert ids == {"ev-1"}
+
+
+def reference_request(samples: list[dict[str, Any]]) -> ExportMetricsServiceRequest:
+    """The same request built with the generated message classes, as the encoder's yardstick."""
+
+    def kvs(pairs: Any) -> list[KeyValue]:
+        out = []
+        for k, v in pairs:
+            any_v = (
+                AnyValue(bool_value=v)
+                if isinstance(v, bool)
+                else AnyValue(int_value=v)
+                if isinstance(v, int)
+                else AnyValue(double_value=v)
+                if isinstance(v, float)
+                else AnyValue(string_value=v)
+            )
+            out.append(KeyValue(key=k, value=any_v))
+        return out
+
+    by_res: dict[Any, dict[str, list[NumberDataPoint]]] = {}
+    for rec in samples:
+        for res in mapping.resource_attrs(rec):
+            for name, pa, value, start in mapping.sample_points(rec):
+                dp = NumberDataPoint(
+                    attributes=kvs(pa),
+                    time_unix_nano=rec["timestamp_ms"] * 1_000_000,
+                    start_time_unix_nano=start,
+                )
+                if isinstance(value, int):
+                    dp.as_int = value
+                else:
+                    dp.as_double = value
+                by_res.setdefault(res, {}).setdefault(name, []).append(dp)
+    req = ExportMetricsServiceRequest()
+    for res, metrics in by_res.items():
+        rm = req.resource_metrics.add(schema_url=mapping.SCHEMA_URL)
+        rm.resource.attributes.extend(kvs(res))
+        sm = rm.scope_metrics.add(schema_url=mapping.SCHEMA_URL)
+        sm.scope.name = "gpupipe"
+        for name, dps in metrics.items():
+            ins = mapping.INSTRUMENTS[name]
+            m = sm.metrics.add(name=name, unit=ins.unit, description=ins.description)
+            if ins.kind == "gauge":
+                m.gauge.data_points.extend(dps)
+            else:
+                m.sum.data_points.extend(dps)
+                m.sum.is_monotonic = ins.kind != "updowncounter"
+                m.sum.aggregation_temporality = (
+                    AggregationTemporality.AGGREGATION_TEMPORALITY_DELTA
+                    if ins.kind == "delta_counter"
+                    else AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
+                )
+    return req
+
+
+def test_the_wire_encoder_writes_what_the_generated_classes_would() -> None:
+    mig = {
+        "mig_uuid": MIG_UUID,
+        "gpu_instance_id": 1,
+        "compute_instance_id": 0,
+        "profile": "1g.18gb",
+        "slice_fraction": 1 / 7,
+    }
+    samples = [
+        sample(),
+        sample(
+            uuid="GPU-2",
+            gpu_lost=True,
+            allocations=[alloc("a", "p0", replica=0), alloc("b", "p1", replica=1)],
+        ),
+        sample(mig=mig, power_w=-0.0, allocations=[]),
+        sample(timestamp_ms=T_MS + 1000, total_energy_mj=2**40),
+    ]
+    enc = mapping.encode_metrics(samples)
+    ref = reference_request(samples)
+    assert ExportMetricsServiceRequest.FromString(enc.payload) == ref
+    assert enc.items == sum(
+        len(m.gauge.data_points) + len(m.sum.data_points)
+        for rm in ref.resource_metrics
+        for m in rm.scope_metrics[0].metrics
+    )
+    # int64 attributes below zero take protobuf's ten-byte form
+    kv = KeyValue.FromString(mapping._kv_bytes("k", -5))
+    assert (kv.key, kv.value.int_value) == ("k", -5)
