@@ -1,6 +1,7 @@
 """`gpupipe otlp` against a real broker and a real OpenTelemetry Collector (scripts/otelcol-local):
 crafted records -> Kafka -> the exporter -> the collector over gRPC and over HTTP -> the collector's
-JSON-lines file, compared with the mapping of docs/otel.md; and a collector outage loses nothing."""
+JSON-lines file, compared with the mapping of docs/otel.md; a collector outage loses nothing; and
+both transports work with mutual TLS."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from tests import hygiene
 from tests.conftest import free_port
 from tests.integration.kafka_util import GPUPIPE, REPO
 from tests.otlp_records import MIG_UUID, UUID, alloc, attrs, num, points, sample, xid
+from tests.pki import Pki
 
 pytestmark = pytest.mark.integration
 
@@ -53,12 +55,13 @@ def wait_for(cond: Any, timeout: float, what: str, *logs: Path, proc: Any = None
 class Collector:
     """A real collector: the otlp receiver on two free ports, the file exporter writing JSON lines."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, tls: dict[str, str] | None = None) -> None:
         if not os.access(OTELCOL, os.X_OK):
             pytest.fail(f"{OTELCOL} is missing: run scripts/ensure-deps (or scripts/otelcol-local)")
         self.tmp = tmp
         self.grpc_port, self.http_port = free_port(), free_port()
         self.proc: subprocess.Popen[bytes] | None = None
+        self.tls = tls or {}
         self.runs = 0
         self.log = tmp / "otelcol.log"
 
@@ -73,8 +76,8 @@ class Collector:
             "receivers": {
                 "otlp": {
                     "protocols": {
-                        "grpc": {"endpoint": f"127.0.0.1:{self.grpc_port}"},
-                        "http": {"endpoint": f"127.0.0.1:{self.http_port}"},
+                        "grpc": {"endpoint": f"127.0.0.1:{self.grpc_port}", **self.tls_config},
+                        "http": {"endpoint": f"127.0.0.1:{self.http_port}", **self.tls_config},
                     }
                 }
             },
@@ -93,6 +96,10 @@ class Collector:
         self.proc = hygiene.popen([str(OTELCOL), f"--config={path}"], stdout=log, stderr=subprocess.STDOUT)
         log.close()
         wait_for(lambda: "Everything is ready" in self.log.read_text(), 60, "the collector", self.log)
+
+    @property
+    def tls_config(self) -> dict[str, Any]:
+        return {"tls": self.tls} if self.tls else {}
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -124,7 +131,16 @@ def collector(tmp_path: Path) -> Iterator[Collector]:
         c.stop()
 
 
-def start_otlp(kafka: str, prefix: str, tmp: Path, endpoint: str, protocol: str, port: int) -> Any:
+def start_otlp(
+    kafka: str,
+    prefix: str,
+    tmp: Path,
+    endpoint: str,
+    protocol: str,
+    port: int,
+    *extra: str,
+    env: dict[str, str] | None = None,
+) -> Any:
     log = (tmp / "otlp.log").open("a")
     proc = hygiene.popen(
         [
@@ -147,11 +163,12 @@ def start_otlp(kafka: str, prefix: str, tmp: Path, endpoint: str, protocol: str,
             f"127.0.0.1:{port}",
             "--log-format",
             "text",
+            *extra,
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
         cwd=REPO,
-        env=dict(os.environ),
+        env={**os.environ, **(env or {})},
     )
     log.close()
     return proc
@@ -354,3 +371,53 @@ def test_a_collector_outage_loses_nothing(
         hygiene.stop_group(proc, timeout=30)
     assert metric_rows(collector.requests()[0]) == want
     assert set(log_rows(collector.requests()[1])) == set(want_logs)
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_mutual_tls_and_headers_from_the_environment(
+    kafka: str, topic_prefix: str, tmp_path: Path, protocol: str
+) -> None:
+    pki = Pki(tmp_path)
+    crt, key = pki.server()
+    client_crt, client_key = pki.client("gpupipe-otlp")
+    tls = {"cert_file": str(crt), "key_file": str(key), "client_ca_file": str(pki.ca)}
+    collector = Collector(tmp_path, tls=tls)
+    collector.start()
+    proc = None
+    try:
+        ensure_topics(kafka, ["gpu.samples.v1", "gpu.xid.v1", "gpu.deadletter.v1"], prefix=topic_prefix)
+        samples, xids = crafted(T0)
+        publish(kafka, topic_prefix, samples, xids)
+        port = collector.grpc_port if protocol == "grpc" else collector.http_port
+        proc = start_otlp(
+            kafka,
+            topic_prefix,
+            tmp_path,
+            f"https://127.0.0.1:{port}",
+            protocol,
+            free_port(),
+            "--otlp-ca-file",
+            str(pki.ca),
+            "--otlp-cert-file",
+            str(client_crt),
+            "--otlp-key-file",
+            str(client_key),
+            env={"OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20t0ken,x-scope-orgid=gpu"},
+        )
+        want = metric_rows([mapping.metrics_request(samples)])
+        wait_for(
+            lambda: (
+                metric_rows(collector.requests()[0]) >= want and len(log_rows(collector.requests()[1])) >= 2
+            ),
+            120,
+            "every point over TLS",
+            tmp_path / "otlp.log",
+            collector.log,
+            proc=proc,
+        )
+    finally:
+        if proc is not None:
+            hygiene.stop_group(proc, timeout=30)
+        collector.stop()
+    assert metric_rows(collector.requests()[0]) == want
+    assert log_rows(collector.requests()[1]) == log_rows([mapping.logs_request(xids)])
