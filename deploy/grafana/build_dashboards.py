@@ -10,7 +10,7 @@ Series: the metrics service's dcgm-exporter names (node label ``Hostname``), cha
 counters (``gpupipe_chargeback_*_total{namespace,team,gpu_model}``), the alerts and producer
 services' own metrics, and Prometheus' ``ALERTS`` from deploy/prometheus/gpupipe-alerts.rules.yml.
 XIDs by recommended action and cause class are mapped in PromQL from the pinned XID catalog the
-alerts service uses (consumers/alerts/xid_catalog.json), so the two never disagree.
+alerts service uses (schemas/xid_catalog.json), so the two never disagree.
 
 Every variable that can select all uses ``.*`` as its "All" value, so a query with the variables
 replaced by ``.*`` is exactly what Grafana sends (the data test relies on it).

@@ -23,7 +23,7 @@ from consumers.alerts.catalog import (
     parse_catalog,
 )
 
-RAW_TEXT = resources.files("consumers.alerts").joinpath("xid_catalog.json").read_text(encoding="utf-8")
+RAW_TEXT = resources.files("schemas").joinpath("xid_catalog.json").read_text(encoding="utf-8")
 RAW = json.loads(RAW_TEXT)
 GPUS = {"A100", "H100", "B100", "GB200"}
 
@@ -94,7 +94,7 @@ def test_sxids_carry_their_fabric_manager_class():
 
 
 def test_catalog_ships_as_package_data():
-    assert resources.files("consumers.alerts").joinpath("xid_catalog.json").is_file()
+    assert resources.files("schemas").joinpath("xid_catalog.json").is_file()
 
 
 def test_entries_match_table_sizes():

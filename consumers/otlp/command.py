@@ -1,0 +1,191 @@
+"""Push GPU readings and XID events to an OpenTelemetry Collector: gpu.samples.v1 + gpu.xid.v1 -> OTLP.
+
+Samples become metrics named by the OpenTelemetry hardware conventions (hw.gpu.*, hw.power,
+hw.energy, hw.temperature), XIDs become log records with their catalog classification, each under a
+resource per pod (docs/otel.md has the mapping). Kafka offsets are committed only after the collector
+acknowledged the export: during a collector outage the batch is held and retried, and /healthz says
+that exports fail. Credentials (headers) come from OTEL_EXPORTER_OTLP_HEADERS or --otlp-headers-file,
+never from the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry
+
+from consumers.consume_loop import ConsumeLoop
+from consumers.otlp.settings import DEFAULT_ENDPOINTS, DEFAULT_TIMEOUT_S, PROTOCOLS
+from gpupipe import startup, topics
+from gpupipe.argtypes import duration_ms
+from gpupipe.kafka_admin import parse_kafka_overrides
+from gpupipe.logs import fields
+from gpupipe.runner import KafkaNeeds, Lifecycle, ServiceSpec, run_service
+from schemas.codec import codec_from_url
+
+if TYPE_CHECKING:
+    from consumers.otlp.export import OtlpConfig, Transport
+    from consumers.otlp.service import OtlpService
+
+USES_KAFKA = True
+
+log = logging.getLogger("gpupipe.otlp")
+
+#: One line for `gpupipe --help`.
+HELP = "push GPU metrics and XID events to an OpenTelemetry Collector (OTLP)"
+
+DEFAULT_GROUP = "gpupipe-otlp"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--listen", default=None, help="HOST:PORT for /metrics (the exporter's own) and /healthz")
+    p.add_argument("--group-id", default=DEFAULT_GROUP, help="Kafka consumer group")
+    p.add_argument(
+        "--from-beginning",
+        action="store_true",
+        help="a new consumer group starts at the oldest retained record instead of the newest",
+    )
+    p.add_argument(
+        "--create-topics", action=argparse.BooleanOptionalAction, default=True, help="create missing topics"
+    )
+    o = p.add_argument_group("OTLP: flags win over the OTEL_EXPORTER_OTLP_* variables")
+    o.add_argument(
+        "--otlp-endpoint",
+        default=None,
+        metavar="URL",
+        help="collector: http[s]://HOST:PORT for gRPC (http:// is plaintext), or the base URL that "
+        "/v1/metrics and /v1/logs are appended to for HTTP "
+        f"(default: OTEL_EXPORTER_OTLP_ENDPOINT, else {DEFAULT_ENDPOINTS['grpc']} for gRPC, "
+        f"{DEFAULT_ENDPOINTS['http/protobuf']} for HTTP)",
+    )
+    o.add_argument(
+        "--otlp-protocol",
+        choices=PROTOCOLS,
+        default=None,
+        help="transport (default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)",
+    )
+    o.add_argument(
+        "--otlp-headers-file",
+        default=None,
+        metavar="FILE",
+        help="YAML mapping of request headers (e.g. authorization), re-read when it changes; added to "
+        "OTEL_EXPORTER_OTLP_HEADERS",
+    )
+    o.add_argument(
+        "--otlp-ca-file",
+        default=None,
+        metavar="FILE",
+        help="CA bundle for the collector's certificate (default: OTEL_EXPORTER_OTLP_CERTIFICATE)",
+    )
+    o.add_argument(
+        "--otlp-cert-file",
+        default=None,
+        metavar="FILE",
+        help="client certificate for mTLS (default: OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE)",
+    )
+    o.add_argument(
+        "--otlp-key-file",
+        default=None,
+        metavar="FILE",
+        help="client key for mTLS (default: OTEL_EXPORTER_OTLP_CLIENT_KEY)",
+    )
+    o.add_argument(
+        "--otlp-timeout",
+        type=duration_ms,
+        default=None,
+        metavar="DURATION",
+        help=f"per export request (default: OTEL_EXPORTER_OTLP_TIMEOUT in ms, else {DEFAULT_TIMEOUT_S:g}s)",
+    )
+    startup.add_arguments(p)
+
+
+def otlp_config(args: argparse.Namespace) -> OtlpConfig:
+    from consumers.otlp.export import config_from  # gRPC and the OTLP messages load when the command runs
+
+    return config_from(
+        protocol=args.otlp_protocol,
+        endpoint=args.otlp_endpoint,
+        headers_file=args.otlp_headers_file,
+        ca_file=args.otlp_ca_file,
+        cert_file=args.otlp_cert_file,
+        key_file=args.otlp_key_file,
+        timeout_s=None if args.otlp_timeout is None else args.otlp_timeout / 1000,
+    )
+
+
+class OtlpApp:
+    """The consume loop and the exporting handler, run as one service."""
+
+    def __init__(self, service: OtlpService, loop: ConsumeLoop, registry: CollectorRegistry, cfg: OtlpConfig):
+        self.service, self.loop, self.registry, self.cfg = service, loop, registry, cfg
+
+    def health(self) -> tuple[bool, dict[str, object]]:
+        return self.loop.healthy and self.service.failing is None, {
+            "exported_points": self.service.exported["metrics"],
+            "exported_log_records": self.service.exported["logs"],
+            **self.service.health_detail(),
+            **self.loop.health_detail(),
+        }
+
+    def run(self, stop: threading.Event) -> None:
+        from consumers.otlp.service import ExportAbandoned
+
+        self.service.stop = stop
+        log.info(
+            "otlp service started",
+            extra=fields(input=self.loop.topics, endpoint=self.cfg.endpoint, protocol=self.cfg.protocol),
+        )
+        try:
+            self.loop.run(stop)
+        except ExportAbandoned as exc:  # the held batch is uncommitted: a restart sends it again
+            log.warning("stopped with a batch not exported", extra=fields(error=str(exc)))
+
+    def close(self) -> None:
+        self.service.transport.close()
+        log.info("otlp service stopped", extra=fields(**self.service.exported))
+
+
+def run(args: argparse.Namespace) -> int:
+    from consumers.otlp.export import transport
+
+    cfg = otlp_config(args)  # config errors (a broken headers file included) before any network
+    tx = transport(cfg)
+    extra = parse_kafka_overrides(args.kafka_config)
+    spec = ServiceSpec.from_args(
+        "otlp",
+        args,
+        KafkaNeeds(
+            args.bootstrap_servers,
+            topics.ALL if args.create_topics else [topics.SAMPLES, topics.XID, topics.DEADLETTER],
+            prefix=args.topic_prefix,
+            create=args.create_topics,
+            extra=extra,
+        ),
+    )
+    return run_service(spec, lambda life: build(args, cfg, tx, extra, life))
+
+
+def build(
+    args: argparse.Namespace, cfg: OtlpConfig, tx: Transport, extra: dict[str, str], life: Lifecycle
+) -> OtlpApp:
+    from consumers.otlp.service import OtlpService
+
+    registry = CollectorRegistry()
+    service = OtlpService(tx, registry, stop=life.stop)
+    loop = ConsumeLoop(
+        bootstrap=args.bootstrap_servers,
+        group_id=args.group_id,
+        topics=[topics.with_prefix(args.topic_prefix, t) for t in (topics.SAMPLES, topics.XID)],
+        handler=service,
+        codec=codec_from_url(args.schema_registry_url),
+        deadletter_topic=topics.with_prefix(args.topic_prefix, topics.DEADLETTER),
+        service="otlp",
+        registry=registry,
+        extra=extra,
+        from_beginning=args.from_beginning,
+        topic_prefix=args.topic_prefix,
+    )
+    return OtlpApp(service, loop, registry, cfg)
