@@ -7,8 +7,11 @@ TEST_WORKERS ?= 2
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+## The reference (docs/, mkdocs.yml) as a site in site/ (gitignored). Strict: a broken link or anchor, or a
+## page missing from the nav, fails the build. (Not --quiet: it hides the warnings that strict counts.)
+DOCS_BUILD := $(BIN)/mkdocs build --strict --site-dir site
 
-.PHONY: deps deps-demo venv install test test-unit test-integration lint fmt demo bench kafka-start kafka-stop compose-check proto clean chart-check
+.PHONY: deps deps-demo venv install test test-unit test-integration lint docs fmt demo bench kafka-start kafka-stop compose-check proto clean chart-check
 
 venv: $(STAMP)
 
@@ -36,6 +39,7 @@ test: deps venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(DOCS_BUILD)
 	$(BIN)/pytest -q -ra --durations=10 -n $(TEST_WORKERS) --dist loadfile tests
 
 test-unit: venv
@@ -48,6 +52,10 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(DOCS_BUILD)
+
+docs: venv
+	$(DOCS_BUILD)
 
 fmt: venv
 	$(BIN)/ruff format .
@@ -81,4 +89,4 @@ proto: venv
 	scripts/gen-proto
 
 clean:
-	rm -rf $(VENV) .run .pytest_cache .ruff_cache
+	rm -rf $(VENV) .run .pytest_cache .ruff_cache site

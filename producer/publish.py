@@ -27,7 +27,7 @@ from gpupipe.kafka_admin import client_config
 
 log = logging.getLogger("gpupipe.publish")
 
-# Chosen by bench/bench_produce.py (zstd beats lz4 on our records' wire size; see README).
+# Chosen by bench/bench_produce.py (zstd beats lz4 on our records' wire size; see docs/benchmarks.md).
 DEFAULT_COMPRESSION = "zstd"
 
 

@@ -65,7 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--ha",
         action="store_true",
         help="run as one of an HA pair (or more): lead, or stand by and take over when the leader dies "
-        "(leader election on gpu.alerts.leader.v1; see README)",
+        "(leader election on gpu.alerts.leader.v1; see docs/alerts.md)",
     )
     p.add_argument(
         "--ha-session-timeout",

@@ -58,7 +58,7 @@ def _table(spec: LakeTable) -> list[str]:
     avro: dict[str, Any] = spec.avro()
     docs = {f["name"]: f.get("doc", "") for f in avro["fields"]}
     docs.update(_KAFKA_DOCS)
-    parts = ", ".join(f"{tr}({col})" for col, tr in spec.partition)
+    parts = ", ".join(f"`{tr}({col})`" for col, tr in spec.partition)
     lines = [
         f"## `{spec.name}`",
         "",

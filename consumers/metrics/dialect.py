@@ -166,7 +166,7 @@ RENAMES: tuple[Rename, ...] = (
         "Framebuffer memory reserved (in bytes).",
     ),
     # gpupipe's value under the 4.8 name is NVML's cumulative KiB counter, not DCGM's MB/s rate;
-    # the new name gets the same counter in bytes (README: differences that remain).
+    # the new name gets the same counter in bytes (docs/metrics.md: differences that remain).
     _u(
         "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
         "DCGM_FI_DEV_NVLINK_THROUGHPUT_BYTES_PER_SECOND",

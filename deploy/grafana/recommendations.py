@@ -97,7 +97,7 @@ def recommendation_row(d: Any, sel: str) -> Any:
                 "none",
                 q(f"count by (action) ({s('idle_seconds')})", "{{action}}"),
                 stack=True,
-                desc="release, right_size_mig, shared_gpu or cheaper_model (see the README's recommend).",
+                desc="release, right_size_mig, shared_gpu or cheaper_model (see docs/recommend.md).",
             )
         )
         .with_panel(

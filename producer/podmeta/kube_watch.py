@@ -6,7 +6,7 @@ path), and it only names a pod's direct owner (a ReplicaSet, a Job): finding the
 CronJob needs the API server anyway. A watch with ``fieldSelector=spec.nodeName=<node>`` is what
 every kubelet already runs: the API server answers it from its watch cache, indexed by node name,
 so one more such watch per node costs it what a second kubelet would. Measured with the faithful
-double in ``bench/bench_podmeta_load.py`` and written up in the README.
+double in ``bench/bench_podmeta_load.py`` and written up in docs/benchmarks.md.
 
 Protocol, as client-go's reflector does it:
 

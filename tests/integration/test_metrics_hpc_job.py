@@ -1,8 +1,9 @@
 """HPC jobs through Kafka and a running `gpupipe metrics`: the ``hpc_job`` label, end to end.
 
 The producer's ``--hpc-job-mapping-dir`` turns each Slurm job holding a GPU into an allocation with
-``hpc_job`` (producer/podmeta/hpc_jobs.py); README says the metrics then carry ``hpc_job="<id>"``, one
-series per job, as dcgm-exporter's HPC mapping (and no pod labels on those series). The render-level
+``hpc_job`` (producer/podmeta/hpc_jobs.py); docs/node-agent.md says the metrics then carry
+``hpc_job="<id>"``, one series per job, as dcgm-exporter's HPC mapping (and no pod labels on those
+series). The render-level
 tests (tests/unit/test_metrics_hpc_job.py) check the exposition of a sample in hand; this one checks
 that the attribution survives the Avro schema, the broker and the service's decoder: a GpuSample
 whose allocations are two jobs is produced, /metrics shows two series for it, one per job; after the

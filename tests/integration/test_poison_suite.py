@@ -1,6 +1,6 @@
 """The hostile-record catalogue against every consumer at once: none stops, none loses a good record.
 
-metrics, alerts, recommend and chargeback run as the README runs them, on one topic prefix of a real
+metrics, alerts, recommend and chargeback run as docs/ describes them, on one topic prefix of a real
 broker. Any GPU node may write to the sample and XID topics, so the catalogue goes to both: bytes
 over librdkafka's message limit, a 1 MB header, junk, an empty value, trailing bytes after a valid
 record, samples dated -2**63 or carrying NaN, 1e300 or a 200 KB namespace, Xid codes -1 and 2**31-1,

@@ -1,6 +1,6 @@
 """The alerts HA leader elector (consumers/alerts/leader.py) on assign, revoke, lost and a paused process.
 
-README (alerts, high availability): "A leader that loses the partition stops at once, so two instances
+docs/alerts.md (high availability): "A leader that loses the partition stops at once, so two instances
 never publish contradictory revisions". The elector is driven here through a stand-in for
 confluent_kafka's Consumer that does what librdkafka does with a subscription: the rebalance callbacks
 ``on_assign`` / ``on_revoke`` / ``on_lost`` run inside ``poll()``, on the polling thread, with lists of

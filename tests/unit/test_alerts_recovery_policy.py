@@ -76,7 +76,8 @@ def summary(e: AlertEngine) -> list[tuple[int | str, str, bool, str | None]]:
 
 # ------------------------------------------------------------------------------------- the table
 
-#: The policy as the README states it: class -> ends by (reset, gpu_back, driver_load, reboot, replaced, ack)
+#: The policy as docs/alerts.md states it:
+#: class -> ends by (reset, gpu_back, driver_load, reboot, replaced, ack)
 POLICY = {
     "app": (True, True, True, True, True, True),
     "reset": (True, True, True, True, True, True),

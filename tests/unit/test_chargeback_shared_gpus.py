@@ -3,7 +3,7 @@
 Time-sliced (and DRA-shared) GPUs: each holder pays its measured process use plus its replicas'
 share of the idle time; the replicas nobody holds are ``__unallocated__``. MIG: each slice pays
 its slice fraction of the parent GPU's energy. The rules and the worked example are in the
-README's "Shared GPUs" section (``test_the_readme_worked_example`` checks its numbers).
+docs/chargeback.md "Shared GPUs" section (``test_the_readme_worked_example`` checks its numbers).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from tests.synthetic_fleet import blank_sample
 
 CFG = AccountingConfig()
 T0 = 1_767_225_600_000
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "chargeback.md"
 
 
 def alloc(ns: str, pod: str, replica: int | None, resource: str = "nvidia.com/gpu") -> dict:

@@ -123,7 +123,7 @@ def test_1x_file_with_old_namespace_labels() -> None:
 
 def test_shipped_default_has_dcgm_exporters_type_and_help_for_every_row_it_has() -> None:
     """gpupipe's default CSV: a row dcgm-exporter's 4.8.3 files have (active, else commented) has the
-    same TYPE and HELP there; the few rows it has no row for carry gpupipe's HELP (README)."""
+    same TYPE and HELP there; the few rows it has no row for carry gpupipe's HELP (docs/metrics.md)."""
     from consumers.metrics.collectors_csv import default_counters
 
     upstream: dict[str, tuple[str, str]] = {}

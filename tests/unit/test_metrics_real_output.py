@@ -7,7 +7,8 @@ shows (its HELP/TYPE lines), the GPUs are fed to a SeriesStore, and every real l
 same: names, HELP, TYPE, label names, label order, label values, value text. This checks the
 template-derived fixtures of test_metrics_parity.py against what dcgm-exporter really prints.
 
-Known, documented differences (README compatibility table) are the only exceptions, each asserted:
+Known, documented differences (docs/metrics.md, compatibility table) are the only exceptions, each
+asserted:
 ``pod_uid=""`` (GPU Operator's --kubernetes-enable-pod-uid; an empty label is no label to Prometheus)
 and DCGM_FI_DEV_VGPU_LICENSE_STATUS (never read by the node agent: absent, where DCGM prints 0 on
 bare metal).

@@ -70,7 +70,7 @@ REFUSED = {
     "web_config_headers_frame_options.bad.yml": "invalid value for X-Frame-Options",
     "web_config_headers_extra_header.bad.yml": "HTTP header 'Content-Type' can not be configured",
 }
-#: where we differ (README, compatibility table): the toolkit accepts, we refuse, or the reverse
+#: where we differ (docs/metrics.md, compatibility table): the toolkit accepts, we refuse, or the reverse
 DIFFERS = {
     # Python's ssl cannot ask for a client certificate without verifying it: refused at start
     "tls_config_noAuth.requireanyclientcert.good.yml": "needs client_ca_file or client_ca here",

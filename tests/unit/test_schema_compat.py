@@ -3,7 +3,7 @@
 Backward: today's reader reads records the released writer wrote. Forward: the
 released reader (a data-platform job not yet upgraded) reads today's records.
 Checked by actually resolving records both ways with fastavro, plus the static
-rules we promise in the README (fields only added with defaults, never removed,
+rules we promise in docs/topics.md (fields only added with defaults, never removed,
 renamed or retyped; every field documented).
 """
 
