@@ -229,7 +229,7 @@ def test_the_mig_parent_keeps_only_the_energy_of_capacity_no_slice_covers():
 # -- the documented example ----------------------------------------------------------------------------
 def _example_table() -> dict[str, float]:
     text = README.read_text(encoding="utf-8")
-    section = text.split("### Shared GPUs", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
+    section = text.split("## Shared GPUs\n", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| `([a-z_]+)` \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \|", section, re.M)
     assert rows, "the worked example's table is missing"
     return {ns: float(total) for ns, _, _, total in rows}

@@ -98,7 +98,11 @@ def _deps_tree(tmp: Path) -> tuple[Path, Path]:
     (tmp / "scripts").mkdir()
     shutil.copy(SCRIPT, tmp / "scripts" / "ensure-deps")
     mark = tmp / "helm-ran"
-    stubs = {"kafka-local": "exit 0", "helm-local": f"touch {mark}; echo /fake/helm"}
+    stubs = {
+        "kafka-local": "exit 0",
+        "otelcol-local": "exit 0",
+        "helm-local": f"touch {mark}; echo /fake/helm",
+    }
     for name, body in stubs.items():
         (tmp / "scripts" / name).write_text(f"#!/bin/sh\n{body}\n")
         (tmp / "scripts" / name).chmod(0o755)
