@@ -19,6 +19,7 @@ __all__ = [
     "BURST_SIGNALS",
     "FOLLOWER_CODES",
     "JOB_KILL_CODES",
+    "MEMORY_FOLLOWER_CODES",
     "STICKY_ACTIONS",
     "counts_toward_burst",
     "merge_codes",
@@ -115,7 +116,10 @@ def workload(allocations: Any) -> str | None:
 
 
 # Xid 45 and 154 follow another fault on the same GPU: they fold into its alert (see _follows).
-FOLLOWER_CODES = frozenset({45, 154})
+# 63 and 64 (a row remapped, or remapping failed) are the page retirement of a memory fault logged
+# right after it (48, 94, 95): they fold into that fault's alert; alone they are alerts of their own.
+MEMORY_FOLLOWER_CODES = frozenset({63, 64, 154})
+FOLLOWER_CODES = frozenset({45}) | MEMORY_FOLLOWER_CODES
 
 
 def with_note(text: str, note: str) -> str:

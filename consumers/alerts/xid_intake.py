@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from consumers.alerts.alert_policy import FOLLOWER_CODES, workload
+from consumers.alerts.alert_policy import FOLLOWER_CODES, MEMORY_FOLLOWER_CODES, workload
 from consumers.alerts.alert_record import Alert, AlertName, signal_code
 from consumers.alerts.alert_table import AlertTable, Key
 from consumers.alerts.classify import FaultEvent
@@ -199,14 +199,15 @@ class XidIntake:
         return double
 
     def _follows(self, key: Key, host: str, device: str, code: int, ts: int) -> Key:
-        """Xid 45 (channels torn down after another error) and 154 (the recovery action a fault needs)
-        are details of the fault they follow: the open alert of another XID on the same GPU within the
-        classifier's solo window (154: the memory fault's alert) -- one fault, one alert."""
+        """Xid 45 (channels torn down after another error), 154 (the recovery action a fault needs) and
+        63/64 (the page retirement of a memory fault) are details of the fault they follow: the open
+        alert of another XID on the same GPU within the classifier's solo window (154, 63, 64: the
+        memory fault's alert, keyed as 48) -- one fault, one alert, one page."""
         window = self._cfg.classify.solo_window_ms
         best: Alert | None = None
         table = self._table
         mem: Key = ("gpu", host, device, "xid:48")
-        candidates = [table.get(mem)] if code == 154 else table.gpu_alerts(host, device)
+        candidates = [table.get(mem)] if code in MEMORY_FOLLOWER_CODES else table.gpu_alerts(host, device)
         for a in candidates:
             if a is None or not a.key[3].startswith("xid:") or a.codes[:1] == (code,):
                 continue

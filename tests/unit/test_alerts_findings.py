@@ -515,3 +515,44 @@ def test_d4_workloads_that_fault_on_other_gpus_are_the_common_factor() -> None:
 
     assert "RUN_DCGMEUD" in run(False)
     assert run(True) == {"RESTART_APP"}  # WORKFLOW_XID_31 "to diff GPU: CHECK_APP/CUDA"
+
+
+# ------------------------------------------------------ page retirement after a memory fault
+
+
+def _alert_ids(e: AlertEngine, now: int) -> dict[str, dict[str, Any]]:
+    return {r["alert_id"]: r for r in records(e, now)}
+
+
+def test_a_dbe_then_its_page_retirement_is_one_alert() -> None:
+    """The driver logs Xid 63 (row remapped) or 64 (remapping failed) right after the 48 it comes from:
+    one fault, so one alert and one page, not a second one for the retirement."""
+    for follower, msg in ((63, "Dynamic Page Retirement: New page retired"), (64, "Row remapping failed")):
+        e = AlertEngine(EngineConfig())
+        e.on_xid(xid(48, T0, msg="DBE"), T0)
+        e.on_xid(xid(follower, T0 + 200, msg=msg), T0 + 200)
+        out = _alert_ids(e, T0 + S)
+        assert len(out) == 1, (follower, [r["xid_codes"] for r in out.values()])
+        (rec,) = out.values()
+        assert rec["xid_codes"][:1] == [48] and follower in rec["xid_codes"]
+        assert rec["severity"] == "critical" and rec["drain_node"] is True
+
+
+def test_a_contained_error_whose_remapping_fails_escalates_its_alert() -> None:
+    e = AlertEngine(EngineConfig())
+    e.on_xid(xid(94, T0, msg="Contained: SM (0x1). RST: No, D-RST: No"), T0)
+    e.on_xid(xid(64, T0 + 200, msg="Row remapping failed"), T0 + 200)
+    (rec,) = _alert_ids(e, T0 + S).values()
+    assert 64 in rec["xid_codes"] and rec["severity"] == "critical"
+
+
+def test_a_page_retirement_alone_or_long_after_is_its_own_alert() -> None:
+    e = AlertEngine(EngineConfig())
+    e.on_xid(xid(63, T0, msg="Dynamic Page Retirement: New page retired"), T0)
+    (rec,) = _alert_ids(e, T0 + S).values()
+    assert rec["xid_codes"] == [63] and rec["severity"] == "info"
+    e = AlertEngine(EngineConfig())
+    e.on_xid(xid(48, T0, msg="DBE"), T0)
+    late = T0 + EngineConfig().classify.solo_window_ms + 10 * S
+    e.on_xid(xid(64, late, msg="Row remapping failed"), late)
+    assert len(_alert_ids(e, late + S)) == 2
