@@ -252,7 +252,13 @@ def test_cli_produce_source_nvml_runs_and_stops_on_sigterm(
     kmsg = tmp_path / "kmsg.log"
     kmsg.write_text("")
     port = free_port()
-    env = {**os.environ, "GPUPIPE_FAKE_NVML": "H100:8:mig=7:procs=2", "NODE_NAME": "cli-node"}
+    # A stop that runs past its deadline prints every thread's stack: the failure says where it hung.
+    env = {
+        **os.environ,
+        "GPUPIPE_FAKE_NVML": "H100:8:mig=7:procs=2",
+        "NODE_NAME": "cli-node",
+        "GPUPIPE_SHUTDOWN_TRACEBACK": "1",
+    }
     cmd = [
         sys.executable,
         str(REPO / "tests" / "fake_nvml_cli.py"),
@@ -261,6 +267,10 @@ def test_cli_produce_source_nvml_runs_and_stops_on_sigterm(
         "nvml",
         "--interval",
         "200ms",
+        # The stop is bounded well inside 10 s; a loaded test machine may stall a thread for
+        # seconds, so this clean-stop check allows Kubernetes' default grace instead.
+        "--shutdown-timeout",
+        "30s",
         "--bootstrap-servers",
         kafka,
         "--topic-prefix",
@@ -296,7 +306,7 @@ def test_cli_produce_source_nvml_runs_and_stops_on_sigterm(
         ):
             assert name in text, name
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=45)
     finally:
         if proc.poll() is None:
             proc.kill()
