@@ -10,7 +10,7 @@ import argparse
 import os
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpupipe.errors import ConfigError
 from producer.enrich import PidResolver
@@ -20,6 +20,9 @@ from producer.spool import DEFAULT_MAX_BYTES
 from producer.xid.kmsg_cursor import BOOT_ID_PATH
 from producer.xid.kmsg_reader import DEFAULT_KMSG_PATH
 from producer.xid.xid_merge import DEFAULT_WINDOW_S
+
+if TYPE_CHECKING:  # cryptography is loaded only by a producer that signs
+    from gpupipe.node_identity import NodeSigner
 
 DEFAULT_SPOOL_DIR = "/var/lib/gpupipe/spool"
 DEFAULT_SPOOL_MAX_BYTES = DEFAULT_MAX_BYTES  # sized against the DaemonSet's memory limit
@@ -75,6 +78,8 @@ class AgentConfig:
     nvml_reinit_after_s: float = 60.0
     #: Pod metadata (owner, labels) and HPC jobs added to allocations (:mod:`producer.podmeta`).
     extras: AllocationExtras | None = None
+    #: Signs the node's XID records (``--node-cert``); None: unsigned.
+    signer: NodeSigner | None = None
 
     def __post_init__(self) -> None:
         for name in ("interval_s", "slow_interval_s", "profiling_interval_s", "processes_interval_s"):
@@ -112,8 +117,9 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
     kmsg = None if get("no_kmsg", False) else get("kmsg_path", DEFAULT_KMSG_PATH)
     spool_dir = get("spool_dir", DEFAULT_SPOOL_DIR)
     release = get("nvml_release_file", os.path.join(spool_dir, NVML_RELEASE_FILE))
+    hostname = get("hostname", "") or default_hostname()
     return AgentConfig(
-        hostname=get("hostname", "") or default_hostname(),
+        hostname=hostname,
         interval_s=get("interval", 1000) / 1000.0,
         slow_interval_s=get("slow_interval", 30_000) / 1000.0,
         profiling_interval_s=get("profiling_interval", 1000) / 1000.0,
@@ -133,5 +139,17 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         proc_root=get("proc_root", "/proc"),
         pod_logs_dir=get("pod_logs_dir", "/var/log/pods"),
         nvml_timeout_s=get("nvml_timeout", round(DEFAULT_NVML_TIMEOUT_S * 1000)) / 1000.0,
-        extras=extras_from_args(args, get("hostname", "") or default_hostname()),
+        extras=extras_from_args(args, hostname),
+        signer=_signer(args, hostname),
     )
+
+
+def _signer(args: argparse.Namespace, hostname: str) -> NodeSigner | None:
+    cert = getattr(args, "node_cert", None)
+    if not cert:
+        if getattr(args, "node_key", None):
+            raise ConfigError("--node-key needs --node-cert")
+        return None
+    from gpupipe.node_identity import NodeSigner
+
+    return NodeSigner(cert, getattr(args, "node_key", None), hostname)

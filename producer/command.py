@@ -31,6 +31,10 @@ from producer.simulated.fleet import FleetConfig, SimulatedFleet
 from producer.spool import DEFAULT_MAX_BYTES as DEFAULT_SPOOL_MAX_BYTES
 from schemas.codec import codec_from_url
 
+#: The kubelet's rotating client certificate and key in one file (CN system:node:<node>): the
+#: identity the chart has a producer sign its XIDs with (``--node-cert``).
+KUBELET_CLIENT_CERT = "/var/lib/kubelet/pki/kubelet-client-current.pem"
+
 log = logging.getLogger("gpupipe.produce")
 
 #: --startup-timeout of a finite run (--duration) when none is given: a job fails fast, a service waits.
@@ -232,6 +236,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="with a GPU lost, re-initialise NVML after this long (then doubling up to 1h), so a "
         "reset GPU is seen again without a restart",
     )
+    nv.add_argument(
+        "--node-cert",
+        default=None,
+        metavar="PATH",
+        help="sign XID records as this node with this certificate (PEM; it must name the node in CN "
+        f"system:node:NAME or a DNS SAN), e.g. the kubelet's {KUBELET_CLIENT_CERT}; the alerts "
+        "service's --node-ca-file checks it (default: unsigned)",
+    )
+    nv.add_argument(
+        "--node-key",
+        default=None,
+        metavar="PATH",
+        help="private key of --node-cert, PEM (default: the --node-cert file, as the kubelet keeps both)",
+    )
     nv.add_argument("--proc-root", default="/proc", help="procfs of the host (pid -> pod via cgroups)")
     nv.add_argument(
         "--pod-logs-dir",
@@ -247,14 +265,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    agent_config = None
     if args.source == "simulated":
         fleet_config(args)  # a bad fleet is one line before anything starts
+    else:
+        from producer.agent_config import config_from_args  # grpc and NVML: only for this source
+
+        agent_config = config_from_args(args)  # so is a bad agent flag or node certificate
     # A finite run (--duration) is a job: an unreachable broker is one line and exit 3 after 10s.
     # Otherwise a service: wait for ever (503 on /healthz meanwhile), whatever starts first.
     startup_ms = args.startup_timeout
     if startup_ms is None:
         startup_ms = JOB_STARTUP_TIMEOUT_MS if args.duration else 0
-    producer = ProducerRun(args)
+    producer = ProducerRun(args, agent_config)
     spec = ServiceSpec.from_args("producer", args, startup_timeout_ms=startup_ms)
     run_service(spec, producer.build)
     producer.raise_outcome()
@@ -264,7 +287,7 @@ def run(args: argparse.Namespace) -> int:
 class ProducerRun:
     """One producer process: Kafka preparation, the publisher, and the simulated or NVML loop."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, agent_config: Any = None) -> None:
         self.args = args
         self.extra = parse_kafka_overrides(args.kafka_config)
         self.specs = parse_topic_overrides(args.topic_partitions, args.topic_retention)
@@ -280,6 +303,7 @@ class ProducerRun:
         #: spools XIDs before; it hands nothing to librdkafka until then). None: simulated.
         self.serve_after: threading.Event | None = None
         self._agent: Any = None
+        self._agent_config = agent_config  # the nvml source's AgentConfig, built from args
         self._start_error: GpupipeError | None = None
         self._xids_kept = 0
         self._samples_left = 0
@@ -400,6 +424,7 @@ class ProducerRun:
                 self.t_xid,
                 on_agent=self._on_agent,
                 kafka_ready=self.serve_after,
+                config=self._agent_config,
             )
 
     # -- stop ----------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpupipe.logs import fields
 from producer.agent_config import (
@@ -77,6 +77,9 @@ from producer.xid.kmsg_cursor import KmsgCursorStore, read_boot_id
 from producer.xid.wake import WakeEvent
 from producer.xid.xid_merge import XidMerger
 from schemas.errors import EncodeError
+
+if TYPE_CHECKING:  # cryptography is loaded only by a producer that signs
+    from gpupipe.node_identity import NodeSigner
 
 log = logging.getLogger("gpupipe.agent")
 
@@ -116,8 +119,11 @@ def run_nvml(
     nvml: Any = None,
     on_agent: Callable[[NodeAgent], None] | None = None,
     kafka_ready: threading.Event | None = None,
+    config: AgentConfig | None = None,
 ) -> int:
     """``gpupipe produce --source nvml``: run the agent until ``stop`` is set; returns the ticks run.
+
+    ``config``: the agent's, when the caller built it from ``args`` already.
 
     ``on_agent`` receives the agent before it starts (the command wires ``/healthz`` to it).
     ``kafka_ready``: see :class:`NodeAgent`.
@@ -126,7 +132,7 @@ def run_nvml(
     when NVML cannot be initialised.
     """
     agent = NodeAgent(
-        config_from_args(args),
+        config or config_from_args(args),
         publisher,
         metrics,
         codec,
@@ -148,9 +154,10 @@ class _XidProducer:
     spool and is retried, so it is not lost.
     """
 
-    def __init__(self, publisher: Publisher, metrics: ProducerMetrics) -> None:
+    def __init__(self, publisher: Publisher, metrics: ProducerMetrics, signer: NodeSigner | None) -> None:
         self._pub = publisher
         self._metrics = metrics
+        self._signer = signer
 
     def produce(self, topic: str, value: bytes, key: bytes, on_delivery: Callable[[Any, Any], None]) -> None:
         def done(err: Any, msg: Any) -> None:
@@ -158,7 +165,9 @@ class _XidProducer:
                 self._metrics.records_failed.labels(topic, err.name()).inc()
             on_delivery(err, msg)
 
-        self._pub.produce_tracked(topic, key, value, done)
+        # Signed at hand-over, so a record spooled before a certificate rotation carries the new one.
+        headers = self._signer.headers(value) if self._signer is not None else None
+        self._pub.produce_tracked(topic, key, value, done, headers)
 
     def poll(self, timeout: float = 0.0) -> int:
         return self._pub.poll(timeout)
@@ -440,7 +449,7 @@ class NodeAgent:
         # memory, logged once and counted, instead of a crash loop.
         spool = XidSpool(c.spool_dir, c.spool_max_bytes)
         self.sender = XidSender(
-            _XidProducer(self.publisher, self.metrics),
+            _XidProducer(self.publisher, self.metrics, c.signer),
             self.t_xid,
             spool,
             retry_after_s=c.xid_retry_after_s,

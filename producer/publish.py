@@ -139,6 +139,7 @@ class Publisher:
         key: bytes | str,
         value: bytes,
         on_delivery: Callable[[KafkaError | None, Message], None],
+        headers: list[tuple[str, bytes]] | None = None,
     ) -> None:
         """Produce with a per-message delivery callback (the XID spool acknowledges through it).
 
@@ -158,7 +159,7 @@ class Publisher:
 
         while True:
             try:
-                self._producer.produce(topic, value, key, on_delivery=done)
+                self._producer.produce(topic, value, key, on_delivery=done, headers=headers)
                 return
             except BufferError:
                 self.poll(0.05)

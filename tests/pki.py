@@ -11,7 +11,7 @@ from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 
@@ -72,3 +72,51 @@ class Pki:
 
     def client(self, dns: str) -> tuple[Path, Path]:
         return self.issue(dns, [x509.DNSName(dns)], ExtendedKeyUsageOID.CLIENT_AUTH)
+
+    def node(
+        self,
+        stem: str,
+        cn: str,
+        *,
+        dns: tuple[str, ...] = (),
+        key: Any = None,
+        valid_from: dt.datetime | None = None,
+        valid_for: dt.timedelta = dt.timedelta(days=1),
+    ) -> Path:
+        """A kubelet-style client certificate (CN ``system:node:<node>`` as a kubelet's, or any CN)
+        and its key in one PEM file, as ``kubelet-client-current.pem`` holds them."""
+        key = key or ec.generate_private_key(ec.SECP256R1())
+        start = valid_from or self._now - dt.timedelta(minutes=5)
+        b = (
+            x509.CertificateBuilder()
+            .subject_name(
+                x509.Name(
+                    [
+                        x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes"),
+                        x509.NameAttribute(NameOID.COMMON_NAME, cn),
+                    ]
+                )
+            )
+            .issuer_name(_name("gpupipe test CA"))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(start)
+            .not_valid_after(start + valid_for)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        )
+        if dns:
+            b = b.add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in dns]), critical=False)
+        cert = b.sign(self._key, hashes.SHA256())
+        path = self.dir / f"{stem}.pem"
+        path.write_bytes(
+            cert.public_bytes(serialization.Encoding.PEM)
+            + key.private_bytes(
+                serialization.Encoding.PEM,
+                # the kubelet writes "EC PRIVATE KEY"; Ed25519 has only PKCS#8
+                serialization.PrivateFormat.PKCS8
+                if isinstance(key, ed25519.Ed25519PrivateKey)
+                else serialization.PrivateFormat.TraditionalOpenSSL,
+                serialization.NoEncryption(),
+            )
+        )
+        return path

@@ -26,6 +26,7 @@ from consumers.alerts.cordon import HOUR_MS, Cordoner, KubeNodeApi
 from consumers.alerts.dedupe import EngineConfig
 from consumers.alerts.health_signals import HealthConfig
 from consumers.alerts.leader import LeaderElector, ha_members
+from consumers.alerts.node_check import NODE_IDENTITY_MODES, NodeCheck
 from consumers.alerts.service import AlertsService, kafka_alert_sink, restore_from_topic
 from consumers.consume_loop import ConsumeLoop
 from gpupipe import kube, startup, topics
@@ -171,6 +172,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="keep state for at most N GPUs and NVSwitches in all: records of further devices are "
         "refused and counted",
+    )
+    ident = p.add_argument_group("node identity (which node wrote an XID)")
+    ident.add_argument(
+        "--node-ca-file",
+        default=None,
+        metavar="PATH",
+        help="accept an XID's hostname only when the record is signed by that node's certificate, "
+        "issued by a CA in this PEM bundle (the producers' --node-cert; for kubelet client "
+        "certificates, the cluster CA, as in ConfigMap kube-root-ca.crt) (default: not checked)",
+    )
+    ident.add_argument(
+        "--node-identity",
+        choices=NODE_IDENTITY_MODES,
+        default=NODE_IDENTITY_MODES[0],
+        help="with --node-ca-file: enforce dead-letters an XID that fails the check (reason "
+        "node-identity); audit only counts and logs it, for a fleet still rolling out certificates",
     )
     health = p.add_argument_group("health signals from gpu.samples.v1")
     health.add_argument(
@@ -325,6 +342,8 @@ class AlertsOptions:
     cordon_max_share: float
     uncordon: bool
     cluster: kube.KubeConfig | None  # the API server to cordon through (--cordon without --dry-run)
+    node_ca_file: str | None  # None: an XID's hostname is taken as written
+    node_identity: str  # one of NODE_IDENTITY_MODES
 
 
 def options_from_args(args: argparse.Namespace) -> AlertsOptions:
@@ -333,6 +352,10 @@ def options_from_args(args: argparse.Namespace) -> AlertsOptions:
     cluster = None
     if args.cordon and not args.dry_run:
         cluster = kube.config_from_args(args, needed_by="--cordon", otherwise="or use --dry-run")
+    if args.node_ca_file:
+        from gpupipe.node_identity import NodeVerifier  # cryptography, only when asked for
+
+        NodeVerifier.from_file(args.node_ca_file)  # an unreadable bundle is one line, now
     return AlertsOptions(
         engine=engine,
         health=health,
@@ -361,6 +384,8 @@ def options_from_args(args: argparse.Namespace) -> AlertsOptions:
         cordon_max_share=args.cordon_max_share,
         uncordon=args.uncordon,
         cluster=cluster,
+        node_ca_file=args.node_ca_file,
+        node_identity=args.node_identity,
     )
 
 
@@ -411,6 +436,11 @@ class AlertsApp:
                 uncordon=opts.uncordon,
             )
         sink = kafka_alert_sink(opts.bootstrap, self.alerts_topic, codec, extra)
+        identity = None
+        if opts.node_ca_file:
+            from gpupipe.node_identity import NodeVerifier  # cryptography, only when asked for
+
+            identity = NodeCheck(NodeVerifier.from_file(opts.node_ca_file), opts.node_identity)
         self.service = AlertsService(
             sink=sink,
             engine_config=opts.engine,
@@ -420,6 +450,7 @@ class AlertsApp:
             cordoner=self.cordoner,
             instance=self.instance,
             admission=DeviceAdmission(max_nodes=opts.max_nodes, max_devices=opts.max_devices),
+            node_check=identity,
         )
         self._codec, self._extra = codec, extra
         self._state = life.state if life is not None else None

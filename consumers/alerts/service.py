@@ -55,6 +55,7 @@ from consumers.alerts.cordon import Cordoner, CordonResult
 from consumers.alerts.dedupe import AlertEngine, EngineConfig
 from consumers.alerts.evidence_memory import evidence_record
 from consumers.alerts.health_signals import LEVEL_SIGNALS, HealthConfig, HealthTracker, InvalidRecord
+from consumers.alerts.node_check import DEADLETTER_REASON, NodeCheck
 from consumers.alerts.recovery_policy import sample_healthy
 from consumers.consume_loop import InRecord
 from consumers.topic_reader import read_topic
@@ -169,6 +170,16 @@ class _ServiceCollector(Collector):
         gpus = GaugeMetricFamily("gpupipe_alerts_health_gpus", "GPUs with health state from samples.")
         gpus.add_metric([], len(s.health))
         yield gpus
+        if s.node_check is not None:
+            nf = CounterMetricFamily(
+                "gpupipe_alerts_node_identity",
+                "XidEvents checked against the certificate of the node they name (--node-ca-file), by "
+                "result (verified, or why not) and mode (enforce: refused ones are dead-lettered).",
+                labels=["result", "mode"],
+            )
+            for (result, mode), n in sorted(s.node_check.results.items()):
+                nf.add_metric([result, mode], n)
+            yield nf
         if s.cordoner is not None:
             cf = CounterMetricFamily(
                 "gpupipe_alerts_cordon", "Cordon decisions by outcome.", labels=["outcome", "dry_run"]
@@ -194,9 +205,11 @@ class AlertsService:
         clock: Callable[[], float] = time.time,
         reconcile_interval_ms: int = 10_000,
         admission: DeviceAdmission | None = None,
+        node_check: NodeCheck | None = None,
     ) -> None:
         self.sink = sink
         self.admission = admission or DeviceAdmission()
+        self.node_check = node_check
         self._capped_logged_ms = -60_000
         self.reconcile_interval_ms = reconcile_interval_ms
         self._last_reconcile_ms = 0
@@ -251,6 +264,11 @@ class AlertsService:
         rejected: list[tuple[InRecord, str, str]] = []
         with self.lock:
             for r in records:
+                if r.name == "XidEvent" and self.node_check is not None:
+                    detail = self.node_check.refuse(r.value.get("hostname"), r.raw, now)
+                    if detail is not None:
+                        rejected.append((r, DEADLETTER_REASON, detail))
+                        continue
                 if r.name in ("XidEvent", "GpuSample") and self._refused(r, now):
                     continue
                 try:

@@ -124,7 +124,8 @@ def test_selectors_and_references_resolve(rendered: dict, values: str) -> None:
             assert spec["serviceAccountName"] in accounts or values == "no-alerts"
         for vol in spec.get("volumes", []):
             if "configMap" in vol and vol["configMap"]["name"] not in config_maps:
-                assert vol["configMap"]["name"] == "gpupipe-prices"  # existingConfigMap in no-alerts
+                # existingConfigMap in no-alerts; the cluster CA Kubernetes publishes in every namespace
+                assert vol["configMap"]["name"] in ("gpupipe-prices", "kube-root-ca.crt")
         ports = {p["name"] for c in spec["containers"] for p in c.get("ports", [])}
         assert "metrics" in ports
         for c in spec["containers"]:
@@ -657,3 +658,32 @@ def test_recommend_is_rendered_like_the_other_consumers(helm: str, rendered: dic
         assert {v["name"]: v for v in spec["volumes"]}[mount["name"]]["configMap"]["name"] == configmap
         maps = _by_name(docs, "ConfigMap")
         assert configmap == "gpupipe-prices" or {"prices.yaml", "teams.yaml"} <= set(maps[configmap]["data"])
+
+
+def test_node_identity_signs_on_the_node_and_checks_in_alerts(rendered: dict) -> None:
+    docs = rendered["node-identity"]
+    ds = _kinds(docs)["DaemonSet"][0]
+    ns = parse(*command_lines([ds])[0][1:])
+    assert ns.node_cert == "/var/lib/kubelet/pki/kubelet-client-current.pem" and ns.node_key is None
+    pod = ds["spec"]["template"]["spec"]
+    (vol,) = [v for v in pod["volumes"] if v["name"] == "node-cert"]
+    assert vol["hostPath"] == {"path": "/var/lib/kubelet/pki", "type": "Directory"}
+    (agent,) = [c for c in pod["containers"] if c["name"] == "producer"]
+    assert {"name": "node-cert", "mountPath": "/var/lib/kubelet/pki", "readOnly": True} in agent[
+        "volumeMounts"
+    ]
+    assert not any(
+        m["name"] == "node-cert"
+        for c in pod["containers"]
+        if c is not agent
+        for m in c.get("volumeMounts", [])
+    )
+    alerts = _by_name(docs, "Deployment")["rel-gpupipe-alerts"]
+    ns = parse(*command_lines([alerts])[0][1:])
+    assert (ns.node_ca_file, ns.node_identity) == ("/etc/gpupipe/node-ca/ca.crt", "audit")
+    apod = alerts["spec"]["template"]["spec"]
+    assert {"name": "node-ca", "configMap": {"name": "kube-root-ca.crt"}} in apod["volumes"]
+    # off by default: no flag, no host mount
+    ds = _kinds(rendered["defaults"])["DaemonSet"][0]
+    assert parse(*command_lines([ds])[0][1:]).node_cert is None
+    assert "node-cert" not in {v["name"] for v in ds["spec"]["template"]["spec"]["volumes"]}

@@ -481,3 +481,107 @@ def test_a_write_acl_revoked_while_running_stops_the_producer_with_one_line(
     assert rc == 1, text[-2000:]
     assert text.strip().splitlines()[-1] == f"gpupipe produce: error: {line}", text[-2000:]
     assert f"stopping: {line}" in text
+
+
+def _read(conf: dict[str, str], topic: str) -> list[Any]:
+    """Every message of ``topic`` so far, as the admin reads it."""
+    c = Consumer({**conf, "group.id": f"t-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False})
+    try:
+        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+        tps = [TopicPartition(topic, p, 0) for p in parts]
+        ends = {tp.partition: c.get_watermark_offsets(tp, timeout=10)[1] for tp in tps}
+        c.assign(tps)
+        out: list[Any] = []
+        left = {p for p, end in ends.items() if end > 0}
+        deadline = time.monotonic() + 30
+        while left and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None or m.error():
+                continue
+            out.append(m)
+            if m.offset() + 1 >= ends[m.partition()]:
+                left.discard(m.partition())
+        return out
+    finally:
+        c.close()
+
+
+def test_a_node_cannot_forge_an_ack_or_another_nodes_hostname(
+    secured: tuple[Any, Target], tmp_path: Path
+) -> None:
+    """The producer principal, which every GPU node holds, against the alerts service: an ack written
+    on the XID topic closes nothing, the alerts topic refuses it, and an XID signed by node-a's
+    certificate but naming node-b is dead-lettered, not alerted (let alone cordoned)."""
+    from consumers.alerts.ack import ack_record
+    from gpupipe.node_identity import NodeSigner
+    from schemas.codec import AvroCodec
+    from tests.integration.test_alerts_service import xid_event
+    from tests.pki import Pki
+
+    sk, _ = secured
+    t = _secure_target(sk)
+    group = f"{t.group}-al"
+    res = gpupipe(
+        "acls", "--apply", "--role", "producer", "--role", "alerts", "--group", f"alerts={group}",
+        "--bootstrap-servers", sk.bootstrap, "--kafka-config-file", sk.config_file("admin"),
+        "--topic-prefix", t.prefix,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    _create_topics(t)
+    pki = Pki(tmp_path)
+    tag = uuid.uuid4().hex[:6]
+    node_a, node_b = f"gpu-{tag}-a", f"gpu-{tag}-b"
+    signer_a = NodeSigner(str(pki.node("a", f"system:node:{node_a}")), None, node_a)
+    port = free_port()
+    log = tmp_path / "alerts.log"
+    proc = _start(
+        t, "alerts", log, "alerts", "--group-id", group, "--from-beginning", "--no-create-topics",
+        "--no-health-signals", "--listen", f"127.0.0.1:{port}", "--node-ca-file", str(pki.ca),
+    )  # fmt: skip
+    codec = AvroCodec()
+    now = int(time.time() * 1000)
+    enc_x, enc_a = codec.encoder("XidEvent").encode, codec.encoder("GpuAlert").encode
+    node = Producer({**sk.conf("producer"), "message.timeout.ms": 10000})
+
+    def send(topic: str, key: bytes, value: bytes, headers: list[tuple[str, bytes]] | None = None) -> Any:
+        errs: list[Any] = []
+        node.produce(topic, value, key, headers=headers, on_delivery=lambda err, _m: errs.append(err))
+        node.flush(15)
+        return errs[0]
+
+    def firing() -> list[dict[str, Any]]:
+        recs = [codec.decode(m.value()).record for m in _read(t.observer, t.topic(topics.ALERTS))]
+        return [r for r in recs if r["hostname"] in (node_a, node_b)]
+
+    try:
+        real = enc_x(xid_event(node_a, "0000:3b:00", 79, now))
+        assert send(t.topic(topics.XID), b"real", real, signer_a.headers(real)) is None
+        first = _wait(lambda: [r for r in firing() if r["status"] == "firing"], 60, "the real alert", [proc])
+        ack_value = enc_a(ack_record(first[-1], "forged", "a node", int(time.time() * 1000)))
+        err = send(t.topic(topics.ALERTS), b"ack", ack_value)
+        assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+        assert send(t.topic(topics.XID), b"forged-ack", ack_value) is None
+        forged = enc_x(xid_event(node_b, "0000:3b:00", 79, now))
+        assert send(t.topic(topics.XID), b"forged-host", forged, signer_a.headers(forged)) is None
+        unsigned = enc_x(xid_event(node_b, "0000:5b:00", 79, now))
+        assert send(t.topic(topics.XID), b"unsigned", unsigned) is None
+        _wait(lambda: _committed_to_end(t, group, [t.topic(topics.XID)]), 60, "alerts caught up", [proc])
+        dead = {
+            m.key(): dict(m.headers() or [])
+            for m in _read(t.observer, t.topic(topics.DEADLETTER))
+            if m.key() in (b"real", b"forged-ack", b"forged-host", b"unsigned")
+        }
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    finally:
+        _stop(proc, log)
+    assert {k: v["gpupipe.dlq.reason"] for k, v in dead.items()} == {
+        b"forged-ack": b"unexpected-record-type",
+        b"forged-host": b"node-identity",
+        b"unsigned": b"node-identity",
+    }
+    assert dead[b"forged-host"]["gpupipe.dlq.detail"] == f"wrong-node: hostname {node_b!r}".encode()
+    out = firing()
+    assert {r["hostname"] for r in out} == {node_a}  # node-b: no alert, so no page and no cordon
+    assert [r["status"] for r in out] == ["firing"]  # the forged ack ended nothing
+    assert 'gpupipe_alerts_node_identity_total{mode="enforce",result="verified"} 1.0' in body
+    assert 'gpupipe_alerts_node_identity_total{mode="enforce",result="wrong-node"} 1.0' in body

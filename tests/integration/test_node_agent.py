@@ -348,3 +348,32 @@ def test_cli_nvml_init_failure_exits_non_zero_with_a_clear_message(
     assert res.returncode == 1
     assert "gpupipe produce: error: NVML init failed: Driver Not Loaded" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_xid_records_carry_the_nodes_signature_and_samples_do_not(
+    kafka: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    from gpupipe.node_identity import SIG_HEADER, NodeSigner, NodeVerifier
+    from tests.pki import Pki
+
+    t_samples, t_xid = _topics(kafka, topic_prefix)
+    pki = Pki(tmp_path)
+    signer = NodeSigner(str(pki.node("kubelet-client-current", "system:node:gpu-node-1")), None, "gpu-node-1")
+    kmsg = tmp_path / "kmsg.log"
+    kmsg.write_text("")
+    pub = Publisher(producer_config(kafka, linger_ms=5))
+    cfg = _config(tmp_path, kubelet_socket=None, kmsg_path=str(kmsg), signer=signer)
+    with running_agent(cfg, pub, node_for_fixtures(), t_samples=t_samples, t_xid=t_xid) as ra:
+        with kmsg.open("a") as f:
+            f.write(find_line("xid_real.txt", "Xid (PCI:0000:9b:00): 119", "16:24:18") + "\n")
+        wait_for(lambda: ra.agent.xids_sent >= 1, 10, "the XID event")
+        ra.ticks_after(1)
+        ra.stop()
+    (msg,) = read_all(kafka, t_xid, expect=1, timeout_s=30)
+    verifier = NodeVerifier.from_file(str(pki.ca))
+    hostname = CODEC.decode(msg.value()).record["hostname"]
+    assert hostname == "gpu-node-1"
+    assert verifier.check(hostname, msg.value(), msg.headers()) is None
+    assert verifier.check("gpu-node-2", msg.value(), msg.headers()) == "wrong-node"
+    sample = read_all(kafka, t_samples, expect=1, timeout_s=30)[0]
+    assert SIG_HEADER not in dict(sample.headers() or [])

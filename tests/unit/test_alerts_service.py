@@ -172,6 +172,7 @@ def test_simulated_fleet_through_the_service() -> None:
         (["--cordon-max-share", "0"], "--cordon-max-share"),
         (["--ha", "--ha-session-timeout", "500ms"], "--ha-session-timeout"),
         (["--max-devices", "0"], "--max-nodes and --max-devices"),
+        (["--node-ca-file", "/nonexistent/ca.crt"], "--node-ca-file /nonexistent/ca.crt: No such file"),
     ],
 )
 def test_cli_config_errors_exit_2(flags: list[str], needle: str, capsys: Any, monkeypatch: Any) -> None:
