@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 ## page missing from the nav, fails the build. (Not --quiet: it hides the warnings that strict counts.)
 DOCS_BUILD := $(BIN)/mkdocs build --strict --site-dir site
 
-.PHONY: deps deps-demo venv install test test-unit test-integration lint docs fmt demo bench kafka-start kafka-stop compose-check proto clean chart-check
+.PHONY: release deps deps-demo venv install test test-unit test-integration lint docs fmt demo bench kafka-start kafka-stop compose-check proto clean chart-check
 
 venv: $(STAMP)
 
@@ -68,6 +68,11 @@ demo: deps-demo venv
 ## Benchmarks print `NAME ratio=X target=Y` lines (higher is better). Not part of `make test`.
 bench: venv
 	$(BIN)/python bench/run_all.py
+
+## dist/: the wheel, the packaged chart (dist/ is a chart repository) and, with a Docker engine, the
+## image, all of pyproject.toml's version (scripts/release: IMAGE, RELEASE_IMAGE, CHART_OCI, ...).
+release: venv
+	PY=$(BIN)/python scripts/release
 
 kafka-start:
 	scripts/kafka-local start
