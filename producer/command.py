@@ -240,7 +240,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--node-cert",
         default=None,
         metavar="PATH",
-        help="sign XID records as this node with this certificate (PEM; it must name the node in CN "
+        help="sign XID and sample records as this node with this certificate (PEM; it must name the "
+        "node in CN "
         f"system:node:NAME or a DNS SAN), e.g. the kubelet's {KUBELET_CLIENT_CERT}; the alerts "
         "service's --node-ca-file checks it (default: unsigned)",
     )
@@ -268,6 +269,8 @@ def run(args: argparse.Namespace) -> int:
     agent_config = None
     if args.source == "simulated":
         fleet_config(args)  # a bad fleet is one line before anything starts
+        if getattr(args, "node_cert", None):
+            raise ConfigError("--node-cert signs one node's records: use it with --source nvml")
     else:
         from producer.agent_config import config_from_args  # grpc and NVML: only for this source
 

@@ -146,6 +146,17 @@ def run_nvml(
     return agent.run(stop)
 
 
+def _signed(produce: Callable[..., None], signer: NodeSigner | None) -> Callable[..., None]:
+    """``produce(topic, key, value)``, signing each value at hand-over when the node has a signer."""
+    if signer is None:
+        return produce
+
+    def signed(topic: str, key: bytes, value: bytes) -> None:
+        produce(topic, key, value, signer.headers(value))
+
+    return signed
+
+
 class _XidProducer:
     """XidSender's view of the Publisher's librdkafka producer (per-message delivery callbacks).
 
@@ -243,7 +254,7 @@ class NodeAgent:
         self.sender: XidSender | None = None
         self.xids: XidPath | None = None
         self.samples = SampleQueue(
-            publisher.produce,
+            _signed(publisher.produce, c.signer),
             lambda: len(publisher),
             c.sample_queue_max,
             c.in_flight_limit,

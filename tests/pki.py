@@ -80,30 +80,32 @@ class Pki:
         *,
         dns: tuple[str, ...] = (),
         key: Any = None,
+        org: str | None = "system:nodes",
+        usage: Any = ExtendedKeyUsageOID.CLIENT_AUTH,
+        is_ca: bool = False,
         valid_from: dt.datetime | None = None,
         valid_for: dt.timedelta = dt.timedelta(days=1),
     ) -> Path:
-        """A kubelet-style client certificate (CN ``system:node:<node>`` as a kubelet's, or any CN)
-        and its key in one PEM file, as ``kubelet-client-current.pem`` holds them."""
+        """A kubelet client certificate as the cluster CA issues it (``O=system:nodes``, CN
+        ``system:node:<node>``, client auth) or, with the keywords, something that only looks like
+        one; certificate and key in one PEM file, as ``kubelet-client-current.pem`` holds them."""
         key = key or ec.generate_private_key(ec.SECP256R1())
         start = valid_from or self._now - dt.timedelta(minutes=5)
+        attrs = [x509.NameAttribute(NameOID.COMMON_NAME, cn)]
+        if org is not None:
+            attrs.insert(0, x509.NameAttribute(NameOID.ORGANIZATION_NAME, org))
         b = (
             x509.CertificateBuilder()
-            .subject_name(
-                x509.Name(
-                    [
-                        x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:nodes"),
-                        x509.NameAttribute(NameOID.COMMON_NAME, cn),
-                    ]
-                )
-            )
+            .subject_name(x509.Name(attrs))
             .issuer_name(_name("gpupipe test CA"))
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(start)
             .not_valid_after(start + valid_for)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
         )
+        if is_ca:
+            b = b.add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         if dns:
             b = b.add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in dns]), critical=False)
         cert = b.sign(self._key, hashes.SHA256())

@@ -26,7 +26,7 @@ from consumers.alerts.cordon import HOUR_MS, Cordoner, KubeNodeApi
 from consumers.alerts.dedupe import EngineConfig
 from consumers.alerts.health_signals import HealthConfig
 from consumers.alerts.leader import LeaderElector, ha_members
-from consumers.alerts.node_check import NODE_IDENTITY_MODES, NodeCheck
+from consumers.alerts.node_check import NODE_CERT_RULES, NODE_IDENTITY_MODES, NodeCheck
 from consumers.alerts.service import AlertsService, kafka_alert_sink, restore_from_topic
 from consumers.consume_loop import ConsumeLoop
 from gpupipe import kube, startup, topics
@@ -178,7 +178,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--node-ca-file",
         default=None,
         metavar="PATH",
-        help="accept an XID's hostname only when the record is signed by that node's certificate, "
+        help="accept an XID's or a sample's hostname only when the record is signed by that node's "
+        "certificate, "
         "issued by a CA in this PEM bundle (the producers' --node-cert; for kubelet client "
         "certificates, the cluster CA, as in ConfigMap kube-root-ca.crt) (default: not checked)",
     )
@@ -187,7 +188,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=NODE_IDENTITY_MODES,
         default=NODE_IDENTITY_MODES[0],
         help="with --node-ca-file: enforce dead-letters an XID that fails the check (reason "
-        "node-identity); audit only counts and logs it, for a fleet still rolling out certificates",
+        "node-identity) and drops such a sample; audit only counts and logs them, for a fleet still "
+        "rolling out certificates",
+    )
+    ident.add_argument(
+        "--node-cert-names",
+        choices=NODE_CERT_RULES,
+        default=NODE_CERT_RULES[0],
+        help="which certificates name a node: kubelet, only kubelet client certificates (CN "
+        "system:node:NAME, O system:nodes, client auth); dedicated-ca, any leaf of the CA naming the "
+        "node in its CN or a DNS SAN (for a CA that issues node identities only)",
     )
     health = p.add_argument_group("health signals from gpu.samples.v1")
     health.add_argument(
@@ -344,6 +354,7 @@ class AlertsOptions:
     cluster: kube.KubeConfig | None  # the API server to cordon through (--cordon without --dry-run)
     node_ca_file: str | None  # None: an XID's hostname is taken as written
     node_identity: str  # one of NODE_IDENTITY_MODES
+    node_cert_names: str  # one of NODE_CERT_RULES
 
 
 def options_from_args(args: argparse.Namespace) -> AlertsOptions:
@@ -355,7 +366,7 @@ def options_from_args(args: argparse.Namespace) -> AlertsOptions:
     if args.node_ca_file:
         from gpupipe.node_identity import NodeVerifier  # cryptography, only when asked for
 
-        NodeVerifier.from_file(args.node_ca_file)  # an unreadable bundle is one line, now
+        NodeVerifier.from_file(args.node_ca_file, rule=args.node_cert_names)  # a bad bundle: one line, now
     return AlertsOptions(
         engine=engine,
         health=health,
@@ -386,6 +397,7 @@ def options_from_args(args: argparse.Namespace) -> AlertsOptions:
         cluster=cluster,
         node_ca_file=args.node_ca_file,
         node_identity=args.node_identity,
+        node_cert_names=args.node_cert_names,
     )
 
 
@@ -440,7 +452,8 @@ class AlertsApp:
         if opts.node_ca_file:
             from gpupipe.node_identity import NodeVerifier  # cryptography, only when asked for
 
-            identity = NodeCheck(NodeVerifier.from_file(opts.node_ca_file), opts.node_identity)
+            verifier = NodeVerifier.from_file(opts.node_ca_file, rule=opts.node_cert_names)
+            identity = NodeCheck(verifier, opts.node_identity)
         self.service = AlertsService(
             sink=sink,
             engine_config=opts.engine,

@@ -173,12 +173,13 @@ class _ServiceCollector(Collector):
         if s.node_check is not None:
             nf = CounterMetricFamily(
                 "gpupipe_alerts_node_identity",
-                "XidEvents checked against the certificate of the node they name (--node-ca-file), by "
-                "result (verified, or why not) and mode (enforce: refused ones are dead-lettered).",
-                labels=["result", "mode"],
+                "XidEvents and GpuSamples checked against the certificate of the node they name "
+                "(--node-ca-file), by record, result (verified, or why not) and mode (enforce: refused "
+                "XIDs are dead-lettered, refused samples dropped).",
+                labels=["record", "result", "mode"],
             )
-            for (result, mode), n in sorted(s.node_check.results.items()):
-                nf.add_metric([result, mode], n)
+            for (record, result, mode), n in sorted(s.node_check.results.items()):
+                nf.add_metric([record, result, mode], n)
             yield nf
         if s.cordoner is not None:
             cf = CounterMetricFamily(
@@ -264,10 +265,13 @@ class AlertsService:
         rejected: list[tuple[InRecord, str, str]] = []
         with self.lock:
             for r in records:
-                if r.name == "XidEvent" and self.node_check is not None:
-                    detail = self.node_check.refuse(r.value.get("hostname"), r.raw, now)
+                if r.name in ("XidEvent", "GpuSample") and self.node_check is not None:
+                    detail = self.node_check.refuse(r.name, r.value.get("hostname"), r.raw, now)
                     if detail is not None:
-                        rejected.append((r, DEADLETTER_REASON, detail))
+                        # an XID is dead-lettered; a sample (thousands a second from a fleet not yet
+                        # signing) is counted only: it is well formed and stays in its topic
+                        if r.name == "XidEvent":
+                            rejected.append((r, DEADLETTER_REASON, detail))
                         continue
                 if r.name in ("XidEvent", "GpuSample") and self._refused(r, now):
                     continue

@@ -125,7 +125,7 @@ def test_selectors_and_references_resolve(rendered: dict, values: str) -> None:
         for vol in spec.get("volumes", []):
             if "configMap" in vol and vol["configMap"]["name"] not in config_maps:
                 # existingConfigMap in no-alerts; the cluster CA Kubernetes publishes in every namespace
-                assert vol["configMap"]["name"] in ("gpupipe-prices", "kube-root-ca.crt")
+                assert vol["configMap"]["name"] in ("gpupipe-prices", "kube-root-ca.crt", "gpupipe-node-ca")
         ports = {p["name"] for c in spec["containers"] for p in c.get("ports", [])}
         assert "metrics" in ports
         for c in spec["containers"]:
@@ -660,29 +660,53 @@ def test_recommend_is_rendered_like_the_other_consumers(helm: str, rendered: dic
         assert configmap == "gpupipe-prices" or {"prices.yaml", "teams.yaml"} <= set(maps[configmap]["data"])
 
 
-def test_node_identity_signs_on_the_node_and_checks_in_alerts(rendered: dict) -> None:
+def test_node_identity_signs_on_the_node_and_checks_in_alerts(helm: str, rendered: dict) -> None:
     docs = rendered["node-identity"]
     ds = _kinds(docs)["DaemonSet"][0]
     ns = parse(*command_lines([ds])[0][1:])
-    assert ns.node_cert == "/var/lib/kubelet/pki/kubelet-client-current.pem" and ns.node_key is None
-    pod = ds["spec"]["template"]["spec"]
-    (vol,) = [v for v in pod["volumes"] if v["name"] == "node-cert"]
-    assert vol["hostPath"] == {"path": "/var/lib/kubelet/pki", "type": "Directory"}
-    (agent,) = [c for c in pod["containers"] if c["name"] == "producer"]
-    assert {"name": "node-cert", "mountPath": "/var/lib/kubelet/pki", "readOnly": True} in agent[
-        "volumeMounts"
-    ]
-    assert not any(
-        m["name"] == "node-cert"
-        for c in pod["containers"]
-        if c is not agent
-        for m in c.get("volumeMounts", [])
+    assert (ns.node_cert, ns.node_key) == (
+        "/etc/gpupipe-node/cert/node.crt",
+        "/etc/gpupipe-node/key/node.key",
     )
+    pod = ds["spec"]["template"]["spec"]
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["node-cert"]["hostPath"] == {"path": "/etc/gpupipe-node/cert", "type": "Directory"}
+    assert vols["node-key"]["hostPath"] == {"path": "/etc/gpupipe-node/key", "type": "Directory"}
+    (agent,) = [c for c in pod["containers"] if c["name"] == "producer"]
+    mounts = {m["name"]: m for m in agent["volumeMounts"]}
+    assert mounts["node-cert"] == {
+        "name": "node-cert",
+        "mountPath": "/etc/gpupipe-node/cert",
+        "readOnly": True,
+    }
+    assert mounts["node-key"]["readOnly"] is True
+    # the kmsg relay, a second container or a native sidecar (an init container), never mounts them
+    sidecar = _kinds(render(helm, None, "nodeIdentity.enabled=true", "producer.kmsg.nativeSidecar=true"))
+    sidecar_pod = sidecar["DaemonSet"][0]["spec"]["template"]["spec"]
+    for p in (pod, sidecar_pod):
+        others = [c for c in [*p["containers"], *p.get("initContainers", [])] if c["name"] != "producer"]
+        assert others, "the kmsg relay"
+        assert not {m["name"] for c in others for m in c.get("volumeMounts", [])} & {"node-cert", "node-key"}
     alerts = _by_name(docs, "Deployment")["rel-gpupipe-alerts"]
     ns = parse(*command_lines([alerts])[0][1:])
-    assert (ns.node_ca_file, ns.node_identity) == ("/etc/gpupipe/node-ca/ca.crt", "audit")
-    apod = alerts["spec"]["template"]["spec"]
-    assert {"name": "node-ca", "configMap": {"name": "kube-root-ca.crt"}} in apod["volumes"]
+    assert (ns.node_ca_file, ns.node_identity, ns.node_cert_names) == (
+        "/etc/gpupipe/node-ca/ca.crt",
+        "audit",
+        "dedicated-ca",
+    )
+    assert {"name": "node-ca", "configMap": {"name": "gpupipe-node-ca"}} in alerts["spec"]["template"][
+        "spec"
+    ]["volumes"]
+    # the defaults: the kubelet's certificate, one mount, the cluster CA
+    on = render(helm, None, "nodeIdentity.enabled=true")
+    ds = _kinds(on)["DaemonSet"][0]
+    assert parse(*command_lines([ds])[0][1:]).node_cert == "/var/lib/kubelet/pki/kubelet-client-current.pem"
+    names = {v["name"] for v in ds["spec"]["template"]["spec"]["volumes"]}
+    assert "node-cert" in names and "node-key" not in names
+    alerts = _by_name(on, "Deployment")["rel-gpupipe-alerts"]
+    assert {"name": "node-ca", "configMap": {"name": "kube-root-ca.crt"}} in alerts["spec"]["template"][
+        "spec"
+    ]["volumes"]
     # off by default: no flag, no host mount
     ds = _kinds(rendered["defaults"])["DaemonSet"][0]
     assert parse(*command_lines([ds])[0][1:]).node_cert is None

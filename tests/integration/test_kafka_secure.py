@@ -510,10 +510,12 @@ def test_a_node_cannot_forge_an_ack_or_another_nodes_hostname(
     secured: tuple[Any, Target], tmp_path: Path
 ) -> None:
     """The producer principal, which every GPU node holds, against the alerts service: an ack written
-    on the XID topic closes nothing, the alerts topic refuses it, and an XID signed by node-a's
-    certificate but naming node-b is dead-lettered, not alerted (let alone cordoned)."""
+    on the XID topic closes nothing, the alerts topic refuses it, an XID signed by node-a's
+    certificate but naming node-b is dead-lettered, and a sample saying node-b's GPU fell off the bus,
+    signed by node-a, is dropped: node-b gets no alert (let alone a cordon)."""
     from consumers.alerts.ack import ack_record
     from gpupipe.node_identity import NodeSigner
+    from producer.simulated.fleet import FleetConfig, SimulatedFleet
     from schemas.codec import AvroCodec
     from tests.integration.test_alerts_service import xid_event
     from tests.pki import Pki
@@ -536,11 +538,12 @@ def test_a_node_cannot_forge_an_ack_or_another_nodes_hostname(
     log = tmp_path / "alerts.log"
     proc = _start(
         t, "alerts", log, "alerts", "--group-id", group, "--from-beginning", "--no-create-topics",
-        "--no-health-signals", "--listen", f"127.0.0.1:{port}", "--node-ca-file", str(pki.ca),
+        "--listen", f"127.0.0.1:{port}", "--node-ca-file", str(pki.ca),
     )  # fmt: skip
     codec = AvroCodec()
     now = int(time.time() * 1000)
     enc_x, enc_a = codec.encoder("XidEvent").encode, codec.encoder("GpuAlert").encode
+    enc_s = codec.encoder("GpuSample").encode
     node = Producer({**sk.conf("producer"), "message.timeout.ms": 10000})
 
     def send(topic: str, key: bytes, value: bytes, headers: list[tuple[str, bytes]] | None = None) -> Any:
@@ -565,7 +568,11 @@ def test_a_node_cannot_forge_an_ack_or_another_nodes_hostname(
         assert send(t.topic(topics.XID), b"forged-host", forged, signer_a.headers(forged)) is None
         unsigned = enc_x(xid_event(node_b, "0000:5b:00", 79, now))
         assert send(t.topic(topics.XID), b"unsigned", unsigned) is None
-        _wait(lambda: _committed_to_end(t, group, [t.topic(topics.XID)]), 60, "alerts caught up", [proc])
+        sample = SimulatedFleet(FleetConfig(nodes=1, gpus_per_node=1)).tick(now)[0][0]
+        lost = enc_s({**sample, "hostname": node_b, "gpu_lost": True, "timestamp_ms": now})
+        assert send(t.topic(topics.SAMPLES), b"forged-lost", lost, signer_a.headers(lost)) is None
+        inputs = [t.topic(topics.XID), t.topic(topics.SAMPLES)]
+        _wait(lambda: _committed_to_end(t, group, inputs), 60, "alerts caught up", [proc])
         dead = {
             m.key(): dict(m.headers() or [])
             for m in _read(t.observer, t.topic(topics.DEADLETTER))
@@ -583,5 +590,13 @@ def test_a_node_cannot_forge_an_ack_or_another_nodes_hostname(
     out = firing()
     assert {r["hostname"] for r in out} == {node_a}  # node-b: no alert, so no page and no cordon
     assert [r["status"] for r in out] == ["firing"]  # the forged ack ended nothing
-    assert 'gpupipe_alerts_node_identity_total{mode="enforce",result="verified"} 1.0' in body
-    assert 'gpupipe_alerts_node_identity_total{mode="enforce",result="wrong-node"} 1.0' in body
+    assert (
+        'gpupipe_alerts_node_identity_total{mode="enforce",record="XidEvent",result="verified"} 1.0' in body
+    )
+    assert (
+        'gpupipe_alerts_node_identity_total{mode="enforce",record="XidEvent",result="wrong-node"} 1.0' in body
+    )
+    assert (
+        'gpupipe_alerts_node_identity_total{mode="enforce",record="GpuSample",result="wrong-node"} 1.0'
+        in body
+    )

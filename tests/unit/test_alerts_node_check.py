@@ -1,4 +1,4 @@
-"""The alerts service believes an XID's hostname only when that node signed the record."""
+"""The alerts service believes a record's hostname only when that node signed the record."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from consumers.alerts.node_check import NodeCheck
 from consumers.alerts.service import AlertsService, ListSink
 from gpupipe.node_identity import NodeSigner, NodeVerifier
 from tests.pki import Pki
-from tests.unit.test_alerts_service import Clock, inrec, xid
+from tests.unit.test_alerts_service import T0, Clock, inrec, xid
 
 
 class _Raw:
@@ -29,9 +29,9 @@ class _Raw:
         return self._headers
 
 
-def _signed(signer: NodeSigner | None, rec: dict[str, Any]) -> Any:
+def _signed(signer: NodeSigner | None, rec: dict[str, Any], name: str = "XidEvent") -> Any:
     body = repr(sorted(rec.items())).encode()  # any bytes: the check covers what was consumed
-    r = inrec("XidEvent", rec)
+    r = inrec(name, rec)
     return dataclasses.replace(r, raw=_Raw(body, signer.headers(body) if signer else None))
 
 
@@ -66,9 +66,9 @@ def test_enforce_dead_letters_a_forged_hostname_and_keeps_the_real_one(nodes: An
     assert not svc.handle([_signed(a, xid(79, "a-real", host="node-a"))])
     assert {r["hostname"] for r in sink.records if r["status"] == "firing"} == {"node-a", "node-b"}
     text = generate_latest(reg).decode()
-    assert 'gpupipe_alerts_node_identity_total{mode="enforce",result="verified"} 2.0' in text
-    assert 'gpupipe_alerts_node_identity_total{mode="enforce",result="wrong-node"} 1.0' in text
-    assert 'gpupipe_alerts_node_identity_total{mode="enforce",result="unsigned"} 1.0' in text
+    assert _count(text, "XidEvent", "verified", "enforce") == 2
+    assert _count(text, "XidEvent", "wrong-node", "enforce") == 1
+    assert _count(text, "XidEvent", "unsigned", "enforce") == 1
 
 
 def test_audit_counts_what_enforce_would_refuse_and_takes_it(nodes: Any) -> None:
@@ -77,17 +77,62 @@ def test_audit_counts_what_enforce_would_refuse_and_takes_it(nodes: Any) -> None
     assert not svc.handle([_signed(b, xid(79, "forged", host="node-a"))])
     assert [r["hostname"] for r in sink.records if r["status"] == "firing"] == ["node-a"]
     text = generate_latest(reg).decode()
-    assert 'gpupipe_alerts_node_identity_total{mode="audit",result="wrong-node"} 1.0' in text
-    assert 'gpupipe_alerts_node_identity_total{mode="audit",result="verified"} 0.0' in text
+    assert _count(text, "XidEvent", "wrong-node", "audit") == 1
+    assert _count(text, "XidEvent", "verified", "audit") == 0
 
 
-def test_samples_are_not_checked(nodes: Any) -> None:
-    pki, _, _ = nodes
-    svc, _, _ = _service(pki, "enforce")
-    value = {"hostname": "node-a", "uuid": "GPU-1", "pci_bus_id": None, "timestamp_ms": 1}
-    sample = inrec("GpuSample", value)
-    assert not svc.handle([sample])
-    assert svc.node_check is not None and sum(svc.node_check.results.values()) == 0
+def _count(text: str, record: str, result: str, mode: str) -> float:
+    line = f'gpupipe_alerts_node_identity_total{{mode="{mode}",record="{record}",result="{result}"}} '
+    (value,) = [ln.removeprefix(line) for ln in text.splitlines() if ln.startswith(line)]
+    return float(value)
+
+
+def _lost(host: str, ts: int) -> dict[str, Any]:
+    """A sample saying the GPU fell off the bus: on its own it raises a drain alert."""
+    return {
+        "hostname": host,
+        "uuid": "GPU-1",
+        "pci_bus_id": "0000:18:00.0",
+        "timestamp_ms": ts,
+        "gpu_lost": True,
+    }
+
+
+def test_a_forged_sample_neither_drains_nor_ends_an_alert(nodes: Any) -> None:
+    pki, a, b = nodes
+    svc, sink, reg = _service(pki, "enforce")
+    # node-b's credentials say node-a's GPU fell off the bus: dropped (not dead-lettered), counted
+    assert not svc.handle([_signed(b, _lost("node-a", T0), "GpuSample")])
+    assert not [r for r in sink.records if r["hostname"] == "node-a"]
+    assert svc.admission.nodes() == 0
+    # node-a's own sample raises it; a forged healthy sample does not end it
+    assert not svc.handle([_signed(a, _lost("node-a", T0 + 1000), "GpuSample")])
+    firing = [r for r in sink.records if r["status"] == "firing" and r["hostname"] == "node-a"]
+    assert firing and firing[0]["drain_node"] is True
+    healthy = {**_lost("node-a", T0 + 2000), "gpu_lost": False}
+    svc.handle([_signed(b, healthy, "GpuSample"), _signed(None, healthy, "GpuSample")])
+    assert not [r for r in sink.records if r["status"] == "resolved"]
+    text = generate_latest(reg).decode()
+    assert _count(text, "GpuSample", "wrong-node", "enforce") == 2
+    assert _count(text, "GpuSample", "unsigned", "enforce") == 1
+    assert _count(text, "GpuSample", "verified", "enforce") == 1
+
+
+def test_a_check_that_raises_is_a_refusal_and_the_batch_goes_on(nodes: Any) -> None:
+    _, a, _ = nodes
+
+    class Broken:
+        def check(self, hostname: str, value: bytes, headers: Any) -> str | None:
+            raise RuntimeError("a library error the verifier did not expect")
+
+    reg, sink = CollectorRegistry(), ListSink()
+    svc = AlertsService(
+        sink=sink, registry=reg, clock=Clock(), instance="t", node_check=NodeCheck(Broken(), "enforce")
+    )
+    rejected = svc.handle([_signed(a, xid(79, "e1", host="node-a"))])
+    assert [(reason, detail) for _, reason, detail in rejected] == [
+        ("node-identity", "bad-certificate: hostname 'node-a'")
+    ]
 
 
 def test_without_a_ca_no_metric_and_nothing_checked() -> None:

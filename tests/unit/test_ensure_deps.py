@@ -117,6 +117,7 @@ def _deps_tree(tmp: Path) -> tuple[Path, Path]:
         "kcat",
         "chromium",
         "docker-compose",
+        "docker-registry",
     ):
         (bin_dir / cmd).write_text("#!/bin/sh\n")
         (bin_dir / cmd).chmod(0o755)
