@@ -18,6 +18,7 @@ from typing import Any, TextIO
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
 
 from gpupipe import topics
+from gpupipe.argtypes import positive_duration_ms
 from gpupipe.errors import ConfigError
 from gpupipe.kafka_admin import client_config, parse_kafka_overrides, wait_for_broker
 from schemas.codec import AvroCodec, codec_from_url
@@ -35,9 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max", type=int, default=None, metavar="N", help="stop after N records")
     p.add_argument(
         "--idle-timeout",
-        type=float,
+        type=positive_duration_ms,
         default=None,
-        metavar="SECONDS",
+        metavar="DURATION",
         help="stop when no record arrived for this long",
     )
     p.add_argument(
@@ -104,7 +105,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
         while args.max is None or shown < args.max:
             msgs = consumer.consume(num_messages=500, timeout=0.5)
             if not msgs:
-                if args.idle_timeout is not None and time.monotonic() - last > args.idle_timeout:
+                if args.idle_timeout is not None and time.monotonic() - last > args.idle_timeout / 1000:
                     break
                 continue
             last = time.monotonic()

@@ -128,9 +128,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--timeout",
-        type=float,
-        default=60.0,
-        metavar="SECONDS",
+        type=positive_duration_ms,
+        default=60_000,
+        metavar="DURATION",
         help="give up if the end offsets are not reached in time (an open transaction holds "
         "read_committed readers until it ends)",
     )
@@ -177,8 +177,6 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     end_ms = parse_time_ms(args.end, tz) if args.end else None
     if start_ms is not None and end_ms is not None and end_ms <= start_ms:
         raise ConfigError("--to must be after --from")
-    if args.timeout <= 0:
-        raise ConfigError("--timeout must be greater than zero")
     teams = load_team_map(args.teams) if args.teams else TeamMap()
     carbon = load_carbon_config(args.carbon).co2e_kg if getattr(args, "carbon", None) else None
     extra = parse_kafka_overrides(args.kafka_config)
@@ -199,7 +197,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         topic,
         codec,
         extra=extra,
-        timeout_s=args.timeout,
+        timeout_s=args.timeout / 1000,
         on_bad=on_bad,
         since_ms=start_ms,
         billing=args.format == "focus",  # far enough back to de-duplicate late copies (read_from_ms)

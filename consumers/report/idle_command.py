@@ -19,6 +19,7 @@ from consumers.report.formats import FORMATS, FocusOptions
 from consumers.report.idle_report import IDLE_DIMENSIONS, build_idle_report, render_idle
 from consumers.topic_reader import read_topic
 from gpupipe import topics
+from gpupipe.argtypes import positive_duration_ms
 from gpupipe.durations import parse_duration_ms
 from gpupipe.errors import ConfigError
 from gpupipe.kafka_admin import parse_kafka_overrides, wait_for_broker
@@ -45,9 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topic", default=None, help="read this topic instead of gpu.recommendations.v1")
     p.add_argument(
         "--timeout",
-        type=float,
-        default=60.0,
-        metavar="SECONDS",
+        type=positive_duration_ms,
+        default=60_000,
+        metavar="DURATION",
         help="give up if the end offsets are not reached in time",
     )
     p.add_argument("--focus-provider", default="gpupipe", help="FOCUS ProviderName")
@@ -64,8 +65,8 @@ def since_ms(text: str, now_ms: int) -> int:
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
-    if args.top < 0 or args.timeout <= 0:
-        raise ConfigError("--top must not be negative and --timeout must be greater than zero")
+    if args.top < 0:
+        raise ConfigError("--top must not be negative")
     cutoff = since_ms(args.since, int(time.time() * 1000))
     teams = load_team_map(args.teams) if args.teams else TeamMap()
     extra = parse_kafka_overrides(args.kafka_config)
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         codec_from_url(args.schema_registry_url),
         "GpuRecommendation",
         extra=extra,
-        timeout_s=args.timeout,
+        timeout_s=args.timeout / 1000,
         on_bad=lambda line: print(f"gpupipe report: {line}", file=err),
     )
     rows = build_idle_report(

@@ -222,3 +222,48 @@ def test_building_the_parser_loads_no_columnar_stack() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+#: Flags whose names sound like time but that take no duration, and why.
+NOT_DURATIONS = {
+    "--alertmanager-url": "a URL",
+    "--alertmanager-max-alerts": "a count",
+    "--xid-count-window-size": "dcgm-exporter's flag: milliseconds, as it takes them",
+    "--clock-events-count-window-size": "dcgm-exporter's flag: milliseconds, as it takes them",
+    "--collect-interval": "dcgm-exporter's flag: milliseconds, as it takes them",
+    "--stale-intervals": "a number of sample intervals",
+    "--dump-retention": "dcgm-exporter's flag, accepted and ignored",
+    "--gpu-bind-unbind-poll-interval": "dcgm-exporter's flag, accepted and ignored",
+    "--topic-retention": "TOPIC=DURATION pairs",
+    "--period": "a period name or a month",
+    "--since": "a duration or a date",
+}
+_TIME_WORDS = re.compile(
+    r"timeout|interval|delay|grace|window|age|after|lookback|deadline|horizon|wait|retention"
+)
+
+
+@pytest.mark.parametrize(("words", "parser"), COMMANDS, ids=IDS)
+def test_every_time_flag_takes_a_duration(words: tuple[str, ...], parser: argparse.ArgumentParser) -> None:
+    for action in _flags(parser):
+        assert action.metavar != "SECONDS", (words, action.option_strings)
+        names = [o for o in action.option_strings if o.startswith("--") and _TIME_WORDS.search(o)]
+        if not names or any(o in NOT_DURATIONS for o in action.option_strings):
+            continue
+        assert action.type is not None, (words, names)
+        for text, ms in (("1m", 60_000), ("1.5s", 1500), ("2", 2000)):  # a bare number is seconds
+            assert action.type(text) == ms, (words, names, text)
+
+
+def test_tail_and_report_timeouts_are_durations(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = cli.build_parser()
+    assert parser.parse_args(["tail", "gpu.xid.v1", "--idle-timeout", "500ms"]).idle_timeout == 500
+    assert parser.parse_args(["report", "idle", "--timeout", "2m"]).timeout == 120_000
+    assert parser.parse_args(["report", "chargeback"]).timeout == 60_000
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["report", "chargeback", "--timeout", "0"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "gpupipe report chargeback: error: argument --timeout: duration '0' must be greater than zero "
+        "(see --help)"
+    )
