@@ -101,6 +101,7 @@ def _deps_tree(tmp: Path) -> tuple[Path, Path]:
     stubs = {
         "kafka-local": "exit 0",
         "otelcol-local": "exit 0",
+        "kube-local": "exit 0",
         "helm-local": f"touch {mark}; echo /fake/helm",
     }
     for name, body in stubs.items():

@@ -1,0 +1,247 @@
+"""The chart's identities against a real Kubernetes API server: sufficient, and no more.
+
+kube-apiserver and etcd run for real (tests/kube_apiserver.py); the ServiceAccounts, ClusterRoles
+and bindings are the ones `helm template` renders from the chart, and their tokens are issued by
+the API server. The alerts service's cordon, uncordon and cluster-share check, and the node agent's
+pod metadata watch, run through gpupipe's own Kubernetes client with those tokens. Each verb the
+alerts role grants is taken away once to show the step that needs it fails without it, and verbs
+neither role grants are refused.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from consumers.alerts.cordon import ANNOTATION_PREFIX, Cordoner, CordonResult, KubeNodeApi
+from gpupipe.kube import KubeClient, KubeConfig
+from producer.podmeta.kube_watch import PodMetadataWatcher
+from tests.agent_harness import wait_for
+from tests.integration.test_helm_chart import helm, render  # noqa: F401 (helm: the session fixture)
+from tests.kube_apiserver import ApiError, KubeApiServer, object_path, start_kube_apiserver
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(3600)]
+
+NS = "gpu"
+NODES = ("node-a", "node-b", "node-c", "node-d")
+
+
+@pytest.fixture(scope="module")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeApiServer]:
+    yield from start_kube_apiserver(tmp_path_factory.mktemp("kube"))
+
+
+@pytest.fixture(scope="module")
+def chart(helm: str, kube: KubeApiServer) -> dict[str, dict[str, Any]]:  # noqa: F811
+    """The chart's ServiceAccounts and RBAC created on the server; returned by "Kind/name"."""
+    docs = render(helm, None, "alerts.flags.dry-run=false")
+    kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    for name in NODES:
+        kube.create("/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+    rbac = [
+        d
+        for d in docs
+        if d["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+    ]
+    kube.apply_all(rbac)
+    return {f"{d['kind']}/{d['metadata']['name']}": d for d in rbac}
+
+
+def _sa(chart: dict[str, dict[str, Any]], component: str) -> str:
+    (name,) = [n for n, d in chart.items() if d["kind"] == "ServiceAccount" and n.endswith(f"-{component}")]
+    return name.removeprefix("ServiceAccount/")
+
+
+def _allowed(kube: KubeApiServer, token: str, verb: str, resource: str) -> bool:
+    """What the API server's RBAC says now for the token's own identity."""
+    review = kube.request(
+        "POST",
+        "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+        {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": {"verb": verb, "resource": resource}},
+        },
+        token=token,
+    )
+    return bool(review["status"].get("allowed"))
+
+
+def _cordoner(kube: KubeApiServer, token_file: Path, **kw: Any) -> tuple[Cordoner, list[CordonResult]]:
+    results: list[CordonResult] = []
+    api = KubeNodeApi(KubeClient(KubeConfig(kube.url, str(token_file), str(kube.ca_file)), timeout_s=10))
+    c = Cordoner(api, dry_run=False, max_per_hour=10, on_result=results.append, instance="t", **kw)
+    return c, results
+
+
+def _drain(node: str, aid: str) -> dict[str, Any]:
+    return {"alert_id": aid, "hostname": node, "summary": f"CRITICAL: XID 79 on {node}", "drain_node": True}
+
+
+def _node(kube: KubeApiServer, name: str) -> dict[str, Any]:
+    return kube.request("GET", f"/api/v1/nodes/{name}")
+
+
+def test_the_alerts_role_cordons_and_uncordons_on_a_real_api_server(
+    kube: KubeApiServer, chart: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    token = kube.service_account_token(NS, _sa(chart, "alerts"), tmp_path / "alerts.token")
+    cordoner, results = _cordoner(kube, token, uncordon=True, max_share=0.5)
+    assert cordoner.process(_drain("node-a", "a1")).outcome == "cordoned"
+    node = _node(kube, "node-a")
+    assert node["spec"]["unschedulable"] is True
+    ann = node["metadata"]["annotations"]
+    assert ann[ANNOTATION_PREFIX + "cordon-alert-id"] == "a1"
+    assert ann[ANNOTATION_PREFIX + "cordoned-by"] == "gpupipe-alerts/t"
+    # the cluster-side ledger reads the annotations back (list)
+    fresh, _ = _cordoner(kube, token)
+    assert fresh.restore_from_cluster() == 1
+    # the share breaker: 2 of 4 nodes down would be more than half
+    assert cordoner.process(_drain("node-b", "b1")).outcome == "cordoned"
+    refused = cordoner.process(_drain("node-c", "c1"))
+    assert refused.outcome == "rate_limited" and "2 of 4 nodes are unschedulable already" in refused.detail
+    # node-a recovered (no open drain alert for it any more): --uncordon releases it, node-b stays
+    cordoner._release({"node-b"})
+    node = _node(kube, "node-a")
+    assert not node["spec"].get("unschedulable")
+    assert not [
+        k for k in node["metadata"].get("annotations", {}) if k.startswith(ANNOTATION_PREFIX + "cordon")
+    ]
+    assert _node(kube, "node-b")["spec"]["unschedulable"] is True
+    assert [r.outcome for r in results] == ["cordoned", "cordoned", "rate_limited"]
+
+
+def _role_without(kube: KubeApiServer, role: dict[str, Any], verb: str | None) -> None:
+    """Replace the ClusterRole's rules by the chart's, less ``verb`` (None: the chart's own)."""
+    current = kube.request("GET", object_path(role))
+    rules = copy.deepcopy(role["rules"])
+    if verb is not None:
+        for r in rules:
+            r["verbs"] = [v for v in r["verbs"] if v != verb]
+    kube.request("PUT", object_path(role), {**current, "rules": rules})
+
+
+@pytest.mark.parametrize(
+    ("verb", "outcome", "detail"),
+    [
+        ("get", "failed", "GET node"),
+        ("list", "rate_limited", "cannot list nodes for the cluster-share limit"),
+        ("patch", "failed", "PATCH node"),
+    ],
+)
+def test_each_verb_the_alerts_role_grants_is_needed(
+    kube: KubeApiServer,
+    chart: dict[str, dict[str, Any]],
+    tmp_path: Path,
+    verb: str,
+    outcome: str,
+    detail: str,
+) -> None:
+    (role,) = [
+        d for d in chart.values() if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-cordon")
+    ]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]}]
+    token_file = kube.service_account_token(NS, _sa(chart, "alerts"), tmp_path / "alerts.token")
+    token = token_file.read_text()
+    _role_without(kube, role, verb)
+    try:
+        wait_for(lambda: not _allowed(kube, token, verb, "nodes"), 30, f"RBAC without {verb}")
+        cordoner, _ = _cordoner(kube, token_file)
+        result = cordoner.process(_drain("node-d", f"d-{verb}"))
+        assert result.outcome == outcome and detail in result.detail, result
+        assert "403" in result.detail or "Forbidden" in result.detail or "forbidden" in result.detail, result
+        assert not _node(kube, "node-d")["spec"].get("unschedulable")
+    finally:
+        _role_without(kube, role, None)
+        wait_for(lambda: _allowed(kube, token, verb, "nodes"), 30, "the chart's RBAC back")
+
+
+def test_what_neither_role_grants_is_refused(
+    kube: KubeApiServer, chart: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    for component in ("alerts", "producer"):
+        token = kube.service_account_token(
+            NS, _sa(chart, component), tmp_path / f"{component}.token"
+        ).read_text()
+        for method, path in (
+            ("DELETE", "/api/v1/nodes/node-c"),
+            ("GET", f"/api/v1/namespaces/{NS}/secrets"),
+            ("POST", f"/api/v1/namespaces/{NS}/pods/x/eviction"),
+            ("PATCH", f"/api/v1/namespaces/{NS}/configmaps/x"),
+        ):
+            with pytest.raises(ApiError) as exc:
+                kube.request(method, path, {} if method in ("POST", "PATCH") else None, token=token,
+                             content_type="application/merge-patch+json")  # fmt: skip
+            assert exc.value.status == 403, (component, method, path, exc.value)
+    producer = kube.service_account_token(NS, _sa(chart, "producer"), tmp_path / "p.token").read_text()
+    with pytest.raises(ApiError) as exc:  # the node agent reads nodes' pods, never patches a node
+        kube.request("PATCH", "/api/v1/nodes/node-c", {"spec": {"unschedulable": True}}, token=producer,
+                     content_type="application/merge-patch+json")  # fmt: skip
+    assert exc.value.status == 403
+
+
+def test_the_producer_role_watches_its_nodes_pods_and_walks_their_owners(
+    kube: KubeApiServer, chart: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    ns = "ml"
+    kube.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    kube.create(f"/api/v1/namespaces/{ns}/serviceaccounts", {"apiVersion": "v1", "kind": "ServiceAccount",
+                                                             "metadata": {"name": "default"}})  # fmt: skip
+    labels = {"app": "train"}
+    template = {
+        "metadata": {"labels": labels},
+        "spec": {"containers": [{"name": "main", "image": "busybox"}]},
+    }
+    dep = kube.create(
+        f"/apis/apps/v1/namespaces/{ns}/deployments",
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "train"},
+         "spec": {"selector": {"matchLabels": labels}, "template": template}},
+    )  # fmt: skip
+
+    def owned_by(obj: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": obj["metadata"]["name"],
+                 "uid": obj["metadata"]["uid"], "controller": True}]  # fmt: skip
+
+    rs = kube.create(
+        f"/apis/apps/v1/namespaces/{ns}/replicasets",
+        {"apiVersion": "apps/v1", "kind": "ReplicaSet",
+         "metadata": {"name": "train-7d9", "ownerReferences": owned_by(dep)},
+         "spec": {"selector": {"matchLabels": labels}, "template": template}},
+    )  # fmt: skip
+    pod_labels = {**labels, "team": "vision"}
+    for pod, node in (("train-7d9-a", "node-a"), ("elsewhere", "node-b")):
+        kube.create(
+            f"/api/v1/namespaces/{ns}/pods",
+            {"apiVersion": "v1", "kind": "Pod",
+             "metadata": {"name": pod, "labels": pod_labels, "ownerReferences": owned_by(rs)},
+             "spec": {"nodeName": node, **template["spec"]}},
+        )  # fmt: skip
+    token = kube.service_account_token(NS, _sa(chart, "producer"), tmp_path / "producer.token")
+    client = KubeClient(KubeConfig(kube.url, str(token), str(kube.ca_file)), timeout_s=10)
+    errors: list[str] = []
+    watcher = PodMetadataWatcher(client, "node-a", on_error=errors.append).start()
+    try:
+        assert watcher.synced.wait(30), errors
+        meta = watcher.lookup(ns, "train-7d9-a")
+        assert meta is not None, errors
+        assert (meta.owner_kind, meta.owner_name, meta.labels.get("team")) == (
+            "Deployment",
+            "train",
+            "vision",
+        )
+        assert watcher.lookup(ns, "elsewhere") is None  # another node's pod
+        # a pod started later arrives through the watch
+        kube.create(
+            f"/api/v1/namespaces/{ns}/pods",
+            {"apiVersion": "v1", "kind": "Pod",
+             "metadata": {"name": "train-7d9-b", "labels": labels, "ownerReferences": owned_by(rs)},
+             "spec": {"nodeName": "node-a", **template["spec"]}},
+        )  # fmt: skip
+        wait_for(lambda: watcher.lookup(ns, "train-7d9-b") is not None, 30, "the watched pod")
+        assert not errors, errors
+    finally:
+        watcher.stop()
