@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gpupipe.errors import ConfigError
+from gpupipe.kube import KubeClient
+from gpupipe.kube import config_from_args as kube_config_from_args
 from producer.enrich import PidResolver
 from producer.kubelet.client import DEFAULT_SOCKET_PATH
 from producer.podmeta.extras import AllocationExtras, extras_from_args
@@ -80,6 +82,8 @@ class AgentConfig:
     extras: AllocationExtras | None = None
     #: Signs the node's XID records (``--node-cert``); None: unsigned.
     signer: NodeSigner | None = None
+    #: The API server the node's ResourceSlices are read from (``--dra-resource-slices api``).
+    dra_api: KubeClient | None = None
 
     def __post_init__(self) -> None:
         for name in ("interval_s", "slow_interval_s", "profiling_interval_s", "processes_interval_s"):
@@ -141,7 +145,14 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         nvml_timeout_s=get("nvml_timeout", round(DEFAULT_NVML_TIMEOUT_S * 1000)) / 1000.0,
         extras=extras_from_args(args, hostname),
         signer=_signer(args, hostname),
+        dra_api=_dra_api(args),
     )
+
+
+def _dra_api(args: argparse.Namespace) -> KubeClient | None:
+    if (getattr(args, "dra_resource_slices", "off") or "off") == "off":
+        return None
+    return KubeClient(kube_config_from_args(args, needed_by="--dra-resource-slices api"))
 
 
 def _signer(args: argparse.Namespace, hostname: str) -> NodeSigner | None:

@@ -60,6 +60,7 @@ from producer.agent_config import (
 from producer.agent_metrics import AgentCollector
 from producer.agent_xids import XidInbox, XidPath
 from producer.delivery import SampleQueue, XidSender
+from producer.dra_slices import ResourceSliceIndex
 from producer.enrich import PidResolver, enrich_sample
 from producer.kmsg_input import KmsgInput
 from producer.kubelet.client import AllocationRefresher
@@ -250,6 +251,9 @@ class NodeAgent:
         self.source: NvmlSource | None = None
         self.watcher: XidEventWatcher | None = None
         self.refresher: AllocationRefresher | None = None
+        #: This node's ResourceSlices (``--dra-resource-slices api``): DRA devices to UUIDs.
+        self.dra_slices: ResourceSliceIndex | None = None
+        self._dra_uuid: Callable[[str, str, str], str | None] = lambda _d, _p, _n: None
         self.control: NvmlControl | None = None
         self.sender: XidSender | None = None
         self.xids: XidPath | None = None
@@ -324,14 +328,10 @@ class NodeAgent:
         return r is not None and not r.healthy and bool(self.allocations)
 
     def dra_unresolved(self, amap: AllocationMap) -> int:
-        src = self.source
-        if src is None:
+        if self.source is None:
             return 0
-        return sum(
-            1
-            for k in amap.dra
-            if k.driver == DEFAULT_DRA_DRIVERS[0] and src.dra_device_uuid(k.driver, k.pool, k.device) is None
-        )
+        resolve, nvidia = self._dra_uuid, DEFAULT_DRA_DRIVERS[0]
+        return sum(1 for k in amap.dra if k.driver == nvidia and resolve(k.driver, k.pool, k.device) is None)
 
     @property
     def allocations_known(self) -> bool:
@@ -502,6 +502,16 @@ class NodeAgent:
             c.nvml_release_file,
             on_watcher_error=lambda kind: self.metrics.nvml_errors.labels(kind).inc(),
         )
+        self._dra_uuid = self.source.dra_device_uuid
+        if c.dra_api is not None:
+            self.dra_slices = ResourceSliceIndex(
+                c.dra_api,
+                c.hostname,
+                DRA_DRIVERS,
+                fallback=self.source.dra_device_uuid,
+                on_error=lambda kind: self.metrics.kubelet_errors.labels(f"resource_slices_{kind}").inc(),
+            )
+            self._dra_uuid = self.dra_slices.uuid
         if c.kubelet_socket:
             self.refresher = AllocationRefresher(
                 socket_path=c.kubelet_socket,
@@ -509,7 +519,7 @@ class NodeAgent:
                 mapper=AllocationMapper(
                     c.extra_resource_names,
                     DRA_DRIVERS,
-                    dra_device_resolver=self.source.dra_device_uuid,
+                    dra_device_resolver=self._dra_uuid,
                 ),
                 on_error=lambda kind: self.metrics.kubelet_errors.labels(kind).inc(),
             )

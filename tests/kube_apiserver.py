@@ -106,6 +106,7 @@ _GROUPS = {
     "ClusterRole": ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
     "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
     "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles", True),
+    "ResourceSlice": ("/apis/resource.k8s.io/v1", "resourceslices", False),
     "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
 }
 

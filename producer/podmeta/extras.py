@@ -113,6 +113,13 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
         default=DEFAULT_POD_LABELS,
         help="pod label keys copied into each allocation, comma-separated",
     )
+    group.add_argument(
+        "--dra-resource-slices",
+        choices=["off", "api"],
+        default="off",
+        help="resolve DRA devices (MIG ones too) to their UUIDs from this node's ResourceSlices on the "
+        "API server; off: only whole GPUs named gpu-<n> are resolved",
+    )
     kube.add_arguments(group)
     group.add_argument(
         "--hpc-job-mapping-dir",

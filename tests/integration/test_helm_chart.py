@@ -561,7 +561,7 @@ def rbac_rules(docs: list[dict[str, Any]], workload: dict[str, Any]) -> set[tupl
 def flags_that_matter(cmd: str, ns: Any) -> dict[str, Any]:
     """What a deployment must agree on: roles, modes, the port scraped, which files are given."""
     keys = {
-        "produce": ("source", "pod_metadata", "pod_labels", "no_kmsg", "kmsg_path"),
+        "produce": ("source", "pod_metadata", "pod_labels", "dra_resource_slices", "no_kmsg", "kmsg_path"),
         "metrics": (),
         "chargeback": ("instance_id",),
         "alerts": ("ha", "cordon", "dry_run"),

@@ -56,7 +56,7 @@ def _sa(chart: dict[str, dict[str, Any]], component: str) -> str:
     return name.removeprefix("ServiceAccount/")
 
 
-def _allowed(kube: KubeApiServer, token: str, verb: str, resource: str) -> bool:
+def _allowed(kube: KubeApiServer, token: str, verb: str, resource: str, group: str = "") -> bool:
     """What the API server's RBAC says now for the token's own identity."""
     review = kube.request(
         "POST",
@@ -64,7 +64,7 @@ def _allowed(kube: KubeApiServer, token: str, verb: str, resource: str) -> bool:
         {
             "apiVersion": "authorization.k8s.io/v1",
             "kind": "SelfSubjectAccessReview",
-            "spec": {"resourceAttributes": {"verb": verb, "resource": resource}},
+            "spec": {"resourceAttributes": {"verb": verb, "resource": resource, "group": group}},
         },
         token=token,
     )
@@ -245,3 +245,45 @@ def test_the_producer_role_watches_its_nodes_pods_and_walks_their_owners(
         assert not errors, errors
     finally:
         watcher.stop()
+
+
+def _resource_slice(node: str, devices: dict[str, str]) -> dict[str, Any]:
+    """A ResourceSlice as NVIDIA's DRA driver publishes one: its node's GPUs and MIG devices, with UUIDs."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-gpu.nvidia.com"},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [
+                {"name": name, "attributes": {"uuid": {"string": uuid}, "type": {"string": "gpu"}}}
+                for name, uuid in devices.items()
+            ],
+        },
+    }
+
+
+def test_the_producer_role_resolves_dra_devices_from_its_nodes_resource_slices(
+    kube: KubeApiServer, chart: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    from producer.dra_slices import ResourceSliceIndex
+
+    mig = "MIG-7c3e2a10-5b1d-5f0e-9a44-0d6a2b9c1e01"
+    kube.create("/apis/resource.k8s.io/v1/resourceslices",
+                _resource_slice("node-a", {"gpu-0": "GPU-aaaa", "gpu-1-mig-1g10gb-0": mig}))  # fmt: skip
+    kube.create("/apis/resource.k8s.io/v1/resourceslices", _resource_slice("node-b", {"gpu-0": "GPU-bbbb"}))
+    token = kube.service_account_token(NS, _sa(chart, "producer"), tmp_path / "producer.token")
+    client = KubeClient(KubeConfig(kube.url, str(token), str(kube.ca_file)), timeout_s=10)
+    errors: list[str] = []
+    idx = ResourceSliceIndex(client, "node-a", ["gpu.nvidia.com"], on_error=errors.append)
+    assert idx.uuid("gpu.nvidia.com", "node-a", "gpu-1-mig-1g10gb-0") == mig, errors
+    assert idx.uuid("gpu.nvidia.com", "node-a", "gpu-0") == "GPU-aaaa"
+    assert idx.uuid("gpu.nvidia.com", "node-b", "gpu-0") is None  # another node's slice is not read
+    assert (idx.lists, len(idx), errors) == (1, 2, [])
+    # the chart's role lists slices and does nothing else with them
+    tok = token.read_text()
+    verbs = ("list", "get", "watch", "create", "update", "delete")
+    granted = [v for v in verbs if _allowed(kube, tok, v, "resourceslices", "resource.k8s.io")]
+    assert granted == ["list"]

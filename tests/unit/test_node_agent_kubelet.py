@@ -85,6 +85,27 @@ def test_dra_minor_numbers_and_mig_index_ids_are_attributed(tmp_path: Path) -> N
     assert _holders(mem, UUIDS[0]) == []
 
 
+def test_a_dra_mig_device_is_attributed_through_the_nodes_resource_slices(tmp_path: Path) -> None:
+    """NVML cannot tell which MIG device a DRA name means; the driver's ResourceSlice says its UUID."""
+    from tests.unit.test_dra_slices import FakeApi, _dev, _slice
+
+    api = FakeApi({"v1": [_slice("node-1", [_dev("gpu-7-mig-19-0-1", MIG_ALICE)])]})
+    answer = {"pod_resources": [pod("dra-mig", claims=[("gpu.nvidia.com", "gpu-7-mig-19-0-1")])]}
+    pub, mem = memory_publisher()
+    with (
+        FakeKubelet(answer) as kubelet,
+        running_agent(
+            config(tmp_path, kubelet_socket=kubelet.socket_path, dra_api=api), pub, node_for_fixtures()
+        ) as ra,
+    ):
+        wait_for(lambda: len(ra.agent.allocations) > 0, 5, "kubelet map")
+        ra.ticks_after(2)
+        assert metric(ra.registry, "gpupipe_producer_kubelet_dra_unresolved") == 0
+        ra.stop()
+    assert _holders(mem, UUIDS[7], MIG_ALICE) == ["dra-mig"]
+    assert api.paths and "fieldSelector=spec.nodeName%3D" in api.paths[0]
+
+
 def test_a_finished_pod_still_listed_does_not_share_an_exclusive_gpu(tmp_path: Path) -> None:
     # Kubelets before 1.34 list Succeeded/Failed pods with their devices until they are deleted.
     answer = {
