@@ -191,11 +191,32 @@ def prometheus_config(
     return cfg
 
 
-class Prometheus:
-    """A real Prometheus (Debian package) on a free loopback port with a temporary config."""
+def prometheus3() -> tuple[str, str]:
+    """(prometheus, promtool) of Prometheus 3, built from its Go module once (scripts/prometheus3-local)."""
+    res = subprocess.run(
+        [str(REPO / "scripts" / "prometheus3-local")], capture_output=True, text=True, timeout=3000, cwd=REPO
+    )
+    assert res.returncode == 0, f"could not find or build Prometheus 3:\n{res.stderr[-3000:]}"
+    server, tool = res.stdout.strip().splitlines()[-1].split()
+    return server, tool
 
-    def __init__(self, config: dict[str, Any], workdir: Path, port: int) -> None:
-        binary = shutil.which("prometheus")
+
+#: Prometheus 3's scrape protocols (its config's ``scrape_protocols``), each of which every service
+#: must serve when it is the only one a job accepts.
+SCRAPE_PROTOCOLS = (
+    "OpenMetricsText1.0.0",
+    "OpenMetricsText0.0.1",
+    "PrometheusText1.0.0",
+    "PrometheusText0.0.4",
+)
+
+
+class Prometheus:
+    """A real Prometheus on a free loopback port with a temporary config: Debian's 2.x, or the
+    Prometheus 3 of :func:`prometheus3` (``binary``)."""
+
+    def __init__(self, config: dict[str, Any], workdir: Path, port: int, binary: str | None = None) -> None:
+        binary = binary or shutil.which("prometheus")
         if binary is None:
             pytest.fail("prometheus not found: install the Debian package 'prometheus'", pytrace=False)
         workdir.mkdir(parents=True, exist_ok=True)

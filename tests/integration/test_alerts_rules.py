@@ -23,6 +23,10 @@ AM_CONFIG = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 
 
 def tool(name: str) -> str:
+    if name == "promtool3":  # Prometheus 3's, built from its Go module (scripts/prometheus3-local)
+        from tests.integration.metrics_helpers import prometheus3
+
+        return prometheus3()[1]
     path = shutil.which(name)
     if path is None:
         pytest.fail(f"{name} is missing (apt-get install prometheus prometheus-alertmanager)", pytrace=False)
@@ -33,14 +37,25 @@ def run(*cmd: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=RULES.parent)
 
 
-def test_promtool_check_rules() -> None:
-    res = run(tool("promtool"), "check", "rules", str(RULES), str(FAULT_RULES))
+PROMTOOLS = pytest.mark.parametrize("promtool", ["promtool", "promtool3"], ids=["2.42", "3"])
+
+
+@PROMTOOLS
+def test_promtool_check_rules(promtool: str) -> None:
+    res = run(tool(promtool), "check", "rules", str(RULES), str(FAULT_RULES))
     assert res.returncode == 0, res.stdout + res.stderr
     assert "SUCCESS" in res.stdout
 
 
-def test_promtool_unit_tests_for_rules() -> None:
-    res = run(tool("promtool"), "test", "rules", str(RULE_TESTS))
+@PROMTOOLS
+def test_promtool_unit_tests_for_rules(promtool: str) -> None:
+    res = run(tool(promtool), "test", "rules", str(RULE_TESTS))
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_the_shipped_prometheus_config_passes_prometheus_3s_check() -> None:
+    config = REPO / "deploy" / "prometheus" / "prometheus.yml"
+    res = run(tool("promtool3"), "check", "config", str(config))
     assert res.returncode == 0, res.stdout + res.stderr
 
 

@@ -11,6 +11,7 @@ matches `gpupipe report chargeback`'s over the same committed windows within 1%.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import subprocess
@@ -32,9 +33,11 @@ from schemas.codec import AvroCodec
 from tests.conftest import free_port
 from tests.integration.metrics_helpers import (
     DEPLOY_PROMETHEUS,
+    SCRAPE_PROTOCOLS,
     Proc,
     Prometheus,
     http_get,
+    prometheus3,
     prometheus_config,
     start_producer,
     wait_for,
@@ -143,6 +146,22 @@ def pipeline(kafka: str, topic_prefix: str, tmp_path: Path):
     cfg["scrape_configs"].append(shipped_job("gpupipe-recommend", [f"127.0.0.1:{ports['recommend']}"], "2s"))
     cfg["rule_files"] = [str(RULES)]
     prom = Prometheus(cfg, tmp_path / "prom", ports["prometheus"])
+    # Prometheus 3 beside it, with the same jobs and rules, and one more job per service and scrape
+    # protocol that accepts that protocol only (Prometheus 3 refuses a response of another type)
+    cfg3 = copy.deepcopy(cfg)
+    for name in ("metrics", "producer", "chargeback", "alerts", "recommend"):
+        for proto in SCRAPE_PROTOCOLS:
+            cfg3["scrape_configs"].append(
+                {
+                    "job_name": f"{name}-{proto}",
+                    "scrape_interval": "2s",
+                    "scrape_timeout": "2s",
+                    "scrape_protocols": [proto],
+                    "static_configs": [{"targets": [f"127.0.0.1:{ports[name]}"]}],
+                }
+            )
+    server3, _ = prometheus3()
+    prom3 = Prometheus(cfg3, tmp_path / "prom3", free_port(), binary=server3)
     teams = tmp_path / "teams.yaml"
     teams.write_text(yaml.safe_dump(TEAMS))
     common = ["--bootstrap-servers", kafka, "--topic-prefix", topic_prefix]
@@ -223,18 +242,21 @@ def pipeline(kafka: str, topic_prefix: str, tmp_path: Path):
     )
     try:
         prom.wait_ready()
-        yield prom, procs, ports
+        prom3.wait_ready()
+        yield prom, procs, ports, prom3
     finally:
         for p in procs.values():
             p.stop()
         prom.stop()
+        prom3.stop()
         for name, p in procs.items():
             print(f"--- {name} log ---\n{p.log_tail(1500)}")
         print("--- prometheus log ---\n" + prom.log_tail(1500))
+        print("--- prometheus 3 log ---\n" + prom3.log_tail(1500))
 
 
 def test_every_panel_and_variable_has_data(kafka: str, topic_prefix: str, pipeline) -> None:
-    prom, procs, ports = pipeline
+    prom, procs, ports, prom3 = pipeline
     docs = {p.stem: json.loads(p.read_text()) for p in sorted(DASHBOARDS.glob("*.json"))}
     values = {"datasource": "prometheus"}
     for doc in docs.values():
@@ -249,21 +271,40 @@ def test_every_panel_and_variable_has_data(kafka: str, topic_prefix: str, pipeli
     ]
     assert len(queries) >= 40
 
-    def empty() -> list[str]:
+    def empty(server: Prometheus) -> list[str]:
         for name, p in procs.items():
             assert p.alive(), f"{name} exited:\n{p.log_tail()}"
-        return [title for title, expr in queries if not _query_at(prom, expr)]
+        return [title for title, expr in queries if not _query_at(server, expr)]
 
-    missing: list[str] = []
+    for server in (prom, prom3):  # Debian's 2.42, then Prometheus 3 with the same jobs and rules
+        missing: list[str] = []
 
-    def all_have_data() -> bool:
-        missing[:] = empty()
-        return not missing
+        def all_have_data(server: Prometheus = server, missing: list[str] = missing) -> bool:
+            missing[:] = empty(server)
+            return not missing
 
-    def why() -> str:
-        return f"data in every panel; still empty: {[(t, e) for t, e in queries if t in missing]}"
+        def why(server: Prometheus = server, missing: list[str] = missing) -> str:
+            still = [(t, e) for t, e in queries if t in missing]
+            return f"data in every panel of {server.url}; still empty: {still}"
 
-    wait_for(all_have_data, 120, why, interval_s=2)
+        wait_for(all_have_data, 120, why, interval_s=2)
+    # Prometheus 3: every service in every scrape protocol, and the shipped rules loaded and healthy
+    services = ("metrics", "producer", "chargeback", "alerts", "recommend")
+    protocol_jobs = {f"{n}-{p}" for n in services for p in SCRAPE_PROTOCOLS}
+
+    def protocols_up() -> set[str]:
+        up = {r["metric"]["job"] for r in _query_at(prom3, "up == 1")}
+        return protocol_jobs - up
+
+    wait_for(
+        lambda: not protocols_up(),
+        60,
+        lambda: f"Prometheus 3 scraping in every protocol; down: {protocols_up()}",
+    )
+    scraped = {r["metric"]["job"]: float(r["value"][1]) for r in _query_at(prom3, "scrape_samples_scraped")}
+    assert all(scraped[j] > 0 for j in protocol_jobs), scraped
+    rules = json.loads(http_get(f"{prom3.url}/api/v1/rules"))["data"]["groups"]
+    assert rules and all(r["health"] == "ok" for g in rules for r in g["rules"]), rules
 
     for name, doc in docs.items():
         for var in doc["templating"]["list"]:

@@ -27,6 +27,7 @@ from tests.integration.metrics_helpers import (
     CraftedProducer,
     Prometheus,
     http_get,
+    prometheus3,
     prometheus_config,
     promtool_check,
     start_metrics,
@@ -133,8 +134,9 @@ def alloc(ns: str, pod: str) -> dict[str, Any]:
     }
 
 
+@pytest.mark.parametrize("prometheus", ["2.42", "3"])
 def test_dashboard_pods_staleness_and_xids_through_prometheus(
-    kafka: str, topic_prefix: str, tmp_path: Path
+    kafka: str, topic_prefix: str, tmp_path: Path, prometheus: str
 ) -> None:
     port, prom_port = free_port(), free_port()
     metrics = start_metrics(kafka, topic_prefix, port, tmp_path / "metrics.log")
@@ -147,7 +149,8 @@ def test_dashboard_pods_staleness_and_xids_through_prometheus(
         "--gpus-per-node",
         str(GPUS_PER_NODE),
     )
-    prom = Prometheus(prometheus_config([f"127.0.0.1:{port}"]), tmp_path / "prom", prom_port)
+    binary = prometheus3()[0] if prometheus == "3" else None  # Debian's 2.42, or 3 from its Go module
+    prom = Prometheus(prometheus_config([f"127.0.0.1:{port}"]), tmp_path / "prom", prom_port, binary=binary)
     try:
         sim = SimulatedFleet(FleetConfig(nodes=NODES, gpus_per_node=GPUS_PER_NODE)).tick(
             int(time.time() * 1000)
