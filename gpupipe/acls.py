@@ -20,6 +20,8 @@ ids are the ones the services use (read from their code, overridable per role):
   recommendations to restore its open ones (group prefix ``gpupipe-read-``).
 - report:     READ chargeback (``report chargeback``) and recommendations (``report idle``) (group
   prefixes ``gpupipe-report-`` and ``gpupipe-read-``, never committed).
+- lake:       READ samples, xid, alerts and chargeback (group ``gpupipe-lake``, committed for lag
+  tooling only: its offsets live in the tables); WRITE deadletter (idempotent producer).
 - tail:       READ every gpupipe topic (group prefix ``gpupipe-tail-``, never committed): operators.
 - admin:      CREATE, DESCRIBE and DESCRIBE_CONFIGS on every gpupipe topic (topic creation); it also
   applies these ACLs, which needs ALTER on the cluster (a super user in practice).
@@ -37,7 +39,10 @@ from gpupipe import topics
 #: Chargeback's private groups that read its own output back: ``<group id>.dedupe-<uuid>``.
 CHARGEBACK_DEDUPE_SUFFIX = ".dedupe-"
 
-ROLES = ("producer", "metrics", "chargeback", "alerts", "recommend", "report", "tail", "admin")
+ROLES = ("producer", "metrics", "chargeback", "alerts", "recommend", "report", "lake", "tail", "admin")
+#: The topics ``gpupipe lake write`` keeps as tables (consumers.lake.tables; named here so that the
+#: ACL table imports no service code, and checked against it by the tests).
+LAKE_TOPICS = (topics.SAMPLES, topics.XID, topics.ALERTS, topics.CHARGEBACK)
 
 # The alerts HA pair's lease topic (consumers.alerts.leader.LEASE_TOPIC; kept here as a string so the
 # ACL table imports no service code). Its group is ``<alerts group>-leader``.
@@ -48,6 +53,7 @@ DEFAULT_GROUPS = {
     "chargeback": "gpupipe-chargeback",
     "alerts": "gpupipe-alerts",
     "recommend": "gpupipe-recommend",
+    "lake": "gpupipe-lake",
 }
 """The `--group-id` defaults of the services that commit offsets."""
 
@@ -144,6 +150,10 @@ def role_acls(
         out += _topic(p, prefix, topics.SAMPLES, "READ")
         out += _topic(p, prefix, topics.RECOMMENDATIONS, "READ", "WRITE")  # restores its open ones
         out += [*_topic(p, prefix, topics.DEADLETTER, "WRITE"), idem]
+    elif role == "lake":
+        for base in LAKE_TOPICS:
+            out += _topic(p, prefix, base, "READ")
+        out += [*_topic(p, prefix, topics.DEADLETTER, "WRITE"), idem]
     elif role == "report":
         out += _topic(p, prefix, topics.CHARGEBACK, "READ")
         out += _topic(p, prefix, topics.RECOMMENDATIONS, "READ")  # report idle
@@ -193,5 +203,6 @@ COMMAND_ROLES = {
     ("recommend",): "recommend",
     ("report", "chargeback"): "report",
     ("report", "idle"): "report",
+    ("lake", "write"): "lake",
     ("tail",): "tail",
 }

@@ -22,7 +22,7 @@
 # The mTLS listener (KAFKA_MTLS_PORT, default port+2) is always there, the broker uses it; --mtls
 # writes client configs for it and lists it.
 
-SECURE_ROLES=(producer metrics chargeback alerts recommend report tail admin)
+SECURE_ROLES=(producer metrics chargeback alerts recommend report lake tail admin)
 
 secure_dir() { echo "$STATE/secure"; }
 

@@ -17,6 +17,7 @@ import logging
 from consumers.lake import catalog as lake_catalog
 from consumers.lake.tables import BY_NAME, TABLES
 from gpupipe import startup, topics
+from gpupipe.acls import DEFAULT_GROUPS
 from gpupipe.argtypes import duration_ms
 from gpupipe.errors import ConfigError
 from gpupipe.kafka_admin import parse_kafka_overrides
@@ -34,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", default=None, help="HOST:PORT for /metrics and /healthz")
     p.add_argument(
         "--group-id",
-        default="gpupipe-lake",
+        default=DEFAULT_GROUPS["lake"],
         help="Kafka consumer group (lag only: offsets live in the tables)",
     )
     p.add_argument(

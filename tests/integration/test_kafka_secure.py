@@ -600,3 +600,62 @@ def test_a_node_cannot_forge_an_ack_or_another_nodes_hostname(
         'gpupipe_alerts_node_identity_total{mode="enforce",record="GpuSample",result="wrong-node"} 1.0'
         in body
     )
+
+
+def test_the_lake_role_writes_the_tables_and_another_role_is_refused(
+    secured: tuple[Any, Target], tmp_path: Path
+) -> None:
+    sk, _ = secured
+    t = _secure_target(sk)
+    group = f"{t.group}-lk"
+    res = gpupipe(
+        "acls", "--apply", "--role", "producer", "--role", "lake", "--group", f"lake={group}",
+        "--bootstrap-servers", sk.bootstrap, "--kafka-config-file", sk.config_file("admin"),
+        "--topic-prefix", t.prefix,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    _create_topics(t)
+    res = gpupipe(
+        *t.argv("producer", "produce", "--source", "simulated", "--nodes", "1", "--gpus-per-node", "2",
+                "--interval", "10s", "--duration", "5m", "--speed", "max", "--no-create-topics"),
+        timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    lake = ["lake", "write", "--catalog-uri", f"sqlite:///{tmp_path}/catalog.db",
+            "--warehouse", str(tmp_path / "warehouse"), "--group-id", group, "--no-create-topics",
+            "--flush-interval", "300ms"]  # fmt: skip
+    # another role's credentials: refused at start, in one line that names the lake role
+    refused = gpupipe(*t.argv("report", *lake, "--kafka-authz-wait", "0s"), timeout=60)
+    assert refused.returncode == 1
+    assert (
+        refused.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"gpupipe lake write: error: Kafka denied User:report READ on topic {t.prefix}gpu.samples.v1"
+        )
+    ), refused.stderr
+    assert "grant the 'lake' role's ACLs (gpupipe acls --print --role lake)" in refused.stderr
+    log = tmp_path / "lake.log"
+    port = free_port()
+    proc = _start(t, "lake", log, *lake, "--listen", f"127.0.0.1:{port}")
+
+    def committed() -> float:  # the service's own count of rows committed to the samples table
+        try:
+            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        except OSError:
+            return 0.0
+        m = re.search(r'gpupipe_lake_rows_total\{table="samples"\} (\S+)', body)
+        return float(m.group(1)) if m else 0.0
+
+    try:
+        _wait(lambda: committed() >= 2 * 30, 90, "the samples committed to the lake", [proc])
+    finally:
+        _stop(proc, log)
+    # the analyst's reader over the same tables (a process of its own: pyiceberg's scans leave a
+    # thread pool behind in the process that runs them)
+    out = gpupipe("lake", "query", "--catalog-uri", f"sqlite:///{tmp_path}/catalog.db",
+                  "--warehouse", str(tmp_path / "warehouse"), "--format", "jsonl",
+                  "SELECT count(*) AS n FROM samples")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)["n"]
+    assert rows == 2 * 30  # 2 GPUs x 5 min / 10 s, once each

@@ -44,6 +44,7 @@ def test_the_group_ids_match_what_the_services_use() -> None:
     for role in ("metrics", "alerts", "recommend"):
         args = parser.parse_args([role])
         assert args.group_id == acls.DEFAULT_GROUPS[role]
+    assert parser.parse_args(["lake", "write"]).group_id == acls.DEFAULT_GROUPS["lake"]
     from consumers.chargeback.identity import default_group_id
 
     assert default_group_id("") == acls.DEFAULT_GROUPS["chargeback"]
@@ -79,6 +80,17 @@ def test_the_group_ids_match_what_the_services_use() -> None:
                 assert f'"group.id": f"{prefix}{{' in src, (role, prefix)
     # the floor's replay joins the group prefix it is given
     assert '"group.id": f"{group_prefix}{uuid.uuid4()}"' in inspect.getsource(kafka_replay)
+
+
+def test_the_lake_reads_what_it_keeps_as_tables_and_writes_only_dead_letters() -> None:
+    from consumers.lake.tables import TABLES
+
+    ops = _ops("lake")
+    read = {n for t, _, n, o in ops if t == "TOPIC" and o == "READ"}
+    assert read == {t.topic for t in TABLES} == set(acls.LAKE_TOPICS)
+    assert {(t, n, o) for t, _, n, o in ops if o == "WRITE"} == {("TOPIC", "gpu.deadletter.v1", "WRITE")}
+    assert ("GROUP", "LITERAL", "gpupipe-lake", "READ") in ops
+    assert acls.COMMAND_ROLES[("lake", "write")] == "lake"
 
 
 def test_report_is_read_only_and_only_chargeback_and_recommendations() -> None:
