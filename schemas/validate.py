@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MAX_AGE_MS", "MAX_AHEAD_MS", "reading_max", "violation"]
+__all__ = ["MAX_AGE_MS", "MAX_AHEAD_MS", "fields_violation", "reading_max", "violation"]
 
 DAY_MS = 86_400_000
 #: An event may be dated this far after the broker's clock (or ours): wide, because replays and test
@@ -149,16 +149,24 @@ def _time(rec: Mapping[str, Any], broker_ms: int | None, now_ms: int) -> str | N
     return None
 
 
-def _sample(rec: Mapping[str, Any]) -> str | None:
+def _ratios(rec: Mapping[str, Any]) -> str | None:
     for name in _RATIOS:
         v = rec.get(name)
         if isinstance(v, float) and not 0.0 <= v <= 1.0:
             return f"{name}: {v!r}, a ratio within [0, 1]"
+    return None
+
+
+def _mig(rec: Mapping[str, Any]) -> str | None:
     mig = rec.get("mig")
     if isinstance(mig, Mapping):
         f = mig.get("slice_fraction")
         if isinstance(f, float) and not 0.0 <= f <= 1.0:
             return f"mig.slice_fraction: {f!r}, a ratio within [0, 1]"
+    return None
+
+
+def _powers(rec: Mapping[str, Any]) -> str | None:
     limit = rec.get("power_limit_w")
     for name in _POWERS:
         v = rec.get(name)
@@ -167,25 +175,49 @@ def _sample(rec: Mapping[str, Any]) -> str | None:
                 return f"{name}: {v!r}, within [0, {POWER_MAX_W:g}] W"
             if isinstance(limit, float) and limit > 0 and v > POWER_OVER_LIMIT * limit:
                 return f"{name}: {v!r}, over {POWER_OVER_LIMIT:g}x the power limit {limit:g} W"
+    return None
+
+
+def _temperatures(rec: Mapping[str, Any]) -> str | None:
     lo, hi = TEMPERATURE_C
     for name in _TEMPERATURES:
         v = rec.get(name)
         if isinstance(v, float) and not lo <= v <= hi:
             return f"{name}: {v!r}, within [{lo:g}, {hi:g}] C"
+    return None
+
+
+def _other_doubles(rec: Mapping[str, Any]) -> str | None:
     for name in _OTHER_DOUBLES:
         v = rec.get(name)
         if isinstance(v, float) and not -MAGNITUDE_MAX <= v <= MAGNITUDE_MAX:  # NaN fails too
             return f"{name}: {v!r}, finite and within {MAGNITUDE_MAX:g}"
+    return None
+
+
+def _longs(rec: Mapping[str, Any]) -> str | None:
     for name in _NON_NEGATIVE_LONGS:
         v = rec.get(name)
         if isinstance(v, int) and v < 0:
             return f"{name}: {v}, not negative"
+    return None
+
+
+def _replicas(rec: Mapping[str, Any]) -> str | None:
     replicas = rec.get("shared_replicas")
     if isinstance(replicas, int) and not REPLICAS_RANGE[0] <= replicas <= REPLICAS_RANGE[1]:
         return f"shared_replicas: {replicas}, within [{REPLICAS_RANGE[0]}, {REPLICAS_RANGE[1]}]"
+    return None
+
+
+def _last_xid(rec: Mapping[str, Any]) -> str | None:
     last = rec.get("last_xid")
     if isinstance(last, int) and not XID_RANGE[0] <= last <= XID_RANGE[1]:
         return f"last_xid: {last}, an Xid code within [{XID_RANGE[0]}, {XID_RANGE[1]}]"
+    return None
+
+
+def _processes(rec: Mapping[str, Any]) -> str | None:
     procs = rec.get("processes")
     if isinstance(procs, list):
         if len(procs) > MAX_PROCESSES:
@@ -200,6 +232,28 @@ def _sample(rec: Mapping[str, Any]) -> str | None:
             bad = _long_strings(p, {**_ALLOCATION_LIMITS, "process_name": STRING_MAX}, f"processes[{i}].")
             if bad:
                 return bad
+    return None
+
+
+#: A GpuSample's checks in order, each with the fields that can make it fail.
+_SAMPLE_CHECKS = (
+    (frozenset(_RATIOS), _ratios),
+    (frozenset({"mig"}), _mig),
+    (frozenset(_POWERS), _powers),
+    (frozenset(_TEMPERATURES), _temperatures),
+    (frozenset(_OTHER_DOUBLES), _other_doubles),
+    (frozenset(_NON_NEGATIVE_LONGS), _longs),
+    (frozenset({"shared_replicas"}), _replicas),
+    (frozenset({"last_xid"}), _last_xid),
+    (frozenset({"processes"}), _processes),
+)
+
+
+def _sample(rec: Mapping[str, Any]) -> str | None:
+    for _, check in _SAMPLE_CHECKS:
+        bad = check(rec)
+        if bad:
+            return bad
     return None
 
 
@@ -246,3 +300,37 @@ def violation(name: str, rec: Mapping[str, Any], broker_ms: int | None, now_ms: 
     if bad:
         return bad
     return _sample(rec) if name == "GpuSample" else _xid(rec)
+
+
+_FIELD_PLANS: dict[tuple[str, tuple[str, ...]], tuple[Any, ...]] = {}
+
+
+def fields_violation(
+    name: str, rec: Mapping[str, Any], fields: tuple[str, ...], broker_ms: int | None, now_ms: int
+) -> str | None:
+    """:func:`violation` of ``rec`` looking only at ``fields``: the same verdict for a record whose
+    other fields were checked, and passed, before (a decoder that reuses the fields it decoded and
+    checked from the same bytes: the metrics split decoder's GPU identities). Only the checks
+    those fields can fail run, so a sample's time and a few readings cost a fraction of the
+    whole check."""
+    if name != "GpuSample":
+        return violation(name, rec, broker_ms, now_ms)
+    plan = _FIELD_PLANS.get((name, fields))
+    if plan is None:
+        want = frozenset(fields)
+        checks: list[Any] = []
+        if "timestamp_ms" in want:
+            checks.append(lambda r, b, n: _time(r, b, n))
+        if want & _NAME_LIMITS.keys():
+            checks.append(lambda r, b, n: _long_strings(r, _NAME_LIMITS, ""))
+        if "allocations" in want:
+            checks.append(lambda r, b, n: _allocations(r))
+        for trigger, check in _SAMPLE_CHECKS:
+            if want & trigger:
+                checks.append(lambda r, b, n, check=check: check(r))
+        plan = _FIELD_PLANS[(name, fields)] = tuple(checks)
+    for check in plan:
+        bad = check(rec, broker_ms, now_ms)
+        if bad:
+            return bad
+    return None

@@ -19,13 +19,17 @@ generates one function that
   the readings the store needs per sample (``interval_ms``, health and clock-event fields...);
 * looks the tail's bytes up in a second cache (the same bytes decode to the same fields).
 
-Both caches hold only bytes that the generated decoder read without error, so a cached piece is
-as valid as a decoded one; they are bounded (cleared when full). The records it returns share the
+Both caches hold only bytes that the generated decoder read without error and whose fields are
+within the contract's bounds (:func:`schemas.validate.violation`, checked once, when a piece is
+first decoded), so a cached piece is as valid as a decoded and checked one, and the consume loop's
+per-record check covers only the fields read per sample (the function's ``per_record``: time,
+processes, eager readings); they are bounded (cleared when full). The records it returns share the
 cached identity objects (allocation lists...): read-only, as every record of the store is.
 
 Returns None (the caller then uses the whole-record decoder, which decodes or raises the
 ``DecodeError``) for anything off the common path: readings the pattern refuses, a body cut short,
-an identity or tail that does not decode.
+an identity or tail that does not decode or is out of bounds (the loop's whole-record check then
+says why).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from typing import Any
 
 from consumers.metrics.readings import CONVERT_ENV, PENDING, Readings, ReadingsPlan, base_type
 from schemas.fastdecode import CodeGen, compile_fields
+from schemas.validate import violation
 
 SplitFn = Callable[[bytes], dict[str, Any] | None]
 
@@ -135,6 +140,7 @@ def build_split_decoder(
     gen.emit(4, "break")
     gen.emit(1, "if ident is None:")
     gen.emit(2, "ident, pos = _span(buf, p1)")
+    gen.emit(2, "if _bad(ident) is not None: return None")  # the whole-record path says why
     gen.emit(2, "_add_span(key, buf[p1:pos], ident)")
     mid = list(fields[span_end:r0])
     mid_vars = gen.emit_fields(mid, {n: s for n, s in mid if n in wanted})
@@ -145,6 +151,7 @@ def build_split_decoder(
     gen.emit(1, "if tv is None:")
     gen.emit(2, "tv, tail_end = _tail(buf, pos)")
     gen.emit(2, "if tail_end != end: raise ValueError(f'{end - tail_end} bytes after the record')")
+    gen.emit(2, "if _bad(tv) is not None: return None")
     gen.emit(2, "_add_tail(buf[pos:], tv)")
     items = ["'timestamp_ms': ts"] if "timestamp_ms" in wanted else []
     items += [f"{n!r}: {v}" for n, v in mid_vars.items()]
@@ -165,8 +172,13 @@ def build_split_decoder(
         "_tail": tail_fn,
         "_Readings": Readings,
         "_plan": rplan,
+        # the bounds of a cached piece alone (no time: a piece has no timestamp)
+        "_bad": lambda fields: violation(label, fields, None, 0),
     }
     fn = gen.build(["def decode(buf):", *gen.lines], f"{label} split", env)
     fn.cache = cache  # type: ignore[attr-defined]
     fn.plan = rplan  # type: ignore[attr-defined]
+    # what the contract check still has to see per record (identity and tail were checked once)
+    per_record = [n for n in ("timestamp_ms", *mid_vars, *eager_run) if n in wanted]
+    fn.per_record = tuple(dict.fromkeys(per_record))  # type: ignore[attr-defined]
     return fn

@@ -85,3 +85,46 @@ def test_generated_paths_match_fastavro_on_edge_values() -> None:
     for cut in (run_at, run_at + 5, len(payload) - 1):
         with pytest.raises(DecodeError):
             dec.decode(payload[:cut])
+
+
+def _hostile_samples() -> list[tuple[str, dict]]:
+    base = complete_sample(STATES["samples"][0])
+    alloc = {**base["allocations"][0]} if base.get("allocations") else None
+    out = [
+        ("good", base),
+        ("future", {**base, "timestamp_ms": base["timestamp_ms"] + 400 * 86_400_000}),
+        ("hostname", {**base, "hostname": "h" * 300}),
+        ("last_xid", {**base, "last_xid": -1}),
+        ("power", {**base, "power_w": 1e300}),
+        ("ratio", {**base, "gpu_util_ratio": 7.0}),
+    ]
+    if base["processes"]:
+        procs = [{**p, "process_name": "x" * 5000} for p in base["processes"]]
+        out.append(("process", {**base, "processes": procs}))
+    if alloc is not None:
+        out.append(("namespace", {**base, "allocations": [{**alloc, "namespace": "n" * 100}]}))
+    return out
+
+
+def test_the_split_decoders_contract_check_gives_the_whole_records_verdict() -> None:
+    """The consume loop asks a split-decoded sample for its own check (identity and tail checked once
+    when first decoded, then only the fields read per sample): the verdict of
+    schemas.validate.violation on the record, for good samples, hostile identities (which leave
+    the split path) and hostile per-sample fields, on a cold and on a warm cache. Readings left to
+    the scrape are bounded when rendered (test_metrics_reading_bounds), as before."""
+    from schemas.validate import violation
+
+    codec = AvroCodec()
+    dec = MetricsDecoder(codec, SeriesStore().renderer)
+    enc = codec.encoder("GpuSample")
+    now = STATES["timestamp_ms"]
+    for _ in range(2):  # second round: identities come from the cache
+        for case, rec in _hostile_samples():
+            payload = enc.encode(rec)
+            d = dec.decode(payload)
+            check = getattr(d, "violation", None)
+            got = check(now, now) if check is not None else violation(d.name, d.record, now, now)
+            assert got == violation(d.name, d.record, now, now), case
+            if case not in ("power", "ratio"):  # readings: pending, bounded at render
+                assert got == violation("GpuSample", codec.decode(payload).record, now, now), case
+            assert (got is None) == (case in ("good", "power", "ratio")), case
