@@ -357,6 +357,7 @@ class ProducerRun:
             producer_config(args.bootstrap_servers, extra, args.compression, args.linger_ms),
             on_delivery,
             on_fatal=on_fatal,
+            stop=life.stop,
         )
         metrics.watch_publisher(publisher)
         self.publisher = publisher

@@ -17,6 +17,7 @@ stay in its spool.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -71,6 +72,11 @@ class Publisher:
 
     ``on_fatal(err, topic)`` is called once, for the first delivery error that will not pass (an
     authorization refusal, or a fatal error of the idempotent producer); ``fatal`` keeps it.
+
+    A full local queue (``BufferError``: the broker is away and librdkafka holds as much as it may)
+    makes ``produce`` wait for room, which is back-pressure, until ``stop`` is set: then the record
+    is refused at once (``_QUEUE_FULL``, counted like any failed delivery; a tracked XID stays in its
+    spool), so a stop never waits on a broker that is gone.
     """
 
     def __init__(
@@ -79,8 +85,10 @@ class Publisher:
         on_delivery: Callable[[KafkaError | None, Message], None] | None = None,
         producer_factory: Callable[[dict[str, Any]], Any] = Producer,
         on_fatal: Callable[[KafkaError, str | None], None] | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
         self.fatal: tuple[KafkaError, str | None] | None = None
+        self._stop = stop
         self._on_fatal = on_fatal
         self.sent = 0
         self.failed = 0
@@ -121,12 +129,18 @@ class Publisher:
         if self._user_cb is not None:
             self._user_cb(err, msg)
 
+    def _stopping(self) -> bool:
+        return self._stop is not None and self._stop.is_set()
+
     def produce(self, topic: str, key: bytes | str, value: bytes, headers: Any = None) -> None:
         while True:
             try:
                 self._producer.produce(topic, value, key, headers=headers)
                 return
             except BufferError:
+                if self._stopping():
+                    self._delivered(KafkaError(KafkaError._QUEUE_FULL), _Refused(topic))
+                    return
                 self.poll(0.05)
             except KafkaException as exc:  # refused before sending (e.g. the topic's WRITE revoked)
                 self._surface_fatal(exc.args[0])
@@ -162,6 +176,9 @@ class Publisher:
                 self._producer.produce(topic, value, key, on_delivery=done, headers=headers)
                 return
             except BufferError:
+                if self._stopping():  # the caller keeps the record (spooled) for the next start
+                    done(KafkaError(KafkaError._QUEUE_FULL), _Refused(topic))
+                    return
                 self.poll(0.05)
             except KafkaException as exc:  # refused before sending: the caller keeps the record
                 self._surface_fatal(exc.args[0])

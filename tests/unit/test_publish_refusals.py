@@ -4,6 +4,7 @@ silent spin). Real broker: tests/integration/test_kafka_secure.py::test_a_write_
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -89,3 +90,42 @@ def test_a_fatal_delivery_report_is_fatal_although_its_flag_is_not_set() -> None
     fake.on_delivery(err, _Msg("gpu.samples.v1"))
     fake.on_delivery(err, _Msg("gpu.samples.v1"))
     assert fatal == [("_FATAL", "gpu.samples.v1")] and pub.failed == 2
+
+
+class _FullQueue:
+    """librdkafka with its local queue full and the broker away: every produce() is BufferError."""
+
+    def __init__(self, conf: dict[str, Any]) -> None:
+        self.attempts = threading.Event()
+
+    def produce(self, topic: str, value: bytes, key: Any, **kw: Any) -> None:
+        self.attempts.set()
+        raise BufferError("Local: Queue full")
+
+    def poll(self, timeout: float = 0.0) -> int:
+        return 0
+
+
+def test_a_full_queue_waits_for_room_until_the_stop_then_refuses_the_record() -> None:
+    stop = threading.Event()
+    made: list[_FullQueue] = []
+    pub = Publisher({}, producer_factory=lambda conf: made.append(_FullQueue(conf)) or made[0], stop=stop)
+    tracked: list[str] = []
+    results: list[str] = []
+
+    def send() -> None:
+        pub.produce("gpu.samples.v1", b"k", b"v")
+        results.append("sample handed back")
+        pub.produce_tracked("gpu.xid.v1", b"k", b"v", lambda err, msg: tracked.append(err.name()))
+        results.append("xid handed back")
+
+    t = threading.Thread(target=send, name="producing")
+    t.start()
+    assert made[0].attempts.wait(10)
+    assert t.is_alive() and not results  # back-pressure: it waits for room while running
+    stop.set()
+    t.join(30)
+    assert not t.is_alive(), "produce() kept waiting for room after the stop"
+    assert results == ["sample handed back", "xid handed back"]
+    assert pub.failed == 1 and pub.failures_by_reason == {"_QUEUE_FULL": 1}  # the sample: counted
+    assert tracked == ["_QUEUE_FULL"]  # the XID: its caller keeps it in the spool
