@@ -16,7 +16,8 @@ from typing import TextIO
 
 from consumers.report.chargeback_report import parse_time_ms
 from consumers.report.formats import FORMATS, FocusOptions
-from consumers.report.idle_report import IDLE_DIMENSIONS, build_idle_report, render_idle
+from consumers.report.idle_html import render_idle_html
+from consumers.report.idle_report import IDLE_DIMENSIONS, build_idle_report, render_idle, selected
 from consumers.topic_reader import read_topic
 from gpupipe import topics
 from gpupipe.argtypes import positive_duration_ms
@@ -88,6 +89,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         team_of=lambda ns, labels: teams.match(ns, labels),
         top=args.top or None,
     )
-    out.write(render_idle(rows, args.format, focus=FocusOptions(provider_name=args.focus_provider)))
+    if args.format == "html":
+        out.write(render_idle_html(rows, selected(records, cutoff), since_ms=cutoff))
+    else:
+        out.write(render_idle(rows, args.format, focus=FocusOptions(provider_name=args.focus_provider)))
     out.flush()
     return 0

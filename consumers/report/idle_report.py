@@ -16,7 +16,6 @@ already billed (idle allocated time); the FOCUS output therefore puts it in ``x_
 
 from __future__ import annotations
 
-import html
 import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -91,9 +90,7 @@ def build_idle_report(
     if by not in IDLE_DIMENSIONS:
         raise ReportOptionError(f"--by must be one of {', '.join(IDLE_DIMENSIONS)}, got {by!r}")
     rows: dict[tuple[str, str], IdleRow] = {}
-    for r in latest_revisions(records):
-        if since_ms is not None and r["last_seen_ms"] < since_ms:
-            continue
+    for r in selected(records, since_ms):
         labels = r.get("labels") or {}
         if by == "team":
             group = team_of(r["namespace"], labels) or r.get("team") or r["namespace"]
@@ -141,7 +138,13 @@ def idle_row_dict(row: IdleRow) -> dict[str, Any]:
     }
 
 
+def selected(records: Iterable[dict[str, Any]], since_ms: int | None = None) -> list[dict[str, Any]]:
+    """The latest revision of each recommendation whose streak went on at or after ``since_ms``."""
+    return [r for r in latest_revisions(records) if since_ms is None or r["last_seen_ms"] >= since_ms]
+
+
 def render_idle(rows: Sequence[IdleRow], fmt: str, *, focus: FocusOptions | None = None) -> str:
+    """``rows`` in ``fmt``; the html page is :mod:`consumers.report.idle_html` (it draws on the records)."""
     dicts = [idle_row_dict(r) for r in rows]
     if fmt == "json":
         return json.dumps(dicts, indent=2) + "\n"
@@ -159,43 +162,7 @@ def render_idle(rows: Sequence[IdleRow], fmt: str, *, focus: FocusOptions | None
         return _table(rows, dicts)
     if fmt == "focus":
         return _focus(rows, focus or FocusOptions())
-    if fmt == "html":
-        return _html(rows, dicts)
     raise ReportOptionError(f"unknown format {fmt!r}")
-
-
-def _html(rows: Sequence[IdleRow], dicts: list[dict[str, Any]]) -> str:
-    """One self-contained, print-friendly page (no script, font or image fetched), like the
-    chargeback report's ``html``: the totals first, then the top wasters."""
-    e = html.escape
-    title = (rows[0].by if rows else "group").replace("_", " ")
-    total_h = sum(r.gpu_hours_idle for r in rows)
-    total_c = sum(r.cost_wasted for r in rows)
-    cur = ",".join(sorted({r.currency for r in rows}))
-    head = "".join(
-        f"<th>{e(h)}</th>"
-        for h in (title, "recs", "open", "pods", "GPU-h idle", "cost wasted", "currency", "suggested")
-    )
-    body = "".join(
-        "<tr>"
-        + f"<td>{e(d['group'])}</td><td>{d['recommendations']}</td><td>{d['open']}</td><td>{d['pods']}</td>"
-        + f"<td>{d['gpu_hours_idle']:.2f}</td><td>{d['cost_wasted']:.2f}</td><td>{e(d['currency'])}</td>"
-        + f"<td>{e(d['top_action'] + (' ' + d['top_target'] if d['top_target'] else ''))}</td></tr>"
-        for d in dicts
-    )
-    return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>gpupipe idle GPUs</title>'
-        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
-        "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child,th:first-child"
-        "{text-align:left}@media print{body{margin:0}}</style></head><body>"
-        f'<h1>Idle GPUs</h1><p class="totals">{total_h:.2f} GPU-h idle, {total_c:.2f} {e(cur)} wasted</p>'
-        + (
-            f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-            if dicts
-            else "<p>no idle GPUs in the period</p>"
-        )
-        + "</body></html>\n"
-    )
 
 
 def _table(rows: Sequence[IdleRow], dicts: list[dict[str, Any]]) -> str:

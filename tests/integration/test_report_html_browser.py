@@ -8,8 +8,11 @@ the DOM chromium built must hold the totals the report rows add up to.
 
 from __future__ import annotations
 
+import json
 import re
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -24,7 +27,7 @@ from gpupipe.teams import parse_team_map
 from schemas.codec import AvroCodec
 from scripts.report_example_data import EXAMPLE_TEAMS, simulated_windows
 from tests.integration.browser_util import colour_stats, dump_dom, print_pdf, screenshot
-from tests.integration.kafka_util import gpupipe
+from tests.integration.kafka_util import REPO, gpupipe
 
 pytestmark = pytest.mark.integration
 
@@ -78,3 +81,98 @@ def test_html_report_renders_in_chromium(kafka: str, topic_prefix: str, tmp_path
     pdf = print_pdf(page, tmp_path / "report.pdf", tmp_path / "profile")
     pages = len(re.findall(rb"/Type\s*/Page\b", pdf))
     assert pdf.startswith(b"%PDF") and 1 <= pages <= 20, pages
+
+
+H = 3_600_000
+DAY = 24 * H
+_IDLE_TEAMS = {
+    "serving": ("inference", "Deployment"),
+    "ml": ("llm-train", "PyTorchJob"),
+    "research": ("nb", "Notebook"),
+}
+_ACTIONS = (("release", None), ("right_size_mig", "1g.10gb"), ("shared_gpu", "nvidia.com/gpu.shared"),
+            ("cheaper_model", "NVIDIA L4"))  # fmt: skip
+
+
+def _recommendation(i: int, team: str, start: int) -> dict[str, Any]:
+    """A complete GpuRecommendation: the fields the report reads, the others at their zero values."""
+    ns, kind = _IDLE_TEAMS[team]
+    action, target = _ACTIONS[i % len(_ACTIONS)]
+    hours = 3.0 + i % 5 * 7.5  # streaks of 3 to 33 h: some span two or three days
+    rec: dict[str, Any] = {
+        "recommendation_id": f"r{i}", "sequence": 1, "status": "firing" if i % 3 else "resolved",
+        "namespace": ns, "pod": f"{ns}-{i}", "owner_kind": kind, "owner_name": f"{ns}-o{i % 7}",
+        "team": team, "labels": {"team": team}, "idle_since_ms": start,
+        "last_seen_ms": start + int(hours * H), "timestamp_ms": start + int(hours * H),
+        "gpu_hours_idle": hours, "cost_wasted": hours * 2.5,
+        "currency": "USD", "action": action, "target": target, "saving_per_hour": 1.25 if target else 2.5,
+    }  # fmt: skip
+    schema = json.loads((REPO / "schemas" / "GpuRecommendation.avsc").read_text())
+    for f in schema["fields"]:
+        if f["name"] in rec:
+            continue
+        t = f["type"]
+        if "default" in f:
+            rec[f["name"]] = f["default"]
+        elif isinstance(t, list) and "null" in t:
+            rec[f["name"]] = None
+        elif isinstance(t, dict) and t.get("type") == "enum":
+            rec[f["name"]] = t["symbols"][0]
+        else:
+            base = t["type"] if isinstance(t, dict) else t
+            rec[f["name"]] = {"string": "", "long": 0, "int": 0, "double": 0.0, "boolean": False}[base]
+    return rec
+
+
+def test_idle_report_renders_in_chromium(kafka: str, topic_prefix: str, tmp_path: Path) -> None:
+    day0 = (int(time.time() * 1000) // DAY - 4) * DAY
+    records = [
+        _recommendation(i, team, day0 + (i % 3) * DAY + i * H)
+        for i, team in enumerate(["serving", "ml", "research", "ml", "serving", "ml"] * 4)
+    ]
+    ensure_topics(kafka, [topics.RECOMMENDATIONS], prefix=topic_prefix)
+    enc = AvroCodec().encoder("GpuRecommendation")
+    prod = Producer({"bootstrap.servers": kafka, "enable.idempotence": True})
+    for r in records:
+        prod.produce(topics.with_prefix(topic_prefix, topics.RECOMMENDATIONS), enc.encode(r), key=r["pod"])
+    assert prod.flush(30) == 0
+    res = gpupipe(
+        "report", "idle", "--bootstrap-servers", kafka, "--topic-prefix", topic_prefix,
+        "--format", "html", "--by", "team", "--since", "30d", timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    page = tmp_path / "idle.html"
+    page.write_text(res.stdout)
+
+    png = tmp_path / "idle.png"
+    screenshot(page, png, tmp_path / "profile")
+    distinct, dominant = colour_stats(png)
+    assert distinct > 50 and dominant < 0.9, (distinct, dominant)
+    with Image.open(png) as img:
+        seen = {c for _, c in img.convert("RGB").getcolors(maxcolors=1 << 24)}
+    assert _hex(PALETTE[0]) in seen and _hex(PALETTE[1]) in seen  # the chart's bars were drawn
+
+    dom = dump_dom(page, tmp_path / "profile")
+    hours = sum(r["gpu_hours_idle"] for r in records)
+    assert f'<div class="v" id="total-idle">{hours:,.2f}</div>' in dom
+    assert f'<div class="v" id="total-wasted">{hours * 2.5:,.2f} USD</div>' in dom
+    opened = [r for r in records if r["status"] == "firing"]
+    assert f'id="total-open">{len(opened)} of {len(records)}</div>' in dom
+    saving = sum(r["saving_per_hour"] for r in opened)
+    assert f'<div class="v" id="total-saving">{saving:,.2f} USD</div>' in dom
+    first = min(r["idle_since_ms"] for r in records)
+    last = max(r["last_seen_ms"] for r in records)
+    span = f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(first / 1000))} to "
+    span += f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(last / 1000))} UTC"
+    assert span in dom  # the data's own span, not the --since cut-off
+    for team in _IDLE_TEAMS:
+        assert f'data-group="{team}"' in dom
+    for action, _ in _ACTIONS:  # each suggestion explained in the contract's words
+        assert f'data-action="{action}"' in dom
+    assert "free it" in dom and "time-sliced replica" in dom
+    owners = {(r["namespace"], r["owner_name"]) for r in records}
+    assert len(owners) > 10 and dom.count('data-owner="') == 10  # the ten owners that waste most
+    assert dom.count("<rect ") > 3 * 4  # a bar per day, stacked by team
+    pdf = print_pdf(page, tmp_path / "idle.pdf", tmp_path / "profile")
+    pages = len(re.findall(rb"/Type\s*/Page\b", pdf))
+    assert pdf.startswith(b"%PDF") and 1 <= pages <= 6, pages

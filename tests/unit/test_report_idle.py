@@ -12,7 +12,8 @@ import pytest
 from consumers.report.errors import ReportOptionError
 from consumers.report.formats import FORMATS
 from consumers.report.idle_command import since_ms
-from consumers.report.idle_report import build_idle_report, render_idle
+from consumers.report.idle_html import render_idle_html
+from consumers.report.idle_report import build_idle_report, render_idle, selected
 
 H = 3_600_000
 
@@ -72,7 +73,7 @@ def test_latest_revision_grouping_and_since() -> None:
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_every_format_renders(fmt: str) -> None:
     rows = build_idle_report(RECORDS, by="owner")
-    text = render_idle(rows, fmt)
+    text = render_idle_html(rows, selected(RECORDS)) if fmt == "html" else render_idle(rows, fmt)
     if fmt == "json":
         data = json.loads(text)
         assert data[0]["group"] == "notebooks/Pod/nb-2" and data[0]["cost_wasted"] == 8.0
@@ -88,7 +89,9 @@ def test_every_format_renders(fmt: str) -> None:
         assert first["x_RecommendedAction"] == "release"
     elif fmt == "html":
         assert text.startswith("<!DOCTYPE html>") and "http" not in text  # self-contained
-        assert "9.00 GPU-h idle, 18.00 USD wasted" in text and "<td>notebooks/Pod/nb-2</td>" in text
+        assert '<div class="v" id="total-idle">9.00</div>' in text
+        assert '<div class="v" id="total-wasted">18.00 USD</div>' in text
+        assert 'data-group="notebooks/Pod/nb-2"' in text
     else:
         lines = text.splitlines()
         assert lines[0].split()[0] == "OWNER" and "1g.10gb" in lines[2]
