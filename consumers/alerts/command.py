@@ -32,7 +32,7 @@ from consumers.consume_loop import ConsumeLoop
 from gpupipe import kube, startup, topics
 from gpupipe.acls import DEFAULT_GROUPS
 from gpupipe.alertmanager import AlertmanagerFanout, AlertmanagerMetrics, AlertmanagerSender
-from gpupipe.argtypes import duration_ms, field_default, keyword_default
+from gpupipe.argtypes import duration_ms, field_default, keyword_default, positive_duration_ms
 from gpupipe.errors import ConfigError, GpupipeError
 from gpupipe.kafka_admin import parse_kafka_overrides, wait_for_broker
 from gpupipe.logs import fields
@@ -40,6 +40,8 @@ from gpupipe.runner import KafkaNeeds, Lifecycle, ServiceSpec, run_service
 from schemas.codec import codec_from_url
 
 USES_KAFKA = True
+#: A plain instance's check for --ha instances in its group (``--ha-guard-interval``).
+HA_GUARD_INTERVAL_MS = 30_000
 
 log = logging.getLogger("gpupipe.alerts")
 
@@ -74,6 +76,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=keyword_default(LeaderElector, "session_timeout_ms"),
         metavar="DURATION",
         help="how long a silent leader keeps leadership (Kafka session timeout)",
+    )
+    p.add_argument(
+        "--ha-guard-interval",
+        type=positive_duration_ms,
+        default=HA_GUARD_INTERVAL_MS,
+        metavar="DURATION",
+        help="without --ha: how often to check that no --ha instances use this --group-id; if some "
+        "start later, this instance stops with one line rather than split their input unfenced",
     )
     p.add_argument(
         "--ack",
@@ -340,6 +350,7 @@ class AlertsOptions:
     startup_timeout_ms: int
     ha: bool
     ha_session_timeout_ms: int
+    ha_guard_interval_ms: int
     alertmanager_urls: tuple[str, ...]
     resend_interval_ms: int
     alertmanager_timeout_ms: int
@@ -383,6 +394,7 @@ def options_from_args(args: argparse.Namespace) -> AlertsOptions:
         startup_timeout_ms=getattr(args, "startup_timeout", 0) or 0,
         ha=args.ha,
         ha_session_timeout_ms=args.ha_session_timeout,
+        ha_guard_interval_ms=args.ha_guard_interval,
         alertmanager_urls=tuple(args.alertmanager_url),
         resend_interval_ms=args.resend_interval,
         alertmanager_timeout_ms=args.alertmanager_timeout,
@@ -470,6 +482,7 @@ class AlertsApp:
         self._stop = life.stop if life is not None else None
         self.loop: ConsumeLoop | None = None
         self.elector: LeaderElector | None = None
+        self.guard_error: str | None = None  # set when --ha instances joined this plain one's group
         if opts.ha:
             self.elector = LeaderElector(
                 opts.bootstrap,
@@ -489,14 +502,31 @@ class AlertsApp:
         """A plain instance must not join the input group of ``--ha`` instances: it would take part of the
         leader's partitions (each XID seen by one of two engines, two publishers, two cordoners) and
         nothing fences it. Live HA instances are the members of the leader group (see :func:`ha_members`)."""
+        line = self._ha_conflict()
+        if line:
+            raise ConfigError(line)
+
+    def _ha_conflict(self) -> str | None:
         opts = self.opts
         members = ha_members(opts.bootstrap, opts.group_id, extra=opts.extra)
-        if members:
-            raise ConfigError(
-                f"--group-id {opts.group_id} is used by --ha instances ({', '.join(members)}): a plain "
-                "instance would split their input and publish beside their leader; run it with --ha (it "
-                "stands by), or give it a --group-id of its own"
-            )
+        if not members:
+            return None
+        return (
+            f"--group-id {opts.group_id} is used by --ha instances ({', '.join(members)}): a plain "
+            "instance would split their input and publish beside their leader; run it with --ha (it "
+            "stands by), or give it a --group-id of its own"
+        )
+
+    def _guard(self, stop: threading.Event) -> None:
+        """The same check while running: --ha instances started after this plain one stop it (it cannot
+        be fenced, so it fences itself); the command then exits with the line (``guard_error``)."""
+        while not stop.wait(self.opts.ha_guard_interval_ms / 1000):
+            line = self._ha_conflict()
+            if line:
+                self.guard_error = line
+                log.error("stopping: " + line)
+                stop.set()
+                return
 
     def activate(self) -> None:
         """Restore state and build the consume loop: at start, or when this instance becomes the leader."""
@@ -569,6 +599,8 @@ class AlertsApp:
                 target=_fence, args=(self.elector, stop), name="alerts-fence", daemon=True
             ).start()
             self.activate()
+        else:
+            threading.Thread(target=self._guard, args=(stop,), name="alerts-ha-guard", daemon=True).start()
         assert self.loop is not None
         if self.alertmanager is not None:
             self.alertmanager.start()
@@ -627,7 +659,16 @@ def run(args: argparse.Namespace) -> int:
             extra=opts.extra,
         ),
     )
-    return run_service(spec, lambda life: AlertsApp(opts, life))
+    apps: list[AlertsApp] = []
+
+    def build(life: Lifecycle) -> AlertsApp:
+        apps.append(AlertsApp(opts, life))
+        return apps[0]
+
+    rc = run_service(spec, build)
+    if apps and apps[0].guard_error:
+        raise ConfigError(apps[0].guard_error)
+    return rc
 
 
 def _fence(elector: LeaderElector, stop: threading.Event) -> None:

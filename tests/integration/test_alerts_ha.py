@@ -181,3 +181,34 @@ def test_a_plain_instance_refuses_the_group_of_ha_instances(
         other.stop()
     finally:
         a.stop()
+
+
+def test_a_plain_instance_stops_when_ha_instances_join_its_group_later(
+    kafka: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    """The other order: the plain instance ran first, the HA pair is deployed later. It cannot be
+    fenced, so it stops itself (exit 2, one line) and the HA instance leads the whole input."""
+    _topics(kafka, topic_prefix)
+    group = f"alerts-late-{topic_prefix}"
+    plain = AlertsProcess(
+        kafka, topic_prefix, tmp_path, "--no-health-signals", "--ha-guard-interval", "1s", group=group
+    ).start()
+    assert role(plain) == "single"
+    flags = ("--ha", "--ha-session-timeout", "6s", "--no-health-signals")
+    a = AlertsProcess(kafka, topic_prefix, tmp_path, *flags, "--instance-id", "a", group=group)
+    a.start()
+    try:
+        assert plain.proc is not None
+        rc = plain.proc.wait(60)
+        text = plain.log_text()
+        assert rc == 2, text[-3000:]
+        assert text.strip().splitlines()[-1] == (
+            f"gpupipe alerts: error: --group-id {group} is used by --ha instances (gpupipe-alerts-a): a "
+            "plain instance would split their input and publish beside their leader; run it with --ha (it "
+            "stands by), or give it a --group-id of its own"
+        ), text[-3000:]
+        wait_until(lambda: role(a) == "leader", 30, "instance a to lead")
+    finally:
+        a.stop()
+        if plain.proc is not None and plain.proc.poll() is None:
+            plain.stop()
