@@ -711,3 +711,13 @@ def test_node_identity_signs_on_the_node_and_checks_in_alerts(helm: str, rendere
     ds = _kinds(rendered["defaults"])["DaemonSet"][0]
     assert parse(*command_lines([ds])[0][1:]).node_cert is None
     assert "node-cert" not in {v["name"] for v in ds["spec"]["template"]["spec"]["volumes"]}
+
+
+def test_the_alerts_pod_mounts_a_token_only_when_it_patches_nodes(helm: str, rendered: dict) -> None:
+    def alerts_pod(docs: list[dict[str, Any]]) -> dict[str, Any]:
+        return _by_name(docs, "Deployment")["rel-gpupipe-alerts"]["spec"]["template"]["spec"]
+
+    dry = alerts_pod(rendered["defaults"])  # the default: a dry run, which never calls the API server
+    assert dry["serviceAccountName"] == "rel-gpupipe-alerts" and dry["automountServiceAccountToken"] is False
+    real = alerts_pod(render(helm, None, "alerts.flags.cordon=true", "alerts.flags.dry-run=false"))
+    assert "automountServiceAccountToken" not in real  # the token its cordons need

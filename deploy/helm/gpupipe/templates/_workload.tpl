@@ -13,6 +13,9 @@ Call with (list $ "component" $values "command" extraArgsList extraEnvList extra
 {{- $mounts := index . 6 }}
 {{- $vols := index . 7 }}
 {{- $sa := index . 8 }}
+{{- /* a 10th item, false: the pod has its ServiceAccount but mounts no token (nothing calls the API) */}}
+{{- $token := true }}
+{{- if gt (len .) 9 }}{{ $token = index . 9 }}{{ end }}
 metadata:
   labels:
     {{- include "gpupipe.selectorLabels" (list $root $comp) | trim | nindent 4 }}
@@ -26,6 +29,9 @@ metadata:
 spec:
   {{- if $sa }}
   serviceAccountName: {{ $sa }}
+  {{- if not $token }}
+  automountServiceAccountToken: false
+  {{- end }}
   {{- else }}
   automountServiceAccountToken: false
   {{- end }}
