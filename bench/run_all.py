@@ -29,6 +29,7 @@ BENCHES = [
     "bench_alerts.py",
     "bench_alerts_latency.py",
     "bench_podmeta_load.py",
+    "bench_life_drill.py",  # 30 days of 240 GPUs through the alerts service (minutes)
     "soak_chargeback.py",  # own broker; scale with GPUPIPE_SOAK_GPUS (default 10000)
 ]
 RATIO = re.compile(r"^(\S+) ratio=([0-9.]+) target=([0-9.]+)")

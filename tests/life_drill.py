@@ -414,7 +414,9 @@ def _deliver(
     end: int,
 ) -> tuple[list[Delivery], list[tuple[int, int]]]:
     """When the broker hands each record to the service: about a second after it happened, or at the end
-    of a broker outage (held by the producers' spools and queues, then delivered in a burst)."""
+    of a broker outage (held by the producers' spools and queues, then delivered in a burst). Records of
+    one GPU keep their order, as Kafka keeps a key's (one partition, one producer): a fault's page
+    retirement, 200 ms after it, never overtakes it."""
     outages: list[tuple[int, int]] = []
     for _ in range(_poisson(rnd, cfg.outages_per_day * cfg.days)):
         start = T0 + HOUR + rnd.randrange(max(1, end - T0 - 3 * HOUR))
@@ -430,9 +432,16 @@ def _deliver(
                 return b + rnd.randrange(30 * S)
         return d
 
+    last: dict[tuple[str, str], int] = {}  # (host, GPU) -> delivery time of its latest record
     for t, name, value in raw:
         seq += 1
-        out.append(Delivery(when(t), seq, name, value))
+        key = (
+            str(value.get("hostname")),
+            str(value.get("mig_uuid") or value.get("uuid") or value.get("pci_bus_id")),
+        )
+        at = max(when(t), last.get(key, 0))
+        last[key] = at
+        out.append(Delivery(at, seq, name, value))
     for t, value in republish:
         seq += 1
         out.append(Delivery(when(t), seq, "XidEvent", dict(value), original=False))
@@ -759,7 +768,9 @@ def check(d: Drill) -> Verdict:
     gpu_events: dict[tuple[str, str], list[AmEvent]] = defaultdict(list)
     for e in d.am.events:
         gk = _gpu_of(e.labels)
-        if gk is not None:
+        # an application fault's alert (a job's Xid 13/31/43/45 on a GPU that is also broken) is the
+        # job's, not the hardware fault's: neither its page nor its RESOLVED is the fault's
+        if gk is not None and e.labels.get("cause_class") != "application":
             gpu_events[gk].append(e)
     for f in hw:
         gk = (f.node, canonical(_bus(f.gpu, nvml=False)))
