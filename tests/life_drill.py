@@ -189,7 +189,9 @@ class _NodeSim:
         self.skew = skew
         self.boot = 1
         self.kseq = 100
-        self.energy = [1_000_000 * (g + 1) for g in range(gpus)]
+        # the energy counter as (value, at): it grows with time from there, so samples generated out of
+        # time order (the ones around a fault) still read a counter that only a reset lowers
+        self.energy: list[tuple[int, int]] = [(1_000_000 * (g + 1), T0) for g in range(gpus)]
         self.dbe = [0] * gpus
         self.lost = [False] * gpus
         self.broken: list[Fault | None] = [None] * gpus
@@ -290,14 +292,13 @@ def generate(cfg: DrillConfig) -> Scenario:
         node.boot_xids.append(ev)
 
     def emit_sample(node: _NodeSim, g: int, t: int) -> None:
-        node.energy[g] += 5_000
         s = {
             "timestamp_ms": t + node.skew,
             "hostname": node.name,
             "pci_bus_id": _bus(g, nvml=True),
             "uuid": f"GPU-{node.name}-{g}",
             "gpu_index": g,
-            "total_energy_mj": node.energy[g],
+            "total_energy_mj": node.energy[g][0] + max(0, t - node.energy[g][1]) * 5_000 // (15 * MIN),
             "ecc_dbe_volatile_total": node.dbe[g],
             "ecc_sbe_volatile_total": 0,
             "gpu_recovery_action": 0,
@@ -386,7 +387,7 @@ def _recover(
         f = node.broken[x]
         if f is not None and how not in f.kind.mends:
             continue  # still broken: a lost GPU stays lost, its counters say nothing
-        node.energy[x] = 1_000 + x
+        node.energy[x] = (1_000 + x, t)
         node.dbe[x] = 0
         if f is not None:
             f.recovered_ms, f.recovery = t, how
