@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import (
     AclBindingFilter,
     AclOperation,
@@ -484,12 +484,21 @@ def test_a_write_acl_revoked_while_running_stops_the_producer_with_one_line(
 
 
 def _read(conf: dict[str, str], topic: str) -> list[Any]:
-    """Every message of ``topic`` so far, as the admin reads it."""
+    """Every message of ``topic`` so far, as the admin reads it (waiting out the leader elections of
+    topics just created: "not leader for partition" while they settle)."""
     c = Consumer({**conf, "group.id": f"t-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False})
     try:
-        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
-        tps = [TopicPartition(topic, p, 0) for p in parts]
-        ends = {tp.partition: c.get_watermark_offsets(tp, timeout=10)[1] for tp in tps}
+        settle = time.monotonic() + 30
+        while True:
+            try:
+                parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+                tps = [TopicPartition(topic, p, 0) for p in parts]
+                ends = {tp.partition: c.get_watermark_offsets(tp, timeout=10)[1] for tp in tps}
+                break
+            except KafkaException:
+                if time.monotonic() > settle:
+                    raise
+                time.sleep(0.5)
         c.assign(tps)
         out: list[Any] = []
         left = {p for p, end in ends.items() if end > 0}
