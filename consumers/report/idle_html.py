@@ -156,11 +156,16 @@ def render_idle_html(
     series = order[:MAX_SERIES] + ([OTHER] if len(order) > MAX_SERIES else [])
     colours = {g: PALETTE[i % len(PALETTE)] for i, g in enumerate(order[:MAX_SERIES])} | {OTHER: "#7F7F7F"}
     kept = set(order[:MAX_SERIES])
-    group_of: dict[str, str] = {}
+    # each pod to the first row that holds it, then each record to its pod's: one pass over each
+    pod_group: dict[tuple[str, str], str] = {}
     for r in rows:
-        for rec in records:
-            if (rec["namespace"], rec["pod"]) in r.pods:
-                group_of.setdefault(rec["recommendation_id"], r.group if r.group in kept else OTHER)
+        for pod in r.pods:
+            pod_group.setdefault(pod, r.group if r.group in kept else OTHER)
+    group_of = {
+        rec["recommendation_id"]: pod_group[(rec["namespace"], rec["pod"])]
+        for rec in records
+        if (rec["namespace"], rec["pod"]) in pod_group
+    }
     used = [r for r in records if r["recommendation_id"] in group_of]
     wasted: dict[str, float] = defaultdict(float)
     saving: dict[str, float] = defaultdict(float)
