@@ -61,6 +61,30 @@ def axis_ticks(v: float) -> tuple[float, int]:
     return 10 * mag, 5
 
 
+def y_grid(left: float, top: float, pw: float, ph: float, step: float, ticks: int) -> list[str]:
+    """A chart's horizontal gridlines and their value labels, 0 to ``step * ticks``."""
+    scale = step * ticks
+    out = []
+    for i in range(ticks + 1):
+        v = step * i
+        y = top + ph - (ph * v / scale if scale else 0)
+        out.append(
+            f'<line x1="{left}" x2="{left + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e4e4e4"/>'
+            f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end" class="ax">'
+            f"{v:,.{2 if step < 1 else 0}f}</text>"
+        )
+    return out
+
+
+def axis_end(left: float, top: float, pw: float, ph: float, y_label: str) -> str:
+    """The chart's base line and its y-axis title, closing the ``<svg>``."""
+    return (
+        f'<line x1="{left}" x2="{left + pw}" y1="{top + ph}" y2="{top + ph}" stroke="#888"/>'
+        f'<text x="12" y="{top + ph / 2}" transform="rotate(-90 12 {top + ph / 2})" text-anchor="middle" '
+        f'class="ax">{escape(y_label)}</text></svg>'
+    )
+
+
 CSS = """
 *{box-sizing:border-box}
 body{font:14px/1.4 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;color:#1b1b1b;

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from consumers.report.chargeback_report import ReportRow
 from consumers.report.html_parts import CSS as _CSS
-from consumers.report.html_parts import PALETTE
+from consumers.report.html_parts import PALETTE, axis_end, y_grid
 from consumers.report.html_parts import axis_ticks as _ticks
 from consumers.report.html_parts import bar as _bar
 from consumers.report.html_parts import day as _day
@@ -258,14 +258,7 @@ def stacked_chart(
         f'<svg id="chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="100%" '
         f'role="img" aria-label="GPU-hours allocated per period, stacked by team">'
     ]
-    for i in range(ticks + 1):  # gridlines and y labels
-        v = step * i
-        label = f"{v:,.{2 if step < 1 else 0}f}"
-        y = top + ph - (ph * v / scale_top if scale_top else 0)
-        out.append(
-            f'<line x1="{left}" x2="{left + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e4e4e4"/>'
-            f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end" class="ax">{label}</text>'
-        )
+    out += y_grid(left, top, pw, ph, step, ticks)
     n = len(keys)
     slot = pw / n if n else pw
     bar_w = max(1.0, slot * 0.8)
@@ -288,11 +281,7 @@ def stacked_chart(
                 f'<text x="{left + i * slot + slot / 2:.1f}" y="{top + ph + 16}" text-anchor="middle" '
                 f'class="ax">{_e(_day(k[0]))}</text>'
             )
-    out.append(
-        f'<line x1="{left}" x2="{left + pw}" y1="{top + ph}" y2="{top + ph}" stroke="#888"/>'
-        f'<text x="12" y="{top + ph / 2}" transform="rotate(-90 12 {top + ph / 2})" text-anchor="middle" '
-        'class="ax">GPU-hours</text></svg>'
-    )
+    out.append(axis_end(left, top, pw, ph, "GPU-hours"))
     legend = "".join(
         f'<span class="lg">{_swatch(colours[s])} {_e(s)}</span>'
         for s in series

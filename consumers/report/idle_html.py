@@ -19,7 +19,17 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from consumers.report.html_parts import CSS, PALETTE, axis_ticks, bar, day, escape, swatch
+from consumers.report.html_parts import (
+    CSS,
+    PALETTE,
+    axis_end,
+    axis_ticks,
+    bar,
+    day,
+    escape,
+    swatch,
+    y_grid,
+)
 from consumers.report.idle_report import IdleRow, build_idle_report
 from schemas import catalog
 
@@ -79,14 +89,7 @@ def _chart(daily: dict[int, dict[str, float]], series: list[str], colours: dict[
         f'<svg id="chart" viewBox="0 0 {width} {height}" width="100%" '
         f'role="img" aria-label="GPU-hours idle per day, stacked by {escape(by)}">'
     ]
-    for i in range(ticks + 1):
-        v = step * i
-        y = top + ph - (ph * v / scale if scale else 0)
-        out.append(
-            f'<line x1="{left}" x2="{left + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e4e4e4"/>'
-            f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end" class="ax">'
-            f"{v:,.{2 if step < 1 else 0}f}</text>"
-        )
+    out += y_grid(left, top, pw, ph, step, ticks)
     slot = pw / len(days) if days else pw
     bar_w = max(1.0, slot * 0.8)
     for i, d in enumerate(days):
@@ -106,11 +109,7 @@ def _chart(daily: dict[int, dict[str, float]], series: list[str], colours: dict[
                 f'<text x="{left + i * slot + slot / 2:.1f}" y="{top + ph + 16}" text-anchor="middle" '
                 f'class="ax">{escape(day(d)[:10])}</text>'
             )
-    out.append(
-        f'<line x1="{left}" x2="{left + pw}" y1="{top + ph}" y2="{top + ph}" stroke="#888"/>'
-        f'<text x="12" y="{top + ph / 2}" transform="rotate(-90 12 {top + ph / 2})" text-anchor="middle" '
-        'class="ax">GPU-hours idle</text></svg>'
-    )
+    out.append(axis_end(left, top, pw, ph, "GPU-hours idle"))
     legend = "".join(f'<span class="lg">{swatch(colours[s])} {escape(s)}</span>' for s in series)
     return "".join(out) + f'<div class="legend">{legend}</div>'
 
