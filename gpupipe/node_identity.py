@@ -164,7 +164,7 @@ class NodeSigner:
 
     def _files_stamp(self) -> tuple[Any, ...]:
         out: list[Any] = []
-        for p in (self.cert_path, self.key_path):
+        for p in dict.fromkeys((self.cert_path, self.key_path)):  # the kubelet keeps both in one file
             try:
                 st = os.stat(p)
                 out.append((st.st_ino, st.st_mtime_ns, st.st_size))
