@@ -2,7 +2,7 @@
 
 * XIDs logged while the agent was down are reported after it starts, once: the kmsg backlog is
   read and a persisted cursor (boot id + seq) skips what was handled (1.2).
-* A GPU whose NVML calls hang (8 s per call) does not delay a kernel-log Xid 79 (< 1 s), the other
+* A GPU whose NVML calls hang does not delay a kernel-log Xid 79 (< 1 s), the other
   GPUs keep reporting, the stalled GPU is counted (1.6).
 * /healthz turns unhealthy when NVML polling stalls, and when NVML sees no GPU (1.6, 1.11).
 * A kernel log the agent may not open is one log line and a metric, never a crash (1.1c).
@@ -79,7 +79,7 @@ def test_a_hung_gpu_delays_neither_xids_nor_the_other_gpus(tmp_path: Path) -> No
     cfg = _kmsg_config(tmp_path, kmsg, boot, nvml_timeout_s=0.5, interval_s=0.2)
     with running_agent(cfg, pub, fake) as ra:
         ra.ticks_after(2)
-        fake.gpus[2].hang(8.0)  # every NVML call on GPU 2 now takes 8 s
+        fake.gpus[2].hang(60.0)  # every NVML call on GPU 2 now blocks until the hang ends below
         wait_for(lambda: metric(ra.registry, "gpupipe_producer_nvml_stalled_gpus") == 1, 5, "stall seen")
         began = time.monotonic()
         with kmsg.open("a") as f:
@@ -87,17 +87,23 @@ def test_a_hung_gpu_delays_neither_xids_nor_the_other_gpus(tmp_path: Path) -> No
         wait_for(lambda: ra.agent.xids_sent >= 1, 5, "Xid 79")
         latency = time.monotonic() - began
         cut = int(time.time() * 1000)
+        others = {0, 1, 3, 4, 5, 6, 7}
+
+        def published_since_cut() -> set[int]:
+            return {s["gpu_index"] for s in mem.records("samples") if s["timestamp_ms"] >= cut}
+
+        # Samples reach the stand-in broker when the main loop next polls for delivery reports:
+        # await them, then a few more ticks, all while GPU 2 still hangs.
+        wait_for(lambda: published_since_cut() >= others, 10, "the other GPUs' samples")
         ra.ticks_after(3)
         ok, detail = ra.agent.health()
-        # What was published while GPU 2 hung, taken before the hang ends: once it does, GPU 2's
-        # samples come back (on a loaded machine before the agent stops).
-        later = {s["gpu_index"] for s in mem.records("samples") if s["timestamp_ms"] >= cut}
+        later = published_since_cut()
         fake.gpus[2].hang(0)
         ra.stop()
     assert latency < 1.0, f"Xid 79 took {latency:.2f}s while GPU 2 hung"
     (x79,) = mem.records("xid")
     assert (x79["xid"], x79["gpu_index"]) == (79, 2)
-    assert later == {0, 1, 3, 4, 5, 6, 7}, "the other GPUs kept reporting; the hung one is left out"
+    assert later == others, "the other GPUs kept reporting; the hung one is left out"
     assert metric(ra.registry, "gpupipe_producer_nvml_errors_total", {"kind": "call_timeout"}) == 1
     assert ok and detail["stalled_gpus"] == 1  # polling goes on: a restart would not help
 
