@@ -11,7 +11,8 @@ What it shows, from whatever rows the report was asked for (``--by`` and ``--per
   pod but inactive, over GPU-hours allocated to pods) and the *unallocated share* (capacity no pod
   held, over all GPU-hours observed);
 * totals per team (the row's team; its namespace or node when the report has no team column);
-* a stacked bar chart of GPU-hours per period, one colour per team, unallocated capacity in grey;
+* stacked bar charts of GPU-hours and of cost per period, one colour per team, unallocated
+  capacity in grey (cost in one currency: a report in several charts its largest and says so);
 * cost per GPU model;
 * the full table of rows.
 """
@@ -19,7 +20,7 @@ What it shows, from whatever rows the report was asked for (``--by`` and ``--per
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from consumers.report.chargeback_report import ReportRow
@@ -132,6 +133,7 @@ def render_html(rows: Sequence[ReportRow], *, title: str = "GPU chargeback repor
         '<section class="keep"><h2>GPU-hours allocated over the period</h2>',
         stacked_chart(rows, order, colours),
         "</section>",
+        _cost_section(rows, order, colours, grand),
         '<section class="keep"><h2>Cost per GPU model</h2>',
         _model_table(per_model, grand),
         "</section>",
@@ -233,10 +235,45 @@ def _rows_table(rows: Sequence[ReportRow]) -> str:
     return "".join(out)
 
 
-def stacked_chart(
-    rows: Sequence[ReportRow], order: list[str], colours: dict[str, str], width: int = 920, height: int = 300
+def _cost_section(
+    rows: Sequence[ReportRow], order: list[str], colours: dict[str, str], grand: _Totals
 ) -> str:
-    """Inline SVG: one stacked bar per period, GPU-hours allocated per team (biggest at the bottom)."""
+    """Cost per period, stacked like the GPU-hours: money in the chart's one currency."""
+    if not grand.cost:
+        return ""
+    currency = max(sorted(grand.cost), key=lambda c: grand.cost[c])
+    others = sorted(c for c in grand.cost if c != currency and c)
+    note = ""
+    if others:
+        billed = _e(", ".join(others))
+        note = f"<p class='sub'>In {_e(currency)} only; rows billed in {billed} are in the tables.</p>"
+    chart = stacked_chart(
+        [r for r in rows if r.currency == currency],
+        order,
+        colours,
+        value=lambda r: r.cost,
+        unit=currency,
+        y_label=f"cost ({currency})",
+        svg_id="cost-chart",
+        what="cost",
+    )
+    return f'<section class="keep"><h2>Cost over the period</h2>{note}{chart}</section>'
+
+
+def stacked_chart(
+    rows: Sequence[ReportRow],
+    order: list[str],
+    colours: dict[str, str],
+    width: int = 920,
+    height: int = 300,
+    *,
+    value: Callable[[ReportRow], float] = lambda r: r.gpu_hours_allocated,
+    unit: str = "GPU-h",
+    y_label: str = "GPU-hours",
+    svg_id: str = "chart",
+    what: str = "GPU-hours allocated",
+) -> str:
+    """Inline SVG: one stacked bar per period, ``value`` per team (biggest team at the bottom)."""
     series = list(order)
     keep = set(series)
     if len([s for s in series if s not in PSEUDO_NAMESPACES]) > MAX_SERIES:
@@ -247,7 +284,7 @@ def stacked_chart(
     buckets: dict[tuple[int, int], dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for r in rows:
         name = who(r) if who(r) in keep else OTHER
-        buckets[(r.window_start_ms, r.window_end_ms)][name] += r.gpu_hours_allocated
+        buckets[(r.window_start_ms, r.window_end_ms)][name] += value(r)
     keys = sorted(buckets)
     left, right, top, bottom = 60, 10, 10, 40
     pw, ph = width - left - right, height - top - bottom
@@ -255,8 +292,8 @@ def stacked_chart(
     step, ticks = _ticks(peak)
     scale_top = step * ticks
     out = [
-        f'<svg id="chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="100%" '
-        f'role="img" aria-label="GPU-hours allocated per period, stacked by team">'
+        f'<svg id="{svg_id}" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
+        f'width="100%" role="img" aria-label="{_e(what)} per period, stacked by team">'
     ]
     out += y_grid(left, top, pw, ph, step, ticks)
     n = len(keys)
@@ -274,14 +311,14 @@ def stacked_chart(
             y -= h
             out.append(
                 f'<rect x="{x:.2f}" y="{y:.2f}" width="{bar_w:.2f}" height="{h:.2f}" fill="{colours[name]}">'
-                f"<title>{_e(name)} {_e(_day(k[0]))}: {v:,.2f} GPU-h</title></rect>"
+                f"<title>{_e(name)} {_e(_day(k[0]))}: {v:,.2f} {_e(unit)}</title></rect>"
             )
         if i % label_every == 0:
             out.append(
                 f'<text x="{left + i * slot + slot / 2:.1f}" y="{top + ph + 16}" text-anchor="middle" '
                 f'class="ax">{_e(_day(k[0]))}</text>'
             )
-    out.append(axis_end(left, top, pw, ph, "GPU-hours"))
+    out.append(axis_end(left, top, pw, ph, y_label))
     legend = "".join(
         f'<span class="lg">{_swatch(colours[s])} {_e(s)}</span>'
         for s in series

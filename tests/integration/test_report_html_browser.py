@@ -75,7 +75,9 @@ def test_html_report_renders_in_chromium(kafka: str, topic_prefix: str, tmp_path
     assert f'id="team-total-cost">{total_cost}</td>' in dom
     for team in {r.team for r in rows}:
         assert f'data-team="{team}"' in dom
-    assert dom.count("<rect ") > 6 * 3  # six stacked bars of several teams
+    assert dom.count("<rect ") > 2 * 6 * 3  # six stacked bars of several teams, hours and cost
+    cost_chart = dom[dom.index('<svg id="cost-chart"') :]
+    assert "cost (USD)" in cost_chart[: cost_chart.index("</svg>")]
 
     # Print-friendly: chromium prints it to a few pages (the 6 h x teams table spills over).
     pdf = print_pdf(page, tmp_path / "report.pdf", tmp_path / "profile")

@@ -110,3 +110,47 @@ def test_names_are_escaped_and_empty_reports_render():
     assert "<img" not in page and "&lt;img src=x" in page
     empty = render_html([])
     assert "no data" in empty and _card(empty, "total-cost") == "0.00" and empty.endswith("</html>\n")
+
+
+def _bar_heights(svg: str) -> dict[float, float]:
+    """Total height of each bar (by x) in a stacked chart."""
+    out: dict[float, float] = {}
+    for x, h in re.findall(r'<rect x="([\d.]+)" y="[\d.]+" width="[\d.]+" height="([\d.]+)"', svg):
+        out[float(x)] = out.get(float(x), 0.0) + float(h)
+    return out
+
+
+def _svg(page: str, svg_id: str) -> str:
+    at = page.index(f'<svg id="{svg_id}"')
+    return page[at : page.index("</svg>", at)]
+
+
+def test_cost_over_time_is_charted_per_period():
+    rows = _rows(by=("team",), period="hour")
+    page = render_html(rows)
+    assert "Cost over the period" in page
+    cost = _bar_heights(_svg(page, "cost-chart"))
+    per_hour: dict[int, float] = {}
+    for r in rows:
+        per_hour[r.window_start_ms] = per_hour.get(r.window_start_ms, 0.0) + r.cost
+    a, b = (per_hour[k] for k in sorted(per_hour))
+    first, second = (cost[x] for x in sorted(cost))
+    assert first / second == pytest.approx(a / b, rel=1e-3)
+    assert "cost (USD)" in _svg(page, "cost-chart") and " USD</title>" in _svg(page, "cost-chart")
+    # The GPU-hours chart is unchanged beside it: its bars follow hours, not money.
+    hours = _bar_heights(_svg(page, "chart"))
+    assert sorted(hours) == sorted(cost)
+
+
+def test_a_report_in_two_currencies_charts_the_larger_and_says_so():
+    rows = _rows(by=("team",), period="hour")
+    euro = [replace(r, currency="EUR", cost=r.cost / 100) for r in rows[:2]]
+    page = render_html([*rows[2:], *euro])
+    chart = _svg(page, "cost-chart")
+    assert "cost (USD)" in chart and " EUR</title>" not in chart
+    assert "In USD only; rows billed in EUR are in the tables." in page
+    assert "EUR" in page[page.index('id="total-cost"') :]  # the headline keeps both
+
+
+def test_an_empty_report_has_no_cost_chart():
+    assert 'id="cost-chart"' not in render_html([])
