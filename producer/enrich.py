@@ -59,13 +59,19 @@ _Holder = tuple[str, str, str]  # namespace, pod, container
 
 def allocation_record(ref: PodRef) -> dict[str, Any]:
     """The ``PodAllocation`` record of one :class:`PodRef`."""
-    return {
+    rec: dict[str, Any] = {
         "namespace": ref.namespace,
         "pod": ref.pod,
         "container": ref.container,
         "resource_name": ref.resource_name,
         "replica": ref.replica,
     }
+    if ref.claim_name:
+        rec["claim_name"] = ref.claim_name
+        rec["claim_namespace"] = ref.claim_namespace
+        rec["dra_pool"] = ref.dra_pool
+        rec["dra_device"] = ref.dra_device
+    return rec
 
 
 def gpu_aliases(gpu_index: int | None, pci_bus_id: str | None, minor: int | None = None) -> tuple[str, ...]:

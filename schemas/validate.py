@@ -87,6 +87,10 @@ _ALLOCATION_LIMITS = {
     "owner_name": 253,
     "priority_class": 253,
     "hpc_job": 253,
+    "claim_name": 253,
+    "claim_namespace": 63,
+    "dra_pool": 253,
+    "dra_device": 253,
 }
 #: Label keys may be prefixed (253 + "/" + 63); values are at most 63.
 LABEL_KEY_MAX, LABEL_VALUE_MAX = 317, 63

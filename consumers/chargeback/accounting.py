@@ -151,7 +151,7 @@ class Contribution:
     lost_s: float
     energy_j: float
     energy_estimated_j: float
-    workload: WorkloadKey | None = None  # owner, labels, HPC job of the pod (workloads.py)
+    workload: WorkloadKey | None = None  # owner, labels, HPC job, claim of the pod (workloads.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,12 +1,13 @@
-"""Per-workload breakdown of each chargeback row: owner, selected pod labels, HPC job.
+"""Per-workload breakdown of each chargeback row: owner, selected pod labels, HPC job, DRA claim.
 
-A ChargebackWindow row is per (window, namespace, node, GPU model). Billing a team by a label, or a
-workload by its top controller, or a Slurm job, needs to know which workloads made up the row; the
-producer puts owner, labels and HPC job on every allocation, and this module keeps, per row, the
-sums per *workload key* ``(owner_kind, owner_name, labels, hpc_job)``. The row's ``workloads`` field
-lists them; every contribution of a pod lands in exactly one entry, so the entries of a row add up
-to the row (pseudo-namespaces have none). Reports group by ``owner`` or ``label:<key>`` from here
-and keep the invariant of the namespace view.
+A ChargebackWindow row is per (window, namespace, node, GPU model). Billing a team by a label, a
+workload by its top controller, a Slurm job or a DRA ResourceClaim needs to know which workloads
+made up the row; the producer puts owner, labels, HPC job and claim on every allocation, and this
+module keeps, per row, the sums per *workload key* ``(owner_kind, owner_name, labels, hpc_job,
+claim_name)``. The row's ``workloads`` field lists them; every contribution of a pod lands in
+exactly one entry, so the entries of a row add up to the row (pseudo-namespaces have none).
+Reports group by ``owner``, ``claim`` or ``label:<key>`` from here and keep the invariant of the
+namespace view.
 
 Kept out of the window engine: the engine aggregates rows as before, and the row's aggregate
 delegates the breakdown here (one dict per row, no new row keys, no change to windows, replay or
@@ -18,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-WorkloadKey = tuple[str | None, str | None, tuple[tuple[str, str], ...], str | None]
+WorkloadKey = tuple[str | None, str | None, tuple[tuple[str, str], ...], str | None, str | None]
 
 SECONDS_PER_HOUR = 3600.0
 JOULES_PER_KWH = 3_600_000.0
@@ -32,6 +33,7 @@ def workload_key(alloc: Mapping[str, Any]) -> WorkloadKey:
         get("owner_name"),
         tuple(sorted(labels.items())) if labels else (),
         get("hpc_job"),
+        get("claim_name"),
     )
 
 
@@ -75,7 +77,7 @@ def to_records(
     out = []
     for key in sorted(sums, key=lambda k: tuple("" if x is None else str(x) for x in k)):
         s = sums[key]
-        kind, name, labels, job = key
+        kind, name, labels, job, claim = key
         cost_a = s.allocated_s / SECONDS_PER_HOUR * per_gpu_hour
         cost_e = s.energy_j / JOULES_PER_KWH * per_kwh
         out.append(
@@ -84,6 +86,7 @@ def to_records(
                 "owner_name": name,
                 "labels": dict(labels),
                 "hpc_job": job,
+                "claim_name": claim,
                 "allocated_gpu_seconds": s.allocated_s,
                 "used_gpu_seconds": s.used_s,
                 "idle_gpu_seconds": s.idle_s,

@@ -60,7 +60,7 @@ class ReportRow:
     cost: float
     default_price: bool  # some record priced this model at the table's default (unknown model)
     records: int
-    # Appended with defaults: a workload dimension (owner, label:<key>) and measured carbon.
+    # Appended with defaults: a workload dimension (owner, claim, label:<key>) and measured carbon.
     group_by: str | None = None  # "owner" | "label:<key>" when grouping by a workload dimension
     group: str | None = None
     co2e_kg: float | None = None  # with a --carbon config: energy x grid intensity (x PUE)

@@ -64,7 +64,7 @@ def _by(text: str) -> tuple[str, ...]:
     bad = [d for d in dims if d not in DIMENSIONS and not is_workload_dim(d)]
     if not dims or bad or not valid_dims(dims):
         raise argparse.ArgumentTypeError(
-            f"expected one or more of {', '.join(DIMENSIONS)} and at most one of owner, label:<key>, "
+            f"expected one or more of {', '.join(DIMENSIONS)} and at most one of owner, claim, label:<key>, "
             f"separated by commas, got {text!r}"
         )
     return dims
@@ -93,8 +93,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--by",
         type=_by,
         default=("namespace",),
-        help="group by namespace, team or node, and by owner or label:<key> (the pods' top "
-        "controller, a pod label); several with commas, e.g. team,node or namespace,owner",
+        help="group by namespace, team or node, and by owner, claim or label:<key> (the pods' top "
+        "controller, the DRA ResourceClaim, a pod label); several with commas, e.g. team,node or "
+        "namespace,owner",
     )
     p.add_argument(
         "--carbon",

@@ -1,4 +1,4 @@
-"""Chargeback report rows by workload dimensions: ``owner``, ``label:<key>``, teams from label values,
+"""Chargeback report rows by workload dimensions: ``owner``, ``claim``, ``label:<key>``, teams from labels,
 and measured carbon. Pure: ChargebackWindow records in, ReportRow objects out.
 
 Each record is split into *parts*: one per entry of its ``workloads`` breakdown (owner, selected
@@ -9,7 +9,10 @@ namespace view of ``chargeback_report.build_report`` (the invariant, per window:
 ``__unallocated__`` equal the GPU-seconds observed).
 
 Group values: ``owner`` is ``<namespace>/<Kind>/<name>`` (``<namespace>/(unknown)`` without owner
-data; an HPC job is ``hpc/HpcJob/<job id>``); ``label:<key>`` is the label's value, ``(no <key>)``
+data; an HPC job is ``hpc/HpcJob/<job id>``); ``claim`` is ``<namespace>/<ResourceClaim>`` for GPUs
+held through DRA claims (``<namespace>/(no claim)`` for device-plugin allocations: with consumable
+shares several claims split one GPU by measured use, never 100 % to each); ``label:<key>`` is the
+label's value, ``(no <key>)``
 for pods without it; ``team`` is the mapping's first matching rule for the namespace *or the pod's
 labels*, else the record's team, else the namespace. Pseudo-namespaces are their own group in every
 dimension. With a carbon intensity function, each part's energy becomes CO2e (``co2e_kg``).
@@ -44,7 +47,7 @@ CarbonFn = Callable[[str, int, float], float]
 
 
 def is_workload_dim(dim: str) -> bool:
-    return dim == "owner" or (dim.startswith("label:") and len(dim) > len("label:"))
+    return dim in ("owner", "claim") or (dim.startswith("label:") and len(dim) > len("label:"))
 
 
 def valid_dims(dims: Sequence[str]) -> bool:
@@ -69,7 +72,7 @@ def _parts(rec: dict[str, Any]) -> Iterable[tuple[dict[str, Any] | None, float]]
     rest = {k: rec[k] - covered[k] for k in covered}
     rest.update({k: rec[k] - costs[k] for k in costs})
     if not rec.get("workloads") or any(abs(v) > 1e-9 * max(1.0, abs(rec[k])) for k, v in rest.items()):
-        rest.update(owner_kind=None, owner_name=None, labels={}, hpc_job=None)
+        rest.update(owner_kind=None, owner_name=None, labels={}, hpc_job=None, claim_name=None)
         yield (
             rest,
             (rest["allocated_gpu_seconds"] / alloc if alloc else (0.0 if rec.get("workloads") else 1.0)),
@@ -83,6 +86,8 @@ def group_value(dim: str, ns: str, part: dict[str, Any]) -> str:
         if part.get("owner_name"):
             return f"{ns}/{part.get('owner_kind') or 'Unknown'}/{part['owner_name']}"
         return f"{ns}/(unknown)"
+    if dim == "claim":
+        return f"{ns}/{part.get('claim_name') or '(no claim)'}"
     key = dim[len("label:") :]
     return (part.get("labels") or {}).get(key) or f"(no {key})"
 
@@ -106,7 +111,7 @@ def build_workload_report(
     dims = tuple(by)
     if not valid_dims(dims):
         raise ReportOptionError(
-            "group by namespace, team, node and at most one of owner, label:<key> (each once), "
+            "group by namespace, team, node and at most one of owner, claim, label:<key> (each once), "
             f"got {list(dims)}"
         )
     if period not in PERIODS:

@@ -107,7 +107,8 @@ class PodRef:
     """One container's hold on a device.
 
     ``replica`` is the ``n`` of a ``<id>::<n>`` (or ``/vgpu<n>``) shared-device id, else None.
-    ``claim_name`` is set for DRA allocations (then ``resource_name`` is the DRA driver name).
+    ``claim_name`` is set for DRA allocations (then ``resource_name`` is the DRA driver name), with
+    the claim's namespace and the pool and device names the driver published the device under.
     """
 
     namespace: str
@@ -116,6 +117,9 @@ class PodRef:
     resource_name: str
     replica: int | None = None
     claim_name: str | None = None
+    claim_namespace: str | None = None
+    dra_pool: str | None = None
+    dra_device: str | None = None
 
     def sort_key(self) -> tuple[Any, ...]:
         return (
@@ -314,7 +318,17 @@ class AllocationMapper:
             if cres.driver_name not in self.dra_driver_names:
                 continue
             key = DraDeviceKey(cres.driver_name, cres.pool_name, cres.device_name)
-            ref = PodRef(pod.namespace, pod.name, ctr.name, cres.driver_name, None, dyn.claim_name)
+            ref = PodRef(
+                pod.namespace,
+                pod.name,
+                ctr.name,
+                cres.driver_name,
+                None,
+                dyn.claim_name,
+                dyn.claim_namespace or pod.namespace,
+                cres.pool_name,
+                cres.device_name,
+            )
             acc.dra.setdefault(key, set()).add(ref)
             if self.dra_device_resolver is not None:
                 resolved = self.dra_device_resolver(key.driver, key.pool, key.device)

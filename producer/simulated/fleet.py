@@ -152,6 +152,10 @@ def pod_metadata(namespace: str, pod: str, kind: int) -> dict[str, Any]:
         "priority_class": PRIORITY_CLASSES.get(kind),
         "metadata_status": "ok",
         "hpc_job": None,
+        "claim_name": None,
+        "claim_namespace": None,
+        "dra_pool": None,
+        "dra_device": None,
     }
 
 

@@ -1,11 +1,12 @@
-"""The chart's identities against a real Kubernetes API server: sufficient, and no more.
+"""The chart's identities against a real Kubernetes API server: sufficient, and no more; DRA billing.
 
 kube-apiserver and etcd run for real (tests/kube_apiserver.py); the ServiceAccounts, ClusterRoles
 and bindings are the ones `helm template` renders from the chart, and their tokens are issued by
 the API server. The alerts service's cordon, uncordon and cluster-share check, and the node agent's
 pod metadata watch, run through gpupipe's own Kubernetes client with those tokens. Each verb the
 alerts role grants is taken away once to show the step that needs it fails without it, and verbs
-neither role grants are refused.
+neither role grants are refused. With the producer's token, the node agent resolves DRA claims
+through the driver's ResourceSlices on the server, and claims sharing a GPU are billed per claim.
 """
 
 from __future__ import annotations
@@ -18,14 +19,22 @@ from typing import Any
 import pytest
 
 from consumers.alerts.cordon import ANNOTATION_PREFIX, Cordoner, CordonResult, KubeNodeApi
+from consumers.chargeback.engine import ChargebackSettings, build_engine
+from consumers.report.workload_report import build_workload_report
 from gpupipe.kube import KubeClient, KubeConfig
+from gpupipe.prices import load_price_table
+from producer.enrich import ProcPod
 from producer.podmeta.kube_watch import PodMetadataWatcher
-from tests.agent_harness import wait_for
+from tests.agent_harness import UUIDS, node_for_fixtures, running_agent, wait_for
+from tests.fake_nvml import FakeProcess
 from tests.integration.test_helm_chart import helm, render  # noqa: F401 (helm: the session fixture)
 from tests.kube_apiserver import ApiError, KubeApiServer, object_path, start_kube_apiserver
+from tests.kubelet_fake import FakeKubelet
+from tests.unit.test_node_agent import config, memory_publisher
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(3600)]
 
+REPO = Path(__file__).resolve().parents[2]
 NS = "gpu"
 NODES = ("node-a", "node-b", "node-c", "node-d")
 
@@ -287,3 +296,62 @@ def test_the_producer_role_resolves_dra_devices_from_its_nodes_resource_slices(
     verbs = ("list", "get", "watch", "create", "update", "delete")
     granted = [v for v in verbs if _allowed(kube, tok, v, "resourceslices", "resource.k8s.io")]
     assert granted == ["list"]
+
+
+def test_claims_sharing_a_gpu_are_billed_per_claim_through_the_real_servers_slices(
+    kube: KubeApiServer, chart: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    """DRA consumable shares, end to end: the driver's ResourceSlice on the real API server names GPU 0;
+    two namespaces' claims hold it (kubelet over gRPC); the node agent, with the chart's producer
+    token, attributes both and records each claim; chargeback bills each its measured use plus half
+    the idle time."""
+    kube.create("/apis/resource.k8s.io/v1/resourceslices", _resource_slice("node-1", {"gpu-0": UUIDS[0]}))
+    token = kube.service_account_token(NS, _sa(chart, "producer"), tmp_path / "producer-dra.token")
+    client = KubeClient(KubeConfig(kube.url, str(token), str(kube.ca_file)), timeout_s=10)
+
+    def holder(ns: str, pod: str, claim: str) -> dict[str, Any]:
+        res = {"driver_name": "gpu.nvidia.com", "pool_name": "node-1", "device_name": "gpu-0"}
+        dyn = {"claim_name": claim, "claim_namespace": ns, "claim_resources": [res]}
+        ctr = {"name": "main", "devices": [], "dynamic_resources": [dyn]}
+        return {"name": pod, "namespace": ns, "containers": [ctr]}
+
+    answer = {"pod_resources": [holder("team-a", "a-0", "big"), holder("team-b", "b-0", "small")]}
+    fake = node_for_fixtures()
+    fake.gpus[0].processes = [FakeProcess(pid=10, sm_util=60), FakeProcess(pid=20, sm_util=20)]
+    procs = {
+        10: ProcPod(True, "uid-a", None, "team-a", "a-0"),
+        20: ProcPod(True, "uid-b", None, "team-b", "b-0"),
+    }
+    pub, mem = memory_publisher()
+    with FakeKubelet(answer) as kubelet:
+        cfg = config(tmp_path, kubelet_socket=kubelet.socket_path, dra_api=client, pid_resolver=procs.get,
+                     processes_interval_s=0.1)  # fmt: skip
+        with running_agent(cfg, pub, fake) as ra:
+            wait_for(lambda: len(ra.agent.allocations.get(UUIDS[0], ())) == 2, 10, "both claims on GPU 0")
+            wait_for(lambda: len([s for s in mem.records("samples") if _billable(s)]) >= 3, 10, "samples")
+            ra.stop()
+    samples = [s for s in mem.records("samples") if _billable(s)]
+    assert {(a["claim_namespace"], a["claim_name"], a["dra_device"]) for a in samples[-1]["allocations"]} == {
+        ("team-a", "big", "gpu-0"),
+        ("team-b", "small", "gpu-0"),
+    }
+    eng = build_engine(ChargebackSettings(), load_price_table(REPO / "deploy" / "prices.example.yaml"), "t")
+    for i, s in enumerate(samples):
+        eng.add(s, 0, i)
+    rows = build_workload_report(eng.flush_all(), by=("claim",), period="all")
+    hours = {r.group: r.gpu_hours_allocated for r in rows if r.group in ("team-a/big", "team-b/small")}
+    cost = {r.group: r.cost for r in rows if r.group in hours}
+    total = sum(hours.values())
+    # 0.6 + half of the idle 0.2 = 0.7 and 0.2 + 0.1 = 0.3 of every sample's time, the cost alike.
+    assert hours["team-a/big"] / total == pytest.approx(0.7, rel=1e-9)
+    assert cost["team-a/big"] / sum(cost.values()) == pytest.approx(0.7, rel=1e-9)
+
+
+def _billable(s: dict[str, Any]) -> bool:
+    """A sample of GPU 0 with both claims and both processes placed."""
+    placed = {(p["namespace"], p["pod"]) for p in s["processes"] or ()}
+    return (
+        s["uuid"] == UUIDS[0]
+        and len(s["allocations"]) == 2
+        and placed == {("team-a", "a-0"), ("team-b", "b-0")}
+    )

@@ -104,6 +104,18 @@ def test_a_dra_mig_device_is_attributed_through_the_nodes_resource_slices(tmp_pa
         ra.stop()
     assert _holders(mem, UUIDS[7], MIG_ALICE) == ["dra-mig"]
     assert api.paths and "fieldSelector=spec.nodeName%3D" in api.paths[0]
+    # The claim travels with the allocation: chargeback bills by it, metrics label by it.
+    last = [s for s in mem.records("samples") if s["mig"] and s["mig"]["mig_uuid"] == MIG_ALICE][-1]
+    (a,) = last["allocations"]
+    assert (a["resource_name"], a["claim_name"], a["claim_namespace"], a["dra_pool"], a["dra_device"]) == (
+        "gpu.nvidia.com",
+        "dra-mig-claim",
+        "ns",
+        "node-1",
+        "gpu-7-mig-19-0-1",
+    )
+    plain = [s for s in mem.records("samples") if s["uuid"] == UUIDS[0] and not s["mig"]][-1]
+    assert all(x["claim_name"] is None for x in plain["allocations"])
 
 
 def test_a_finished_pod_still_listed_does_not_share_an_exclusive_gpu(tmp_path: Path) -> None:
