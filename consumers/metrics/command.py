@@ -108,6 +108,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "series per GPU, as dcgm-exporter's default",
     )
     ex.add_argument(
+        "--kubernetes-enable-dra",
+        action=dcgm_compat.GoBool,
+        help="dcgm-exporter's DRA labels: a GPU (or MIG instance) held through a ResourceClaim gets "
+        "dra_claim_name, dra_claim_namespace, dra_driver_name, dra_pool_name, dra_device_name (MIG: "
+        "dra_mig_profile, dra_mig_device_uuid), one series per container holding it",
+    )
+    ex.add_argument(
         "--mig-layout",
         choices=MIG_LAYOUTS,
         default=None,
@@ -226,6 +233,7 @@ def render_options(args: argparse.Namespace) -> RenderOptions:
         clock_window_ms=int(args.clock_events_count_window_size),
         mig_layout=mig,
         replace_blanks_in_model_name=args.replace_blanks_in_model_name,
+        dra_labels=args.kubernetes_enable_dra,
     )
 
 

@@ -43,6 +43,7 @@ DCGM_ENV: Mapping[str, str] = {
     "DCGM_EXPORTER_DEVICES_STR": "devices",
     "DCGM_EXPORTER_REPLACE_BLANKS_IN_MODEL_NAME": "replace_blanks_in_model_name",
     "KUBERNETES_VIRTUAL_GPUS": "kubernetes_virtual_gpus",
+    "KUBERNETES_ENABLE_DRA": "kubernetes_enable_dra",
 }
 
 #: dcgm-exporter flags with no meaning here: (long, short or None, takes a value).
@@ -63,7 +64,6 @@ IGNORED_FLAGS: tuple[tuple[str, str | None, bool], ...] = (
     ("--pod-resources-kubelet-socket", None, True),
     ("--hpc-job-mapping-dir", None, True),
     ("--nvidia-resource-names", None, True),
-    ("--kubernetes-enable-dra", None, False),
     ("--disable-startup-validate", None, False),
     ("--enable-pprof", None, False),
     ("--web-systemd-socket", None, False),

@@ -109,7 +109,8 @@ class RenderOptions:
     instances, each with the parent's device-wide readings) or ``gpu+instances`` (``-d g+i``: the
     parent GPU's own series too). ``replace_blanks_in_model_name``: dcgm-exporter's
     ``--replace-blanks-in-model-name``, ``modelName="NVIDIA-H200"`` for ``NVIDIA H200``, which
-    dashboards and rules written for that form match on.
+    dashboards and rules written for that form match on. ``dra_labels``: dcgm-exporter's
+    ``--kubernetes-enable-dra``, the ``dra_*`` labels on GPUs held through ResourceClaims.
     """
 
     host_label: str | None = "Hostname"
@@ -120,6 +121,7 @@ class RenderOptions:
     clock_window_ms: int = 300_000
     mig_layout: str = "instances"
     replace_blanks_in_model_name: bool = False
+    dra_labels: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +203,21 @@ def _hpc_jobs(allocations: Sequence[Mapping[str, Any]] | None) -> tuple[str, ...
         if job:
             out.setdefault(job, None)
     return tuple(out)
+
+
+def _dra_attrs(a: Mapping[str, Any], mig: Mapping[str, Any] | None) -> dict[str, str]:
+    """dcgm-exporter's DRA attributes of one claim allocation (``transformation/const.go``)."""
+    out = {
+        "dra_claim_name": a.get("claim_name") or "",
+        "dra_claim_namespace": a.get("claim_namespace") or "",
+        "dra_driver_name": a.get("resource_name") or "",
+        "dra_pool_name": a.get("dra_pool") or "",
+        "dra_device_name": a.get("dra_device") or "",
+    }
+    if mig is not None:
+        out["dra_mig_profile"] = mig.get("profile") or ""
+        out["dra_mig_device_uuid"] = mig.get("mig_uuid") or ""
+    return out
 
 
 def _distinct_pods(allocations: Sequence[Mapping[str, Any]] | None) -> tuple[tuple[str, str, str], ...]:
@@ -368,7 +385,12 @@ class Renderer:
         c, n, p = self._pod_names
         return tuple(sorted(((c, ctr), (n, ns), (p, pod), *extra.items())))
 
-    def _make_view(self, base: str, allocations: Sequence[Mapping[str, Any]] | None) -> GpuView:
+    def _make_view(
+        self,
+        base: str,
+        allocations: Sequence[Mapping[str, Any]] | None,
+        mig: Mapping[str, Any] | None = None,
+    ) -> GpuView:
         o = self.options
         pods = _distinct_pods(allocations)
         share = pods if o.split_shared and len(pods) > 1 else ()
@@ -377,8 +399,19 @@ class Renderer:
         job_attrs: tuple[Attrs, ...] = tuple((("hpc_job", j),) for j in jobs)
         if jobs:
             allocations = [a for a in allocations or () if not a.get("hpc_job")]
+        claims = [a for a in allocations or () if a.get("claim_name")] if o.dra_labels else []
         if not allocations:
             attrs: tuple[Attrs, ...] = job_attrs or ((),)
+        elif claims and not o.virtual_gpus:
+            # As dcgm-exporter with --kubernetes-enable-dra: one series per container holding the
+            # device through a claim (the first claim of a container wins), device-plugin holders
+            # of the same GPU not shown; its virtual-GPU layout has no DRA labels at all.
+            held: dict[tuple[str, str, str], Mapping[str, Any]] = {}
+            for a in claims:
+                held.setdefault((a["namespace"], a["pod"], a["container"]), a)
+            attrs = tuple(
+                self.pod_attrs(ns, pod, ctr, **_dra_attrs(a, mig)) for (ns, pod, ctr), a in held.items()
+            )
         elif o.virtual_gpus:
             seen: dict[tuple, None] = {}
             for a in allocations:
@@ -418,7 +451,7 @@ class Renderer:
             rec["hostname"],
             {s: rec[s] for s in self.label_sources},
         )
-        return self._make_view(base, rec["allocations"])
+        return self._make_view(base, rec["allocations"], rec["mig"])
 
     def event_view(self, event: Mapping[str, Any], uuid: str) -> GpuView:
         """Labels for a GPU known only from gpu.xid events (no sample yet), from the event's identity

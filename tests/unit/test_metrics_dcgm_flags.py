@@ -53,13 +53,14 @@ def test_dcgm_exporter_environment(tmp_path):
         "DCGM_EXPORTER_LISTEN": ":9500",
         "DCGM_EXPORTER_XID_COUNT_WINDOW_SIZE": "120000",
         "KUBERNETES_VIRTUAL_GPUS": "true",
+        "KUBERNETES_ENABLE_DRA": "true",
         "DCGM_EXPORTER_NO_HOSTNAME": "1",
     }
     cfg = command.config_from_args(parse([], env))
     assert (cfg.host, cfg.port) == ("", 9500)
     assert cfg.counters is not None and cfg.counters.names == ("DCGM_FI_DEV_GPU_TEMP",)
     assert cfg.render is not None and cfg.render.xid_window_ms == 120000 and cfg.render.virtual_gpus
-    assert cfg.render.host_label is None
+    assert cfg.render.host_label is None and cfg.render.dra_labels
     # our own GPUPIPE_* twin wins over dcgm-exporter's variable; a flag wins over both
     cfg = command.config_from_args(parse([], {**env, "GPUPIPE_LISTEN": "127.0.0.1:9600"}))
     assert (cfg.host, cfg.port) == ("127.0.0.1", 9600)
@@ -72,11 +73,12 @@ def test_defaults_match_dcgm_exporter():
     assert (cfg.host, cfg.port) == ("", 9400)  # Go's ":9400": IPv4 and IPv6 (was 0.0.0.0: IPv4 only)
     o = cfg.render
     assert o is not None
-    assert (o.host_label, o.virtual_gpus, o.mig_layout, o.xid_window_ms) == (
+    assert (o.host_label, o.virtual_gpus, o.mig_layout, o.xid_window_ms, o.dra_labels) == (
         "Hostname",
         False,
         "instances",
         300000,
+        False,
     )
 
 
