@@ -184,6 +184,7 @@ def build_xid_event(merged: Mapping[str, Any], ctx: XidContext) -> dict[str, Any
         "compute_instance_id": ci,
         "mig_uuid": mig_uuid,
         "source": source,
+        "vendor": "nvidia",
         "allocations": ctx.allocations(uuid, mig_uuid, gpu),
     }
 
@@ -232,6 +233,7 @@ def nvml_notice_event(notice: Mapping[str, Any], ctx: XidContext) -> dict[str, A
         "compute_instance_id": None,
         "mig_uuid": None,
         "source": "nvml",
+        "vendor": "nvidia",
         "allocations": ctx.allocations(uuid, None, gpu),
     }
 
@@ -259,6 +261,7 @@ def fallen_off_bus_event(ev: FallenOffBus, seen_ms: int, ctx: XidContext) -> dic
         "compute_instance_id": None,
         "mig_uuid": None,
         "source": "kmsg",
+        "vendor": "nvidia",
         "allocations": ctx.allocations(uuid, None, gpu),
     }
 
@@ -288,5 +291,6 @@ def driver_loaded_event(
         "compute_instance_id": None,
         "mig_uuid": None,
         "source": "kmsg",
+        "vendor": "nvidia",
         "allocations": [],
     }

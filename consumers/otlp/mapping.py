@@ -36,7 +36,13 @@ Attrs = tuple[tuple[str, Attr], ...]
 SEMCONV_VERSION = "1.44.0"
 SCHEMA_URL = f"https://opentelemetry.io/schemas/{SEMCONV_VERSION}"
 SCOPE = InstrumentationScope(name="gpupipe")
-VENDOR = "NVIDIA"
+#: ``hw.vendor`` per the records' ``vendor`` (a maker not listed here is passed on as written).
+VENDORS = {"nvidia": "NVIDIA", "amd": "AMD", "intel": "Intel"}
+
+
+def hw_vendor(rec: dict[str, Any]) -> str:
+    v = rec.get("vendor") or "nvidia"
+    return VENDORS.get(v, v)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +188,7 @@ def _gpu_attrs(rec: dict[str, Any]) -> _GpuAttrs:
     if rec.get("mig"):
         common.append(("hw.parent", rec["uuid"]))
     ext = _gpupipe_gpu_attrs(rec)
-    desc: list[tuple[str, Attr]] = [("hw.vendor", VENDOR), ("hw.model", rec["model_name"])]
+    desc: list[tuple[str, Attr]] = [("hw.vendor", hw_vendor(rec)), ("hw.model", rec["model_name"])]
     _put(desc, "hw.driver_version", rec.get("driver_version"))
     _put(desc, "hw.serial_number", rec.get("serial"))
     _put(desc, "hw.firmware_version", rec.get("vbios_version"))
@@ -434,7 +440,7 @@ def xid_severity(rec: dict[str, Any]) -> Severity:
 
 def xid_attrs(rec: dict[str, Any]) -> Attrs:
     info = xid_info(rec)
-    out: list[tuple[str, Attr]] = [("hw.type", "gpu"), ("hw.vendor", VENDOR)]
+    out: list[tuple[str, Attr]] = [("hw.type", "gpu"), ("hw.vendor", hw_vendor(rec))]
     gpu = rec.get("mig_uuid") or rec.get("uuid")
     _put(out, "hw.id", gpu)
     if rec.get("mig_uuid") and rec.get("uuid"):

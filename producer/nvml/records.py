@@ -42,6 +42,7 @@ IDENTITY_FIELDS = frozenset(
         "mig_energy_by_slice",
         "mig_parent_energy_mj",
         "shared_replicas",
+        "vendor",
     }
 )
 _LIST_FIELDS = ("allocations", "processes")
@@ -133,6 +134,7 @@ def gpu_lost_xid_event(lost: LostGpu, hostname: str) -> dict[str, Any]:
         "compute_instance_id": None,
         "mig_uuid": None,
         "source": "nvml",
+        "vendor": "nvidia",
         "allocations": [],
     }
 
@@ -165,5 +167,6 @@ def nvml_xid_event(
         "compute_instance_id": event.get("compute_instance_id"),
         "mig_uuid": event.get("mig_uuid"),
         "source": "nvml",
+        "vendor": "nvidia",
         "allocations": [],
     }

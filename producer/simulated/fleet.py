@@ -492,6 +492,7 @@ class SimulatedFleet:
             "compute_instance_id": mig["compute_instance_id"] if mig else None,
             "mig_uuid": mig["mig_uuid"] if mig else None,
             "source": "simulated",
+            "vendor": "nvidia",
             "allocations": slot.allocations,
             "boot_id": None,  # a simulated node never reboots: no boot to tell apart
         }

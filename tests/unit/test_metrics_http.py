@@ -38,7 +38,7 @@ T_MS = 1_764_460_800_000
 
 
 def sample(i: int) -> dict:
-    rec = {f["name"]: None for f in catalog.current("GpuSample").raw["fields"]}
+    rec = {f["name"]: f.get("default") for f in catalog.current("GpuSample").raw["fields"]}
     rec.update(
         timestamp_ms=T_MS,
         hostname=f"node-{i // 8}",

@@ -26,7 +26,7 @@ NODES = sorted(p.stem for p in (FIX / "expected").glob("*.prom"))
 
 
 def complete_sample(rec: dict[str, Any]) -> dict[str, Any]:
-    full: dict[str, Any] = {f["name"]: None for f in catalog.current("GpuSample").raw["fields"]}
+    full: dict[str, Any] = {f["name"]: f.get("default") for f in catalog.current("GpuSample").raw["fields"]}
     full.update(
         allocations=[], processes=[], gpu_lost=False, interval_ms=1000, timestamp_ms=STATES["timestamp_ms"]
     )
@@ -35,7 +35,7 @@ def complete_sample(rec: dict[str, Any]) -> dict[str, Any]:
 
 
 def complete_xid(ev: dict[str, Any]) -> dict[str, Any]:
-    full: dict[str, Any] = {f["name"]: None for f in catalog.current("XidEvent").raw["fields"]}
+    full: dict[str, Any] = {f["name"]: f.get("default") for f in catalog.current("XidEvent").raw["fields"]}
     full.update(message="", allocations=[])
     full.update(ev)
     return full

@@ -30,7 +30,7 @@ BASE = (
 
 
 def blank(**kw) -> dict:
-    rec = {f["name"]: None for f in catalog.current("GpuSample").raw["fields"]}
+    rec = {f["name"]: f.get("default") for f in catalog.current("GpuSample").raw["fields"]}
     rec.update(
         timestamp_ms=T_MS,
         hostname="node-1",

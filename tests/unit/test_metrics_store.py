@@ -59,7 +59,7 @@ def loaded_store(counters=None, options=None, **kw) -> SeriesStore:
 
 
 def blank(uuid: str = "GPU-0", **kw) -> dict:
-    rec = {f["name"]: None for f in catalog.current("GpuSample").raw["fields"]}
+    rec = {f["name"]: f.get("default") for f in catalog.current("GpuSample").raw["fields"]}
     rec.update(
         timestamp_ms=T_MS,
         hostname="node-1",

@@ -384,3 +384,11 @@ def test_the_wire_encoder_writes_what_the_generated_classes_would() -> None:
     # int64 attributes below zero take protobuf's ten-byte form
     kv = KeyValue.FromString(mapping._kv_bytes("k", -5))
     assert (kv.key, kv.value.int_value) == ("k", -5)
+
+
+@pytest.mark.parametrize(("vendor", "hw_vendor"), [("nvidia", "NVIDIA"), ("amd", "AMD"), ("acme", "acme")])
+def test_hw_vendor_follows_the_records_vendor(vendor: str, hw_vendor: str) -> None:
+    req = mapping.metrics_request([sample(vendor=vendor)])
+    pa, _ = find(req, "hw.gpu.utilization", **{"hw.gpu.task": "general"})[0]
+    assert pa["hw.vendor"] == hw_vendor
+    assert dict(mapping.xid_attrs(xid(vendor=vendor)))["hw.vendor"] == hw_vendor

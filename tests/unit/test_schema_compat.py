@@ -143,3 +143,14 @@ def test_released_files_are_named_and_parse() -> None:
     files = sorted(p.name for p in (SCHEMAS / "released").glob("*.avsc"))
     assert files, "no released schemas"
     assert {s.name for s in catalog.released()} >= set(NAMES)
+
+
+@pytest.mark.parametrize("name", ["GpuSample", "XidEvent"])
+def test_records_written_before_the_vendor_field_read_as_nvidia(name: str) -> None:
+    released = catalog.latest_released(name)
+    assert "vendor" not in {f["name"] for f in released.raw["fields"]}
+    old_parsed = parse_schema(catalog.strip_logical_types(released.raw))
+    rec = _records(name)[0]
+    old_view = _roundtrip(rec, catalog.current(name).parsed, old_parsed)
+    assert "vendor" not in old_view
+    assert _roundtrip(old_view, old_parsed, catalog.current(name).parsed)["vendor"] == "nvidia"

@@ -101,6 +101,7 @@ def test_kmsg_only_xid_matched_to_a_gpu_by_bus_id() -> None:
         "compute_instance_id": None,
         "mig_uuid": None,
         "source": "kmsg",
+        "vendor": "nvidia",
         "allocations": [
             {
                 "namespace": "ml-train",
