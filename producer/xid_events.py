@@ -33,7 +33,7 @@ from typing import Any
 from gpupipe import pci
 from producer.enrich import allocation_record, device_holders, gpu_aliases, slice_aliases
 from producer.kubelet.mapping import AllocationMap, PodRef
-from producer.nvml.records import DeviceIds, GpuRef
+from producer.nvml.records import VENDOR, DeviceIds, GpuRef
 from producer.xid.kmsg_parse import DriverLoaded, FallenOffBus, KernelXid
 
 __all__ = [
@@ -184,7 +184,7 @@ def build_xid_event(merged: Mapping[str, Any], ctx: XidContext) -> dict[str, Any
         "compute_instance_id": ci,
         "mig_uuid": mig_uuid,
         "source": source,
-        "vendor": "nvidia",
+        "vendor": VENDOR,
         "allocations": ctx.allocations(uuid, mig_uuid, gpu),
     }
 
@@ -233,7 +233,7 @@ def nvml_notice_event(notice: Mapping[str, Any], ctx: XidContext) -> dict[str, A
         "compute_instance_id": None,
         "mig_uuid": None,
         "source": "nvml",
-        "vendor": "nvidia",
+        "vendor": VENDOR,
         "allocations": ctx.allocations(uuid, None, gpu),
     }
 
@@ -261,7 +261,7 @@ def fallen_off_bus_event(ev: FallenOffBus, seen_ms: int, ctx: XidContext) -> dic
         "compute_instance_id": None,
         "mig_uuid": None,
         "source": "kmsg",
-        "vendor": "nvidia",
+        "vendor": VENDOR,
         "allocations": ctx.allocations(uuid, None, gpu),
     }
 
@@ -291,6 +291,6 @@ def driver_loaded_event(
         "compute_instance_id": None,
         "mig_uuid": None,
         "source": "kmsg",
-        "vendor": "nvidia",
+        "vendor": VENDOR,
         "allocations": [],
     }

@@ -61,7 +61,7 @@ class ReportRow:
     default_price: bool  # some record priced this model at the table's default (unknown model)
     records: int
     # Appended with defaults: a workload dimension (owner, claim, label:<key>) and measured carbon.
-    group_by: str | None = None  # "owner" | "label:<key>" when grouping by a workload dimension
+    group_by: str | None = None  # "owner" | "claim" | "label:<key>" when grouping by a workload dimension
     group: str | None = None
     co2e_kg: float | None = None  # with a --carbon config: energy x grid intensity (x PUE)
     # Billing mode only (``billing_lag_ms`` given; the FOCUS export): the billing period the row is

@@ -13,6 +13,9 @@ from typing import Any
 
 from schemas import catalog
 
+#: The ``vendor`` of every record this producer writes (it reads GPUs through NVIDIA's NVML).
+VENDOR = "nvidia"
+
 # Fields that describe the device rather than measure it: kept on a lost GPU's record.
 IDENTITY_FIELDS = frozenset(
     {
@@ -134,7 +137,7 @@ def gpu_lost_xid_event(lost: LostGpu, hostname: str) -> dict[str, Any]:
         "compute_instance_id": None,
         "mig_uuid": None,
         "source": "nvml",
-        "vendor": "nvidia",
+        "vendor": VENDOR,
         "allocations": [],
     }
 
@@ -167,6 +170,6 @@ def nvml_xid_event(
         "compute_instance_id": event.get("compute_instance_id"),
         "mig_uuid": event.get("mig_uuid"),
         "source": "nvml",
-        "vendor": "nvidia",
+        "vendor": VENDOR,
         "allocations": [],
     }

@@ -29,6 +29,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from producer.nvml.records import VENDOR
 from producer.podmeta.hpc_jobs import DEFAULT_NAMESPACE as HPC_NAMESPACE
 from producer.podmeta.hpc_jobs import job_allocation
 from producer.simulated.models import (
@@ -492,7 +493,7 @@ class SimulatedFleet:
             "compute_instance_id": mig["compute_instance_id"] if mig else None,
             "mig_uuid": mig["mig_uuid"] if mig else None,
             "source": "simulated",
-            "vendor": "nvidia",
+            "vendor": VENDOR,
             "allocations": slot.allocations,
             "boot_id": None,  # a simulated node never reboots: no boot to tell apart
         }
