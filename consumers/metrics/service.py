@@ -380,6 +380,10 @@ class MetricsHandler:
 
 
 # -- the XID reader --------------------------------------------------------------------------------
+#: How soon the XID reader asks for metadata again after a failed refresh.
+RETRY_REFRESH_S = 1.0
+
+
 class XidReader:
     """Reads every partition of gpu.xid.v1 (no group, no commits) into ``handler.handle_xids``.
 
@@ -466,8 +470,12 @@ class XidReader:
                 try:
                     self.refresh_metadata()
                 except Exception:
+                    # a fresh topic's leaders may still be moving: ask again soon, not in a full
+                    # refresh period, or no XID reaches /metrics meanwhile
                     log.warning("XID reader: metadata refresh failed", exc_info=True)
-                next_refresh = time.monotonic() + self.metadata_refresh_s
+                    next_refresh = time.monotonic() + min(RETRY_REFRESH_S, self.metadata_refresh_s)
+                else:
+                    next_refresh = time.monotonic() + self.metadata_refresh_s
             if not self._parts:
                 stop.wait(0.5)
                 continue

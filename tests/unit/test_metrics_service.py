@@ -283,3 +283,62 @@ def test_a_scrape_freezes_what_it_leaves_and_a_full_collection_follows_in_time()
         assert ref() is None  # ... until the periodic full collection
     finally:
         gcpolicy.reset(before)
+
+
+def test_xid_reader_retries_a_failed_metadata_refresh_at_once() -> None:
+    """A fresh topic answers NOT_LEADER for a moment: the reader must not wait a whole refresh
+    period (30 s by default) before it reads any XID."""
+    import threading
+    from types import SimpleNamespace
+
+    from confluent_kafka import KafkaError, KafkaException
+
+    from consumers.metrics.service import MetricsHandler, XidReader
+    from consumers.metrics.store import SeriesStore
+    from schemas.codec import AvroCodec
+
+    assigned = threading.Event()
+
+    class _Consumer:
+        calls = 0
+
+        def list_topics(self, timeout: float) -> SimpleNamespace:
+            _Consumer.calls += 1
+            if _Consumer.calls == 1:
+                raise KafkaException(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION))
+            topic = SimpleNamespace(error=None, partitions={0: None})
+            return SimpleNamespace(topics={"gpu.xid.v1": topic, "gpu.samples.v1": topic})
+
+        def incremental_assign(self, parts: list) -> None:
+            assigned.set()
+
+        def consume(self, n: int, timeout: float) -> list:
+            return []
+
+        def get_watermark_offsets(self, tp: object, cached: bool = False) -> tuple[int, int]:
+            return (0, 0)
+
+        def close(self) -> None:
+            pass
+
+    handler = MetricsHandler(SeriesStore(), samples_topic="gpu.samples.v1", xid_topic="gpu.xid.v1")
+    reader = XidReader(
+        bootstrap="unused:9092",
+        topic="gpu.xid.v1",
+        samples_topic="gpu.samples.v1",
+        handler=handler,
+        codec=AvroCodec(),
+        loop=SimpleNamespace(metrics=None),  # type: ignore[arg-type]
+        from_beginning=True,
+        metadata_refresh_s=3600.0,
+        consumer_factory=lambda _cfg: _Consumer(),
+    )
+    stop = threading.Event()
+    t = threading.Thread(target=reader.run, args=(stop,), daemon=True)
+    t.start()
+    try:
+        assert assigned.wait(30), "the XID partitions were never assigned after one failed refresh"
+    finally:
+        stop.set()
+        t.join(10)
+    assert _Consumer.calls == 2
