@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -22,10 +23,30 @@ from tests.hygiene import _hygiene, pytest_sessionfinish, pytest_testnodedown  #
 BROKER_START_TIMEOUT = {"KAFKA_START_TIMEOUT": "240"}
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+#: Ports for the tests' listeners come from below the kernel's ephemeral range: a port the kernel
+#: hands out (bind to 0) can be taken again, between the pick and the server's bind, as the local
+#: port of any outgoing connection (a client retrying a broker that is down makes hundreds).
+_PORTS = range(12000, max(12001, min(_ephemeral_low(), 65536)))
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    rng = random.Random()  # not the global one: a test that seeds it must not pick its ports
+    for _ in range(200):
+        port = rng.choice(_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def _free_pair() -> int:

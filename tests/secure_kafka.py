@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import BROKER_START_TIMEOUT
+from tests.conftest import BROKER_START_TIMEOUT, free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -50,9 +50,7 @@ class SecureKafka:
 def _free_run(n: int) -> int:
     """A port whose next n-1 ports are free too (client, controller, mTLS)."""
     for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
+        base = free_port()  # below the ephemeral range, as every test listener's
         if base + n > 65535:
             continue
         socks = []
