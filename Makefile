@@ -88,7 +88,7 @@ compose-check: venv
 
 ## Helm chart: lint, render and validate (helm is built from its Go module once when missing).
 chart-check: venv
-	$(BIN)/pytest -q tests/integration/test_helm_chart.py
+	$(BIN)/pytest -q tests/integration/deploy/test_helm_chart.py
 
 proto: venv
 	scripts/gen-proto

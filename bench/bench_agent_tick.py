@@ -37,7 +37,7 @@ from typing import Any
 
 from common import REPO, bench_kafka, figure
 
-from producer.nvml import NvmlSource
+from gpupipe_producer.nvml import NvmlSource
 from tests.fake_nvml import FakeClock, FakeNvml, FakeProcess
 
 TARGET_TICK_MS = 2.0

@@ -29,12 +29,12 @@ from collections import Counter
 from common import bench_kafka, figure, ratio_line
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-from consumers.alerts.command import AlertsApp, options_from_args
 from gpupipe import topics
 from gpupipe.cli import build_parser
 from gpupipe.kafka_admin import ensure_topics
 from gpupipe.logs import setup_logging
-from schemas.codec import AvroCodec
+from gpupipe_consumers.alerts.command import AlertsApp, options_from_args
+from gpupipe_schemas.codec import AvroCodec
 
 NODES = 125
 GPUS_PER_NODE = 8

@@ -24,7 +24,7 @@ from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 
 from gpupipe import topics
 from gpupipe.kafka_admin import ensure_topics
-from schemas.codec import AvroCodec
+from gpupipe_schemas.codec import AvroCodec
 
 BUS = ("1b", "43", "52", "61", "9d", "c3", "d1", "df")  # the fake NVML's DGX H100 bus ids
 CODES = (13, 31, 43, 48, 63, 74, 79, 94, 95, 119)

@@ -36,9 +36,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from fastavro import parse_schema, schemaless_reader
 
-from consumers.chargeback.engine import projected_sample_schema
 from gpupipe import topics
-from schemas import catalog
+from gpupipe_consumers.chargeback.engine import projected_sample_schema
+from gpupipe_schemas import catalog
 
 NODES, GPUS, INTERVAL_S, TICKS = 10, 8, 10, 2500
 SAMPLES = NODES * GPUS * TICKS

@@ -17,7 +17,7 @@ import random
 
 from common import REPO, best_of, figure, timed
 
-from producer.xid.kmsg_parse import KernelXid, KmsgParser
+from gpupipe_producer.xid.kmsg_parse import KernelXid, KmsgParser
 
 TARGET_LINES_PER_S = 200_000
 N_LINES = 300_000

@@ -14,11 +14,11 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 from pyiceberg.catalog.sql import SqlCatalog
 
-from consumers.consume_loop import InRecord
-from consumers.lake.tables import BY_NAME
-from consumers.lake.writer import LakeWriter, open_table
-from producer.simulated.fleet import FleetConfig, SimulatedFleet
-from schemas.codec import AvroCodec
+from gpupipe_consumers.consume_loop import InRecord
+from gpupipe_consumers.lake.tables import BY_NAME
+from gpupipe_consumers.lake.writer import LakeWriter, open_table
+from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
+from gpupipe_schemas.codec import AvroCodec
 
 
 def main() -> None:

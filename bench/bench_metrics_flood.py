@@ -51,7 +51,7 @@ def _rss_mb(field: str = "VmRSS") -> float:
 def child(max_gpus: int) -> None:
     import logging
 
-    from consumers.metrics.store import SeriesStore
+    from gpupipe_consumers.metrics.store import SeriesStore
 
     logging.disable(logging.WARNING)  # one warning a minute: not what is measured
     store = SeriesStore(max_gpus=max_gpus)

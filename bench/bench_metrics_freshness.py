@@ -46,9 +46,9 @@ from confluent_kafka import Producer
 
 from gpupipe import topics
 from gpupipe.kafka_admin import ensure_topics
-from producer.publish import producer_config
-from producer.simulated.fleet import FleetConfig, SimulatedFleet
-from schemas.codec import AvroCodec
+from gpupipe_producer.publish import producer_config
+from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
+from gpupipe_schemas.codec import AvroCodec
 
 GPUS = 10_000
 TICKS = 11  # tick 0 is warm-up; 10 measured seconds

@@ -43,7 +43,7 @@ from confluent_kafka import Producer
 
 from gpupipe import topics
 from gpupipe.kafka_admin import ensure_topics
-from producer.publish import producer_config
+from gpupipe_producer.publish import producer_config
 
 SCRAPE_INTERVAL_S = 5.0
 CAPACITY_TARGET = 20_000  # GPUs per second per instance (this machine)

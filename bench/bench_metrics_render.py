@@ -8,7 +8,7 @@ Run: ``.venv/bin/python bench/bench_metrics_render.py`` (about 30-60 s).
    the first scrape after one sample per GPU was ingested (every family joined: the ratio), a
    second scrape with nothing changed (cached), and one after 10 % of the GPUs sent a new sample.
 2. ``metrics_ingest``: throughput of decoding with the service's decoder
-   (``consumers.metrics.decode``: identity and tail from their bytes, readings checked and left to
+   (``gpupipe_consumers.metrics.decode``: identity and tail from their bytes, readings checked and left to
    the scrape) plus ``SeriesStore.apply_samples`` (a batch per lock hold, as the service calls it),
    against bare ``fastavro.schemaless_reader`` on the same payloads minus the 10-byte
    single-object header. ratio = ours / baseline throughput (target 2.0), with this file's 20
@@ -36,12 +36,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fastavro import schemaless_reader
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
-from consumers.metrics.collectors_csv import default_counters, parse_counters
-from consumers.metrics.decode import MetricsDecoder
-from consumers.metrics.http import GzipCache
-from consumers.metrics.store import SeriesStore
-from schemas import catalog
-from schemas.codec import AvroCodec
+from gpupipe_consumers.metrics.collectors_csv import default_counters, parse_counters
+from gpupipe_consumers.metrics.decode import MetricsDecoder
+from gpupipe_consumers.metrics.http import GzipCache
+from gpupipe_consumers.metrics.store import SeriesStore
+from gpupipe_schemas import catalog
+from gpupipe_schemas.codec import AvroCodec
 
 GPUS = 10_000
 GPUS_PER_NODE = 8

@@ -92,7 +92,7 @@ class Counting:
 
 
 def make_source(kind: str, collectors: tuple[str, ...] | None, module: Any = None) -> Any:
-    from producer.nvml import NvmlSource
+    from gpupipe_producer.nvml import NvmlSource
 
     if kind == "mock":
         import pynvml

@@ -28,7 +28,7 @@ from common import figure, ratio_line
 from k8s_pods_fake import FakePodApi
 
 from gpupipe.kube import KubeClient, KubeConfig
-from producer.podmeta.kube_watch import PodMetadataWatcher
+from gpupipe_producer.podmeta.kube_watch import PodMetadataWatcher
 
 NODES = 40
 PODS_PER_NODE = 8

@@ -23,12 +23,12 @@ from fastavro import schemaless_writer
 
 from gpupipe import topics
 from gpupipe.kafka_admin import ensure_topics
-from producer.command import run_simulated
-from producer.publish import Publisher, producer_config
-from producer.self_metrics import ProducerMetrics
-from producer.simulated.fleet import FleetConfig, SimulatedFleet
-from schemas import catalog
-from schemas.codec import AvroCodec
+from gpupipe_producer.command import run_simulated
+from gpupipe_producer.publish import Publisher, producer_config
+from gpupipe_producer.self_metrics import ProducerMetrics
+from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
+from gpupipe_schemas import catalog
+from gpupipe_schemas.codec import AvroCodec
 
 NODES, GPUS = 16, 8
 T0 = 1_795_000_000_000

@@ -49,11 +49,11 @@ from pathlib import Path
 from common import REPO, figure, ratio_line
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from consumers.report.chargeback_report import build_report
-from consumers.report.reader import Deduplicator, deduplicated, iter_chargeback_records
 from gpupipe import topics
 from gpupipe.kafka_admin import ensure_topics
-from schemas.codec import AvroCodec
+from gpupipe_consumers.report.chargeback_report import build_report
+from gpupipe_consumers.report.reader import Deduplicator, deduplicated, iter_chargeback_records
+from gpupipe_schemas.codec import AvroCodec
 from tests.synthetic_fleet import blank_sample
 
 H = 3_600_000

@@ -21,16 +21,16 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from consumers.deadletter import DeadLetterWriter
 from gpupipe import topics as gpupipe_topics
 from gpupipe.kafka_admin import client_config
 from gpupipe.kafka_auth import KafkaAuthError, principal_of, runtime_denial
 from gpupipe.kafka_lag import lags
 from gpupipe.logs import fields
 from gpupipe.startup import process_start_ms, start_offsets
-from schemas.codec import AvroCodec
-from schemas.errors import DecodeError
-from schemas.validate import violation
+from gpupipe_consumers.deadletter import DeadLetterWriter
+from gpupipe_schemas.codec import AvroCodec
+from gpupipe_schemas.errors import DecodeError
+from gpupipe_schemas.validate import violation
 
 log = logging.getLogger("gpupipe.consume")
 

@@ -21,8 +21,8 @@ from gpupipe import topics
 from gpupipe.argtypes import positive_duration_ms
 from gpupipe.errors import ConfigError
 from gpupipe.kafka_admin import client_config, parse_kafka_overrides, wait_for_broker
-from schemas.codec import AvroCodec, codec_from_url
-from schemas.errors import DecodeError
+from gpupipe_schemas.codec import AvroCodec, codec_from_url
+from gpupipe_schemas.errors import DecodeError
 
 #: One line for `gpupipe --help`.
 HELP = "print records of a gpupipe topic as JSON lines"

@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from gpupipe.kafka_replay import iter_messages
-from schemas.codec import AvroCodec
-from schemas.errors import DecodeError
+from gpupipe_schemas.codec import AvroCodec
+from gpupipe_schemas.errors import DecodeError
 
 #: The private, never committing group of the readers that name none (the ACL table grants it).
 READ_GROUP_PREFIX = "gpupipe-read-"

@@ -40,11 +40,11 @@ from gpupipe import topics
 CHARGEBACK_DEDUPE_SUFFIX = ".dedupe-"
 
 ROLES = ("producer", "metrics", "chargeback", "alerts", "recommend", "report", "lake", "tail", "admin")
-#: The topics ``gpupipe lake write`` keeps as tables (consumers.lake.tables; named here so that the
+#: The topics ``gpupipe lake write`` keeps as tables (gpupipe_consumers.lake.tables; named here so that the
 #: ACL table imports no service code, and checked against it by the tests).
 LAKE_TOPICS = (topics.SAMPLES, topics.XID, topics.ALERTS, topics.CHARGEBACK)
 
-# The alerts HA pair's lease topic (consumers.alerts.leader.LEASE_TOPIC; kept here as a string so the
+# The alerts HA pair's lease topic (gpupipe_consumers.alerts.leader.LEASE_TOPIC; kept here as a string so the
 # ACL table imports no service code). Its group is ``<alerts group>-leader``.
 ALERTS_LEADER = "gpu.alerts.leader.v1"
 

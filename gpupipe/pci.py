@@ -12,7 +12,7 @@ names the form it returns; pick by what the result is compared with:
 * :func:`nvml_form` -> ``DDDDDDDD:BB:DD.F``: what NVML prints, hence the ``pci_bus_id`` label the
   metrics service exposes (the input comes back unchanged when it is not a bus id).
 
-Their acceptance differs at the edges (see each docstring); ``tests/unit/test_pci.py`` pins each.
+Their acceptance differs at the edges (see each docstring); ``tests/unit/gpupipe/test_pci.py`` pins each.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ class TeamMapError(ConfigError):
 
 
 def _pseudo(namespace: str) -> bool:
-    """A pipeline pseudo-namespace (``__unallocated__`` and its kin, schemas.meaning): never a team's.
+    """A pipeline pseudo-namespace (``__unallocated__`` and its kin, gpupipe_schemas.meaning): never a team's.
     Kubernetes namespace names are DNS labels and cannot hold ``_``, so the form alone decides."""
     return namespace.startswith("__") and namespace.endswith("__")
 

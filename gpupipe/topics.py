@@ -7,6 +7,7 @@ incompatible record on the old one.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 SAMPLES = "gpu.samples.v1"
@@ -76,3 +77,12 @@ def with_prefix(prefix: str, base: str) -> str:
 def base_name(prefix: str, topic: str) -> str:
     """Undo the prefix: 'staging.gpu.xid.v1' -> 'gpu.xid.v1'."""
     return topic[len(prefix) :] if prefix and topic.startswith(prefix) else topic
+
+
+def to_prepare(uses: Sequence[str], *, create: bool) -> Sequence[str]:
+    """The topics a service makes sure of before it starts (base names).
+
+    Creating, it creates every topic of the pipeline, so that whichever service a fresh cluster
+    starts first, none waits for another to create its topics; not creating, it waits only for those
+    it uses."""
+    return ALL if create else tuple(uses)

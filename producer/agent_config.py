@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 from gpupipe.errors import ConfigError
 from gpupipe.kube import KubeClient
 from gpupipe.kube import config_from_args as kube_config_from_args
-from producer.enrich import PidResolver
-from producer.kubelet.client import DEFAULT_SOCKET_PATH
-from producer.podmeta.extras import AllocationExtras, extras_from_args
-from producer.spool import DEFAULT_MAX_BYTES
-from producer.xid.kmsg_cursor import BOOT_ID_PATH
-from producer.xid.kmsg_reader import DEFAULT_KMSG_PATH
-from producer.xid.xid_merge import DEFAULT_WINDOW_S
+from gpupipe_producer.enrich import PidResolver
+from gpupipe_producer.kubelet.client import DEFAULT_SOCKET_PATH
+from gpupipe_producer.podmeta.extras import AllocationExtras, extras_from_args
+from gpupipe_producer.spool import DEFAULT_MAX_BYTES
+from gpupipe_producer.xid.kmsg_cursor import BOOT_ID_PATH
+from gpupipe_producer.xid.kmsg_reader import DEFAULT_KMSG_PATH
+from gpupipe_producer.xid.xid_merge import DEFAULT_WINDOW_S
 
 if TYPE_CHECKING:  # cryptography is loaded only by a producer that signs
     from gpupipe.node_identity import NodeSigner
@@ -74,11 +74,11 @@ class AgentConfig:
     stall_after_s: float | None = None
     boot_id_path: str = BOOT_ID_PATH
     kmsg_retry_s: float = KMSG_RETRY_S
-    #: While this file exists NVML is released (:mod:`producer.nvml_control`); None: no such file.
+    #: While this file exists NVML is released (:mod:`gpupipe_producer.nvml_control`); None: no such file.
     nvml_release_file: str | None = None
     #: First NVML re-initialisation after a GPU is lost (then doubling, up to an hour).
     nvml_reinit_after_s: float = 60.0
-    #: Pod metadata (owner, labels) and HPC jobs added to allocations (:mod:`producer.podmeta`).
+    #: Pod metadata (owner, labels) and HPC jobs added to allocations (:mod:`gpupipe_producer.podmeta`).
     extras: AllocationExtras | None = None
     #: Signs the node's XID records (``--node-cert``); None: unsigned.
     signer: NodeSigner | None = None

@@ -16,7 +16,7 @@ from prometheus_client.registry import Collector
 
 class AgentCollector(Collector):
     def __init__(self, agent: Any) -> None:
-        """``agent``: the :class:`producer.node_agent.NodeAgent` (not imported: it imports us)."""
+        """``agent``: the :class:`gpupipe_producer.node_agent.NodeAgent` (not imported: it imports us)."""
         self._a = agent
 
     def collect(self) -> Iterator[Any]:

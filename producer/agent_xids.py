@@ -2,7 +2,7 @@
 
 The reader threads (kernel log, NVML events, the polling thread for a lost GPU) put into one
 :class:`XidInbox`; the agent's main loop drains it through :class:`XidPath`, which pairs NVML and
-kernel-log sightings in its merger, builds XidEvent records (:mod:`producer.xid_events`), spools
+kernel-log sightings in its merger, builds XidEvent records (:mod:`gpupipe_producer.xid_events`), spools
 and sends them in batches and advances the kernel-log cursor. The main loop never calls NVML, so a
 hung GPU cannot delay an XID: what the path needs of the GPUs are the source's snapshots.
 """
@@ -17,17 +17,17 @@ from collections.abc import Callable
 from typing import Any
 
 from gpupipe.logs import fields
-from producer.agent_config import AgentConfig
-from producer.delivery import XidSender
-from producer.kubelet.mapping import AllocationMap
-from producer.lost_reported import LostReported
-from producer.nvml.records import LostGpu, gpu_lost_xid_event
-from producer.nvml.source import NvmlSource
-from producer.self_metrics import ProducerMetrics
-from producer.xid.kmsg_cursor import KmsgCursorStore, read_boot_id
-from producer.xid.kmsg_parse import DriverLoaded, FallenOffBus, KernelXid
-from producer.xid.xid_merge import XidMerger
-from producer.xid_events import (
+from gpupipe_producer.agent_config import AgentConfig
+from gpupipe_producer.delivery import XidSender
+from gpupipe_producer.kubelet.mapping import AllocationMap
+from gpupipe_producer.lost_reported import LostReported
+from gpupipe_producer.nvml.records import LostGpu, gpu_lost_xid_event
+from gpupipe_producer.nvml.source import NvmlSource
+from gpupipe_producer.self_metrics import ProducerMetrics
+from gpupipe_producer.xid.kmsg_cursor import KmsgCursorStore, read_boot_id
+from gpupipe_producer.xid.kmsg_parse import DriverLoaded, FallenOffBus, KernelXid
+from gpupipe_producer.xid.xid_merge import XidMerger
+from gpupipe_producer.xid_events import (
     XidContext,
     build_xid_event,
     driver_loaded_event,
@@ -36,7 +36,7 @@ from producer.xid_events import (
     nvml_fields,
     nvml_notice_event,
 )
-from schemas.errors import EncodeError
+from gpupipe_schemas.errors import EncodeError
 
 log = logging.getLogger("gpupipe.agent")
 

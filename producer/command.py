@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any
 
-from gpupipe import startup, topics
+from gpupipe import service_flags, startup, topics
 from gpupipe.argtypes import field_default, iso_time_ms, positive_duration_ms
 from gpupipe.durations import format_duration_ms
 from gpupipe.errors import ConfigError, GpupipeError
@@ -24,12 +24,12 @@ from gpupipe.kafka_admin import parse_kafka_overrides, parse_topic_overrides
 from gpupipe.kafka_auth import KafkaAuthError, principal_of, runtime_write_denial
 from gpupipe.logs import fields
 from gpupipe.runner import Lifecycle, ServiceSpec, run_service
-from producer.podmeta.extras import add_arguments as podmeta_arguments
-from producer.publish import DENIED, Publisher, producer_config
-from producer.self_metrics import ProducerMetrics
-from producer.simulated.fleet import FleetConfig, SimulatedFleet
-from producer.spool import DEFAULT_MAX_BYTES as DEFAULT_SPOOL_MAX_BYTES
-from schemas.codec import codec_from_url
+from gpupipe_producer.podmeta.extras import add_arguments as podmeta_arguments
+from gpupipe_producer.publish import DENIED, Publisher, producer_config
+from gpupipe_producer.self_metrics import ProducerMetrics
+from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
+from gpupipe_producer.spool import DEFAULT_MAX_BYTES as DEFAULT_SPOOL_MAX_BYTES
+from gpupipe_schemas.codec import codec_from_url
 
 #: The kubelet's rotating client certificate and key in one file (CN system:node:<node>): the
 #: identity the chart has a producer sign its XIDs with (``--node-cert``).
@@ -81,13 +81,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=field_default(FleetConfig, "interval_ms"),
         help="sample interval, e.g. 1s, 500ms",
     )
-    p.add_argument("--listen", default=None, help="HOST:PORT for the producer's own /metrics and /healthz")
-    p.add_argument(
-        "--create-topics",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="create missing topics with default partitions and retention",
-    )
+    service_flags.add_listen(p, serves="the producer's own /metrics")
+    service_flags.add_create_topics(p)
     p.add_argument(
         "--topic-partitions",
         action="append",
@@ -272,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, "node_cert", None):
             raise ConfigError("--node-cert signs one node's records: use it with --source nvml")
     else:
-        from producer.agent_config import config_from_args  # grpc and NVML: only for this source
+        from gpupipe_producer.agent_config import config_from_args  # grpc and NVML: only for this source
 
         agent_config = config_from_args(args)  # so is a bad agent flag or node certificate
     # A finite run (--duration) is a job: an unreachable broker is one line and exit 3 after 10s.
@@ -328,7 +323,7 @@ class ProducerRun:
         else:
             startup.prepare_kafka(
                 args.bootstrap_servers,
-                topics.ALL if args.create_topics else [topics.SAMPLES, topics.XID],
+                topics.to_prepare([topics.SAMPLES, topics.XID], create=args.create_topics),
                 prefix=args.topic_prefix,
                 create=args.create_topics,
                 specs=self.specs,
@@ -373,7 +368,7 @@ class ProducerRun:
         try:
             startup.prepare_kafka(
                 args.bootstrap_servers,
-                topics.ALL if args.create_topics else [topics.SAMPLES, topics.XID],
+                topics.to_prepare([topics.SAMPLES, topics.XID], create=args.create_topics),
                 prefix=args.topic_prefix,
                 create=args.create_topics,
                 specs=self.specs,
@@ -416,10 +411,11 @@ class ProducerRun:
             enc_x = codec.encoder("XidEvent", self.t_xid).encode
             run_simulated(args, publisher, self.metrics, stop, self.t_samples, self.t_xid, enc_s, enc_x)
         else:
-            from producer.node_agent import run_nvml  # needs NVML; imported only when asked for
+            from gpupipe_producer.node_agent import run_nvml  # needs NVML; imported only when asked for
 
+            assert self._agent_config is not None  # built from the flags before Kafka was touched
             run_nvml(
-                args,
+                self._agent_config,
                 publisher,
                 self.metrics,
                 stop,
@@ -428,7 +424,6 @@ class ProducerRun:
                 self.t_xid,
                 on_agent=self._on_agent,
                 kafka_ready=self.serve_after,
-                config=self._agent_config,
             )
 
     # -- stop ----------------------------------------------------------------------------------

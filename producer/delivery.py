@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from producer.spool import XidSpool
+from gpupipe_producer.spool import XidSpool
 
 log = logging.getLogger("gpupipe.delivery")
 

@@ -12,7 +12,7 @@ Two kinds of attribution, both from data the node agent already has:
   each with its ``replica``, so a shared GPU gets several allocations.
 
 ``processes[].namespace/pod/container`` (who *uses* it), per process, from an injectable resolver
-``pid -> ProcPod | None`` (the real one, :class:`producer.pid_pods.PidPodResolver`, reads
+``pid -> ProcPod | None`` (the real one, :class:`gpupipe_producer.pid_pods.PidPodResolver`, reads
 ``/proc/<pid>/cgroup`` and the kubelet's ``/var/log/pods`` directory names). Rules, in order:
 
 1. the resolver says the process is not in a Kubernetes pod (a host process such as ``nvidia-smi``
@@ -33,8 +33,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from producer.kubelet.mapping import AllocationMap, PodRef, lookup, replica_count
-from producer.nvml.records import DeviceIds
+from gpupipe_producer.kubelet.mapping import AllocationMap, PodRef, lookup, replica_count
+from gpupipe_producer.nvml.records import DeviceIds
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@
 Why a module of its own: the reader must survive what a node throws at it (``/dev/kmsg`` refused
 with EPERM by ``dmesg_restrict`` or the device cgroup, a relay FIFO whose writer restarts, a file
 that disappears) with one clear log line and a metric, never a crash loop; and it must neither
-lose nor repeat an XID across agent restarts (:mod:`producer.xid.kmsg_cursor`).
+lose nor repeat an XID across agent restarts (:mod:`gpupipe_producer.xid.kmsg_cursor`).
 
 Each event is pushed as ``("kmsg", monotonic arrival, wall ms, event, seq)``; ``seq`` is the kmsg
 sequence number of the record the Xid started in (None for plain-text input). Wall ms is the
@@ -23,8 +23,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from producer.xid.kmsg_parse import KmsgParser, parse_line
-from producer.xid.kmsg_reader import KmsgReader, decode_kmsg_record
+from gpupipe_producer.xid.kmsg_parse import KmsgParser, parse_line
+from gpupipe_producer.xid.kmsg_reader import KmsgReader, decode_kmsg_record
 
 log = logging.getLogger("gpupipe.agent")
 

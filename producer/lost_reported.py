@@ -14,7 +14,7 @@ import logging
 import os
 from pathlib import Path
 
-from producer.nvml.records import LostGpu
+from gpupipe_producer.nvml.records import LostGpu
 
 log = logging.getLogger("gpupipe.agent")
 

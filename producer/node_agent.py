@@ -2,22 +2,22 @@
 
 Threads (all daemon, all joined on shutdown):
 
-* **main loop** (the caller's thread): drains the :class:`~producer.agent_xids.XidInbox` the
-  threads below feed through the :class:`~producer.agent_xids.XidPath` (pairs XIDs, builds
+* **main loop** (the caller's thread): drains the :class:`~gpupipe_producer.agent_xids.XidInbox` the
+  threads below feed through the :class:`~gpupipe_producer.agent_xids.XidPath` (pairs XIDs, builds
   XidEvent records, sends them through the spooled :class:`XidSender`), and services librdkafka.
   It never calls NVML, so a GPU whose NVML calls hang cannot delay an XID. Merger, sender and
   cursor are touched here only.
 * **nvml-poll**: every ``--interval`` polls the :class:`NvmlSource` (each GPU on its own worker,
   bounded by ``--nvml-timeout``: a hung GPU is left out and reported, the others go on), attaches
-  the kubelet allocations and the processes' pods (:mod:`producer.enrich`), encodes and queues the
+  the kubelet allocations and the processes' pods (:mod:`gpupipe_producer.enrich`), encodes and queues the
   samples in a bounded :class:`SampleQueue` (oldest dropped first, counted). A lost GPU's event is
   queued to the main loop like any other XID.
 * **kubelet**: ``List`` on the PodResources socket once per interval, with ``--kubelet-timeout``;
   the main loop never waits on it and uses the newest map (empty after a failure: no stale labels;
   ignored when older than two intervals plus the timeout).
 * **NVML events** (:class:`XidEventWatcher`): XID critical-error events, pushed to the queue.
-* **kernel log** (:class:`producer.kmsg_input.KmsgInput`): ``/dev/kmsg``, a relay FIFO, a file, or
-  ``-``; the backlog after the persisted cursor (:mod:`producer.xid.kmsg_cursor`) is read at start,
+* **kernel log** (:class:`gpupipe_producer.kmsg_input.KmsgInput`): ``/dev/kmsg``, a relay FIFO, a file, or
+  ``-``; the backlog after the persisted cursor (:mod:`gpupipe_producer.xid.kmsg_cursor`) is read at start,
   so an XID logged while the agent was down is reported once. The cursor advances only past
   records whose events are in the spool.
 
@@ -37,7 +37,6 @@ spool for the next start.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import threading
 import time
@@ -45,7 +44,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gpupipe.logs import fields
-from producer.agent_config import (
+from gpupipe_producer.agent_config import (
     DEFAULT_IN_FLIGHT_LIMIT,
     DEFAULT_SAMPLE_QUEUE_MAX,
     DEFAULT_SPOOL_DIR,
@@ -57,27 +56,27 @@ from producer.agent_config import (
     config_from_args,
     default_hostname,
 )
-from producer.agent_metrics import AgentCollector
-from producer.agent_xids import XidInbox, XidPath
-from producer.delivery import SampleQueue, XidSender
-from producer.dra_slices import ResourceSliceIndex
-from producer.enrich import PidResolver, enrich_sample
-from producer.kmsg_input import KmsgInput
-from producer.kubelet.client import AllocationRefresher
-from producer.kubelet.mapping import DEFAULT_DRA_DRIVERS, AllocationMap, AllocationMapper
-from producer.nvml.errors import NvmlSourceError
-from producer.nvml.events import XidEventWatcher
-from producer.nvml.records import GpuRef, LostGpu
-from producer.nvml.source import NvmlSource, SourceHooks, default_nvml_module
-from producer.nvml_control import NvmlControl
-from producer.pid_pods import PidPodResolver
-from producer.publish import Publisher
-from producer.self_metrics import ProducerMetrics
-from producer.spool import XidSpool
-from producer.xid.kmsg_cursor import KmsgCursorStore, read_boot_id
-from producer.xid.wake import WakeEvent
-from producer.xid.xid_merge import XidMerger
-from schemas.errors import EncodeError
+from gpupipe_producer.agent_metrics import AgentCollector
+from gpupipe_producer.agent_xids import XidInbox, XidPath
+from gpupipe_producer.delivery import SampleQueue, XidSender
+from gpupipe_producer.dra_slices import ResourceSliceIndex
+from gpupipe_producer.enrich import PidResolver, enrich_sample
+from gpupipe_producer.kmsg_input import KmsgInput
+from gpupipe_producer.kubelet.client import AllocationRefresher
+from gpupipe_producer.kubelet.mapping import DEFAULT_DRA_DRIVERS, AllocationMap, AllocationMapper
+from gpupipe_producer.nvml.errors import NvmlSourceError
+from gpupipe_producer.nvml.events import XidEventWatcher
+from gpupipe_producer.nvml.records import GpuRef, LostGpu
+from gpupipe_producer.nvml.source import NvmlSource, SourceHooks, default_nvml_module
+from gpupipe_producer.nvml_control import NvmlControl
+from gpupipe_producer.pid_pods import PidPodResolver
+from gpupipe_producer.publish import Publisher
+from gpupipe_producer.self_metrics import ProducerMetrics
+from gpupipe_producer.spool import XidSpool
+from gpupipe_producer.xid.kmsg_cursor import KmsgCursorStore, read_boot_id
+from gpupipe_producer.xid.wake import WakeEvent
+from gpupipe_producer.xid.xid_merge import XidMerger
+from gpupipe_schemas.errors import EncodeError
 
 if TYPE_CHECKING:  # cryptography is loaded only by a producer that signs
     from gpupipe.node_identity import NodeSigner
@@ -109,7 +108,7 @@ __all__ = [
 
 
 def run_nvml(
-    args: argparse.Namespace,
+    config: AgentConfig,
     publisher: Publisher,
     metrics: ProducerMetrics,
     stop: threading.Event,
@@ -120,20 +119,17 @@ def run_nvml(
     nvml: Any = None,
     on_agent: Callable[[NodeAgent], None] | None = None,
     kafka_ready: threading.Event | None = None,
-    config: AgentConfig | None = None,
 ) -> int:
     """``gpupipe produce --source nvml``: run the agent until ``stop`` is set; returns the ticks run.
-
-    ``config``: the agent's, when the caller built it from ``args`` already.
 
     ``on_agent`` receives the agent before it starts (the command wires ``/healthz`` to it).
     ``kafka_ready``: see :class:`NodeAgent`.
 
-    Raises :class:`producer.nvml.errors.NvmlInitError` (a GpupipeError: one line, non-zero exit)
+    Raises :class:`gpupipe_producer.nvml.errors.NvmlInitError` (a GpupipeError: one line, non-zero exit)
     when NVML cannot be initialised.
     """
     agent = NodeAgent(
-        config or config_from_args(args),
+        config,
         publisher,
         metrics,
         codec,
@@ -218,7 +214,7 @@ class NodeAgent:
     """One node's producer. Construct, then ``run(stop_event)`` on the thread that should poll.
 
     A thin owner: the threads, the kubelet map and health are here; the NVML source, the XID path
-    (:class:`~producer.agent_xids.XidPath`), the sample queue and the inputs are collaborators it
+    (:class:`~gpupipe_producer.agent_xids.XidPath`), the sample queue and the inputs are collaborators it
     builds at start. Constructing it starts nothing and opens no device.
 
     ``kafka_ready`` (None: at once): nothing is handed to librdkafka before it is set (the topics
@@ -410,7 +406,7 @@ class NodeAgent:
 
     def ready(self) -> tuple[bool, dict[str, Any]]:
         """(ready, details) for /readyz: healthy and holding NVML (not released on request or
-        because NVML cannot be initialised again; see :mod:`producer.nvml_control`). A release
+        because NVML cannot be initialised again; see :mod:`gpupipe_producer.nvml_control`). A release
         that is requested but postponed is said in ``nvml_release_pending`` (still ready)."""
         ok, detail = self.health()
         released = self.control.released if self.control is not None else None

@@ -5,7 +5,7 @@ Two reasons to let go, one way back:
 * **A GPU is lost.** An initialised NVML rarely sees a GPU come back after a fall off the bus, a
   reset or a rebind; a new NVML session does. So while a GPU is lost, the agent re-initialises
   NVML ``--nvml-reinit-after`` (60 s) after the loss and then with a doubling back-off up to an
-  hour (:meth:`NvmlSource.reinit_due <producer.nvml.source.NvmlSource.reinit_due>`): the event
+  hour (:meth:`NvmlSource.reinit_due <gpupipe_producer.nvml.source.NvmlSource.reinit_due>`): the event
   watcher is stopped (its sets drained, so no queued XID is dropped), the source shuts NVML down
   (every holder gone: a real ``nvmlShutdown``), inits again and re-enumerates, the watcher starts
   again. Telemetry of the other GPUs misses at most the tick it happens in; kernel-log XIDs are
@@ -42,7 +42,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from producer.nvml.errors import NvmlSourceError
+from gpupipe_producer.nvml.errors import NvmlSourceError
 
 log = logging.getLogger("gpupipe.agent")
 
@@ -55,7 +55,7 @@ EVENT_WAIT_STUCK = "event_wait_stuck"
 
 
 class NvmlControl:
-    """Drives :class:`producer.nvml.source.NvmlSource` and its event watcher through releases and
+    """Drives :class:`gpupipe_producer.nvml.source.NvmlSource` and its event watcher through releases and
     re-initialisations. :meth:`step` runs on the polling thread before each tick."""
 
     def __init__(

@@ -1,7 +1,7 @@
 """Which Kubernetes pod a host process belongs to: ``/proc/<pid>/cgroup`` + ``/var/log/pods``.
 
 Pure parsers (tested on literal text) and a small cached I/O resolver the node agent injects into
-:func:`producer.enrich.enrich_sample`.
+:func:`gpupipe_producer.enrich.enrich_sample`.
 
 ``/proc/<pid>/cgroup`` gives the pod **UID** and the container **id**, in every layout the kubelet
 creates: cgroup v1 (one line per controller) and v2 (``0::/...``), the ``cgroupfs`` driver
@@ -14,7 +14,7 @@ The UID is turned into namespace and pod name through the kubelet's pod log dire
 ``/var/log/pods/<namespace>_<pod>_<uid>/`` (the CRI log layout, present on every kubelet node;
 namespace and pod names cannot contain ``_``). Container *names* are not derivable from a container
 id without asking the container runtime, so the container is left to
-:func:`producer.enrich.attribute_process`, which uses PodResources when it is unambiguous.
+:func:`gpupipe_producer.enrich.attribute_process`, which uses PodResources when it is unambiguous.
 
 Requirements on a real node: the agent runs with ``hostPID: true`` (NVML reports host PIDs; without
 it ``/proc/<pid>`` is not visible, the resolver answers None and the fallback rules apply) and mounts
@@ -28,7 +28,7 @@ import re
 import time
 from collections.abc import Callable, Iterable
 
-from producer.enrich import ProcPod
+from gpupipe_producer.enrich import ProcPod
 
 __all__ = ["PidPodResolver", "parse_cgroup", "parse_pod_log_dir"]
 

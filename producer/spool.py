@@ -5,7 +5,7 @@ producer, and acknowledged when Kafka confirms delivery. Unacknowledged events
 are replayed in their original order: after a delivery failure (the broker was
 down longer than the message timeout) and after a restart of the producer.
 
-Format (:mod:`producer.spool_format`): length-prefixed records with a CRC32, so
+Format (:mod:`gpupipe_producer.spool_format`): length-prefixed records with a CRC32, so
 a write torn by a crash loses only that record (never the next one) and a
 damaged record is counted and skipped, never replayed as other bytes. An
 ``acked`` file holds the highest sequence number below which everything was
@@ -22,7 +22,7 @@ the bound; a restart applies the same bound while loading. The hysteresis keeps
 compaction amortised (one rewrite per bound/8 of appended bytes).
 
 Memory: the pending events (at most the bound) are the spool's only large holding. A load reads the
-file through a bounded window (:class:`producer.spool_format.Scanner`) and applies the bound as it
+file through a bounded window (:class:`gpupipe_producer.spool_format.Scanner`) and applies the bound as it
 goes, and a compaction writes in chunks, so a file of any size costs about the bound, not a
 multiple of the file; the default bound is sized against the agent's memory limit.
 
@@ -44,7 +44,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
-from producer.spool_format import (
+from gpupipe_producer.spool_format import (
     LEGACY_FILE,
     MAX_RECORD,
     SPOOL_FILE,

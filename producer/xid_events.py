@@ -1,6 +1,6 @@
 """Build XidEvent records from what the node agent saw (pure: no clock, no I/O).
 
-Inputs: the :class:`~producer.xid.xid_merge.XidMerger` output (one sighting from NVML, one from the
+Inputs: the :class:`~gpupipe_producer.xid.xid_merge.XidMerger` output (one sighting from NVML, one from the
 kernel log, or a merged pair), kernel-log ``FallenOffBus`` and ``DriverLoaded`` reports, the NVML
 source's bus id -> GPU map, and the kubelet ``AllocationMap`` of the moment.
 
@@ -15,7 +15,7 @@ source's bus id -> GPU map, and the kubelet ``AllocationMap`` of the moment.
   sightings of a merged pair). The kernel's own stamp is boot-relative and is not converted.
 * ``event_id``: ``hostname|source|bus id|code|timestamp_ms`` (plus ``|s<kmsg seq>`` for kernel-log
   records read from ``/dev/kmsg`` or its relay), the format of
-  :mod:`producer.nvml.records` (``code`` is ``xid<N>``, ``sxid<N>``, ``fallen_off_bus``). Built once
+  :mod:`gpupipe_producer.nvml.records` (``code`` is ``xid<N>``, ``sxid<N>``, ``fallen_off_bus``). Built once
   per event; the spool replays the same bytes, so consumers can drop duplicates by id.
 * ``pci_bus_id``: NVML's form (``00000000:3B:00.0``) when the bus id matches a GPU of the node, else
   as the kernel printed it (NVSwitches, unknown devices).
@@ -31,10 +31,10 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gpupipe import pci
-from producer.enrich import allocation_record, device_holders, gpu_aliases, slice_aliases
-from producer.kubelet.mapping import AllocationMap, PodRef
-from producer.nvml.records import VENDOR, DeviceIds, GpuRef
-from producer.xid.kmsg_parse import DriverLoaded, FallenOffBus, KernelXid
+from gpupipe_producer.enrich import allocation_record, device_holders, gpu_aliases, slice_aliases
+from gpupipe_producer.kubelet.mapping import AllocationMap, PodRef
+from gpupipe_producer.nvml.records import VENDOR, DeviceIds, GpuRef
+from gpupipe_producer.xid.kmsg_parse import DriverLoaded, FallenOffBus, KernelXid
 
 __all__ = [
     "SOURCE_NAMES",
@@ -120,7 +120,7 @@ def kmsg_fields(ev: KernelXid, seen_ms: int) -> dict[str, Any]:
 
 
 def nvml_fields(ev: Mapping[str, Any]) -> dict[str, Any]:
-    """The merger ``fields`` of one dict from :class:`producer.nvml.events.XidEventWatcher`."""
+    """The merger ``fields`` of one dict from :class:`gpupipe_producer.nvml.events.XidEventWatcher`."""
     return {
         "kind": "xid",
         "nvml_bus_id": ev.get("pci_bus_id") or None,

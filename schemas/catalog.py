@@ -18,7 +18,7 @@ from typing import Any
 from fastavro import parse_schema
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
-from schemas.errors import SchemaError
+from gpupipe_schemas.errors import SchemaError
 
 RECORD_NAMES = ("GpuSample", "XidEvent", "ChargebackWindow", "GpuAlert", "GpuRecommendation")
 _RELEASED = re.compile(r"^(?P<name>[A-Za-z]+)\.v(?P<version>\d+)\.avsc$")
@@ -68,7 +68,7 @@ def _load(name: str, version: int | None, text: str) -> SchemaVersion:
 def current(name: str) -> SchemaVersion:
     """The schema producers write today."""
     try:
-        text = resources.files("schemas").joinpath(f"{name}.avsc").read_text()
+        text = resources.files("gpupipe_schemas").joinpath(f"{name}.avsc").read_text()
     except FileNotFoundError as exc:
         raise SchemaError(f"no schema file for {name}") from exc
     return _load(name, None, text)
@@ -77,7 +77,7 @@ def current(name: str) -> SchemaVersion:
 @cache
 def released() -> tuple[SchemaVersion, ...]:
     """Every released schema version shipped with the package, oldest first."""
-    folder = resources.files("schemas").joinpath("released")
+    folder = resources.files("gpupipe_schemas").joinpath("released")
     out = []
     for entry in folder.iterdir():
         m = _RELEASED.match(entry.name)
@@ -93,5 +93,5 @@ def latest_released(name: str) -> SchemaVersion | None:
 
 def available_names() -> tuple[str, ...]:
     """Record names with a current schema file (later issues add ChargebackWindow, GpuAlert)."""
-    folder = resources.files("schemas")
+    folder = resources.files("gpupipe_schemas")
     return tuple(n for n in RECORD_NAMES if folder.joinpath(f"{n}.avsc").is_file())

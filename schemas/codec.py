@@ -11,7 +11,7 @@ Two framings, chosen by the producer, both accepted by every decoder:
 
 Decoding always resolves the writer schema against the reader's (current) schema,
 so records written by an older or newer producer read fine as long as the
-schemas stay compatible (which ``tests/unit/test_schema_compat.py`` enforces).
+schemas stay compatible (which ``tests/unit/schemas/test_compat.py`` enforces).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import Any
 
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
-from schemas import catalog
-from schemas.catalog import SchemaVersion
-from schemas.errors import DecodeError, EncodeError
+from gpupipe_schemas import catalog
+from gpupipe_schemas.catalog import SchemaVersion
+from gpupipe_schemas.errors import DecodeError, EncodeError
 
 SINGLE_OBJECT_MAGIC = b"\xc3\x01"
 CONFLUENT_MAGIC = 0

@@ -1,6 +1,6 @@
 """Render the Avro contract as Markdown (`docs/schemas.md`): one table per record type.
 
-Run `python -m schemas.docs > docs/schemas.md`; a unit test fails when the committed
+Run `python -m gpupipe_schemas.docs > docs/schemas.md`; a unit test fails when the committed
 file is out of date, so the documentation data-platform teams read is the schema.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from schemas import catalog
+from gpupipe_schemas import catalog
 
 
 def _type_text(t: Any) -> str:
@@ -71,7 +71,7 @@ def render_markdown() -> str:
     lines = [
         "# gpupipe topic schemas",
         "",
-        "Generated from `schemas/*.avsc` by `python -m schemas.docs`; do not edit by hand.",
+        "Generated from `schemas/*.avsc` by `python -m gpupipe_schemas.docs`; do not edit by hand.",
         "Values are Avro single-object encoded (`C3 01` + 8-byte CRC-64-AVRO fingerprint) or, with a schema",
         "registry, Confluent-framed (`00` + 4-byte id). Fields are only ever added with defaults.",
         "",

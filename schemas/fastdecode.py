@@ -11,10 +11,10 @@ exactly what ``schemaless_reader(payload, writer, projected_reader)`` returns (t
 Scope, and the safe fallbacks:
 
 * single-object framing only (``C3 01`` + fingerprint); Confluent framing and unknown fingerprints
-  go through the shared :class:`~schemas.codec.AvroCodec`;
+  go through the shared :class:`~gpupipe_schemas.codec.AvroCodec`;
 * a writer schema whose projected fields are missing or differ in type from the reader's (schema
   evolution with promotion or defaults) gets no generated decoder: fastavro resolves it;
-* truncated or corrupt bodies raise :class:`~schemas.errors.DecodeError` like the codec does.
+* truncated or corrupt bodies raise :class:`~gpupipe_schemas.errors.DecodeError` like the codec does.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import struct
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from schemas import catalog
-from schemas.codec import SINGLE_OBJECT_MAGIC, AvroCodec, Decoded
-from schemas.errors import DecodeError
+from gpupipe_schemas import catalog
+from gpupipe_schemas.codec import SINGLE_OBJECT_MAGIC, AvroCodec, Decoded
+from gpupipe_schemas.errors import DecodeError
 
 FastFn = Callable[[bytes, int], dict[str, Any]]
 

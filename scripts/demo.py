@@ -143,7 +143,7 @@ def services(ports: Mapping[str, int]) -> list[tuple[str, str, list[str], str]]:
     """(module that must exist, name, argv, what to tell the user) of every gpupipe service."""
     return [
         (
-            "producer.command",
+            "gpupipe_producer.command",
             "producer",
             [
                 "produce",
@@ -170,14 +170,14 @@ def services(ports: Mapping[str, int]) -> list[tuple[str, str, list[str], str]]:
             f"each; own metrics http://127.0.0.1:{ports['producer']}/metrics",
         ),
         (
-            "consumers.metrics.command",
+            "gpupipe_consumers.metrics.command",
             "metrics",
             ["metrics", "--listen", f"127.0.0.1:{ports['metrics']}"],
             "dcgm-exporter-compatible metrics: "
             f"curl -s http://127.0.0.1:{ports['metrics']}/metrics | grep DCGM_FI_DEV_GPU_UTIL",
         ),
         (
-            "consumers.chargeback.command",
+            "gpupipe_consumers.chargeback.command",
             "chargeback",
             [
                 "chargeback",
@@ -191,13 +191,13 @@ def services(ports: Mapping[str, int]) -> list[tuple[str, str, list[str], str]]:
             f"chargeback windows (1 min in the demo): {CLI} report chargeback --by team --period all",
         ),
         (
-            "consumers.alerts.command",
+            "gpupipe_consumers.alerts.command",
             "alerts",
             ["alerts", "--listen", f"127.0.0.1:{ports['alerts']}", "--dry-run"],
             f"XID alerts: {CLI} tail gpu.alerts.v1 (cordon decisions are dry-run only)",
         ),
         (
-            "consumers.recommend.command",
+            "gpupipe_consumers.recommend.command",
             "recommend",
             [
                 "recommend",
@@ -249,7 +249,7 @@ def side_binaries() -> dict[str, str]:
     found = {
         "alertmanager": shutil.which("prometheus-alertmanager") or shutil.which("alertmanager"),
         "prometheus": shutil.which("prometheus")
-        if importlib.util.find_spec("consumers.metrics.command") is not None
+        if importlib.util.find_spec("gpupipe_consumers.metrics.command") is not None
         else None,
     }
     return {k: v for k, v in found.items() if v}

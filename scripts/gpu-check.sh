@@ -44,8 +44,8 @@ from pathlib import Path
 sys.path.insert(0, os.getcwd())
 out_dir = Path(sys.argv[1])
 
-from producer.nvml import NvmlSource, XidEventWatcher, default_nvml_module  # noqa: E402
-from producer.nvml.records import METRIC_FIELDS  # noqa: E402
+from gpupipe_producer.nvml import NvmlSource, XidEventWatcher, default_nvml_module  # noqa: E402
+from gpupipe_producer.nvml.records import METRIC_FIELDS  # noqa: E402
 
 summary: dict = {"host": platform.node(), "python": platform.python_version()}
 
@@ -114,7 +114,7 @@ summary["garbage"] = dict(src.garbage_counts)
 summary["collector_failures"] = dict(src.collector_failures)
 print(f"NVML errors {summary['nvml_errors']}, garbage {summary['garbage']}, collector failures {summary['collector_failures']}")
 try:
-    from schemas.codec import AvroCodec
+    from gpupipe_schemas.codec import AvroCodec
 
     enc = AvroCodec().encoder("GpuSample").encode
     sizes = [len(enc(s)) for s in samples]
@@ -181,8 +181,8 @@ print(summary["xid_events"])
 # 4. The kernel log: read the backlog of /dev/kmsg once and parse it.
 section("kernel log (/dev/kmsg backlog)")
 try:
-    from producer.xid.kmsg_parse import KernelXid, KmsgParser, to_json_dict
-    from producer.xid.kmsg_reader import KmsgReader
+    from gpupipe_producer.xid.kmsg_parse import KernelXid, KmsgParser, to_json_dict
+    from gpupipe_producer.xid.kmsg_reader import KmsgReader
 
     reader = KmsgReader("/dev/kmsg", follow=False, from_start=True)
     parser = KmsgParser()
@@ -208,7 +208,7 @@ section("kubelet PodResources")
 sock = "/var/lib/kubelet/pod-resources/kubelet.sock"
 if os.path.exists(sock):
     try:
-        from producer.kubelet.client import PodResourcesClient
+        from gpupipe_producer.kubelet.client import PodResourcesClient
 
         amap = PodResourcesClient(sock, 2.0).list_allocations()
         summary["kubelet"] = {k: [f"{r.namespace}/{r.pod}/{r.container}" for r in v] for k, v in amap.items()}

@@ -1,6 +1,6 @@
 """Chargeback windows of the producer's simulated fleet, accounted in-process, with no broker.
 
-The simulated fleet (``producer.simulated``) is fed through the chargeback window engine, the same
+The simulated fleet (``gpupipe_producer.simulated``) is fed through the chargeback window engine, the same
 code ``gpupipe chargeback`` runs, so the example report, its screenshot in ``docs/`` and the browser
 test show what a real run would. Deterministic: same arguments, same records.
 """
@@ -12,10 +12,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from consumers.chargeback.windows import WindowEngine
 from gpupipe.prices import PriceTable, load_price_table
-from producer.simulated.fleet import FleetConfig, SimulatedFleet
-from schemas.meaning import gpu_key
+from gpupipe_consumers.chargeback.windows import WindowEngine
+from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
+from gpupipe_schemas.meaning import gpu_key
 
 EXAMPLE_PRICES = Path(__file__).resolve().parents[1] / "deploy" / "prices.example.yaml"
 T0 = 1_795_000_000_000 - 1_795_000_000_000 % 86_400_000  # a UTC midnight in 2026

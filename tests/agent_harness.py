@@ -24,10 +24,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from producer.node_agent import AgentConfig, NodeAgent
-from producer.publish import Publisher
-from producer.self_metrics import ProducerMetrics
-from schemas.codec import AvroCodec
+from gpupipe_producer.node_agent import AgentConfig, NodeAgent
+from gpupipe_producer.publish import Publisher
+from gpupipe_producer.self_metrics import ProducerMetrics
+from gpupipe_schemas.codec import AvroCodec
 from tests.fake_nvml import FakeGpu, FakeMigSlice, FakeNvml, FakeProcess
 from tests.kubelet_fake import load_fixture
 

@@ -34,7 +34,7 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
-from producer.kubelet import api_pb2
+from gpupipe_producer.kubelet import api_pb2
 
 FIXTURES_DIR = Path(__file__).resolve().parent / "fixtures" / "kubelet"
 SERVICE = "v1.PodResourcesLister"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from schemas import catalog
+from gpupipe_schemas import catalog
 
 
 def _value(t: Any, names: dict[str, Any]) -> Any:

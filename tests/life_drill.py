@@ -11,8 +11,8 @@ Three parts, each usable alone:
   times and ids), broker outages (input held and delivered in a burst), and the service's own life:
   restarts every few hours and HA failovers. It returns the input with its delivery times and the
   ground truth: when each GPU was broken and what needs draining.
-* :class:`Drill` runs it: one :class:`~consumers.alerts.service.AlertsService` at a time with the
-  injected clock, a :class:`~consumers.alerts.cordon.Cordoner` against the Kubernetes API double, an
+* :class:`Drill` runs it: one :class:`~gpupipe_consumers.alerts.service.AlertsService` at a time with the
+  injected clock, a :class:`~gpupipe_consumers.alerts.cordon.Cordoner` against the Kubernetes API double, an
   :class:`~gpupipe.alertmanager.AlertmanagerSender` posting to :class:`SimAlertmanager`, and the published
   records kept as the topic is, so each new instance restores from them as ``activate()`` does.
 * :func:`check` holds what Alertmanager and the cluster saw against the truth and counts violations.
@@ -41,13 +41,13 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from consumers.alerts.alert_record import gpu_alert_shape
-from consumers.alerts.cordon import Cordoner, KubeNodeApi
-from consumers.alerts.service import AlertsService, ListSink
-from consumers.consume_loop import InRecord
 from gpupipe.alertmanager import AlertmanagerSender, PostFn
 from gpupipe.kube import KubeClient, KubeConfig
 from gpupipe.pci import canonical
+from gpupipe_consumers.alerts.alert_record import gpu_alert_shape
+from gpupipe_consumers.alerts.cordon import Cordoner, KubeNodeApi
+from gpupipe_consumers.alerts.service import AlertsService, ListSink
+from gpupipe_consumers.consume_loop import InRecord
 
 S = 1000
 MIN = 60 * S

@@ -52,7 +52,7 @@ class FleetRecord:
 
 @cache
 def _template() -> tuple[tuple[str, Any], ...]:
-    from schemas import catalog
+    from gpupipe_schemas import catalog
 
     raw = catalog.current("GpuSample").raw
     return tuple((f["name"], f.get("default")) for f in raw["fields"])

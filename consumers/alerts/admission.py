@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from consumers.alerts.health_signals import device_key
+from gpupipe_consumers.alerts.health_signals import device_key
 
 __all__ = ["DeviceAdmission", "device_of"]
 

@@ -1,7 +1,7 @@
 """What the alert engine decides by (pure): decision ranks, which alerts stay until evidence, which XIDs
 feed node bursts or follow another fault, the workload of an event.
 
-Split out of :mod:`consumers.alerts.dedupe` so the engine module keeps to its state machine.
+Split out of :mod:`gpupipe_consumers.alerts.dedupe` so the engine module keeps to its state machine.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from consumers.alerts.alert_record import Alert
-from consumers.alerts.catalog import Action, CauseClass, Severity
-from consumers.alerts.classify_model import Classification, GpuXidHistory, workload_key
-from consumers.alerts.health_signals import LEVEL_SIGNALS
+from gpupipe_consumers.alerts.alert_record import Alert
+from gpupipe_consumers.alerts.catalog import Action, CauseClass, Severity
+from gpupipe_consumers.alerts.classify_model import Classification, GpuXidHistory, workload_key
+from gpupipe_consumers.alerts.health_signals import LEVEL_SIGNALS
 
 __all__ = [
     "BURST_SIGNALS",

@@ -1,7 +1,7 @@
 """The alert model, its stable id, and the two wire forms: the ``GpuAlert`` record and Alertmanager's.
 
 Pure: no clocks (times are passed in), no I/O. :class:`Alert` is the mutable state the engine
-(:mod:`consumers.alerts.dedupe`) keeps per open alert; :func:`to_record` turns a snapshot of it into a
+(:mod:`gpupipe_consumers.alerts.dedupe`) keeps per open alert; :func:`to_record` turns a snapshot of it into a
 ``GpuAlert`` dict (``schemas/GpuAlert.avsc``) and :func:`gpu_alert_shape` turns a record into one element of
 Alertmanager's ``POST /api/v2/alerts`` body.
 
@@ -10,7 +10,7 @@ Alert id (:func:`alert_id`): the first 24 hex digits of SHA-256 over ``scope|hos
 ``event_id`` of the incident's first XidEvent, or ``first_seen_ms`` for alerts raised from samples and for
 node bursts. Both come from the input, never from the service's clock or memory, so replaying the same
 input gives the same ids, and a restarted service that restores its open alerts from ``gpu.alerts.v1``
-keeps them (see :mod:`consumers.alerts.service`).
+keeps them (see :mod:`gpupipe_consumers.alerts.service`).
 
 Alertmanager mapping (:func:`am_labels`, :func:`am_annotations`). Alertmanager identifies an alert by its
 label set, so labels hold only what defines the incident: ``alertname``, ``severity``, ``node``,
@@ -34,7 +34,7 @@ from functools import cache
 from typing import Any
 
 from gpupipe.alertmanager import AmState, iso_ms
-from schemas import catalog as schema_catalog
+from gpupipe_schemas import catalog as schema_catalog
 
 __all__ = [
     "ALERTNAMES",
@@ -87,7 +87,8 @@ def alert_id(scope: str, hostname: str, device: str, signal: str, anchor: str | 
 @dataclass(frozen=True, slots=True)
 class Pending:
     """Node-wide evidence (``reboot``, ``driver_load``) at ``since_ms`` that ends the alert once a sample of
-    its GPU taken at or after that time shows it healthy (see :mod:`consumers.alerts.recovery_policy`)."""
+    its GPU taken at or after that time shows it healthy (see
+    :mod:`gpupipe_consumers.alerts.recovery_policy`)."""
 
     evidence: str
     since_ms: int

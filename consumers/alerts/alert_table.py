@@ -1,12 +1,12 @@
 """The alert table: every alert the engine holds, by key and by id, and the revisions due for publishing.
 
-One table is shared by the engine's collaborators (:mod:`consumers.alerts.xid_intake`,
-:mod:`consumers.alerts.signal_alerts`, :mod:`consumers.alerts.recovery_evidence`,
-:mod:`consumers.alerts.node_burst`): they decide *what* happens to an alert, the table keeps the
+One table is shared by the engine's collaborators (:mod:`gpupipe_consumers.alerts.xid_intake`,
+:mod:`gpupipe_consumers.alerts.signal_alerts`, :mod:`gpupipe_consumers.alerts.recovery_evidence`,
+:mod:`gpupipe_consumers.alerts.node_burst`): they decide *what* happens to an alert, the table keeps the
 lifecycle every alert shares -- fold an occurrence in (supersede, reopen or raise), end it, expire it by
 quiet time, hand out its revisions in the order they changed with a sequence that never repeats. The
 engine's settings (:class:`EngineConfig`) live here too: the table's windows are most of them, and every
-collaborator receives the two together. See :mod:`consumers.alerts.dedupe` for the rules.
+collaborator receives the two together. See :mod:`gpupipe_consumers.alerts.dedupe` for the rules.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from consumers.alerts.alert_policy import sticky
-from consumers.alerts.alert_record import Alert, alert_id
-from consumers.alerts.classify import DEFAULT_CONFIG, ClassifyConfig
-from consumers.alerts.health_signals import LEVEL_SIGNALS
+from gpupipe_consumers.alerts.alert_policy import sticky
+from gpupipe_consumers.alerts.alert_record import Alert, alert_id
+from gpupipe_consumers.alerts.classify import DEFAULT_CONFIG, ClassifyConfig
+from gpupipe_consumers.alerts.health_signals import LEVEL_SIGNALS
 
 __all__ = ["COUNTS", "MINUTE_MS", "AlertTable", "EngineConfig", "Key"]
 
@@ -61,7 +61,7 @@ class EngineConfig:
     event_id_memory: int = 200_000
     confirm_by_samples: bool = True
     """The service reads gpu.samples.v1: a reboot or driver load ends a GPU's alert only once a sample of
-    that GPU after it shows it healthy (see :mod:`consumers.alerts.recovery_policy`); off: at once."""
+    that GPU after it shows it healthy (see :mod:`gpupipe_consumers.alerts.recovery_policy`); off: at once."""
     confirm_within_ms: int = 10 * MINUTE_MS
     """How long an alert waits for that sample before it says the GPU has not come back (it keeps waiting)."""
     keepalive_ms: int = 6 * 60 * MINUTE_MS
@@ -314,7 +314,8 @@ class AlertTable:
 
     def take(self, now_ms: int, *, force: bool = False) -> list[Alert]:
         """Revisions due for publishing (snapshots, in the order they changed); see
-        :mod:`consumers.alerts.dedupe`, "Emission". ``force`` hands out every pending change regardless of
+        :mod:`gpupipe_consumers.alerts.dedupe`, "Emission". ``force`` hands out every pending change
+        regardless of
         the update interval."""
         out, self._early = self._early, []
         interval = self.cfg.update_interval_ms

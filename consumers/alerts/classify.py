@@ -36,32 +36,34 @@ Rules (the ``rule`` field of :class:`Classification` names the one that decided)
 * Modifiers appended as ``+remap_failure`` and ``+recovery_action`` (from :class:`GpuHealth`).
 
 Layout (one rule family per module; this module dispatches and re-exports the public names):
-:mod:`~consumers.alerts.classify_model` (inputs, history, output), :mod:`~consumers.alerts.xid_parsers`
-(message texts), :mod:`~consumers.alerts.classify_ctx` (shared context and ranks),
-:mod:`~consumers.alerts.rules_app` (catalog default, 79, 13/31/43, 45), :mod:`~consumers.alerts.rules_memory`
-(48/171/172, 63, 64, 94/95), :mod:`~consumers.alerts.rules_link` (74),
-:mod:`~consumers.alerts.rules_nvlink5` (144-150),
-:mod:`~consumers.alerts.rules_gsp` (119/120, 154, SXids),
-:mod:`~consumers.alerts.rules_notice` (NVML's notice events).
+:mod:`~gpupipe_consumers.alerts.classify_model` (inputs, history, output),
+:mod:`~gpupipe_consumers.alerts.xid_parsers`
+(message texts), :mod:`~gpupipe_consumers.alerts.classify_ctx` (shared context and ranks),
+:mod:`~gpupipe_consumers.alerts.rules_app` (catalog default, 79, 13/31/43, 45),
+:mod:`~gpupipe_consumers.alerts.rules_memory`
+(48/171/172, 63, 64, 94/95), :mod:`~gpupipe_consumers.alerts.rules_link` (74),
+:mod:`~gpupipe_consumers.alerts.rules_nvlink5` (144-150),
+:mod:`~gpupipe_consumers.alerts.rules_gsp` (119/120, 154, SXids),
+:mod:`~gpupipe_consumers.alerts.rules_notice` (NVML's notice events).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from consumers.alerts.catalog import (
+from gpupipe_consumers.alerts.catalog import (
     Action,
     CauseClass,
     Severity,
 )
-from consumers.alerts.classify_ctx import (
+from gpupipe_consumers.alerts.classify_ctx import (
     _ACTION_RANK,
     _RECOVERY_DEFAULTS,
     _RUNBOOK,
     _SEVERITY_RANK,
     _Ctx,
 )
-from consumers.alerts.classify_model import (
+from gpupipe_consumers.alerts.classify_model import (
     _NO_HEALTH,
     DEFAULT_CONFIG,
     Classification,
@@ -72,31 +74,31 @@ from consumers.alerts.classify_model import (
     GpuXidHistory,
     XidRecord,
 )
-from consumers.alerts.rules_app import (
+from gpupipe_consumers.alerts.rules_app import (
     _app_fault,
     _catalog_default,
     _gpu_gone,
     _unknown,
     _xid45,
 )
-from consumers.alerts.rules_gsp import (
+from gpupipe_consumers.alerts.rules_gsp import (
     _gsp,
     _sxid,
     _xid154,
 )
-from consumers.alerts.rules_link import (
+from gpupipe_consumers.alerts.rules_link import (
     _nvlink74,
 )
-from consumers.alerts.rules_memory import (
+from gpupipe_consumers.alerts.rules_memory import (
     _RMA_RUNBOOK,
     _containment,
     _ecc_dbe,
     _remap_event,
     _remap_failure_xid,
 )
-from consumers.alerts.rules_notice import NOTICE_KINDS, classify_notice
-from consumers.alerts.rules_nvlink5 import _nvlink5
-from consumers.alerts.xid_parsers import (
+from gpupipe_consumers.alerts.rules_notice import NOTICE_KINDS, classify_notice
+from gpupipe_consumers.alerts.rules_nvlink5 import _nvlink5
+from gpupipe_consumers.alerts.xid_parsers import (
     Containment,
     Nvlink5Error,
     NvlinkError,

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from consumers.alerts.catalog import (
+from gpupipe_consumers.alerts.catalog import (
     Action,
     CauseClass,
     Severity,
     lookup,
     unknown_entry,
 )
-from consumers.alerts.classify_model import (
+from gpupipe_consumers.alerts.classify_model import (
     _GPU_KINDS,
     HOUR_MS,
     MINUTE_MS,

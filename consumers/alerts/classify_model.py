@@ -1,6 +1,6 @@
 """Inputs, per-GPU history and output of the XID classifier (pure data; no rules here).
 
-Split out of :mod:`consumers.alerts.classify`, which re-exports every public name."""
+Split out of :mod:`gpupipe_consumers.alerts.classify`, which re-exports every public name."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from consumers.alerts.catalog import (
+from gpupipe_consumers.alerts.catalog import (
     CATALOG_VERSION,
     Action,
     CauseClass,
@@ -42,7 +42,8 @@ class FaultEvent:
     off the bus" without an Xid) or ``gpu_lost`` (NVML returned GPU_IS_LOST); the last two are treated as
     Xid 79 and their ``code`` is ignored. ``recovery_action`` / ``gpu_unavailable``: NVML's events of the
     same names, no code (the recovery action's value is in ``message``; see
-    :mod:`~consumers.alerts.rules_notice`). ``unknown`` mirrors the Avro ``XidKind`` default for symbols
+    :mod:`~gpupipe_consumers.alerts.rules_notice`). ``unknown`` mirrors the Avro ``XidKind`` default for
+    symbols
     this consumer does not know yet; it gets the safe default. ``pid`` / ``process_name`` come from the
     kernel line (the driver prints ``pid='<unknown>'`` / ``name=<unknown>`` when it has none: pass
     ``None``). ``message`` is the text after the code (or the whole line); parsers search it, so either

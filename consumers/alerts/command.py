@@ -20,16 +20,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
-from consumers.alerts.admission import DeviceAdmission
-from consumers.alerts.alert_record import gpu_alert_shape
-from consumers.alerts.cordon import HOUR_MS, Cordoner, KubeNodeApi
-from consumers.alerts.dedupe import EngineConfig
-from consumers.alerts.health_signals import HealthConfig
-from consumers.alerts.leader import LeaderElector, ha_members
-from consumers.alerts.node_check import NODE_CERT_RULES, NODE_IDENTITY_MODES, NodeCheck
-from consumers.alerts.service import AlertsService, kafka_alert_sink, restore_from_topic
-from consumers.consume_loop import ConsumeLoop
-from gpupipe import kube, startup, topics
+from gpupipe import kube, service_flags, startup, topics
 from gpupipe.acls import DEFAULT_GROUPS
 from gpupipe.alertmanager import AlertmanagerFanout, AlertmanagerMetrics, AlertmanagerSender
 from gpupipe.argtypes import duration_ms, field_default, keyword_default, positive_duration_ms
@@ -37,7 +28,16 @@ from gpupipe.errors import ConfigError, GpupipeError
 from gpupipe.kafka_admin import parse_kafka_overrides, wait_for_broker
 from gpupipe.logs import fields
 from gpupipe.runner import KafkaNeeds, Lifecycle, ServiceSpec, run_service
-from schemas.codec import codec_from_url
+from gpupipe_consumers.alerts.admission import DeviceAdmission
+from gpupipe_consumers.alerts.alert_record import gpu_alert_shape
+from gpupipe_consumers.alerts.cordon import HOUR_MS, Cordoner, KubeNodeApi
+from gpupipe_consumers.alerts.dedupe import EngineConfig
+from gpupipe_consumers.alerts.health_signals import HealthConfig
+from gpupipe_consumers.alerts.leader import LeaderElector, ha_members
+from gpupipe_consumers.alerts.node_check import NODE_CERT_RULES, NODE_IDENTITY_MODES, NodeCheck
+from gpupipe_consumers.alerts.service import AlertsService, kafka_alert_sink, restore_from_topic
+from gpupipe_consumers.consume_loop import ConsumeLoop
+from gpupipe_schemas.codec import codec_from_url
 
 USES_KAFKA = True
 #: A plain instance's check for --ha instances in its group (``--ha-guard-interval``).
@@ -51,19 +51,10 @@ HELP = "classify and deduplicate XIDs into alerts"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--listen", default=None, help="HOST:PORT for the service's /metrics and /healthz")
+    service_flags.add_listen(p)
     p.add_argument("--group-id", default=DEFAULT_GROUPS["alerts"], help="Kafka consumer group")
-    p.add_argument(
-        "--from-beginning",
-        action="store_true",
-        help="a new consumer group starts at the oldest retained input instead of the newest",
-    )
-    p.add_argument(
-        "--create-topics",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="create missing topics with default partitions and retention",
-    )
+    service_flags.add_from_beginning(p, what="input")
+    service_flags.add_create_topics(p)
     p.add_argument(
         "--ha",
         action="store_true",
@@ -653,7 +644,7 @@ def run(args: argparse.Namespace) -> int:
         args,
         KafkaNeeds(
             args.bootstrap_servers,
-            topics.ALL if args.create_topics else needed,
+            topics.to_prepare(needed, create=args.create_topics),
             prefix=args.topic_prefix,
             create=args.create_topics,
             extra=opts.extra,
@@ -680,7 +671,7 @@ def _fence(elector: LeaderElector, stop: threading.Event) -> None:
 
 
 def _ack(args: argparse.Namespace) -> int:
-    from consumers.alerts.ack import publish_ack
+    from gpupipe_consumers.alerts.ack import publish_ack
 
     extra = parse_kafka_overrides(args.kafka_config)
     wait_for_broker(args.bootstrap_servers, extra=extra)

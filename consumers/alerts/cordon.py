@@ -2,7 +2,7 @@
 
 Off by default. ``--cordon`` enables it; ``--dry-run`` evaluates every decision (rate limit included) and
 logs and records what it would do, without calling the API. Only alerts with ``drain_node`` (Xid 79 and
-74 escalations, uncontained memory errors... per :mod:`consumers.alerts.classify`) lead here.
+74 escalations, uncontained memory errors... per :mod:`gpupipe_consumers.alerts.classify`) lead here.
 
 What a cordon is: ``PATCH /api/v1/nodes/{name}`` with ``Content-Type:
 application/strategic-merge-patch+json`` and body ``{"spec": {"unschedulable": true}, "metadata":
@@ -42,7 +42,7 @@ Scope of the limit: every decision is also published as a status ``action`` reco
 records (:meth:`Cordoner.restore_from_cluster`: nodes with our ``gpupipe.io/cordoned-at`` within the hour),
 so a lost action record or a crash between the PATCH and the record cannot reset the limit.
 The limit is cluster-wide because only one instance is active at a time (the leader of the alerts pair;
-see :mod:`consumers.alerts.leader`), and the cluster-side ledger is shared by construction.
+see :mod:`gpupipe_consumers.alerts.leader`), and the cluster-side ledger is shared by construction.
 
 Requests are queued to a worker thread (:meth:`Cordoner.request` never blocks the Kafka path); every
 result goes to the ``on_result`` callback.

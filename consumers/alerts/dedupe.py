@@ -10,7 +10,7 @@ Keys. One open alert per key ``(scope, hostname, device, signal)``: ``device`` i
 ``signal`` is ``xid:<code>`` (``fallen_off_bus`` / ``gpu_lost`` count as 79), ``sxid:<code>`` (scope
 ``nvswitch``), a health signal (``ecc_dbe``, ``thermal``...; NVML's recovery-action *event* shares the
 ``recovery_action`` one), ``gpu_unavailable`` (NVML's GPU-unavailable event; see
-:mod:`consumers.alerts.nvml_notices`) or ``node_burst`` (scope ``node``, device ``""``).
+:mod:`gpupipe_consumers.alerts.nvml_notices`) or ``node_burst`` (scope ``node``, device ``""``).
 
 Lifecycle. Folding and recurrence compare the events' own times (``timestamp_ms``; more than
 ``max_future_skew_ms`` ahead of ``now_ms`` is taken as ``now_ms``); quiet periods are measured in
@@ -42,20 +42,21 @@ processed late (consumer lag, an outage, a node clock behind) is never born reso
   (``quiet``) -- unless it is *sticky*: a GPU fault whose action needs a reset, reboot or RMA
   (:func:`sticky`: drain alerts and actions RESET_GPU, RESTART_BM, RESTART_VM, DRAIN_AND_RESET). Such a
   GPU does not repeat its Xid while it sits broken, so silence is no evidence; it stays firing until
-  evidence of recovery that mends its action class (one table, :mod:`consumers.alerts.recovery_policy`:
+  evidence of recovery that mends its action class (one table,
+  :mod:`gpupipe_consumers.alerts.recovery_policy`:
   a reset ends reset-class alerts, a reboot also reboot-class ones, only an ack or a replaced GPU
   support/RMA-class ones): the GPU's own (a ``gpu_reset`` signal from the samples, NVML's recovery
   action back to none, a new UUID in the slot: reason ``recovered``), the kernel log's (an event of the
   node under a new boot id: it rebooted; the driver's load line, XidEvent kind ``driver_loaded``),
   which ends a GPU's alert once a sample shows that GPU healthy after it (``Alert.pending`` until then;
-  see :mod:`consumers.alerts.recovery_evidence`), or an operator's acknowledgement
+  see :mod:`gpupipe_consumers.alerts.recovery_evidence`), or an operator's acknowledgement
   (:meth:`AlertEngine.acknowledge`, ``gpupipe alerts --ack ALERT_ID``: reason ``acknowledged``), as
   NVSentinel and GPUd do. Evidence is remembered with its time: a fault processed after evidence that
-  followed it is treated as if it had come first (:mod:`consumers.alerts.evidence_memory`).
+  followed it is treated as if it had come first (:mod:`gpupipe_consumers.alerts.evidence_memory`).
   Application-class alerts still expire by quiet time.
   Level health signals also resolve when the sample says the condition cleared (``cleared``); the
   samples alone raise and end them, except a ``recovery_action`` alert NVML's event spoke for, which is
-  sticky (:func:`~consumers.alerts.alert_policy.sample_owned`). When R < D a resolved alert is
+  sticky (:func:`~gpupipe_consumers.alerts.alert_policy.sample_owned`). When R < D a resolved alert is
   remembered until D after its last occurrence, and an occurrence in that span *reopens* it (same id,
   status firing again) instead of raising a new one.
 * **Node burst**: when occurrences on at least ``node_burst_gpus`` distinct GPUs of one node fall within
@@ -66,7 +67,8 @@ processed late (consumer lag, an outage, a node clock behind) is never born reso
   ``min(R, D)`` quiet, so it never outlives the span in which it absorbs faults -- unless one of its
   members is sticky and still firing: then it stays open as long as they do and goes on absorbing the
   node's faults (Alertmanager inhibits the members under it; resolving it first would page them again).
-* **Classification** (:func:`~consumers.alerts.classify.classify`, per GPU history and health snapshot) runs
+* **Classification** (:func:`~gpupipe_consumers.alerts.classify.classify`, per GPU history and health
+snapshot) runs
   for every occurrence; an alert keeps the *worst* decision seen (severity, then drain, then action rank):
   it may escalate, never de-escalate, while open.
 
@@ -82,18 +84,21 @@ be among them, or Alertmanager would expire it and ``--uncordon`` release its st
 published revision increments ``sequence``.
 
 Parts. :class:`AlertEngine` is the façade the service drives; the work is done by collaborators that each
-own their state and share one :class:`~consumers.alerts.alert_table.AlertTable` (the alerts by key and
-id, the revisions to publish, the counts) and the :class:`~consumers.alerts.alert_table.EngineConfig`:
+own their state and share one :class:`~gpupipe_consumers.alerts.alert_table.AlertTable` (the alerts by key and
+id, the revisions to publish, the counts) and the :class:`~gpupipe_consumers.alerts.alert_table.EngineConfig`:
 
-* :class:`~consumers.alerts.xid_intake.XidIntake` folds XidEvents (it owns their double sightings) and hands
-  NVML's notice kinds to :class:`~consumers.alerts.nvml_notices.NvmlNotices`;
-* :class:`~consumers.alerts.signal_alerts.SignalAlerts` folds health-signal changes;
-* :class:`~consumers.alerts.recovery_evidence.RecoveryEvidence` applies evidence and acks (the evidence
+* :class:`~gpupipe_consumers.alerts.xid_intake.XidIntake` folds XidEvents (it owns their double sightings)
+and hands
+  NVML's notice kinds to :class:`~gpupipe_consumers.alerts.nvml_notices.NvmlNotices`;
+* :class:`~gpupipe_consumers.alerts.signal_alerts.SignalAlerts` folds health-signal changes;
+* :class:`~gpupipe_consumers.alerts.recovery_evidence.RecoveryEvidence` applies evidence and acks (the
+evidence
   memory, the evidence to publish);
-* :class:`~consumers.alerts.node_burst.NodeBursts` rolls GPU faults up into node alerts;
-* :class:`~consumers.alerts.fault_decisions.FaultDecisions` classifies occurrences,
-  :class:`~consumers.alerts.gpu_histories.GpuHistories` keeps what the classifier remembers per GPU, and
-  :class:`~consumers.alerts.input_guard.InputGuard` drops duplicates and replays.
+* :class:`~gpupipe_consumers.alerts.node_burst.NodeBursts` rolls GPU faults up into node alerts;
+* :class:`~gpupipe_consumers.alerts.fault_decisions.FaultDecisions` classifies occurrences,
+  :class:`~gpupipe_consumers.alerts.gpu_histories.GpuHistories` keeps what the classifier remembers per GPU,
+  and
+  :class:`~gpupipe_consumers.alerts.input_guard.InputGuard` drops duplicates and replays.
 """
 
 from __future__ import annotations
@@ -102,19 +107,19 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from consumers.alerts.alert_policy import STICKY_ACTIONS, sticky, worse
-from consumers.alerts.alert_record import Alert, alert_from_record
-from consumers.alerts.alert_table import AlertTable, EngineConfig, Key
-from consumers.alerts.evidence_memory import Evidence, EvidenceMemory, evidence_from_record
-from consumers.alerts.fault_decisions import FaultDecisions, HealthFn, IdentityFn
-from consumers.alerts.gpu_histories import GpuHistories
-from consumers.alerts.health_signals import GpuIdentity, SignalEvent
-from consumers.alerts.input_guard import InputGuard
-from consumers.alerts.node_burst import NodeBursts
-from consumers.alerts.nvml_notices import NvmlNotices
-from consumers.alerts.recovery_evidence import RecoveryEvidence
-from consumers.alerts.signal_alerts import SignalAlerts
-from consumers.alerts.xid_intake import XidIntake
+from gpupipe_consumers.alerts.alert_policy import STICKY_ACTIONS, sticky, worse
+from gpupipe_consumers.alerts.alert_record import Alert, alert_from_record
+from gpupipe_consumers.alerts.alert_table import AlertTable, EngineConfig, Key
+from gpupipe_consumers.alerts.evidence_memory import Evidence, EvidenceMemory, evidence_from_record
+from gpupipe_consumers.alerts.fault_decisions import FaultDecisions, HealthFn, IdentityFn
+from gpupipe_consumers.alerts.gpu_histories import GpuHistories
+from gpupipe_consumers.alerts.health_signals import GpuIdentity, SignalEvent
+from gpupipe_consumers.alerts.input_guard import InputGuard
+from gpupipe_consumers.alerts.node_burst import NodeBursts
+from gpupipe_consumers.alerts.nvml_notices import NvmlNotices
+from gpupipe_consumers.alerts.recovery_evidence import RecoveryEvidence
+from gpupipe_consumers.alerts.signal_alerts import SignalAlerts
+from gpupipe_consumers.alerts.xid_intake import XidIntake
 
 __all__ = ["STICKY_ACTIONS", "AlertEngine", "EngineConfig", "sticky", "worse"]
 
@@ -185,7 +190,8 @@ class AlertEngine:
         self, ev: dict[str, Any], now_ms: int, position: tuple[int, int] | None = None
     ) -> Alert | None:
         """Fold one ``XidEvent`` into the alerts; returns the GPU/NVSwitch alert it landed in (``None`` for
-        a duplicate). Raises :class:`~consumers.alerts.health_signals.InvalidRecord` for an event without
+        a duplicate). Raises :class:`~gpupipe_consumers.alerts.health_signals.InvalidRecord` for an event
+        without
         host or time.
 
         ``position``: (partition, offset) of the event in the XidEvent topic. An event at or before the
@@ -198,12 +204,12 @@ class AlertEngine:
 
     def on_signal(self, ident: GpuIdentity, sig: SignalEvent, now_ms: int) -> Alert | None:
         """Apply one health-signal change of one GPU (from
-        :class:`~consumers.alerts.health_signals.HealthTracker`)."""
+        :class:`~gpupipe_consumers.alerts.health_signals.HealthTracker`)."""
         return self.signals.on_signal(ident, sig, now_ms)
 
     def sample_seen(self, ident: GpuIdentity, ts: int, healthy: bool, now_ms: int) -> list[Alert]:
         """A whole-GPU sample at ``ts``: see :meth:`RecoveryEvidence.sample_seen
-        <consumers.alerts.recovery_evidence.RecoveryEvidence.sample_seen>`."""
+        <gpupipe_consumers.alerts.recovery_evidence.RecoveryEvidence.sample_seen>`."""
         return self.evidence.sample_seen(ident, ts, healthy, now_ms)
 
     def acknowledge(self, alert_id: str, now_ms: int, note: str = "") -> Alert | None:
@@ -222,7 +228,7 @@ class AlertEngine:
         uuid: str | None = None,
     ) -> list[Alert]:
         """The GPU's own evidence of recovery at ``ts``: see :meth:`RecoveryEvidence.recovered
-        <consumers.alerts.recovery_evidence.RecoveryEvidence.recovered>`."""
+        <gpupipe_consumers.alerts.recovery_evidence.RecoveryEvidence.recovered>`."""
         return self.evidence.recovered(host, device, ts, now_ms, detail, kind, uuid)
 
     def seen_boot(self, host: str, boot_id: str, ts: int, now_ms: int) -> list[Alert]:
@@ -257,7 +263,8 @@ class AlertEngine:
         return self.table.take(now_ms, force=force)
 
     def take_evidence(self) -> list[Evidence]:
-        """Evidence learnt since the last call, to publish (see :mod:`consumers.alerts.evidence_memory`)."""
+        """Evidence learnt since the last call, to publish (see
+        :mod:`gpupipe_consumers.alerts.evidence_memory`)."""
         return self.evidence.take_evidence()
 
     # ----------------------------------------------------------------------------------- restore

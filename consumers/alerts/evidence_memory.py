@@ -5,7 +5,7 @@ driver's load line by host, samples on their own topic), so their processing ord
 after an alerts outage or an HA takeover the post-reboot load line may be processed before the
 pre-reboot XID, a reset seen in the samples before the XID it ends. The outcome must not depend on that
 order, so evidence is remembered with its own time, and a fault processed late is matched against the
-evidence after it exactly as if it had come first (:mod:`consumers.alerts.recovery_evidence`):
+evidence after it exactly as if it had come first (:mod:`gpupipe_consumers.alerts.recovery_evidence`):
 
 * per host, the boot ids seen, each with the earliest time of an event under it (:meth:`EvidenceMemory.boot`);
   the boots ordered by that time tell which one follows a fault's boot (:meth:`EvidenceMemory.successor`),
@@ -30,7 +30,7 @@ import bisect
 from dataclasses import dataclass
 from typing import Any
 
-from consumers.alerts.alert_record import Alert, AlertName, action_record, alert_id, to_record
+from gpupipe_consumers.alerts.alert_record import Alert, AlertName, action_record, alert_id, to_record
 
 __all__ = ["EVIDENCE_KINDS", "Evidence", "EvidenceMemory", "evidence_from_record", "evidence_record"]
 

@@ -1,6 +1,6 @@
 """What one fault occurrence says about its alert: the classifier's decision and the GPU's identity.
 
-Classification (:func:`~consumers.alerts.classify.classify`, per GPU history and health snapshot) runs
+Classification (:func:`~gpupipe_consumers.alerts.classify.classify`, per GPU history and health snapshot) runs
 for every occurrence, except a repeat of a fault already classified within the open incident; an alert
 keeps the *worst* decision seen (severity, then drain, then action rank): it may escalate, never
 de-escalate, while open. The identity (UUID, index, model, driver, pods) comes from the event, or from
@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from consumers.alerts.alert_policy import merge_codes, unless_elsewhere, worse
-from consumers.alerts.alert_record import Alert
-from consumers.alerts.alert_table import AlertTable, Key
-from consumers.alerts.classify import Classification, FaultEvent, GpuHealth, classify
-from consumers.alerts.gpu_histories import GpuHistories
-from consumers.alerts.health_signals import GpuIdentity
+from gpupipe_consumers.alerts.alert_policy import merge_codes, unless_elsewhere, worse
+from gpupipe_consumers.alerts.alert_record import Alert
+from gpupipe_consumers.alerts.alert_table import AlertTable, Key
+from gpupipe_consumers.alerts.classify import Classification, FaultEvent, GpuHealth, classify
+from gpupipe_consumers.alerts.gpu_histories import GpuHistories
+from gpupipe_consumers.alerts.health_signals import GpuIdentity
 
 __all__ = ["FaultDecisions", "HealthFn", "IdentityFn"]
 

@@ -4,8 +4,8 @@ The recurrence rules (Xid 79 or 119/120 back after a reset, an application fault
 workload) read them; the fault paths record faults, the evidence paths resets (a reset, a reboot, a
 driver load). A history made for a GPU only now starts with the resets the evidence memory already
 holds, so the order in which faults and evidence are processed does not matter
-(:mod:`consumers.alerts.evidence_memory`). Each history is bounded per cause, not per GPU
-(:class:`~consumers.alerts.classify_model.GpuXidHistory`): a flood of one kind of fault keeps the
+(:mod:`gpupipe_consumers.alerts.evidence_memory`). Each history is bounded per cause, not per GPU
+(:class:`~gpupipe_consumers.alerts.classify_model.GpuXidHistory`): a flood of one kind of fault keeps the
 records of the others the recurrence rules read.
 """
 
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from consumers.alerts.alert_record import Alert
-from consumers.alerts.alert_table import EngineConfig
-from consumers.alerts.classify import FaultEvent, GpuXidHistory
-from consumers.alerts.evidence_memory import EvidenceMemory
+from gpupipe_consumers.alerts.alert_record import Alert
+from gpupipe_consumers.alerts.alert_table import EngineConfig
+from gpupipe_consumers.alerts.classify import FaultEvent, GpuXidHistory
+from gpupipe_consumers.alerts.evidence_memory import EvidenceMemory
 
 __all__ = ["GpuHistories"]
 

@@ -31,7 +31,7 @@ skipped (the whole-GPU record carries the health fields); a record without host,
 :class:`InvalidRecord`. Samples older than the GPU's latest one are
 ignored (out of order). The tracker also remembers each GPU's identity (UUID, index, model, driver) so
 that XidEvents carrying only a PCI bus id (kernel log) get a UUID, and the memory-health snapshot
-:func:`~consumers.alerts.classify.classify` takes as context.
+:func:`~gpupipe_consumers.alerts.classify.classify` takes as context.
 
 State is in memory only: after a restart the first sample of each GPU is a new baseline, so a DBE
 increase between the last sample before the restart and the first one after is not raised (the XID
@@ -43,10 +43,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from consumers.alerts.alert_record import AlertName
-from consumers.alerts.classify import GpuHealth
-from consumers.alerts.rules_notice import RECOVERY_ACTION_NAME, recovery_decision
 from gpupipe import pci
+from gpupipe_consumers.alerts.alert_record import AlertName
+from gpupipe_consumers.alerts.classify import GpuHealth
+from gpupipe_consumers.alerts.rules_notice import RECOVERY_ACTION_NAME, recovery_decision
 
 __all__ = [
     "LEVEL_SIGNALS",
@@ -204,7 +204,7 @@ class SignalEvent:
     value: int | None = None
     evidence: str = ""
     """For ``gpu_reset``: the evidence kind (``reset``, or ``gpu_back`` when the GPU is reported again after
-    it was lost; see :mod:`consumers.alerts.recovery_policy`)."""
+    it was lost; see :mod:`gpupipe_consumers.alerts.recovery_policy`)."""
 
 
 @dataclass(slots=True)

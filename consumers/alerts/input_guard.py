@@ -11,8 +11,8 @@ and clocks that run ahead.
 
 from __future__ import annotations
 
-from consumers.alerts.alert_record import Alert
-from consumers.alerts.alert_table import AlertTable, Key
+from gpupipe_consumers.alerts.alert_record import Alert
+from gpupipe_consumers.alerts.alert_table import AlertTable, Key
 
 __all__ = ["InputGuard"]
 

@@ -4,15 +4,15 @@ When occurrences on at least ``node_burst_gpus`` distinct GPUs of one node fall 
 ``node_burst_window_ms``, a node alert opens in the table; the GPU alerts stay as detail and name it in
 ``parent_alert_id``. It stays open while any of its sticky members fires (and absorbs the node's faults
 meanwhile): Alertmanager inhibits the members under it, so resolving it first would send a RESOLVED and
-page every member again for one incident. See :mod:`consumers.alerts.dedupe`, "Node burst".
+page every member again for one incident. See :mod:`gpupipe_consumers.alerts.dedupe`, "Node burst".
 """
 
 from __future__ import annotations
 
-from consumers.alerts.alert_policy import counts_toward_burst, merge_codes, rank
-from consumers.alerts.alert_record import Alert, AlertName
-from consumers.alerts.alert_table import AlertTable, Key
-from consumers.alerts.catalog import CATALOG_VERSION
+from gpupipe_consumers.alerts.alert_policy import counts_toward_burst, merge_codes, rank
+from gpupipe_consumers.alerts.alert_record import Alert, AlertName
+from gpupipe_consumers.alerts.alert_table import AlertTable, Key
+from gpupipe_consumers.alerts.catalog import CATALOG_VERSION
 
 __all__ = ["NodeBursts"]
 
@@ -57,7 +57,8 @@ class NodeBursts:
         """Count a GPU occurrence toward its node's burst (see module doc).
 
         Only faults that carry a health signal count
-        (:func:`~consumers.alerts.alert_policy.counts_toward_burst`): killing an 8-GPU job logs Xid 45 on
+        (:func:`~gpupipe_consumers.alerts.alert_policy.counts_toward_burst`): killing an 8-GPU job logs Xid
+        45 on
         every GPU, which says nothing about the node. Per node, the newest occurrence time of each GPU's
         alerts is kept (bounded by GPUs x codes), so the cost of an event does not grow with the node's
         history (a flood on one node costs what a flood spread over many does).

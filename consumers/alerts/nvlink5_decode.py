@@ -219,7 +219,7 @@ def load_sheet(text: str) -> tuple[SheetRow, ...]:
 @cache
 def sheet() -> tuple[SheetRow, ...]:
     """The packaged sheet, loaded and checked once."""
-    return load_sheet(resources.files("consumers.alerts").joinpath("nvlink5_decode.json").read_text())
+    return load_sheet(resources.files("gpupipe_consumers.alerts").joinpath("nvlink5_decode.json").read_text())
 
 
 @cache

@@ -1,6 +1,7 @@
 """NVML's notice events in the alert engine: the GPU's recovery action and "GPU unavailable" (no XID).
 
-XidEvent kinds ``recovery_action`` and ``gpu_unavailable`` (see :mod:`consumers.alerts.rules_notice` for
+XidEvent kinds ``recovery_action`` and ``gpu_unavailable`` (see :mod:`gpupipe_consumers.alerts.rules_notice`
+for
 what they say and how they are graded) have no XID code, so they are not keyed as XIDs (each would be
 an "XID 0 UNKNOWN_XID" warning). Here:
 
@@ -9,13 +10,13 @@ an "XID 0 UNKNOWN_XID" warning). Here:
   alertname ``GpuRecoveryActionRequired``), so the event and the level signal are one incident
   whichever comes first; a later value folds in (the worst decision stays). NVML reports the change
   once, so once an event spoke for the alert silence is no evidence: it stays firing until evidence
-  (:func:`~consumers.alerts.alert_policy.sample_owned`): a sample reading 0, the NONE event, evidence
-  that mends the action it asked for (:mod:`consumers.alerts.recovery_policy`), or an ack. A report
+  (:func:`~gpupipe_consumers.alerts.alert_policy.sample_owned`): a sample reading 0, the NONE event, evidence
+  that mends the action it asked for (:mod:`gpupipe_consumers.alerts.recovery_policy`), or an ack. A report
   older than the GPU's latest recovery evidence (the sampled value reading 0 included) is over already
   and raises nothing.
 * **Recovery action NONE (0)**: evidence of recovery, as the sampled field going back to none: reset
   evidence for the GPU (recorded for its history; it ends the GPU's reset-class alerts from before it,
-  never a reboot- or support/RMA-class one: :mod:`consumers.alerts.recovery_policy`), and the
+  never a reboot- or support/RMA-class one: :mod:`gpupipe_consumers.alerts.recovery_policy`), and the
   recovery-action alert's own clear (``recovered``) whatever action that alert asked for.
 * **GPU unavailable**: a critical RESET_GPU drain alert of that GPU (key ``(gpu, host, device,
   gpu_unavailable)``, alertname ``GpuUnavailable``, the pods attached as for XIDs) that stays firing
@@ -23,24 +24,24 @@ an "XID 0 UNKNOWN_XID" warning). Here:
   ``gone``: a driver reload alone does not end it (a module load says nothing of a GPU that could not
   be reached); a sample of the GPU after it, a reset seen in the samples or NVML's NONE do.
 
-Part of the XidEvent path (:class:`~consumers.alerts.xid_intake.XidIntake` routes these kinds here).
+Part of the XidEvent path (:class:`~gpupipe_consumers.alerts.xid_intake.XidIntake` routes these kinds here).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from consumers.alerts.alert_policy import workload
-from consumers.alerts.alert_record import Alert, AlertName
-from consumers.alerts.alert_table import AlertTable, Key
-from consumers.alerts.classify import FaultEvent
-from consumers.alerts.fault_decisions import FaultDecisions
-from consumers.alerts.gpu_histories import GpuHistories
-from consumers.alerts.health_signals import SIGNAL_INFO, InvalidRecord, device_key
-from consumers.alerts.input_guard import InputGuard
-from consumers.alerts.node_burst import NodeBursts
-from consumers.alerts.recovery_evidence import RecoveryEvidence
-from consumers.alerts.xid_parsers import parse_recovery_event
+from gpupipe_consumers.alerts.alert_policy import workload
+from gpupipe_consumers.alerts.alert_record import Alert, AlertName
+from gpupipe_consumers.alerts.alert_table import AlertTable, Key
+from gpupipe_consumers.alerts.classify import FaultEvent
+from gpupipe_consumers.alerts.fault_decisions import FaultDecisions
+from gpupipe_consumers.alerts.gpu_histories import GpuHistories
+from gpupipe_consumers.alerts.health_signals import SIGNAL_INFO, InvalidRecord, device_key
+from gpupipe_consumers.alerts.input_guard import InputGuard
+from gpupipe_consumers.alerts.node_burst import NodeBursts
+from gpupipe_consumers.alerts.recovery_evidence import RecoveryEvidence
+from gpupipe_consumers.alerts.xid_parsers import parse_recovery_event
 
 __all__ = ["NOTICE_ALERTNAMES", "NvmlNotices"]
 
@@ -138,7 +139,8 @@ class NvmlNotices:
 
     def _recovery_none(self, host: str, device: str, ts: int, now_ms: int, message: str) -> None:
         """NVML says the GPU needs no recovery action any more: reset evidence for the GPU's alerts
-        (:mod:`~consumers.alerts.recovery_policy`), and the recovery-action signal's own clear: it ends that
+        (:mod:`~gpupipe_consumers.alerts.recovery_policy`), and the recovery-action signal's own clear: it
+        ends that
         alert whatever action it asked for (one only the samples raised too: NVML said it first)."""
         detail = f"NVML recovery-action event: {message or 'NONE (0)'}"
         self._recovery.recovered(host, device, ts, now_ms, detail)

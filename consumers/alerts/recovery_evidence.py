@@ -1,6 +1,6 @@
 """Evidence of recovery and operators' acks: what ends the sticky alerts that silence cannot end.
 
-Which evidence ends which alert is one table, :mod:`consumers.alerts.recovery_policy` (a reset ends
+Which evidence ends which alert is one table, :mod:`gpupipe_consumers.alerts.recovery_policy` (a reset ends
 reset-class alerts, a reboot also reboot-class ones, only an ack or a replaced GPU ends
 support/RMA-class ones). The evidence paths here apply it:
 
@@ -16,7 +16,7 @@ support/RMA-class ones). The evidence paths here apply it:
   seen within ``confirm_within_ms``);
 * an operator's ack (:meth:`RecoveryEvidence.acknowledge`).
 
-Order does not matter (:mod:`consumers.alerts.evidence_memory`): evidence is remembered with its time,
+Order does not matter (:mod:`gpupipe_consumers.alerts.evidence_memory`): evidence is remembered with its time,
 and an alert raised by an event processed after evidence that followed it
 (:meth:`RecoveryEvidence.evaluate`) gets the same treatment as if it had come first. An event under a
 boot older than one already seen never makes it the host's current boot again. The evidence is
@@ -24,20 +24,20 @@ published, so a restored instance decides alike.
 
 Level-signal alerts that only the samples raised are left to the samples' own clear; one an XidEvent
 raised (the recovery-action event) is ended by evidence like any fault
-(:func:`~consumers.alerts.alert_policy.sample_owned`).
+(:func:`~gpupipe_consumers.alerts.alert_policy.sample_owned`).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from consumers.alerts.alert_policy import sample_owned, with_note
-from consumers.alerts.alert_record import Alert, Pending, iso_ms
-from consumers.alerts.alert_table import AlertTable
-from consumers.alerts.evidence_memory import Evidence, EvidenceMemory
-from consumers.alerts.gpu_histories import GpuHistories
-from consumers.alerts.health_signals import GpuIdentity
-from consumers.alerts.recovery_policy import EVIDENCE_ENDS, NEEDS_SAMPLE, ends, recovery_class
+from gpupipe_consumers.alerts.alert_policy import sample_owned, with_note
+from gpupipe_consumers.alerts.alert_record import Alert, Pending, iso_ms
+from gpupipe_consumers.alerts.alert_table import AlertTable
+from gpupipe_consumers.alerts.evidence_memory import Evidence, EvidenceMemory
+from gpupipe_consumers.alerts.gpu_histories import GpuHistories
+from gpupipe_consumers.alerts.health_signals import GpuIdentity
+from gpupipe_consumers.alerts.recovery_policy import EVIDENCE_ENDS, NEEDS_SAMPLE, ends, recovery_class
 
 __all__ = ["RecoveryEvidence"]
 
@@ -47,7 +47,7 @@ _REBOOT_SCOPES = frozenset({"gpu", "nvswitch"})
 class RecoveryEvidence:
     """Applies evidence to the table's alerts; owns the evidence learnt and not yet published.
 
-    The evidence memory is shared with :class:`~consumers.alerts.gpu_histories.GpuHistories`, which
+    The evidence memory is shared with :class:`~gpupipe_consumers.alerts.gpu_histories.GpuHistories`, which
     seeds a new GPU's history with the resets it holds."""
 
     def __init__(self, table: AlertTable, histories: GpuHistories, memory: EvidenceMemory) -> None:
@@ -59,7 +59,8 @@ class RecoveryEvidence:
         self._out: list[Evidence] = []  # evidence to publish (take_evidence)
 
     def take_evidence(self) -> list[Evidence]:
-        """Evidence learnt since the last call, to publish (see :mod:`consumers.alerts.evidence_memory`)."""
+        """Evidence learnt since the last call, to publish (see
+        :mod:`gpupipe_consumers.alerts.evidence_memory`)."""
         out, self._out = self._out, []
         return out
 
@@ -82,7 +83,7 @@ class RecoveryEvidence:
         """The GPU's own evidence of ``kind`` (``reset``, ``gpu_back``, ``replaced``) at ``ts``: remember and
         publish it, record the reset in the GPU's history, and resolve (``recovered``) its open fault
         alerts from before ``ts`` that the evidence mends. Level signals the samples own have their own
-        clear and are left alone (:func:`~consumers.alerts.alert_policy.sample_owned`)."""
+        clear and are left alone (:func:`~gpupipe_consumers.alerts.alert_policy.sample_owned`)."""
         ev = Evidence(kind, host, ts, detail, device=device, uuid=uuid)
         if self.memory.gpu_evidence(ev):
             self._out.append(ev)
@@ -204,7 +205,8 @@ class RecoveryEvidence:
 
     def sample_seen(self, ident: GpuIdentity, ts: int, healthy: bool, now_ms: int) -> list[Alert]:
         """A whole-GPU sample at ``ts`` (``healthy``: see
-        :func:`~consumers.alerts.recovery_policy.sample_healthy`): ends the GPU's alerts waiting for it
+        :func:`~gpupipe_consumers.alerts.recovery_policy.sample_healthy`): ends the GPU's alerts waiting for
+        it
         after a reboot or driver load, and a new UUID in the slot is a replacement. Called for every
         sample: two dict lookups when the GPU has no open alert."""
         if not healthy:

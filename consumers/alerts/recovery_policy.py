@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from consumers.alerts.alert_record import Alert
+from gpupipe_consumers.alerts.alert_record import Alert
 
 __all__ = [
     "CLASSES",

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import re
 
-from consumers.alerts.catalog import (
+from gpupipe_consumers.alerts.catalog import (
     CATALOG_VERSION,
     Action,
     CauseClass,
     Severity,
 )
-from consumers.alerts.classify_ctx import (
+from gpupipe_consumers.alerts.classify_ctx import (
     _Ctx,
     _fmt_ms,
     _who,
 )
-from consumers.alerts.classify_model import (
+from gpupipe_consumers.alerts.classify_model import (
     _GPU_KINDS,
     Classification,
     _record_of,
@@ -109,7 +109,8 @@ def _app_fault(ctx: _Ctx) -> Classification:
     in a healthy state ... user application error" (IGNORE): never escalated. We escalate 13/31 when
     (a) two Xid 13 on this GPU in ``app_fault_window_ms`` hit the same GPC and TPC on different SMs, or
     (b) ``app_fault_distinct_workloads`` different workloads (namespace + controller of the pod, see
-    :func:`~consumers.alerts.classify_model.workload_key`; never pids: a crash-looping container gets a
+    :func:`~gpupipe_consumers.alerts.classify_model.workload_key`; never pids: a crash-looping container gets
+    a
     new pid per restart) hit 13/31 on it. The escalation is a *ticket* (warning, RUN_DCGMEUD), never a
     drain: the diagnostics decide whether the GPU is bad.
     """

@@ -4,27 +4,27 @@ from __future__ import annotations
 
 import re
 
-from consumers.alerts.catalog import (
+from gpupipe_consumers.alerts.catalog import (
     CATALOG_VERSION,
     Action,
     CauseClass,
     Severity,
 )
-from consumers.alerts.classify_ctx import (
+from gpupipe_consumers.alerts.classify_ctx import (
     _RECOVERY_DEFAULTS,
     _RUNBOOK,
     _Ctx,
     _fmt_ms,
     _who,
 )
-from consumers.alerts.classify_model import (
+from gpupipe_consumers.alerts.classify_model import (
     _GPU_KINDS,
     Classification,
     XidRecord,
     _ts,
 )
-from consumers.alerts.rules_app import _unknown
-from consumers.alerts.xid_parsers import (
+from gpupipe_consumers.alerts.rules_app import _unknown
+from gpupipe_consumers.alerts.xid_parsers import (
     RecoveryChange,
     parse_recovery_action,
 )

@@ -1,21 +1,21 @@
 """Classifier rules for interconnect faults: Xid 74 (WORKFLOW_NVLINK_ERR); NVLink5 (144-150) is in
-:mod:`consumers.alerts.rules_nvlink5`."""
+:mod:`gpupipe_consumers.alerts.rules_nvlink5`."""
 
 from __future__ import annotations
 
-from consumers.alerts.catalog import (
+from gpupipe_consumers.alerts.catalog import (
     Action,
     CauseClass,
     Severity,
 )
-from consumers.alerts.classify_ctx import (
+from gpupipe_consumers.alerts.classify_ctx import (
     _Ctx,
     _fmt_ms,
 )
-from consumers.alerts.classify_model import (
+from gpupipe_consumers.alerts.classify_model import (
     Classification,
 )
-from consumers.alerts.xid_parsers import (
+from gpupipe_consumers.alerts.xid_parsers import (
     decode_nvlink_registers,
     parse_nvlink_error,
 )

@@ -4,22 +4,22 @@ from __future__ import annotations
 
 import re
 
-from consumers.alerts.catalog import (
+from gpupipe_consumers.alerts.catalog import (
     Action,
     CauseClass,
     Severity,
 )
-from consumers.alerts.classify_ctx import (
+from gpupipe_consumers.alerts.classify_ctx import (
     _RUNBOOK,
     _Ctx,
     _fmt_ms,
     _who,
 )
-from consumers.alerts.classify_model import (
+from gpupipe_consumers.alerts.classify_model import (
     Classification,
     GpuHealth,
 )
-from consumers.alerts.xid_parsers import (
+from gpupipe_consumers.alerts.xid_parsers import (
     parse_containment,
 )
 

@@ -5,12 +5,12 @@ NVML R570+ reports two GPU states as events without an Xid number: ``nvmlEventTy
 ``nvmlEventTypeGpuUnavailableError`` (0x4000: the GPU cannot be used until it is reset or the node
 rebooted). The node agent publishes them as XidEvent kinds ``recovery_action`` (the value in the
 message, ``GPU recovery action: DRAIN_AND_RESET (4)``) and ``gpu_unavailable``, ``xid`` null
-(``producer.xid_events.nvml_notice_event``). Treating them as an XID without a code gave a bogus
+(``gpupipe_producer.xid_events.nvml_notice_event``). Treating them as an XID without a code gave a bogus
 "XID 0 UNKNOWN_XID" warning.
 
 * ``recovery_action``: NVIDIA's own statement of what the GPU needs, graded exactly like the sampled
   field ``gpu_recovery_action`` (:func:`recovery_decision`, shared with
-  :func:`~consumers.alerts.health_signals.recovery_presentation`), under the same name and cause
+  :func:`~gpupipe_consumers.alerts.health_signals.recovery_presentation`), under the same name and cause
   class, because the engine makes the event and the sampled level signal one alert. Value 0 (NONE)
   says the GPU needs nothing any more: the engine takes it as evidence of recovery.
 * ``gpu_unavailable``: critical, RESET_GPU, drain (our judgement: NVML gives no action for it; a reset
@@ -18,15 +18,15 @@ message, ``GPU recovery action: DRAIN_AND_RESET (4)``) and ``gpu_unavailable``, 
   reset-class codes, which drain). The board is the suspect (``hardware_memory``), as for the
   recovery action the driver raises next to it.
 
-Pure: no clock, no I/O; called by :func:`~consumers.alerts.classify.classify`.
+Pure: no clock, no I/O; called by :func:`~gpupipe_consumers.alerts.classify.classify`.
 """
 
 from __future__ import annotations
 
-from consumers.alerts.catalog import Action, CauseClass, Severity
-from consumers.alerts.classify_ctx import _RECOVERY_DEFAULTS, _RUNBOOK
-from consumers.alerts.classify_model import Classification, FaultEvent
-from consumers.alerts.xid_parsers import (
+from gpupipe_consumers.alerts.catalog import Action, CauseClass, Severity
+from gpupipe_consumers.alerts.classify_ctx import _RECOVERY_DEFAULTS, _RUNBOOK
+from gpupipe_consumers.alerts.classify_model import Classification, FaultEvent
+from gpupipe_consumers.alerts.xid_parsers import (
     RECOVERY_ACTION_NAMES,
     parse_recovery_event,
     recovery_action_from_nvml,

@@ -1,6 +1,6 @@
 """Classifier rule for Xid 144-150 (NVLink5, WORKFLOW_NVLINK5_ERR): NVIDIA's decode sheet, row by row.
 
-The registers of the line are decoded with :mod:`consumers.alerts.nvlink5_decode`; the row's immediate
+The registers of the line are decoded with :mod:`gpupipe_consumers.alerts.nvlink5_decode`; the row's immediate
 bucket decides, and its investigatory bucket goes into the text and runbook:
 
 * ``RESET_GPU``: critical, drain (a GPU-fatal error takes every link down; a link-fatal one puts the GPU
@@ -18,12 +18,12 @@ prints, under rules named ``nvlink5.undecoded_*``, and says so.
 
 from __future__ import annotations
 
-from consumers.alerts.catalog import Action, CauseClass, Severity
-from consumers.alerts.classify_ctx import _RUNBOOK, _Ctx, _fmt_ms
-from consumers.alerts.classify_model import DAY_MS, Classification
-from consumers.alerts.nvlink5_decode import Nvlink5Decode, decode_nvlink5
-from consumers.alerts.rules_gsp import _follow_154, _latest_154
-from consumers.alerts.xid_parsers import Nvlink5Error, parse_nvlink5
+from gpupipe_consumers.alerts.catalog import Action, CauseClass, Severity
+from gpupipe_consumers.alerts.classify_ctx import _RUNBOOK, _Ctx, _fmt_ms
+from gpupipe_consumers.alerts.classify_model import DAY_MS, Classification
+from gpupipe_consumers.alerts.nvlink5_decode import Nvlink5Decode, decode_nvlink5
+from gpupipe_consumers.alerts.rules_gsp import _follow_154, _latest_154
+from gpupipe_consumers.alerts.xid_parsers import Nvlink5Error, parse_nvlink5
 
 __all__ = ["INVESTIGATE", "_nvlink5"]
 

@@ -1,8 +1,10 @@
 """The alerts service: consume-loop handler, GpuAlert publishing, restore after restart, wiring.
 
-:class:`AlertsService` is the :class:`~consumers.consume_loop.Handler`: it feeds ``XidEvent`` records to
-the :class:`~consumers.alerts.dedupe.AlertEngine` and ``GpuSample`` records to the
-:class:`~consumers.alerts.health_signals.HealthTracker`, publishes the revisions the engine hands out to
+:class:`AlertsService` is the :class:`~gpupipe_consumers.consume_loop.Handler`: it feeds ``XidEvent`` records
+to
+the :class:`~gpupipe_consumers.alerts.dedupe.AlertEngine` and ``GpuSample`` records to the
+:class:`~gpupipe_consumers.alerts.health_signals.HealthTracker`, publishes the revisions the engine hands out
+to
 ``gpu.alerts.v1`` (keyed by ``alert_id``, idempotent producer), passes them to Alertmanager and, for drain
 alerts, to the cordoner. A ticker thread calls :meth:`AlertsService.tick` every second so alerts resolve
 and throttled updates go out when no input arrives.
@@ -21,13 +23,13 @@ Restart: before consuming, :func:`restore_from_topic` reads ``gpu.alerts.v1`` fr
 (default 24 h) to its end, and :meth:`AlertsService.restore` rebuilds the open alerts from their latest
 revisions (same ids, counts, sequence numbers), the per-GPU history the classifier's recurrence rules use
 (from those records), the recovery evidence seen (boot ids, driver loads, GPU resets: the ``evidence``
-action records, :mod:`consumers.alerts.evidence_memory`, so a late event of an old boot or an alert
+action records, :mod:`gpupipe_consumers.alerts.evidence_memory`, so a late event of an old boot or an alert
 waiting for its GPU after a reboot is decided as the previous instance would have), the cordon
 rate-limit ledger (action records plus the nodes' own annotations), and applies operators' acks; then it
 reconciles the cordons the open drain alerts call for. The consumer group resumes the input where it
 committed. What is not restored: node-burst windows, sample baselines and the GPUs' latest healthy
 samples (they rebuild from new input). With ``--ha`` this happens when an instance becomes the leader
-(:mod:`consumers.alerts.leader`).
+(:mod:`gpupipe_consumers.alerts.leader`).
 
 Acks: ``gpu.alerts.v1`` is also an input; of its records only ``action`` records of kind ``ack``
 (``gpupipe alerts --ack``) are applied, the rest is skipped.
@@ -49,20 +51,20 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from consumers.alerts.admission import DeviceAdmission, device_of
-from consumers.alerts.alert_record import Alert, action_record, to_record
-from consumers.alerts.cordon import Cordoner, CordonResult
-from consumers.alerts.dedupe import AlertEngine, EngineConfig
-from consumers.alerts.evidence_memory import evidence_record
-from consumers.alerts.health_signals import LEVEL_SIGNALS, HealthConfig, HealthTracker, InvalidRecord
-from consumers.alerts.node_check import DEADLETTER_REASON, NodeCheck
-from consumers.alerts.recovery_policy import sample_healthy
-from consumers.consume_loop import InRecord
-from consumers.topic_reader import read_topic
 from gpupipe.kafka_sink import KeyedSink
 from gpupipe.kube import KubeApiError
 from gpupipe.logs import fields
-from schemas.codec import AvroCodec
+from gpupipe_consumers.alerts.admission import DeviceAdmission, device_of
+from gpupipe_consumers.alerts.alert_record import Alert, action_record, to_record
+from gpupipe_consumers.alerts.cordon import Cordoner, CordonResult
+from gpupipe_consumers.alerts.dedupe import AlertEngine, EngineConfig
+from gpupipe_consumers.alerts.evidence_memory import evidence_record
+from gpupipe_consumers.alerts.health_signals import LEVEL_SIGNALS, HealthConfig, HealthTracker, InvalidRecord
+from gpupipe_consumers.alerts.node_check import DEADLETTER_REASON, NodeCheck
+from gpupipe_consumers.alerts.recovery_policy import sample_healthy
+from gpupipe_consumers.consume_loop import InRecord
+from gpupipe_consumers.topic_reader import read_topic
+from gpupipe_schemas.codec import AvroCodec
 
 __all__ = ["AlertSink", "AlertsService", "ListSink", "kafka_alert_sink", "restore_from_topic"]
 
@@ -256,7 +258,7 @@ class AlertsService:
 
     def on_revoke(self, partitions: Sequence[tuple[str, int]]) -> None:
         # Alert state is per GPU, not per partition: one active instance owns every partition (the leader
-        # with --ha; see consumers.alerts.leader), and a new leader restores from gpu.alerts.v1.
+        # with --ha; see gpupipe_consumers.alerts.leader), and a new leader restores from gpu.alerts.v1.
         return None
 
     def handle(self, records: Sequence[InRecord]) -> list[tuple[InRecord, str, str]]:
@@ -308,7 +310,7 @@ class AlertsService:
         return rejected
 
     def _refused(self, r: InRecord, now: int) -> bool:
-        """A record of a node or device beyond the caps (see :mod:`consumers.alerts.admission`)."""
+        """A record of a node or device beyond the caps (see :mod:`gpupipe_consumers.alerts.admission`)."""
         reason = self.admission.admit(r.value.get("hostname"), device_of(r.value))
         if reason is None:
             return False
@@ -347,7 +349,8 @@ class AlertsService:
         return len(out)
 
     def reconcile(self, now: int | None = None) -> int:
-        """Hand every open drain alert to the cordoner (desired state; see :mod:`consumers.alerts.cordon`)."""
+        """Hand every open drain alert to the cordoner (desired state; see
+        :mod:`gpupipe_consumers.alerts.cordon`)."""
         if self.cordoner is None:
             return 0
         now = self.now_ms() if now is None else now

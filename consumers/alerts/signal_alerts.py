@@ -1,24 +1,29 @@
 """Health signals from the samples into the alerts (:meth:`SignalAlerts.on_signal`).
 
-One change of one GPU's health signal (from :class:`~consumers.alerts.health_signals.HealthTracker`):
+One change of one GPU's health signal (from :class:`~gpupipe_consumers.alerts.health_signals.HealthTracker`):
 ``gpu_lost`` is folded as an XidEvent of kind ``gpu_lost`` (Xid 79: one alert with the XidEvents of the
 same loss), ``gpu_reset`` is evidence of recovery, ``ecc_dbe`` joins the open Xid 48 alert of the GPU
 when there is one, and level signals (``active`` / ``clear``) keep one alert per GPU and signal, which
-NVML's recovery-action *event* shares (:mod:`consumers.alerts.nvml_notices`). See
-:mod:`consumers.alerts.dedupe` for the rules.
+NVML's recovery-action *event* shares (:mod:`gpupipe_consumers.alerts.nvml_notices`). See
+:mod:`gpupipe_consumers.alerts.dedupe` for the rules.
 """
 
 from __future__ import annotations
 
-from consumers.alerts.alert_policy import with_note, worse
-from consumers.alerts.alert_record import Alert
-from consumers.alerts.alert_table import AlertTable, Key
-from consumers.alerts.catalog import CATALOG_VERSION
-from consumers.alerts.gpu_histories import GpuHistories
-from consumers.alerts.health_signals import SIGNAL_INFO, GpuIdentity, SignalEvent, recovery_presentation
-from consumers.alerts.input_guard import InputGuard
-from consumers.alerts.recovery_evidence import RecoveryEvidence
-from consumers.alerts.xid_intake import XidIntake
+from gpupipe_consumers.alerts.alert_policy import with_note, worse
+from gpupipe_consumers.alerts.alert_record import Alert
+from gpupipe_consumers.alerts.alert_table import AlertTable, Key
+from gpupipe_consumers.alerts.catalog import CATALOG_VERSION
+from gpupipe_consumers.alerts.gpu_histories import GpuHistories
+from gpupipe_consumers.alerts.health_signals import (
+    SIGNAL_INFO,
+    GpuIdentity,
+    SignalEvent,
+    recovery_presentation,
+)
+from gpupipe_consumers.alerts.input_guard import InputGuard
+from gpupipe_consumers.alerts.recovery_evidence import RecoveryEvidence
+from gpupipe_consumers.alerts.xid_intake import XidIntake
 
 __all__ = ["SignalAlerts"]
 

@@ -1,32 +1,33 @@
 """The XidEvent path: one decoded ``XidEvent`` into the alerts (:meth:`XidIntake.on_xid`).
 
-In order: duplicates and replays are dropped (:mod:`consumers.alerts.input_guard`); a boot id and the
-driver's load line are evidence (:mod:`consumers.alerts.recovery_evidence`); NVML's notice kinds go to
-:mod:`consumers.alerts.nvml_notices`; a fault is keyed (Xid 45 and 154 join the fault they follow),
-merged with its other source's sighting, classified (:mod:`consumers.alerts.fault_decisions`), folded into
+In order: duplicates and replays are dropped (:mod:`gpupipe_consumers.alerts.input_guard`); a boot id and the
+driver's load line are evidence (:mod:`gpupipe_consumers.alerts.recovery_evidence`); NVML's notice kinds go to
+:mod:`gpupipe_consumers.alerts.nvml_notices`; a fault is keyed (Xid 45 and 154 join the fault they follow),
+merged with its other source's sighting, classified (:mod:`gpupipe_consumers.alerts.fault_decisions`), folded
+into
 its alert in the table, matched against evidence processed before it, and counted toward its node's
-burst (:mod:`consumers.alerts.node_burst`). A fault whose own time is older than ``max_event_age_ms``
+burst (:mod:`gpupipe_consumers.alerts.node_burst`). A fault whose own time is older than ``max_event_age_ms``
 when processed only feeds the GPU's history (``stale_event``): it is a kernel-log backlog read again,
-not a new fault. See :mod:`consumers.alerts.dedupe` for the rules.
+not a new fault. See :mod:`gpupipe_consumers.alerts.dedupe` for the rules.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from consumers.alerts.alert_policy import FOLLOWER_CODES, MEMORY_FOLLOWER_CODES, workload
-from consumers.alerts.alert_record import Alert, AlertName, signal_code
-from consumers.alerts.alert_table import AlertTable, Key
-from consumers.alerts.classify import FaultEvent
-from consumers.alerts.classify_model import workload_key
-from consumers.alerts.fault_decisions import FaultDecisions
-from consumers.alerts.gpu_histories import GpuHistories
-from consumers.alerts.health_signals import InvalidRecord, device_key
-from consumers.alerts.input_guard import InputGuard
-from consumers.alerts.node_burst import NodeBursts
-from consumers.alerts.nvml_notices import NvmlNotices
-from consumers.alerts.recovery_evidence import RecoveryEvidence
-from consumers.alerts.rules_notice import NOTICE_KINDS
+from gpupipe_consumers.alerts.alert_policy import FOLLOWER_CODES, MEMORY_FOLLOWER_CODES, workload
+from gpupipe_consumers.alerts.alert_record import Alert, AlertName, signal_code
+from gpupipe_consumers.alerts.alert_table import AlertTable, Key
+from gpupipe_consumers.alerts.classify import FaultEvent
+from gpupipe_consumers.alerts.classify_model import workload_key
+from gpupipe_consumers.alerts.fault_decisions import FaultDecisions
+from gpupipe_consumers.alerts.gpu_histories import GpuHistories
+from gpupipe_consumers.alerts.health_signals import InvalidRecord, device_key
+from gpupipe_consumers.alerts.input_guard import InputGuard
+from gpupipe_consumers.alerts.node_burst import NodeBursts
+from gpupipe_consumers.alerts.nvml_notices import NvmlNotices
+from gpupipe_consumers.alerts.recovery_evidence import RecoveryEvidence
+from gpupipe_consumers.alerts.rules_notice import NOTICE_KINDS
 
 __all__ = ["XidIntake"]
 
@@ -74,7 +75,8 @@ class XidIntake:
     ) -> Alert | None:
         """Fold one ``XidEvent``; returns the GPU/NVSwitch alert it landed in (``None`` for a duplicate or
         evidence). Raises :class:`InvalidRecord` for an event without host or time. ``position``:
-        (partition, offset) of the event in the XidEvent topic (see :mod:`consumers.alerts.input_guard`)."""
+        (partition, offset) of the event in the XidEvent topic (see
+        :mod:`gpupipe_consumers.alerts.input_guard`)."""
         counts = self._counts
         counts["events"] += 1
         eid = ev.get("event_id") or None

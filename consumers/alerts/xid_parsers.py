@@ -8,7 +8,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from consumers.alerts.catalog import (
+from gpupipe_consumers.alerts.catalog import (
     Action,
 )
 
@@ -90,7 +90,7 @@ def recovery_action_from_nvml(value: int) -> Action | None:
 
 
 # nvmlGpuRecoveryAction_t names (nvml.h; nvidia-ml-py 13.615): what the producer writes in a
-# recovery-action event's message, "GPU recovery action: DRAIN_AND_RESET (4)" (producer.xid_events).
+# recovery-action event's message, "GPU recovery action: DRAIN_AND_RESET (4)" (gpupipe_producer.xid_events).
 RECOVERY_ACTION_NAMES = {
     "NONE": 0,
     "GPU_RESET": 1,

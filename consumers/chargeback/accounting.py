@@ -79,8 +79,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from consumers.chargeback.workloads import WorkloadKey, workload_keys
-from schemas.meaning import MIG_SHARED, UNALLOCATED, UNATTRIBUTED, activity_ratio, gpu_key
+from gpupipe_consumers.chargeback.workloads import WorkloadKey, workload_keys
+from gpupipe_schemas.meaning import MIG_SHARED, UNALLOCATED, UNATTRIBUTED, activity_ratio, gpu_key
 
 # How a sample was placed on its GPU's timeline (see the module docstring).
 FIRST = "first"
@@ -111,7 +111,7 @@ class AccountingConfig:
     """An energy-counter delta implying more average power than this is a glitch: use power_w."""
 
     def __post_init__(self) -> None:
-        from consumers.chargeback.errors import ChargebackConfigError
+        from gpupipe_consumers.chargeback.errors import ChargebackConfigError
 
         if self.default_interval_ms <= 0:
             raise ChargebackConfigError(f"default_interval_ms must be > 0, got {self.default_interval_ms}")

@@ -19,11 +19,7 @@ from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
-from consumers.chargeback.accounting import AccountingConfig
-from consumers.chargeback.engine import ChargebackSettings, build_engine, projected_sample_schema
-from consumers.chargeback.identity import default_group_id
-from consumers.chargeback.service import ChargebackService, ServiceConfig
-from gpupipe import startup, topics
+from gpupipe import service_flags, startup, topics
 from gpupipe.argtypes import ArgType, duration_ms, field_default, field_default_ms, positive_duration_ms
 from gpupipe.durations import format_duration_ms
 from gpupipe.errors import ConfigError
@@ -32,9 +28,13 @@ from gpupipe.logs import fields
 from gpupipe.price_schedule import PriceSchedule, load_price_schedule
 from gpupipe.prices import parse_price_table
 from gpupipe.runner import KafkaNeeds, Lifecycle, ServiceSpec, run_service
-from schemas import catalog
-from schemas.codec import codec_from_url
-from schemas.fastdecode import SampleDecoder
+from gpupipe_consumers.chargeback.accounting import AccountingConfig
+from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine, projected_sample_schema
+from gpupipe_consumers.chargeback.identity import default_group_id
+from gpupipe_consumers.chargeback.service import ChargebackService, ServiceConfig
+from gpupipe_schemas import catalog
+from gpupipe_schemas.codec import codec_from_url
+from gpupipe_schemas.fastdecode import SampleDecoder
 
 USES_KAFKA = True
 
@@ -230,13 +230,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     k.add_argument(
         "--output-topic", default=None, help="override the output topic (default: gpu.chargeback.v1)"
     )
-    k.add_argument(
-        "--create-topics",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="create missing topics with default partitions and retention",
-    )
-    p.add_argument("--listen", default=None, help="HOST:PORT for /metrics and /healthz")
+    service_flags.add_create_topics(k)
+    service_flags.add_listen(p)
     startup.add_arguments(p)
 
 

@@ -3,7 +3,7 @@ checkpoint of ours (an offset reset, a mirror failover).
 
 Such a partition re-processes its input from wherever the offsets now point and re-emits windows
 under the ids an earlier process used. The report counts each id once; the dashboard counters
-(:mod:`consumers.chargeback.prom_counters`) need the same ids to do so, and only the topic holds
+(:mod:`gpupipe_consumers.chargeback.prom_counters`) need the same ids to do so, and only the topic holds
 them: this reads it back from ``since_ms`` (the input's retention: nothing older can be re-emitted)
 to its end as of the start of the read, in a thread of its own so the loop goes on meanwhile.
 """
@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterable
 from gpupipe.acls import CHARGEBACK_DEDUPE_SUFFIX
 from gpupipe.kafka_replay import iter_messages
 from gpupipe.logs import fields
-from schemas.codec import AvroCodec
-from schemas.errors import DecodeError
+from gpupipe_schemas.codec import AvroCodec
+from gpupipe_schemas.errors import DecodeError
 
 __all__ = ["EmittedIdsReader", "emitted_ids"]
 

@@ -1,7 +1,7 @@
 """What ``service.py`` needs to build and feed the chargeback engine, without any Kafka import.
 
 * :class:`ChargebackSettings`: the knobs, validated at startup.
-* :func:`build_engine`: a :class:`~consumers.chargeback.windows.WindowEngine` from settings.
+* :func:`build_engine`: a :class:`~gpupipe_consumers.chargeback.windows.WindowEngine` from settings.
 * :func:`projected_sample_schema`: a reader schema holding only the GpuSample fields chargeback
   reads, for ``AvroCodec(reader_schemas={"GpuSample": ...})`` (fastavro then skips the rest).
 
@@ -32,11 +32,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.chargeback.accounting import AccountingConfig
-from consumers.chargeback.late_runs import GAP_MS as LATE_RUN_GAP_MS
-from consumers.chargeback.windows import DEFAULT_GRACE_MS, DEFAULT_WINDOW_MS, Checkpoint, WindowEngine
 from gpupipe.price_schedule import PriceSchedule
 from gpupipe.prices import PriceTable
+from gpupipe_consumers.chargeback.accounting import AccountingConfig
+from gpupipe_consumers.chargeback.late_runs import GAP_MS as LATE_RUN_GAP_MS
+from gpupipe_consumers.chargeback.windows import DEFAULT_GRACE_MS, DEFAULT_WINDOW_MS, Checkpoint, WindowEngine
 
 __all__ = ["SAMPLE_FIELDS", "ChargebackSettings", "Checkpoint", "build_engine", "projected_sample_schema"]
 
@@ -101,7 +101,7 @@ def projected_sample_schema(sample_schema: dict[str, Any]) -> dict[str, Any]:
     projected["fields"] = [f for f in projected["fields"] if f["name"] in SAMPLE_FIELDS]
     missing = set(SAMPLE_FIELDS) - {f["name"] for f in projected["fields"]}
     if missing:
-        from consumers.chargeback.errors import ChargebackConfigError
+        from gpupipe_consumers.chargeback.errors import ChargebackConfigError
 
         raise ChargebackConfigError(f"GpuSample schema lacks fields chargeback needs: {sorted(missing)}")
     return projected

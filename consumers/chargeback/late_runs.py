@@ -33,8 +33,8 @@ LogAppendTime; with CreateTime the producers' clocks decide, which they mostly d
 
 from __future__ import annotations
 
-from consumers.chargeback.accounting import Contribution
-from consumers.chargeback.records import GpuTimeAggregate, RowKey
+from gpupipe_consumers.chargeback.accounting import Contribution
+from gpupipe_consumers.chargeback.records import GpuTimeAggregate, RowKey
 
 GAP_MS = 60_000
 """Default quiet time (in record timestamps) that ends a run of late records."""

@@ -15,11 +15,11 @@ from typing import Any
 
 from confluent_kafka import KafkaException, Message, TopicPartition
 
-from consumers.chargeback.errors import ChargebackFatalError
-from consumers.chargeback.service_config import OP_TIMEOUT_S
-from consumers.chargeback.windows import Checkpoint
 from gpupipe.logs import fields
 from gpupipe.startup import retry
+from gpupipe_consumers.chargeback.errors import ChargebackFatalError
+from gpupipe_consumers.chargeback.service_config import OP_TIMEOUT_S
+from gpupipe_consumers.chargeback.windows import Checkpoint
 
 log = logging.getLogger("gpupipe.chargeback")
 

@@ -34,14 +34,14 @@ from typing import Any
 
 from confluent_kafka import KafkaException, TopicPartition
 
-from consumers.chargeback.errors import PriceChangeError
-from consumers.chargeback.partitions import InputPartitions
-from consumers.chargeback.service_config import OP_TIMEOUT_S
-from consumers.chargeback.windows import Checkpoint
 from gpupipe.durations import format_iso_ms
 from gpupipe.logs import fields
 from gpupipe.price_schedule import Fingerprint, divergence
 from gpupipe.startup import retry
+from gpupipe_consumers.chargeback.errors import PriceChangeError
+from gpupipe_consumers.chargeback.partitions import InputPartitions
+from gpupipe_consumers.chargeback.service_config import OP_TIMEOUT_S
+from gpupipe_consumers.chargeback.windows import Checkpoint
 
 log = logging.getLogger("gpupipe.chargeback")
 

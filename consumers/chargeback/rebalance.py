@@ -18,15 +18,15 @@ from typing import Any
 
 from confluent_kafka import OFFSET_INVALID, TopicPartition
 
-from consumers.chargeback.errors import ChargebackFatalError
-from consumers.chargeback.idle import IdleDetector
-from consumers.chargeback.partitions import InputPartitions
-from consumers.chargeback.price_agreement import PriceAgreement, PriceHolds
-from consumers.chargeback.service_config import ChargebackMetrics
-from consumers.chargeback.state_metrics import PartitionInfo
-from consumers.chargeback.windows import Checkpoint, WindowEngine
 from gpupipe.kafka_txn import TransactionalSession
 from gpupipe.logs import fields
+from gpupipe_consumers.chargeback.errors import ChargebackFatalError
+from gpupipe_consumers.chargeback.idle import IdleDetector
+from gpupipe_consumers.chargeback.partitions import InputPartitions
+from gpupipe_consumers.chargeback.price_agreement import PriceAgreement, PriceHolds
+from gpupipe_consumers.chargeback.service_config import ChargebackMetrics
+from gpupipe_consumers.chargeback.state_metrics import PartitionInfo
+from gpupipe_consumers.chargeback.windows import Checkpoint, WindowEngine
 
 log = logging.getLogger("gpupipe.chargeback")
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from consumers.chargeback.accounting import Contribution
-from consumers.chargeback.workloads import WorkloadKey, WorkloadSums
-from consumers.chargeback.workloads import add as add_workload
-from consumers.chargeback.workloads import to_records as workload_records
 from gpupipe.prices import PriceTable
+from gpupipe_consumers.chargeback.accounting import Contribution
+from gpupipe_consumers.chargeback.workloads import WorkloadKey, WorkloadSums
+from gpupipe_consumers.chargeback.workloads import add as add_workload
+from gpupipe_consumers.chargeback.workloads import to_records as workload_records
 
 WINDOW = "window"
 CORRECTION = "correction"

@@ -1,7 +1,7 @@
 """The chargeback service: a transactional consume-transform-produce loop around the window engine.
 
 Reads ``gpu.samples.v1`` in a consumer group, feeds every decoded GpuSample to a
-:class:`~consumers.chargeback.windows.WindowEngine`, and every ``commit_interval`` (or
+:class:`~gpupipe_consumers.chargeback.windows.WindowEngine`, and every ``commit_interval`` (or
 ``commit_records`` records) commits ONE Kafka transaction holding
 
 1. the ChargebackWindow records of the windows that closed (and corrections) since the last one,
@@ -30,10 +30,10 @@ the service with :class:`ChargebackFatalError`.
 
 The service decides what is billed and when it commits; its collaborators own the rest, each its
 own state: :class:`~gpupipe.kafka_txn.TransactionalSession` the producer and its transactions,
-:class:`~consumers.chargeback.partitions.InputPartitions` the consumer and where each partition is,
-:class:`~consumers.chargeback.rebalance.PartitionOwnership` restores and drops as partitions move,
-:class:`~consumers.chargeback.price_agreement.PriceHolds` the partitions paused for the price
-agreement, :class:`~consumers.chargeback.state_metrics.PartitionInfo` what a scrape reads. Building
+:class:`~gpupipe_consumers.chargeback.partitions.InputPartitions` the consumer and where each partition is,
+:class:`~gpupipe_consumers.chargeback.rebalance.PartitionOwnership` restores and drops as partitions move,
+:class:`~gpupipe_consumers.chargeback.price_agreement.PriceHolds` the partitions paused for the price
+agreement, :class:`~gpupipe_consumers.chargeback.state_metrics.PartitionInfo` what a scrape reads. Building
 the service connects nothing: the Kafka clients are created when it runs (:meth:`prepare`).
 """
 
@@ -59,27 +59,27 @@ from confluent_kafka import (
 )
 from prometheus_client import CollectorRegistry
 
-from consumers.chargeback.emitted import EmittedIdsReader
-from consumers.chargeback.errors import ChargebackFatalError, PriceChangeError
-from consumers.chargeback.identity import check_client_overrides
-from consumers.chargeback.idle import IdleDetector
-from consumers.chargeback.partitions import InputPartitions
-from consumers.chargeback.price_agreement import PriceAgreement, PriceHolds
-from consumers.chargeback.progress import ProgressPublisher
-from consumers.chargeback.prom_counters import WindowCounters
-from consumers.chargeback.rebalance import PartitionOwnership
-from consumers.chargeback.service_config import OP_TIMEOUT_S as _OP_TIMEOUT_S
-from consumers.chargeback.service_config import ChargebackMetrics, ServiceConfig, output_key
-from consumers.chargeback.state_metrics import PartitionInfo, StateCollector
-from consumers.chargeback.windows import Checkpoint, WindowEngine
-from consumers.deadletter import deadletter_message
 from gpupipe.kafka_admin import client_config
 from gpupipe.kafka_txn import AbortRequired, TransactionalSession, TransactionFatalError
 from gpupipe.logs import fields
 from gpupipe.startup import StuckCallError
-from schemas.codec import AvroCodec, Decoded
-from schemas.errors import DecodeError
-from schemas.validate import violation
+from gpupipe_consumers.chargeback.emitted import EmittedIdsReader
+from gpupipe_consumers.chargeback.errors import ChargebackFatalError, PriceChangeError
+from gpupipe_consumers.chargeback.identity import check_client_overrides
+from gpupipe_consumers.chargeback.idle import IdleDetector
+from gpupipe_consumers.chargeback.partitions import InputPartitions
+from gpupipe_consumers.chargeback.price_agreement import PriceAgreement, PriceHolds
+from gpupipe_consumers.chargeback.progress import ProgressPublisher
+from gpupipe_consumers.chargeback.prom_counters import WindowCounters
+from gpupipe_consumers.chargeback.rebalance import PartitionOwnership
+from gpupipe_consumers.chargeback.service_config import OP_TIMEOUT_S as _OP_TIMEOUT_S
+from gpupipe_consumers.chargeback.service_config import ChargebackMetrics, ServiceConfig, output_key
+from gpupipe_consumers.chargeback.state_metrics import PartitionInfo, StateCollector
+from gpupipe_consumers.chargeback.windows import Checkpoint, WindowEngine
+from gpupipe_consumers.deadletter import deadletter_message
+from gpupipe_schemas.codec import AvroCodec, Decoded
+from gpupipe_schemas.errors import DecodeError
+from gpupipe_schemas.validate import violation
 
 log = logging.getLogger("gpupipe.chargeback")
 

@@ -1,5 +1,5 @@
 """The chargeback service's settings, its own Prometheus metrics and its output key: the parts of
-the service (:mod:`consumers.chargeback.service`) that are plain data, kept apart from its loop."""
+the service (:mod:`gpupipe_consumers.chargeback.service`) that are plain data, kept apart from its loop."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from consumers.chargeback.identity import BASE_GROUP_ID, transactional_id
+from gpupipe_consumers.chargeback.identity import BASE_GROUP_ID, transactional_id
 
 OP_TIMEOUT_S = 30.0  # one Kafka client call of the service (transactions, offsets)
 

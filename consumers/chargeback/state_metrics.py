@@ -11,8 +11,8 @@ from confluent_kafka import TopicPartition
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from consumers.chargeback.partitions import InputPartitions
-from consumers.chargeback.price_agreement import PriceAgreement
+from gpupipe_consumers.chargeback.partitions import InputPartitions
+from gpupipe_consumers.chargeback.price_agreement import PriceAgreement
 
 
 class PartitionInfo:

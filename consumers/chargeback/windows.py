@@ -68,22 +68,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from consumers.chargeback.accounting import (
+from gpupipe.price_schedule import Fingerprint, PriceSchedule, fingerprint
+from gpupipe.prices import PriceTable
+from gpupipe_consumers.chargeback.accounting import (
     DUPLICATE,
     AccountingConfig,
     GpuRef,
     account,
     gpu_key,
 )
-from consumers.chargeback.errors import (
+from gpupipe_consumers.chargeback.errors import (
     ChargebackConfigError,
     ChargebackStateError,
     CheckpointMismatchError,
 )
-from consumers.chargeback.late_runs import GAP_MS, LateRun
-from consumers.chargeback.records import CORRECTION, WINDOW, GpuTimeAggregate, RowKey, to_record
-from gpupipe.price_schedule import Fingerprint, PriceSchedule, fingerprint
-from gpupipe.prices import PriceTable
+from gpupipe_consumers.chargeback.late_runs import GAP_MS, LateRun
+from gpupipe_consumers.chargeback.records import CORRECTION, WINDOW, GpuTimeAggregate, RowKey, to_record
 
 DEFAULT_WINDOW_MS = 3_600_000
 DEFAULT_GRACE_MS = 300_000

@@ -2,7 +2,7 @@
 
 The Arrow (hence Iceberg) schema of each table is computed from ``schemas/<Record>.avsc`` and never
 written by hand, so a field added to the Avro schema is a column added to the table on the writer's
-next start (:func:`consumers.lake.writer.open_table` evolves the table by name). The mapping:
+next start (:func:`gpupipe_consumers.lake.writer.open_table` evolves the table by name). The mapping:
 
 * ``timestamp-millis`` longs become ``timestamptz`` (Iceberg has microseconds only; the value is
   the same instant), so day partitioning and time filters work on them;
@@ -23,7 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from consumers.lake.tables import LakeTable
+from gpupipe_consumers.lake.tables import LakeTable
 
 #: Avro primitive -> Arrow type.
 _PRIMITIVES: Mapping[str, pa.DataType] = {

@@ -14,14 +14,14 @@ from __future__ import annotations
 import argparse
 import logging
 
-from consumers.lake import catalog as lake_catalog
-from consumers.lake.tables import BY_NAME, TABLES
-from gpupipe import startup, topics
+from gpupipe import service_flags, startup, topics
 from gpupipe.acls import DEFAULT_GROUPS
 from gpupipe.argtypes import duration_ms
 from gpupipe.errors import ConfigError
 from gpupipe.kafka_admin import parse_kafka_overrides
 from gpupipe.runner import KafkaNeeds, ServiceSpec, run_service
+from gpupipe_consumers.lake import catalog as lake_catalog
+from gpupipe_consumers.lake.tables import BY_NAME, TABLES
 
 USES_KAFKA = True
 
@@ -32,7 +32,7 @@ HELP = "write the topics to Apache Iceberg tables, exactly once (the cold path)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--listen", default=None, help="HOST:PORT for /metrics and /healthz")
+    service_flags.add_listen(p)
     p.add_argument(
         "--group-id",
         default=DEFAULT_GROUPS["lake"],
@@ -53,9 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="commit a table whose oldest buffered row waited this long (rows visible to readers then)",
     )
-    p.add_argument(
-        "--create-topics", action=argparse.BooleanOptionalAction, default=True, help="create missing topics"
-    )
+    service_flags.add_create_topics(p)
     lake_catalog.add_arguments(p)
     startup.add_arguments(p)
 
@@ -83,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         args,
         KafkaNeeds(
             args.bootstrap_servers,
-            topics.ALL if args.create_topics else [*bases, topics.DEADLETTER],
+            topics.to_prepare([*bases, topics.DEADLETTER], create=args.create_topics),
             prefix=args.topic_prefix,
             create=args.create_topics,
             extra=extra,
@@ -91,6 +89,6 @@ def run(args: argparse.Namespace) -> int:
     )
     # Loaded only here: the parser loads every command module, and pyarrow with pyiceberg would add
     # about 110 MB and 0.6 s to every gpupipe process (a node agent's included).
-    from consumers.lake.service import build
+    from gpupipe_consumers.lake.service import build
 
     return run_service(spec, lambda life: build(args, names, extra, life))

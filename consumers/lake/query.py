@@ -23,7 +23,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.expressions import And, BooleanExpression, GreaterThanOrEqual, LessThan
 from pyiceberg.table import Table
 
-from consumers.lake.tables import TABLES
+from gpupipe_consumers.lake.tables import TABLES
 
 #: Per-namespace GPU-hours of the windows starting in [$start, $end) (timestamps, UTC).
 GPU_HOURS_SQL = """

@@ -13,8 +13,8 @@ import json
 import sys
 from datetime import UTC, datetime
 
-from consumers.lake import catalog as lake_catalog
 from gpupipe.errors import ConfigError
+from gpupipe_consumers.lake import catalog as lake_catalog
 
 USES_KAFKA = False
 
@@ -36,8 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if bool(args.sql) == bool(args.gpu_hours_last_quarter):
         raise ConfigError("give either SQL or --gpu-hours-last-quarter")
-    # DuckDB, pyarrow and pyiceberg load here, not with the parser (see consumers.lake.command).
-    from consumers.lake.query import gpu_hours_sql, load_tables, quarter_before, query
+    # DuckDB, pyarrow and pyiceberg load here, not with the parser (see gpupipe_consumers.lake.command).
+    from gpupipe_consumers.lake.query import gpu_hours_sql, load_tables, quarter_before, query
 
     tables = load_tables(lake_catalog.open_catalog(args), args.namespace)
     if args.gpu_hours_last_quarter:

@@ -9,14 +9,14 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from consumers.consume_loop import ConsumeLoop
-from consumers.lake import catalog as lake_catalog
-from consumers.lake.tables import TABLES
-from consumers.lake.writer import LakeWriter, open_table
 from gpupipe import topics
 from gpupipe.logs import fields
 from gpupipe.runner import Lifecycle
-from schemas.codec import codec_from_url
+from gpupipe_consumers.consume_loop import ConsumeLoop
+from gpupipe_consumers.lake import catalog as lake_catalog
+from gpupipe_consumers.lake.tables import TABLES
+from gpupipe_consumers.lake.writer import LakeWriter, open_table
+from gpupipe_schemas.codec import codec_from_url
 
 log = logging.getLogger("gpupipe.lake")
 

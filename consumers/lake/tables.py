@@ -1,6 +1,6 @@
 """The lake's tables: one Iceberg table per topic, named, keyed and partitioned here.
 
-What a table holds is derived from the Avro contract (:mod:`consumers.lake.arrow` maps the schemas
+What a table holds is derived from the Avro contract (:mod:`gpupipe_consumers.lake.arrow` maps the schemas
 to Arrow, hence Iceberg); this module is the catalogue of tables itself, without pyarrow, so the
 CLI can name the tables without loading the columnar stack.
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpupipe import topics
-from schemas import catalog
+from gpupipe_schemas import catalog
 
 #: Buckets of the samples table's node partition: identity(hostname) would write one file per node
 #: per commit (1,000 nodes, 1,000 small files a minute); 16 buckets keep `hostname = 'x'` pruned.

@@ -32,10 +32,10 @@ from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, 
 from pyiceberg.table import Table
 from pyiceberg.transforms import BucketTransform, DayTransform, IdentityTransform, Transform
 
-from consumers.consume_loop import InRecord, Rejected
-from consumers.lake.arrow import build_schema, storage_schema, to_arrow
-from consumers.lake.tables import LakeTable
 from gpupipe.logs import fields
+from gpupipe_consumers.consume_loop import InRecord, Rejected
+from gpupipe_consumers.lake.arrow import build_schema, storage_schema, to_arrow
+from gpupipe_consumers.lake.tables import LakeTable
 
 log = logging.getLogger("gpupipe.lake")
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from operator import is_
 
-from consumers.metrics.render import Family
+from gpupipe_consumers.metrics.render import Family
 
 
 class BodyJoiner:
-    """Joins the per-GPU line lists (see :mod:`consumers.metrics.render`) family by family.
+    """Joins the per-GPU line lists (see :mod:`gpupipe_consumers.metrics.render`) family by family.
 
     ``zip(*lines)`` turns the line lists into one column per slot; a family's pieces are its head
     column and value column interleaved by two slice assignments, then joined: C-level copies

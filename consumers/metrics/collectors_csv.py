@@ -9,7 +9,7 @@ Format, as dcgm-exporter reads it::
 Blank lines are ignored and spaces around each cell are stripped (the stock file has
 ``DCGM_FI_DEV_DEC_UTIL ,``). A HELP quoted the CSV way (``"a, b"``) loses its quotes, as Go's
 ``encoding/csv`` reads it; an empty HELP stays empty. Every file dcgm-exporter reads gives the same
-rows here (checked against Go's reader in ``tests/unit/test_metrics_csv.py``) but one whose quoted
+rows here (checked against Go's reader in ``tests/unit/consumers/metrics/test_csv.py``) but one whose quoted
 field spans lines (an error here). Some files dcgm-exporter refuses load here: the help is everything
 after the second comma (a comma in an unquoted HELP), a ``#`` after blanks is a comment, tabs are
 trimmed, the type is read case-insensitively, quotes after blanks are CSV quotes.
@@ -43,9 +43,9 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from consumers.metrics import dialect, fields
-from consumers.metrics.fields import FieldSpec, Kind
 from gpupipe.errors import ConfigError
+from gpupipe_consumers.metrics import dialect, fields
+from gpupipe_consumers.metrics.fields import FieldSpec, Kind
 
 log = logging.getLogger("gpupipe.metrics")
 
@@ -202,7 +202,9 @@ def load_counters(path: str | Path | None = None, *, strict: bool = False) -> Co
 def default_counters_text() -> str:
     """The text of the shipped default (dcgm-exporter's default set plus our profiling fields)."""
     return (
-        resources.files("consumers.metrics").joinpath(DEFAULT_COUNTERS_RESOURCE).read_text(encoding="utf-8")
+        resources.files("gpupipe_consumers.metrics")
+        .joinpath(DEFAULT_COUNTERS_RESOURCE)
+        .read_text(encoding="utf-8")
     )
 
 
@@ -213,7 +215,7 @@ def default_counters() -> CounterSet:
 
 
 def in_dialect(cs: CounterSet, which: str) -> CounterSet:
-    """The selection under the names of dialect ``which`` (see :mod:`consumers.metrics.dialect`).
+    """The selection under the names of dialect ``which`` (see :mod:`gpupipe_consumers.metrics.dialect`).
 
     Only rows written with a 4.8 DCGM name change (1.x names and rows already written with a 4.9
     name stay as they are): under ``dcgm-4.9`` each becomes its 4.9 row, keeping the file's TYPE

@@ -17,17 +17,17 @@ from __future__ import annotations
 import argparse
 import logging
 
-from consumers.metrics import dcgm_compat, dialect
-from consumers.metrics.collectors_csv import in_dialect, load_counters
-from consumers.metrics.http import DEFAULT_PORT
-from consumers.metrics.render import MIG_LAYOUTS, RenderOptions
-from consumers.metrics.service import MetricsConfig, MetricsService, tune_gc
-from gpupipe import startup, topics
+from gpupipe import service_flags, startup, topics
 from gpupipe.argtypes import duration_ms, field_default, field_default_ms
 from gpupipe.errors import ConfigError
 from gpupipe.kafka_admin import parse_kafka_overrides
 from gpupipe.runner import KafkaNeeds, Lifecycle, ServiceSpec, run_service
 from gpupipe.web.server import parse_listen
+from gpupipe_consumers.metrics import dcgm_compat, dialect
+from gpupipe_consumers.metrics.collectors_csv import in_dialect, load_counters
+from gpupipe_consumers.metrics.http import DEFAULT_PORT
+from gpupipe_consumers.metrics.render import MIG_LAYOUTS, RenderOptions
+from gpupipe_consumers.metrics.service import MetricsConfig, MetricsService, tune_gc
 
 USES_KAFKA = True
 
@@ -57,18 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=field_default(MetricsConfig, "group_id"),
         help="Kafka consumer group; instances of one group split the GPUs",
     )
-    p.add_argument(
-        "--from-beginning",
-        action="store_true",
-        help="a new consumer group starts at the oldest retained records (still subject to "
-        "--max-sample-age) instead of the newest",
-    )
-    p.add_argument(
-        "--create-topics",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="create missing topics with default partitions and retention",
-    )
+    service_flags.add_from_beginning(p, what="records (still subject to --max-sample-age)")
+    service_flags.add_create_topics(p)
     ex = p.add_argument_group("exposition")
     ex.add_argument(
         "--collectors",
@@ -285,7 +275,7 @@ def run(args: argparse.Namespace) -> int:
         args,
         KafkaNeeds(
             cfg.bootstrap,
-            topics.ALL if cfg.create_topics else [topics.SAMPLES, topics.XID, topics.DEADLETTER],
+            topics.to_prepare([topics.SAMPLES, topics.XID, topics.DEADLETTER], create=cfg.create_topics),
             prefix=cfg.topic_prefix,
             create=cfg.create_topics,
             extra=cfg.extra,

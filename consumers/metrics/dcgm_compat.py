@@ -185,7 +185,7 @@ def resolve_collectors(path: str | None) -> str | None:
     defaults give the series dcgm-exporter 4.8.2 gives; a file mounted there (the chart's ConfigMap)
     is read as it is; None is gpupipe's default."""
     if path in STOCK_CSVS and not os.path.exists(path):
-        copy = str(resources.files("consumers.metrics").joinpath(STOCK_CSVS[path]))
+        copy = str(resources.files("gpupipe_consumers.metrics").joinpath(STOCK_CSVS[path]))
         log.info("counters file %s (dcgm-exporter's stock file) read from gpupipe's copy %s", path, copy)
         return copy
     return path

@@ -1,10 +1,10 @@
 """GpuSample decoding for the metrics consumer: only the fields the exposition reads.
 
 Decoding is most of a sample's ingest cost. Per known writer schema, the split decoder
-(:mod:`consumers.metrics.splitdecode`) reuses the decoded identity and inventory of the GPU's
+(:mod:`gpupipe_consumers.metrics.splitdecode`) reuses the decoded identity and inventory of the GPU's
 previous samples when their bytes are the same and leaves the readings to the scrape (checked now,
-converted when rendered: :mod:`consumers.metrics.readings`). What it does not take goes through
-the chargeback consumer's generated whole-record decoders (:mod:`schemas.fastdecode`),
+converted when rendered: :mod:`gpupipe_consumers.metrics.readings`). What it does not take goes through
+the chargeback consumer's generated whole-record decoders (:mod:`gpupipe_schemas.fastdecode`),
 with the projection this service's counters and layout need (:func:`projected_fields`). Records in
 other framings, from unknown writers, or of another type go through the shared codec, so the
 consume loop's dead-lettering of bad input is unchanged.
@@ -15,13 +15,13 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from consumers.metrics.fields import Kind
-from consumers.metrics.render import Renderer
-from consumers.metrics.splitdecode import SplitFn, build_split_decoder
-from schemas import catalog
-from schemas.codec import SINGLE_OBJECT_MAGIC, AvroCodec, Decoded
-from schemas.fastdecode import CORRUPT, SampleDecoder, writer_fields
-from schemas.validate import fields_violation, violation
+from gpupipe_consumers.metrics.fields import Kind
+from gpupipe_consumers.metrics.render import Renderer
+from gpupipe_consumers.metrics.splitdecode import SplitFn, build_split_decoder
+from gpupipe_schemas import catalog
+from gpupipe_schemas.codec import SINGLE_OBJECT_MAGIC, AvroCodec, Decoded
+from gpupipe_schemas.fastdecode import CORRUPT, SampleDecoder, writer_fields
+from gpupipe_schemas.validate import fields_violation, violation
 
 #: Read with ``.get`` by the store and renderer: kept when present in the writer schema.
 OPTIONAL = ("mig_enabled", "interval_ms", "last_xid", "gpu_lost", "driver_version")
@@ -68,11 +68,11 @@ def projected_schema(renderer: Renderer) -> dict[str, Any]:
 
 
 class DecodedSample:
-    """What the consume loop reads of a :class:`~schemas.codec.Decoded` (``name``, ``record``), for
+    """What the consume loop reads of a :class:`~gpupipe_schemas.codec.Decoded` (``name``, ``record``), for
     a sample: built in a third of the frozen dataclass's time, once per record.
 
     ``violation(broker_ms, now_ms)`` is the consume loop's contract check
-    (:func:`schemas.validate.violation`) of this record. For a record of the split decoder,
+    (:func:`gpupipe_schemas.validate.violation`) of this record. For a record of the split decoder,
     whose identity and tail were checked when first decoded (the same bytes make the same
     fields), only the fields it read for this sample are checked: the same verdict, at a fraction
     of the cost, which had grown to most of a sample's ingest time."""

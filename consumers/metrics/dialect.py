@@ -13,7 +13,7 @@ finds nothing under the other's names, so the operator picks what ``/metrics`` s
   part of a series is shared by all families of a GPU).
 
 :data:`RENAMES` is the only declaration of a mapping: the 4.9 :class:`FieldSpec` of a field is
-derived from its 4.8 spec in :mod:`consumers.metrics.fields`, so a source field or a per-pod split
+derived from its 4.8 spec in :mod:`gpupipe_consumers.metrics.fields`, so a source field or a per-pod split
 is never written twice. A counters CSV may name either generation's fields whatever the dialect
 (:func:`lookup`): a row keeps the name the file gives it; the dialect translates only 4.8 names.
 
@@ -39,8 +39,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from consumers.metrics import fields
-from consumers.metrics.fields import FieldSpec, Kind
+from gpupipe_consumers.metrics import fields
+from gpupipe_consumers.metrics.fields import FieldSpec, Kind
 
 DIALECTS = ("dcgm-4.8", "dcgm-4.9", "both")
 DEFAULT_DIALECT = "dcgm-4.8"

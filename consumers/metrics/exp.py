@@ -82,7 +82,9 @@ XID_MESSAGES_RESOURCE = "dcgm-xid-messages.json"
 
 @lru_cache(maxsize=1)
 def _xid_messages() -> tuple[tuple[str, ...], str]:
-    doc = json.loads(resources.files("consumers.metrics").joinpath(XID_MESSAGES_RESOURCE).read_text("utf-8"))
+    doc = json.loads(
+        resources.files("gpupipe_consumers.metrics").joinpath(XID_MESSAGES_RESOURCE).read_text("utf-8")
+    )
     return tuple(doc["messages"]), doc["unknown"]
 
 

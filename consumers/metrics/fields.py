@@ -22,7 +22,7 @@ kind           GpuSample unit                              dcgm-exporter unit   
 =============  ==========================================  =============================  ==========
 
 The last three exist for the base-unit names of dcgm-exporter 4.9 (DCGM 4.7), which
-:mod:`consumers.metrics.dialect` derives from these specs; today's names never use them.
+:mod:`gpupipe_consumers.metrics.dialect` derives from these specs; today's names never use them.
 
 dcgm-exporter prints DCGM int64 fields with ``%d`` and doubles with ``%f`` (``30.982000``); we do the
 same per field, following DCGM's field type (e.g. temperatures and utilisations are int64 in DCGM
@@ -38,7 +38,7 @@ Special fields (no plain sample column):
 Fields DCGM has but GpuSample does not (NVLink CRC counters, the other violation counters, the
 ``DCGM_EXP_*`` window collectors, inforom/serial label rows, ``DCGM_FI_PROF_*_TOTAL``...) are listed in
 :data:`UNAVAILABLE` so a stock counters CSV loads with a warning instead of an error
-(see :mod:`consumers.metrics.collectors_csv`).
+(see :mod:`gpupipe_consumers.metrics.collectors_csv`).
 """
 
 from __future__ import annotations

@@ -17,8 +17,6 @@ from email.message import Message
 from pathlib import Path
 from typing import Any
 
-from consumers.metrics.gzipcache import GzipCache
-from consumers.metrics.store import SeriesStore
 from gpupipe.web.config import WebConfig, WebConfigSource, load_web_config, parse_web_config
 from gpupipe.web.server import (
     DEFAULT_REQUEST_TIMEOUT_S,
@@ -27,6 +25,8 @@ from gpupipe.web.server import (
     HttpServer,
     Response,
 )
+from gpupipe_consumers.metrics.gzipcache import GzipCache
+from gpupipe_consumers.metrics.store import SeriesStore
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 DEFAULT_PORT = 9400  # dcgm-exporter's

@@ -1,12 +1,12 @@
 """Where series go: gpupipe's per-pod share families, dcgm-exporter's virtual-GPU split and the MIG
-instance layout (pure data and one pure function; see :mod:`consumers.metrics.render`)."""
+instance layout (pure data and one pure function; see :mod:`gpupipe_consumers.metrics.render`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from consumers.metrics.fields import FIELDS, Kind
+from gpupipe_consumers.metrics.fields import FIELDS, Kind
 
 #: gpupipe's per-pod share families: (name, GpuProcess field, kind, HELP).
 SHARE_FAMILIES: tuple[tuple[str, str, Kind, str], ...] = (

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from consumers.metrics.collectors_csv import CounterSet
-from consumers.metrics.render import SAMPLE_AGE_METRIC, escape_label_value
+from gpupipe_consumers.metrics.collectors_csv import CounterSet
+from gpupipe_consumers.metrics.render import SAMPLE_AGE_METRIC, escape_label_value
 
 GPUS_METRIC = "gpupipe_metrics_gpus"
 INVALID_METRIC = "gpupipe_metrics_invalid_values_total"

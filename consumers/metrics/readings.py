@@ -4,14 +4,14 @@ Why: the readings of a GpuSample (the run of some 50 nullable numbers between it
 its inventory fields) are most of its bytes, and walking them field by field in Python was most of
 the ingest cost -- for values that no scrape shows when the next sample of the GPU arrives first
 (one sample a second, one scrape every 2.5 s with an HA Prometheus pair: most samples). So the
-split decoder (:mod:`consumers.metrics.splitdecode`) checks the readings' structure with one
+split decoder (:mod:`gpupipe_consumers.metrics.splitdecode`) checks the readings' structure with one
 regular expression (union indexes, varint lengths, fixed sizes: C speed, no Python per field) and
 keeps the match in the record under :data:`PENDING`. Values are converted when the GPU's line list
 is rendered, once per scrape, from its latest sample only, by a function generated per writer
 schema and counters selection (:class:`ReadingsPlan`):
 
 * each value goes straight from its bytes to its line text, with the checks and formats of
-  :meth:`Renderer._render_fast <consumers.metrics.render.Renderer._render_fast>` (a test holds them
+  :meth:`Renderer._render_fast <gpupipe_consumers.metrics.render.Renderer._render_fast>` (a test holds them
   equal); anything unusual (negative, NaN, Inf, a type the kind does not take) raises, and the
   caller renders the completed record (:func:`complete`) on the checked path, which counts it;
 * a reading whose bytes equal those of the GPU's previous render keeps that render's value text
@@ -19,7 +19,7 @@ schema and counters selection (:class:`ReadingsPlan`):
 
 The regular expression accepts a subset of what the generated decoder accepts (strict booleans,
 varints of at most 10 bytes), so a record it refuses goes through the whole-record decoder, which
-decodes it or raises the :class:`~schemas.errors.DecodeError` -- bad input is still dead-lettered
+decodes it or raises the :class:`~gpupipe_schemas.errors.DecodeError` -- bad input is still dead-lettered
 at ingest, never found at scrape.
 """
 
@@ -30,8 +30,8 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from consumers.metrics.fields import Kind
-from schemas.validate import reading_max
+from gpupipe_consumers.metrics.fields import Kind
+from gpupipe_schemas.validate import reading_max
 
 #: Key of a record's pending readings (a :class:`Readings`); never a GpuSample field name.
 PENDING = "__readings__"
@@ -209,7 +209,7 @@ MEMO_SIZE = 2048
 def _format(kind: int, signed: bool, avro: str | None, ind: int, hi: float | None = None) -> list[str]:
     """Check ``v`` and format it into ``t`` as ``Renderer._render_fast`` does; raise otherwise.
     ``avro`` (the reading's type, None when unknown) drops checks that cannot fail; ``hi`` is the
-    reading's bound (:func:`schemas.validate.reading_max`), beyond which it is no reading."""
+    reading's bound (:func:`gpupipe_schemas.validate.reading_max`), beyond which it is no reading."""
     pad = " " * ind
     lines = _format_kind(kind, signed, avro, pad)
     if hi is None or lines[0].strip() == "raise _Bad":  # refused whatever its value

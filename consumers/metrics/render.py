@@ -13,7 +13,7 @@ A :class:`Renderer` is built once from the selected counters (:class:`CounterSet
   ``err_code``/``err_msg``; the ``DCGM_EXP_*`` families; every family of a GPU with several series)
   have an empty head and their complete lines in the value slot.
 
-A scrape then only concatenates ready bytes (see :mod:`consumers.metrics.store`).
+A scrape then only concatenates ready bytes (see :mod:`gpupipe_consumers.metrics.store`).
 
 Labels, in dcgm-exporter's order (``internal/pkg/rendermetrics`` template): ``gpu``, ``UUID``,
 ``pci_bus_id``, ``device`` (``nvidia<index>``), ``modelName``, for MIG instances ``GPU_I_PROFILE``
@@ -45,7 +45,7 @@ gpupipe's own per-pod share stays available under its own names, whatever the la
 (``used_memory_bytes``) per ``container, namespace, pod``; a pod without a process gets 0.
 
 Values: DCGM int64 fields as integers (``%d``), DCGM doubles as ``%f`` (``612.500000``), the way
-dcgm-exporter prints them; units per :mod:`consumers.metrics.fields`.
+dcgm-exporter prints them; units per :mod:`gpupipe_consumers.metrics.fields`.
 
 Invalid values never raise: NaN, +-Inf, negative numbers (except temperatures) and non-numbers
 are dropped -- that series is absent from the scrape, as dcgm-exporter skips DCGM's blank values
@@ -61,21 +61,21 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
-from consumers.metrics import exp
-from consumers.metrics.collectors_csv import CounterSet
-from consumers.metrics.fields import FieldSpec, Kind
-from consumers.metrics.layout import SHARE_FAMILIES
-from consumers.metrics.readings import PENDING, Kept, complete
-from consumers.metrics.render_multi import render_multi, render_shares
-from consumers.metrics.textfmt import (
+from gpupipe import pci
+from gpupipe_consumers.metrics import exp
+from gpupipe_consumers.metrics.collectors_csv import CounterSet
+from gpupipe_consumers.metrics.fields import FieldSpec, Kind
+from gpupipe_consumers.metrics.layout import SHARE_FAMILIES
+from gpupipe_consumers.metrics.readings import PENDING, Kept, complete
+from gpupipe_consumers.metrics.render_multi import render_multi, render_shares
+from gpupipe_consumers.metrics.textfmt import (
     InvalidValue,
     attr_text,
     escape_help,
     escape_label_value,
     format_value,
 )
-from gpupipe import pci
-from schemas.validate import reading_max
+from gpupipe_schemas.validate import reading_max
 
 __all__ = [
     "GpuView",
@@ -488,8 +488,8 @@ class Renderer:
         """The GPU's line list (see the module doc); bad values are counted in ``invalid``.
         The ``DCGM_EXP_*`` window/health families are filled by :meth:`render_exp`.
 
-        A record whose readings are pending (:mod:`consumers.metrics.readings`) is rendered from
-        their bytes; ``prev`` (:meth:`Readings.kept <consumers.metrics.readings.Readings.kept>`) is
+        A record whose readings are pending (:mod:`gpupipe_consumers.metrics.readings`) is rendered from
+        their bytes; ``prev`` (:meth:`Readings.kept <gpupipe_consumers.metrics.readings.Readings.kept>`) is
         the GPU's previous render of such a record, whose value text is kept for readings with the
         same bytes."""
         pending = rec.get(PENDING)

@@ -1,6 +1,6 @@
 """The line lists of GPUs with several series (pure): dcgm-exporter's virtual-GPU layout (one copy
 of every series per allocation, per-pod shares of DCGM_FI_DEV_GPU_UTIL / FB_USED) and gpupipe's
-own per-pod share families on a shared GPU. Split from :mod:`consumers.metrics.render` (the single
+own per-pod share families on a shared GPU. Split from :mod:`gpupipe_consumers.metrics.render` (the single
 series hot path) by role; the layout rules are described there."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from consumers.metrics.layout import SHARE_FAMILIES, VGPU_SPLIT
-from consumers.metrics.textfmt import InvalidValue, attr_text, format_value
+from gpupipe_consumers.metrics.layout import SHARE_FAMILIES, VGPU_SPLIT
+from gpupipe_consumers.metrics.textfmt import InvalidValue, attr_text, format_value
 
 Attrs = tuple[tuple[str, str], ...]
 
 
 class GpuView(Protocol):
-    """What these functions read of :class:`consumers.metrics.render.GpuView` (a protocol, so that
+    """What these functions read of :class:`gpupipe_consumers.metrics.render.GpuView` (a protocol, so that
     this module does not import the one that calls it)."""
 
     base: str
@@ -27,7 +27,7 @@ class GpuView(Protocol):
 
 
 class Renderer(Protocol):
-    """What these functions read of :class:`consumers.metrics.render.Renderer`."""
+    """What these functions read of :class:`gpupipe_consumers.metrics.render.Renderer`."""
 
     _n: int
     _plan: tuple[tuple[str, int, bool, int, str, str], ...]

@@ -1,7 +1,7 @@
 """The Kafka side of the metrics consumer: feeds the :class:`SeriesStore` and serves ``/metrics``.
 
 Sharding. ``gpu.samples.v1`` is consumed through the consumer group (the shared
-:class:`~consumers.consume_loop.ConsumeLoop`): instances of one group split its partitions, each
+:class:`~gpupipe_consumers.consume_loop.ConsumeLoop`): instances of one group split its partitions, each
 serves the GPUs of the partitions it holds, and a revoked partition's series are dropped at once
 (``SeriesStore.drop_partitions``), so no GPU is ever served by two instances for longer than a
 rebalance takes, and Prometheus (which scrapes every instance) sees each GPU once.
@@ -53,13 +53,6 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessColl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from consumers.consume_loop import ConsumeLoop, InRecord, Rejected
-from consumers.metrics.collectors_csv import CounterSet
-from consumers.metrics.decode import MetricsDecoder
-from consumers.metrics.gcpolicy import GC_THRESHOLDS, after_scrape, tune_gc  # noqa: F401 (re-exported)
-from consumers.metrics.http import MetricsEndpoint, MetricsServer
-from consumers.metrics.render import RenderOptions
-from consumers.metrics.store import DEFAULT_MAX_GPUS, InvalidRecord, SeriesStore
 from gpupipe import topics
 from gpupipe.acls import DEFAULT_GROUPS
 from gpupipe.kafka_admin import client_config, ensure_topics, wait_for_broker
@@ -67,9 +60,16 @@ from gpupipe.kafka_lag import lags
 from gpupipe.logs import fields
 from gpupipe.startup import process_start_ms, start_offsets
 from gpupipe.web.server import HttpServer
-from schemas.codec import AvroCodec, codec_from_url
-from schemas.errors import DecodeError
-from schemas.validate import violation
+from gpupipe_consumers.consume_loop import ConsumeLoop, InRecord, Rejected
+from gpupipe_consumers.metrics.collectors_csv import CounterSet
+from gpupipe_consumers.metrics.decode import MetricsDecoder
+from gpupipe_consumers.metrics.gcpolicy import GC_THRESHOLDS, after_scrape, tune_gc  # noqa: F401 (re-exported)
+from gpupipe_consumers.metrics.http import MetricsEndpoint, MetricsServer
+from gpupipe_consumers.metrics.render import RenderOptions
+from gpupipe_consumers.metrics.store import DEFAULT_MAX_GPUS, InvalidRecord, SeriesStore
+from gpupipe_schemas.codec import AvroCodec, codec_from_url
+from gpupipe_schemas.errors import DecodeError
+from gpupipe_schemas.validate import violation
 
 log = logging.getLogger("gpupipe.metrics")
 
@@ -490,7 +490,7 @@ class XidReader:
     def process(self, msgs: Sequence[Any]) -> None:
         """Decode and check a consumed batch, then hand it to the handler.
 
-        The same contract check as the shared consume loop (:func:`schemas.validate.violation`):
+        The same contract check as the shared consume loop (:func:`gpupipe_schemas.validate.violation`):
         this reader decodes on its own, and without it an XID dated 2100 pinned the last XID for
         ever, codes -1 and 2**31-1 were counted, and a 200 KB hostname was copied into every
         series of a GPU. Only the owner of the record's key dead-letters it, as for undecodable

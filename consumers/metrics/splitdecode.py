@@ -14,13 +14,13 @@ generates one function that
   when the sample goes on with the same bytes (one ``startswith``: the allocations did not
   change), the decoded fields are reused without reading them again;
 * decodes ``processes`` (usually empty: one byte);
-* checks the readings with the :class:`~consumers.metrics.readings.ReadingsPlan` pattern and keeps
-  the match (converted at scrape, see :mod:`consumers.metrics.readings`), converting at once only
+* checks the readings with the :class:`~gpupipe_consumers.metrics.readings.ReadingsPlan` pattern and keeps
+  the match (converted at scrape, see :mod:`gpupipe_consumers.metrics.readings`), converting at once only
   the readings the store needs per sample (``interval_ms``, health and clock-event fields...);
 * looks the tail's bytes up in a second cache (the same bytes decode to the same fields).
 
 Both caches hold only bytes that the generated decoder read without error and whose fields are
-within the contract's bounds (:func:`schemas.validate.violation`, checked once, when a piece is
+within the contract's bounds (:func:`gpupipe_schemas.validate.violation`, checked once, when a piece is
 first decoded), so a cached piece is as valid as a decoded and checked one, and the consume loop's
 per-record check covers only the fields read per sample (the function's ``per_record``: time,
 processes, eager readings); they are bounded (cleared when full). The records it returns share the
@@ -37,9 +37,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from consumers.metrics.readings import CONVERT_ENV, PENDING, Readings, ReadingsPlan, base_type
-from schemas.fastdecode import CodeGen, compile_fields
-from schemas.validate import violation
+from gpupipe_consumers.metrics.readings import CONVERT_ENV, PENDING, Readings, ReadingsPlan, base_type
+from gpupipe_schemas.fastdecode import CodeGen, compile_fields
+from gpupipe_schemas.validate import violation
 
 SplitFn = Callable[[bytes], dict[str, Any] | None]
 

@@ -3,7 +3,7 @@
 :class:`SeriesStore` keeps, per GPU key (the GPU UUID, or the MIG device UUID for a slice, the
 same key the producer uses on Kafka), the exposition text of its latest sample -- its *line
 list*: label head and value text per metric family, rendered at ingest by
-:class:`~consumers.metrics.render.Renderer` -- with the partition the sample came from, the wall
+:class:`~gpupipe_consumers.metrics.render.Renderer` -- with the partition the sample came from, the wall
 time it was ingested and its sample time.
 
 A scrape (:meth:`SeriesStore.render` / :meth:`SeriesStore.render_parts`) walks the families in the
@@ -63,20 +63,20 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from consumers.metrics import exp
-from consumers.metrics.body import BodyJoiner
-from consumers.metrics.collectors_csv import CounterSet, default_counters
-from consumers.metrics.layout import merge_parent
-from consumers.metrics.own_text import (
+from gpupipe import pci
+from gpupipe_consumers.metrics import exp
+from gpupipe_consumers.metrics.body import BodyJoiner
+from gpupipe_consumers.metrics.collectors_csv import CounterSet, default_counters
+from gpupipe_consumers.metrics.layout import merge_parent
+from gpupipe_consumers.metrics.own_text import (
     OWN_METRICS,
     health_not_run_text,
     own_text,
     registry_text,
     unsupported_text,
 )
-from consumers.metrics.readings import PENDING, Kept, complete
-from consumers.metrics.render import GpuView, Renderer, RenderOptions
-from gpupipe import pci
+from gpupipe_consumers.metrics.readings import PENDING, Kept, complete
+from gpupipe_consumers.metrics.render import GpuView, Renderer, RenderOptions
 
 XID_RESULTS = ("counted", "duplicate", "ignored", "unattributed")
 DROP_KINDS = ("sample", "xid")
@@ -765,7 +765,7 @@ def _complete(record: Mapping[str, Any]) -> dict[str, Any]:
     missing = [f for f in _IDENTITY_FIELDS if f not in record]
     if missing:
         raise InvalidRecord(f"GpuSample record lacks {', '.join(missing)}")
-    from consumers.metrics.fields import FIELDS
+    from gpupipe_consumers.metrics.fields import FIELDS
 
     full: dict[str, Any] = dict.fromkeys((f.source for f in FIELDS if f.source), None)
     full.update(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from consumers.metrics.fields import Kind
+from gpupipe_consumers.metrics.fields import Kind
 
 _INT, _ROUND, _PERCENT, _MIB, _FLOAT, _BOOL = (
     int(k) for k in (Kind.INT, Kind.ROUND, Kind.PERCENT, Kind.MIB, Kind.FLOAT, Kind.BOOL)
@@ -41,7 +41,7 @@ def escape_help(text: str) -> str:
 
 def format_value(kind: int, value: Any, signed: bool = False, upper: float | None = None) -> str:
     """One value as dcgm-exporter prints it; raises :class:`InvalidValue` instead of printing junk.
-    ``upper``: the reading's bound (:func:`schemas.validate.reading_max`); above it (or below its
+    ``upper``: the reading's bound (:func:`gpupipe_schemas.validate.reading_max`); above it (or below its
     negative, for a signed reading) is ``out-of-range``.
 
     The reference (slow) path: :meth:`Renderer.render` has an inlined fast path that must agree.

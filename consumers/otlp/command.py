@@ -17,18 +17,18 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
-from consumers.consume_loop import ConsumeLoop
-from consumers.otlp.settings import DEFAULT_ENDPOINTS, DEFAULT_TIMEOUT_S, PROTOCOLS
-from gpupipe import startup, topics
+from gpupipe import service_flags, startup, topics
 from gpupipe.argtypes import duration_ms
 from gpupipe.kafka_admin import parse_kafka_overrides
 from gpupipe.logs import fields
 from gpupipe.runner import KafkaNeeds, Lifecycle, ServiceSpec, run_service
-from schemas.codec import codec_from_url
+from gpupipe_consumers.consume_loop import ConsumeLoop
+from gpupipe_consumers.otlp.settings import DEFAULT_ENDPOINTS, DEFAULT_TIMEOUT_S, PROTOCOLS
+from gpupipe_schemas.codec import codec_from_url
 
 if TYPE_CHECKING:
-    from consumers.otlp.export import OtlpConfig, Transport
-    from consumers.otlp.service import OtlpService
+    from gpupipe_consumers.otlp.export import OtlpConfig, Transport
+    from gpupipe_consumers.otlp.service import OtlpService
 
 USES_KAFKA = True
 
@@ -41,16 +41,10 @@ DEFAULT_GROUP = "gpupipe-otlp"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--listen", default=None, help="HOST:PORT for /metrics (the exporter's own) and /healthz")
+    service_flags.add_listen(p, serves="/metrics (the exporter's own)")
     p.add_argument("--group-id", default=DEFAULT_GROUP, help="Kafka consumer group")
-    p.add_argument(
-        "--from-beginning",
-        action="store_true",
-        help="a new consumer group starts at the oldest retained record instead of the newest",
-    )
-    p.add_argument(
-        "--create-topics", action=argparse.BooleanOptionalAction, default=True, help="create missing topics"
-    )
+    service_flags.add_from_beginning(p)
+    service_flags.add_create_topics(p)
     o = p.add_argument_group("OTLP: flags win over the OTEL_EXPORTER_OTLP_* variables")
     o.add_argument(
         "--otlp-endpoint",
@@ -103,7 +97,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def otlp_config(args: argparse.Namespace) -> OtlpConfig:
-    from consumers.otlp.export import config_from  # gRPC and the OTLP messages load when the command runs
+    from gpupipe_consumers.otlp.export import (
+        config_from,  # gRPC and the OTLP messages load when the command runs
+    )
 
     return config_from(
         protocol=args.otlp_protocol,
@@ -131,7 +127,7 @@ class OtlpApp:
         }
 
     def run(self, stop: threading.Event) -> None:
-        from consumers.otlp.service import ExportAbandoned
+        from gpupipe_consumers.otlp.service import ExportAbandoned
 
         self.service.stop = stop
         log.info(
@@ -149,7 +145,7 @@ class OtlpApp:
 
 
 def run(args: argparse.Namespace) -> int:
-    from consumers.otlp.export import transport
+    from gpupipe_consumers.otlp.export import transport
 
     cfg = otlp_config(args)  # config errors (a broken headers file included) before any network
     tx = transport(cfg)
@@ -159,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
         args,
         KafkaNeeds(
             args.bootstrap_servers,
-            topics.ALL if args.create_topics else [topics.SAMPLES, topics.XID, topics.DEADLETTER],
+            topics.to_prepare([topics.SAMPLES, topics.XID, topics.DEADLETTER], create=args.create_topics),
             prefix=args.topic_prefix,
             create=args.create_topics,
             extra=extra,
@@ -171,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
 def build(
     args: argparse.Namespace, cfg: OtlpConfig, tx: Transport, extra: dict[str, str], life: Lifecycle
 ) -> OtlpApp:
-    from consumers.otlp.service import OtlpService
+    from gpupipe_consumers.otlp.service import OtlpService
 
     registry = CollectorRegistry()
     service = OtlpService(tx, registry, stop=life.stop)

@@ -29,9 +29,9 @@ from google.protobuf.message import DecodeError, Message
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 
-from consumers.otlp.settings import DEFAULT_ENDPOINTS, DEFAULT_TIMEOUT_S, PROTOCOLS, Protocol_
 from gpupipe.errors import ConfigError
 from gpupipe.yaml_file import load_yaml
+from gpupipe_consumers.otlp.settings import DEFAULT_ENDPOINTS, DEFAULT_TIMEOUT_S, PROTOCOLS, Protocol_
 
 Signal = Literal["metrics", "logs"]
 

@@ -25,8 +25,8 @@ from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeL
 from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
-from schemas.meaning import gpu_key
-from schemas.xid_catalog import CATALOG_VERSION, Severity, XidInfo, lookup
+from gpupipe_schemas.meaning import gpu_key
+from gpupipe_schemas.xid_catalog import CATALOG_VERSION, Severity, XidInfo, lookup
 
 Kind = Literal["gauge", "updowncounter", "counter", "delta_counter"]
 Attr = str | int | float | bool

@@ -18,11 +18,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from consumers.consume_loop import InRecord, Rejected
-from consumers.otlp import mapping
-from consumers.otlp.export import ExportError, Signal, Transport
 from gpupipe.logs import fields
 from gpupipe.startup import Backoff
+from gpupipe_consumers.consume_loop import InRecord, Rejected
+from gpupipe_consumers.otlp import mapping
+from gpupipe_consumers.otlp.export import ExportError, Signal, Transport
 
 log = logging.getLogger("gpupipe.otlp")
 

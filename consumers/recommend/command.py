@@ -16,15 +16,11 @@ import argparse
 import logging
 import threading
 import time
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
-from consumers.consume_loop import ConsumeLoop
-from consumers.recommend.detector import DetectorConfig, IdleDetector
-from consumers.recommend.rightsize import MIB, RightSizeConfig
-from consumers.recommend.service import RecommendService, am_shape, kafka_recommendation_sink
-from consumers.topic_reader import read_topic
-from gpupipe import startup, topics
+from gpupipe import service_flags, startup, topics
 from gpupipe.acls import DEFAULT_GROUPS
 from gpupipe.alertmanager import AlertmanagerFanout, AlertmanagerMetrics, AlertmanagerSender
 from gpupipe.argtypes import duration_ms, field_default, keyword_default
@@ -34,7 +30,12 @@ from gpupipe.logs import fields
 from gpupipe.prices import PriceTable, load_price_table
 from gpupipe.runner import KafkaNeeds, Lifecycle, ServiceSpec, run_service
 from gpupipe.teams import TeamMap, load_team_map
-from schemas.codec import codec_from_url
+from gpupipe_consumers.consume_loop import ConsumeLoop
+from gpupipe_consumers.recommend.detector import DetectorConfig, IdleDetector
+from gpupipe_consumers.recommend.rightsize import MIB, RightSizeConfig
+from gpupipe_consumers.recommend.service import RecommendService, am_shape, kafka_recommendation_sink
+from gpupipe_consumers.topic_reader import read_topic
+from gpupipe_schemas.codec import codec_from_url
 
 USES_KAFKA = True
 
@@ -46,18 +47,10 @@ HELP = "recommend what to do with GPUs that pods hold idle"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--listen", default=None, help="HOST:PORT for /metrics (open recommendations) and /healthz"
-    )
+    service_flags.add_listen(p, serves="/metrics (open recommendations)")
     p.add_argument("--group-id", default=DEFAULT_GROUPS["recommend"], help="Kafka consumer group")
-    p.add_argument(
-        "--from-beginning",
-        action="store_true",
-        help="a new consumer group starts at the oldest retained sample instead of the newest",
-    )
-    p.add_argument(
-        "--create-topics", action=argparse.BooleanOptionalAction, default=True, help="create missing topics"
-    )
+    service_flags.add_from_beginning(p, what="samples")
+    service_flags.add_create_topics(p)
     p.add_argument(
         "--idle-threshold",
         type=float,
@@ -204,36 +197,70 @@ def run(args: argparse.Namespace) -> int:
         args,
         KafkaNeeds(
             args.bootstrap_servers,
-            topics.ALL if args.create_topics else [topics.SAMPLES, topics.RECOMMENDATIONS, topics.DEADLETTER],
+            topics.to_prepare(
+                [topics.SAMPLES, topics.RECOMMENDATIONS, topics.DEADLETTER], create=args.create_topics
+            ),
             prefix=args.topic_prefix,
             create=args.create_topics,
             extra=extra,
         ),
     )
-    return run_service(spec, lambda life: build(args, cfg, prices, teams, extra, life))
+    opts = options_from_args(args, extra)
+    return run_service(spec, lambda life: build(opts, cfg, prices, teams, life))
+
+
+@dataclass(frozen=True, slots=True)
+class RecommendOptions:
+    """What the service is run with beyond the detector's config, typed: the flags end here.
+
+    No defaults here: the flags hold them (and `--help` shows them)."""
+
+    bootstrap: str
+    topic_prefix: str
+    group_id: str
+    schema_registry_url: str | None
+    extra: dict[str, str]  # librdkafka settings
+    from_beginning: bool
+    alertmanager_urls: tuple[str, ...]
+    resend_interval_ms: int
+    restore_lookback_ms: int
+
+
+def options_from_args(args: argparse.Namespace, extra: dict[str, str]) -> RecommendOptions:
+    return RecommendOptions(
+        bootstrap=args.bootstrap_servers,
+        topic_prefix=args.topic_prefix,
+        group_id=args.group_id,
+        schema_registry_url=args.schema_registry_url,
+        extra=extra,
+        from_beginning=args.from_beginning,
+        alertmanager_urls=tuple(args.alertmanager_url or ()),
+        resend_interval_ms=args.resend_interval,
+        restore_lookback_ms=args.restore_lookback,
+    )
 
 
 def build(
-    args: argparse.Namespace,
+    opts: RecommendOptions,
     cfg: DetectorConfig,
     prices: PriceTable,
     teams: TeamMap,
-    extra: dict[str, str],
     life: Lifecycle,
 ) -> RecommendApp:
-    t_samples = topics.with_prefix(args.topic_prefix, topics.SAMPLES)
-    t_out = topics.with_prefix(args.topic_prefix, topics.RECOMMENDATIONS)
-    codec = codec_from_url(args.schema_registry_url)
+    extra = opts.extra
+    t_samples = topics.with_prefix(opts.topic_prefix, topics.SAMPLES)
+    t_out = topics.with_prefix(opts.topic_prefix, topics.RECOMMENDATIONS)
+    codec = codec_from_url(opts.schema_registry_url)
     registry = CollectorRegistry()
     alertmanager = None
-    if args.alertmanager_url:
+    if opts.alertmanager_urls:
         am_metrics = AlertmanagerMetrics(registry)
         alertmanager = AlertmanagerFanout(
             [
                 AlertmanagerSender(
-                    url, shape=am_shape, resend_interval_ms=args.resend_interval, metrics=am_metrics
+                    url, shape=am_shape, resend_interval_ms=opts.resend_interval_ms, metrics=am_metrics
                 )
-                for url in args.alertmanager_url
+                for url in opts.alertmanager_urls
             ]
         )
     detector = IdleDetector(
@@ -243,15 +270,15 @@ def build(
     )
     service = RecommendService(
         detector,
-        kafka_recommendation_sink(args.bootstrap_servers, t_out, codec, extra),
+        kafka_recommendation_sink(opts.bootstrap, t_out, codec, extra),
         registry,
         alertmanager,
     )
-    if args.restore_lookback:
-        since = int(time.time() * 1000) - args.restore_lookback
+    if opts.restore_lookback_ms:
+        since = int(time.time() * 1000) - opts.restore_lookback_ms
         records = startup.retry(  # a fresh topic's leaders may still be moving: wait, do not crash
             lambda: read_topic(
-                args.bootstrap_servers,
+                opts.bootstrap,
                 t_out,
                 codec,
                 "GpuRecommendation",
@@ -268,16 +295,16 @@ def build(
         restored = service.restore(records)
         log.info("open recommendations restored", extra=fields(count=restored))
     loop = ConsumeLoop(
-        bootstrap=args.bootstrap_servers,
-        group_id=args.group_id,
+        bootstrap=opts.bootstrap,
+        group_id=opts.group_id,
         topics=[t_samples],
         handler=service,
         codec=codec,
-        deadletter_topic=topics.with_prefix(args.topic_prefix, topics.DEADLETTER),
+        deadletter_topic=topics.with_prefix(opts.topic_prefix, topics.DEADLETTER),
         service="recommend",
         registry=registry,
         extra=extra,
-        from_beginning=args.from_beginning,
-        topic_prefix=args.topic_prefix,
+        from_beginning=opts.from_beginning,
+        topic_prefix=opts.topic_prefix,
     )
     return RecommendApp(service, loop, registry, alertmanager, cfg, t_out)

@@ -20,7 +20,7 @@ Lifecycle (event time; the clock is the sample timestamps, so replays give the s
   newest sample: the node or the producer went away).
 
 A streak that never reached ``idle_after`` produces nothing. Memory and activity peaks cover the
-streak and feed :mod:`consumers.recommend.rightsize`.
+streak and feed :mod:`gpupipe_consumers.recommend.rightsize`.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.recommend.rightsize import RightSizeConfig, suggest
-from schemas.meaning import activity_ratio, gpu_key
+from gpupipe_consumers.recommend.rightsize import RightSizeConfig, suggest
+from gpupipe_schemas.meaning import activity_ratio, gpu_key
 
 HOUR_MS = 3_600_000
 

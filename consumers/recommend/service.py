@@ -1,6 +1,6 @@
 """The recommend service: consume-loop handler, Kafka sink, Prometheus series, Alertmanager adapter.
 
-Thin I/O around :class:`~consumers.recommend.detector.IdleDetector`: each batch of ``GpuSample``
+Thin I/O around :class:`~gpupipe_consumers.recommend.detector.IdleDetector`: each batch of ``GpuSample``
 records goes through the detector partition by partition, the revisions it yields go to
 ``gpu.recommendations.v1`` (keyed by recommendation id, idempotent producer), to the Prometheus
 collector's view of open recommendations, and, when configured, to Alertmanager at severity
@@ -18,12 +18,12 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from consumers.consume_loop import InRecord, Rejected
-from consumers.recommend.detector import IdleDetector
 from gpupipe.alertmanager import AmState, iso_ms
 from gpupipe.kafka_sink import KeyedSink
 from gpupipe.logs import fields
-from schemas.codec import AvroCodec
+from gpupipe_consumers.consume_loop import InRecord, Rejected
+from gpupipe_consumers.recommend.detector import IdleDetector
+from gpupipe_schemas.codec import AvroCodec
 
 log = logging.getLogger("gpupipe.recommend")
 

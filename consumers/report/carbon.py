@@ -33,9 +33,9 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
-from consumers.report.chargeback_report import parse_time_ms
-from consumers.report.errors import ReportOptionError
 from gpupipe.yaml_file import load_yaml
+from gpupipe_consumers.report.chargeback_report import parse_time_ms
+from gpupipe_consumers.report.errors import ReportOptionError
 
 _KEYS = frozenset({"pue", "default_gco2e_per_kwh", "zones", "nodes", "series", "node_list", "zone_label"})
 ZONE_LABEL = "topology.kubernetes.io/zone"

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any
 
-from consumers.report.errors import ReportOptionError
 from gpupipe.teams import TeamMap
-from schemas.meaning import PSEUDO_NAMESPACES
+from gpupipe_consumers.report.errors import ReportOptionError
+from gpupipe_schemas.meaning import PSEUDO_NAMESPACES
 
 DIMENSIONS = ("namespace", "team", "node")
 PERIODS = ("window", "hour", "day", "month", "all")

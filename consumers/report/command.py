@@ -20,8 +20,14 @@ from datetime import UTC, tzinfo
 from typing import Any, TextIO
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from consumers.report.carbon import load_carbon_config
-from consumers.report.chargeback_report import (
+from gpupipe import topics
+from gpupipe.argtypes import ArgType, positive_duration_ms
+from gpupipe.errors import ConfigError
+from gpupipe.kafka_admin import parse_kafka_overrides, wait_for_broker
+from gpupipe.logs import fields
+from gpupipe.teams import TeamMap, load_team_map
+from gpupipe_consumers.report.carbon import load_carbon_config
+from gpupipe_consumers.report.chargeback_report import (
     CLOSE_MARGIN_MS,
     DIMENSIONS,
     PERIODS,
@@ -29,17 +35,11 @@ from consumers.report.chargeback_report import (
     open_billing_periods,
     parse_time_ms,
 )
-from consumers.report.errors import ReportOptionError
-from consumers.report.formats import FORMATS, FocusOptions, iso, render_report
-from consumers.report.reader import Deduplicator, deduplicated, iter_chargeback_records
-from consumers.report.workload_report import build_workload_report, is_workload_dim, valid_dims
-from gpupipe import topics
-from gpupipe.argtypes import ArgType, positive_duration_ms
-from gpupipe.errors import ConfigError
-from gpupipe.kafka_admin import parse_kafka_overrides, wait_for_broker
-from gpupipe.logs import fields
-from gpupipe.teams import TeamMap, load_team_map
-from schemas.codec import AvroCodec, codec_from_url
+from gpupipe_consumers.report.errors import ReportOptionError
+from gpupipe_consumers.report.formats import FORMATS, FocusOptions, iso, render_report
+from gpupipe_consumers.report.reader import Deduplicator, deduplicated, iter_chargeback_records
+from gpupipe_consumers.report.workload_report import build_workload_report, is_workload_dim, valid_dims
+from gpupipe_schemas.codec import AvroCodec, codec_from_url
 
 USES_KAFKA = True
 

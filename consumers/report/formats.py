@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from consumers.report.chargeback_report import CORRECTION, ReportRow
-from consumers.report.errors import ReportOptionError
-from consumers.report.html_report import render_html
-from consumers.report.rounding import MONEY, money, rounded_rows
+from gpupipe_consumers.report.chargeback_report import CORRECTION, ReportRow
+from gpupipe_consumers.report.errors import ReportOptionError
+from gpupipe_consumers.report.html_report import render_html
+from gpupipe_consumers.report.rounding import MONEY, money, rounded_rows
 
 FORMATS = ("table", "csv", "json", "jsonl", "focus", "html")
 

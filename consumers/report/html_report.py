@@ -23,16 +23,16 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from consumers.report.chargeback_report import ReportRow
-from consumers.report.html_parts import CSS as _CSS
-from consumers.report.html_parts import PALETTE, axis_end, y_grid
-from consumers.report.html_parts import axis_ticks as _ticks
-from consumers.report.html_parts import bar as _bar
-from consumers.report.html_parts import day as _day
-from consumers.report.html_parts import escape as _e
-from consumers.report.html_parts import swatch as _swatch
-from consumers.report.rounding import minor_units
-from schemas.meaning import PSEUDO_NAMESPACES
+from gpupipe_consumers.report.chargeback_report import ReportRow
+from gpupipe_consumers.report.html_parts import CSS as _CSS
+from gpupipe_consumers.report.html_parts import PALETTE, axis_end, y_grid
+from gpupipe_consumers.report.html_parts import axis_ticks as _ticks
+from gpupipe_consumers.report.html_parts import bar as _bar
+from gpupipe_consumers.report.html_parts import day as _day
+from gpupipe_consumers.report.html_parts import escape as _e
+from gpupipe_consumers.report.html_parts import swatch as _swatch
+from gpupipe_consumers.report.rounding import minor_units
+from gpupipe_schemas.meaning import PSEUDO_NAMESPACES
 
 UNALLOCATED = "__unallocated__"
 

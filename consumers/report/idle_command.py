@@ -14,18 +14,18 @@ import sys
 import time
 from typing import TextIO
 
-from consumers.report.chargeback_report import parse_time_ms
-from consumers.report.formats import FORMATS, FocusOptions
-from consumers.report.idle_html import render_idle_html
-from consumers.report.idle_report import IDLE_DIMENSIONS, build_idle_report, render_idle, selected
-from consumers.topic_reader import read_topic
 from gpupipe import topics
 from gpupipe.argtypes import positive_duration_ms
 from gpupipe.durations import parse_duration_ms
 from gpupipe.errors import ConfigError
 from gpupipe.kafka_admin import parse_kafka_overrides, wait_for_broker
 from gpupipe.teams import TeamMap, load_team_map
-from schemas.codec import codec_from_url
+from gpupipe_consumers.report.chargeback_report import parse_time_ms
+from gpupipe_consumers.report.formats import FORMATS, FocusOptions
+from gpupipe_consumers.report.idle_html import render_idle_html
+from gpupipe_consumers.report.idle_report import IDLE_DIMENSIONS, build_idle_report, render_idle, selected
+from gpupipe_consumers.topic_reader import read_topic
+from gpupipe_schemas.codec import codec_from_url
 
 USES_KAFKA = True
 

@@ -1,7 +1,7 @@
 """The idle-GPU report as one self-contained page, for the team lead who has to act on it.
 
 Like the chargeback page (no script, font or image fetched; it prints), built from the same pieces
-(:mod:`consumers.report.html_parts`). What it shows, from the recommendations the report selected:
+(:mod:`gpupipe_consumers.report.html_parts`). What it shows, from the recommendations the report selected:
 
 * the span of the data (first idle sample to the last one seen) and the ``--since`` cut-off;
 * headline figures: GPU-hours idle, the cost wasted (already billed by chargeback as idle
@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from consumers.report.html_parts import (
+from gpupipe_consumers.report.html_parts import (
     CSS,
     PALETTE,
     axis_end,
@@ -30,8 +30,8 @@ from consumers.report.html_parts import (
     swatch,
     y_grid,
 )
-from consumers.report.idle_report import IdleRow, build_idle_report
-from schemas import catalog
+from gpupipe_consumers.report.idle_report import IdleRow, build_idle_report
+from gpupipe_schemas import catalog
 
 DAY_MS = 86_400_000
 MAX_SERIES = 8  # more groups than this: the smallest are summed as "other" in the chart

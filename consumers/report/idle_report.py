@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.report.errors import ReportOptionError
-from consumers.report.formats import FocusOptions, _csv, _fmt, _num, iso
+from gpupipe_consumers.report.errors import ReportOptionError
+from gpupipe_consumers.report.formats import FocusOptions, _csv, _fmt, _num, iso
 
 IDLE_DIMENSIONS = ("team", "namespace", "owner", "pod")
 IDLE_COLUMNS = (
@@ -144,7 +144,8 @@ def selected(records: Iterable[dict[str, Any]], since_ms: int | None = None) -> 
 
 
 def render_idle(rows: Sequence[IdleRow], fmt: str, *, focus: FocusOptions | None = None) -> str:
-    """``rows`` in ``fmt``; the html page is :mod:`consumers.report.idle_html` (it draws on the records)."""
+    """``rows`` in ``fmt``; the html page is :mod:`gpupipe_consumers.report.idle_html` (it draws on the
+    records)."""
     dicts = [idle_row_dict(r) for r in rows]
     if fmt == "json":
         return json.dumps(dicts, indent=2) + "\n"

@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from consumers.report.chargeback_report import RECORDED_AT
-from consumers.topic_reader import iter_topic
-from schemas.codec import AvroCodec
-from schemas.validate import violation
+from gpupipe_consumers.report.chargeback_report import RECORDED_AT
+from gpupipe_consumers.topic_reader import iter_topic
+from gpupipe_schemas.codec import AvroCodec
+from gpupipe_schemas.validate import violation
 
 SEEK_MARGIN_MS = 86_400_000
 """How far before ``--from`` reading starts: covers emission delay, clock skew and slow commits."""

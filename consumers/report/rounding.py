@@ -18,7 +18,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from consumers.report.chargeback_report import ReportRow
+from gpupipe_consumers.report.chargeback_report import ReportRow
 
 MINOR_UNITS_DEFAULT = 2
 """Decimals of a currency that is not listed below (most have cents)."""

@@ -24,7 +24,8 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, tzinfo
 from typing import Any
 
-from consumers.report.chargeback_report import (
+from gpupipe.teams import TeamMap
+from gpupipe_consumers.report.chargeback_report import (
     CORRECTION,
     PERIODS,
     TOTAL,
@@ -37,9 +38,8 @@ from consumers.report.chargeback_report import (
     billing_place,
     check_within_period,
 )
-from consumers.report.errors import ReportOptionError
-from gpupipe.teams import TeamMap
-from schemas.meaning import PSEUDO_NAMESPACES
+from gpupipe_consumers.report.errors import ReportOptionError
+from gpupipe_schemas.meaning import PSEUDO_NAMESPACES
 
 BASE_DIMENSIONS = ("namespace", "team", "node")
 # (node, window start ms, energy kWh) -> kg CO2e
@@ -107,7 +107,8 @@ def build_workload_report(
 ) -> list[ReportRow]:
     """Sum records into rows by ``by`` (see the module docstring), in one pass and bounded memory
     (rows, not records, are kept). ``billing_lag_ms``: billing mode for the FOCUS export, and
-    ``tz`` the time zone of periods, as in :func:`~consumers.report.chargeback_report.build_report`."""
+    ``tz`` the time zone of periods, as in
+    :func:`~gpupipe_consumers.report.chargeback_report.build_report`."""
     dims = tuple(by)
     if not valid_dims(dims):
         raise ReportOptionError(

@@ -4,5 +4,5 @@
 - ``client``: PodResourcesClient (gRPC over the kubelet unix socket) and AllocationRefresher.
 - ``api.proto`` / ``api_pb2*.py``: the v1 API and its generated bindings (scripts/gen-proto).
 
-Nothing is imported here, so importing ``producer.kubelet.mapping`` does not load gRPC.
+Nothing is imported here, so importing ``gpupipe_producer.kubelet.mapping`` does not load gRPC.
 """

@@ -1,7 +1,7 @@
 """kubelet PodResources client (I/O adapter) and the per-interval refresher the producer uses.
 
 :class:`PodResourcesClient` calls ``v1.PodResourcesLister/List`` over the kubelet's unix socket with a
-deadline and returns an :class:`~producer.kubelet.mapping.AllocationMap`; it raises on failure.
+deadline and returns an :class:`~gpupipe_producer.kubelet.mapping.AllocationMap`; it raises on failure.
 
 :class:`AllocationRefresher` wraps it for the sample loop: ``refresh()`` never raises. On any failure
 (socket absent, UNAVAILABLE, DEADLINE_EXCEEDED, other RpcError, undecodable or malformed response) it
@@ -27,8 +27,8 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from producer.kubelet import api_pb2, api_pb2_grpc
-from producer.kubelet.mapping import (
+from gpupipe_producer.kubelet import api_pb2, api_pb2_grpc
+from gpupipe_producer.kubelet.mapping import (
     DEFAULT_DRA_DRIVERS,
     AllocationMap,
     AllocationMapper,

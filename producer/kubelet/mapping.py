@@ -1,7 +1,7 @@
 """Map kubelet PodResources allocations to GPUs (pure logic: no gRPC, no I/O).
 
 Input is a plain mirror of ``v1.ListPodResourcesResponse`` (:class:`PodResources` and friends below);
-``producer.kubelet.client`` converts the protobuf message into it, and :func:`pod_resources_from_dict`
+``gpupipe_producer.kubelet.client`` converts the protobuf message into it, and :func:`pod_resources_from_dict`
 reads the same shape from JSON (the protobuf JSON field names, snake_case or lowerCamelCase).
 
 Output is an :class:`AllocationMap`: device key -> tuple of :class:`PodRef`.

@@ -11,7 +11,7 @@ which applies one error policy for all collectors:
   this now": the call key is **learned** for the device (the field stays null). A hardware answer
   (NotSupported, a missing binding function) is learned for good; a refusal about rights or
   versions (NoPermission, FunctionNotFound, the version mismatches) is asked again after a
-  back-off of minutes (:mod:`producer.nvml.learned`), so granting rights or upgrading the driver
+  back-off of minutes (:mod:`gpupipe_producer.nvml.learned`), so granting rights or upgrading the driver
   needs no restart. Link probes (``probe=True``) also learn ``NVMLError_InvalidArgument``:
   drivers reject link ids they do not have with it (GB200: links 18..35).
 * ``NVMLError_GpuIsLost`` propagates: the source marks the whole GPU lost.
@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from producer.nvml.convert import field_value
-from producer.nvml.learned import RETRY_S, Learned, refusal_kind
+from gpupipe_producer.nvml.convert import field_value
+from gpupipe_producer.nvml.learned import RETRY_S, Learned, refusal_kind
 
 log = logging.getLogger("gpupipe.nvml")
 
@@ -175,7 +175,7 @@ class DeviceContext:
 
     def learn(self, key: str, reason: str) -> None:
         """Remember that this device cannot answer ``key``: for good, or until its retry time
-        (:mod:`producer.nvml.learned`, by the refusal kind in ``reason``)."""
+        (:mod:`gpupipe_producer.nvml.learned`, by the refusal kind in ``reason``)."""
         if key not in self.unsupported:
             self.unsupported.add(key, refusal_kind(reason))
             self.reporter.learned(self, key, reason)

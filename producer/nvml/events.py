@@ -46,7 +46,7 @@ given back only when its last orphan has ended (until then NVML cannot really sh
 :attr:`stuck` lists those GPUs, and the node agent postpones a re-initialisation). ``start()``
 works again at once after such a stop, so the healthy GPUs are watched meanwhile. A thread that
 died of an unexpected exception is listed in :attr:`dead`. Turn delivered dicts into XidEvent
-records with :func:`producer.nvml.records.nvml_xid_event`.
+records with :func:`gpupipe_producer.nvml.records.nvml_xid_event`.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from producer.nvml.errors import NvmlInitError, NvmlSourceError
-from producer.nvml.identity import text
+from gpupipe_producer.nvml.errors import NvmlInitError, NvmlSourceError
+from gpupipe_producer.nvml.identity import text
 
 log = logging.getLogger("gpupipe.nvml.events")
 

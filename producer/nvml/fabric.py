@@ -35,8 +35,8 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from producer.nvml import convert
-from producer.nvml.base import DeviceContext, FieldSpec, read_field_values
+from gpupipe_producer.nvml import convert
+from gpupipe_producer.nvml.base import DeviceContext, FieldSpec, read_field_values
 
 FI_NVLINK_LINK_COUNT = 91
 FI_NVLINK_GET_STATE = 165

@@ -45,8 +45,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from producer.nvml import convert
-from producer.nvml.base import DeviceContext, FieldSpec, read_field_values
+from gpupipe_producer.nvml import convert
+from gpupipe_producer.nvml.base import DeviceContext, FieldSpec, read_field_values
 
 UINT_MAX = 0xFFFFFFFF
 FI_MEMORY_TEMP = 82

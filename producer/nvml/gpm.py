@@ -32,8 +32,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from producer.nvml import convert
-from producer.nvml.base import DeviceContext
+from gpupipe_producer.nvml import convert
+from gpupipe_producer.nvml.base import DeviceContext
 
 MIN_SAMPLE_GAP_S = 0.1  # NVML: samples must be more than 100 ms apart
 

@@ -1,4 +1,4 @@
-"""The GPUs an :class:`~producer.nvml.source.NvmlSource` knows, and what the rest of the producer
+"""The GPUs an :class:`~gpupipe_producer.nvml.source.NvmlSource` knows, and what the rest of the producer
 asks about them (kubelet matching, kernel-log attribution, MIG lookups, what NVML refused).
 
 The source opens and polls the GPUs; the table holds them. It is read from other threads than
@@ -12,9 +12,9 @@ from collections import Counter
 from typing import Any
 
 from gpupipe import pci
-from producer.nvml.base import DeviceContext
-from producer.nvml.mig import MigSlice
-from producer.nvml.records import DeviceIds, GpuRef
+from gpupipe_producer.nvml.base import DeviceContext
+from gpupipe_producer.nvml.mig import MigSlice
+from gpupipe_producer.nvml.records import DeviceIds, GpuRef
 
 
 class Gpu:

@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from gpupipe.pci import device_key
-from producer.nvml.base import DeviceContext
+from gpupipe_producer.nvml.base import DeviceContext
 
 #: Where the kernel shows each PCI device (numa_node: the node it is attached to).
 SYSFS_PCI_DEVICES = "/sys/bus/pci/devices"

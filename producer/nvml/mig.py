@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from producer.nvml.base import DeviceContext
-from producer.nvml.identity import text
+from gpupipe_producer.nvml.base import DeviceContext
+from gpupipe_producer.nvml.identity import text
 
 _PROFILE = re.compile(r"\bMIG\s+(?:(?P<c>\d+)c\.)?(?P<g>\d+)g\.(?P<mem>\S+)\s*$")
 DEFAULT_MAX_SLICES = 7

@@ -28,9 +28,9 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from producer.nvml import convert
-from producer.nvml.base import DeviceContext
-from producer.nvml.identity import text
+from gpupipe_producer.nvml import convert
+from gpupipe_producer.nvml.base import DeviceContext
+from gpupipe_producer.nvml.identity import text
 
 
 class ProcessCollector:

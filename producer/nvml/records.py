@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas import catalog
+from gpupipe_schemas import catalog
 
 #: The ``vendor`` of every record this producer writes (it reads GPUs through NVIDIA's NVML).
 VENDOR = "nvidia"
@@ -89,7 +89,7 @@ class GpuRef:
 
 @dataclass(frozen=True, slots=True)
 class DeviceIds:
-    """Ids device plugins use besides UUIDs (see :func:`producer.enrich.gpu_aliases`).
+    """Ids device plugins use besides UUIDs (see :func:`gpupipe_producer.enrich.gpu_aliases`).
 
     ``minors``: GPU UUID -> /dev/nvidia<minor> number (GKE's ``nvidia<N>`` is the minor, not the
     NVML index). ``mig``: MIG UUID -> ``<gpu index>:<mig index>`` (``deviceIDStrategy=index``).

@@ -1,4 +1,4 @@
-"""What an :class:`~producer.nvml.source.NvmlSource` tells about itself: its counters, its log
+"""What an :class:`~gpupipe_producer.nvml.source.NvmlSource` tells about itself: its counters, its log
 lines and its hooks, in one place that every device context of the source reports to.
 
 Errors are counted and logged at most once a minute per kind; garbage values are counted; a call
@@ -16,9 +16,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpupipe.errors import ConfigError
-from producer.nvml.base import DeviceContext
-from producer.nvml.learned import BINDING_MISSING, RETRY_KINDS, refusal_kind
-from producer.nvml.records import GpuRef, LostGpu
+from gpupipe_producer.nvml.base import DeviceContext
+from gpupipe_producer.nvml.learned import BINDING_MISSING, RETRY_KINDS, refusal_kind
+from gpupipe_producer.nvml.records import GpuRef, LostGpu
 
 log = logging.getLogger("gpupipe.nvml")
 

@@ -1,4 +1,4 @@
-"""The NVML reference an :class:`~producer.nvml.source.NvmlSource` holds: taken at start, let go
+"""The NVML reference an :class:`~gpupipe_producer.nvml.source.NvmlSource` holds: taken at start, let go
 of and taken again for a GPU reset, a fall-off-the-bus recovery or a driver upgrade.
 
 Why: an initialised NVML keeps the view of the devices it had when it started. After a GPU fell off
@@ -11,7 +11,7 @@ suspends (frees what it holds, then :meth:`NvmlSession.let_go`) and resumes
 doubling up to an hour while GPUs stay lost.
 
 NVML's init is reference-counted: a real new session needs every holder (the event watcher too)
-to shut down first. The node agent's :mod:`producer.nvml_control` sequences that.
+to shut down first. The node agent's :mod:`gpupipe_producer.nvml_control` sequences that.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from producer.nvml.errors import NvmlInitError
+from gpupipe_producer.nvml.errors import NvmlInitError
 
 log = logging.getLogger("gpupipe.nvml")
 

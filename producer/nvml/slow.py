@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from producer.nvml import convert
-from producer.nvml.base import DeviceContext, FieldSpec, read_field_values
+from gpupipe_producer.nvml import convert
+from gpupipe_producer.nvml.base import DeviceContext, FieldSpec, read_field_values
 
 FI_GPU_RECOVERY_ACTION = 230
 

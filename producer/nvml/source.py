@@ -26,22 +26,22 @@ Per GPU, every poll yields:
   temperatures, ECC...) only on the parent record;
 * a lost GPU (``NVMLErrorGpuIsLost`` from any call): one record with ``gpu_lost`` True, identity
   kept and every metric null; the other GPUs go on. ``hooks.gpu_lost`` is called once per loss
-  (build the XidEvent with :func:`producer.nvml.records.gpu_lost_xid_event`); NVML is not asked
+  (build the XidEvent with :func:`gpupipe_producer.nvml.records.gpu_lost_xid_event`); NVML is not asked
   about that GPU again except a cheap probe every ``lost_retry`` seconds, which brings it back
   (``hooks.gpu_recovered``) after a reset.
 
 ``allocations`` is always empty here: kubelet enrichment is the caller's job.
 
 With ``call_timeout_s`` set (the node agent sets ``--nvml-timeout``), each GPU is polled on its own
-worker thread (:mod:`producer.nvml.workers`) and ``poll`` waits at most that long: a GPU whose
+worker thread (:mod:`gpupipe_producer.nvml.workers`) and ``poll`` waits at most that long: a GPU whose
 calls have not returned is *stalled*, logged once, counted through ``hooks.nvml_error("call_timeout")``,
 and left out of this and later polls until its call returns. Without it (the default, for library
 use and tests) GPUs are polled one after the other on the caller's thread.
 
 The source is the polling and the GPUs' lifecycle (open, lost, probed, re-enumerated); it owns
-three collaborators with their own state: the :class:`~producer.nvml.gpu_table.GpuTable` (the GPUs,
-which other threads read), the :class:`~producer.nvml.session.NvmlSession` (the NVML reference and
-its re-initialisation back-off) and the :class:`~producer.nvml.reporting.SourceReporter` (counters,
+three collaborators with their own state: the :class:`~gpupipe_producer.nvml.gpu_table.GpuTable` (the GPUs,
+which other threads read), the :class:`~gpupipe_producer.nvml.session.NvmlSession` (the NVML reference and
+its re-initialisation back-off) and the :class:`~gpupipe_producer.nvml.reporting.SourceReporter` (counters,
 rate-limited log lines, hooks). Constructing the source calls nothing in NVML: ``start`` does.
 """
 
@@ -55,27 +55,27 @@ from typing import Any
 
 from gpupipe import pci
 from gpupipe.errors import ConfigError
-from producer.nvml.base import Collector, DeviceContext, NvmlErrors
-from producer.nvml.driver_info import DRIVER_GPUS_DIR, driver_gpu
-from producer.nvml.errors import NvmlInitError, NvmlSourceError
-from producer.nvml.fabric import FabricCollector
-from producer.nvml.fast import FastCollector
-from producer.nvml.gpm import GpmCollector
-from producer.nvml.gpu_table import Gpu, GpuTable
-from producer.nvml.identity import (
+from gpupipe_producer.nvml.base import Collector, DeviceContext, NvmlErrors
+from gpupipe_producer.nvml.driver_info import DRIVER_GPUS_DIR, driver_gpu
+from gpupipe_producer.nvml.errors import NvmlInitError, NvmlSourceError
+from gpupipe_producer.nvml.fabric import FabricCollector
+from gpupipe_producer.nvml.fast import FastCollector
+from gpupipe_producer.nvml.gpm import GpmCollector
+from gpupipe_producer.nvml.gpu_table import Gpu, GpuTable
+from gpupipe_producer.nvml.identity import (
     SYSFS_PCI_DEVICES,
     IdentityCollector,
     read_driver_version,
     read_nvml_version,
     text,
 )
-from producer.nvml.mig import MigSlice, enumerate_slices
-from producer.nvml.processes import ProcessCollector
-from producer.nvml.records import DeviceIds, GpuRef, LostGpu, empty_sample
-from producer.nvml.reporting import SourceHooks, SourceReporter, check_intervals
-from producer.nvml.session import NvmlSession
-from producer.nvml.slow import SlowCollector
-from producer.nvml.workers import GpuWorker
+from gpupipe_producer.nvml.mig import MigSlice, enumerate_slices
+from gpupipe_producer.nvml.processes import ProcessCollector
+from gpupipe_producer.nvml.records import DeviceIds, GpuRef, LostGpu, empty_sample
+from gpupipe_producer.nvml.reporting import SourceHooks, SourceReporter, check_intervals
+from gpupipe_producer.nvml.session import NvmlSession
+from gpupipe_producer.nvml.slow import SlowCollector
+from gpupipe_producer.nvml.workers import GpuWorker
 
 log = logging.getLogger("gpupipe.nvml")
 
@@ -252,7 +252,7 @@ class NvmlSource:
             except Exception as exc:
                 log.debug("release of %s failed: %s", c.name, exc)
 
-    # -- letting go of NVML (producer.nvml.session) ----------------------------------------------
+    # -- letting go of NVML (gpupipe_producer.nvml.session) ----------------------------------------------
     def can_suspend(self) -> bool:
         """False while a GPU's NVML call is in flight (a stalled GPU's worker)."""
         return not any(w.busy for w in self._workers.values())
@@ -336,7 +336,7 @@ class NvmlSource:
         if not self._started:
             raise NvmlSourceError("NvmlSource.poll() called before start() (or after shutdown())")
         if self.released:
-            return []  # NVML let go of (producer.nvml.session): nothing to read
+            return []  # NVML let go of (gpupipe_producer.nvml.session): nothing to read
         now = self._clock() if now is None else now
         self._now = now
         ts = int(self._wall_clock() * 1000)
@@ -657,7 +657,7 @@ class NvmlSource:
         minor = c.call("minor", "nvmlDeviceGetMinorNumber", c.handle)
         gpu.minor = minor if isinstance(minor, int) and 0 <= minor < 1 << 20 else None
 
-    # -- what the rest of the producer asks (producer.nvml.gpu_table) ----------------------------
+    # -- what the rest of the producer asks (gpupipe_producer.nvml.gpu_table) ----------------------------
     def gpus(self) -> list[GpuRef]:
         """Every GPU the source knows (lost ones included)."""
         return self._table.refs()

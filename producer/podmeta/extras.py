@@ -17,10 +17,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gpupipe import kube
-from producer.podmeta.hpc_jobs import DEFAULT_NAMESPACE as DEFAULT_HPC_NAMESPACE
-from producer.podmeta.hpc_jobs import HpcJobMap
-from producer.podmeta.kube_watch import PodMetadataWatcher
-from producer.podmeta.owners import annotate
+from gpupipe_producer.podmeta.hpc_jobs import DEFAULT_NAMESPACE as DEFAULT_HPC_NAMESPACE
+from gpupipe_producer.podmeta.hpc_jobs import HpcJobMap
+from gpupipe_producer.podmeta.kube_watch import PodMetadataWatcher
+from gpupipe_producer.podmeta.owners import annotate
 
 log = logging.getLogger("gpupipe.podmeta")
 

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpupipe.kube import GONE, KubeApiError, KubeClient, Watch
-from producer.podmeta.owners import PodMeta, object_path, pod_meta
+from gpupipe_producer.podmeta.owners import PodMeta, object_path, pod_meta
 
 log = logging.getLogger("gpupipe.podmeta")
 

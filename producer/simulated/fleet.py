@@ -29,10 +29,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from producer.nvml.records import VENDOR
-from producer.podmeta.hpc_jobs import DEFAULT_NAMESPACE as HPC_NAMESPACE
-from producer.podmeta.hpc_jobs import job_allocation
-from producer.simulated.models import (
+from gpupipe_producer.nvml.records import VENDOR
+from gpupipe_producer.podmeta.hpc_jobs import DEFAULT_NAMESPACE as HPC_NAMESPACE
+from gpupipe_producer.podmeta.hpc_jobs import job_allocation
+from gpupipe_producer.simulated.models import (
     COST_CENTERS,
     MIG_LAYOUT,
     MIG_LAYOUT_H200,
@@ -43,8 +43,8 @@ from producer.simulated.models import (
     NOTEBOOK_TEAMS,
     GpuModel,
 )
-from producer.simulated.xid_text import MESSAGES, WITH_PROCESS, XID_WEIGHTS
-from schemas import catalog
+from gpupipe_producer.simulated.xid_text import MESSAGES, WITH_PROCESS, XID_WEIGHTS
+from gpupipe_schemas import catalog
 
 HOUR_MS = 3_600_000
 DEFAULT_XID_RATE_PER_GPU_HOUR = 0.002

@@ -22,7 +22,8 @@ A line may carry any of these prefixes, which are stripped and, where they hold 
 
 ``parse_line`` handles one line. :class:`KmsgParser` is the streaming form: it also joins
 *continuation lines* (a line that starts with white space, as ``dmesg``/``journalctl`` print the 2nd and
-later lines of one multi-line kernel record, and as :mod:`producer.xid.kmsg_reader` renders ``/dev/kmsg``
+later lines of one multi-line kernel record, and as :mod:`gpupipe_producer.xid.kmsg_reader` renders
+``/dev/kmsg``
 fragment records) onto the previous Xid's message, and it recognises the multi-line
 ``NVRM: The NVIDIA GPU <bus id> ... fallen off the bus`` report, which carries no Xid number. With
 ``driver_loads=True`` it also reports the driver's load line (:class:`DriverLoaded`)::

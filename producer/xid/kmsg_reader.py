@@ -1,10 +1,11 @@
 """Read kernel-log lines from ``/dev/kmsg``, a text file (optionally followed like ``tail -f``) or stdin.
 
-:class:`KmsgReader` is an iterator of ``str`` lines ready for :class:`producer.xid.kmsg_parse.KmsgParser`.
+:class:`KmsgReader` is an iterator of ``str`` lines ready for
+:class:`gpupipe_producer.xid.kmsg_parse.KmsgParser`.
 
 Waiting costs nothing while nothing happens: on ``/dev/kmsg``, pipes and FIFOs the reader blocks in
 ``poll(2)`` on the descriptor (readable when a record or data arrives) together with the stop event's
-own descriptor (:class:`producer.xid.wake.WakeEvent`), with no timeout, so :meth:`KmsgReader.stop`
+own descriptor (:class:`gpupipe_producer.xid.wake.WakeEvent`), with no timeout, so :meth:`KmsgReader.stop`
 ends the iteration at once and an idle node never wakes the thread. A timeout is armed only while the
 consumer needs an idle tick (``tick_needed``: the parser holds an Xid waiting for continuation
 lines), or when the stop event given is a plain
@@ -67,8 +68,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from producer.xid.kmsg_parse import split_kmsg_record, unescape_kmsg
-from producer.xid.wake import WakeEvent
+from gpupipe_producer.xid.kmsg_parse import split_kmsg_record, unescape_kmsg
+from gpupipe_producer.xid.wake import WakeEvent
 
 __all__ = [
     "DEFAULT_KMSG_PATH",
@@ -184,7 +185,7 @@ def kmsg_records_to_lines(records: Iterable[KmsgRecord | None]) -> Iterator[str]
 
     A record flagged ``+``, or flagged ``c`` right after a ``c``/``+`` record, continues the previous
     record's line: the kernel's fragment hints, which Documentation/ABI/testing/dev-kmsg calls
-    best-effort. Such a record is rendered indented, so :class:`~producer.xid.kmsg_parse.KmsgParser`
+    best-effort. Such a record is rendered indented, so :class:`~gpupipe_producer.xid.kmsg_parse.KmsgParser`
     appends it to the Xid before it.
     """
     prev_flag = "-"
@@ -310,7 +311,7 @@ class KmsgReader:
     ``from_start``: read what is already there first; when false and following, start at the end.
     ``stream``: a binary stream to read instead of stdin when ``path`` is ``"-"``.
     ``stop_event``: share an existing event; :meth:`stop` sets it. Give a
-    :class:`~producer.xid.wake.WakeEvent` (the node agent does) so that setting it from anywhere
+    :class:`~gpupipe_producer.xid.wake.WakeEvent` (the node agent does) so that setting it from anywhere
     wakes a blocked reader; with a plain :class:`threading.Event` waits are bounded by
     ``poll_interval_s`` instead.
     ``tick_needed``: with ``idle_ticks``, idle ticks only while this returns True.

@@ -21,8 +21,8 @@ import json
 from collections.abc import Iterator
 from typing import TextIO
 
-from producer.xid.kmsg_parse import Event, FallenOffBus, KmsgParser, to_json_dict
-from producer.xid.kmsg_reader import KmsgReader
+from gpupipe_producer.xid.kmsg_parse import Event, FallenOffBus, KmsgParser, to_json_dict
+from gpupipe_producer.xid.kmsg_reader import KmsgReader
 
 __all__ = ["MAX_INPUT_LINE", "run_xid_parse"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from producer.xid.parse_cli import run_xid_parse
+from gpupipe_producer.xid.parse_cli import run_xid_parse
 
 USES_KAFKA = False
 

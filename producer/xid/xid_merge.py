@@ -4,7 +4,8 @@ The node producer hears about an Xid twice:
 
 * **NVML** (``nvmlEventSetWait``): structured - GPU UUID, PCI bus id (``00000000:3B:00.0``), the code and,
   on MIG, ``gpuInstanceId``/``computeInstanceId`` (``0xFFFFFFFF`` = not attributable); no pid, no text.
-* **kmsg** (:mod:`producer.xid.kmsg_parse`): pid, process name, the message (which for 74/94/95/144-150/
+* **kmsg** (:mod:`gpupipe_producer.xid.kmsg_parse`): pid, process name, the message (which for
+74/94/95/144-150/
   154 is what tells the severity), MIG ids when printed, and the bus id as the driver prints it
   (``0000:3b:00``, no function).
 
@@ -34,8 +35,9 @@ reader off, Xids NVML does not deliver, a burst where one side reports more line
 delayed by the full window; a matched pair is emitted as soon as its second half arrives. Both reports
 come from the same driver code path within microseconds, and what separates them in user space is the
 two loops' wake-ups: ``nvmlEventSetWait`` returns as soon as an event is queued, and
-:class:`~producer.xid.kmsg_reader.KmsgReader` polls every 0.1 s by default (plus up to one more line or
-idle tick before :class:`~producer.xid.kmsg_parse.KmsgParser` releases a held Xid). ``window_s=0.5``
+:class:`~gpupipe_producer.xid.kmsg_reader.KmsgReader` polls every 0.1 s by default (plus up to one more line
+or
+idle tick before :class:`~gpupipe_producer.xid.kmsg_parse.KmsgParser` releases a held Xid). ``window_s=0.5``
 therefore covers the normal gap with margin while keeping alert latency under a second. Too short a
 window yields duplicates (both halves emitted alone); too long only delays unpaired Xids, and widens
 the chance that two genuinely different Xids of the same code on the same GPU pair with each other's

@@ -15,8 +15,8 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from consumers.report.command import read_chargeback_records
-from schemas.codec import AvroCodec
+from gpupipe_consumers.report.command import read_chargeback_records
+from gpupipe_schemas.codec import AvroCodec
 from tests import hygiene  # own process group, dies with pytest, recorded for the leak guard
 from tests.integration.kafka_util import GPUPIPE, REPO
 

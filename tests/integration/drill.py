@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from gpupipe import topics
-from producer.simulated.fleet import FleetConfig, SimulatedFleet
-from schemas.codec import AvroCodec
+from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
+from gpupipe_schemas.codec import AvroCodec
 from tests.conftest import BROKER_START_TIMEOUT, REPO, _free_pair, free_port
 from tests.hygiene import popen, stop_group
 from tests.integration.kafka_util import GPUPIPE, read_all

@@ -25,7 +25,7 @@ import pytest
 import yaml
 from confluent_kafka import Producer
 
-from schemas.codec import AvroCodec
+from gpupipe_schemas.codec import AvroCodec
 from tests import hygiene  # own process group, dies with pytest, recorded for the leak guard
 
 REPO = Path(__file__).resolve().parents[2]

@@ -522,11 +522,11 @@ def test_a_node_cannot_forge_an_ack_or_another_nodes_hostname(
     on the XID topic closes nothing, the alerts topic refuses it, an XID signed by node-a's
     certificate but naming node-b is dead-lettered, and a sample saying node-b's GPU fell off the bus,
     signed by node-a, is dropped: node-b gets no alert (let alone a cordon)."""
-    from consumers.alerts.ack import ack_record
     from gpupipe.node_identity import NodeSigner
-    from producer.simulated.fleet import FleetConfig, SimulatedFleet
-    from schemas.codec import AvroCodec
-    from tests.integration.test_alerts_service import xid_event
+    from gpupipe_consumers.alerts.ack import ack_record
+    from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
+    from gpupipe_schemas.codec import AvroCodec
+    from tests.integration.consumers.alerts.test_service import xid_event
     from tests.pki import Pki
 
     sk, _ = secured

@@ -27,15 +27,15 @@ from confluent_kafka import Producer
 
 from gpupipe import topics
 from gpupipe.kafka_admin import ensure_topics
-from producer.simulated.fleet import FleetConfig, SimulatedFleet
-from schemas.codec import AvroCodec
+from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
+from gpupipe_schemas.codec import AvroCodec
 from tests.agent_harness import wait_for
 from tests.conftest import REPO, free_port
 from tests.hygiene import popen, stop_group
 from tests.integration.chargeback_util import read_to_end
+from tests.integration.consumers.alerts.test_service import xid_event
 from tests.integration.kafka_util import GPUPIPE
-from tests.integration.test_alerts_service import xid_event
-from tests.unit.test_alerts_record import _records
+from tests.unit.consumers.alerts.test_record import _records
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,6 @@
 """`--web-config-file` on every service's own port, end to end.
 
-Every service listens with the one server of gpupipe.web (unit tests: tests/unit/test_web_server.py).
+Every service listens with the one server of gpupipe.web (unit tests: tests/unit/gpupipe/web/test_server.py).
 Here each runs as the CLI a user starts, against a
 real broker, with an exporter-toolkit web config (TLS + a bcrypt user): /metrics over HTTPS with
 the CA and the password answers the service's own series, without the password 401, plain HTTP
@@ -23,9 +23,9 @@ from gpupipe import topics
 from gpupipe.kafka_admin import ensure_topics
 from tests import hygiene
 from tests.conftest import free_port
+from tests.integration.consumers.metrics.test_tls_auth import web_config
 from tests.integration.kafka_util import GPUPIPE, REPO
 from tests.integration.metrics_helpers import wait_for
-from tests.integration.test_metrics_tls_auth import web_config
 from tests.pki import Pki
 
 pytestmark = pytest.mark.integration

@@ -18,11 +18,11 @@ import pytest
 from confluent_kafka import Producer
 from prometheus_client import CollectorRegistry
 
-from consumers.consume_loop import ConsumeLoop, InRecord
 from gpupipe import topics
 from gpupipe.kafka_admin import ensure_topics
-from producer.simulated.fleet import FleetConfig, SimulatedFleet
-from schemas.codec import AvroCodec
+from gpupipe_consumers.consume_loop import ConsumeLoop, InRecord
+from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
+from gpupipe_schemas.codec import AvroCodec
 
 pytestmark = pytest.mark.integration
 

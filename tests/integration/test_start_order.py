@@ -139,7 +139,7 @@ def _starting_body(port: int) -> dict | None:
 
 
 def _spool_records(tmp_path: Path) -> int:
-    from producer.spool_format import SPOOL_FILE, scan_records
+    from gpupipe_producer.spool_format import SPOOL_FILE, scan_records
 
     f = tmp_path / "spool" / SPOOL_FILE
     return len(scan_records(f.read_bytes()).records) if f.exists() else 0
@@ -165,7 +165,7 @@ def test_the_node_agent_waits_for_its_topics_and_spools_xids_meanwhile(
     # or partition" and /healthz said ok. It must say "starting", spool, and deliver once they exist.
     from gpupipe import topics
     from gpupipe.kafka_admin import ensure_topics
-    from schemas.codec import AvroCodec
+    from gpupipe_schemas.codec import AvroCodec
     from tests.integration.kafka_util import read_all
 
     port = free_port()

@@ -11,9 +11,9 @@ import pytest
 from confluent_kafka import Producer
 
 from gpupipe.kafka_admin import ensure_topics
-from producer.delivery import XidSender
-from producer.spool import XidSpool
-from producer.spool_format import SPOOL_FILE
+from gpupipe_producer.delivery import XidSender
+from gpupipe_producer.spool import XidSpool
+from gpupipe_producer.spool_format import SPOOL_FILE
 from tests.conftest import BROKER_START_TIMEOUT, REPO, _free_pair
 from tests.integration.kafka_util import read_all
 

@@ -1,0 +1,146 @@
+"""`make demo`: what it needs, where it listens, what it shows, and how it ends.
+
+A newcomer's first `make demo` built helm from Go for minutes (the demo never runs helm), stopped
+everything when one port was taken, showed no GPU series on :9400 (dcgm-exporter's port; the
+demo had the producer's own metrics there), showed neither a MIG nor a time-sliced GPU, and
+exited 0 after a service died.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from types import ModuleType
+
+import pytest
+
+from gpupipe import cli
+from gpupipe_producer.command import fleet_config
+from gpupipe_producer.simulated.fleet import SimulatedFleet
+from tests.paths import REPO
+
+REPO = REPO
+
+
+def _demo() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpupipe_demo", REPO / "scripts" / "demo.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _service_argv(name: str) -> list[str]:
+    demo = _demo()
+    (argv,) = [a for _, n, a, _ in demo.services(demo.demo_ports({})) if n == name]
+    return argv
+
+
+def test_gpu_metrics_are_served_on_dcgm_exporters_port() -> None:
+    argv = _service_argv("metrics")
+    assert argv[0] == "metrics" and argv[argv.index("--listen") + 1] == "127.0.0.1:9400"
+    producer = _service_argv("producer")
+    assert producer[producer.index("--listen") + 1] != "127.0.0.1:9400"
+
+
+def test_demo_fleet_has_a_mig_gpu_and_a_time_sliced_gpu() -> None:
+    args = cli.build_parser().parse_args(_service_argv("producer"))
+    fleet = SimulatedFleet(fleet_config(args))
+    samples: list[dict] = []
+    for k in range(60):
+        samples += fleet.tick(1_795_000_000_000 + k * 1000)[0]
+    assert any(r["mig"] for r in samples), "a MIG slice"
+    assert any(len(r["allocations"]) > 1 for r in samples), "a GPU time-sliced between pods"
+
+
+def test_ports_come_from_their_variables() -> None:
+    demo = _demo()
+    ports = demo.demo_ports({"GPUPIPE_DEMO_PROMETHEUS_PORT": "19090"})
+    assert ports["prometheus"] == 19090 and ports["metrics"] == 9400 and ports["kafka"] == 9092
+    with pytest.raises(SystemExit, match="GPUPIPE_DEMO_METRICS_PORT='x' is not a port number"):
+        demo.demo_ports({"GPUPIPE_DEMO_METRICS_PORT": "x"})
+    moved = demo.services(demo.demo_ports({"GPUPIPE_DEMO_METRICS_PORT": "19400"}))
+    assert ["metrics", "--listen", "127.0.0.1:19400"] in [a for _, _, a, _ in moved]
+
+
+def test_a_taken_port_is_one_line_naming_it_and_its_variable() -> None:
+    demo = _demo()
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        ports = demo.demo_ports({"GPUPIPE_DEMO_PROMETHEUS_PORT": str(port)})
+        line = demo.taken_ports_line(ports, ["prometheus"])
+    assert line == (
+        f"demo: port {port} (Prometheus) is in use; set GPUPIPE_DEMO_PROMETHEUS_PORT to a free port"
+    )
+    assert demo.taken_ports_line(ports, ["prometheus"]) is None  # freed
+
+
+def test_demo_with_its_kafka_port_taken_stops_before_starting_anything() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        env = {**os.environ, "GPUPIPE_DEMO_KAFKA_PORT": str(port)}
+        env["KAFKA_LOCAL_DIR"] = tempfile.mkdtemp(prefix="gpupipe-demo-")  # no broker of ours there
+        try:
+            res = subprocess.run(
+                [sys.executable, str(REPO / "scripts" / "demo.py")],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        finally:
+            shutil.rmtree(env["KAFKA_LOCAL_DIR"], ignore_errors=True)
+    assert res.returncode == 2
+    assert res.stderr.splitlines() == [
+        f"demo: port {port} (Kafka) is in use; set GPUPIPE_DEMO_KAFKA_PORT to a free port"
+    ]
+    assert "9400/metrics" in res.stdout  # the ports were printed first
+
+
+def test_the_ports_are_printed_with_their_urls_and_variables() -> None:
+    demo = _demo()
+    text = demo.ports_banner(demo.demo_ports({}), absent=["alertmanager"])
+    assert "http://127.0.0.1:9400/metrics" in text
+    assert "http://127.0.0.1:9090/graph" in text
+    for p in demo.PORTS:
+        assert p.variable in text
+    assert re.search(r"Alertmanager .*not installed", text)
+
+
+def test_readme_quick_start_lists_every_demo_port() -> None:
+    readme = (REPO / "README.md").read_text()
+    quick = readme[readme.index("## Quickstart") : readme.index("### With Docker")]
+    for p in _demo().PORTS:
+        assert p.variable in quick and str(p.default) in quick, p
+
+
+def test_a_service_that_dies_is_named_and_ends_the_watch() -> None:
+    demo = _demo()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    try:
+        assert demo.watch([("producer", alive), ("recommend", dead)], lambda: False) == ("recommend", 3)
+        assert demo.watch([("producer", alive)], lambda: True) is None  # Ctrl-C: nobody died
+    finally:
+        alive.kill()
+        alive.wait()
+        dead.wait()
+
+
+def test_make_demo_does_not_build_helm_and_make_test_still_does() -> None:
+    demo = subprocess.run(["make", "-n", "demo"], cwd=REPO, capture_output=True, text=True)
+    assert demo.returncode == 0, demo.stderr
+    assert "scripts/ensure-deps --no-helm" in demo.stdout
+    assert not re.search(r"scripts/ensure-deps\s*$", demo.stdout, re.M)
+    test = subprocess.run(["make", "-n", "test"], cwd=REPO, capture_output=True, text=True)
+    assert re.search(r"^scripts/ensure-deps\s*$", test.stdout, re.M), test.stdout
