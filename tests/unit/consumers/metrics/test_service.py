@@ -293,9 +293,9 @@ def test_xid_reader_retries_a_failed_metadata_refresh_at_once() -> None:
 
     from confluent_kafka import KafkaError, KafkaException
 
-    from consumers.metrics.service import MetricsHandler, XidReader
-    from consumers.metrics.store import SeriesStore
-    from schemas.codec import AvroCodec
+    from gpupipe_consumers.metrics.service import MetricsHandler, XidReader
+    from gpupipe_consumers.metrics.store import SeriesStore
+    from gpupipe_schemas.codec import AvroCodec
 
     assigned = threading.Event()
 
