@@ -148,7 +148,7 @@ def parse_counters(text: str, *, source: str = "<string>", strict: bool = False)
             notes.append(f"{name} (line {lineno}) duplicates line {seen[name]}: the first row is used")
             continue
         seen[name] = lineno
-        spec = dialect.lookup(name)  # either generation's name: a 4.9 file loads as it is
+        spec = dialect.lookup(name)  # any generation's name: a 4.9 or 4.10 file loads as it is
         if spec is None:
             if not name.startswith(fields.DCGM_PREFIXES):
                 errors.append(f"line {lineno}: {name}: unknown field (not a DCGM field name)")
@@ -217,24 +217,31 @@ def default_counters() -> CounterSet:
 def in_dialect(cs: CounterSet, which: str) -> CounterSet:
     """The selection under the names of dialect ``which`` (see :mod:`gpupipe_consumers.metrics.dialect`).
 
-    Only rows written with a 4.8 DCGM name change (1.x names and rows already written with a 4.9
-    name stay as they are): under ``dcgm-4.9`` each becomes its 4.9 row, keeping the file's TYPE
-    and, unless its unit changes, its HELP; under ``both`` the 4.9 row follows the 4.8 one. A name
-    that would appear twice (a file listing both generations) keeps its first row."""
-    if dialect.check(which) == dialect.DEFAULT_DIALECT:
+    Only rows written with a 4.8 DCGM name change (1.x names and rows already written with a newer
+    name stay as they are): each becomes one row per generation of the dialect, under that
+    generation's name, oldest first, keeping the file's TYPE and, unless its unit changes, its
+    HELP. A name that would appear twice (a file listing several generations, or a field a newer
+    generation did not rename) keeps its first row. ValueError for an unknown dialect."""
+    gens = dialect.generations(which)
+    if gens == (dialect.DEFAULT_DIALECT,):
         return cs
 
     def rows(group: tuple[Counter, ...]) -> tuple[Counter, ...]:
         out: dict[str, Counter] = {}
         for c in group:
             r = dialect.BY_OLD.get(c.name) if c.name == c.spec.name else None
-            new = None
-            if r is not None:
-                spec = dialect.NEW_SPECS[r.new]
-                new = Counter(spec, c.prom_type, spec.help if r.unit_change else c.help, c.line, r.new)
-            for row in (c if new is None or which == "both" else None, new):
-                if row is not None:
-                    out.setdefault(row.name, row)
+            if r is None:
+                out.setdefault(c.name, c)
+                continue
+            for g in gens:
+                name = dialect.name_in(r, g)
+                if name == c.name:
+                    out.setdefault(name, c)
+                else:
+                    spec = dialect.NEW_SPECS[name]
+                    out.setdefault(
+                        name, Counter(spec, c.prom_type, spec.help if r.unit_change else c.help, c.line, name)
+                    )
         return tuple(out.values())
 
     return dataclasses.replace(cs, metrics=rows(cs.metrics), labels=rows(cs.labels))

@@ -71,11 +71,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     ex.add_argument(
         "--dialect",
-        choices=dialect.DIALECTS,
         default=dialect.DEFAULT_DIALECT,
+        metavar="NAMES",
         help="metric names to serve: dcgm-4.8 (dcgm-exporter up to 4.8, and the dashboards written for "
-        "it), dcgm-4.9 (4.9's DCGM base-unit names, values in Hz, J, ratios 0-1 and bytes), or both "
-        "(each renamed series under both names, while dashboards migrate)",
+        "it), dcgm-4.9 (4.9's DCGM base-unit names, values in Hz, J, ratios 0-1 and bytes), dcgm-4.10 "
+        "(4.9's plus the PCIe/NVLink ..._BYTES_PER_SECOND names), a comma list of these (each renamed "
+        "series under each generation's name, while dashboards migrate), or both (dcgm-4.8,dcgm-4.10)",
     )
     ex.add_argument(
         "--host-label",
@@ -242,8 +243,10 @@ def config_from_args(args: argparse.Namespace) -> MetricsConfig:
         raise ConfigError("--max-sample-age must not be negative")
     if args.host_label not in HOST_LABELS:
         raise ConfigError(f"--host-label must be one of {', '.join(sorted(HOST_LABELS))}")
-    if args.dialect not in dialect.DIALECTS:  # a GPUPIPE_DIALECT default is not checked by argparse
-        raise ConfigError(f"--dialect must be one of {', '.join(dialect.DIALECTS)}")
+    try:
+        dialect.generations(args.dialect)
+    except ValueError as exc:
+        raise ConfigError(f"--dialect: {exc}") from None
     options = render_options(args)
     return MetricsConfig(
         bootstrap=args.bootstrap_servers,

@@ -1,21 +1,27 @@
-"""Metric-name dialects: the names (and units) of dcgm-exporter up to 4.8, or of 4.9 (pure data).
+"""Metric-name dialects: the names (and units) of each dcgm-exporter generation (pure data).
 
-dcgm-exporter 4.9.0, built on DCGM 4.7, moved its default and profiling fields to DCGM's canonical
-base-unit names, changing the unit of several (MHz to Hz, mJ to J, percent to a 0-1 ratio, MiB to
-bytes, MB/s to B/s), and renamed the driver-version label. A dashboard written for one generation
-finds nothing under the other's names, so the operator picks what ``/metrics`` speaks
-(``--dialect``):
+dcgm-exporter renamed its metrics twice. 4.9.0, built on DCGM 4.7, moved its default and profiling
+fields to DCGM's canonical base-unit names, changing the unit of several (MHz to Hz, mJ to J,
+percent to a 0-1 ratio, MiB to bytes, MB/s to B/s), and renamed the driver-version label. 4.10.0,
+built on DCGM 4.8, renamed the four PCIe/NVLink profiling rates to ``..._BYTES_PER_SECOND`` (same
+field, same unit). A dashboard written for one generation finds nothing under another's names, so
+the operator picks what ``/metrics`` speaks (``--dialect``):
 
-* ``dcgm-4.8`` (default): today's names and units, unchanged;
+* ``dcgm-4.8`` (default): the names and units of dcgm-exporter up to 4.8, unchanged;
 * ``dcgm-4.9``: the 4.9 names, values in the base unit;
-* ``both``: every renamed series under both names, for a migration window in which old and new
-  dashboards run side by side (series of the old names then carry the new label too: the label
-  part of a series is shared by all families of a GPU).
+* ``dcgm-4.10``: the 4.9 names plus 4.10's four renames;
+* a comma list of these (``dcgm-4.8,dcgm-4.10``): every renamed series under each listed
+  generation's name, for a migration window in which old and new dashboards run side by side
+  (series then carry every listed generation's driver-version label: the label part of a series
+  is shared by all families of a GPU);
+* ``both``: the oldest and the newest generation, ``dcgm-4.8,dcgm-4.10``. No field changed name
+  twice, so this also serves every 4.9 name.
 
-:data:`RENAMES` is the only declaration of a mapping: the 4.9 :class:`FieldSpec` of a field is
+:data:`RENAMES` is the only declaration of a mapping: the newer :class:`FieldSpec` of a field is
 derived from its 4.8 spec in :mod:`gpupipe_consumers.metrics.fields`, so a source field or a per-pod split
-is never written twice. A counters CSV may name either generation's fields whatever the dialect
-(:func:`lookup`): a row keeps the name the file gives it; the dialect translates only 4.8 names.
+is never written twice. A counters CSV may name any generation's fields whatever the dialect
+(:func:`lookup`), as dcgm-exporter reads them: a row keeps the name the file gives it; the dialect
+translates only 4.8 names.
 
 Where the names come from (``origin``):
 
@@ -24,7 +30,11 @@ Where the names come from (``origin``):
   canonical name, so the unit does not change;
 * ``base``: the base-unit fields 1600-1612 of that same header (new IDs, new units);
 * ``ref``: base-unit fields 1613-1650 added by DCGM 4.7, read from NVIDIA's *Field Identifiers*
-  reference as transcribed by a third-party guide (no DCGM 4.7 header could be read).
+  reference as transcribed by a third-party guide (no DCGM 4.7 header could be read);
+* ``rel``: dcgm-exporter 4.10.0's release notes (2026-11-30), which name the four renames; the
+  field IDs (1009-1012) and their unit (a rate in B/s, a gauge) are those of dcgm-exporter's own
+  ``etc/dcp-metrics-included.csv`` at 4.8.3, so values do not change (no DCGM 4.8 header or 4.10
+  counters CSV could be read).
 
 dcgm-exporter 4.9's own counters CSV could not be read (no copy of a 4.9 tag was reachable), so
 which of DCGM's renames the exporter adopted is inferred: every field of its default set and of
@@ -42,21 +52,28 @@ from types import MappingProxyType
 from gpupipe_consumers.metrics import fields
 from gpupipe_consumers.metrics.fields import FieldSpec, Kind
 
-DIALECTS = ("dcgm-4.8", "dcgm-4.9", "both")
-DEFAULT_DIALECT = "dcgm-4.8"
+#: dcgm-exporter's naming generations, oldest first.
+GENERATIONS = ("dcgm-4.8", "dcgm-4.9", "dcgm-4.10")
+#: ``both``: the oldest and the newest generation (a migration window).
+BOTH = (GENERATIONS[0], GENERATIONS[-1])
+#: The single words ``--dialect`` takes; a comma list of generations is accepted too.
+DIALECTS = (*GENERATIONS, "both")
+DEFAULT_DIALECT = GENERATIONS[0]
 
 
 @dataclass(frozen=True, slots=True)
 class Rename:
-    """One field's 4.9 name; ``kind``/``source``/``help`` only where the unit changes."""
+    """One field's newer name, from generation ``since`` on; ``kind``/``source``/``help`` only
+    where the unit changes."""
 
     old: str
     new: str
     dcgm_id: int
-    origin: str  # alias | base | ref (see the module doc)
+    origin: str  # alias | base | ref | rel (see the module doc)
     kind: Kind | None = None
     source: str | None = None
     help: str | None = None
+    since: str = "dcgm-4.9"
 
     @property
     def unit_change(self) -> bool:
@@ -67,8 +84,9 @@ def _u(old: str, new: str, dcgm_id: int, origin: str, kind: Kind, source: str, h
     return Rename(old, new, dcgm_id, origin, kind, source, help_)
 
 
-#: The 4.8 -> 4.9 renames, default CSV order. Ratios are DCGM doubles (``%f``); bytes are the exact
-#: byte counts GpuSample carries (DCGM's byte fields are byte-exact, not MiB x 2**20).
+#: The renames from the 4.8 names, default CSV order: 4.9's, then 4.10's. Ratios are DCGM doubles
+#: (``%f``); bytes are the exact byte counts GpuSample carries (DCGM's byte fields are byte-exact,
+#: not MiB x 2**20).
 RENAMES: tuple[Rename, ...] = (
     _u(
         "DCGM_FI_DEV_SM_CLOCK",
@@ -191,13 +209,34 @@ RENAMES: tuple[Rename, ...] = (
     Rename("DCGM_FI_PROF_PIPE_FP16_ACTIVE", "DCGM_FI_PROF_FP16_UTIL_RATIO", 1008, "alias"),
     # a label row: the label name changes, its value does not
     Rename("DCGM_FI_DRIVER_VERSION", "DCGM_FI_SYSTEM_DRIVER_VERSION", 1, "alias"),
+    # 4.10: the name now says what the value always was, a rate in B/s
+    Rename(
+        "DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND", 1009, "rel", since="dcgm-4.10"
+    ),
+    Rename(
+        "DCGM_FI_PROF_PCIE_RX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES_PER_SECOND", 1010, "rel", since="dcgm-4.10"
+    ),
+    Rename(
+        "DCGM_FI_PROF_NVLINK_TX_BYTES",
+        "DCGM_FI_PROF_NVLINK_TX_BYTES_PER_SECOND",
+        1011,
+        "rel",
+        since="dcgm-4.10",
+    ),
+    Rename(
+        "DCGM_FI_PROF_NVLINK_RX_BYTES",
+        "DCGM_FI_PROF_NVLINK_RX_BYTES_PER_SECOND",
+        1012,
+        "rel",
+        since="dcgm-4.10",
+    ),
 )
 
 BY_OLD: Mapping[str, Rename] = MappingProxyType({r.old: r for r in RENAMES})
 
 
 def _derive(r: Rename) -> FieldSpec:
-    """The 4.9 spec: the 4.8 spec under the new name, with the new unit where it changes."""
+    """The newer spec: the 4.8 spec under the new name, with the new unit where it changes."""
     old = fields.BY_NAME[r.old]
     spec = dataclasses.replace(old, name=r.new, renames=r.old)
     if r.unit_change:
@@ -206,17 +245,32 @@ def _derive(r: Rename) -> FieldSpec:
     return spec
 
 
-#: 4.9 name -> its spec.
+#: newer name -> its spec.
 NEW_SPECS: Mapping[str, FieldSpec] = MappingProxyType({r.new: _derive(r) for r in RENAMES})
 
 
 def lookup(name: str) -> FieldSpec | None:
-    """The spec for a field name of either generation (or a 1.x name), None when not served."""
+    """The spec for a field name of any generation (or a 1.x name), None when not served."""
     return fields.lookup(name) or NEW_SPECS.get(name)
 
 
-def check(dialect: str) -> str:
-    """``dialect`` if known, else ValueError naming the choices."""
-    if dialect not in DIALECTS:
-        raise ValueError(f"unknown dialect {dialect!r} (use one of {', '.join(DIALECTS)})")
-    return dialect
+def generations(dialect: str) -> tuple[str, ...]:
+    """The generations a ``--dialect`` value names, oldest first (``both`` is :data:`BOTH`);
+    ValueError naming the choices for anything else."""
+    picked: set[str] = set()
+    for word in (w.strip() for w in dialect.split(",")):
+        if word == "both":
+            picked.update(BOTH)
+        elif word in GENERATIONS:
+            picked.add(word)
+        else:
+            raise ValueError(
+                f"unknown dialect {word!r} in {dialect!r} (use one of {', '.join(DIALECTS)}, "
+                "or a comma list of generations)"
+            )
+    return tuple(g for g in GENERATIONS if g in picked)
+
+
+def name_in(r: Rename, generation: str) -> str:
+    """The name of renamed field ``r`` in ``generation``."""
+    return r.new if GENERATIONS.index(generation) >= GENERATIONS.index(r.since) else r.old

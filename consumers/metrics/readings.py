@@ -179,8 +179,8 @@ class ReadingsPlan:
                 src += _format(kind, signed, None, 8, reading_max(source))
                 src.append(f"        out[{j}] = t")
                 continue
-            # one memo per reading and family: two families of one reading (a field under both
-            # dialects' names) print it in different units
+            # one memo per reading and family: two families of one reading (a field under two
+            # generations' names) print it in different units
             memo: dict[bytes, bytes] = {}
             self.memos.append(memo)
             m = f"{k}_{fi}"

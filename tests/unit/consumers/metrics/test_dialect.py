@@ -1,9 +1,10 @@
-"""--dialect: dcgm-exporter 4.8 names unchanged, 4.9 base-unit names and values, both (pure).
+"""--dialect: dcgm-exporter 4.8 names unchanged, 4.9 base-unit names and values, 4.10's renames,
+several generations at once (pure).
 
 The rows checked are those of dcgm-exporter's own default counters CSV (the 4.8.3 file in
 ``tests/fixtures/metrics/dcgm-exporter/``, see its README): every active row of it must render
-under its 4.9 name, with the 4.9 unit, for one known sample. The expected names and values are
-written out here, independently of ``consumers/metrics/dialect.py``.
+under its 4.9 and its 4.10 name, with that generation's unit, for one known sample. The expected
+names and values are written out here, independently of ``consumers/metrics/dialect.py``.
 """
 
 from __future__ import annotations
@@ -93,6 +94,16 @@ EXPECTED = {
 }
 
 
+#: The rows 4.10.0 renamed again (4.8 name -> 4.10 name; the value is the same B/s rate).
+RENAMED_410 = {
+    "DCGM_FI_PROF_PCIE_TX_BYTES": "DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND",
+    "DCGM_FI_PROF_PCIE_RX_BYTES": "DCGM_FI_PROF_PCIE_RX_BYTES_PER_SECOND",
+}
+
+#: 4.8 name: (the 4.10 name, the 4.10 value) for every active row of the 4.8.3 CSV.
+EXPECTED_410 = {old: (RENAMED_410.get(old, new), v49) for old, (_v48, new, v49) in EXPECTED.items()}
+
+
 def scrape(counters, **kw) -> str:
     s = SeriesStore(counters)
     s.apply_sample(blank(**{**SAMPLE, **kw}), 0, NOW)
@@ -142,34 +153,84 @@ def test_dcgm_49_help_names_the_new_unit_and_keeps_type():
 def test_renames_and_unit_changes_count_as_the_release_notes():
     # 4.9.0's release notes: 23 default and profiling fields renamed, 11 with a unit change, and
     # the driver-version label renamed. gpupipe's table also renames SM_OCCUPANCY and FP64/32/16.
-    metrics = [r for r in dialect.RENAMES if r.old != "DCGM_FI_DRIVER_VERSION"]
+    # 4.10.0's: the four PCIe/NVLink profiling rates renamed, no unit change.
+    metrics = [r for r in dialect.RENAMES if r.old != "DCGM_FI_DRIVER_VERSION" and r.since == "dcgm-4.9"]
     in_default = set(EXPECTED) | {"DCGM_FI_PROF_SM_ACTIVE"}
     assert len([r for r in metrics if r.old in in_default]) == 23
     assert len([r for r in metrics if r.unit_change]) == 11
+    in_410 = [r for r in dialect.RENAMES if r.since == "dcgm-4.10"]
+    assert len(in_410) == 4 and not any(r.unit_change for r in in_410)
 
 
-def test_both_serves_each_renamed_series_under_both_names():
+def test_dcgm_410_is_49_plus_the_pcie_nvlink_rates_renamed_with_their_value():
+    text = scrape(in_dialect(load_counters(CSV_483), "dcgm-4.10"))
+    for old, (new, v410) in EXPECTED_410.items():
+        assert value(text, new) == v410, new
+        if old != new:
+            assert not lines_of(text, old), old
+    assert value(text, "DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND") == "1000000"  # B/s, as under 4.8
+    assert "# TYPE DCGM_FI_PROF_PCIE_RX_BYTES_PER_SECOND gauge\n" in text
+    assert "# HELP DCGM_FI_PROF_PCIE_RX_BYTES_PER_SECOND The rate of data received" in text
+    assert 'DCGM_FI_SYSTEM_DRIVER_VERSION="570.124.06"' in text
+
+
+def test_dcgm_410_renames_the_nvlink_rates_of_the_shipped_default():
+    text = scrape(
+        in_dialect(default_counters(), "dcgm-4.10"), nvlink_tx_bytes_per_s=3e9, nvlink_rx_bytes_per_s=4e9
+    )
+    assert value(text, "DCGM_FI_PROF_NVLINK_TX_BYTES_PER_SECOND") == "3000000000"
+    assert value(text, "DCGM_FI_PROF_NVLINK_RX_BYTES_PER_SECOND") == "4000000000"
+    assert not lines_of(text, "DCGM_FI_PROF_NVLINK_TX_BYTES")
+
+
+def test_both_serves_each_renamed_series_under_every_generations_name():
     text = scrape(in_dialect(load_counters(CSV_483), "both"))
     for old, (v48, new, v49) in EXPECTED.items():
         assert value(text, old) == v48, old
         assert value(text, new) == v49, new
+        new410, v410 = EXPECTED_410[old]
+        assert value(text, new410) == v410, new410
     line = lines_of(text, "DCGM_FI_DEV_GPU_TEMP")[0]
     assert 'DCGM_FI_DRIVER_VERSION="570.124.06"' in line
     assert 'DCGM_FI_SYSTEM_DRIVER_VERSION="570.124.06"' in line
 
 
-def test_a_49_counters_file_loads_as_it_is_in_any_dialect():
+def test_a_comma_list_serves_each_listed_generation_and_no_other():
+    text = scrape(in_dialect(load_counters(CSV_483), "dcgm-4.10, dcgm-4.9"))
+    assert value(text, "DCGM_FI_PROF_PCIE_TX_BYTES") == "1000000"  # 4.9's name
+    assert value(text, "DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND") == "1000000"
+    assert value(text, "DCGM_FI_DEV_SM_CLOCK_HERTZ") == "1980000000"
+    assert not lines_of(text, "DCGM_FI_DEV_SM_CLOCK")  # 4.8 is not listed
+    assert dialect.generations("dcgm-4.10,dcgm-4.9,dcgm-4.10") == ("dcgm-4.9", "dcgm-4.10")
+    assert dialect.generations("both") == ("dcgm-4.8", "dcgm-4.10")
+
+
+@pytest.mark.parametrize("which", [*dialect.DIALECTS, "dcgm-4.8,dcgm-4.9"])
+def test_a_newer_counters_file_loads_as_it_is_in_any_dialect(which):
     csv = (
         "DCGM_FI_DEV_SM_CLOCK_HERTZ, gauge, SM clock frequency (in Hz).\n"
         "DCGM_FI_DEV_FB_USED_BYTES, gauge, Framebuffer memory used (in bytes).\n"
+        "DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND, gauge, PCIe TX (in B/s).\n"
         "DCGM_FI_SYSTEM_DRIVER_VERSION, label, Driver Version\n"
     )
     cs = parse_counters(csv, strict=True)
-    for which in dialect.DIALECTS:
-        text = scrape(in_dialect(cs, which))
-        assert value(text, "DCGM_FI_DEV_SM_CLOCK_HERTZ") == "1980000000"
-        assert value(text, "DCGM_FI_DEV_FB_USED_BYTES") == str(40 * GiB + 5 * MiB)
-        assert not lines_of(text, "DCGM_FI_DEV_SM_CLOCK")
+    text = scrape(in_dialect(cs, which))
+    assert value(text, "DCGM_FI_DEV_SM_CLOCK_HERTZ") == "1980000000"
+    assert value(text, "DCGM_FI_DEV_FB_USED_BYTES") == str(40 * GiB + 5 * MiB)
+    assert value(text, "DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND") == "1000000"
+    assert "# HELP DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND PCIe TX (in B/s).\n" in text
+    assert not lines_of(text, "DCGM_FI_DEV_SM_CLOCK")
+    assert not lines_of(text, "DCGM_FI_PROF_PCIE_TX_BYTES")
+
+
+def test_each_newer_name_derives_from_a_48_name():
+    # a newer name renamed again would need its own chain: every generation's name is one step
+    # from the 4.8 name, so in_dialect never meets a newer name to translate
+    olds = {r.old for r in dialect.RENAMES}
+    assert not olds & set(dialect.NEW_SPECS)
+    assert len(olds) == len(dialect.RENAMES) == len(dialect.NEW_SPECS)
+    assert {r.since for r in dialect.RENAMES} == {"dcgm-4.9", "dcgm-4.10"}
+    assert all(r.origin in {"alias", "base", "ref", "rel"} for r in dialect.RENAMES)
 
 
 def test_1x_names_are_left_alone():
@@ -177,10 +238,17 @@ def test_1x_names_are_left_alone():
     assert in_dialect(cs, "dcgm-4.9").names == ("dcgm_sm_clock",)
 
 
-def test_shipped_default_in_49_has_no_48_name_left_for_a_renamed_field():
-    names = set(in_dialect(default_counters(), "dcgm-4.9").names)
+def test_shipped_default_in_410_has_no_48_name_left_for_a_renamed_field():
+    names = set(in_dialect(default_counters(), "dcgm-4.10").names)
     assert not names & set(dialect.BY_OLD)
     assert {"DCGM_FI_PROF_SM_UTIL_RATIO", "DCGM_FI_PROF_FP16_UTIL_RATIO"} <= names
+    names49 = set(in_dialect(default_counters(), "dcgm-4.9").names)
+    assert names49 - names == {
+        "DCGM_FI_PROF_PCIE_TX_BYTES",
+        "DCGM_FI_PROF_PCIE_RX_BYTES",
+        "DCGM_FI_PROF_NVLINK_TX_BYTES",
+        "DCGM_FI_PROF_NVLINK_RX_BYTES",
+    }
 
 
 @pytest.mark.parametrize(
@@ -212,10 +280,13 @@ def test_flag_and_env_twin():
     assert "DCGM_FI_DEV_SM_CLOCK_HERTZ" in names
     names = config_from_args(parse([], {"GPUPIPE_DIALECT": "both"})).counters.names
     assert {"DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_SM_CLOCK_HERTZ"} <= set(names)
+    names = config_from_args(parse(["--dialect", "dcgm-4.8,dcgm-4.10"])).counters.names
+    assert {"DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND"} <= set(names)
     names = config_from_args(parse([])).counters.names
     assert "DCGM_FI_DEV_SM_CLOCK" in names
     assert "DCGM_FI_DEV_SM_CLOCK_HERTZ" not in names
-    with pytest.raises(SystemExit):
-        parse(["--dialect", "dcgm-5"])
+    for bad in ("dcgm-5", "dcgm-4.8,", "dcgm-4.8,dcgm-5"):
+        with pytest.raises(ConfigError, match="dialect"):
+            config_from_args(parse(["--dialect", bad]))
     with pytest.raises(ConfigError, match="dialect"):
         config_from_args(parse([], {"GPUPIPE_DIALECT": "dcgm-5"}))
