@@ -246,9 +246,10 @@ class Prometheus:
 
         wait_for(ready, timeout_s, "prometheus /-/ready")
 
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        """Instant query through the HTTP API; returns data.result (vector) or raises."""
-        q = urllib.parse.urlencode({"query": expr})
+    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        """Instant query through the HTTP API (at evaluation time ``at``, default now); returns
+        data.result (vector) or raises."""
+        q = urllib.parse.urlencode({"query": expr, **({} if at is None else {"time": f"{at:.3f}"})})
         doc = json.loads(http_get(f"{self.url}/api/v1/query?{q}"))
         assert doc["status"] == "success", doc
         result = doc["data"]["result"]
