@@ -31,10 +31,11 @@ Where the names come from (``origin``):
 * ``base``: the base-unit fields 1600-1612 of that same header (new IDs, new units);
 * ``ref``: base-unit fields 1613-1650 added by DCGM 4.7, read from NVIDIA's *Field Identifiers*
   reference as transcribed by a third-party guide (no DCGM 4.7 header could be read);
-* ``rel``: dcgm-exporter 4.10.0's release notes (2026-11-30), which name the four renames; the
-  field IDs (1009-1012) and their unit (a rate in B/s, a gauge) are those of dcgm-exporter's own
-  ``etc/dcp-metrics-included.csv`` at 4.8.3, so values do not change (no DCGM 4.8 header or 4.10
-  counters CSV could be read).
+* ``rel``: dcgm-exporter 4.10.0's release notes (2026-11-30), which name the four renames. The
+  fields stay DCGM's 1009-1012; their unit, a rate in B/s (a gauge), is the HELP and TYPE of the
+  PCIe pair in dcgm-exporter's own ``etc/dcp-metrics-included.csv`` at 4.8.3, and DCGM's
+  ``dcgm_fields`` describes the NVLink pair as it does the PCIe one, so values do not change (no
+  DCGM 4.8 header or 4.10 counters CSV could be read).
 
 dcgm-exporter 4.9's own counters CSV could not be read (no copy of a 4.9 tag was reachable), so
 which of DCGM's renames the exporter adopted is inferred: every field of its default set and of
@@ -209,7 +210,7 @@ RENAMES: tuple[Rename, ...] = (
     Rename("DCGM_FI_PROF_PIPE_FP16_ACTIVE", "DCGM_FI_PROF_FP16_UTIL_RATIO", 1008, "alias"),
     # a label row: the label name changes, its value does not
     Rename("DCGM_FI_DRIVER_VERSION", "DCGM_FI_SYSTEM_DRIVER_VERSION", 1, "alias"),
-    # 4.10: the name now says what the value always was, a rate in B/s
+    # 4.10: same fields, same unit (a rate in B/s), under names that say so
     Rename(
         "DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_TX_BYTES_PER_SECOND", 1009, "rel", since="dcgm-4.10"
     ),
