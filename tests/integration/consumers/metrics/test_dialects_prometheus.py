@@ -34,6 +34,13 @@ from gpupipe_consumers.metrics import dialect, fields
 from gpupipe_consumers.metrics.fields import Kind
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from tests.conftest import free_port
+from tests.integration.consumers.metrics.test_prometheus import (
+    dashboard_panels,
+    grafana_all,
+    grafana_escape,
+    substitute,
+    uuids,
+)
 from tests.integration.metrics_helpers import (
     Proc,
     Prometheus,
@@ -44,13 +51,6 @@ from tests.integration.metrics_helpers import (
     start_metrics,
     start_producer,
     wait_for,
-)
-from tests.integration.test_metrics_prometheus import (
-    dashboard_panels,
-    grafana_all,
-    grafana_escape,
-    substitute,
-    uuids,
 )
 
 pytestmark = pytest.mark.integration
