@@ -25,11 +25,70 @@ DEFAULT_URI = "sqlite:///lake/catalog.db"
 DEFAULT_WAREHOUSE = "lake/warehouse"
 
 
+#: Words that mark a pyiceberg property as a secret (s3.secret-access-key, s3.session-token,
+#: credential, token, adls.account-key, adls.sas-token, gcs.oauth2.token...): refused on argv.
+_SECRET_WORDS = ("secret", "token", "credential", "password", "account-key")
+
+
+def refuse_secret_on_command_line(key: str) -> str | None:
+    """Why ``key`` must not be given on the command line (visible to every user in ``ps``), or None."""
+    if not any(w in key.lower() for w in _SECRET_WORDS):
+        return None
+    env = "PYICEBERG_CATALOG__<NAME>__" + key.upper().replace(".", "__").replace("-", "_")
+    return (
+        f"--catalog-property {key}=... on the command line is visible to every user in `ps`; "
+        f"put it in --catalog-properties-file or the environment ({env})"
+    )
+
+
+class CatalogPropertyAction(argparse._AppendAction):
+    """``--catalog-property`` that refuses secrets and URIs with a password at parse time."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        key, _, value = str(values).partition("=")
+        msg = refuse_secret_on_command_line(key) or _uri_password(f"--catalog-property {key}", value)
+        if msg:
+            parser.error(msg)
+        super().__call__(parser, namespace, values, option_string)
+
+
+class CatalogUriAction(argparse.Action):
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        msg = _uri_password("--catalog-uri", str(values))
+        if msg:
+            parser.error(msg)
+        setattr(namespace, self.dest, values)
+
+
+def _uri_password(what: str, value: str) -> str | None:
+    """A URI carrying ``user:password@`` (a PostgreSQL catalog's, say) is a secret on argv too."""
+    _, sep, rest = value.partition("://")
+    userinfo = rest.split("/", 1)[0].rpartition("@")[0] if sep else ""
+    if ":" not in userinfo:
+        return None
+    return (
+        f"{what} with a password is visible to every user in `ps`; put the URI in --catalog-properties-file"
+    )
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("Iceberg catalog")
     g.add_argument("--catalog-name", default="gpupipe", help="pyiceberg catalog name (its config key)")
     g.add_argument(
         "--catalog-uri",
+        action=CatalogUriAction,
         default=None,
         help=f"SQL catalog URI, e.g. sqlite:///PATH; with no catalog configured anywhere, {DEFAULT_URI}",
     )
@@ -41,7 +100,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--catalog-property",
-        action="append",
+        action=CatalogPropertyAction,
         default=[],
         metavar="KEY=VALUE",
         help="pyiceberg catalog property, e.g. type=rest (repeatable; no secrets here: use the file)",

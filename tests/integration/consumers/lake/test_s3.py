@@ -1,0 +1,180 @@
+"""The production path against a real local S3 server (moto in server mode): `gpupipe lake write`
+keeps its data files in an S3 bucket with the credentials from a properties file, `gpupipe lake
+query` reads them back with the credentials from the environment, and a secret on argv is refused."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import pytest
+from confluent_kafka import Producer
+
+from gpupipe.kafka_admin import ensure_topics
+from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
+from gpupipe_schemas.codec import AvroCodec
+from tests import hygiene
+from tests.conftest import free_port
+from tests.integration.kafka_util import GPUPIPE, REPO, gpupipe
+from tests.lake_records import end_pyiceberg_threads
+
+pytestmark = pytest.mark.integration
+
+BUCKET = "gpu-lake"
+KEY_ID, SECRET = "lake-writer", "s3cr3t-not-in-argv"
+
+
+@pytest.fixture(autouse=True)
+def _pool() -> Iterator[None]:
+    yield
+    end_pyiceberg_threads()
+
+
+@pytest.fixture
+def s3(tmp_path: Path) -> Iterator[str]:
+    """A moto S3 server on a free port, its bucket created; the endpoint URL."""
+    port = free_port()
+    log = open(tmp_path / "moto.log", "w")  # noqa: SIM115 (owned by the process' lifetime)
+    moto = Path(sys.executable).parent / "moto_server"
+    proc = hygiene.popen(
+        [str(moto), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(url + "/moto-api/", timeout=2).close()
+                break
+            except OSError:
+                assert proc.poll() is None, (tmp_path / "moto.log").read_text()[-2000:]
+                assert time.monotonic() < deadline, "moto_server did not answer in 60 s"
+                time.sleep(0.1)
+        client(url).create_bucket(Bucket=BUCKET)
+        yield url
+    finally:
+        hygiene.stop_group(proc)
+        log.close()
+
+
+def client(url: str):  # type: ignore[no-untyped-def]
+    return boto3.client(
+        "s3",
+        endpoint_url=url,
+        aws_access_key_id=KEY_ID,
+        aws_secret_access_key=SECRET,
+        region_name="us-east-1",
+    )
+
+
+def test_secret_catalog_property_on_argv_is_refused() -> None:
+    out = gpupipe("lake", "query", "SELECT 1", "--catalog-property", f"s3.secret-access-key={SECRET}")
+    assert out.returncode == 2
+    assert "visible to every user" in out.stderr and "--catalog-properties-file" in out.stderr
+    out = gpupipe("lake", "query", "SELECT 1", "--catalog-uri", "postgresql://lake:pw@db/lake")
+    assert out.returncode == 2 and "with a password" in out.stderr
+
+
+def test_write_to_s3_and_query_with_credentials_from_file_and_environment(
+    kafka: str, topic_prefix: str, tmp_path: Path, s3: str
+) -> None:
+    ensure_topics(kafka, ["gpu.samples.v1", "gpu.deadletter.v1"], prefix=topic_prefix)
+    codec, fleet = AvroCodec(), SimulatedFleet(FleetConfig(nodes=2, gpus_per_node=4))
+    enc = codec.encoder("GpuSample")
+    p = Producer({"bootstrap.servers": kafka, "enable.idempotence": True})
+    t0 = int(time.time() * 1000) // 1000 * 1000 - 600_000
+    for i in range(30):
+        for s in fleet.tick(t0 + i * 1000)[0]:
+            p.produce(topic_prefix + "gpu.samples.v1", enc.encode(s), s["uuid"].encode())
+    assert p.flush(30) == 0
+    want = 30 * 8
+
+    common = {"s3.endpoint": s3, "s3.region": "us-east-1"}
+    props = tmp_path / "lake-catalog.yaml"
+    props.write_text(
+        "".join(
+            f"{k}: {v}\n"
+            for k, v in {
+                "type": "sql",
+                "uri": f"sqlite:///{tmp_path}/catalog.db",
+                "warehouse": f"s3://{BUCKET}/wh",
+                **common,
+                "s3.access-key-id": KEY_ID,
+                "s3.secret-access-key": SECRET,
+            }.items()
+        )
+    )
+    log = open(tmp_path / "lake.log", "w")  # noqa: SIM115 (owned by the process' lifetime)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    proc = hygiene.popen(
+        [
+            *GPUPIPE,
+            "lake",
+            "write",
+            "--bootstrap-servers",
+            kafka,
+            "--topic-prefix",
+            topic_prefix,
+            "--tables",
+            "samples",
+            "--no-create-topics",
+            "--catalog-properties-file",
+            str(props),
+            "--flush-interval",
+            "300ms",
+            "--log-format",
+            "text",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=tmp_path,
+        env=env,
+    )
+    try:
+        assert SECRET not in " ".join(proc.args)
+        # The reader: credentials from pyiceberg's environment convention only.
+        read_env = {
+            **env,
+            "PYICEBERG_CATALOG__GPUPIPE__TYPE": "sql",
+            "PYICEBERG_CATALOG__GPUPIPE__URI": f"sqlite:///{tmp_path}/catalog.db",
+            "PYICEBERG_CATALOG__GPUPIPE__WAREHOUSE": f"s3://{BUCKET}/wh",
+            "PYICEBERG_CATALOG__GPUPIPE__S3__ENDPOINT": s3,
+            "PYICEBERG_CATALOG__GPUPIPE__S3__REGION": "us-east-1",
+            "PYICEBERG_CATALOG__GPUPIPE__S3__ACCESS_KEY_ID": KEY_ID,
+            "PYICEBERG_CATALOG__GPUPIPE__S3__SECRET_ACCESS_KEY": SECRET,
+        }
+        deadline, got = time.monotonic() + 120, -1
+        while got < want:
+            assert proc.poll() is None, (tmp_path / "lake.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, (
+                f"{got} rows of {want}\n" + (tmp_path / "lake.log").read_text()[-3000:]
+            )
+            out = subprocess.run(
+                [*GPUPIPE, "lake", "query", "SELECT count(*) AS n FROM samples"],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                cwd=REPO,
+                env=read_env,
+            )
+            if out.returncode == 0 and out.stdout.strip():
+                got = int(next(csv.DictReader(io.StringIO(out.stdout)))["n"])
+            else:
+                time.sleep(0.5)
+        assert got == want
+        assert hygiene.stop_group(proc, timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            hygiene.stop_group(proc)
+        log.close()
+    keys = [o["Key"] for o in client(s3).list_objects_v2(Bucket=BUCKET, Prefix="wh/")["Contents"]]
+    assert any(k.endswith(".parquet") for k in keys) and any(k.endswith(".metadata.json") for k in keys)
+    assert not (tmp_path / "lake").exists(), "nothing written to the local default warehouse"
