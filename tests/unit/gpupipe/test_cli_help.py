@@ -198,6 +198,7 @@ def test_every_command_is_registered_and_the_floor_imports_none() -> None:
         "acls",
         "lake write",
         "lake query",
+        "lake maintain",
         "otlp",
     }
     for _, module in cli.commands():
