@@ -1,6 +1,10 @@
 """Lake writer throughput: rows/s from decoded GpuSamples to a committed Iceberg append (SQLite
 catalog, local warehouse), next to bare fastavro decoding of the same records as the baseline.
 
+Prints ``lake_writer ratio=<writer rows/s / decode rows/s> target=0.5``: the writer's own stage
+(buffer, Arrow, Parquet, commit) must keep up with at least half the rate at which the records can
+be decoded at all. The service does both, one after the other: its rate is printed too.
+
     .venv/bin/python bench/bench_lake_writer.py [--ticks 400]
 """
 
@@ -11,6 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import figure, ratio_line
 from prometheus_client import CollectorRegistry
 from pyiceberg.catalog.sql import SqlCatalog
 
@@ -52,12 +57,12 @@ def main() -> None:
         w.flush()
         write_s = time.perf_counter() - began
     n = len(recs)
-    print(f"rows={n} commits={w.commits}")
-    print(f"fastavro decode: {n / decode_s:,.0f} rows/s")
-    print(
-        f"lake write (buffer + Arrow + Parquet + commit): {n / write_s:,.0f} rows/s "
-        f"({decode_s / write_s:.2f}x of decode)"
-    )
+    figure("rows", n)
+    figure("commits", w.commits)
+    figure("fastavro_decode_rows_per_s", n / decode_s, "rows/s")
+    figure("lake_write_rows_per_s", n / write_s, "rows/s (buffer + Arrow + Parquet + commit)")
+    figure("decode_then_write_rows_per_s", n / (decode_s + write_s), "rows/s (the service's path)")
+    ratio_line("lake_writer", decode_s / write_s, 0.5)
 
 
 if __name__ == "__main__":

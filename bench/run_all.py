@@ -29,6 +29,8 @@ BENCHES = [
     "bench_alerts.py",
     "bench_alerts_latency.py",
     "bench_podmeta_load.py",
+    "bench_lake_writer.py",
+    "bench_lake_query.py",  # a day of 1,000 GPUs: produce, replay and query (a few minutes)
     "bench_life_drill.py",  # 30 days of 240 GPUs through the alerts service (minutes)
     "soak_chargeback.py",  # own broker; scale with GPUPIPE_SOAK_GPUS (default 10000)
 ]
