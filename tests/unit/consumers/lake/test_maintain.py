@@ -16,6 +16,8 @@ from gpupipe_consumers.consume_loop import InRecord
 from gpupipe_consumers.lake.maintain import Policy, maintain
 from gpupipe_consumers.lake.tables import BY_NAME
 from gpupipe_consumers.lake.writer import LakeWriter, open_table, stored_offsets
+from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
+from gpupipe_schemas.codec import AvroCodec
 from tests.lake_records import end_pyiceberg_threads, fill
 
 TOPIC = "gpu.xid.v1"
@@ -113,3 +115,36 @@ def test_expiry_keeps_the_snapshots_that_carry_offsets(cat: SqlCatalog) -> None:
     assert len(table.snapshots()) == 4
     assert stored_offsets(table, TOPIC) == {0: 15, 1: 30}
     assert sum(keys(cat).values()) == 45
+
+
+def test_samples_compact_per_day_and_node_bucket(cat: SqlCatalog) -> None:
+    spec, topic = BY_NAME["samples"], "gpu.samples.v1"
+    codec = AvroCodec()
+    enc = codec.encoder("GpuSample")
+    fleet = SimulatedFleet(FleetConfig(nodes=4, gpus_per_node=2, interval_ms=600_000))
+    w = LakeWriter({topic: (spec, open_table(cat, "gpupipe", spec))}, CollectorRegistry(), flush_rows=10**6)
+    offset = 0
+    t0 = int(DAY0.timestamp() * 1000)
+    for c in range(4):  # four commits, each across both days
+        recs = []
+        for day in range(2):
+            for s in fleet.tick(t0 + day * 86_400_000 + c * 600_000)[0]:
+                recs.append(
+                    InRecord(topic, 0, offset, None, "GpuSample", codec.decode(enc.encode(s)).record, 0)
+                )
+                offset += 1
+        w.handle(recs)
+        w.flush()
+    table = cat.load_table(("gpupipe", "samples"))
+    before = table.scan(selected_fields=("uuid", "timestamp_ms")).to_arrow().sort_by("timestamp_ms")
+    report = maintain(table, spec, Policy(min_files=2), DAY0 + timedelta(days=2, hours=1))
+    assert report.days_compacted == 1
+    table = cat.load_table(("gpupipe", "samples"))
+    after = table.scan(selected_fields=("uuid", "timestamp_ms")).to_arrow().sort_by("timestamp_ms")
+    assert sorted(after.to_pylist(), key=str) == sorted(before.to_pylist(), key=str)
+    day0 = (DAY0 - datetime(1970, 1, 1, tzinfo=UTC)).days
+    per_part = Counter(
+        tuple(t.file.partition) for t in table.scan().plan_files() if t.file.partition[0] == day0
+    )
+    assert per_part and set(per_part.values()) == {1}  # one file per (day, node bucket)
+    assert stored_offsets(table, topic) == {0: offset}
