@@ -80,8 +80,9 @@ def spark_session(args: argparse.Namespace) -> SparkSession:
         b = b.config(f"{cat}.uri", f"jdbc:sqlite:{path}")
     else:
         b = b.config(f"{cat}.type", "rest").config(f"{cat}.uri", uri)
-    if args.warehouse:
-        wh = args.warehouse if "://" in args.warehouse else Path(args.warehouse).resolve().as_uri()
+    warehouse = args.warehouse or ("lake/warehouse" if uri.startswith("sqlite:///") else None)
+    if warehouse:
+        wh = warehouse if "://" in warehouse else Path(warehouse).resolve().as_uri()
         b = b.config(f"{cat}.warehouse", wh)
     for item in args.catalog_property:
         key, _, value = item.partition("=")
@@ -227,7 +228,7 @@ def _ms(value: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--catalog-uri", default="sqlite:///lake/catalog.db", help="sqlite:///FILE or a REST URI")
-    p.add_argument("--warehouse", default="lake/warehouse")
+    p.add_argument("--warehouse", default=None, help="the SQL catalog's (default lake/warehouse)")
     p.add_argument("--catalog-name", default="gpupipe", help="as gpupipe lake write's --catalog-name")
     p.add_argument("--catalog-property", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--namespace", default="gpupipe")

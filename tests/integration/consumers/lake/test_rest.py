@@ -9,8 +9,6 @@ import csv
 import io
 import os
 import subprocess
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,10 +19,9 @@ from gpupipe_consumers.consume_loop import InRecord
 from gpupipe_consumers.lake import catalog as lake_catalog
 from gpupipe_consumers.lake.tables import BY_NAME
 from gpupipe_consumers.lake.writer import LakeWriter, open_table, stored_offsets
-from tests import hygiene
-from tests.conftest import free_port
-from tests.integration.kafka_util import GPUPIPE, REPO
+from tests.integration.kafka_util import GPUPIPE
 from tests.lake_records import end_pyiceberg_threads, fill
+from tests.lake_rest import rest_catalog_server
 
 pytestmark = pytest.mark.integration
 
@@ -40,44 +37,8 @@ def _pool() -> Iterator[None]:
 
 @pytest.fixture
 def rest(tmp_path: Path) -> Iterator[str]:
-    """Iceberg's REST catalog server on a free port (a JdbcCatalog on SQLite, a file warehouse)."""
-    cp = subprocess.run(
-        [str(REPO / "scripts" / "iceberg-rest-local")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=True,
-    ).stdout.splitlines()[-1]
-    port = free_port()
-    (tmp_path / "wh").mkdir()
-    env = {
-        **os.environ,
-        "CATALOG_REST_PORT": str(port),
-        "CATALOG_WAREHOUSE": (tmp_path / "wh").as_uri(),
-        "CATALOG_URI": f"jdbc:sqlite:{tmp_path}/rest.db",
-    }
-    log = open(tmp_path / "rest.log", "w")  # noqa: SIM115 (owned by the process' lifetime)
-    proc = hygiene.popen(
-        ["java", "-Xmx256m", "-cp", cp, "org.apache.iceberg.rest.RESTCatalogServer"],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(url + "/v1/config", timeout=2).close()
-                break
-            except OSError:
-                assert proc.poll() is None, (tmp_path / "rest.log").read_text()[-3000:]
-                assert time.monotonic() < deadline, "the REST catalog did not answer in 120 s"
-                time.sleep(0.2)
+    with rest_catalog_server(tmp_path) as url:
         yield url
-    finally:
-        hygiene.stop_group(proc)
-        log.close()
 
 
 def args_for(url: str) -> argparse.Namespace:

@@ -1,7 +1,7 @@
 """Three readers of one lake agree: Apache Spark (the shipped recompute recipe, through Iceberg's
-JdbcCatalog on the SQLite file pyiceberg writes), DuckDB (`gpupipe lake query`) and the
-chargeback windows themselves; and Spark's recompute from the raw samples matches what the
-chargeback engine billed from the same samples to 1e-9 relative.
+JdbcCatalog on the SQLite file pyiceberg writes, or through a REST catalog server), DuckDB
+(`gpupipe lake query`) and the chargeback windows themselves; and Spark's recompute from the raw
+samples matches what the chargeback engine billed from the same samples to 1e-9 relative.
 
 No Kafka: the samples go through the real chargeback engine and, with the windows it closes, through
 the real lake writer (offsets as a partitioned topic would give them)."""
@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import subprocess
 import sys
 import zlib
@@ -21,6 +22,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
+from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.catalog.sql import SqlCatalog
 
 from gpupipe.prices import load_price_table
@@ -33,6 +35,7 @@ from gpupipe_schemas.codec import AvroCodec
 from tests import hygiene
 from tests.integration.kafka_util import REPO, gpupipe
 from tests.lake_records import end_pyiceberg_threads
+from tests.lake_rest import rest_catalog_server
 
 pytestmark = pytest.mark.integration
 
@@ -41,6 +44,8 @@ RECIPE = REPO / "docs" / "recipes" / "spark_chargeback.py"
 T0 = 1_790_000_000_000 - 1_790_000_000_000 % 3_600_000  # an hour boundary
 HOURS = 3
 INTERVAL_MS = 10_000
+#: (the catalog, the catalog flags of the recipe and the CLI, the CLI's extra environment)
+Lake = tuple[Catalog, list[str], dict[str, str]]
 FIELDS = ("gpu_hours", "energy_joules", "cost_allocation", "cost_energy", "cost_total")
 
 
@@ -90,7 +95,7 @@ def fleet_samples() -> list[dict[str, Any]]:
     return out
 
 
-def build_lake(tmp: Path) -> dict[str, dict[str, float]]:
+def build_lake(cat: Catalog) -> dict[str, dict[str, float]]:
     """Samples and the windows the chargeback engine closes over them, written to the lake; returns
     what the engine billed per namespace."""
     samples = fleet_samples()
@@ -114,7 +119,6 @@ def build_lake(tmp: Path) -> dict[str, dict[str, float]]:
         InRecord("gpu.chargeback.v1", 0, i, None, "ChargebackWindow", w, w["emitted_at_ms"])
         for i, w in enumerate(windows)
     ]
-    cat = SqlCatalog("gpupipe", uri=f"sqlite:///{tmp}/catalog.db", warehouse=(tmp / "warehouse").as_uri())
     tables = {
         BY_NAME[n].topic: (BY_NAME[n], open_table(cat, "gpupipe", BY_NAME[n]))
         for n in ("samples", "chargeback_windows")
@@ -130,19 +134,32 @@ def close(a: float, b: float) -> bool:
     return abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1e-300)
 
 
-def test_spark_recompute_and_three_readers_agree(tmp_path: Path) -> None:
-    (tmp_path / "warehouse").mkdir()
-    engine = build_lake(tmp_path)
+@pytest.fixture(params=["sqlite", "rest"])
+def lake(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[tuple[Catalog, list[str], dict[str, str]]]:
+    """The lake on the embedded SQLite catalog, or behind Iceberg's REST catalog server."""
+    if request.param == "sqlite":
+        (tmp_path / "warehouse").mkdir()
+        uri = f"sqlite:///{tmp_path}/catalog.db"
+        flags = ["--catalog-uri", uri, "--warehouse", str(tmp_path / "warehouse")]
+        yield SqlCatalog("gpupipe", uri=uri, warehouse=(tmp_path / "warehouse").as_uri()), flags, {}
+        return
+    with rest_catalog_server(tmp_path) as url:
+        env = {"PYICEBERG_CATALOG__GPUPIPE__TYPE": "rest", "PYICEBERG_CATALOG__GPUPIPE__URI": url}
+        yield load_catalog("gpupipe", type="rest", uri=url), ["--catalog-uri", url], env
+
+
+def test_spark_recompute_and_three_readers_agree(lake: Lake, tmp_path: Path) -> None:
+    cat, flags, env = lake
+    engine = build_lake(cat)
     assert {"__unallocated__", "__unattributed__"} <= set(engine)
     end = T0 + HOURS * 3_600_000
     proc = hygiene.popen(
         [
             sys.executable,
             str(RECIPE),
-            "--catalog-uri",
-            f"sqlite:///{tmp_path}/catalog.db",
-            "--warehouse",
-            str(tmp_path / "warehouse"),
+            *flags,
             "--prices",
             str(PRICES),
             "--start",
@@ -183,15 +200,8 @@ def test_spark_recompute_and_three_readers_agree(tmp_path: Path) -> None:
         "SUM(cost_total) AS cost FROM chargeback_windows "
         f"WHERE epoch_ms(window_start_ms) >= {T0} AND epoch_ms(window_start_ms) < {end} GROUP BY 1"
     )
-    res = gpupipe(
-        "lake",
-        "query",
-        sql,
-        "--catalog-uri",
-        f"sqlite:///{tmp_path}/catalog.db",
-        "--warehouse",
-        str(tmp_path / "warehouse"),
-    )
+    cli_flags = flags if not env else []  # REST: pyiceberg's environment alone
+    res = gpupipe("lake", "query", sql, *cli_flags, env={**os.environ, **env})
     assert res.returncode == 0, res.stderr
     rows = list(csv.DictReader(io.StringIO(res.stdout)))
     assert {r["namespace"] for r in rows} == set(engine)
