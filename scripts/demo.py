@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 KAFKA = str(REPO / "scripts" / "kafka-local")
 GP = [sys.executable, "-m", "gpupipe"]
 LOGS = REPO / ".run" / "demo"
+LAKE = LOGS / "lake"  # the demo's Iceberg catalog and warehouse
 CLI = ".venv/bin/gpupipe"
 
 
@@ -66,6 +67,7 @@ PORTS: tuple[Port, ...] = (
         "idle-GPU recommendations",
         "http://127.0.0.1:{port}/metrics",
     ),
+    Port("lake", "GPUPIPE_DEMO_LAKE_PORT", 9406, "lake writer", "http://127.0.0.1:{port}/metrics"),
     Port(
         "prometheus",
         "GPUPIPE_DEMO_PROMETHEUS_PORT",
@@ -211,6 +213,25 @@ def services(ports: Mapping[str, int]) -> list[tuple[str, str, list[str], str]]:
                 str(REPO / "deploy" / "prices.example.yaml"),
             ],
             f"idle-GPU recommendations (idle 5 min in the demo): {CLI} report idle --since 1h --by owner",
+        ),
+        (
+            "gpupipe_consumers.lake.command",
+            "lake",
+            [
+                "lake",
+                "write",
+                "--listen",
+                f"127.0.0.1:{ports['lake']}",
+                "--flush-interval",
+                "30s",  # demo scale: rows are queryable within a minute
+                "--catalog-uri",
+                f"sqlite:///{LAKE}/catalog.db",
+                "--warehouse",
+                str(LAKE / "warehouse"),
+            ],
+            f"lake tables (Iceberg): GPUPIPE_CATALOG_URI=sqlite:///{LAKE}/catalog.db "
+            f"GPUPIPE_WAREHOUSE={LAKE}/warehouse {CLI} lake query "
+            '"SELECT hostname, count(*) AS samples FROM samples GROUP BY 1"',
         ),
     ]
 
