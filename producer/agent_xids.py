@@ -37,6 +37,7 @@ from gpupipe_producer.xid_events import (
     nvml_notice_event,
 )
 from gpupipe_schemas.errors import EncodeError
+from gpupipe_schemas.meaning import xid_kafka_key
 
 log = logging.getLogger("gpupipe.agent")
 
@@ -246,10 +247,7 @@ class XidPath:
                 self.encode_errors += 1
                 log.error("XID event could not be encoded: %s", exc, extra=fields(event=repr(event)[:500]))
                 continue
-            # node-wide events (no GPU: driver_loaded) are keyed by their host
-            ident = event["mig_uuid"] or event["uuid"] or event["pci_bus_id"] or event["hostname"]
-            key = (ident or "unknown").encode()
-            items.append((key, value))
+            items.append((xid_kafka_key(event), value))
             sent.append(event)
         if items:
             self.sender.send_many(items)

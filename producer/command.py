@@ -30,6 +30,7 @@ from gpupipe_producer.self_metrics import ProducerMetrics
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_producer.spool import DEFAULT_MAX_BYTES as DEFAULT_SPOOL_MAX_BYTES
 from gpupipe_schemas.codec import codec_from_url
+from gpupipe_schemas.meaning import xid_kafka_key
 
 #: The kubelet's rotating client certificate and key in one file (CN system:node:<node>): the
 #: identity the chart has a producer sign its XIDs with (``--node-cert``).
@@ -551,7 +552,7 @@ def run_simulated(
         for key, rec in zip(keys, samples, strict=True):
             produce(t_samples, key, enc_sample(rec))
         for x in xids:
-            produce(t_xid, (x["mig_uuid"] or x["uuid"]).encode(), enc_xid(x))
+            produce(t_xid, xid_kafka_key(x), enc_xid(x))
             metrics.xid_events.labels(x["kind"]).inc()
         publisher.poll(0)
         metrics.samples_built.inc(len(samples))

@@ -77,6 +77,7 @@ from gpupipe_producer.xid.kmsg_cursor import KmsgCursorStore, read_boot_id
 from gpupipe_producer.xid.wake import WakeEvent
 from gpupipe_producer.xid.xid_merge import XidMerger
 from gpupipe_schemas.errors import EncodeError
+from gpupipe_schemas.meaning import sample_kafka_key
 
 if TYPE_CHECKING:  # cryptography is loaded only by a producer that signs
     from gpupipe.node_identity import NodeSigner
@@ -674,8 +675,8 @@ class NodeAgent:
             mig = s["mig"]
             if not mig and s.get("mig_enabled"):
                 s["mig_configured_fraction"] = configured.get(s["uuid"], 0.0)
-                # The slices are keyed (so partitioned) apart from their GPU: each carries the
-                # GPU's counter, read in this same poll, and bills its fraction of the delta.
+                # Each slice carries the GPU's counter, read in this same poll, and bills its
+                # fraction of the delta.
                 s["mig_energy_by_slice"] = s["uuid"] in parent_energy and s["uuid"] in configured
             if mig:
                 slices.setdefault(s["uuid"], []).append(mig["mig_uuid"])
@@ -687,7 +688,7 @@ class NodeAgent:
                 self._sample_encode_errors += 1
                 log.error("sample dropped: %s", exc, extra=fields(gpu=s.get("gpu_index")))
                 continue
-            put(topic, (mig["mig_uuid"] if mig else s["uuid"]).encode(), value)
+            put(topic, sample_kafka_key(s), value)
             ts = s["timestamp_ms"]
         xids.poll_ended(slices)
         self.samples.pump()

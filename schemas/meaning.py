@@ -18,9 +18,24 @@ PSEUDO_NAMESPACES = (UNALLOCATED, MIG_SHARED, UNATTRIBUTED)
 
 
 def gpu_key(sample: dict[str, Any]) -> str:
-    """Kafka key and accounting key of a sample: the MIG device UUID for a slice, else the GPU UUID."""
+    """Accounting key of a sample: the MIG device UUID for a slice, else the GPU UUID."""
     mig = sample.get("mig")
     return mig["mig_uuid"] if mig else sample["uuid"]
+
+
+def sample_kafka_key(sample: dict[str, Any]) -> bytes:
+    """Kafka key of a sample: its physical GPU's UUID, for a MIG slice too. Every record of a GPU
+    then shares a partition, so the consumer instance serving a slice also reads the GPU's
+    device-wide readings (temperature, power, clocks, energy) and XIDs that the slice reports as
+    its own. Each slice's records stay in order, as they share that partition."""
+    return str(sample["uuid"]).encode()
+
+
+def xid_kafka_key(event: dict[str, Any]) -> bytes:
+    """Kafka key of an XID event: its physical GPU's UUID as for samples (a slice's XID included),
+    else its MIG UUID, PCI bus id, or host for a node-wide event such as a driver load."""
+    ident = event.get("uuid") or event.get("mig_uuid") or event.get("pci_bus_id") or event.get("hostname")
+    return (ident or "unknown").encode()
 
 
 def activity_ratio(sample: dict[str, Any]) -> float | None:

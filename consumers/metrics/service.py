@@ -6,17 +6,17 @@ serves the GPUs of the partitions it holds, and a revoked partition's series are
 (``SeriesStore.drop_partitions``), so no GPU is ever served by two instances for longer than a
 rebalance takes, and Prometheus (which scrapes every instance) sees each GPU once.
 
-XIDs follow their GPU's samples. ``gpu.xid.v1`` is small (a handful of events per GPU and day),
-and its partition count differs from the samples topic's, so a group split of it would put a
-GPU's XID counter on another instance than its samples. Instead every instance reads all of
-``gpu.xid.v1`` (a plain consumer with no group commits, starting at the end) and keeps an event
-only when it owns the GPU: the GPU is in its store from samples, or the record's key (the GPU or
-MIG UUID, the same key as on the samples topic) hashes -- with Kafka's murmur2 partitioner, which
+XIDs follow their GPU's samples. ``gpu.xid.v1`` is small (a handful of events per GPU and day), and
+its partition count differs from the samples topic's, so a group split of it would put a GPU's XID
+counter on another instance than its samples. Instead every instance reads all of ``gpu.xid.v1`` (a
+plain consumer with no group commits, starting at the end) and keeps an event only when it owns the
+GPU: the GPU is in its store from samples, or the record's key (the physical GPU's UUID, a MIG
+slice's too, the same key as on the samples topic) hashes -- with Kafka's murmur2 partitioner, which
 the producer uses -- to a samples partition it holds. The event is stored under that samples
-partition, so a revocation drops the GPU's XID counters with its samples, and the new owner
-counts from there on (a counter reset, which PromQL's ``increase()``/``rate()`` handle). If the
-keys turn out not to be murmur2-partitioned (a producer with another partitioner), only GPUs
-already held from samples get their XIDs, and a warning says so.
+partition, so a revocation drops the GPU's XID counters with its samples, and the new owner counts
+from there on (a counter reset, which PromQL's ``increase()``/``rate()`` handle). If the keys turn
+out not to be murmur2-partitioned (a producer with another partitioner), only GPUs already held from
+samples get their XIDs, and a warning says so.
 
 Bad input: bytes that are not our Avro are dead-lettered by the loop. A record of the wrong type
 for its topic, or a sample without identity fields (``InvalidRecord``), is dead-lettered with

@@ -223,7 +223,7 @@ class SimulatedFleet:
                         rng=rng,
                         model=model,
                         template=t,
-                        key=mig_id["mig_uuid"] if mig_id else gpu_uuid,
+                        key=gpu_uuid,  # a slice too: gpupipe_schemas.meaning.sample_kafka_key
                         shared=shared and s % 2 == 1,
                         slice_fraction=frac,
                         hot=rng.random() < 0.03,

@@ -26,6 +26,7 @@ import yaml
 from confluent_kafka import Producer
 
 from gpupipe_schemas.codec import AvroCodec
+from gpupipe_schemas.meaning import sample_kafka_key, xid_kafka_key
 from tests import hygiene  # own process group, dies with pytest, recorded for the leak guard
 
 REPO = Path(__file__).resolve().parents[2]
@@ -148,13 +149,10 @@ class CraftedProducer:
         self.p = Producer({"bootstrap.servers": kafka, "partitioner": "murmur2_random", "linger.ms": 5})
 
     def sample(self, topic: str, rec: dict[str, Any]) -> None:
-        key = (rec["mig"]["mig_uuid"] if rec.get("mig") else rec["uuid"]).encode()
-        self.p.produce(topic, self.codec.encoder("GpuSample").encode(rec), key)
+        self.p.produce(topic, self.codec.encoder("GpuSample").encode(rec), sample_kafka_key(rec))
 
     def xid(self, topic: str, ev: dict[str, Any]) -> None:
-        self.p.produce(
-            topic, self.codec.encoder("XidEvent").encode(ev), (ev["mig_uuid"] or ev["uuid"]).encode()
-        )
+        self.p.produce(topic, self.codec.encoder("XidEvent").encode(ev), xid_kafka_key(ev))
 
     def raw(self, topic: str, value: bytes, key: bytes | None = None) -> None:
         self.p.produce(topic, value, key)

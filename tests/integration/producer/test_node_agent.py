@@ -112,7 +112,7 @@ def test_enriched_samples_and_xid_events_reach_kafka(kafka: str, topic_prefix: s
     xids = _records(kafka, t_xid, 5)
     by_kind: dict[str, list[dict[str, Any]]] = {}
     for key, e in xids:
-        assert key.decode() == (e["mig_uuid"] or e["uuid"] or e["pci_bus_id"] or e["hostname"])
+        assert key.decode() == (e["uuid"] or e["mig_uuid"] or e["pci_bus_id"] or e["hostname"])
         by_kind.setdefault(e["kind"], []).append(e)
     assert sorted(by_kind) == ["driver_loaded", "fallen_off_bus", "gpu_lost", "xid"]
     (loaded,) = by_kind["driver_loaded"]  # node-wide: no GPU, no code
@@ -153,8 +153,8 @@ def test_enriched_samples_and_xid_events_reach_kafka(kafka: str, topic_prefix: s
     samples = _records(kafka, t_samples, pub.sent_by_topic[t_samples])
     last: dict[str, dict[str, Any]] = {}
     for key, s in samples:
-        assert key.decode() == (s["mig"]["mig_uuid"] if s["mig"] else s["uuid"])
-        last[key.decode()] = s
+        assert key.decode() == s["uuid"]  # a slice is keyed by its GPU, so shares its partition
+        last[s["mig"]["mig_uuid"] if s["mig"] else s["uuid"]] = s
     assert len(last) == 8 + 4  # 8 GPUs + 4 MIG slices
     assert [a["pod"] for a in last[UUIDS[0]]["allocations"]] == ["llama-ft-0"]
     assert [(a["pod"], a["replica"]) for a in last[SHARED]["allocations"]] == [

@@ -73,7 +73,7 @@ def test_simulated_samples_roundtrip_identical(kafka: str, topic_prefix: str) ->
     for m in msgs:
         rec = codec.decode(m.value()).record
         key = rec["mig"]["mig_uuid"] if rec["mig"] else rec["uuid"]
-        assert m.key().decode() == key, "keyed by GPU UUID (MIG UUID for slices)"
+        assert m.key().decode() == rec["uuid"], "keyed by the physical GPU's UUID (a MIG slice too)"
         got[(key, rec["timestamp_ms"])] = rec
     assert got == want_samples
 

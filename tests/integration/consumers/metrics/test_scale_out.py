@@ -27,8 +27,8 @@ from confluent_kafka import Producer
 
 from gpupipe import topics
 from gpupipe.kafka_admin import ensure_topics
-from gpupipe_consumers.metrics.service import MetricsConfig, MetricsService, key_partition
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
+from gpupipe_schemas.meaning import sample_kafka_key
 from tests.conftest import free_port
 from tests.integration.metrics_helpers import (
     DEPLOY_KUBERNETES_SD,
@@ -87,7 +87,7 @@ def test_two_instances_split_gpus_then_one_takes_over(kafka: str, topic_prefix: 
     expected = {r["uuid"] + (f"/{r['mig']['gpu_instance_id']}" if r["mig"] else "") for r in fleet}
     partition_of = {
         r["uuid"] + (f"/{r['mig']['gpu_instance_id']}" if r["mig"] else ""): key_partition(
-            (r["mig"]["mig_uuid"] if r["mig"] else r["uuid"]).encode(), SAMPLE_PARTITIONS
+            sample_kafka_key(r), SAMPLE_PARTITIONS
         )
         for r in fleet
     }

@@ -11,11 +11,8 @@ import pytest
 
 from gpupipe.cli import main as cli_main
 from gpupipe.errors import ConfigError
-from gpupipe_consumers.consume_loop import InRecord
-from gpupipe_consumers.metrics import command
-from gpupipe_consumers.metrics.service import MetricsHandler, _TimedStore, key_partition, murmur2
-from gpupipe_consumers.metrics.store import SeriesStore
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
+from gpupipe_schemas.meaning import sample_kafka_key, xid_kafka_key
 from tests.unit.consumers.metrics.test_store import blank
 
 S, X = "gpu.samples.v1", "gpu.xid.v1"
@@ -52,13 +49,13 @@ def fleet() -> tuple[list[dict], list[dict]]:
 
 
 def sample_rec(r: dict, offset: int = 0, partition: int | None = None, name: str = "GpuSample") -> InRecord:
-    key = (r["mig"]["mig_uuid"] if r.get("mig") else r["uuid"]).encode()
+    key = sample_kafka_key(r)
     p = key_partition(key, N) if partition is None else partition
     return InRecord(S, p, offset, key, name, r, T_MS)
 
 
 def xid_rec(ev: dict, key: bytes | None = None, name: str = "XidEvent") -> InRecord:
-    k = key if key is not None else (ev["mig_uuid"] or ev["uuid"]).encode()
+    k = key if key is not None else xid_kafka_key(ev)
     return InRecord(X, key_partition(k, 3), 0, k, name, ev, T_MS)
 
 
