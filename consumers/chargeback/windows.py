@@ -10,8 +10,9 @@ partition has its own watermark (the highest sample timestamp seen in it) and it
 window of partition P closes when P's watermark reaches ``window_end + grace_ms``, and is emitted
 then as ``kind=window`` records, one per (namespace, node, gpu_model). A sample whose window has
 closed is *late*: it goes into a ``kind=correction`` record for that window, never dropped,
-emitted at the first :meth:`WindowEngine.poll_closed` after its run of consecutive late records
-ended (``late_runs.py``: so that any run over the same input emits the same corrections). Records
+emitted at the first :meth:`WindowEngine.poll_closed` after its run of late records ended
+(``late_runs.py``: about a window of the partition's time at most, ended where the input alone
+says, so that any run over the same input emits the same corrections). Records
 are additive partials: reports sum them over partitions, instances and kinds. Per-partition
 windows are what make instances independent: a rebalance moves a partition's whole state and
 nothing else.
@@ -38,7 +39,8 @@ late then, since watermarks only grow). No window can close during the replay (n
 is newer than the restored watermark), so nothing is emitted twice, and the windows open at the
 checkpoint are rebuilt from exactly the records that built them. A run of late records still
 pending at the checkpoint is state too: the checkpoint's offset stays at or before it, its metadata
-names its first offset (``late_from``), and replayed late records from there on are folded again.
+names its first offset (``late_from``) and the watermark then (``late_wm``), and replayed records
+from there on that were late when first read are folded again.
 The service must not dead-letter replayed records again (``is_replay()``).
 
 Why replay rebuilds the GPU state too: a sample's accounted time and energy depend on its GPU's
@@ -118,6 +120,9 @@ class Checkpoint:
     # First offset of the run of late records pending at the checkpoint (late_runs.py): a replay
     # folds the late records from there on into corrections again; None: no run was pending.
     late_from: int | None = None
+    # The watermark when that run began: with the records since, the watermark each of them was
+    # read at (which were late then). None from older writers, whose runs held late records only.
+    late_wm: int | None = None
     # The committing instance's --instance-id: an instance held by another partition's prices can
     # name which instance still runs the other table (a hold that never ends).
     writer: str | None = None
@@ -141,6 +146,8 @@ class Checkpoint:
             data["px"] = [[start, digest] for start, digest in self.prices]
         if self.late_from is not None:
             data["lr"] = self.late_from
+        if self.late_wm is not None:
+            data["lw"] = self.late_wm
         if self.writer is not None:
             data["by"] = self.writer
         if self.carried_prices is not None:
@@ -169,6 +176,7 @@ class Checkpoint:
                 grace_ms=int(data["grace_ms"]),
                 prices=_prices(data.get("px")),
                 late_from=None if data.get("lr") is None else int(data["lr"]),
+                late_wm=None if data.get("lw") is None else int(data["lw"]),
                 writer=data["by"] if isinstance(data.get("by"), str) else None,
                 carried_prices=_prices(data.get("cx")),
                 carried_writer=data["cby"] if isinstance(data.get("cby"), str) else None,
@@ -211,6 +219,7 @@ class _Partition:
         "gpus",
         "late",
         "late_from",
+        "late_wm",
         "next_offset",
         "replay_until",
         "restored",
@@ -218,12 +227,13 @@ class _Partition:
         "windows",
     )
 
-    def __init__(self, late_run_gap_ms: int) -> None:
+    def __init__(self, window_ms: int, late_run_gap_ms: int) -> None:
         self.watermark: int | None = None
         self.windows: dict[int, _Window] = {}  # open windows by start
         self.closed: list[tuple[int, _Window]] = []  # closed, not yet polled
-        self.late = LateRun(late_run_gap_ms)  # late samples, grouped into corrections by runs
+        self.late = LateRun(window_ms, late_run_gap_ms)  # late samples, grouped into corrections
         self.late_from: int | None = None  # restored: replayed late records from here are folded again
+        self.late_wm: int | None = None  # replaying from late_from: the watermark each record was read at
         self.gpus: dict[str, GpuRef] = {}
         self.next_offset: int | None = None  # highest offset seen + 1
         self.replay_until: int | None = None
@@ -281,8 +291,7 @@ class WindowEngine:
         """
         p = self._parts.get(partition)
         if p is None:
-            p = self._parts[partition] = _Partition(self.late_run_gap_ms)
-        p.late.before(offset, record_ts_ms)
+            p = self._parts[partition] = _Partition(self.window_ms, self.late_run_gap_ms)
         if p.next_offset is None or offset >= p.next_offset:
             p.next_offset = offset + 1
         replaying = p.replay_until is not None and offset < p.replay_until
@@ -293,10 +302,16 @@ class WindowEngine:
         if p.watermark is None or ts > p.watermark:
             p.watermark = ts
             self._close_due(p)
+        # The watermark this record was first read at: the restored one is ahead during a replay;
+        # from the pending run's start on it is rebuilt (late_runs.py).
+        read_at = p.watermark
+        if replaying and p.late_from is not None and offset >= p.late_from and p.late_wm is not None:
+            p.late_wm = read_at = max(p.late_wm, ts)
+        p.late.before(offset, record_ts_ms, read_at)
 
         key = gpu_key(sample)
         ref = p.gpus.get(key)
-        if ref is not None and self._is_stale(ref, p.watermark):
+        if ref is not None and self._is_stale(ref, read_at):
             ref = None
         res = account(sample, ref, offset, self.accounting)
         if res.new_ref is not None:
@@ -306,15 +321,17 @@ class WindowEngine:
 
         start = ts - ts % self.window_ms
         if self._is_closed(p, start):
-            if replaying and (p.late_from is None or offset < p.late_from):
+            if replaying and (
+                p.late_from is None
+                or offset < p.late_from
+                or start + self.window_ms + self.grace_ms > read_at  # on time when first read
+            ):
                 self.stats["replay_skipped"] += 1  # already committed in a window or a correction
                 return
             if res.contributions:
                 self.stats["late"] += 1
-            p.late.fold(start, res.contributions, offset, res.depends_on)
+            p.late.fold(start, res.contributions, offset, res.depends_on, read_at)
             return
-        if p.late.start is not None:
-            p.late.end()  # an on-time record ends a run of late ones (late_runs.py)
 
         anchor = offset if res.depends_on is None else min(offset, res.depends_on)
         win = p.windows.get(start)
@@ -371,7 +388,9 @@ class WindowEngine:
         if p.replay_until is not None and (p.next_offset is None or p.next_offset < p.replay_until):
             return False  # still replaying: the restored state is the truth
         ended = p.late.end_if_quiet(int(broker_ms))  # a quiet partition's pending late run goes out
-        if p.watermark is None or broker_ms <= p.watermark:
+        if p.watermark is None or broker_ms <= p.watermark or p.late.start is not None:
+            # Not while a run is pending: a replay rebuilds the watermark its records were read
+            # at from the records alone. The run ends once broker time is past its gap (above).
             return ended
         p.watermark = int(broker_ms)
         self.stats["idle_advances"] += 1
@@ -492,12 +511,13 @@ class WindowEngine:
             self.grace_ms,
             self.price_fingerprint,
             late_from=p.late.start,
+            late_wm=p.late.start_wm,
             writer=self.instance_id,
         )
 
     def restore(self, partition: int, checkpoint: Checkpoint | None) -> None:
         """Start ``partition`` over from a committed checkpoint (None: from scratch), before consuming."""
-        p = self._parts[partition] = _Partition(self.late_run_gap_ms)
+        p = self._parts[partition] = _Partition(self.window_ms, self.late_run_gap_ms)
         if checkpoint is None:
             return
         if checkpoint.window_ms != self.window_ms or checkpoint.grace_ms != self.grace_ms:
@@ -509,6 +529,9 @@ class WindowEngine:
         p.watermark = checkpoint.watermark_ms
         p.replay_until = checkpoint.replay_until
         p.late_from = checkpoint.late_from
+        # Older writers' runs held late records only: all of them are folded again, as at the
+        # restored watermark.
+        p.late_wm = checkpoint.late_wm if checkpoint.late_wm is not None else checkpoint.watermark_ms
         p.restored = checkpoint
 
     def replay_until(self, partition: int) -> int | None:

@@ -227,7 +227,8 @@ def test_very_late_sample_becomes_a_correction_record():
     (w,) = [r for r in out if r["window_start_ms"] == T0]
     assert w["allocated_gpu_seconds"] == pytest.approx(10.0)
     assert feed(e, [sample(T0 + H - 10_000)], first_offset=2) == []  # its run of late records goes on
-    out = feed(e, [sample(T0 + H + 7 * MIN, uuid="GPU-b")], first_offset=3)  # on time: the run ends
+    assert feed(e, [sample(T0 + H + 7 * MIN, uuid="GPU-b")], first_offset=3) == []  # on time: it goes on
+    out = feed(e, [sample(T0 + 2 * H, uuid="GPU-b")], first_offset=4)  # the watermark's next window: it ends
     (c,) = out
     assert (c["kind"], c["window_start_ms"], c["namespace"]) == ("correction", T0, "team-a")
     assert c["allocated_gpu_seconds"] == pytest.approx(10.0)
@@ -236,8 +237,9 @@ def test_very_late_sample_becomes_a_correction_record():
 
 
 def test_late_samples_are_grouped_into_one_correction_per_run_whenever_polled():
-    """A run of consecutive late records is one correction per row, however often it is polled:
-    a re-processing run that commits at other moments emits the same records (late_runs.py)."""
+    """A run of late records is one correction per row, however often it is polled: a
+    re-processing run that commits at other moments emits the same records (late_runs.py). On-time
+    records among them do not end it; one that moves the watermark into its next window does."""
     for poll_each in (False, True):
         e = engine()
         feed(e, [sample(T0), sample(T0 + 2 * H, uuid="GPU-b")])
@@ -247,12 +249,16 @@ def test_late_samples_are_grouped_into_one_correction_per_run_whenever_polled():
             if poll_each:
                 out += e.poll_closed()
         e.add(sample(T0 + 2 * H + 10_000, uuid="GPU-b"), 0, 7)  # on time
-        e.add(sample(T0 + 6 * 10_000), 0, 8)  # late again: a new run
+        e.add(sample(T0 + 6 * 10_000), 0, 8)  # late again: the same run
+        out += e.poll_closed()
+        assert [r for r in out if r["kind"] == "correction"] == []
+        e.add(sample(T0 + 3 * H, uuid="GPU-b"), 0, 9)  # the watermark's next window: the run ends
+        e.add(sample(T0 + 7 * 10_000), 0, 10)  # late again: a new run
         out += e.poll_closed()
         (c,) = [r for r in out if r["kind"] == "correction"]
-        assert c["sample_count"] == 5 and c["late_offsets"] == [2, 3, 4, 5, 6]
+        assert c["sample_count"] == 6 and c["late_offsets"] == [2, 3, 4, 5, 6, 8]
         (c2,) = [r for r in e.flush_all() if r["kind"] == "correction"]
-        assert c2["late_offsets"] == [8]
+        assert c2["late_offsets"] == [10]
 
 
 def test_a_run_of_late_records_ends_after_a_quiet_gap_or_at_an_offset_block():
@@ -646,7 +652,7 @@ def test_checkpoint_requires_polling_first():
     feed(e, [sample(T0), sample(T0 + 2 * H, uuid="GPU-b")])
     e.add(sample(T0 + 10_000), 0, 2)  # late: a run of late records is pending; it is state
     assert e.checkpoint(0) is not None
-    e.add(sample(T0 + 2 * H + 10_000, uuid="GPU-b"), 0, 3)  # on time: the run ended, to be polled
+    e.add(sample(T0 + 3 * H, uuid="GPU-b"), 0, 3)  # the watermark's next window: the run ended
     with pytest.raises(ChargebackStateError):
         e.checkpoint(0)
     e.poll_closed()

@@ -69,12 +69,12 @@ def test_corrections_of_an_older_writer_grouped_per_commit_are_counted_once() ->
     several runs' samples makes the later, finer ones copies (all their late_offsets counted)."""
     e = WindowEngine(H, 300_000, instance_id="x")
     seq = [sample(T0), sample(T0 + 2 * H, uuid="GPU-b")]  # window T0 closes
-    for k in range(1, 4):  # late samples of GPU-a, each run ended by an on-time one of GPU-b
-        seq += [sample(T0 + k * 10_000), sample(T0 + 2 * H + k * 10_000, uuid="GPU-b")]
+    for k in range(1, 4):  # late samples of GPU-a, each run ended by GPU-b entering a new window
+        seq += [sample(T0 + k * 10_000), sample(T0 + (2 + k) * H, uuid="GPU-b")]
     for off, smp in enumerate(seq):
         e.add(smp, 0, off)
     by_row: dict[tuple, list[dict]] = {}
-    for r in e.poll_closed():
+    for r in e.poll_closed() + e.flush_all():
         if r["kind"] == "correction":
             row = (r["source_partition"], r["window_start_ms"], r["namespace"], r["node"], r["gpu_model"])
             by_row.setdefault(row, []).append(r)
