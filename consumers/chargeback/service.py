@@ -183,6 +183,7 @@ class ChargebackService:
             self.metrics,
             cfg.group_id,
             on_foreign=self._on_foreign_checkpoints,
+            on_fresh=self._count_once,
         )
         self.emitted_ids = EmittedIdsReader(
             bootstrap=cfg.bootstrap,
@@ -228,10 +229,15 @@ class ChargebackService:
             "again under the same record ids, which the report counts once",
             extra=fields(partitions={str(p): o for p, o in sorted(foreign.items())}),
         )
-        for part in foreign:
+        self._count_once(set(foreign))
+
+    def _count_once(self, parts: set[int]) -> None:
+        """Hold the dashboard counters of ``parts`` until the ids already on the output topic are
+        read back: what these partitions re-emit is then counted once, as the report counts it."""
+        for part in parts:
             self.window_counters.hold(part)
         since_ms = int((time.time() - self.cfg.dedupe_lookback_s) * 1000)
-        self.emitted_ids.start(set(foreign), since_ms)
+        self.emitted_ids.start(parts, since_ms)
 
     @property
     def rebalances(self) -> int:

@@ -120,3 +120,67 @@ def test_emitted_ids_come_from_the_output_topic_per_partition() -> None:
     )
     failing.start({5}, 0).join(10)
     assert released[-1] == (5, None)
+
+
+def test_a_partition_started_afresh_from_earliest_counts_what_an_earlier_process_emitted_once() -> None:
+    """The verification's reproduction (reference/repro/chargeback-metrics/l2_counters.py): one run,
+    then the group's offsets gone (deleted, or expired with the group) and a second run, which
+    starts every partition from the earliest input and re-emits its windows. The report counted
+    15,200 GPU-s, the dashboard counters of both processes 30,400."""
+    import logging
+    import threading
+
+    from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine, projected_sample_schema
+    from gpupipe_consumers.chargeback.service import ChargebackService, ServiceConfig
+    from gpupipe_consumers.report.reader import Deduplicator
+    from gpupipe_schemas import catalog
+    from tests.unit.consumers.chargeback.test_service import (
+        DLQ,
+        IN,
+        OUT,
+        Broker,
+        FakeConsumer,
+        FakeProducer,
+        input_log,
+    )
+
+    log, _ = input_log()
+    broker = Broker(log)
+    codec = AvroCodec()
+    proj = projected_sample_schema(catalog.current("GpuSample").raw)
+
+    def run() -> ChargebackService:
+        stop = threading.Event()
+        prod = FakeProducer(broker)
+        svc = ChargebackService(
+            ServiceConfig(
+                bootstrap="fake",
+                input_topic=IN,
+                output_topic=OUT,
+                deadletter_topic=DLQ,
+                batch_size=300,
+                commit_records=300,
+                commit_interval_s=0.0,
+            ),
+            build_engine(ChargebackSettings(window_ms=600_000, grace_ms=60_000), None, "svc"),  # type: ignore[arg-type]
+            AvroCodec(reader_schemas={"GpuSample": proj}),
+            consumer_factory=lambda conf: FakeConsumer(broker, stop),
+            producer_factory=lambda conf: prod,
+        )
+        # the output topic as the broker holds it when the read starts
+        svc.emitted_ids._read = lambda *a, **k: [_Msg(v) for t, v in list(broker.output) if t == OUT]
+        svc.run(stop)
+        for t in svc.emitted_ids.threads:
+            t.join(10)
+        return svc
+
+    first = run()
+    broker.offsets.clear()
+    logging.getLogger("gpupipe.chargeback").setLevel(logging.INFO)
+    second = run()
+    recs = [codec.decode(v).record for t, v in broker.output if t == OUT]
+    d = Deduplicator()
+    billed = sum(r["allocated_gpu_seconds"] for r in recs if d.keep(r, 0))
+    assert d.dropped > 0  # the second run re-emitted
+    assert allocated(first.registry) + allocated(second.registry) == billed == 15_200.0
+    assert second.registry.get_sample_value("gpupipe_chargeback_counter_duplicates_total") == d.dropped
