@@ -25,6 +25,7 @@ BENCHES = [
     "bench_metrics_freshness.py",
     "bench_metrics_freshness_ha.py",
     "bench_metrics_flood.py",
+    "bench_metrics_scale.py",  # 1k/10k/50k GPUs on 1, 2 and 4 replicas (about 2 minutes)
     "bench_chargeback.py",
     "bench_alerts.py",
     "bench_alerts_latency.py",
