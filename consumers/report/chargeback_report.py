@@ -141,14 +141,23 @@ def _local_period(ms: int, period: str, tz: tzinfo) -> tuple[int, int]:
     return int(s.timestamp() * 1000), int(e.timestamp() * 1000)
 
 
-def check_within_period(ws: int, we: int, ps: int, pe: int, tz: tzinfo) -> None:
-    """In a time zone other than UTC, refuse a window that crosses one of the zone's period
-    boundaries (a 1 h window in a zone at UTC+05:30): its usage cannot be put in either period
-    whole. In UTC, chargeback's windows divide a day and never do."""
-    if tz is not UTC and (ws < ps or we > pe):
+def check_within_period(ws: int, we: int, ps: int, pe: int, tz: tzinfo, period: str = "month") -> None:
+    """Refuse a window that crosses a boundary of its period: its usage cannot be put in either
+    period whole. In a time zone other than UTC, a 1 h window at UTC+05:30 does. In UTC,
+    chargeback's windows divide a day, but a topic may keep records of a chargeback that accepted
+    any window (7 days across a month end); hour periods of longer windows stay as they were."""
+    if ws >= ps and we <= pe:
+        return
+    if tz is not UTC:
         raise ReportOptionError(
             f"the window {_iso(ws)} to {_iso(we)} crosses a period boundary in {tz}: with "
             "--timezone, chargeback's --window must divide the zone's offset from UTC (e.g. 30m)"
+        )
+    if period != "hour":
+        raise ReportOptionError(
+            f"the window {_iso(ws)} to {_iso(we)} crosses a period boundary: it was written by a "
+            "chargeback whose --window does not divide a day; re-process its input with one that "
+            "does, or report --period all"
         )
 
 
@@ -279,7 +288,7 @@ def build_report(
         else:
             ps, pe = (0, 0) if period == "all" else _period(ws, we, period, start_ms, end_ms, ws, we, tz)
             if period != "all":
-                check_within_period(ws, we, ps, pe, tz)
+                check_within_period(ws, we, ps, pe, tz, period)
             kind = (CORRECTION if rec["kind"] == CORRECTION else WINDOW) if split_corrections else TOTAL
         first = ws if first is None else min(first, ws)
         last = we if last is None else max(last, we)

@@ -145,7 +145,7 @@ def build_workload_report(
         else:  # period "all": the span is known at the end (rows are re-keyed then)
             ps, pe = (0, 0) if period == "all" else _period(ws, we, period, start_ms, end_ms, ws, we, tz)
             if period != "all":
-                check_within_period(ws, we, ps, pe, tz)
+                check_within_period(ws, we, ps, pe, tz, period)
             kind = (CORRECTION if rec["kind"] == CORRECTION else WINDOW) if split_corrections else TOTAL
         first = ws if first is None else min(first, ws)
         last = we if last is None else max(last, we)

@@ -133,3 +133,33 @@ def test_a_window_crossing_a_day_of_the_zone_is_refused(monkeypatch, capsys) -> 
     assert rc == 2 and out == "" and "crosses a period boundary in Asia/Kolkata" in err
     rc, out, err = report(monkeypatch, capsys, topic, "--period", "day")
     assert rc == 0, err
+
+
+def test_a_focus_export_refuses_a_window_across_the_zones_month_end(monkeypatch, capsys) -> None:
+    """At UTC+05:30 the hourly window of 31 October 18:00Z is 23:30 to 00:30: half October's, half
+    November's. The export is refused rather than billing it whole to either month."""
+    topic = [
+        (rec(ms(2026, 10, 31, 18)), ms(2026, 10, 31, 19, 5)),
+        (rec(ms(2026, 11, 5)), ms(2026, 11, 5, 1, 5)),  # October is closed
+    ]
+    for month in (OCTOBER, NOVEMBER):
+        rc, out, err = report(monkeypatch, capsys, topic, *month, "--timezone", "Asia/Kolkata")
+        assert rc == 2 and out == "" and "crosses a period boundary in Asia/Kolkata" in err
+
+
+def test_a_window_across_a_utc_month_end_is_refused_not_billed_as_a_correction(monkeypatch, capsys) -> None:
+    """A 7-day window from 29 October (chargeback refuses --window 7d now; 0.1.0 wrote such records
+    and the topic keeps 400 days): October's export left its 168 GPU-hours out and November's
+    billed them all as a Correction whose charge period spans both months; the monthly table put
+    them all in October."""
+    week = 7 * 24 * H
+    topic = [
+        (rec(ms(2026, 10, 29), week), ms(2026, 11, 5, 0, 5)),
+        (rec(ms(2026, 12, 5)), ms(2026, 12, 5, 1, 5)),  # October and November are closed
+    ]
+    for args in (OCTOBER, NOVEMBER, ("--period", "month"), ("--period", "day")):
+        rc, out, err = report(monkeypatch, capsys, topic, *args)
+        assert rc == 2 and out == "", (args, out[-300:])
+        assert "the window 2026-10-29T00:00Z to 2026-11-05T00:00Z crosses a period boundary" in err, err
+    rc, out, err = report(monkeypatch, capsys, topic, "--period", "all")
+    assert rc == 0, err
