@@ -163,6 +163,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "created with LogAppendTime) are billed once, at that time, and counted ('off' disables)",
     )
     w.add_argument(
+        "--late-run-gap",
+        type=positive_duration_ms,
+        default=field_default(ChargebackSettings, "late_run_gap_ms"),
+        help="quiet time in record timestamps that ends a run of late samples, whose corrections then "
+        "go out; keep it the same on every instance and re-processing run",
+    )
+    w.add_argument(
         "--idle-timeout",
         type=_skew,
         default=300_000,
@@ -259,6 +266,7 @@ def build_service(args: argparse.Namespace, extra: dict[str, str]) -> Chargeback
             default_interval_ms=args.default_interval, idle_activity_threshold=args.idle_threshold
         ),
         max_clock_skew_ms=args.max_clock_skew,
+        late_run_gap_ms=args.late_run_gap,
     )
     instance_id = args.instance_id or default_instance_id()
     engine = build_engine(settings, prices, instance_id, team_of=team_of)

@@ -51,10 +51,23 @@ def test_a_node_a_day_ahead_is_bounded_by_broker_time(kafka: str, topic_prefix: 
     produce(kafka, t_in, items, partition=0, node_clock=True)
     group, log = f"cb-clock-{new_id()}", tmp_path / "cb.log"
     prog = Progress(kafka, group, t_in)
-    svc = start_service(kafka, topic_prefix, log, "--window", "5m", "--grace", "30s", "--group-id", group)
+    args = ("--window", "5m", "--grace", "30s", "--group-id", group, "--late-run-gap", "2s")
+    svc = start_service(kafka, topic_prefix, log, *args)
     try:
         wait_log(log, "partitions assigned")
         prog.wait_done(60, [svc])
+        # The fixed clock's late samples are one pending run: the good GPU's next sample, after a
+        # quiet gap, ends it and its corrections go out.
+        time.sleep(2.5)
+        produce(kafka, t_in, [dict(good, timestamp_ms=int(time.time() * 1000))], partition=0)
+        prog.refresh_high()
+        prog.wait_done(60, [svc])
+        deadline = time.monotonic() + 30
+        while not [
+            r for r in read_output(kafka, topic_prefix + topics.CHARGEBACK) if r["kind"] == "correction"
+        ]:
+            assert time.monotonic() < deadline and svc.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.5)
         assert stop_service(svc) == 0, log.read_text()[-3000:]
     finally:
         if svc.poll() is None:
