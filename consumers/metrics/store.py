@@ -63,8 +63,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpupipe import pci
-from gpupipe_consumers.metrics import exp
+from gpupipe_consumers.metrics import exp, gcpolicy
 from gpupipe_consumers.metrics.body import BodyJoiner
 from gpupipe_consumers.metrics.collectors_csv import CounterSet, default_counters
 from gpupipe_consumers.metrics.layout import merge_parent
@@ -758,6 +757,7 @@ class SeriesStore:
                 time.sleep(0)  # let a waiting ingest thread take the lock (and the GIL)
             with self._lock:
                 self._flush(todo[i : i + chunk])
+            gcpolicy.after_chunk()  # the process's GC policy: no young collection walks the scrape
 
 
 def _complete(record: Mapping[str, Any]) -> dict[str, Any]:

@@ -248,6 +248,30 @@ def test_the_service_process_tunes_the_cyclic_gc() -> None:
         gcpolicy.reset(before)
 
 
+def test_a_scrape_freezes_each_chunk_of_gpus_as_it_renders_them() -> None:
+    """A scrape of more GPUs than a young generation holds (from about 25k GPUs per instance at the
+    service's threshold of 50k containers) ran young collections inside it that walked the GPUs
+    rendered so far (9-13 us per GPU at 50k GPUs, 0 at 10k). The store alone (no final freeze of
+    the service's) now leaves no rendered GPU's lines to the collector."""
+    import gc
+
+    from gpupipe_consumers.metrics import gcpolicy
+
+    store = SeriesStore(flush_chunk=16)
+    now = time.time()
+    for i in range(100):
+        store.apply_sample(blank(f"GPU-{i}", gpu_index=i % 8, hostname=f"n{i // 8}"), 0, now)
+    before = gc.get_threshold()
+    try:
+        gcpolicy.tune_gc()
+        store.render_parts(now)
+        rendered = {id(g.lines) for g in store._gpus.values()}
+        assert len(rendered) == 100
+        assert not rendered & {id(o) for o in gc.get_objects()}  # every one frozen
+    finally:
+        gcpolicy.reset(before)
+
+
 def test_a_scrape_freezes_what_it_leaves_and_a_full_collection_follows_in_time() -> None:
     """The line lists a scrape leaves are frozen, so the next young collection does not walk them
     (200 ms pauses at 20k GPUs before); a cycle frozen alive and dropped later is collected by the
