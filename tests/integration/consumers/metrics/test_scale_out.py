@@ -27,6 +27,7 @@ from confluent_kafka import Producer
 
 from gpupipe import topics
 from gpupipe.kafka_admin import ensure_topics
+from gpupipe_consumers.metrics.service import MetricsConfig, MetricsService, key_partition
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_schemas.meaning import sample_kafka_key
 from tests.conftest import free_port

@@ -11,6 +11,10 @@ import pytest
 
 from gpupipe.cli import main as cli_main
 from gpupipe.errors import ConfigError
+from gpupipe_consumers.consume_loop import InRecord
+from gpupipe_consumers.metrics import command
+from gpupipe_consumers.metrics.service import MetricsHandler, _TimedStore, key_partition, murmur2
+from gpupipe_consumers.metrics.store import SeriesStore
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_schemas.meaning import sample_kafka_key, xid_kafka_key
 from tests.unit.consumers.metrics.test_store import blank
