@@ -105,6 +105,8 @@ def _deps_tree(tmp: Path) -> tuple[Path, Path]:
         "otelcol-local": "exit 0",
         "kube-local": "exit 0",
         "prometheus3-local": "exit 0",
+        "spark-jars": f"touch {mark}-spark",
+        "iceberg-rest-local": "exit 0",
         "helm-local": f"touch {mark}; echo /fake/helm",
     }
     for name, body in stubs.items():
@@ -142,6 +144,7 @@ def test_helm_is_built_for_the_tests_but_not_for_the_demo(
     )
     assert out.returncode == 0, out.stderr
     assert mark.exists() is helm
+    assert Path(f"{mark}-spark").exists() is helm  # Spark's jars too are for the tests only
 
 
 def test_an_unknown_option_is_one_line(tmp_path: Path) -> None:
