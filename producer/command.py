@@ -171,7 +171,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     nv.add_argument(
         "--kmsg-path",
         default="/dev/kmsg",
-        help="kernel log to read XIDs from: /dev/kmsg, a file, or - (stdin)",
+        help="kernel log to read XIDs from: /dev/kmsg, a gpupipe-kmsg-relay socket, a file, or - (stdin)",
     )
     nv.add_argument("--no-kmsg", action="store_true", help="do not read the kernel log")
     nv.add_argument("--no-nvml-events", action="store_true", help="do not watch NVML XID events")

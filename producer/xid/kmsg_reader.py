@@ -45,11 +45,15 @@ With ``idle_ticks=True`` the iterator also yields ``""`` after ``poll_interval_s
 consumer can flush a held-back Xid (``KmsgParser.feed("")`` does exactly that): after every such
 interval, or, when ``tick_needed`` is set (a callable), only while it returns True.
 
+Unix sockets
+    The shipped DaemonSet's privileged ``kmsg-relay`` sidecar (:mod:`gpupipe_producer.xid.kmsg_relay`) serves
+    the device on a unix socket, because an unprivileged container cannot open it. Each connection
+    starts with the kernel's backlog; the reader connects again when the relay closes it.
+
 Relayed records and the cursor
-    A file or FIFO may carry raw ``/dev/kmsg`` records (what ``cat /dev/kmsg`` writes: the shipped
-    DaemonSet's privileged ``kmsg-relay`` sidecar pipes them into a FIFO, because an unprivileged
-    container cannot open the device). Such lines are decoded and rendered like records read from
-    the device (dictionary lines dropped), so sequence numbers work the same on every path.
+    A file, FIFO or socket may carry raw ``/dev/kmsg`` records (what ``cat /dev/kmsg`` writes). Such
+    lines are decoded and rendered like records read from the device (dictionary lines dropped), so
+    sequence numbers work the same on every path.
     ``after_seq`` skips records with ``seq <= after_seq`` (a persisted cursor: a restarted agent
     reads the backlog without repeating what it already handled); ``last_seq`` is the sequence
     number of the newest record seen. A FIFO whose writer is gone (the relay restarting) is waited
@@ -61,6 +65,7 @@ from __future__ import annotations
 import errno
 import os
 import select
+import socket
 import stat
 import sys
 import threading
@@ -367,7 +372,7 @@ class KmsgReader:
         return self._stop.is_set()
 
     def mode(self) -> str:
-        """``"kmsg"``, ``"file"`` or ``"stream"``: how ``path`` will be read."""
+        """``"kmsg"``, ``"file"``, ``"socket"`` or ``"stream"``: how ``path`` will be read."""
         if self._stream is not None or self.path == "-":
             return "stream"
         st = os.stat(self.path)
@@ -377,6 +382,8 @@ class KmsgReader:
             return "stream"
         if stat.S_ISREG(st.st_mode):
             return "file"
+        if stat.S_ISSOCK(st.st_mode):
+            return "socket"
         return "stream"
 
     def __iter__(self) -> Iterator[str]:
@@ -385,6 +392,8 @@ class KmsgReader:
             gen = self._iter_kmsg()
         elif mode == "file":
             gen = self._relayed(self._iter_file())
+        elif mode == "socket":
+            gen = self._relayed(self._iter_socket())
         else:
             gen = self._relayed(self._iter_stream())
         for line in gen:
@@ -608,6 +617,42 @@ class KmsgReader:
         finally:
             if opened_fd is not None:
                 os.close(opened_fd)
+
+    def _iter_socket(self) -> Iterator[str]:
+        """A relay's unix socket (:mod:`gpupipe_producer.xid.kmsg_relay`): every connection starts with the
+        kernel's backlog, and what this reader or its cursor already had is skipped (``_seen``).
+
+        When the relay closes the connection (it restarts), the reader connects again at once; a
+        failed connect raises, for the caller to retry. A record cut by the closing is dropped, not
+        yielded: the next connection sends it whole.
+        """
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            try:
+                sock.connect(self.path)
+                sock.setblocking(False)
+                fd = sock.fileno()
+                splitter = _LineSplitter(self.max_line_bytes, self.stats)
+                while True:
+                    ready = self._wait_fd(fd)
+                    if ready is False:
+                        return
+                    if ready is None:
+                        if self.idle_ticks:
+                            yield ""
+                        continue
+                    try:
+                        data = sock.recv(_CHUNK)
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    if not data:
+                        break
+                    yield from splitter.feed(data)
+            finally:
+                sock.close()
+            if not self.follow:
+                return
+            self.stats.reopened += 1
 
     def _iter_unselectable(self, stream: BinaryIO) -> Iterator[str]:
         """Streams without a file descriptor (``io.BytesIO``): plain blocking ``readline``."""

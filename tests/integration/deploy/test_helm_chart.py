@@ -336,7 +336,7 @@ def test_producer_daemonset_defaults(rendered: dict) -> None:
     c = spec["containers"][0]
     assert c["name"] == "producer"
     # Review 1.1: the agent keeps no capability (the chart gave it SYSLOG and /dev/kmsg, which an
-    # unprivileged container cannot open); a privileged relay copies the kernel log into a FIFO.
+    # unprivileged container cannot open); a privileged relay serves the kernel log on a socket.
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert c["securityContext"]["readOnlyRootFilesystem"] is True and c["securityContext"]["runAsUser"] == 0
     assert not c["securityContext"].get("privileged")
@@ -349,15 +349,15 @@ def test_producer_daemonset_defaults(rendered: dict) -> None:
         "pod-resources": True,
         "pod-logs": True,
         "spool": False,
-        "kmsg-fifo": False,
+        "kmsg-socket": False,
         "kube-api-access": True,  # the pod metadata watch's token, the agent's alone
     }
     relay = spec["containers"][1]
     assert relay["name"] == "kmsg-relay" and relay["securityContext"]["privileged"] is True
-    assert "cat /dev/kmsg" in relay["command"][-1] and "initContainers" not in spec
+    assert relay["command"][0] == "gpupipe-kmsg-relay" and "initContainers" not in spec
     ns = parse(*command_lines([ds])[0][1:])
     assert ns.source == "nvml" and ns.spool_dir == "/var/lib/gpupipe/spool"
-    assert ns.kmsg_path == "/run/gpupipe/kmsg/kmsg.fifo" and ns.kmsg_path in relay["command"][-1]
+    assert ns.kmsg_path == "/run/gpupipe/kmsg/kmsg.sock" and f"--socket={ns.kmsg_path}" in relay["command"]
     assert ns.kubelet_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
     assert c["resources"]["limits"]["memory"] and c["resources"]["requests"]["cpu"]
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"  # 503 while NVML is released
@@ -429,7 +429,7 @@ def test_mig_only_and_no_alerts(rendered: dict) -> None:
     assert ns.no_kmsg is True and ns.create_topics is False and ns.no_nvml_events is True
     assert ns.pod_metadata == "off"  # podMetadata.enabled=false: no watch, no token, no ClusterRole
     assert "kube-api-access" not in {v["name"] for v in ds["spec"]["template"]["spec"]["volumes"]}
-    assert not {"kmsg", "kmsg-fifo"} & {v["name"] for v in ds["spec"]["template"]["spec"]["volumes"]}
+    assert not {"kmsg", "kmsg-socket"} & {v["name"] for v in ds["spec"]["template"]["spec"]["volumes"]}
     assert [c["name"] for c in ds["spec"]["template"]["spec"]["containers"]] == ["producer"]  # no relay
     assert "add" not in ds["spec"]["template"]["spec"]["containers"][0]["securityContext"]["capabilities"]
 

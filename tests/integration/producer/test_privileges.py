@@ -8,8 +8,9 @@ shaped like a node's, all created by root here:
 * ``var/lib/kubelet/pod-resources/kubelet.sock``: a real gRPC PodResources server (the fake
   kubelet), socket ``srwxr-xr-x root:root`` as the kubelet leaves it;
 * ``var/lib/gpupipe/spool``: the hostPath spool, ``root:root 0700``;
-* ``run/gpupipe/kmsg/kmsg.fifo``: the relay FIFO, ``root:root 0600``, fed here with raw ``/dev/kmsg``
-  records as the manifest's privileged ``kmsg-relay`` sidecar does;
+* ``run/gpupipe/kmsg/kmsg.sock``: the socket of the manifest's ``kmsg-relay`` command, run here as
+  root like the privileged sidecar (``srw------- root:root``), serving a root-owned file of raw
+  ``/dev/kmsg`` records;
 * the real ``/dev/kmsg`` with this host's ``kernel.dmesg_restrict`` for the refused case.
 
 What must hold: samples and a kernel-log XID reach the real broker with pod attribution, the spool
@@ -38,6 +39,7 @@ from tests.agent_harness import wait_for
 from tests.conftest import REPO, free_port
 from tests.fake_nvml import FakeNvml
 from tests.integration.kafka_util import read_all
+from tests.kmsg_relay_proc import RelayProcess
 from tests.kubelet_fake import FakeKubelet
 
 pytestmark = pytest.mark.integration
@@ -136,10 +138,12 @@ class NodeTree:
         self.spool = root / "var/lib/gpupipe/spool"
         self.spool.mkdir(parents=True)
         os.chmod(self.spool, 0o700)
-        fifo_dir = root / "run/gpupipe/kmsg"
-        fifo_dir.mkdir(parents=True, mode=0o755)
-        self.fifo = fifo_dir / "kmsg.fifo"
-        os.mkfifo(self.fifo, 0o600)
+        relay_dir = root / "run/gpupipe/kmsg"
+        relay_dir.mkdir(parents=True, mode=0o755)
+        self.ring = root / "kmsg-ring"
+        self.ring.write_text("")
+        os.chmod(self.ring, 0o600)
+        self.relay = RelayProcess(self.ring, relay_dir / "kmsg.sock").start()
         self.pod_logs = root / "var/log/pods"
         self.pod_logs.mkdir(parents=True, mode=0o755)
         self.gpu = fake.gpus[2]
@@ -162,6 +166,7 @@ class NodeTree:
 
     def close(self) -> None:
         self.kubelet.close()
+        self.relay.stop()
 
 
 def _agent(tree: NodeTree, kafka: str, prefix: str, port: int, kmsg_path: str) -> subprocess.Popen[str]:
@@ -220,33 +225,23 @@ def _stop(proc: subprocess.Popen[str]) -> tuple[int, str]:
     return proc.returncode, err
 
 
-def _open_fifo_writer(path: Path) -> int:
-    def attempt() -> int | None:
-        try:
-            return os.open(path, os.O_WRONLY | os.O_NONBLOCK)
-        except OSError:  # ENXIO: no reader yet
-            return None
-
-    return wait_for(attempt, 20, "the agent to open the kmsg FIFO")
-
-
 def test_the_agent_works_under_the_manifests_privileges(
     kafka: str, topic_prefix: str, node_root: Path
 ) -> None:
     fake = FakeNvml.node("H100", 8)  # the same GPUs fake_nvml_cli builds for GPUPIPE_FAKE_NVML=H100:8
     tree = NodeTree(node_root, fake)
     port = free_port()
-    proc = _agent(tree, kafka, topic_prefix, port, str(tree.fifo))
+    proc = _agent(tree, kafka, topic_prefix, port, str(tree.relay.sock))
     try:
         wait_for(
             lambda: _get(f"http://127.0.0.1:{port}/healthz")[0] == 200 or proc.poll() is not None, 30, "up"
         )
         assert proc.poll() is None, "the agent exited under the manifest's privileges"
-        # The relay: raw /dev/kmsg records, an Xid 79 on GPU 2 among them.
-        fd = _open_fifo_writer(tree.fifo)
+        # The kernel logs, the relay serves: raw /dev/kmsg records, an Xid 79 on GPU 2 among them.
         bus = tree.gpu.pci_bus_id.lower().replace("00000000:", "0000:").rsplit(".", 1)[0]
         xid = f"NVRM: Xid (PCI:{bus}): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
-        os.write(fd, f"6,41,2000000,-;usb 1-1: new device\n3,42,2100000,-;{xid}\n".encode())
+        with tree.ring.open("a") as ring:
+            ring.write(f"6,41,2000000,-;usb 1-1: new device\n3,42,2100000,-;{xid}\n")
         wait_for(
             lambda: (_metric(port, 'gpupipe_producer_xid_events_total{kind="xid"}') or 0) >= 1, 20, "XID"
         )
@@ -261,8 +256,8 @@ def test_the_agent_works_under_the_manifests_privileges(
         assert st["NoNewPrivs"] == "1"
         code, body = _get(f"http://127.0.0.1:{port}/healthz")
         assert code == 200, body
+        assert oct(tree.relay.sock.stat().st_mode & 0o777) == "0o600" and tree.relay.sock.stat().st_uid == 0
         rc, err = _stop(proc)
-        os.close(fd)
     finally:
         if proc.poll() is None:
             _stop(proc)

@@ -7,6 +7,7 @@ cannot drift apart.
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -51,17 +52,24 @@ def test_the_agent_runs_as_root_with_no_capability_and_nothing_more() -> None:
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
 
 
-def test_only_the_kmsg_relay_is_privileged_and_it_feeds_the_agents_kmsg_path() -> None:
+def test_only_the_kmsg_relay_is_privileged_and_it_serves_the_agents_kmsg_path() -> None:
     relay = container("kmsg-relay")
     assert relay["securityContext"]["privileged"] is True
     assert relay["restartPolicy"] == "Always"  # a native sidecar: started before the agent
-    script = relay["command"][-1]
-    assert "cat /dev/kmsg" in script
+    program, *flags = relay["command"]
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert (
+        scripts[program] == "gpupipe_producer.xid.kmsg_relay:main"
+    )  # installed in the image with the package
+    given = dict(f.removeprefix("--").split("=", 1) for f in flags)
+    assert given["device"] == "/dev/kmsg"
     args = container("producer")["args"]
-    fifo = args[args.index("--kmsg-path") + 1]
-    assert fifo in script and relay["startupProbe"]["exec"]["command"][-1] == fifo
+    sock = args[args.index("--kmsg-path") + 1]
+    assert given["socket"] == sock and relay["startupProbe"]["exec"]["command"] == ["test", "-S", sock]
     mounts = {m["name"]: m["mountPath"] for m in container("producer")["volumeMounts"]}
-    assert fifo.startswith(mounts["kmsg-fifo"] + "/")
+    relay_mounts = {m["name"]: m["mountPath"] for m in relay["volumeMounts"]}
+    assert sock.startswith(mounts["kmsg-socket"] + "/")
+    assert relay_mounts["kmsg-socket"] == mounts["kmsg-socket"]
     assert "kmsg" not in {v["name"] for v in producer_pod()["volumes"]}, "no /dev/kmsg hostPath any more"
 
 

@@ -193,10 +193,11 @@ readinessProbe:
 {{- end }}
 
 {{/*
-The kernel-log relay of the producer pod: the only privileged container, a shell loop that copies
-the kernel log device into a FIFO in a memory emptyDir (the agent reads the FIFO with no
-capability). It re-sends the kernel's backlog whenever it restarts; the agent's persisted cursor
-skips what it already handled. Same as deploy/kubernetes/producer-daemonset.yaml.
+The kernel-log relay of the producer pod: the only privileged container, gpupipe-kmsg-relay, which
+serves the kernel log device on a unix socket in a memory emptyDir (the agent connects with no
+capability). Every connection gets the log from its oldest record, so a restarted agent reads again
+what it had not spooled; the agent's persisted cursor skips what it already handled. Same as
+deploy/kubernetes/producer-daemonset.yaml.
 */}}
 {{- define "gpupipe.kmsgRelay" -}}
 {{- $root := index . 0 }}
@@ -205,15 +206,12 @@ skips what it already handled. Same as deploy/kubernetes/producer-daemonset.yaml
   image: {{ include "gpupipe.image" $root | quote }}
   imagePullPolicy: {{ $root.Values.image.pullPolicy }}
   command:
-    - /bin/sh
-    - -c
-    - |
-      f=/run/gpupipe/kmsg/kmsg.fifo
-      [ -p "$f" ] || mkfifo -m 0600 "$f"
-      while :; do cat {{ $c.kmsg.path }} > "$f"; sleep 1; done
+    - gpupipe-kmsg-relay
+    - --device={{ $c.kmsg.path }}
+    - --socket=/run/gpupipe/kmsg/kmsg.sock
   startupProbe:
     exec:
-      command: ["test", "-p", "/run/gpupipe/kmsg/kmsg.fifo"]
+      command: ["test", "-S", "/run/gpupipe/kmsg/kmsg.sock"]
     periodSeconds: 1
   resources:
     {{- toYaml $c.kmsg.resources | nindent 4 }}
@@ -222,6 +220,6 @@ skips what it already handled. Same as deploy/kubernetes/producer-daemonset.yaml
     runAsUser: 0
     readOnlyRootFilesystem: true
   volumeMounts:
-    - name: kmsg-fifo
+    - name: kmsg-socket
       mountPath: /run/gpupipe/kmsg
 {{- end }}
