@@ -37,11 +37,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 
-from gpupipe.alertmanager import AlertmanagerSender, PostFn
+from gpupipe.alertmanager import AlertmanagerSender
 from gpupipe.kube import KubeClient, KubeConfig
 from gpupipe.pci import canonical
 from gpupipe_consumers.alerts.alert_record import gpu_alert_shape
@@ -563,7 +563,9 @@ class Instance:
 
 class Drill:
     """Runs a :class:`Scenario` (see module doc). ``api`` is the Kubernetes API double holding the nodes;
-    ``post`` replaces the simulated Alertmanager (the real-Alertmanager leg)."""
+    ``make_sender`` gives each service instance its Alertmanager sender in place of one posting to
+    :class:`SimAlertmanager` (the real-Alertmanager leg, tests/life_drill_am.py); ``on_step`` is called
+    with the drill's time after every tick."""
 
     def __init__(
         self,
@@ -571,8 +573,7 @@ class Drill:
         api: Any,
         tmp: Path,
         *,
-        post: PostFn | None = None,
-        clock: Callable[[], int] | None = None,
+        make_sender: Callable[[], AlertmanagerSender] | None = None,
         on_step: Callable[[int], None] | None = None,
     ) -> None:
         self.sc = sc
@@ -580,8 +581,7 @@ class Drill:
         self.api = api
         self.now = T0
         self.am = SimAlertmanager(lambda: self.now)
-        self._post = post or self.am.post
-        self._wall = clock
+        self._make_sender = make_sender
         self._on_step = on_step
         token = tmp / "token"
         token.write_text("tok")
@@ -613,12 +613,16 @@ class Drill:
             instance=f"i{self.instances}",
             clock=self._clock_s,
         )
-        sender = AlertmanagerSender(
-            "http://am",
-            shape=gpu_alert_shape,
-            resend_interval_ms=self.cfg.resend_ms,
-            post=self._post,
-            clock=self._clock_s,
+        sender = (
+            self._make_sender()
+            if self._make_sender is not None
+            else AlertmanagerSender(
+                "http://am",
+                shape=gpu_alert_shape,
+                resend_interval_ms=self.cfg.resend_ms,
+                post=self.am.post,
+                clock=self._clock_s,
+            )
         )
         svc = AlertsService(
             sink=sink,
@@ -645,7 +649,7 @@ class Drill:
             item = c._queue.get_nowait()
             if item is not None:
                 c._run_one(item)
-        inst.sender.step(self._wall() if self._wall else self.now)
+        inst.sender.step(None if self._make_sender is not None else self.now)
         inst.sink.deliver()
         for n in self.sc.nodes:
             u = bool((self.api.node(n).get("spec") or {}).get("unschedulable"))
@@ -755,11 +759,20 @@ def _gpu_of(labels: dict[str, str]) -> tuple[str, str] | None:
     return labels["node"], canonical(bus)
 
 
-def check(d: Drill) -> Verdict:
-    """Hold what Alertmanager received and what the cluster did against the scenario's truth."""
+class AmView(Protocol):
+    """Pages and RESOLVEDs in the drill's time, and the label sets firing at its end."""
+
+    events: list[AmEvent]
+    ends: dict[LabelKey, int]
+
+
+def check(d: Drill, am: AmView | None = None) -> Verdict:
+    """Hold what Alertmanager sent (``am``; by default the simulated one's) and what the cluster did
+    against the scenario's truth."""
     sc = d.sc
+    am = am if am is not None else d.am
     v = Verdict(restarts=d.instances - 1, xids=0)
-    v.pages = sum(1 for e in d.am.events if e.kind == "page")
+    v.pages = sum(1 for e in am.events if e.kind == "page")
     by_gpu: dict[tuple[str, str], list[Fault]] = defaultdict(list)
     for f in sc.faults:
         by_gpu[(f.node, canonical(_bus(f.gpu, nvml=False)))].append(f)
@@ -767,7 +780,7 @@ def check(d: Drill) -> Verdict:
     v.hardware_faults = len(hw)
     # Alertmanager: pages and RESOLVEDs of each GPU's label sets while it is broken
     gpu_events: dict[tuple[str, str], list[AmEvent]] = defaultdict(list)
-    for e in d.am.events:
+    for e in am.events:
         gk = _gpu_of(e.labels)
         # an application fault's alert (a job's Xid 13/31/43/45 on a GPU that is also broken) is the
         # job's, not the hardware fault's: neither its page nor its RESOLVED is the fault's
@@ -846,7 +859,7 @@ def check(d: Drill) -> Verdict:
         if not any(a <= ts <= b and code in codes for a, b, codes in spans[gk]):
             v.lost_xids.append(ev)
     # liveness: a fault recovered an hour before the end whose alert still fires
-    open_now = {(k[0], k[1]) for k in (_gpu_of(dict(key)) for key in d.am.ends) if k is not None}
+    open_now = {(k[0], k[1]) for k in (_gpu_of(dict(key)) for key in am.ends) if k is not None}
     for f in hw:
         gk = (f.node, canonical(_bus(f.gpu, nvml=False)))
         if f.recovered_ms is not None and f.recovered_ms < sc.end_ms - HOUR and gk in open_now:
@@ -914,9 +927,12 @@ __all__ = [
     "HOUR",
     "MIN",
     "T0",
+    "AmEvent",
+    "AmView",
     "Drill",
     "DrillConfig",
     "Fault",
+    "LabelKey",
     "S",
     "Scenario",
     "SimAlertmanager",
