@@ -622,12 +622,14 @@ class KmsgReader:
         """A relay's unix socket (:mod:`gpupipe_producer.xid.kmsg_relay`): every connection starts with the
         kernel's backlog, and what this reader or its cursor already had is skipped (``_seen``).
 
-        When the relay closes the connection (it restarts), the reader connects again at once; a
-        failed connect raises, for the caller to retry. A record cut by the closing is dropped, not
-        yielded: the next connection sends it whole.
+        When the relay closes a connection that brought data (it restarts), the reader connects again
+        at once; a failed connect, or a connection closed before any data (a relay that cannot open
+        the device, or has enough readers), raises for the caller to retry later. A record cut by
+        the closing is dropped, not yielded: the next connection sends it whole.
         """
         while True:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            got = False
             try:
                 sock.connect(self.path)
                 sock.setblocking(False)
@@ -647,11 +649,14 @@ class KmsgReader:
                         continue
                     if not data:
                         break
+                    got = True
                     yield from splitter.feed(data)
             finally:
                 sock.close()
             if not self.follow:
                 return
+            if not got:
+                raise ConnectionResetError(errno.ECONNRESET, "closed by the relay before any data", self.path)
             self.stats.reopened += 1
 
     def _iter_unselectable(self, stream: BinaryIO) -> Iterator[str]:

@@ -121,3 +121,14 @@ def test_a_reader_of_a_relay_that_is_not_there_fails_to_its_caller(tmp_path: Pat
         s.bind(str(sock))  # a socket file nobody listens on: a relay that died
     with pytest.raises(ConnectionRefusedError):
         list(KmsgReader(str(sock), follow=True))
+
+
+def test_a_relay_that_cannot_open_its_device_makes_the_reader_fail_not_spin(tmp_path: Path) -> None:
+    relay = RelayProcess(tmp_path / "no-such-device", tmp_path / "kmsg.sock").start()
+    try:
+        reader = KmsgReader(str(relay.sock), follow=True)
+        with pytest.raises(ConnectionResetError):
+            list(reader)
+        assert reader.stats.reopened == 0  # one connection, not a loop of them
+    finally:
+        relay.stop()
