@@ -17,15 +17,28 @@ does the simulated Alertmanager's.
 
 from __future__ import annotations
 
+import copy
+import json
+import socket
+import subprocess
 import time
+import urllib.request
 from bisect import bisect_right
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from gpupipe.alertmanager import AlertmanagerSender, AmState
 from gpupipe_consumers.alerts.alert_record import gpu_alert_shape
-from tests.am_webhook import Notification
+from tests import hygiene
+from tests.am_webhook import Notification, WebhookReceiver
 from tests.life_drill import T0, AmEvent, LabelKey
+
+ALERTMANAGER = "/usr/bin/prometheus-alertmanager"  # Debian's prometheus-alertmanager
 
 #: One aggregation group per label set, notified at once and never repeated while it fires.
 AM_CONFIG = {
@@ -47,8 +60,9 @@ class LegView:
 
 
 class AlertmanagerLeg:
-    def __init__(self, url: str, resend_ms: int = 2000) -> None:
+    def __init__(self, url: str, hook: WebhookReceiver, resend_ms: int = 2000) -> None:
         self.url = url
+        self.hook = hook
         self.resend_ms = resend_ms
         self._started: dict[str, int] = {}  # alert id -> wall ms it was first sent
         self._wall: list[float] = [time.monotonic()]  # monotonic seconds of each step
@@ -87,3 +101,58 @@ class AlertmanagerLeg:
                     out.events.append(AmEvent(at, "resolved", dict(key), a["annotations"]))
         out.ends = dict.fromkeys(firing, 0)
         return out
+
+    def alerts(self) -> list[dict[str, Any]]:
+        with urllib.request.urlopen(self.url + "/api/v2/alerts", timeout=10) as r:
+            return [a for a in json.loads(r.read()) if a["labels"].get("source") == "gpupipe"]
+
+    def settle(self, sender: AlertmanagerSender, timeout_s: float = 60.0) -> LegView:
+        """Once ``sender`` (the last instance's) delivered all it holds and every label set Alertmanager
+        has firing was notified firing, every other notified resolved: the notifications, viewed."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if sender.step():
+                active = {tuple(sorted(a["labels"].items())) for a in self.alerts()}
+                view = self.view(self.hook.notifications())
+                if set(view.ends) == active:
+                    return view
+            if time.monotonic() > deadline:
+                raise TimeoutError("Alertmanager's notifications never matched its alerts")
+            time.sleep(0.1)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def alertmanager_leg(tmp: Path, binary: str = ALERTMANAGER) -> Iterator[AlertmanagerLeg]:
+    """A real Alertmanager configured as the leg needs, and its webhook receiver, for the ``with``."""
+    with WebhookReceiver() as hook:
+        cfg = copy.deepcopy(AM_CONFIG)
+        cfg["receivers"][0]["webhook_configs"][0]["url"] = hook.url("/drill")
+        tmp.mkdir(parents=True, exist_ok=True)
+        (tmp / "am.yml").write_text(yaml.safe_dump(cfg))
+        port = _free_port()
+        with (tmp / "am.log").open("wb") as log:
+            proc = hygiene.popen(
+                [binary, f"--config.file={tmp / 'am.yml'}", f"--storage.path={tmp / 'data'}",
+                 f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        try:
+            leg = AlertmanagerLeg(f"http://127.0.0.1:{port}", hook)
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    leg.alerts()
+                    break
+                except OSError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError((tmp / "am.log").read_text()[-2000:]) from None
+                    time.sleep(0.1)
+            yield leg
+        finally:
+            hygiene.stop_group(proc)

@@ -10,55 +10,32 @@ broken, no XID lost.
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.am_webhook import WebhookReceiver
-from tests.integration.consumers.alerts.test_service import Alertmanager, wait_until
 from tests.k8s_api_fake import FakeKubeApi
 from tests.life_drill import Drill, DrillConfig, check, generate
-from tests.life_drill_am import AM_CONFIG, AlertmanagerLeg, LegView
+from tests.life_drill_am import alertmanager_leg
 
 pytestmark = pytest.mark.integration
 
 
 def test_two_days_of_a_clusters_life_as_a_real_alertmanager_pages_it(tmp_path: Path) -> None:
     sc = generate(DrillConfig(seed=1, days=2, nodes=13))
-    with WebhookReceiver() as hook:
-        cfg = copy.deepcopy(AM_CONFIG)
-        cfg["receivers"][0]["webhook_configs"][0]["url"] = hook.url("/drill")
-        am = Alertmanager(tmp_path)
-        (am.dir / "am.yml").write_text(yaml.safe_dump(cfg))
-        am.start()
+    with alertmanager_leg(tmp_path / "am") as leg:
+        began = time.monotonic()
+        logging.disable(logging.WARNING)
         try:
-            leg = AlertmanagerLeg(am.url)
-            began = time.monotonic()
-            logging.disable(logging.WARNING)
-            try:
-                with FakeKubeApi(sc.nodes, token="tok") as api:
-                    d = Drill(sc, api, tmp_path, make_sender=leg.sender, on_step=leg.on_step).run()
-            finally:
-                logging.disable(logging.NOTSET)
-            ran_s = time.monotonic() - began
-            assert d.inst is not None
-
-            def settled() -> LegView | None:
-                # what the last instance holds is delivered, and each label set Alertmanager has firing
-                # was notified firing, each it no longer has notified resolved
-                if not d.inst.sender.step():
-                    return None
-                active = {tuple(sorted(a["labels"].items())) for a in am.alerts()}
-                view = leg.view(hook.notifications())
-                return view if active and set(view.ends) == active else None
-
-            view = wait_until(settled, 30, "Alertmanager's notifications to match its alerts")
+            with FakeKubeApi(sc.nodes, token="tok") as api:
+                d = Drill(sc, api, tmp_path, make_sender=leg.sender, on_step=leg.on_step).run()
         finally:
-            am.stop()
+            logging.disable(logging.NOTSET)
+        ran_s = time.monotonic() - began
+        assert d.inst is not None
+        view = leg.settle(d.inst.sender)
     v = check(d, view)
     print(
         f"life drill, real Alertmanager: {v.hardware_faults} hardware faults, {v.pages} pages, "
