@@ -218,9 +218,10 @@ class AlertTable:
         return a
 
     def _continues(self, a: Alert, ts: int, continues: Callable[[Alert], bool] | None) -> bool:
-        """A recurrence within the horizon that the caller says is the same incident."""
+        """A recurrence that the caller says is the same incident, within the horizon; for a sticky
+        alert at any distance (its GPU is broken until evidence of recovery ends the alert)."""
         horizon = self.cfg.recurrence_horizon_ms
-        return continues is not None and ts <= a.last_seen_ms + horizon and continues(a)
+        return continues is not None and (ts <= a.last_seen_ms + horizon or sticky(a)) and continues(a)
 
     def fold(self, a: Alert, ts: int, now_ms: int, count: int) -> None:
         """Fold an occurrence at ``ts`` into open alert ``a`` whatever its gap to the latest one (a node

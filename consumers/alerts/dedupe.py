@@ -23,7 +23,9 @@ processed late (consumer lag, an outage, a node clock behind) is never born reso
   ``recurrence_horizon_ms`` (6 h) of the latest one, by the same job (or where either names none) and
   with no reset, reboot or driver load since, it continues the open alert (``occurrences += 1``, same
   id, no new notification): a job that hits the same fault every few minutes is one incident. Otherwise
-  the open alert is resolved (``resolve_reason="superseded"``) and a new alert (new id) starts. Either
+  the open alert is resolved (``resolve_reason="superseded"``) and a new alert (new id) starts -- but
+  a sticky alert (below) with no recovery attempt since is continued by any job's recurrence however
+  late: its GPU is still broken, and a lesser XID must not end its drain. Either
   way the classifier sees the history and may escalate (e.g. Xid 79 or 119/120 coming back after a
   reset, which always starts a new alert).
 * **History, not faults**: an XID whose own time is more than ``max_event_age_ms`` (6 h) before

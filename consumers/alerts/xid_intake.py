@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpupipe_consumers.alerts.alert_policy import FOLLOWER_CODES, MEMORY_FOLLOWER_CODES, workload
+from gpupipe_consumers.alerts.alert_policy import FOLLOWER_CODES, MEMORY_FOLLOWER_CODES, sticky, workload
 from gpupipe_consumers.alerts.alert_record import Alert, AlertName, signal_code
 from gpupipe_consumers.alerts.alert_table import AlertTable, Key
 from gpupipe_consumers.alerts.classify import FaultEvent
@@ -175,12 +175,15 @@ class XidIntake:
         """Whether a recurrence after the dedupe window is still open alert ``a``'s incident: the same
         job (:func:`_same_job`) and no recovery attempt since its latest occurrence. A fault back after a
         reset, a reboot or a driver load is a new incident (the classifier escalates it: Xid 79 after a
-        reboot is a hardware case), so it supersedes as before."""
+        reboot is a hardware case), so it supersedes as before. Without a recovery attempt, a sticky
+        alert's GPU is still broken: whatever job reports an XID of its key then, it is the same fault
+        (a contained Xid 94 after a DBE whose remapping failed must not replace the drain alert with a
+        warning that resolves when quiet)."""
         if a.pending is not None or (boot is not None and a.boot_id not in (None, boot)):
             return False
         if any(r > a.last_seen_ms for r in self._histories.get(a.hostname, a.device).resets()):
             return False
-        return _same_job(a, job)
+        return sticky(a) or _same_job(a, job)
 
     def _double_sighting(self, key: Key, source: str, ts: int) -> bool:
         """The second sighting of one Xid by the producer's other source within ``sighting_merge_ms``: no

@@ -128,13 +128,24 @@ def test_resolves_after_quiet_and_final_record_carries_counts() -> None:
 def test_recurrence_after_dedupe_window_supersedes() -> None:
     # another job's occurrence is another incident (the same job's continues the alert: test_alerts_pages)
     e = engine(dedupe_window_ms=10 * MIN, resolve_after_ms=30 * MIN)
+    e.on_xid(xid(31, T0, pid=7), T0)
+    a = records(e, T0)[0]
+    e.on_xid(xid(31, T0 + 15 * MIN, pid=8, pods=(("team-b", "serve-0"),)), T0 + 15 * MIN)
+    out = records(e, T0 + 15 * MIN)
+    assert [(r["status"], r["resolve_reason"]) for r in out] == [("resolved", "superseded"), ("firing", None)]
+    assert out[0]["alert_id"] == a["alert_id"] and out[1]["alert_id"] != a["alert_id"]
+
+
+def test_a_recurrence_without_a_recovery_attempt_continues_a_sticky_alert() -> None:
+    # The GPU fell off the bus and nothing reset it: another job's Xid 79 is the same broken GPU. The
+    # alert goes on (no RESOLVED, no second page) and the classifier, seeing it again, escalates it.
+    e = engine(dedupe_window_ms=10 * MIN, resolve_after_ms=30 * MIN)
     e.on_xid(xid(79, T0), T0)
     a = records(e, T0)[0]
     e.on_xid(xid(79, T0 + 15 * MIN, pods=(("team-b", "serve-0"),)), T0 + 15 * MIN)
     out = records(e, T0 + 15 * MIN)
-    assert [(r["status"], r["resolve_reason"]) for r in out] == [("resolved", "superseded"), ("firing", None)]
-    assert out[0]["alert_id"] == a["alert_id"] and out[1]["alert_id"] != a["alert_id"]
-    assert out[1]["rule"] == "xid79.recurring"  # the classifier saw the history: it came back
+    assert [(r["alert_id"], r["status"], r["occurrences"]) for r in out] == [(a["alert_id"], "firing", 2)]
+    assert out[0]["rule"] == "xid79.recurring"  # the classifier saw the history: it came back
 
 
 def test_reopen_when_resolve_after_is_shorter_than_dedupe_window() -> None:
@@ -322,8 +333,8 @@ def test_alert_ids_are_stable_and_deterministic() -> None:
 
 
 def test_restore_continues_open_alerts_with_same_id_and_sequence() -> None:
-    e = engine(recurrence_horizon_ms=0)  # x3 opens an alert of its own
-    e.on_xid(xid(79, T0, eid="x1"), T0)
+    e = engine()
+    e.on_xid(xid(13, T0, eid="x1"), T0)
     e.on_xid(xid(13, T0, bus=BUS[1], eid="x2"), T0)
     published = records(e, T0)
     e.tick(T0 + 31 * MIN)
@@ -332,7 +343,7 @@ def test_restore_continues_open_alerts_with_same_id_and_sequence() -> None:
     published += records(e, T0 + 32 * MIN)
     open_id = published[-1]["alert_id"]
 
-    fresh = engine(recurrence_horizon_ms=0)
+    fresh = engine()
     assert fresh.restore(published, T0 + 33 * MIN) == 1
     fresh.on_xid(xid(79, T0 + 33 * MIN, eid="x3"), T0 + 33 * MIN)  # replayed after the restart: ignored
     assert fresh.counts["duplicate_event_id"] == 1

@@ -15,6 +15,7 @@ from gpupipe_consumers.alerts.dedupe import AlertEngine, EngineConfig
 T0 = 1_800_000_000_000
 S = 1000
 MIN = 60 * S
+HOUR = 60 * MIN
 BUS = [f"0000:{0x18 + 16 * g:02x}:00" for g in range(8)]
 _n = 0
 
@@ -556,3 +557,23 @@ def test_a_page_retirement_alone_or_long_after_is_its_own_alert() -> None:
     late = T0 + EngineConfig().classify.solo_window_ms + 10 * S
     e.on_xid(xid(64, late, msg="Row remapping failed"), late)
     assert len(_alert_ids(e, late + S)) == 2
+
+
+def test_a_lesser_memory_error_from_another_job_never_ends_a_drain_alert() -> None:
+    """A DBE whose row remapping failed (48 then 64: critical, drain) leaves the GPU broken until a reset.
+    A contained Xid 94 from another job hours later, keyed like the 48, replaced the drain alert with a
+    warning (RESOLVED for the page) that then resolved when quiet: a broken GPU with no alert at all."""
+    e = AlertEngine(EngineConfig())
+    e.on_xid(xid(48, T0, msg="DBE"), T0)
+    e.on_xid(xid(64, T0 + 200, msg="Row remapping failed"), T0 + 200)
+    (first,) = _alert_ids(e, T0 + S).values()
+    later = T0 + 3 * HOUR
+    e.on_xid(xid(94, later, pid=77, pod="other-1", msg="Contained: SM (0x1). RST: No, D-RST: No"), later)
+    e.tick(later + S)
+    assert [(r["alert_id"], r["status"]) for r in _alert_ids(e, later + S).values()] == [
+        (first["alert_id"], "firing")
+    ]
+    e.tick(later + 2 * HOUR)
+    (a,) = e.open_alerts()
+    assert (a.alert_id, a.severity, a.drain_node) == (first["alert_id"], "critical", True)
+    assert 94 in a.codes
