@@ -9,10 +9,13 @@ and every firing/resolved decision are the service's own. Alertmanager groups ev
 own and notifies a webhook receiver at once (``group_wait``/``group_interval`` a few tens of ms, which
 is minutes of the drill's time, well under any fault's life).
 
-:meth:`AlertmanagerLeg.view` turns the notifications back into the drill's time (the drill's time
-when each arrived): a label set notified firing is a page, notified resolved a RESOLVED, firing again
-after that a second page -- the events :func:`tests.life_drill.check` holds against the truth, as it
-does the simulated Alertmanager's.
+:meth:`AlertmanagerLeg.view` turns the notifications back into the drill's time: a label set notified
+firing is a page, notified resolved a RESOLVED, firing again after that a second page -- the events
+:func:`tests.life_drill.check` holds against the truth, as it does the simulated Alertmanager's. Each
+is placed at the drill's time when Alertmanager took it to start (its ``startsAt``: the post that
+made it fire) or to end (its ``endsAt``: the resolved post, or the expiry of the last re-send), not
+when the notification arrived, so Alertmanager's own notification delay on a loaded machine does not
+move a page past its fault's recovery.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from bisect import bisect_right
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -60,12 +64,12 @@ class LegView:
 
 
 class AlertmanagerLeg:
-    def __init__(self, url: str, hook: WebhookReceiver, resend_ms: int = 2000) -> None:
+    def __init__(self, url: str, hook: WebhookReceiver, resend_ms: int = 5000) -> None:
         self.url = url
         self.hook = hook
         self.resend_ms = resend_ms
-        self._started: dict[str, int] = {}  # alert id -> wall ms it was first sent
-        self._wall: list[float] = [time.monotonic()]  # monotonic seconds of each step
+        self._started: dict[str, int] = {}  # firing alert id -> wall ms it was first sent
+        self._wall: list[int] = [int(time.time() * 1000)]  # wall ms of each step
         self._drill: list[int] = [T0]  # the drill's time at that step
 
     def sender(self) -> AlertmanagerSender:
@@ -75,30 +79,38 @@ class AlertmanagerLeg:
 
     def _shape(self, rec: dict[str, Any]) -> AmState:
         s = gpu_alert_shape(rec)
-        started = self._started.setdefault(s.alert_id, int(time.time() * 1000))
+        now = int(time.time() * 1000)
+        if s.status == "firing":
+            started = self._started.setdefault(s.alert_id, now)
+        else:  # over: a reopened alert starts anew
+            started = self._started.pop(s.alert_id, now)
         return replace(s, first_seen_ms=started, resolved_at_ms=None)
 
     def on_step(self, drill_ms: int) -> None:
-        self._wall.append(time.monotonic())
+        self._wall.append(int(time.time() * 1000))
         self._drill.append(drill_ms)
 
-    def drill_time(self, monotonic_s: float) -> int:
-        """The drill's time when the wall clock read ``monotonic_s`` (its last step by then)."""
-        return self._drill[max(0, bisect_right(self._wall, monotonic_s) - 1)]
+    def drill_time(self, wall_ms: int) -> int:
+        """The drill's time at the first step logged after the wall clock read ``wall_ms``: a step is
+        logged when it ends, after its posts, and several steps share a millisecond, so this is the step
+        of the post or one a few ticks later, never an earlier one."""
+        return self._drill[min(bisect_right(self._wall, wall_ms), len(self._drill) - 1)]
 
     def view(self, notifications: list[Notification]) -> LegView:
         out = LegView()
         firing: set[LabelKey] = set()
         for n in notifications:
-            at = self.drill_time(n.received_s)
             for a in n.alerts():
                 key: LabelKey = tuple(sorted(a["labels"].items()))
                 if a["status"] == "firing" and key not in firing:
                     firing.add(key)
+                    at = self.drill_time(_wall_ms(a["startsAt"]))
                     out.events.append(AmEvent(at, "page", dict(key), a["annotations"]))
                 elif a["status"] == "resolved" and key in firing:
                     firing.discard(key)
+                    at = self.drill_time(_wall_ms(a["endsAt"]))
                     out.events.append(AmEvent(at, "resolved", dict(key), a["annotations"]))
+        out.events.sort(key=lambda e: e.at_ms)
         out.ends = dict.fromkeys(firing, 0)
         return out
 
@@ -119,6 +131,10 @@ class AlertmanagerLeg:
             if time.monotonic() > deadline:
                 raise TimeoutError("Alertmanager's notifications never matched its alerts")
             time.sleep(0.1)
+
+
+def _wall_ms(rfc3339: str) -> int:
+    return int(datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp() * 1000)
 
 
 def _free_port() -> int:
