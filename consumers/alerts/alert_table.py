@@ -19,7 +19,7 @@ from gpupipe_consumers.alerts.alert_record import Alert, alert_id
 from gpupipe_consumers.alerts.classify import DEFAULT_CONFIG, ClassifyConfig
 from gpupipe_consumers.alerts.health_signals import LEVEL_SIGNALS
 
-__all__ = ["COUNTS", "MINUTE_MS", "AlertTable", "EngineConfig", "Key"]
+__all__ = ["COUNTS", "MINUTE_MS", "AlertCapReached", "AlertTable", "EngineConfig", "Key"]
 
 MINUTE_MS = 60_000
 
@@ -45,6 +45,7 @@ COUNTS = (
     "reboots_seen",
     "driver_loads",
     "stale_event",
+    "capped_alert",
 )
 """What the engine counts (exported as ``gpupipe_alerts_input``)."""
 
@@ -77,6 +78,11 @@ class EngineConfig:
     the same job (or of none known) continues that alert instead of superseding it: a job that hits the
     same fault every quarter of an hour is one incident, and superseding would notify Alertmanager again
     for each. 0 (or less than the dedupe window): every such recurrence starts a new alert."""
+    max_open_alerts: int = 100_000
+    """Open alerts held at most (and as many resolved ones kept for reopening). Any node's producer may
+    write XIDs of any code for any GPU it names, each a new alert: at the cap an occurrence that would
+    open one is refused (counted as ``capped_alert``), while open alerts go on folding, ending and
+    draining, so a flood turns into a visible condition instead of an out-of-memory crash."""
     classify: ClassifyConfig = field(default=DEFAULT_CONFIG)
 
     def __post_init__(self) -> None:
@@ -96,8 +102,12 @@ class EngineConfig:
             raise ValueError("intervals must not be negative")
         if self.node_burst_gpus < 2:
             raise ValueError("node_burst_gpus must be at least 2")
-        if self.event_id_memory < 1:
-            raise ValueError("event_id_memory must be positive")
+        if self.event_id_memory < 1 or self.max_open_alerts < 1:
+            raise ValueError("event_id_memory and max_open_alerts must be positive")
+
+
+class AlertCapReached(Exception):
+    """An occurrence would open an alert beyond ``EngineConfig.max_open_alerts`` (counted, not raised)."""
 
 
 class AlertTable:
@@ -179,6 +189,7 @@ class AlertTable:
             self.end(a, now_ms, "superseded")
             a = None
         if a is None:
+            self._room()
             t = self._closed.get(key)
             if t is not None and t.first_seen_ms - d <= ts <= t.last_seen_ms + d:
                 del self._closed[key]
@@ -216,6 +227,12 @@ class AlertTable:
                 a.urgent = True
         self._fold(a, ts, now_ms, count)
         return a
+
+    def _room(self) -> None:
+        """Raise :class:`AlertCapReached` (counted) when no further alert may open."""
+        if len(self._open) >= self.cfg.max_open_alerts:
+            self.counts["capped_alert"] += 1
+            raise AlertCapReached(f"{len(self._open)} open alerts, at most {self.cfg.max_open_alerts}")
 
     def _continues(self, a: Alert, ts: int, continues: Callable[[Alert], bool] | None) -> bool:
         """A recurrence that the caller says is the same incident, within the horizon; for a sticky
@@ -256,7 +273,7 @@ class AlertTable:
             if not keys:
                 del self._by_gpu[(key[1], key[2])]
         if keep:
-            self._closed[key] = a
+            self._tombstone(a)
         for forget in self._ended:
             forget(a)
 
@@ -356,7 +373,16 @@ class AlertTable:
 
     def restore_closed(self, a: Alert) -> None:
         """Hold restored resolved alert ``a`` as a tombstone (reopened by an occurrence within the window)."""
-        self._closed[a.key] = a
+        self._tombstone(a)
+
+    def _tombstone(self, a: Alert) -> None:
+        """Keep resolved ``a`` for reopening, the oldest tombstone forgotten beyond the cap (a recurrence
+        of a forgotten one opens a new alert instead of reopening it)."""
+        closed = self._closed
+        closed.pop(a.key, None)
+        closed[a.key] = a
+        if len(closed) > self.cfg.max_open_alerts:
+            del closed[next(iter(closed))]
 
     def _add(self, a: Alert) -> None:
         self._open[a.key] = a

@@ -174,6 +174,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="keep state for at most N GPUs and NVSwitches in all: records of further devices are "
         "refused and counted",
     )
+    life.add_argument(
+        "--max-open-alerts",
+        type=int,
+        default=field_default(EngineConfig, "max_open_alerts"),
+        metavar="N",
+        help="hold at most N open alerts: an occurrence that would open another is refused and counted "
+        "(open alerts go on folding and resolving)",
+    )
     ident = p.add_argument_group("node identity (which node wrote an XID)")
     ident.add_argument(
         "--node-ca-file",
@@ -287,8 +295,8 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, HealthConfig]:
         raise ConfigError("--resend-interval and --alertmanager-timeout must be greater than zero")
     if args.alertmanager_max_alerts < 1:
         raise ConfigError("--alertmanager-max-alerts must be at least 1")
-    if args.max_nodes < 1 or args.max_devices < 1:
-        raise ConfigError("--max-nodes and --max-devices must be at least 1")
+    if args.max_nodes < 1 or args.max_devices < 1 or args.max_open_alerts < 1:
+        raise ConfigError("--max-nodes, --max-devices and --max-open-alerts must be at least 1")
     if args.cordon_max_per_hour < 0:
         raise ConfigError("--cordon-max-per-hour must not be negative")
     if args.ha_session_timeout < 1000:
@@ -315,6 +323,7 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, HealthConfig]:
         confirm_by_samples=args.health_signals,  # nothing else could show a GPU back after a reboot
         keepalive_ms=keepalive,
         max_event_age_ms=args.max_event_age,
+        max_open_alerts=args.max_open_alerts,
     )
     return engine, HealthConfig(thermal_for_ms=args.thermal_for)
 

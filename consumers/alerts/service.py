@@ -56,6 +56,7 @@ from gpupipe.kube import KubeApiError
 from gpupipe.logs import fields
 from gpupipe_consumers.alerts.admission import DeviceAdmission, device_of
 from gpupipe_consumers.alerts.alert_record import Alert, action_record, to_record
+from gpupipe_consumers.alerts.alert_table import AlertCapReached
 from gpupipe_consumers.alerts.cordon import Cordoner, CordonResult
 from gpupipe_consumers.alerts.dedupe import AlertEngine, EngineConfig
 from gpupipe_consumers.alerts.evidence_memory import evidence_record
@@ -153,14 +154,17 @@ class _ServiceCollector(Collector):
         adm = s.admission
         known = GaugeMetricFamily(
             "gpupipe_alerts_known",
-            "Nodes and devices the service keeps state for, and their caps (--max-nodes, --max-devices): "
-            'at a cap, records of new ones are refused (gpupipe_alerts_input_total{result=~"capped_.*"}).',
+            "Nodes, devices and open alerts the service keeps state for, and their caps (--max-nodes, "
+            "--max-devices, --max-open-alerts): at a cap, records of new ones are refused "
+            '(gpupipe_alerts_input_total{result=~"capped_.*"}).',
             labels=["kind", "of"],
         )
         known.add_metric(["node", "known"], adm.nodes())
         known.add_metric(["node", "cap"], adm.max_nodes)
         known.add_metric(["device", "known"], adm.devices())
         known.add_metric(["device", "cap"], adm.max_devices)
+        known.add_metric(["alert", "known"], s.open_alerts)
+        known.add_metric(["alert", "cap"], s.engine.cfg.max_open_alerts)
         yield known
         open_fam = GaugeMetricFamily(
             "gpupipe_alerts_open", "Open (firing) alerts by scope.", labels=["scope"]
@@ -213,7 +217,7 @@ class AlertsService:
         self.sink = sink
         self.admission = admission or DeviceAdmission()
         self.node_check = node_check
-        self._capped_logged_ms = -60_000
+        self._capped_logged_ms = self._alert_cap_logged_ms = -60_000
         self.reconcile_interval_ms = reconcile_interval_ms
         self._last_reconcile_ms = 0
         self.health = HealthTracker(health_config)
@@ -287,7 +291,10 @@ class AlertsService:
                     elif r.name == "GpuSample":
                         ident, signals = self.health.observe(r.value)
                         for sig in signals:
-                            self.engine.on_signal(ident, sig, now)
+                            try:
+                                self.engine.on_signal(ident, sig, now)
+                            except AlertCapReached as exc:  # the sample's other signals still count
+                                self._capped(now, str(exc))
                         if ident is not None:  # a reboot or driver load may wait for this GPU
                             healthy = sample_healthy(r.value)
                             self.engine.sample_seen(ident, r.value["timestamp_ms"], healthy, now)
@@ -295,6 +302,8 @@ class AlertsService:
                         self._on_alert_record(r.value, now)  # our own output: only acks matter
                     else:
                         rejected.append((r, "unexpected-record-type", f"{r.name} on {r.topic}"))
+                except AlertCapReached as exc:  # well formed: counted, not dead-lettered
+                    self._capped(now, str(exc))
                 except Exception as exc:  # a record the engine cannot use must not stop the stream
                     self.errors += 1
                     self.m_errors.labels(r.topic).inc()
@@ -329,6 +338,15 @@ class AlertsService:
                 ),
             )
         return True
+
+    def _capped(self, now: int, detail: str) -> None:
+        """An occurrence refused at the open-alert cap (counted by the table): a line a minute at most."""
+        if now - self._alert_cap_logged_ms >= 60_000:
+            self._alert_cap_logged_ms = now
+            log.warning(
+                "occurrences that would open new alerts refused: open alerts at their cap",
+                extra=fields(detail=detail, refused=self.engine.counts["capped_alert"]),
+            )
 
     def _on_alert_record(self, rec: dict[str, Any], now: int) -> None:
         rem = rec.get("remediation") or {}

@@ -98,3 +98,62 @@ def test_restored_open_alerts_keep_their_devices_first() -> None:
     again.handle(_forged(10))  # a flood that arrives before the node's next record
     assert again.admission.admit("node-a", "0000:18:00.0") is None
     assert {a.hostname for a in again.engine.open_alerts()} == {"node-a"}
+
+
+def _codes(n: int, host: str = "node-a") -> list[Any]:
+    """One admitted GPU reporting ``n`` distinct Xid codes: one open alert each, without a cap."""
+    return [inrec("XidEvent", xid(1000 + i, f"code-{host}-{i}", host=host, ts=T0)) for i in range(n)]
+
+
+def _capped_service(max_open: int) -> tuple[AlertsService, ListSink, CollectorRegistry]:
+    sink, reg = ListSink(), CollectorRegistry()
+    svc = AlertsService(
+        sink=sink,
+        registry=reg,
+        clock=Clock(),
+        instance="t",
+        engine_config=EngineConfig(update_interval_ms=0, max_open_alerts=max_open),
+        admission=DeviceAdmission(),
+    )
+    return svc, sink, reg
+
+
+def test_a_flood_of_distinct_codes_on_one_gpu_stays_within_the_open_alert_cap() -> None:
+    svc, sink, reg = _capped_service(100)
+    rejected = svc.handle(_codes(3000))
+    assert rejected == []  # refused, not dead-lettered: the records are well formed
+    assert len(svc.engine.open_alerts()) == 100
+    assert svc.engine.counts["capped_alert"] == 2900
+    assert len({r["alert_id"] for r in sink.records}) == 100  # nothing published for the refused
+    text = generate_latest(reg).decode()
+    assert 'gpupipe_alerts_input_total{result="capped_alert"} 2900.0' in text
+    assert 'gpupipe_alerts_known{kind="alert",of="known"} 100.0' in text
+    assert 'gpupipe_alerts_known{kind="alert",of="cap"} 100.0' in text
+    # an open alert keeps folding at the cap, and one that ends frees its slot
+    before = svc.engine.counts["folded"]
+    svc.handle([inrec("XidEvent", xid(1000, "code-again", ts=T0 + 1))])
+    assert svc.engine.counts["folded"] == before + 1
+
+
+def test_the_cap_warns_once_a_minute(caplog: Any) -> None:
+    svc, _, _ = _capped_service(5)
+    with caplog.at_level("WARNING", logger="gpupipe.alerts"):
+        svc.handle(_codes(50))
+        svc.handle(_codes(50, host="node-b"))
+    lines = [r for r in caplog.records if "open alerts" in r.getMessage()]
+    assert len(lines) == 1, [r.getMessage() for r in caplog.records]
+
+
+def test_resolved_alerts_kept_for_reopening_are_bounded_too() -> None:
+    cfg = EngineConfig(update_interval_ms=0, max_open_alerts=10, resolve_after_ms=60_000)
+    svc = AlertsService(sink=ListSink(), clock=(clock := Clock()), engine_config=cfg)
+    for round_ in range(5):
+        svc.handle(
+            [
+                inrec("XidEvent", xid(13, f"r{round_}-{i}", host=f"n{round_}-{i}", ts=clock.ms))
+                for i in range(10)
+            ]
+        )
+        clock.ms += 120_000  # quiet: resolved, a tombstone kept within the dedupe window
+        svc.tick()
+    assert len(svc.engine.table._closed) <= 10

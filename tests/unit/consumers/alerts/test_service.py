@@ -171,7 +171,8 @@ def test_simulated_fleet_through_the_service() -> None:
         (["--cordon"], "--cordon needs the Kubernetes API"),
         (["--cordon-max-share", "0"], "--cordon-max-share"),
         (["--ha", "--ha-session-timeout", "500ms"], "--ha-session-timeout"),
-        (["--max-devices", "0"], "--max-nodes and --max-devices"),
+        (["--max-devices", "0"], "--max-nodes, --max-devices and --max-open-alerts"),
+        (["--max-open-alerts", "0"], "--max-open-alerts must be at least 1"),
         (["--node-ca-file", "/nonexistent/ca.crt"], "--node-ca-file /nonexistent/ca.crt: No such file"),
     ],
 )
