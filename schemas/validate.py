@@ -12,10 +12,11 @@ limits bound the identity strings (a DNS label is 63 characters, a subdomain 253
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MAX_AGE_MS", "MAX_AHEAD_MS", "fields_violation", "reading_max", "violation"]
+__all__ = ["MAX_AGE_MS", "MAX_AHEAD_MS", "fields_violation", "reading_max", "reading_range", "violation"]
 
 DAY_MS = 86_400_000
 #: An event may be dated this far after the broker's clock (or ours): wide, because replays and test
@@ -99,20 +100,32 @@ STRING_MAX = 4096
 MAX_ALLOCATIONS, MAX_PROCESSES = 256, 4096
 
 
+def reading_range(name: str) -> tuple[float, float] | None:
+    """``(lo, hi)``: what a GpuSample reading ``name`` may hold on its own, NaN never (None: not
+    bounded alone; the power's bound against its limit takes two fields).
+
+    For a reader that checks readings without decoding whole records (the metrics split decoder
+    matches their bytes): what it lets through, :func:`violation` would."""
+    if name in _RATIOS:
+        return 0.0, 1.0
+    if name in _POWERS:
+        return 0.0, POWER_MAX_W
+    if name in _TEMPERATURES:
+        return TEMPERATURE_C
+    if name in _OTHER_DOUBLES:
+        return -MAGNITUDE_MAX, MAGNITUDE_MAX
+    if name in _NON_NEGATIVE_LONGS:
+        return 0.0, math.inf
+    return None
+
+
 def reading_max(name: str) -> float | None:
     """The largest value a GpuSample double reading ``name`` may hold (None: not bounded here).
 
     For a reader that shows readings without checking whole records (the metrics exposition
     converts them only when scraped): what :func:`violation` refuses, it does not print."""
-    if name in _RATIOS:
-        return 1.0
-    if name in _POWERS:
-        return POWER_MAX_W
-    if name in _TEMPERATURES:
-        return TEMPERATURE_C[1]
-    if name in _OTHER_DOUBLES:
-        return MAGNITUDE_MAX
-    return None
+    bounds = reading_range(name)
+    return None if bounds is None or bounds[1] == math.inf else bounds[1]
 
 
 def _long_strings(rec: Mapping[str, Any], limits: Mapping[str, int], where: str) -> str | None:

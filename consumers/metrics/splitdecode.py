@@ -14,9 +14,11 @@ generates one function that
   when the sample goes on with the same bytes (one ``startswith``: the allocations did not
   change), the decoded fields are reused without reading them again;
 * decodes ``processes`` (usually empty: one byte);
-* checks the readings with the :class:`~gpupipe_consumers.metrics.readings.ReadingsPlan` pattern and keeps
-  the match (converted at scrape, see :mod:`gpupipe_consumers.metrics.readings`), converting at once only
-  the readings the store needs per sample (``interval_ms``, health and clock-event fields...);
+* checks the readings with the :class:`~gpupipe_consumers.metrics.readings.ReadingsPlan` pattern, which
+  admits only values within the contract's bounds (a power against its limit, when the record
+  carries both, is compared apart), and keeps the match (converted at scrape, see
+  :mod:`gpupipe_consumers.metrics.readings`), converting at once only the readings the store needs per
+  sample (``interval_ms``, health and clock-event fields...);
 * looks the tail's bytes up in a second cache (the same bytes decode to the same fields).
 
 Both caches hold only bytes that the generated decoder read without error and whose fields are
@@ -28,8 +30,8 @@ cached identity objects (allocation lists...): read-only, as every record of the
 
 Returns None (the caller then uses the whole-record decoder, which decodes or raises the
 ``DecodeError``) for anything off the common path: readings the pattern refuses, a body cut short,
-an identity or tail that does not decode or is out of bounds (the loop's whole-record check then
-says why).
+an identity, tail or reading that does not decode or is out of bounds (the loop's whole-record
+check then says why).
 """
 
 from __future__ import annotations
@@ -39,12 +41,13 @@ from typing import Any
 
 from gpupipe_consumers.metrics.readings import CONVERT_ENV, PENDING, Readings, ReadingsPlan, base_type
 from gpupipe_schemas.fastdecode import CodeGen, compile_fields
-from gpupipe_schemas.validate import violation
+from gpupipe_schemas.validate import POWER_OVER_LIMIT, violation
 
 SplitFn = Callable[[bytes], dict[str, Any] | None]
 
 _KEY = (("hostname", "string"), ("gpu_index", "int"), ("uuid", "string"))
 _KEY_LAST = "mig"  # the key runs to this field when the schema has it (a MIG slice is its own key)
+_POWERS = {"power_w", "module_power_w"}
 _MIN_RUN = 8  # fewer checkable fields in a row: not worth a pattern, decode the whole record
 
 
@@ -146,6 +149,13 @@ def build_split_decoder(
     mid_vars = gen.emit_fields(mid, {n: s for n, s in mid if n in wanted})
     gen.emit(1, "m = _match(buf, pos)")
     gen.emit(1, "if m is None: return None")
+    if "power_limit_w" in rplan.group:  # the one bound of two readings: a power against its limit
+        gen.emit(1, f"lim = m.group({rplan.group['power_limit_w'] + 1})")
+        gen.emit(1, f"lim = 0.0 if lim is None else {rplan.convert_expr('power_limit_w', 'lim')}")
+        for name in sorted(_POWERS & rplan.group.keys()):
+            g = f"m.group({rplan.group[name] + 1})"
+            over = f"{rplan.convert_expr(name, g)} > {POWER_OVER_LIMIT!r} * lim"
+            gen.emit(1, f"if lim > 0 and {g} is not None and {over}: return None")
     gen.emit(1, "pos = m.end()")
     gen.emit(1, "tv = _tails_get(buf[pos:])")
     gen.emit(1, "if tv is None:")

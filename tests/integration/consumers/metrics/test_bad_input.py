@@ -3,7 +3,9 @@
 Undecodable bytes, unknown schemas and records of the wrong type for their topic, on both input
 topics, land on gpu.deadletter.v1 with the original bytes and the reason in headers, and are
 counted in /metrics; the service goes on serving the good records around them. A sample with
-absurd values (NaN, infinity, negative utilisation, huge counters) never breaks the exposition.
+readings beyond the contract's bounds (NaN, infinity, negative utilisation) is dead-lettered
+whole; one with odd values the contract allows (huge counters, a negative retry count) never
+breaks the exposition.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from tests.integration.metrics_helpers import (
 pytestmark = pytest.mark.integration
 
 OUT_OF_RANGE_XIDS = 2  # XID codes outside 0-65535: dead-lettered by the XID reader's contract check
+OUT_OF_RANGES = OUT_OF_RANGE_XIDS + 1  # and a sample with readings beyond the contract's bounds
 
 
 def test_dead_letters_and_absurd_values(kafka: str, topic_prefix: str, tmp_path: Path) -> None:
@@ -50,20 +53,23 @@ def test_dead_letters_and_absurd_values(kafka: str, topic_prefix: str, tmp_path:
         wait_for(lambda: svc.health()[0] and svc.handler.assigned, 60, "the service to be assigned")
         wait_for(lambda: svc.handler.samples_partitions, 30, "the XID reader to know the samples topic")
         now_ms = int(time.time() * 1000)
-        recs, xids = SimulatedFleet(FleetConfig(nodes=1, gpus_per_node=3, xid_rate_per_gpu_hour=1e9)).tick(
+        recs, xids = SimulatedFleet(FleetConfig(nodes=1, gpus_per_node=4, xid_rate_per_gpu_hour=1e9)).tick(
             now_ms
         )
-        good, absurd, later = ({**r, "mig": None} for r in recs[:3])
+        good, absurd, odd, later = ({**r, "mig": None} for r in recs[:4])
         tag = uuid.uuid4().hex[:8]
-        good["uuid"], absurd["uuid"], later["uuid"] = (f"GPU-{tag}-{c}" for c in ("good", "absurd", "later"))
-        absurd.update(
+        for rec, c in ((good, "good"), (absurd, "absurd"), (odd, "odd"), (later, "later")):
+            rec["uuid"] = f"GPU-{tag}-{c}"
+        absurd.update(  # beyond the contract's bounds: the whole sample is dead-lettered
             power_w=float("nan"),
             gpu_util_ratio=-0.5,
             mem_copy_util_ratio=7.5,
             tensor_active_ratio=float("inf"),
             sm_active_ratio=float("-inf"),
-            gpu_temp_c=-40,
             fb_used_bytes=-1,
+        )
+        odd.update(  # within the contract, odd for the exposition: served, the odd reading left out
+            gpu_temp_c=-40,
             total_energy_mj=2**62,
             sm_clock_mhz=2**31 - 1,
             pcie_replay_count=-3,
@@ -84,6 +90,7 @@ def test_dead_letters_and_absurd_values(kafka: str, topic_prefix: str, tmp_path:
         for value, key, _ in bad_samples:
             out.raw(samples_topic, value, key)
         out.sample(samples_topic, absurd)
+        out.sample(samples_topic, odd)
         out.sample(samples_topic, later)
         # on the XID topic: garbage, a sample, and events with odd values that must not break anything
         bad_xids = [
@@ -105,8 +112,8 @@ def test_dead_letters_and_absurd_values(kafka: str, topic_prefix: str, tmp_path:
             text = http_get(svc.url + "/metrics").decode()
             uuids = {lab.get("UUID") for n, lab, _ in parse_exposition(text) if n == "DCGM_FI_DEV_GPU_TEMP"}
             dead = [v for n, _, v in parse_exposition(text) if n == "gpupipe_consumer_dead_letters_total"]
-            want = {good["uuid"], absurd["uuid"], later["uuid"]}
-            if want <= uuids and sum(dead) == len(bad_samples) + len(bad_xids) + OUT_OF_RANGE_XIDS:
+            want = {good["uuid"], odd["uuid"], later["uuid"]}
+            if want <= uuids and sum(dead) == len(bad_samples) + len(bad_xids) + OUT_OF_RANGES:
                 return text
             state["last"] = (sorted(want - uuids), dead, svc.handler.xid_results, svc.health())
             return None
@@ -120,7 +127,7 @@ def test_dead_letters_and_absurd_values(kafka: str, topic_prefix: str, tmp_path:
 
         # -- dead letters: original bytes and key, reason in the headers -------------------------
         dead = read_all(
-            kafka, dlq_topic, expect=len(bad_samples) + len(bad_xids) + OUT_OF_RANGE_XIDS, timeout_s=30
+            kafka, dlq_topic, expect=len(bad_samples) + len(bad_xids) + OUT_OF_RANGES, timeout_s=30
         )
         got = sorted(
             (
@@ -133,6 +140,7 @@ def test_dead_letters_and_absurd_values(kafka: str, topic_prefix: str, tmp_path:
             [(samples_topic, r) for _, _, r in bad_samples]
             + [(xid_topic, r) for _, _, r in bad_xids]
             + [(xid_topic, "out-of-range")] * OUT_OF_RANGE_XIDS  # codes -5 and 2**31-1
+            + [(samples_topic, "out-of-range")]  # the absurd sample
         )
         assert got == want
         by_key = {m.key(): m for m in dead}
@@ -152,29 +160,23 @@ def test_dead_letters_and_absurd_values(kafka: str, topic_prefix: str, tmp_path:
             for _, _, reason in items:
                 assert errors.get((topic, reason)) == 1.0, (topic, reason, errors)
         assert errors.get((xid_topic, "out-of-range")) == OUT_OF_RANGE_XIDS, errors
+        assert errors.get((samples_topic, "out-of-range")) == 1.0, errors
 
-        # -- absurd values: left out and counted, the rest of the GPU served ------------------------
+        # -- absurd values: the sample refused; odd ones left out and counted, the GPU served ---------
         def series(name: str, uid: str) -> list[float]:
             return [v for n, lab, v in samples if n == name and lab.get("UUID") == uid]
 
-        assert series("DCGM_FI_DEV_POWER_USAGE", absurd["uuid"]) == []  # NaN
-        assert series("DCGM_FI_DEV_GPU_UTIL", absurd["uuid"]) == []  # negative
-        assert series("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", absurd["uuid"]) == []  # inf
-        assert series("DCGM_FI_DEV_MEM_COPY_UTIL", absurd["uuid"]) == []  # a ratio of 7.5: no reading
-        assert series("DCGM_FI_DEV_GPU_TEMP", absurd["uuid"]) == [-40.0]
-        assert series("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", absurd["uuid"]) == [float(2**62)]
+        assert not [lab for _, lab, _ in samples if lab.get("UUID") == absurd["uuid"]]
+        assert series("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", odd["uuid"]) == []  # negative
+        assert series("DCGM_FI_DEV_GPU_TEMP", odd["uuid"]) == [-40.0]
+        assert series("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", odd["uuid"]) == [float(2**62)]
         assert all(math.isfinite(v) for _, _, v in samples)
         invalid = {
             (lab["field"], lab["reason"])
             for n, lab, _ in samples
             if n == "gpupipe_metrics_invalid_values_total"
         }
-        assert {
-            ("DCGM_FI_DEV_POWER_USAGE", "nan"),
-            ("DCGM_FI_DEV_GPU_UTIL", "negative"),
-            ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "inf"),
-            ("DCGM_FI_DEV_MEM_COPY_UTIL", "out-of-range"),
-        } <= invalid, invalid
+        assert ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "negative") in invalid, invalid
         assert promtool_check(text.encode()) == []
 
         # odd XID events were taken (or ignored) without harm; the GPU's counter shows the real ones

@@ -96,7 +96,16 @@ def _hostile_samples() -> list[tuple[str, dict]]:
         ("hostname", {**base, "hostname": "h" * 300}),
         ("last_xid", {**base, "last_xid": -1}),
         ("power", {**base, "power_w": 1e300}),
+        ("power-nan", {**base, "power_w": float("nan")}),
+        ("power-negative", {**base, "power_w": -5.0}),
         ("ratio", {**base, "gpu_util_ratio": 7.0}),
+        ("ratio-nan", {**base, "sm_active_ratio": float("nan")}),
+        ("ratio-inf", {**base, "tensor_active_ratio": float("inf")}),
+        ("temperature-cold", {**base, "gpu_temp_c": -100.0}),
+        ("temperature-hot", {**base, "memory_temp_c": 1e12}),
+        ("bandwidth", {**base, "pcie_tx_bytes_per_s": -1e300}),
+        ("energy", {**base, "total_energy_mj": -1}),
+        ("bytes", {**base, "fb_used_bytes": -(2**40)}),
     ]
     if base["processes"]:
         procs = [{**p, "process_name": "x" * 5000} for p in base["processes"]]
@@ -110,8 +119,9 @@ def test_the_split_decoders_contract_check_gives_the_whole_records_verdict() -> 
     """The consume loop asks a split-decoded sample for its own check (identity and tail checked once
     when first decoded, then only the fields read per sample): the verdict of
     gpupipe_schemas.validate.violation on the record, for good samples, hostile identities (which leave
-    the split path) and hostile per-sample fields, on a cold and on a warm cache. Readings left to
-    the scrape are bounded when rendered (test_metrics_reading_bounds), as before."""
+    the split path), hostile per-sample fields and readings beyond the contract's bounds (left to
+    the scrape, they went unchecked: dead-lettered now like on every other path), on a cold and on
+    a warm cache."""
     from gpupipe_schemas.validate import violation
 
     codec = AvroCodec()
@@ -124,7 +134,5 @@ def test_the_split_decoders_contract_check_gives_the_whole_records_verdict() -> 
             d = dec.decode(payload)
             check = getattr(d, "violation", None)
             got = check(now, now) if check is not None else violation(d.name, d.record, now, now)
-            assert got == violation(d.name, d.record, now, now), case
-            if case not in ("power", "ratio"):  # readings: pending, bounded at render
-                assert got == violation("GpuSample", codec.decode(payload).record, now, now), case
-            assert (got is None) == (case in ("good", "power", "ratio")), case
+            assert got == violation("GpuSample", codec.decode(payload).record, now, now), case
+            assert (got is None) == (case == "good"), case

@@ -20,6 +20,7 @@ from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_schemas import catalog
 from gpupipe_schemas.codec import AvroCodec
 from gpupipe_schemas.errors import DecodeError
+from gpupipe_schemas.validate import reading_range
 from tests.unit.consumers.metrics.test_store import T_MS, blank
 
 CODEC = AvroCodec()
@@ -131,13 +132,18 @@ GOOD_DOUBLES = [v for v in DOUBLES if v is None or (v >= 0 and not math.isinf(v)
 
 
 def random_sample(rng: random.Random, uuid: str, good: bool) -> dict:
-    """Random readings; ``good``: none that the fast path hands to the checked one."""
-    values, doubles = (GOOD_VALUES, GOOD_DOUBLES) if good else (VALUES, DOUBLES)
+    """Random readings; ``good``: none that the fast path hands to the checked one. Readings the
+    contract bounds stay within their bounds (beyond them a sample is refused at ingest)."""
     rec = blank(uuid, timestamp_ms=T_MS)
     for f in catalog.current("GpuSample").raw["fields"]:
         t = f["type"]
         if not (isinstance(t, list) and len(t) == 2 and t[0] == "null"):
             continue
+        values, doubles = (GOOD_VALUES, GOOD_DOUBLES) if good else (VALUES, DOUBLES)
+        bounds = reading_range(f["name"])
+        if bounds is not None:
+            values = [v for v in values if v is None or bounds[0] <= v <= bounds[1]]
+            doubles = [v for v in doubles if v is None or bounds[0] <= v <= bounds[1]]
         if t[1] in ("int", "long"):
             v = rng.choice(values)
             rec[f["name"]] = v if t[1] == "long" or v is None or abs(v) < 2**31 else 5
@@ -147,6 +153,15 @@ def random_sample(rng: random.Random, uuid: str, good: bool) -> dict:
             rec[f["name"]] = rng.choice([None, False, True])
     rec["interval_ms"] = 1000
     rec["mig"] = None
+    return within_power_limit(rec)
+
+
+def within_power_limit(rec: dict) -> dict:
+    """``rec`` with no power over 3x its limit (refused at ingest)."""
+    limit = rec.get("power_limit_w")
+    for name in ("power_w", "module_power_w"):
+        if limit and limit > 0 and rec.get(name) and rec[name] > 3 * limit:
+            rec[name] = limit
     return rec
 
 
@@ -184,6 +199,7 @@ def test_exposition_from_pending_readings_equals_the_record_path(options, dialec
             if uuid in previous and rng.random() < 0.5:  # some readings as last time
                 keep = rng.sample(sorted(previous[uuid]), 40)
                 rec.update({k: previous[uuid][k] for k in keep})
+                within_power_limit(rec)
             if i % 3 == 0:
                 rec["allocations"] = [pod, {**pod, "pod": "p2"}] if rnd % 2 else [pod]
             previous[uuid] = rec
