@@ -29,6 +29,7 @@ BENCHES = [
     "bench_chargeback.py",
     "bench_alerts.py",
     "bench_alerts_latency.py",
+    "bench_alerts_flood.py",
     "bench_podmeta_load.py",
     "bench_lake_writer.py",
     "bench_lake_query.py",  # a day of 1,000 GPUs: produce, replay and query (a few minutes)
