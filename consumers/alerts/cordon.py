@@ -227,6 +227,11 @@ class Cordoner:
             return False
         self._counted.add((node, at_ms))
         self.limiter.record(at_ms)
+        if len(self._counted) > 2 * max(self.limiter.limit, 8):
+            # a pair out of the window is never offered again (restores skip what is older), so
+            # the guard keeps the window's pairs only, not one per cordon for the process' life
+            horizon = max(t for _, t in self._counted) - self.limiter.window_ms
+            self._counted = {e for e in self._counted if e[1] > horizon}
         return True
 
     def _uncount(self, node: str, at_ms: int) -> None:

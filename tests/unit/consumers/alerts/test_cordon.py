@@ -243,3 +243,22 @@ def test_a_patch_the_server_refused_gives_its_slot_back(tmp_path: Path) -> None:
         api.refuse_patches(None)
         c.process(rec("node-b", "a2"))  # the refused attempt left its slot free
         assert results[-1].outcome == "cordoned"
+
+
+def test_the_double_count_guard_forgets_what_left_the_window(tmp_path: Path) -> None:
+    """Months of cordons keep a few hours' worth of (node, time) pairs, not one per cordon."""
+    c, _, clock = make(None, tmp_path, dry_run=True, limit=2)
+    for h in range(2000):
+        clock.ms = T0 + h * HOUR
+        assert c.process(rec(f"n{h}")).outcome == "dry_run"
+    assert len(c._counted) <= 16
+    assert c.limiter.count(clock.ms) == 1
+    # a replay of the latest decision is still not counted twice
+    assert c.restore([_action(f"n{h}", clock.ms)], now_ms=clock.ms) == 0
+
+
+def _action(node: str, at: int) -> dict[str, Any]:
+    return {
+        "status": "action",
+        "remediation": {"kind": "cordon", "outcome": "dry_run", "node": node, "dry_run": True, "at_ms": at},
+    }
