@@ -231,6 +231,9 @@ class MetricsHandler:
         self.max_sample_age_s = max_sample_age_s or None
         self.clock = clock
         self.assigned: frozenset[int] = frozenset()  # samples partitions held
+        # The group assigned this instance its share at least once (perhaps none of it): until
+        # then it cannot tell its own XIDs from another owner's.
+        self.assigned_once = False
         self.samples_partitions = 0  # partition count of the samples topic (0: not known yet)
         self.murmur_ok = True  # record keys follow the murmur2 partitioner (checked on new keys)
         self.xid_results: dict[str, int] = dict.fromkeys(("applied", "other_owner", "rejected"), 0)
@@ -243,6 +246,7 @@ class MetricsHandler:
         mine = {p for t, p in partitions if t == self.samples_topic}
         with self._own_lock:
             self.assigned = self.assigned | mine
+            self.assigned_once = True
 
     def on_revoke(self, partitions: Sequence[tuple[str, int]]) -> None:
         tps = [(t, p) for t, p in partitions if t == self.samples_topic]
@@ -450,6 +454,12 @@ class XidReader:
             self.consumer.incremental_assign(parts)
             self._parts.update(new)
 
+    def ready(self) -> bool:
+        """Whether to read: the XID partitions are known and the samples group assigned this
+        instance its share. Read before that, every record looked like another owner's and was
+        skipped for good: a startup's XIDs went uncounted and its bad ones undead-lettered."""
+        return bool(self._parts) and self.handler.assigned_once
+
     def run(self, stop: threading.Event) -> None:
         try:
             self._run(stop)
@@ -473,10 +483,8 @@ class XidReader:
                     # a fresh topic's leaders may still be moving: ask again soon, not in a full
                     # refresh period, or no XID reaches /metrics meanwhile
                     log.warning("XID reader: metadata refresh failed", exc_info=True)
-                    next_refresh = time.monotonic() + min(RETRY_REFRESH_S, self.metadata_refresh_s)
-                else:
-                    next_refresh = time.monotonic() + self.metadata_refresh_s
-            if not self._parts:
+                next_refresh = time.monotonic() + self.metadata_refresh_s
+            if not self.ready():
                 stop.wait(0.5)
                 continue
             msgs = self.consumer.consume(500, 0.2)

@@ -150,3 +150,22 @@ def test_xid_reader_leaves_another_owners_bad_event_to_it() -> None:
     ev["xid"] = -1
     reader.process([_Msg(AvroCodec().encoder("XidEvent").encode(ev), b"GPU-neg", int(time.time() * 1000))])
     assert loop.dead == [] and handler.xid_results["other_owner"] == 1
+
+
+def test_xid_reader_waits_for_the_samples_groups_first_assignment() -> None:
+    """Before it, every XID looked like another instance's and was skipped for good."""
+    store = SeriesStore()
+    handler = MetricsHandler(store, samples_topic="gpu.samples.v1", xid_topic="gpu.xid.v1")
+    reader = XidReader(
+        bootstrap="unused:9092",
+        topic="gpu.xid.v1",
+        samples_topic="gpu.samples.v1",
+        handler=handler,
+        codec=AvroCodec(),
+        loop=_Loop(),  # type: ignore[arg-type]
+        consumer_factory=lambda _cfg: object(),
+    )
+    reader._parts = {0}
+    assert not reader.ready()
+    handler.on_assign([])  # assigned, none of it: another instance owns every key
+    assert reader.ready()
