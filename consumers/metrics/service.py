@@ -483,7 +483,9 @@ class XidReader:
                     # a fresh topic's leaders may still be moving: ask again soon, not in a full
                     # refresh period, or no XID reaches /metrics meanwhile
                     log.warning("XID reader: metadata refresh failed", exc_info=True)
-                next_refresh = time.monotonic() + self.metadata_refresh_s
+                    next_refresh = time.monotonic() + min(RETRY_REFRESH_S, self.metadata_refresh_s)
+                else:
+                    next_refresh = time.monotonic() + self.metadata_refresh_s
             if not self.ready():
                 stop.wait(0.5)
                 continue
