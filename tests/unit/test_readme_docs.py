@@ -86,6 +86,20 @@ def _nav_pages(nav: list) -> list[str]:
     return pages
 
 
+#: A curl command's port-only URL (`curl -s :9400/metrics`): curl refuses it ("URL using bad/illegal
+#: format"), and with -s prints nothing at all, which reads as "no series".
+_CURL_BARE_PORT = re.compile(r"\bcurl\b[^|\n]*?\s(:\d+\S*)")
+
+
+def test_every_curl_in_the_readme_and_docs_names_a_host() -> None:
+    pages = [README, *sorted((REPO / "docs").rglob("*.md"))]
+    texts = {p.name: p.read_text(encoding="utf-8") for p in pages}
+    assert sum(len(re.findall(r"\bcurl\b", t)) for t in texts.values()) >= 4  # the scan sees them
+    bare = {name: _CURL_BARE_PORT.findall(t) for name, t in texts.items()}
+    assert not {k: v for k, v in bare.items() if v}, "curl needs a host: http://127.0.0.1:PORT/..."
+    assert _CURL_BARE_PORT.findall("`curl -s :9400/metrics \\| grep X`") == [":9400/metrics"]
+
+
 def test_the_site_nav_lists_every_page_of_docs_and_nothing_else() -> None:
     config = yaml.safe_load((REPO / "mkdocs.yml").read_text(encoding="utf-8"))
     assert config["strict"] is True
