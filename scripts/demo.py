@@ -6,11 +6,14 @@ needs is taken.
 GPUPIPE_DEMO_SECURE=1: the broker runs with `kafka-local start --secure` (SASL_SSL, ACLs; state in
 .run/kafka-secure), the ACLs of every role are applied and each service runs as its own role.
 Ports (see PORTS; each has a GPUPIPE_DEMO_*_PORT variable, printed at start): the GPU metrics on
-9400, where dcgm-exporter serves them, so `curl :9400/metrics` shows GPUs as a dcgm-exporter user
-expects; producer self-metrics 9401, chargeback 9402, alerts 9403, recommend 9404, Kafka 9092 (its
-controller 29093); Prometheus 9090 and Alertmanager 9093 when their binaries are installed (Debian
-packages prometheus, prometheus-alertmanager). All are checked before anything starts: a taken
-port is one line naming it and its variable, rather than a service dying mid-start.
+9400, where dcgm-exporter serves them, so `curl http://127.0.0.1:9400/metrics` shows GPUs as a
+dcgm-exporter user expects; producer self-metrics 9401, chargeback 9402, alerts 9403, recommend
+9404, Kafka 9092 (its controller 29093); Prometheus 9090 and Alertmanager 9093 when their binaries
+are installed (Debian packages prometheus, prometheus-alertmanager). All are checked before anything
+starts: a taken port is one line naming it and its variable, rather than a service dying mid-start.
+Files: logs and Prometheus's and Alertmanager's data in GPUPIPE_DEMO_DIR (default .run/demo); the
+broker's state in kafka-local's KAFKA_LOCAL_DIR (default .run/kafka; a new directory is a fresh
+broker).
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ from typing import NamedTuple
 REPO = Path(__file__).resolve().parent.parent
 KAFKA = str(REPO / "scripts" / "kafka-local")
 GP = [sys.executable, "-m", "gpupipe"]
-LOGS = REPO / ".run" / "demo"
-LAKE = LOGS / "lake"  # the demo's Iceberg catalog and warehouse
+#: Logs, and Prometheus's and Alertmanager's data; GPUPIPE_DEMO_DIR moves them, so that a second demo
+#: of the same checkout (or a test) keeps its own and no Prometheus finds its storage locked.
+DEFAULT_DIR = REPO / ".run" / "demo"
 CLI = ".venv/bin/gpupipe"
 
 
@@ -102,6 +106,12 @@ def demo_ports(environ: Mapping[str, str]) -> dict[str, int]:
             raise SystemExit(f"demo: {p.variable}={text!r} is not a port number (1-65535)")
         out[p.key] = int(text)
     return out
+
+
+def demo_dir(environ: Mapping[str, str]) -> Path:
+    """Where the demo writes: GPUPIPE_DEMO_DIR, else .run/demo of the checkout."""
+    text = environ.get("GPUPIPE_DEMO_DIR", "").strip()
+    return Path(text).resolve() if text else DEFAULT_DIR
 
 
 def port_taken(port: int, host: str = "127.0.0.1") -> bool:
@@ -276,8 +286,10 @@ def side_binaries() -> dict[str, str]:
     return {k: v for k, v in found.items() if v}
 
 
-def side_services(ports: Mapping[str, int], binaries: Mapping[str, str]) -> list[tuple[str, list[str], str]]:
-    """Alertmanager and Prometheus from the machine's packages, when installed."""
+def side_services(
+    ports: Mapping[str, int], binaries: Mapping[str, str], logs: Path
+) -> list[tuple[str, list[str], str]]:
+    """Alertmanager and Prometheus from the machine's packages, when installed (their data in `logs`)."""
     out = []
     am = binaries.get("alertmanager")
     if am:
@@ -287,7 +299,7 @@ def side_services(ports: Mapping[str, int], binaries: Mapping[str, str]) -> list
                 [
                     am,
                     f"--config.file={REPO}/deploy/alertmanager/alertmanager.yml",
-                    f"--storage.path={LOGS}/am",
+                    f"--storage.path={logs}/am",
                     f"--web.listen-address=127.0.0.1:{ports['alertmanager']}",
                     "--cluster.listen-address=",
                 ],
@@ -296,7 +308,7 @@ def side_services(ports: Mapping[str, int], binaries: Mapping[str, str]) -> list
         )
     prom = binaries.get("prometheus")
     if prom:
-        cfg = LOGS / "prometheus.yml"
+        cfg = logs / "prometheus.yml"
         cfg.write_text(
             PROMETHEUS_YML % {"rules": REPO / "deploy" / "prometheus" / "gpupipe-alerts.rules.yml", **ports}
         )
@@ -306,7 +318,7 @@ def side_services(ports: Mapping[str, int], binaries: Mapping[str, str]) -> list
                 [
                     prom,
                     f"--config.file={cfg}",
-                    f"--storage.tsdb.path={LOGS}/prometheus",
+                    f"--storage.tsdb.path={logs}/prometheus",
                     f"--web.listen-address=127.0.0.1:{ports['prometheus']}",
                 ],
                 f"Prometheus: http://127.0.0.1:{ports['prometheus']}/graph?g0.expr=DCGM_FI_DEV_GPU_UTIL",
@@ -356,6 +368,7 @@ def _kafka_running(kenv: Mapping[str, str]) -> bool:
 
 def main() -> int:
     ports = demo_ports(os.environ)
+    logs = demo_dir(os.environ)
     binaries = side_binaries()
     absent = [k for k in ("prometheus", "alertmanager") if k not in binaries]
     # The broker's controller listener would take port+1 = 9093, Alertmanager's port: move it.
@@ -370,7 +383,7 @@ def main() -> int:
     if line := taken_ports_line(ports, needed):
         print(line, file=sys.stderr)
         return 2
-    LOGS.mkdir(parents=True, exist_ok=True)
+    logs.mkdir(parents=True, exist_ok=True)
     print("demo: starting local Kafka (first run downloads the jars from Maven Central) ...", flush=True)
     out = subprocess.run(
         [KAFKA, "start", "--port", str(ports["kafka"]), *(["--secure"] if secure else [])],
@@ -398,7 +411,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, stop)
 
     def start(name: str, argv: list[str], hint: str, child_env: dict[str, str] | None = None) -> None:
-        log = open(LOGS / f"{name}.log", "w")  # noqa: SIM115 (lives as long as the process)
+        log = open(logs / f"{name}.log", "w")  # noqa: SIM115 (lives as long as the process)
         p = subprocess.Popen(
             argv, env=child_env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
         )
@@ -407,7 +420,7 @@ def main() -> int:
 
     try:
         print(f"demo: Kafka at {bootstrap}")
-        extra = side_services(ports, binaries)
+        extra = side_services(ports, binaries, logs)
         for name, argv, hint in extra:
             start(name, argv, hint)
         have_am = any(name == "alertmanager" for name, _, _ in extra)
@@ -422,10 +435,10 @@ def main() -> int:
             f" --kafka-config-file {kenv['KAFKA_LOCAL_DIR']}/secure/clients/tail.properties" if secure else ""
         )
         print(f"demo: records as JSON:  {CLI} tail gpu.samples.v1 --bootstrap-servers {bootstrap}{tail_cfg}")
-        print(f"demo: logs in {LOGS}/   Ctrl-C stops everything.", flush=True)
+        print(f"demo: logs in {logs}/   Ctrl-C stops everything.", flush=True)
         died = watch(procs, lambda: stopping)
         if died is not None:
-            print(f"demo: {died[0]} exited with {died[1]}; see {LOGS}/{died[0]}.log", file=sys.stderr)
+            print(f"demo: {died[0]} exited with {died[1]}; see {logs}/{died[0]}.log", file=sys.stderr)
     finally:
         for _, p in reversed(procs):
             if p.poll() is None:
@@ -439,7 +452,7 @@ def main() -> int:
         subprocess.run([KAFKA, "stop"], capture_output=True, env=kenv)
         print("demo: Kafka stopped. Bye.")
     if died is not None:
-        print(f"demo: failed: {died[0]} exited with {died[1]} (log: {LOGS}/{died[0]}.log)", file=sys.stderr)
+        print(f"demo: failed: {died[0]} exited with {died[1]} (log: {logs}/{died[0]}.log)", file=sys.stderr)
         return 1
     return 0
 

@@ -59,6 +59,17 @@ def test_demo_fleet_has_a_mig_gpu_and_a_time_sliced_gpu() -> None:
     assert any(len(r["allocations"]) > 1 for r in samples), "a GPU time-sliced between pods"
 
 
+def test_the_demo_writes_where_its_variable_says(tmp_path: Path) -> None:
+    demo = _demo()
+    assert demo.demo_dir({}) == REPO / ".run" / "demo"
+    assert demo.demo_dir({"GPUPIPE_DEMO_DIR": str(tmp_path)}) == tmp_path
+    binaries = {"prometheus": "/usr/bin/prometheus", "alertmanager": "/usr/bin/prometheus-alertmanager"}
+    argv = {name: a for name, a, _ in demo.side_services(demo.demo_ports({}), binaries, tmp_path)}
+    assert f"--storage.tsdb.path={tmp_path}/prometheus" in argv["prometheus"]  # its lock, not another demo's
+    assert f"--storage.path={tmp_path}/am" in argv["alertmanager"]
+    assert (tmp_path / "prometheus.yml").is_file()
+
+
 def test_ports_come_from_their_variables() -> None:
     demo = _demo()
     ports = demo.demo_ports({"GPUPIPE_DEMO_PROMETHEUS_PORT": "19090"})
