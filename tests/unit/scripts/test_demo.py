@@ -23,6 +23,7 @@ import pytest
 from gpupipe import cli
 from gpupipe_producer.command import fleet_config
 from gpupipe_producer.simulated.fleet import SimulatedFleet
+from tests.conftest import free_port
 from tests.paths import REPO
 
 REPO = REPO
@@ -99,7 +100,9 @@ def test_demo_with_its_kafka_port_taken_stops_before_starting_anything() -> None
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        env = {**os.environ, "GPUPIPE_DEMO_KAFKA_PORT": str(port)}
+        # Every other port free, so a demo running beside the test (default ports) changes nothing.
+        env = {**os.environ, **{p.variable: str(free_port()) for p in _demo().PORTS}}
+        env["GPUPIPE_DEMO_KAFKA_PORT"] = str(port)
         env["KAFKA_LOCAL_DIR"] = tempfile.mkdtemp(prefix="gpupipe-demo-")  # no broker of ours there
         try:
             res = subprocess.run(
@@ -115,7 +118,7 @@ def test_demo_with_its_kafka_port_taken_stops_before_starting_anything() -> None
     assert res.stderr.splitlines() == [
         f"demo: port {port} (Kafka) is in use; set GPUPIPE_DEMO_KAFKA_PORT to a free port"
     ]
-    assert "9400/metrics" in res.stdout  # the ports were printed first
+    assert f"http://127.0.0.1:{env['GPUPIPE_DEMO_METRICS_PORT']}/metrics" in res.stdout  # ports printed first
 
 
 def test_the_ports_are_printed_with_their_urls_and_variables() -> None:
