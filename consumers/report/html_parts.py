@@ -31,6 +31,13 @@ def escape(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
+def breakable(text: object) -> str:
+    """Escaped, with a line break allowed after each '/': an owner such as
+    notebooks/Notebook/notebook-1c76b has no space, and a table cell that cannot wrap it pushes the
+    table's right-hand columns off the page."""
+    return escape(text).replace("/", "/<wbr>")
+
+
 def day(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M")
 
@@ -97,6 +104,7 @@ h1{font-size:22px;margin:0}h2{font-size:16px;margin:24px 0 8px}
 table{border-collapse:collapse;width:100%;font-size:13px}
 th,td{padding:4px 8px;border-bottom:1px solid #e6e6e6;text-align:left}
 th{background:#f0f0f0}.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+th.n{white-space:normal}
 tr.total td,tfoot td{font-weight:600;border-top:2px solid #999}
 .ax{font-size:11px;fill:#555}
 .legend{margin-top:6px}.lg{margin-right:14px;white-space:nowrap}.sw{vertical-align:middle}

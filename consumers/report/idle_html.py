@@ -25,6 +25,7 @@ from gpupipe_consumers.report.html_parts import (
     axis_end,
     axis_ticks,
     bar,
+    breakable,
     day,
     escape,
     swatch,
@@ -135,13 +136,13 @@ def _group_table(rows: Sequence[IdleRow], colours: dict[str, str], title: str, a
         action, target = r.top()
         colour = colours.get(r.group, "#7F7F7F")
         body.append(
-            f'<tr {attr}="{escape(r.group)}"><td>{swatch(colour)} {escape(r.group)}</td>'
+            f'<tr {attr}="{escape(r.group)}"><td>{swatch(colour)} {breakable(r.group)}</td>'
             f'<td class="n">{r.recommendations}</td><td class="n">{r.open}</td>'
             f'<td class="n">{len(r.pods)}</td><td class="n">{r.gpu_hours_idle:,.2f}</td>'
             f'<td class="n">{r.cost_wasted:,.2f} {escape(r.currency)}</td>'
             f"<td>{bar(r.cost_wasted or r.gpu_hours_idle, peak, colour)}</td>"
             f'<td class="n">{r.saving_per_hour:,.2f} {escape(r.currency)}</td>'
-            f"<td>{escape(action)}{escape(' ' + target if target else '')}</td></tr>"
+            f"<td>{escape(action)} {breakable(target)}</td></tr>"
         )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -69,6 +70,26 @@ def dump_dom(page: Path, profile: Path) -> str:
     res = run_chromium(["--dump-dom", page.resolve().as_uri()], profile)
     assert res.returncode == 0 and "<html" in res.stdout, res.stderr[-2000:]
     return res.stdout
+
+
+def page_width(page: Path, profile: Path, window_width: int) -> tuple[int, int]:
+    """(document width, window width) in CSS pixels as chromium lays the page out in a window that
+    wide: a document wider than its window scrolls sideways, and its right-hand columns are cut off
+    on screen. A copy of the page writes both numbers into the DOM that chromium dumps."""
+    probe = page.with_name(page.stem + ".width.html")
+    script = (
+        "<script>document.body.dataset.width = document.documentElement.scrollWidth + ' ' + "
+        "document.documentElement.clientWidth</script>"
+    )
+    probe.write_text(
+        page.read_text(encoding="utf-8").replace("</body>", script + "</body>"), encoding="utf-8"
+    )
+    res = run_chromium(
+        [f"--window-size={window_width},1200", "--dump-dom", probe.resolve().as_uri()], profile
+    )
+    m = re.search(r'data-width="(\d+) (\d+)"', res.stdout)
+    assert m, f"no width ({res.returncode}): {res.stderr[-2000:]}"
+    return int(m.group(1)), int(m.group(2))
 
 
 def colour_stats(path: Path) -> tuple[int, float]:

@@ -24,9 +24,11 @@ from gpupipe.kafka_admin import ensure_topics
 from gpupipe.teams import parse_team_map
 from gpupipe_consumers.report.chargeback_report import build_report
 from gpupipe_consumers.report.html_report import PALETTE
+from gpupipe_consumers.report.idle_html import render_idle_html
+from gpupipe_consumers.report.idle_report import build_idle_report
 from gpupipe_schemas.codec import AvroCodec
 from scripts.report_example_data import EXAMPLE_TEAMS, simulated_windows
-from tests.integration.browser_util import colour_stats, dump_dom, print_pdf, screenshot
+from tests.integration.browser_util import colour_stats, dump_dom, page_width, print_pdf, screenshot
 from tests.integration.kafka_util import REPO, gpupipe
 
 pytestmark = pytest.mark.integration
@@ -178,3 +180,25 @@ def test_idle_report_renders_in_chromium(kafka: str, topic_prefix: str, tmp_path
     pdf = print_pdf(page, tmp_path / "idle.pdf", tmp_path / "profile")
     pages = len(re.findall(rb"/Type\s*/Page\b", pdf))
     assert pdf.startswith(b"%PDF") and 1 <= pages <= 6, pages
+
+
+@pytest.mark.parametrize("by", ["owner", "team"])
+def test_idle_page_fits_its_window_with_the_demos_names(tmp_path: Path, by: str) -> None:
+    """Owners and targets as the demo writes them (long, with no space to break at) stay within the
+    page: nothing scrolls sideways, and no column is cut off on screen."""
+    start = (int(time.time() * 1000) // DAY - 1) * DAY
+    records = []
+    for i, (action, target) in enumerate(
+        [("right_size_mig", "1g.35gb"), ("shared_gpu", "nvidia.com/gpu.shared"), ("release", None)] * 4
+    ):
+        rec = _recommendation(i, "research", start + i * H)
+        rec.update(namespace="notebooks", owner_kind="Notebook", owner_name=f"notebook-{i:05x}1c76b")
+        rec.update(pod=f"notebook-{i:05x}1c76b-a3063220", action=action, target=target)
+        records.append(rec)
+    rows = build_idle_report(records, by=by)
+    page = tmp_path / "idle.html"
+    page.write_text(render_idle_html(rows, records, since_ms=start), encoding="utf-8")
+    assert page.read_text().count("notebooks/Notebook/notebook-") >= 10  # the long owner names are there
+    for window in (1280, 1000):
+        document, seen = page_width(page, tmp_path / "profile", window)
+        assert document <= seen, f"{window} px window: the page is {document} px wide"
