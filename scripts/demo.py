@@ -384,6 +384,16 @@ def main() -> int:
         print(line, file=sys.stderr)
         return 2
     logs.mkdir(parents=True, exist_ok=True)
+    stopping = False
+
+    def stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    # From here on Ctrl-C is a request to stop, also while the broker starts: it runs in its own
+    # session and would outlive a demo that a KeyboardInterrupt ended.
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
     print("demo: starting local Kafka (first run downloads the jars from Maven Central) ...", flush=True)
     out = subprocess.run(
         [KAFKA, "start", "--port", str(ports["kafka"]), *(["--secure"] if secure else [])],
@@ -391,6 +401,10 @@ def main() -> int:
         text=True,
         env=kenv,
     )
+    if stopping:
+        subprocess.run([KAFKA, "stop"], capture_output=True, env=kenv)
+        print("demo: stopped while Kafka was starting. Bye.", flush=True)
+        return 0
     if out.returncode != 0:
         print(out.stderr, file=sys.stderr)
         return 1
@@ -400,15 +414,7 @@ def main() -> int:
         print("\n".join(line for line in out.stderr.splitlines() if "secure:" in line), flush=True)
     env = {**os.environ, "GPUPIPE_BOOTSTRAP_SERVERS": bootstrap, "GPUPIPE_LOG_FORMAT": "text"}
     procs: list[tuple[str, subprocess.Popen]] = []
-    stopping = False
     died: tuple[str, int] | None = None
-
-    def stop(*_: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
 
     def start(name: str, argv: list[str], hint: str, child_env: dict[str, str] | None = None) -> None:
         log = open(logs / f"{name}.log", "w")  # noqa: SIM115 (lives as long as the process)
@@ -425,6 +431,8 @@ def main() -> int:
             start(name, argv, hint)
         have_am = any(name == "alertmanager" for name, _, _ in extra)
         for module, name, argv, hint in services(ports):
+            if stopping:  # Ctrl-C while starting: start no more
+                break
             if importlib.util.find_spec(module) is None:
                 continue
             if name == "alerts" and have_am:

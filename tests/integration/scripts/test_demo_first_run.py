@@ -32,7 +32,7 @@ from typing import TypeVar
 import pytest
 
 from tests.conftest import BROKER_START_TIMEOUT, REPO
-from tests.hygiene import live_descendants, popen
+from tests.hygiene import _die_with_parent, live_descendants, popen
 
 pytestmark = pytest.mark.integration
 
@@ -75,6 +75,7 @@ class Demo:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            preexec_fn=_as_in_a_terminal,
         )
         self._reader = threading.Thread(target=self._read, name="demo-output", daemon=True)
         self._reader.start()
@@ -127,6 +128,12 @@ class Demo:
 
     def close(self) -> None:
         self._reader.join(10)
+
+
+def _as_in_a_terminal() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Ctrl-C's default action, which a shell's background job (this pytest, perhaps) has ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    _die_with_parent()
 
 
 def _get(url: str) -> tuple[int, str] | None:
@@ -217,18 +224,44 @@ def _alive(pids: dict[int, str]) -> dict[int, str]:
     return out
 
 
+def _demo_env(ports: dict[str, int], kafka_dir: Path, logs: Path) -> dict[str, str]:
+    """The demo's environment: its ports and directories, and a new Kafka state dir (a fresh broker)."""
+    env = {k: v for k, v in os.environ.items() if k != "GPUPIPE_DEMO_SECURE"}
+    env.update({v: str(p) for v, p in ports.items()})
+    env.update(KAFKA_LOCAL_DIR=str(kafka_dir), GPUPIPE_DEMO_DIR=str(logs), PYTHONUNBUFFERED="1")
+    env.update(BROKER_START_TIMEOUT)
+    return env
+
+
+def _broker_pid(kafka_dir: Path) -> int | None:
+    """The broker's pid once kafka-local has launched it (it writes the file, then runs the JVM)."""
+    try:
+        return int((kafka_dir / "kafka.pid").read_text().strip() or 0) or None
+    except OSError:
+        return None
+
+
+def _clean_up(demo: Demo, children: dict[int, str], env: dict[str, str], kafka_dir: Path) -> None:
+    """After a failure: the demo, the processes it started in their own sessions, and the broker."""
+    if demo.proc.poll() is None:
+        demo.proc.send_signal(signal.SIGTERM)
+        try:
+            demo.proc.wait(STOP_S)
+        except subprocess.TimeoutExpired:
+            demo.proc.kill()
+            demo.proc.wait()
+    for pid in _alive(children):  # own sessions: a signal to the demo's group misses them
+        os.kill(pid, signal.SIGKILL)
+    if (kafka_dir / "kafka.pid").exists():  # the broker daemonized: only kafka-local stop ends it
+        subprocess.run([REPO / "scripts" / "kafka-local", "stop"], env=env, capture_output=True, timeout=120)
+    demo.close()
+
+
 @pytest.mark.timeout(STARTED_S + READY_S + UP_S + STOP_S + 60)
 def test_first_demo_on_a_fresh_broker_comes_up_stays_up_and_stops_clean(tmp_path: Path) -> None:
     ports = _demo_ports()
     kafka_dir, logs = tmp_path / "kafka", tmp_path / "demo"  # a new state dir: a broker formatted now
-    env = {k: v for k, v in os.environ.items() if k != "GPUPIPE_DEMO_SECURE"}
-    env.update(
-        {v: str(p) for v, p in ports.items()},
-        KAFKA_LOCAL_DIR=str(kafka_dir),
-        GPUPIPE_DEMO_DIR=str(logs),
-        PYTHONUNBUFFERED="1",
-    )
-    env.update(BROKER_START_TIMEOUT)
+    env = _demo_env(ports, kafka_dir, logs)
     began = time.monotonic()
     demo = Demo(env, logs)
     children: dict[int, str] = {}
@@ -253,8 +286,7 @@ def test_first_demo_on_a_fresh_broker_comes_up_stays_up_and_stops_clean(tmp_path
         children = live_descendants(demo.proc.pid)
         for name, marker in SERVICES.items():
             assert any(marker in cmd for cmd in children.values()), f"no {name} process: {children}"
-        broker = int((kafka_dir / "kafka.pid").read_text())
-        children[broker] = "kafka broker"
+        children[demo.await_(lambda: _broker_pid(kafka_dir), 10, "the broker's pid")] = "kafka broker"
         with contextlib.suppress(subprocess.TimeoutExpired):  # the demo's watch sees no service end
             demo.proc.wait(UP_S)
         assert demo.proc.poll() is None, f"the demo exited {demo.proc.returncode} while up\n{demo.explain()}"
@@ -277,17 +309,26 @@ def test_first_demo_on_a_fresh_broker_comes_up_stays_up_and_stops_clean(tmp_path
             f"stopped in {stopped - stopping:.1f} s after Ctrl-C"
         )
     finally:
-        if demo.proc.poll() is None:
-            demo.proc.send_signal(signal.SIGTERM)
-            try:
-                demo.proc.wait(STOP_S)
-            except subprocess.TimeoutExpired:
-                demo.proc.kill()
-                demo.proc.wait()
-        for pid in _alive(children):  # its own sessions: a signal to the demo's group misses them
-            os.kill(pid, signal.SIGKILL)
-        if (kafka_dir / "kafka.pid").exists():  # a demo killed before its own stop: the broker daemonized
-            subprocess.run(
-                [REPO / "scripts" / "kafka-local", "stop"], env=env, capture_output=True, timeout=120
-            )
+        _clean_up(demo, children, env, kafka_dir)
+
+
+@pytest.mark.timeout(STARTED_S + STOP_S + 60)
+def test_ctrl_c_while_the_broker_starts_stops_the_demo_and_the_broker(tmp_path: Path) -> None:
+    ports = _demo_ports()
+    kafka_dir, logs = tmp_path / "kafka", tmp_path / "demo"
+    env = _demo_env(ports, kafka_dir, logs)
+    demo = Demo(env, logs)
+    broker: dict[int, str] = {}
+    try:
+        demo.wait_line(r"^demo: starting local Kafka", 120)
+        broker[demo.await_(lambda: _broker_pid(kafka_dir), 120, "a broker launched")] = "kafka broker"
+        os.killpg(demo.proc.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the demo and kafka-local
+        rc = demo.proc.wait(STOP_S)
         demo.close()
+        assert rc == 0 and not [line for line in demo.lines if "Traceback" in line], demo.explain()
+        # Ctrl-C lands while the broker starts; on a fast machine it may land just after, a plain stop
+        assert demo.lines[-1] in ("demo: stopped while Kafka was starting. Bye.", "demo: Kafka stopped. Bye.")
+        assert _alive(broker) == {}, "the broker outlived the demo"
+        assert _port_free(ports["GPUPIPE_DEMO_KAFKA_PORT"])
+    finally:
+        _clean_up(demo, broker, env, kafka_dir)
