@@ -151,8 +151,10 @@ DEMO_MIG_NODES = "3"
 DEMO_SHARED_NODES = "0"
 
 
-def services(ports: Mapping[str, int]) -> list[tuple[str, str, list[str], str]]:
-    """(module that must exist, name, argv, what to tell the user) of every gpupipe service."""
+def services(ports: Mapping[str, int], data: Path = DEFAULT_DIR) -> list[tuple[str, str, list[str], str]]:
+    """(module that must exist, name, argv, what to tell the user) of every gpupipe service; ``data``
+    is the demo's folder (the lake's catalog and warehouse go there)."""
+    lake = data / "lake"
     return [
         (
             "gpupipe_producer.command",
@@ -235,12 +237,12 @@ def services(ports: Mapping[str, int]) -> list[tuple[str, str, list[str], str]]:
                 "--flush-interval",
                 "30s",  # demo scale: rows are queryable within a minute
                 "--catalog-uri",
-                f"sqlite:///{LAKE}/catalog.db",
+                f"sqlite:///{lake}/catalog.db",
                 "--warehouse",
-                str(LAKE / "warehouse"),
+                str(lake / "warehouse"),
             ],
-            f"lake tables (Iceberg): GPUPIPE_CATALOG_URI=sqlite:///{LAKE}/catalog.db "
-            f"GPUPIPE_WAREHOUSE={LAKE}/warehouse {CLI} lake query "
+            f"lake tables (Iceberg): GPUPIPE_CATALOG_URI=sqlite:///{lake}/catalog.db "
+            f"GPUPIPE_WAREHOUSE={lake}/warehouse {CLI} lake query "
             '"SELECT hostname, count(*) AS samples FROM samples GROUP BY 1"',
         ),
     ]
@@ -430,7 +432,7 @@ def main() -> int:
         for name, argv, hint in extra:
             start(name, argv, hint)
         have_am = any(name == "alertmanager" for name, _, _ in extra)
-        for module, name, argv, hint in services(ports):
+        for module, name, argv, hint in services(ports, logs):
             if stopping:  # Ctrl-C while starting: start no more
                 break
             if importlib.util.find_spec(module) is None:

@@ -46,19 +46,20 @@ SERVICES = {
     "chargeback": "gpupipe chargeback",
     "alerts": "gpupipe alerts",
     "recommend": "gpupipe recommend",
+    "lake": "gpupipe lake write",
     "prometheus": "prometheus --config.file",
     "alertmanager": "alertmanager --config.file",
 }
 #: The demo's gpupipe services (each with /healthz), and the variable that moves its port.
 HTTP_PORTS = {
     name: f"GPUPIPE_DEMO_{name.upper()}_PORT"
-    for name in ("producer", "metrics", "chargeback", "alerts", "recommend")
+    for name in ("producer", "metrics", "chargeback", "alerts", "recommend", "lake")
 }
 NODES = [f"sim-node-{i:04d}" for i in range(4)]  # the demo's 4-node fleet
-STARTED_S = 300.0  # a fresh broker's first start (a JVM on a loaded machine), then seven processes
+STARTED_S = 300.0  # a fresh broker's first start (a JVM on a loaded machine), then eight processes
 READY_S = 180.0  # from "started" to every service healthy and GPU series on the metrics port
 UP_S = 25.0  # every service must stay up this long once ready (a start-up crash comes within seconds)
-STOP_S = 120.0  # Ctrl-C: seven processes, then the broker
+STOP_S = 120.0  # Ctrl-C: eight processes, then the broker
 
 
 class Demo:
@@ -205,7 +206,7 @@ def _listen_port(taken: Collection[int]) -> int:
 def _demo_ports() -> dict[str, int]:
     """A distinct free port for every GPUPIPE_DEMO_*_PORT variable of the demo."""
     variables = re.findall(r'"(GPUPIPE_DEMO_\w+_PORT)"', DEMO.read_text())
-    assert len(variables) == 9, variables  # the scan sees every port the demo has
+    assert len(variables) == 10, variables  # the scan sees every port the demo has
     ports: dict[str, int] = {}
     for variable in variables:
         ports[variable] = _listen_port(ports.values())

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 from types import ModuleType
 
 import pytest
