@@ -201,3 +201,9 @@ def every_generation_match(selector: str) -> str:
         raise ValueError(f"{selector!r} is not a series selector")
     names = f'__name__=~"{r.old}|{r.new}"'
     return "{" + (f"{names}, {labels}" if labels else names) + "}"
+
+
+def renamed_reads(expr: str) -> list[str]:
+    """Each read of a renamed field in ``expr``, as a query of its own in its either-name form
+    (the data tests evaluate them under each dialect)."""
+    return [f"({rd.either})" for rd in _reads(expr)]

@@ -11,7 +11,12 @@ import operator
 import pytest
 
 from gpupipe_consumers.metrics import dialect, fields
-from gpupipe_consumers.metrics.dialect_promql import every_generation, every_generation_match, to_48_unit
+from gpupipe_consumers.metrics.dialect_promql import (
+    every_generation,
+    every_generation_match,
+    renamed_reads,
+    to_48_unit,
+)
 from gpupipe_consumers.metrics.fields import Kind
 from tests.unit.consumers.metrics.test_dialect import EXPECTED
 
@@ -72,6 +77,17 @@ def test_each_read_of_a_renamed_field_reads_every_name(expr: str, want: str | No
     got = every_generation(expr)
     assert got == (want or expr)
     assert every_generation(got) == got  # idempotent: the shipped rules are their own source
+
+
+def test_renamed_reads_are_the_either_name_parts() -> None:
+    expr = every_generation(
+        "max by (u) (max_over_time(DCGM_FI_DEV_GPU_TEMP[1h])) unless absent(DCGM_FI_DEV_GPU_UTIL)"
+    )
+    assert renamed_reads(expr) == [
+        "(max_over_time(DCGM_FI_DEV_GPU_TEMP[1h]) or max_over_time(DCGM_FI_DEV_GPU_TEMP_CELSIUS[1h]))",
+        "(absent(DCGM_FI_DEV_GPU_UTIL) and absent(DCGM_FI_DEV_GPU_UTIL_RATIO))",
+    ]
+    assert renamed_reads("DCGM_EXP_XID_ERRORS_TOTAL") == []
 
 
 def test_every_renamed_metric_is_rewritten_once() -> None:
