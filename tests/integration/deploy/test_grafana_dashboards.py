@@ -33,6 +33,7 @@ from confluent_kafka.admin import AdminClient
 
 from gpupipe import topics
 from gpupipe.kafka_admin import ensure_topics
+from gpupipe_consumers.metrics import dialect
 from gpupipe_consumers.metrics.dialect_promql import renamed_reads
 from gpupipe_consumers.report.chargeback_report import build_report
 from gpupipe_consumers.report.command import read_chargeback_records
@@ -57,7 +58,7 @@ REPO = REPO
 DASHBOARDS = REPO / "deploy" / "grafana" / "dashboards"
 RULES = REPO / "deploy" / "prometheus" / "gpupipe-alerts.rules.yml"
 FAULT_RULES = REPO / "deploy" / "prometheus" / "gpupipe-faults.rules.yml"
-NEWEST = "dcgm-4.10"  # the second world's --dialect
+NEWEST = dialect.GENERATIONS[-1]  # the second world's --dialect (dcgm-4.10)
 ALL = ".*"  # every "All" of our dashboards' variables (allValue)
 TEAMS = {"teams": [{"namespace": "inference-*", "team": "serving"}, {"namespace": "llm-*", "team": "ml"}]}
 
@@ -445,7 +446,7 @@ def check_rules_read_the_newest_names(default: Prometheus, newest: tuple[Prometh
     def absent_quiet() -> bool:
         return all(not _query_at(s, 'ALERTS{alertname="GpuMetricsAbsent"}') for s in newest)
 
-    wait_for(absent_quiet, 30, "GpuMetricsAbsent to stay quiet under --dialect dcgm-4.10", interval_s=1)
+    wait_for(absent_quiet, 30, f"GpuMetricsAbsent to stay quiet under --dialect {NEWEST}", interval_s=1)
 
 
 def test_compose_provisions_grafana_with_the_dashboards() -> None:
