@@ -6,9 +6,11 @@ Helm chart as ConfigMaps for Grafana's sidecar (its files/dashboards links here)
 
     .venv/bin/python deploy/grafana/build_dashboards.py [--check]
 
-Series: the metrics service's dcgm-exporter names (node label ``Hostname``), chargeback's window
-counters (``gpupipe_chargeback_*_total{namespace,team,gpu_model}``), the alerts and producer
-services' own metrics, and Prometheus' ``ALERTS`` from deploy/prometheus/gpupipe-alerts.rules.yml.
+Series: the metrics service's dcgm-exporter names (node label ``Hostname``; queries are written with
+4.8's names and panels.py makes each read of a renamed field read every generation's name, so the
+panels work under any ``gpupipe metrics --dialect``), chargeback's window counters
+(``gpupipe_chargeback_*_total{namespace,team,gpu_model}``), the alerts and producer services' own
+metrics, and Prometheus' ``ALERTS`` from deploy/prometheus/gpupipe-alerts.rules.yml.
 XIDs by recommended action and cause class are mapped in PromQL from the pinned XID catalog the
 alerts service uses (schemas/xid_catalog.json), so the two never disagree.
 
@@ -62,7 +64,8 @@ def fleet() -> dict[str, Any]:
             "gpupipe-fleet",
             "GPU fleet",
             "Utilisation, memory, power and temperature by node, namespace and pod, with time-sliced and "
-            "MIG GPUs and allocated GPUs doing nothing. Series of `gpupipe metrics` (dcgm-exporter names).",
+            "MIG GPUs and allocated GPUs doing nothing. Series of `gpupipe metrics` (dcgm-exporter names, "
+            "any `--dialect`).",
             "now-1h",
         )
         .with_variable(ds_var())

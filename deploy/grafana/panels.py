@@ -2,12 +2,15 @@
 
 Apart from the dashboards themselves so that each dashboard module stays short and every panel of
 every dashboard is made the same way: the Prometheus datasource variable on every query, the
-variables' "All" value ``.*`` (the data test substitutes it), unique panel ids.
+variables' "All" value ``.*`` (the data test substitutes it), unique panel ids, and every read of
+a field dcgm-exporter renamed made in each generation's names (queries are written with 4.8's; see
+``gpupipe_consumers.metrics.dialect_promql``), so the panels work under any ``gpupipe metrics --dialect``.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from grafana_foundation_sdk.builders import bargauge, dashboard, prometheus, stat, table, timeseries
@@ -23,12 +26,14 @@ from grafana_foundation_sdk.models.dashboard import (
 )
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
+from gpupipe_consumers.metrics.dialect_promql import every_generation, every_generation_match
+
 DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
 TAGS = ["gpupipe", "gpu"]
 
 
 def q(expr: str, legend: str = "", ref: str = "A", *, instant: bool = False, fmt: str | None = None) -> Any:
-    t = prometheus.Dataquery().expr(expr).ref_id(ref).datasource(DS)
+    t = prometheus.Dataquery().expr(every_generation(expr)).ref_id(ref).datasource(DS)
     if legend:
         t = t.legend_format(legend)
     if instant:
@@ -42,7 +47,16 @@ def ds_var() -> Any:
     return dashboard.DatasourceVariable("datasource").label("Data source").type("prometheus")
 
 
+_LABEL_VALUES = re.compile(r"label_values\((.+),\s*(\w+)\)")
+
+
 def query_var(name: str, label: str, query: str, *, multi: bool = True) -> Any:
+    """A variable of ``label_values(SELECTOR, label)``; a selector of a renamed field matches it
+    under every generation's name (``label_values`` takes a selector, not an expression)."""
+    m = _LABEL_VALUES.fullmatch(query)
+    if m is None:
+        raise ValueError(f"not a label_values(selector, label) query: {query!r}")
+    query = f"label_values({every_generation_match(m.group(1))}, {m.group(2)})"
     v = (
         dashboard.QueryVariable(name)
         .label(label)

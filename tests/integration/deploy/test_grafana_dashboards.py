@@ -7,6 +7,12 @@ every second or two with the shipped scrape jobs and alerting rules. Then, as Gr
 them: every template variable query returns values, and every panel query of the three dashboards
 (variables at their "All" value) returns data. Finally the Chargeback dashboard's cost total
 matches `gpupipe report chargeback`'s over the same committed windows within 1%.
+
+Every naming generation: a second `gpupipe metrics --dialect dcgm-4.10` reads the same samples,
+and a second pair of servers (2.42 and 3) scrapes it instead of the default one, with the same
+other jobs and rules. There too every variable and panel has data, every rule is healthy, each
+read of a renamed field in a rule finds the GPUs it finds under the default, and GpuMetricsAbsent
+stays quiet (it fired there while the rules read 4.8's names only).
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from confluent_kafka.admin import AdminClient
 
 from gpupipe import topics
 from gpupipe.kafka_admin import ensure_topics
+from gpupipe_consumers.metrics import dialect
+from gpupipe_consumers.metrics.dialect_promql import renamed_reads
 from gpupipe_consumers.report.chargeback_report import build_report
 from gpupipe_consumers.report.command import read_chargeback_records
 from gpupipe_schemas.codec import AvroCodec
@@ -49,6 +57,8 @@ pytestmark = pytest.mark.integration
 REPO = REPO
 DASHBOARDS = REPO / "deploy" / "grafana" / "dashboards"
 RULES = REPO / "deploy" / "prometheus" / "gpupipe-alerts.rules.yml"
+FAULT_RULES = REPO / "deploy" / "prometheus" / "gpupipe-faults.rules.yml"
+NEWEST = dialect.GENERATIONS[-1]  # the second world's --dialect (dcgm-4.10)
 ALL = ".*"  # every "All" of our dashboards' variables (allValue)
 TEAMS = {"teams": [{"namespace": "inference-*", "team": "serving"}, {"namespace": "llm-*", "team": "ml"}]}
 
@@ -127,11 +137,9 @@ def _variable_values(prom: Prometheus, var: dict[str, Any], values: dict[str, st
     return prom.label_values(m.group(2), substitute(m.group(1), values))
 
 
-@pytest.fixture
-def pipeline(kafka: str, topic_prefix: str, tmp_path: Path):
-    names = ("producer", "metrics", "chargeback", "alerts", "recommend", "prometheus")
-    ports = {name: free_port() for name in names}
-    cfg = prometheus_config([f"127.0.0.1:{ports['metrics']}"])
+def world_config(metrics: str, ports: dict[str, int]) -> dict[str, Any]:
+    """The shipped jobs and both rule files, the GPU job scraping the metrics service at ``metrics``."""
+    cfg = prometheus_config([metrics])
     cfg["scrape_configs"].append(
         {
             "job_name": "gpupipe-services",
@@ -145,7 +153,15 @@ def pipeline(kafka: str, topic_prefix: str, tmp_path: Path):
         }
     )
     cfg["scrape_configs"].append(shipped_job("gpupipe-recommend", [f"127.0.0.1:{ports['recommend']}"], "2s"))
-    cfg["rule_files"] = [str(RULES)]
+    cfg["rule_files"] = [str(RULES), str(FAULT_RULES)]
+    return cfg
+
+
+@pytest.fixture
+def pipeline(kafka: str, topic_prefix: str, tmp_path: Path):
+    names = ("producer", "metrics", "metrics_newest", "chargeback", "alerts", "recommend", "prometheus")
+    ports = {name: free_port() for name in names}
+    cfg = world_config(f"127.0.0.1:{ports['metrics']}", ports)
     prom = Prometheus(cfg, tmp_path / "prom", ports["prometheus"])
     # Prometheus 3 beside it, with the same jobs and rules, and one more job per service and scrape
     # protocol that accepts that protocol only (Prometheus 3 refuses a response of another type)
@@ -163,6 +179,12 @@ def pipeline(kafka: str, topic_prefix: str, tmp_path: Path):
             )
     server3, _ = prometheus3()
     prom3 = Prometheus(cfg3, tmp_path / "prom3", free_port(), binary=server3)
+    # the newest generation's world: the same jobs and rules, the GPU job on the other metrics service
+    cfg_newest = world_config(f"127.0.0.1:{ports['metrics_newest']}", ports)
+    newest = (
+        Prometheus(cfg_newest, tmp_path / "prom-newest", free_port()),
+        Prometheus(cfg_newest, tmp_path / "prom3-newest", free_port(), binary=server3),
+    )
     teams = tmp_path / "teams.yaml"
     teams.write_text(yaml.safe_dump(TEAMS))
     common = ["--bootstrap-servers", kafka, "--topic-prefix", topic_prefix]
@@ -198,6 +220,19 @@ def pipeline(kafka: str, topic_prefix: str, tmp_path: Path):
         "metrics": Proc(
             ["metrics", *common, "--listen", f"127.0.0.1:{ports['metrics']}"],
             tmp_path / "metrics.log",
+        ),
+        "metrics_newest": Proc(
+            [
+                "metrics",
+                *common,
+                "--listen",
+                f"127.0.0.1:{ports['metrics_newest']}",
+                "--dialect",
+                NEWEST,
+                "--group-id",
+                f"{topic_prefix}metrics-newest",
+            ],
+            tmp_path / "metrics-newest.log",
         ),
         "alerts": Proc(
             ["alerts", *common, "--listen", f"127.0.0.1:{ports['alerts']}"],
@@ -241,23 +276,24 @@ def pipeline(kafka: str, topic_prefix: str, tmp_path: Path):
         "--listen",
         f"127.0.0.1:{ports['producer']}",
     )
+    servers = {"2.42": prom, "3": prom3, f"2.42 {NEWEST}": newest[0], f"3 {NEWEST}": newest[1]}
     try:
-        prom.wait_ready()
-        prom3.wait_ready()
-        yield prom, procs, ports, prom3
+        for server in servers.values():
+            server.wait_ready()
+        yield prom, procs, ports, prom3, newest
     finally:
         for p in procs.values():
             p.stop()
-        prom.stop()
-        prom3.stop()
+        for server in servers.values():
+            server.stop()
         for name, p in procs.items():
             print(f"--- {name} log ---\n{p.log_tail(1500)}")
-        print("--- prometheus log ---\n" + prom.log_tail(1500))
-        print("--- prometheus 3 log ---\n" + prom3.log_tail(1500))
+        for name, server in servers.items():
+            print(f"--- prometheus {name} log ---\n" + server.log_tail(1500))
 
 
 def test_every_panel_and_variable_has_data(kafka: str, topic_prefix: str, pipeline) -> None:
-    prom, procs, ports, prom3 = pipeline
+    prom, procs, ports, prom3, newest = pipeline
     docs = {p.stem: json.loads(p.read_text()) for p in sorted(DASHBOARDS.glob("*.json"))}
     values = {"datasource": "prometheus"}
     for doc in docs.values():
@@ -277,7 +313,9 @@ def test_every_panel_and_variable_has_data(kafka: str, topic_prefix: str, pipeli
             assert p.alive(), f"{name} exited:\n{p.log_tail()}"
         return [title for title, expr in queries if not _query_at(server, expr)]
 
-    for server in (prom, prom3):  # Debian's 2.42, then Prometheus 3 with the same jobs and rules
+    # Debian's 2.42, then Prometheus 3 with the same jobs and rules; then both with the GPU series
+    # of --dialect dcgm-4.10 alone
+    for server in (prom, prom3, *newest):
         missing: list[str] = []
 
         def all_have_data(server: Prometheus = server, missing: list[str] = missing) -> bool:
@@ -304,18 +342,22 @@ def test_every_panel_and_variable_has_data(kafka: str, topic_prefix: str, pipeli
     )
     scraped = {r["metric"]["job"]: float(r["value"][1]) for r in _query_at(prom3, "scrape_samples_scraped")}
     assert all(scraped[j] > 0 for j in protocol_jobs), scraped
-    rules = json.loads(http_get(f"{prom3.url}/api/v1/rules"))["data"]["groups"]
-    assert rules and all(r["health"] == "ok" for g in rules for r in g["rules"]), rules
+    for server in (prom, prom3, *newest):
+        rules = json.loads(http_get(f"{server.url}/api/v1/rules"))["data"]["groups"]
+        assert rules and all(r["health"] == "ok" for g in rules for r in g["rules"]), (server.url, rules)
+    check_rules_read_the_newest_names(prom, newest)
 
     for name, doc in docs.items():
         for var in doc["templating"]["list"]:
             if var["type"] == "query":
-                got = _variable_values(prom, var, values)
-                assert got, f"{name}: variable ${var['name']} offers nothing"
+                for server in (prom, newest[0]):
+                    got = _variable_values(server, var, values)
+                    assert got, f"{name}: variable ${var['name']} offers nothing on {server.url}"
     team_var = next(v for v in docs["chargeback"]["templating"]["list"] if v["name"] == "team")
     assert {"serving", "ml", "__unallocated__"} <= set(_variable_values(prom, team_var, values))
     # MIG slices and time-sliced GPUs are in the fleet's panels.
     assert _query_at(prom, 'DCGM_FI_PROF_GR_ENGINE_ACTIVE{GPU_I_PROFILE!=""}')
+    assert _query_at(newest[0], 'DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO{GPU_I_PROFILE!=""}')
     assert _query_at(prom, "count by (UUID) (gpupipe_pod_gpu_util_percent) > 1")  # per-pod shares
     # Every recommendation's team is one the Chargeback dashboard's $team offers (chargeback's).
     assert not _query_at(
@@ -376,6 +418,35 @@ def test_every_panel_and_variable_has_data(kafka: str, topic_prefix: str, pipeli
     print(f"chargeback cost: dashboard {dashboard:.6f}, report {report:.6f}")
     assert report > 0
     assert dashboard == pytest.approx(report, rel=0.01)
+
+
+def _uuids(server: Prometheus, expr: str) -> set[str]:
+    return {r["metric"].get("UUID", "") for r in _query_at(server, expr)}
+
+
+def check_rules_read_the_newest_names(default: Prometheus, newest: tuple[Prometheus, ...]) -> None:
+    """The servers of ``newest`` see the 4.10 names alone; there each read of a renamed field in a
+    rule finds the GPUs it finds on ``default`` (``absent``: nothing, in both), and GpuMetricsAbsent
+    is neither pending nor firing once the rules have been evaluated on scraped series."""
+    assert not _query_at(newest[0], "DCGM_FI_DEV_GPU_TEMP") and _query_at(
+        newest[0], "DCGM_FI_DEV_GPU_TEMP_CELSIUS"
+    )
+    rules = [
+        r for f in (RULES, FAULT_RULES) for g in yaml.safe_load(f.read_text())["groups"] for r in g["rules"]
+    ]
+    reads = {q: r["alert"] for r in rules for q in renamed_reads(r["expr"])}
+    assert len(reads) >= 6, reads  # distinct reads of the rules, each named by one rule reading it
+    for q, alert in reads.items():
+        want = _uuids(default, q)
+        assert (want == set()) == q.startswith("(absent("), (alert, q, want)
+        for server in newest:
+            got = _uuids(server, q)
+            assert got == want, f"{alert}: {q} on {server.url}: {sorted(got ^ want)[:5]} differ"
+
+    def absent_quiet() -> bool:
+        return all(not _query_at(s, 'ALERTS{alertname="GpuMetricsAbsent"}') for s in newest)
+
+    wait_for(absent_quiet, 30, f"GpuMetricsAbsent to stay quiet under --dialect {NEWEST}", interval_s=1)
 
 
 def test_compose_provisions_grafana_with_the_dashboards() -> None:

@@ -13,8 +13,9 @@ The dashboards:
   could not be obtained here (the dcgm-exporter copy reachable stops at 4.8.2), so these are the
   4.8 dashboard's queries with every renamed metric replaced by its name in that generation, taken
   from the mapping table (``consumers/metrics/dialect.py``), and scaled back to the 4.8 unit where
-  the unit changed. NVIDIA's panels read no PCIe/NVLink rate, so 4.10's four renames are queried
-  on their own.
+  the unit changed (the factors our own rules and dashboards use, ``dialect_promql.to_48_unit``:
+  the ``both`` check below shows them right on the served values). NVIDIA's panels read no
+  PCIe/NVLink rate, so 4.10's four renames are queried on their own.
 
 Each dashboard returns data exactly where its generation is served; under ``both`` the published
 and the derived panels give the same numbers (to the 4.8 rounding) at one evaluation time, and the
@@ -30,8 +31,8 @@ from typing import Any
 
 import pytest
 
-from gpupipe_consumers.metrics import dialect, fields
-from gpupipe_consumers.metrics.fields import Kind
+from gpupipe_consumers.metrics import dialect
+from gpupipe_consumers.metrics.dialect_promql import to_48_unit
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from tests.conftest import free_port
 from tests.integration.consumers.metrics.test_prometheus import (
@@ -84,19 +85,6 @@ RATES_SERVED = {
 _METRIC = re.compile(r"\b(DCGM_FI_[A-Z0-9_]+)(\{[^}]*\})?")
 
 
-def back_to_48_unit(r: dialect.Rename) -> str:
-    """PromQL that turns the newer value back into the 4.8 unit ('' where the unit is the same)."""
-    if not r.unit_change:
-        return ""
-    old = fields.BY_NAME[r.old].kind
-    by_new = {Kind.HERTZ: " / 1e6", Kind.JOULES: " * 1000", Kind.KIB: " / 1024"}
-    by_old = {Kind.PERCENT: " * 100", Kind.MIB: " / 1048576"}
-    assert r.kind is not None
-    back = by_new.get(r.kind) or by_old.get(old)
-    assert back, f"no way back to the 4.8 unit of {r.old}"
-    return back
-
-
 def derived(expr: str, generation: str) -> str:
     """A 4.8 dashboard query in ``generation``'s names (DERIVED from the mapping table)."""
 
@@ -104,7 +92,7 @@ def derived(expr: str, generation: str) -> str:
         r = dialect.BY_OLD.get(m.group(1))
         if r is None or dialect.name_in(r, generation) == r.old:
             return m.group(0)
-        back = back_to_48_unit(r)
+        back = to_48_unit(r)
         sel = r.new + (m.group(2) or "")
         return f"({sel}{back})" if back else sel
 
