@@ -45,14 +45,10 @@ class PartitionOwnership:
         metrics: ChargebackMetrics,
         group_id: str,
         on_foreign: Callable[[dict[int, int]], None] | None = None,
-        on_fresh: Callable[[set[int]], None] | None = None,
     ) -> None:
         self.partitions = partitions
         # Partitions whose committed offset carries no checkpoint of ours (partition -> offset).
         self.on_foreign = on_foreign
-        # Partitions without a committed offset that start from the earliest input: their windows
-        # may be on the output topic already (the group's offsets deleted or expired).
-        self.on_fresh = on_fresh
         self.engine = engine
         self.holds = holds
         self.agreement: PriceAgreement = holds.agreement
@@ -81,7 +77,6 @@ class PartitionOwnership:
         committed = p.read_committed(parts)
         starts: dict[int, int] = {}
         foreign: dict[int, int] = {}
-        fresh: set[int] = set()
         # PriceChangeError when this price table would re-price usage already billed.
         restored = {
             tp.partition: Checkpoint.from_metadata(tp.offset, tp.metadata)
@@ -100,8 +95,6 @@ class PartitionOwnership:
             if tp.offset is None or tp.offset < 0:
                 engine.restore(part, None)
                 starts[part] = p.fresh_start(part)
-                if p.start == "earliest":
-                    fresh.add(part)
                 log.info("partition starts fresh", extra=fields(partition=part, offset=starts[part]))
                 continue
             cp = Checkpoint.from_metadata(tp.offset, tp.metadata)
@@ -126,8 +119,6 @@ class PartitionOwnership:
             self.metrics.foreign_checkpoints.inc(len(foreign))
             if self.on_foreign is not None:
                 self.on_foreign(foreign)
-        if fresh and self.on_fresh is not None:
-            self.on_fresh(fresh)
         return starts
 
     def rewind(self, restore: bool = True) -> None:

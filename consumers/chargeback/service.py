@@ -183,7 +183,6 @@ class ChargebackService:
             self.metrics,
             cfg.group_id,
             on_foreign=self._on_foreign_checkpoints,
-            on_fresh=self._count_once,
         )
         self.emitted_ids = EmittedIdsReader(
             bootstrap=cfg.bootstrap,
@@ -229,15 +228,10 @@ class ChargebackService:
             "again under the same record ids, which the report counts once",
             extra=fields(partitions={str(p): o for p, o in sorted(foreign.items())}),
         )
-        self._count_once(set(foreign))
-
-    def _count_once(self, parts: set[int]) -> None:
-        """Hold the dashboard counters of ``parts`` until the ids already on the output topic are
-        read back: what these partitions re-emit is then counted once, as the report counts it."""
-        for part in parts:
+        for part in foreign:
             self.window_counters.hold(part)
         since_ms = int((time.time() - self.cfg.dedupe_lookback_s) * 1000)
-        self.emitted_ids.start(parts, since_ms)
+        self.emitted_ids.start(set(foreign), since_ms)
 
     @property
     def rebalances(self) -> int:
