@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from gpupipe_consumers.alerts.alert_record import to_record
 from gpupipe_consumers.alerts.dedupe import AlertEngine, EngineConfig
+from gpupipe_consumers.alerts.evidence_memory import evidence_record
 from gpupipe_consumers.alerts.health_signals import HealthTracker
 from tests.unit.consumers.alerts.test_reset_evidence import MIN, T0, S, driver_loaded, xid
 
@@ -53,3 +54,37 @@ def test_the_lost_samples_after_a_restart_are_the_same_loss_and_the_reboot_ends_
     sample(e2, tracker2, T0 + 91 * MIN, lost=False)
     assert (a.status, a.resolve_reason) == ("resolved", "recovered")
     assert e2.open_alerts() == []
+
+
+def test_a_driver_reload_that_leaves_the_gpu_lost_does_not_split_the_loss_across_a_restart() -> None:
+    # A reload of the driver (for another GPU of the node) does not bring a GPU back onto the bus. After
+    # a restart, the first lost sample of the new instance is no new loss: the alert goes on, keeps its
+    # boot and action, and the reboot ends it.
+    e, tracker = AlertEngine(EngineConfig()), HealthTracker()
+    e.on_xid(xid(79, T0), T0)
+    sample(e, tracker, T0 - 30 * S, lost=False)
+    sample(e, tracker, T0 + 30 * S, lost=True)
+    published = [to_record(a, T0 + MIN) for a in e.take(T0 + MIN, force=True)]
+    e.on_xid(driver_loaded(T0 + 30 * MIN), T0 + 30 * MIN)
+    sample(e, tracker, T0 + 31 * MIN, lost=True)
+    published += [to_record(a, T0 + 32 * MIN) for a in e.take(T0 + 32 * MIN, force=True)]
+    published += [evidence_record(ev, T0 + 32 * MIN) for ev in e.take_evidence()]
+    e2, tracker2 = AlertEngine(EngineConfig()), HealthTracker()
+    e2.restore(published, T0 + 40 * MIN)
+    (before,) = e2.open_alerts()
+    sample(e2, tracker2, T0 + 45 * MIN, lost=True)
+    (a,) = e2.open_alerts()
+    assert (a.alert_id, a.rule, a.action, a.boot_id) == (before.alert_id, "xid79", "RESTART_BM", "boot-A")
+    e2.on_xid(driver_loaded(T0 + 90 * MIN, boot="boot-B"), T0 + 90 * MIN)
+    assert a.status == "firing" and a.pending is not None  # the GPU has not been seen back yet
+    sample(e2, tracker2, T0 + 91 * MIN, lost=False)
+    assert (a.status, a.resolve_reason) == ("resolved", "recovered")
+
+
+def test_a_gpu_lost_in_the_first_sample_without_an_open_alert_raises_one() -> None:
+    e, tracker = AlertEngine(EngineConfig()), HealthTracker()
+    sample(e, tracker, T0, lost=True)
+    (a,) = e.open_alerts()
+    assert (a.codes, a.rule, a.action) == ((79,), "gpu_lost", "RESTART_BM")
+    sample(e, tracker, T0 + 15 * MIN, lost=True)
+    assert e.open_alerts() == [a] and a.last_seen_ms == T0 + 15 * MIN
