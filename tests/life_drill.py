@@ -858,8 +858,13 @@ def check(d: Drill, am: AmView | None = None) -> Verdict:
         ts, code = ev["timestamp_ms"], ev["xid"]
         if not any(a <= ts <= b and code in codes for a, b, codes in spans[gk]):
             v.lost_xids.append(ev)
-    # liveness: a fault recovered an hour before the end whose alert still fires
-    open_now = {(k[0], k[1]) for k in (_gpu_of(dict(key)) for key in am.ends) if k is not None}
+    # liveness: a fault recovered an hour before the end whose alert still fires (a job's alert on the
+    # GPU, raised in the last minutes, is not the fault's)
+    open_now = {
+        (k[0], k[1])
+        for k, labels in ((_gpu_of(dict(key)), dict(key)) for key in am.ends)
+        if k is not None and labels.get("cause_class") != "application"
+    }
     for f in hw:
         gk = (f.node, canonical(_bus(f.gpu, nvml=False)))
         if f.recovered_ms is not None and f.recovered_ms < sc.end_ms - HOUR and gk in open_now:
