@@ -322,13 +322,16 @@ def generate(cfg: DrillConfig) -> Scenario:
         elif what == "kill":  # a job killed on every GPU: Xid 43 or 45 within milliseconds
             code = rnd.choice((43, 45))
             for g in range(cfg.gpus_per_node):
-                emit_xid(node, g, code, t + g, "Ch 00000008", 1000 + node.job, None)
+                if not node.lost[g]:  # a GPU off the bus runs no job and logs nothing but its loss
+                    emit_xid(node, g, code, t + g, "Ch 00000008", 1000 + node.job, None)
         elif what == "fault":  # application or benign: the GPU goes on working
             g, kind = args[1], args[2]
+            pid = 2000 + rnd.randrange(100) if kind in APPLICATION else None
+            if node.lost[g]:
+                continue  # off the bus: no job runs on it, no page is retired
             fid += 1
             f = Fault(fid, node.name, g, kind, t)
             faults.append(f)
-            pid = 2000 + rnd.randrange(100) if kind in APPLICATION else None
             emit_xid(node, g, kind.code, t, kind.message, pid, f)
         elif what == "hw":
             g, kind = args[1], args[2]
@@ -858,8 +861,13 @@ def check(d: Drill, am: AmView | None = None) -> Verdict:
         ts, code = ev["timestamp_ms"], ev["xid"]
         if not any(a <= ts <= b and code in codes for a, b, codes in spans[gk]):
             v.lost_xids.append(ev)
-    # liveness: a fault recovered an hour before the end whose alert still fires
-    open_now = {(k[0], k[1]) for k in (_gpu_of(dict(key)) for key in am.ends) if k is not None}
+    # liveness: a fault recovered an hour before the end whose alert still fires (a job's alert on the
+    # GPU, raised in the last minutes, is not the fault's)
+    open_now = {
+        (k[0], k[1])
+        for k, labels in ((_gpu_of(dict(key)), dict(key)) for key in am.ends)
+        if k is not None and labels.get("cause_class") != "application"
+    }
     for f in hw:
         gk = (f.node, canonical(_bus(f.gpu, nvml=False)))
         if f.recovered_ms is not None and f.recovered_ms < sc.end_ms - HOUR and gk in open_now:

@@ -179,8 +179,9 @@ class GpuXidHistory:
         self._resets: list[int] = []
 
     def record_reset(self, ts_ms: int) -> None:
-        """Evidence that the GPU was reset or its node rebooted at ``ts_ms`` (from samples, or an alert
-        restored as ``recovered``): recurrence rules count incidents across resets, not across time."""
+        """Evidence that the GPU was reset or its node rebooted at ``ts_ms`` (from samples, an operator's
+        ack, or an alert restored as ``recovered`` or ``acknowledged``): recurrence rules count incidents
+        across resets, not across time."""
         if ts_ms not in self._resets:
             bisect.insort(self._resets, ts_ms)
             del self._resets[: max(0, len(self._resets) - 32)]

@@ -20,6 +20,8 @@ from gpupipe_consumers.alerts.evidence_memory import EvidenceMemory
 
 __all__ = ["GpuHistories"]
 
+_DEALT_WITH = frozenset({"recovered", "acknowledged"})
+
 
 class GpuHistories:
     """One :class:`GpuXidHistory` per ``(host, device)``, made on first use."""
@@ -56,7 +58,8 @@ class GpuHistories:
 
     def restored(self, a: Alert) -> None:
         """What the recurrence rules need from a restored alert: its codes at its first and last
-        occurrence, and a reset when it ended as recovered."""
+        occurrence, and a reset when it ended as recovered or an operator acknowledged it (dealt with:
+        the same fault after it is a new incident)."""
         if a.scope != "gpu" or a.signal != "xid" or not a.codes:
             return
         h = self.get(a.hostname, a.device)
@@ -64,5 +67,5 @@ class GpuHistories:
             h.record(
                 FaultEvent(kind="xid", ts_ms=ts, code=a.codes[0], message="(restored from gpu.alerts.v1)")
             )
-        if a.status == "resolved" and a.resolve_reason == "recovered" and a.resolved_at_ms:
+        if a.status == "resolved" and a.resolve_reason in _DEALT_WITH and a.resolved_at_ms:
             h.record_reset(a.resolved_at_ms)

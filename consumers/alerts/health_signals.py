@@ -20,7 +20,9 @@ signal                  type        raised when
                                     sticky fault alerts (``recovered``).
 ``gpu_lost``            edge        ``gpu_lost`` turned true (the engine treats it as XID 79, so it
                                     folds into the alert of an XidEvent for the same loss); while
-                                    the GPU stays lost each sample refreshes that alert.
+                                    the GPU stays lost each sample refreshes that alert. A GPU lost
+                                    in its first sample is ``active`` with ``baseline`` set: the
+                                    loss may have begun before (an open alert is the same loss).
 ======================  ==========  ============================================================
 
 A ``null`` field means "not reported" and never raises or clears anything. After a restart the first
@@ -205,6 +207,8 @@ class SignalEvent:
     evidence: str = ""
     """For ``gpu_reset``: the evidence kind (``reset``, or ``gpu_back`` when the GPU is reported again after
     it was lost; see :mod:`gpupipe_consumers.alerts.recovery_policy`)."""
+    baseline: bool = False
+    """The GPU's first sample since this tracker started: a condition it shows may have begun before."""
 
 
 @dataclass(slots=True)
@@ -348,7 +352,8 @@ class HealthTracker:
         st.sample_prev = sample
         lost = bool(sample.get("gpu_lost"))
         if lost:
-            out.append(SignalEvent("gpu_lost", "active" if st.lost else "occurrence", ts, since_ms=ts))
+            kind: SignalKind = "active" if st.lost or prev is None else "occurrence"
+            out.append(SignalEvent("gpu_lost", kind, ts, since_ms=ts, baseline=prev is None))
         kind, evidence = _reset_evidence(st, prev, sample, lost)
         if evidence:
             out.append(SignalEvent("gpu_reset", "occurrence", ts, detail=evidence, evidence=kind))

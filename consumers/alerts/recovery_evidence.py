@@ -260,6 +260,8 @@ class RecoveryEvidence:
             return None
         if note:
             a.description = f"{a.description} Acknowledged: {note}".strip()
+        if a.scope == "gpu":  # the fault was dealt with: the same fault after it is a new incident
+            self._histories.get(a.hostname, a.device).record_reset(now_ms)
         self._table.end(a, now_ms, "acknowledged")
         self._counts["acknowledged"] += 1
         return a

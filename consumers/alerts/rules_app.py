@@ -56,8 +56,11 @@ def _gpu_gone(ctx: _Ctx) -> Classification:
 
     ``fallen_off_bus``: the kernel's multi-line "GPU has fallen off the bus" message without an Xid
     number (reference §3, NVSentinel issue #155); ``gpu_lost``: NVML reports the GPU lost. All three are
-    one fault. A new incident after an earlier one (more than ``incident_gap_ms`` apart, within
-    ``recurrence_window_ms``) means the reboot did not fix it: CONTACT_SUPPORT.
+    one fault. A new incident after an earlier one (within ``recurrence_window_ms``, separated from it
+    by a reset, a reboot, the GPU coming back or an operator's ack) means the reboot did not fix it:
+    CONTACT_SUPPORT. Time alone separates nothing: a lost GPU's samples report the same loss for as
+    long as it lasts, and an alert escalated by them could no longer be ended by the reboot that mends
+    the GPU.
     """
     ev = ctx.event
     source = {
@@ -65,7 +68,7 @@ def _gpu_gone(ctx: _Ctx) -> Classification:
         "gpu_lost": "NVML reports the GPU as lost",
         "xid": "Xid 79: the GPU is no longer reachable over PCIe",
     }[ev.kind]
-    prior = ctx.prior_incidents([79])
+    prior, _codes = ctx.incidents_across_resets([79])
     common = dict(severity=Severity.CRITICAL, drain=True, cause=CauseClass.BUS)
     if prior:
         return ctx.result(

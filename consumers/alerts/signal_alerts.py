@@ -2,8 +2,9 @@
 
 One change of one GPU's health signal (from :class:`~gpupipe_consumers.alerts.health_signals.HealthTracker`):
 ``gpu_lost`` is folded as an XidEvent of kind ``gpu_lost`` (Xid 79: one alert with the XidEvents of the
-same loss), ``gpu_reset`` is evidence of recovery, ``ecc_dbe`` joins the open Xid 48 alert of the GPU
-when there is one, and level signals (``active`` / ``clear``) keep one alert per GPU and signal, which
+same loss; a GPU lost in the tracker's first sample of it raises one only when none is open),
+``gpu_reset`` is evidence of recovery, ``ecc_dbe`` joins the open Xid 48 alert of the GPU when there is
+one, and level signals (``active`` / ``clear``) keep one alert per GPU and signal, which
 NVML's recovery-action *event* shares (:mod:`gpupipe_consumers.alerts.nvml_notices`). See
 :mod:`gpupipe_consumers.alerts.dedupe` for the rules.
 """
@@ -54,7 +55,8 @@ class SignalAlerts:
         host, device = ident.hostname, ident.device
         ts = self._guard.clamp(sig.ts_ms, now_ms)
         if sig.signal == "gpu_lost":
-            if sig.kind == "occurrence":
+            a = self._table.get(("gpu", host, device, "xid:79"))
+            if sig.kind == "occurrence" or (sig.baseline and a is None):
                 ev = {
                     "event_id": f"{host}|sample|{device}|gpu_lost|{sig.ts_ms}",
                     "timestamp_ms": sig.ts_ms,
@@ -72,8 +74,9 @@ class SignalAlerts:
                 }
                 self._counts["events"] -= 1  # counted as a signal, not as an XidEvent
                 return self._xids.on_xid(ev, now_ms)
-            a = self._table.get(("gpu", host, device, "xid:79"))
-            if a is not None:  # still lost: no change to publish (the next revision carries the time)
+            # still lost (after a restart, the open alert is the same loss whatever happened since its
+            # latest published sighting): no change to publish, the next revision carries the time
+            if a is not None:
                 a.seen_at_ms = now_ms
                 a.last_seen_ms = max(a.last_seen_ms, ts)
             return a

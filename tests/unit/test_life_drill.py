@@ -7,8 +7,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from gpupipe.pci import canonical
 from tests.k8s_api_fake import FakeKubeApi
-from tests.life_drill import Drill, DrillConfig, SimAlertmanager, check, generate
+from tests.life_drill import Drill, DrillConfig, SimAlertmanager, _bus, check, generate
 
 
 def test_the_scenario_is_pure_and_has_what_the_drill_needs() -> None:
@@ -19,6 +20,27 @@ def test_the_scenario_is_pure_and_has_what_the_drill_needs() -> None:
     assert a.ops and {o.kind for o in a.ops} == {"restart", "failover"}
     assert any(not d.original for d in a.deliveries)  # a backlog re-read without its cursor
     assert len(set(a.skews.values())) > 1
+
+
+def test_a_gpu_off_the_bus_logs_no_xid_but_its_loss() -> None:
+    # The driver cannot reach a GPU that fell off the bus (Xid 79): no job runs on it and no page of
+    # its memory is retired, so no other XID of it is logged until the reboot brings it back.
+    sc = generate(DrillConfig(seed=1, days=8, nodes=30))
+    gone = [f for f in sc.hardware() if f.kind.code == 79]
+    assert gone
+    logged = []
+    for f in gone:
+        skew, bus = sc.skews[f.node], canonical(_bus(f.gpu, nvml=False))
+        until = (f.recovered_ms if f.recovered_ms is not None else sc.end_ms) + skew
+        logged += [
+            (f.fid, ev["xid"])
+            for ev in (d.value for d in sc.deliveries if d.name == "XidEvent" and d.original)
+            if ev["hostname"] == f.node
+            and ev["xid"] not in (None, 79)
+            and canonical(ev["pci_bus_id"]) == bus
+            and f.at_ms + skew < ev["timestamp_ms"] < until
+        ]
+    assert logged == []
 
 
 def test_the_simulated_alertmanager_pages_once_per_label_set_and_expires() -> None:

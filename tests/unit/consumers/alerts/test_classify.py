@@ -196,8 +196,10 @@ CASES = [
          codes=(79,)),
     Case("79 seen twice in one incident", xid(79, 0.5), prior=(gone("fallen_off_bus", 0),),
          action=Action.RESTART_BM, severity=C, drain=True, rule="xid79"),
-    Case("79 again after a reboot -> support", xid(79, 120), prior=(gone("gpu_lost", 0),),
+    Case("79 again after a reboot -> support", xid(79, 120), prior=(gone("gpu_lost", 0),), resets=(60,),
          action=Action.CONTACT_SUPPORT, severity=C, drain=True, rule="xid79.recurring"),
+    Case("79 again hours later, nothing tried in between: one loss", xid(79, 120),
+         prior=(gone("gpu_lost", 0),), action=Action.RESTART_BM, severity=C, drain=True, rule="xid79"),
     # --- Xid 74 register decode (WORKFLOW_NVLINK_ERR)
     Case("74 without registers", xid(74, msg=NVL74_BARE),
          action=Action.RESET_GPU, severity=C, drain=True, rule="xid74.reset", cause=CauseClass.NVLINK_FABRIC),

@@ -138,14 +138,15 @@ def test_recurrence_after_dedupe_window_supersedes() -> None:
 
 def test_a_recurrence_without_a_recovery_attempt_continues_a_sticky_alert() -> None:
     # The GPU fell off the bus and nothing reset it: another job's Xid 79 is the same broken GPU. The
-    # alert goes on (no RESOLVED, no second page) and the classifier, seeing it again, escalates it.
+    # alert goes on (no RESOLVED, no second page) and stays what it was: no reboot was tried, so none
+    # failed (escalated to support, the reboot that mends the GPU could not end it).
     e = engine(dedupe_window_ms=10 * MIN, resolve_after_ms=30 * MIN)
     e.on_xid(xid(79, T0), T0)
     a = records(e, T0)[0]
     e.on_xid(xid(79, T0 + 15 * MIN, pods=(("team-b", "serve-0"),)), T0 + 15 * MIN)
     out = records(e, T0 + 15 * MIN)
     assert [(r["alert_id"], r["status"], r["occurrences"]) for r in out] == [(a["alert_id"], "firing", 2)]
-    assert out[0]["rule"] == "xid79.recurring"  # the classifier saw the history: it came back
+    assert (out[0]["rule"], out[0]["action"]) == ("xid79", "RESTART_BM")
 
 
 def test_reopen_when_resolve_after_is_shorter_than_dedupe_window() -> None:

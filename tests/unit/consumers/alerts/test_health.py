@@ -77,10 +77,20 @@ def test_level_signals(field: str) -> None:
 
 def test_gpu_lost_edge_then_active() -> None:
     t = HealthTracker()
-    assert signals(t, sample(gpu_lost=True)) == [("gpu_lost", "occurrence")]
+    assert signals(t, sample()) == []
+    assert signals(t, sample(T0 + S // 2, gpu_lost=True)) == [("gpu_lost", "occurrence")]
     assert signals(t, sample(T0 + S, gpu_lost=True)) == [("gpu_lost", "active")]
     assert signals(t, sample(T0 + 2 * S)) == [("gpu_reset", "occurrence")]  # back after being lost
     assert signals(t, sample(T0 + 3 * S, gpu_lost=True)) == [("gpu_lost", "occurrence")]
+
+
+def test_a_gpu_lost_in_its_first_sample_is_a_baseline() -> None:
+    # after a restart the loss may be the one an alert restored open already reports
+    t = HealthTracker()
+    _ident, (sig,) = t.observe(sample(gpu_lost=True))
+    assert (sig.signal, sig.kind, sig.baseline) == ("gpu_lost", "active", True)
+    _ident, (sig,) = t.observe(sample(T0 + S, gpu_lost=True))
+    assert (sig.kind, sig.baseline) == ("active", False)
 
 
 def test_thermal_needs_sustained_bits_and_clears_with_hysteresis() -> None:
