@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from common import REPO, bench_kafka, figure
+from common import REPO, bench_kafka, figure, status_mb
 
 from gpupipe_producer.nvml import NvmlSource
 from tests.fake_nvml import FakeClock, FakeNvml, FakeProcess
@@ -108,14 +108,6 @@ def run_baseline(calls: list[tuple[Callable[..., Any], tuple, dict]], clock: Fak
         for fn, args, kwargs in calls:
             fn(*args, **kwargs)
     return (time.process_time() - t0) * ticks / (cycles * CYCLE)
-
-
-def _status_kib(pid: int, key: str) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    raise KeyError(key)
 
 
 def _cpu_s(pid: int) -> float:
@@ -199,8 +191,8 @@ def producer_rss() -> None:
             time.sleep(RSS_SECONDS / 2)
             assert proc.poll() is None, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
             cpu_ms_per_tick = (_cpu_s(proc.pid) - cpu0) / (time.monotonic() - t0) * 1000  # 1 tick/s
-            rss_kib = _status_kib(proc.pid, "VmRSS")
-            hwm_kib = _status_kib(proc.pid, "VmHWM")
+            rss_mib = status_mb("VmRSS", proc.pid)
+            hwm_mib = status_mb("VmHWM", proc.pid)
             kubelet_calls = kubelet.call_count()
         finally:
             proc.send_signal(signal.SIGTERM)
@@ -209,10 +201,9 @@ def producer_rss() -> None:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-    rss_mib = rss_kib / 1024.0
     print(f"producer_rss ratio={TARGET_RSS_MIB / rss_mib:.2f} target=1.00", flush=True)
     figure("producer_rss_mib", rss_mib)
-    figure("producer_hwm_mib", hwm_kib / 1024.0)
+    figure("producer_hwm_mib", hwm_mib)
     figure("producer_cpu_ms_per_tick", cpu_ms_per_tick)
     figure("producer_seconds", RSS_SECONDS)
     figure("kubelet_list_calls", kubelet_calls)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import figure, ratio_line
+from common import figure, ratio_line, status_mb
 
 FLOOD = 60_000
 HOSTS = 5_000
@@ -40,13 +40,6 @@ BATCH = 500
 TICK_EVERY = 5_000
 CAP = 20_000
 PEAK_BOUND_MB = 600.0
-
-
-def _rss_mb(field: str = "VmRSS") -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024.0
-    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 class _CountingSink:
@@ -78,7 +71,7 @@ def child(max_devices: int, max_open_alerts: int) -> None:
         engine_config=EngineConfig(max_open_alerts=max_open_alerts),
         admission=DeviceAdmission(max_devices=max_devices),
     )
-    base = _rss_mb()
+    base = status_mb()
     marks: dict[str, float] = {}
     for start in range(0, FLOOD, BATCH):
         batch = [
@@ -113,14 +106,14 @@ def child(max_devices: int, max_open_alerts: int) -> None:
         if done % TICK_EVERY == 0:
             svc.tick()
         if done % 20_000 == 0:
-            marks[str(done)] = _rss_mb() - base
+            marks[str(done)] = status_mb() - base
     counts = svc.engine.counts
     print(
         json.dumps(
             {
                 "base": base,
                 "growth": marks,
-                "peak": _rss_mb("VmHWM"),
+                "peak": status_mb("VmHWM"),
                 "devices": svc.admission.devices(),
                 "open": len(svc.engine.open_alerts()),
                 "refused": sum(svc.admission.refused.values()) + counts["capped_alert"],

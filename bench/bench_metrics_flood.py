@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import figure, ratio_line
+from common import figure, ratio_line, status_mb
 
 FLOOD = 60_000
 HOSTS = 5_000
@@ -41,13 +41,6 @@ CAP = 20_000
 PEAK_BOUND_MB = 600.0
 
 
-def _rss_mb(field: str = "VmRSS") -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024.0
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
 def child(max_gpus: int) -> None:
     import logging
 
@@ -55,7 +48,7 @@ def child(max_gpus: int) -> None:
 
     logging.disable(logging.WARNING)  # one warning a minute: not what is measured
     store = SeriesStore(max_gpus=max_gpus)
-    base = _rss_mb()
+    base = status_mb()
     marks: dict[str, float] = {}
     now_s = 1_790_000_000.0
     for start in range(0, FLOOD, BATCH):
@@ -82,13 +75,13 @@ def child(max_gpus: int) -> None:
         if done % SCRAPE_EVERY == 0:
             store.render(now_s)
         if done % 20_000 == 0:
-            marks[str(done)] = _rss_mb() - base
+            marks[str(done)] = status_mb() - base
     print(
         json.dumps(
             {
                 "base": base,
                 "growth": marks,
-                "peak": _rss_mb("VmHWM"),
+                "peak": status_mb("VmHWM"),
                 "gpus": store.gpu_count(),
                 **store.stats(),
             }

@@ -45,6 +45,14 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t
 
 
+def status_mb(field: str = "VmRSS", pid: int | str = "self") -> float:
+    """A memory figure of ``/proc/<pid>/status`` (``VmRSS``, ``VmHWM``, ...) in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024.0
+    raise RuntimeError(f"no {field} in /proc/{pid}/status")
+
+
 def bench_kafka() -> str:
     """Bootstrap of the benchmark broker (own state dir and port; started once, reused)."""
     env_bs = os.environ.get("GPUPIPE_BENCH_BOOTSTRAP")
