@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
-import subprocess
-import sys
 import zlib
 from collections import defaultdict
 from collections.abc import Iterator
@@ -32,10 +29,10 @@ from gpupipe_consumers.lake.tables import BY_NAME
 from gpupipe_consumers.lake.writer import LakeWriter, open_table
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_schemas.codec import AvroCodec
-from tests import hygiene
 from tests.integration.kafka_util import REPO, gpupipe
 from tests.lake_records import end_pyiceberg_threads
 from tests.lake_rest import rest_catalog_server
+from tests.spark_recipe import run_recipe
 
 pytestmark = pytest.mark.integration
 
@@ -53,13 +50,6 @@ FIELDS = ("gpu_hours", "energy_joules", "cost_allocation", "cost_energy", "cost_
 def _pool() -> Iterator[None]:
     yield
     end_pyiceberg_threads()
-
-
-def spark_jars() -> str:
-    out = subprocess.run(
-        [str(REPO / "scripts" / "spark-jars")], capture_output=True, text=True, timeout=600, check=True
-    )
-    return out.stdout.strip().splitlines()[-1]
 
 
 def fleet_samples() -> list[dict[str, Any]]:
@@ -155,35 +145,9 @@ def test_spark_recompute_and_three_readers_agree(lake: Lake, tmp_path: Path) -> 
     engine = build_lake(cat)
     assert {"__unallocated__", "__unattributed__"} <= set(engine)
     end = T0 + HOURS * 3_600_000
-    proc = hygiene.popen(
-        [
-            sys.executable,
-            str(RECIPE),
-            *flags,
-            "--prices",
-            str(PRICES),
-            "--start",
-            str(T0),
-            "--end",
-            str(end),
-            "--jars",
-            spark_jars(),
-            "--master",
-            "local[1]",
-            "--driver-memory",
-            "512m",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
+    spark = run_recipe(
+        RECIPE, [*flags, "--prices", str(PRICES), "--start", str(T0), "--end", str(end)], tmp_path
     )
-    try:
-        out, err = proc.communicate(timeout=400)
-    finally:
-        hygiene.stop_group(proc)
-    assert proc.returncode == 0, err[-3000:]
-    spark = json.loads(out.strip().splitlines()[-1])
     assert spark["unsupported_samples"] == 0
 
     # Spark's recompute from the raw samples against what chargeback billed (Spark reading the

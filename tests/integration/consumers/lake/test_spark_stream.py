@@ -4,9 +4,6 @@ another schema or framing skipped rather than decoded wrongly."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -16,8 +13,8 @@ from confluent_kafka import Producer
 from gpupipe.kafka_admin import ensure_topics
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_schemas.codec import AvroCodec
-from tests import hygiene
 from tests.integration.kafka_util import REPO
+from tests.spark_recipe import run_recipe
 
 pytestmark = pytest.mark.integration
 
@@ -41,38 +38,8 @@ def test_stream_reads_the_samples_topic(kafka: str, topic_prefix: str, tmp_path:
     p.produce(topic, b"\xc3\x01" + b"\x00" * 8 + b"\x02" * 40, b"unknown-fingerprint")
     assert p.flush(30) == 0
 
-    jars = subprocess.run(
-        [str(REPO / "scripts" / "spark-jars")], capture_output=True, text=True, timeout=600, check=True
-    ).stdout.splitlines()[-1]
-    proc = hygiene.popen(
-        [
-            sys.executable,
-            str(RECIPE),
-            "--bootstrap-servers",
-            kafka,
-            "--topic",
-            topic,
-            "--available-now",
-            "--checkpoint",
-            str(tmp_path / "checkpoint"),
-            "--jars",
-            jars,
-            "--master",
-            "local[1]",
-            "--driver-memory",
-            "512m",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
-    )
-    try:
-        out, err = proc.communicate(timeout=400)
-    finally:
-        hygiene.stop_group(proc)
-    assert proc.returncode == 0, err[-3000:]
-    got = json.loads(out.strip().splitlines()[-1])
+    args = ["--bootstrap-servers", kafka, "--topic", topic, "--available-now"]
+    got = run_recipe(RECIPE, [*args, "--checkpoint", str(tmp_path / "checkpoint")], tmp_path)
     assert got["skipped"] == 2
     assert {h: n["samples"] for h, n in got["nodes"].items()} == dict(count)
     for h, n in got["nodes"].items():
