@@ -8,13 +8,10 @@ import csv
 import io
 import os
 import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import boto3
 import pytest
 from confluent_kafka import Producer
 
@@ -22,14 +19,11 @@ from gpupipe.kafka_admin import ensure_topics
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_schemas.codec import AvroCodec
 from tests import hygiene
-from tests.conftest import free_port
 from tests.integration.kafka_util import GPUPIPE, REPO, gpupipe
 from tests.lake_records import end_pyiceberg_threads
+from tests.lake_s3 import BUCKET, KEY_ID, SECRET, moto_server, object_keys
 
 pytestmark = pytest.mark.integration
-
-BUCKET = "gpu-lake"
-KEY_ID, SECRET = "lake-writer", "s3cr3t-not-in-argv"
 
 
 @pytest.fixture(autouse=True)
@@ -40,39 +34,8 @@ def _pool() -> Iterator[None]:
 
 @pytest.fixture
 def s3(tmp_path: Path) -> Iterator[str]:
-    """A moto S3 server on a free port, its bucket created; the endpoint URL."""
-    port = free_port()
-    log = open(tmp_path / "moto.log", "w")  # noqa: SIM115 (owned by the process' lifetime)
-    moto = Path(sys.executable).parent / "moto_server"
-    proc = hygiene.popen(
-        [str(moto), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(url + "/moto-api/", timeout=2).close()
-                break
-            except OSError:
-                assert proc.poll() is None, (tmp_path / "moto.log").read_text()[-2000:]
-                assert time.monotonic() < deadline, "moto_server did not answer in 60 s"
-                time.sleep(0.1)
-        client(url).create_bucket(Bucket=BUCKET)
+    with moto_server(tmp_path) as url:
         yield url
-    finally:
-        hygiene.stop_group(proc)
-        log.close()
-
-
-def client(url: str):  # type: ignore[no-untyped-def]
-    return boto3.client(
-        "s3",
-        endpoint_url=url,
-        aws_access_key_id=KEY_ID,
-        aws_secret_access_key=SECRET,
-        region_name="us-east-1",
-    )
 
 
 def test_secret_catalog_property_on_argv_is_refused() -> None:
@@ -175,6 +138,6 @@ def test_write_to_s3_and_query_with_credentials_from_file_and_environment(
         if proc.poll() is None:
             hygiene.stop_group(proc)
         log.close()
-    keys = [o["Key"] for o in client(s3).list_objects_v2(Bucket=BUCKET, Prefix="wh/")["Contents"]]
+    keys = object_keys(s3, prefix="wh/")
     assert any(k.endswith(".parquet") for k in keys) and any(k.endswith(".metadata.json") for k in keys)
     assert not (tmp_path / "lake").exists(), "nothing written to the local default warehouse"

@@ -4,124 +4,33 @@ JdbcCatalog on the SQLite file pyiceberg writes, or through a REST catalog serve
 samples matches what the chargeback engine billed from the same samples to 1e-9 relative.
 
 No Kafka: the samples go through the real chargeback engine and, with the windows it closes, through
-the real lake writer (offsets as a partitioned topic would give them)."""
+the real lake writer (tests/lake_chargeback.py). The same readers over a REST catalog with an S3
+warehouse: test_rest_s3.py."""
 
 from __future__ import annotations
 
-import csv
-import io
 import os
-import zlib
-from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.catalog.sql import SqlCatalog
 
-from gpupipe.prices import load_price_table
-from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine
-from gpupipe_consumers.consume_loop import InRecord
-from gpupipe_consumers.lake.tables import BY_NAME
-from gpupipe_consumers.lake.writer import LakeWriter, open_table
-from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
-from gpupipe_schemas.codec import AvroCodec
-from tests.integration.kafka_util import REPO, gpupipe
+from tests.lake_chargeback import assert_duckdb_agrees, assert_spark_agrees, build_lake
 from tests.lake_records import end_pyiceberg_threads
 from tests.lake_rest import rest_catalog_server
-from tests.spark_recipe import run_recipe
 
 pytestmark = pytest.mark.integration
 
-PRICES = REPO / "deploy" / "prices.example.yaml"
-RECIPE = REPO / "docs" / "recipes" / "spark_chargeback.py"
-T0 = 1_790_000_000_000 - 1_790_000_000_000 % 3_600_000  # an hour boundary
-HOURS = 3
-INTERVAL_MS = 10_000
 #: (the catalog, the catalog flags of the recipe and the CLI, the CLI's extra environment)
 Lake = tuple[Catalog, list[str], dict[str, str]]
-FIELDS = ("gpu_hours", "energy_joules", "cost_allocation", "cost_energy", "cost_total")
 
 
 @pytest.fixture(autouse=True)
 def _pool() -> Iterator[None]:
     yield
     end_pyiceberg_threads()
-
-
-def fleet_samples() -> list[dict[str, Any]]:
-    """Three hours of 16 whole GPUs, with what the accounting rules must handle: dropped samples
-    (a gap within the cap), a long gap (billed the cap), a repeated sample, a lost GPU, an unknown
-    allocation, an energy counter reset and a missing counter."""
-    codec = AvroCodec()
-    enc = codec.encoder("GpuSample")
-    fleet = SimulatedFleet(
-        FleetConfig(nodes=4, gpus_per_node=4, interval_ms=INTERVAL_MS, mig_node_ratio=0, shared_node_ratio=0)
-    )
-    out: list[dict[str, Any]] = []
-    for i in range(HOURS * 3_600_000 // INTERVAL_MS):
-        samples, _ = fleet.tick(T0 + i * INTERVAL_MS)
-        for g, s in enumerate(samples):
-            if g == 1 and i % 7 == 3:  # dropped: a 20 s gap, billed as it is
-                continue
-            if g == 2 and 100 <= i < 112:  # 130 s silent: billed the cap
-                continue
-            if g == 3 and i == 200:
-                s["gpu_lost"] = True
-            if g == 4 and 300 <= i < 310:
-                s["allocations_known"] = False
-                s["allocations"] = []
-            if g == 5 and i >= 400:  # driver reload: the counter starts again
-                s["total_energy_mj"] = s["total_energy_mj"] - 10**9 if s["total_energy_mj"] else None
-            if g == 6 and i % 50 == 0:
-                s["total_energy_mj"] = None
-            s = codec.decode(enc.encode(s)).record  # what a consumer of the topic sees
-            out.append(s)
-            if g == 7 and i == 500:
-                out.append(dict(s))  # a repeated sample
-    return out
-
-
-def build_lake(cat: Catalog) -> dict[str, dict[str, float]]:
-    """Samples and the windows the chargeback engine closes over them, written to the lake; returns
-    what the engine billed per namespace."""
-    samples = fleet_samples()
-    engine = build_engine(ChargebackSettings(), load_price_table(PRICES), "test")
-    recs: list[InRecord] = []
-    offsets = [0, 0]
-    for s in samples:
-        p = zlib.crc32(s["uuid"].encode()) % 2
-        engine.add(s, p, offsets[p], s["timestamp_ms"])
-        recs.append(InRecord("gpu.samples.v1", p, offsets[p], None, "GpuSample", s, s["timestamp_ms"]))
-        offsets[p] += 1
-    windows = engine.poll_closed() + engine.flush_all()
-    assert len(windows) > 20
-    billed: dict[str, dict[str, float]] = defaultdict(lambda: dict.fromkeys(FIELDS, 0.0))
-    for w in windows:
-        b = billed[w["namespace"]]
-        b["gpu_hours"] += w["allocated_gpu_seconds"] / 3600.0
-        for f in FIELDS[1:]:
-            b[f] += w[f]
-    recs += [
-        InRecord("gpu.chargeback.v1", 0, i, None, "ChargebackWindow", w, w["emitted_at_ms"])
-        for i, w in enumerate(windows)
-    ]
-    tables = {
-        BY_NAME[n].topic: (BY_NAME[n], open_table(cat, "gpupipe", BY_NAME[n]))
-        for n in ("samples", "chargeback_windows")
-    }
-    writer = LakeWriter(tables, CollectorRegistry(), flush_rows=20_000)
-    writer.handle(recs)
-    writer.flush()
-    assert writer.rows_written == len(recs)
-    return dict(billed)
-
-
-def close(a: float, b: float) -> bool:
-    return abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1e-300)
 
 
 @pytest.fixture(params=["sqlite", "rest"])
@@ -142,35 +51,10 @@ def lake(
 
 def test_spark_recompute_and_three_readers_agree(lake: Lake, tmp_path: Path) -> None:
     cat, flags, env = lake
-    engine = build_lake(cat)
+    engine = build_lake(cat).billed
     assert {"__unallocated__", "__unattributed__"} <= set(engine)
-    end = T0 + HOURS * 3_600_000
-    spark = run_recipe(
-        RECIPE, [*flags, "--prices", str(PRICES), "--start", str(T0), "--end", str(end)], tmp_path
-    )
-    assert spark["unsupported_samples"] == 0
-
     # Spark's recompute from the raw samples against what chargeback billed (Spark reading the
     # windows table, and the engine's own records).
-    assert set(spark["recomputed"]) == set(spark["billed"]) == set(engine)
-    for ns, want in engine.items():
-        for f in FIELDS:
-            assert close(spark["recomputed"][ns][f], want[f]), (ns, f, spark["recomputed"][ns][f], want[f])
-            assert close(spark["billed"][ns][f], want[f]), (ns, f, spark["billed"][ns][f], want[f])
-
-    # DuckDB through the CLI, the same tables.
-    sql = (
-        "SELECT namespace, SUM(allocated_gpu_seconds) / 3600.0 AS gpu_hours, SUM(energy_joules) AS e, "
-        "SUM(cost_total) AS cost FROM chargeback_windows "
-        f"WHERE epoch_ms(window_start_ms) >= {T0} AND epoch_ms(window_start_ms) < {end} GROUP BY 1"
-    )
-    cli_flags = flags if not env else []  # REST: pyiceberg's environment alone
-    res = gpupipe("lake", "query", sql, *cli_flags, env={**os.environ, **env})
-    assert res.returncode == 0, res.stderr
-    rows = list(csv.DictReader(io.StringIO(res.stdout)))
-    assert {r["namespace"] for r in rows} == set(engine)
-    for r in rows:
-        want = engine[r["namespace"]]
-        assert close(float(r["gpu_hours"]), want["gpu_hours"])
-        assert close(float(r["e"]), want["energy_joules"])
-        assert close(float(r["cost"]), want["cost_total"])
+    assert_spark_agrees(engine, flags, tmp_path)
+    # DuckDB through the CLI, the same tables; REST: pyiceberg's environment alone.
+    assert_duckdb_agrees(engine, flags if not env else [], {**os.environ, **env})
