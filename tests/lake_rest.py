@@ -1,4 +1,5 @@
-"""Iceberg's own REST catalog server for the lake's tests (scripts/iceberg-rest-local), one per test."""
+"""Iceberg's own REST catalog server for the lake's tests (scripts/iceberg-rest-local), one per test:
+with a file warehouse, or with an s3:// warehouse on a local S3 store (tests/lake_s3.py)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,18 @@ from pathlib import Path
 
 from tests import hygiene
 from tests.conftest import free_port
+from tests.lake_s3 import BUCKET, KEY_ID, REGION, SECRET
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @contextlib.contextmanager
-def rest_catalog_server(tmp: Path) -> Iterator[str]:
-    """The server's URL: a JdbcCatalog on SQLite and a file warehouse under ``tmp``, on a free port."""
+def rest_catalog_server(tmp: Path, s3_endpoint: str | None = None) -> Iterator[str]:
+    """The server's URL: a JdbcCatalog on SQLite and a file warehouse under ``tmp``, on a free port.
+
+    With ``s3_endpoint`` the warehouse is ``s3://BUCKET/wh`` on that S3-compatible store instead,
+    read and written by Iceberg's S3FileIO with path-style requests (what MinIO, Ceph and moto
+    serve), the credentials in the server's environment as the AWS SDK reads them."""
     cp = subprocess.run(
         [str(REPO / "scripts" / "iceberg-rest-local")],
         capture_output=True,
@@ -27,13 +33,24 @@ def rest_catalog_server(tmp: Path) -> Iterator[str]:
         check=True,
     ).stdout.splitlines()[-1]
     port = free_port()
-    (tmp / "rest-wh").mkdir()
     env = {
         **os.environ,
         "CATALOG_REST_PORT": str(port),
-        "CATALOG_WAREHOUSE": (tmp / "rest-wh").as_uri(),
         "CATALOG_URI": f"jdbc:sqlite:{tmp}/rest.db",
     }
+    if s3_endpoint is None:
+        (tmp / "rest-wh").mkdir()
+        env["CATALOG_WAREHOUSE"] = (tmp / "rest-wh").as_uri()
+    else:
+        env.update(
+            CATALOG_WAREHOUSE=f"s3://{BUCKET}/wh",
+            CATALOG_IO__IMPL="org.apache.iceberg.aws.s3.S3FileIO",
+            CATALOG_S3_ENDPOINT=s3_endpoint,
+            CATALOG_S3_PATH__STYLE__ACCESS="true",
+            AWS_REGION=REGION,
+            AWS_ACCESS_KEY_ID=KEY_ID,
+            AWS_SECRET_ACCESS_KEY=SECRET,
+        )
     log = open(tmp / "rest.log", "w")  # noqa: SIM115 (owned by the process' lifetime)
     proc = hygiene.popen(
         ["java", "-Xmx256m", "-cp", cp, "org.apache.iceberg.rest.RESTCatalogServer"],
