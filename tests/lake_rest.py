@@ -13,16 +13,16 @@ from pathlib import Path
 
 from tests import hygiene
 from tests.conftest import free_port
-from tests.lake_s3 import BUCKET, KEY_ID, REGION, SECRET
+from tests.lake_s3 import BUCKET, REGION, S3Store
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @contextlib.contextmanager
-def rest_catalog_server(tmp: Path, s3_endpoint: str | None = None) -> Iterator[str]:
+def rest_catalog_server(tmp: Path, s3: S3Store | None = None) -> Iterator[str]:
     """The server's URL: a JdbcCatalog on SQLite and a file warehouse under ``tmp``, on a free port.
 
-    With ``s3_endpoint`` the warehouse is ``s3://BUCKET/wh`` on that S3-compatible store instead,
+    With ``s3`` the warehouse is ``s3://BUCKET/wh`` on that S3-compatible store instead,
     read and written by Iceberg's S3FileIO with path-style requests (what MinIO, Ceph and moto
     serve), the credentials in the server's environment as the AWS SDK reads them."""
     cp = subprocess.run(
@@ -38,18 +38,18 @@ def rest_catalog_server(tmp: Path, s3_endpoint: str | None = None) -> Iterator[s
         "CATALOG_REST_PORT": str(port),
         "CATALOG_URI": f"jdbc:sqlite:{tmp}/rest.db",
     }
-    if s3_endpoint is None:
+    if s3 is None:
         (tmp / "rest-wh").mkdir()
         env["CATALOG_WAREHOUSE"] = (tmp / "rest-wh").as_uri()
     else:
         env.update(
             CATALOG_WAREHOUSE=f"s3://{BUCKET}/wh",
             CATALOG_IO__IMPL="org.apache.iceberg.aws.s3.S3FileIO",
-            CATALOG_S3_ENDPOINT=s3_endpoint,
+            CATALOG_S3_ENDPOINT=s3.url,
             CATALOG_S3_PATH__STYLE__ACCESS="true",
             AWS_REGION=REGION,
-            AWS_ACCESS_KEY_ID=KEY_ID,
-            AWS_SECRET_ACCESS_KEY=SECRET,
+            AWS_ACCESS_KEY_ID=s3.key_id,
+            AWS_SECRET_ACCESS_KEY=s3.secret,
         )
     log = open(tmp / "rest.log", "w")  # noqa: SIM115 (owned by the process' lifetime)
     proc = hygiene.popen(

@@ -21,7 +21,7 @@ from gpupipe_schemas.codec import AvroCodec
 from tests import hygiene
 from tests.integration.kafka_util import GPUPIPE, REPO, gpupipe
 from tests.lake_records import end_pyiceberg_threads
-from tests.lake_s3 import BUCKET, KEY_ID, SECRET, moto_server, object_keys
+from tests.lake_s3 import BUCKET, S3Store, moto_server, object_keys
 
 pytestmark = pytest.mark.integration
 
@@ -33,13 +33,13 @@ def _pool() -> Iterator[None]:
 
 
 @pytest.fixture
-def s3(tmp_path: Path) -> Iterator[str]:
-    with moto_server(tmp_path) as url:
-        yield url
+def s3(tmp_path: Path) -> Iterator[S3Store]:
+    with moto_server(tmp_path) as store:
+        yield store
 
 
 def test_secret_catalog_property_on_argv_is_refused() -> None:
-    out = gpupipe("lake", "query", "SELECT 1", "--catalog-property", f"s3.secret-access-key={SECRET}")
+    out = gpupipe("lake", "query", "SELECT 1", "--catalog-property", "s3.secret-access-key=s3cr3t")
     assert out.returncode == 2
     assert "visible to every user" in out.stderr and "--catalog-properties-file" in out.stderr
     out = gpupipe("lake", "query", "SELECT 1", "--catalog-uri", "postgresql://lake:pw@db/lake")
@@ -47,7 +47,7 @@ def test_secret_catalog_property_on_argv_is_refused() -> None:
 
 
 def test_write_to_s3_and_query_with_credentials_from_file_and_environment(
-    kafka: str, topic_prefix: str, tmp_path: Path, s3: str
+    kafka: str, topic_prefix: str, tmp_path: Path, s3: S3Store
 ) -> None:
     ensure_topics(kafka, ["gpu.samples.v1", "gpu.deadletter.v1"], prefix=topic_prefix)
     codec, fleet = AvroCodec(), SimulatedFleet(FleetConfig(nodes=2, gpus_per_node=4))
@@ -60,7 +60,7 @@ def test_write_to_s3_and_query_with_credentials_from_file_and_environment(
     assert p.flush(30) == 0
     want = 30 * 8
 
-    common = {"s3.endpoint": s3, "s3.region": "us-east-1"}
+    common = {"s3.endpoint": s3.url, "s3.region": "us-east-1"}
     props = tmp_path / "lake-catalog.yaml"
     props.write_text(
         "".join(
@@ -70,8 +70,8 @@ def test_write_to_s3_and_query_with_credentials_from_file_and_environment(
                 "uri": f"sqlite:///{tmp_path}/catalog.db",
                 "warehouse": f"s3://{BUCKET}/wh",
                 **common,
-                "s3.access-key-id": KEY_ID,
-                "s3.secret-access-key": SECRET,
+                "s3.access-key-id": s3.key_id,
+                "s3.secret-access-key": s3.secret,
             }.items()
         )
     )
@@ -102,17 +102,17 @@ def test_write_to_s3_and_query_with_credentials_from_file_and_environment(
         env=env,
     )
     try:
-        assert SECRET not in " ".join(proc.args)
+        assert s3.secret not in " ".join(proc.args)
         # The reader: credentials from pyiceberg's environment convention only.
         read_env = {
             **env,
             "PYICEBERG_CATALOG__GPUPIPE__TYPE": "sql",
             "PYICEBERG_CATALOG__GPUPIPE__URI": f"sqlite:///{tmp_path}/catalog.db",
             "PYICEBERG_CATALOG__GPUPIPE__WAREHOUSE": f"s3://{BUCKET}/wh",
-            "PYICEBERG_CATALOG__GPUPIPE__S3__ENDPOINT": s3,
+            "PYICEBERG_CATALOG__GPUPIPE__S3__ENDPOINT": s3.url,
             "PYICEBERG_CATALOG__GPUPIPE__S3__REGION": "us-east-1",
-            "PYICEBERG_CATALOG__GPUPIPE__S3__ACCESS_KEY_ID": KEY_ID,
-            "PYICEBERG_CATALOG__GPUPIPE__S3__SECRET_ACCESS_KEY": SECRET,
+            "PYICEBERG_CATALOG__GPUPIPE__S3__ACCESS_KEY_ID": s3.key_id,
+            "PYICEBERG_CATALOG__GPUPIPE__S3__SECRET_ACCESS_KEY": s3.secret,
         }
         deadline, got = time.monotonic() + 120, -1
         while got < want:
