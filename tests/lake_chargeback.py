@@ -44,6 +44,7 @@ Billed = dict[str, dict[str, float]]
 class Written:
     billed: Billed
     rows: dict[str, int]  # rows written per lake table
+    windows: list[dict[str, Any]]  # the engine's records
 
 
 def fleet_samples() -> list[dict[str, Any]]:
@@ -79,10 +80,11 @@ def fleet_samples() -> list[dict[str, Any]]:
     return out
 
 
-def build_lake(cat: Catalog) -> Written:
-    """Samples and the windows the chargeback engine closes over them, written to the lake; what
-    the engine billed per namespace and how many rows each table got."""
-    samples = fleet_samples()
+def build_lake(cat: Catalog, samples: list[dict[str, Any]] | None = None) -> Written:
+    """Samples (by default :func:`fleet_samples`) and the windows the chargeback engine closes over
+    them, written to the lake; what the engine billed per namespace, how many rows each table got
+    and the engine's records."""
+    samples = fleet_samples() if samples is None else samples
     engine = build_engine(ChargebackSettings(), load_price_table(PRICES), "test")
     recs: list[InRecord] = []
     offsets = [0, 0]
@@ -111,7 +113,7 @@ def build_lake(cat: Catalog) -> Written:
     writer.handle(recs)
     writer.flush()
     assert writer.rows_written == len(recs)
-    return Written(dict(billed), {"samples": len(samples), "chargeback_windows": len(windows)})
+    return Written(dict(billed), {"samples": len(samples), "chargeback_windows": len(windows)}, windows)
 
 
 def close(a: float, b: float) -> bool:
@@ -126,7 +128,7 @@ def assert_spark_agrees(
     spark = run_recipe(
         RECIPE, [*flags, "--prices", str(PRICES), "--start", str(T0), "--end", str(END)], cwd, env
     )
-    assert spark["unsupported_samples"] == 0
+    assert set(spark) == {"recomputed", "billed"}
     assert set(spark["recomputed"]) == set(spark["billed"]) == set(engine)
     for ns, want in engine.items():
         for f in FIELDS:
