@@ -12,8 +12,9 @@ from typing import Any
 UNALLOCATED = "__unallocated__"
 MIG_SHARED = "__mig_shared__"
 UNATTRIBUTED = "__unattributed__"
-"""Held GPU time that cannot be attributed to a tenant: the SM share of processes on a shared GPU
-that no holder pod owns, and (from producers that flag it) time while the kubelet was unreachable."""
+"""GPU time that cannot be attributed to a tenant: time while the kubelet could not say who holds
+the GPU (``allocations_known`` false). Use by processes no pod owns on a shared GPU is not here:
+it is split among the GPU's holders by allocation."""
 PSEUDO_NAMESPACES = (UNALLOCATED, MIG_SHARED, UNATTRIBUTED)
 
 
