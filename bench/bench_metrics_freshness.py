@@ -1,17 +1,18 @@
 """Benchmark: freshness of `gpupipe metrics`, from a sample's publication to its value on /metrics.
 
-Run: ``.venv/bin/python bench/bench_metrics_freshness.py`` (about 40 s; uses the benchmark broker,
+Run: ``.venv/bin/python bench/bench_metrics_freshness.py`` (about a minute; uses the benchmark broker,
 GPUPIPE_BENCH_BOOTSTRAP or one started by bench/common.py).
 
 Setup: the real service (``gpupipe metrics`` as a subprocess, default counters: 33 families, so a
 scrape of 10k GPUs is about 80 MB) consumes a fresh 12-partition samples topic. This process
-publishes 10,000 GPUs' samples per second for ``TICKS`` seconds with the real producer's client
-settings (idempotent, zstd, linger 50 ms, murmur2 keyed by GPU), each second's 10k samples spread
-over the second in slices of 500 every 50 ms, as a fleet of nodes would. Records are encoded
+publishes 10,000 GPUs' samples per second for ``TICKS`` seconds (a warm-up second, then
+``ROUNDS`` rounds of ``ROUND_TICKS``) with the real producer's client settings (idempotent, zstd,
+linger 50 ms, murmur2 keyed by GPU), each second's 10k samples spread over the second in slices
+of 500 every 50 ms, as a fleet of nodes would. Records are encoded
 before the clock starts; a sample's publication time is taken just before its ``produce()``.
 
 Marker: every sample of second ``k`` carries ``power_w = 1000 + k``, so its value on
-``DCGM_FI_DEV_POWER_USAGE`` names the sample. A scraper thread GETs /metrics back to back (no
+``DCGM_FI_DEV_POWER_USAGE`` names the sample. A scraper process GETs /metrics back to back (no
 gzip) and, per GPU, notes when each marker first appears. Seen time = when the scrape that showed
 it was *sent*: the service renders after receiving the request, so the value was there by then
 up to the server's accept delay (the scrape's end time, a strictly later bound, is reported too).
@@ -21,23 +22,26 @@ when its successor was seen (an upper bound). Each latency is thus quantised by 
 would see the same values with far less load on the service. The first second (every GPU new:
 label sets rendered) is warm-up and left out.
 
-ratio = 1.0 / p99 in seconds (target 1.00: p99 under 1 s). Producer, broker, service and scraper
-share the machine's cores, and on a 2-core machine they compete; the figures say so.
+ratio = 1.0 / the worst round's p99 in seconds (target 1.00: p99 under 1 s in every round).
+Producer, broker, service and scraper share the machine's cores, and on a 2-core machine they
+compete; the figures say so.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import re
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 import uuid
+from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -51,7 +55,9 @@ from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_schemas.codec import AvroCodec
 
 GPUS = 10_000
-TICKS = 11  # tick 0 is warm-up; 10 measured seconds
+ROUNDS = 2  # the ratio is the worst round's: a figure that holds in one round only is not held
+ROUND_TICKS = 10  # measured seconds per round
+TICKS = 1 + ROUNDS * ROUND_TICKS  # tick 0 is warm-up
 SLICES = 20  # publication slices per second (500 samples every 50 ms)
 MARK = 1000
 _LINE = re.compile(rb'UUID="GPU-bench-(\d{5})"[^}]*\} (\d+)\.')
@@ -92,31 +98,37 @@ def build_payloads() -> list[list[tuple[bytes, bytes]]]:
     return [[(k, enc({**r, "timestamp_ms": now_ms + t * 1000})) for k, r in row] for t, row in enumerate(out)]
 
 
-class Scraper(threading.Thread):
-    def __init__(self, url: str) -> None:
-        super().__init__(name="scraper", daemon=True)
-        self.url = url
-        self.stop = threading.Event()
-        # gpu -> tick -> (sent, done, previous scrape's sent): first seen between prev and sent
-        self.seen: dict[int, dict[int, tuple[float, float, float]]] = {}
-        self.scrapes: list[tuple[float, float, int]] = []  # (sent, done, bytes)
+def scrape(url: str, stop: Any, out: Connection) -> None:
+    """GET ``url`` back to back (no gzip) until ``stop`` is set, then send back ``(seen, scrapes)``:
+    per GPU, per marker tick, ``(sent, done, previous scrape's sent)`` of the scrape that first
+    showed it, and ``(sent, done, bytes, time to the response head)`` of every scrape.
 
-    def run(self) -> None:
-        prev = time.time()
-        while not self.stop.is_set():
-            sent = time.time()
-            with urllib.request.urlopen(self.url, timeout=30) as r:
-                body = r.read()
-            done = time.time()
-            self.scrapes.append((sent, done, len(body)))
-            start = body.find(b"# TYPE DCGM_FI_DEV_POWER_USAGE ")
-            end = body.find(b"# HELP ", start + 1)
-            for m in _LINE.finditer(body, start, end if end > 0 else len(body)):
-                gpu, tick = int(m.group(1)), int(m.group(2)) - MARK
-                ticks = self.seen.setdefault(gpu, {})
-                if tick not in ticks:
-                    ticks[tick] = (sent, done, prev)
-            prev = sent
+    Runs in a process of its own, as Prometheus does. In a thread of this process it competed for
+    one GIL with the publisher: every ``recv`` of an 80 MB body gives the GIL up, and taking it back
+    waited for the publisher's switch interval (5 ms), so the scrapes measured the harness's own
+    contention along with the service."""
+    seen: dict[int, dict[int, tuple[float, float, float]]] = {}
+    scrapes: list[tuple[float, float, int, float]] = []
+    prev = time.time()
+    while not stop.is_set():
+        sent = time.time()
+        with urllib.request.urlopen(url, timeout=30) as r:
+            head = time.time() - sent
+            body = r.read()
+        done = time.time()
+        scrapes.append((sent, done, len(body), head))
+        start = body.find(b"# TYPE DCGM_FI_DEV_POWER_USAGE ")
+        end = body.find(b"# HELP ", start + 1)
+        for m in _LINE.finditer(body, start, end if end > 0 else len(body)):
+            gpu, tick = int(m.group(1)), int(m.group(2)) - MARK
+            ticks = seen.setdefault(gpu, {})
+            if tick not in ticks:
+                ticks[tick] = (sent, done, prev)
+        if sum(1 for g in seen.values() if TICKS - 1 in g) >= GPUS:
+            break  # the last tick is everywhere: nothing more to see
+        prev = sent
+    out.send((seen, scrapes))
+    out.close()
 
 
 def wait_healthy(url: str, partitions: int, timeout_s: float = 90.0) -> None:
@@ -173,12 +185,16 @@ def main() -> None:
         figure("encode_setup_s", time.perf_counter() - t, "s (untimed)")
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, partitions)
+        ctx = multiprocessing.get_context("spawn")
+        stop = ctx.Event()
+        results, tx = ctx.Pipe(duplex=False)
+        scraper = ctx.Process(target=scrape, args=(url + "/metrics", stop, tx), name="scraper")
+        scraper.start()
+        tx.close()
         producer = Producer(producer_config(bootstrap))
-        scraper = Scraper(url + "/metrics")
         published: list[dict[int, float]] = [{} for _ in range(TICKS)]
         per_slice = GPUS // SLICES
-        t0 = time.time() + 0.2
-        scraper.start()
+        t0 = time.time() + 1.0  # the scraper's interpreter starts meanwhile: tick 0 is warm-up
         for tick in range(TICKS):
             row = payloads[tick]
             for s in range(SLICES):
@@ -199,12 +215,14 @@ def main() -> None:
                 producer.poll(0)
         behind = time.time() - (t0 + TICKS)
         producer.flush(30)
-        last = TICKS - 1
-        deadline = time.time() + 10
-        while time.time() < deadline and sum(1 for g in scraper.seen.values() if last in g) < GPUS:
-            time.sleep(0.1)
-        scraper.stop.set()
+        if not results.poll(10):  # the scraper ends once the last tick is everywhere
+            stop.set()
+        if not results.poll(60):
+            raise SystemExit("the scraper sent nothing back")
+        seen, scrapes = results.recv()
         scraper.join(30)
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+            own = r.read().decode()
     finally:
         svc.terminate()
         try:
@@ -213,47 +231,94 @@ def main() -> None:
             svc.kill()
         log.close()
 
+    print(
+        f"freshness: {GPUS} GPUs, {ROUNDS} rounds of {ROUND_TICKS} s measured, "
+        f"{sum(b for _, _, b, _ in scrapes) / max(1, len(scrapes)) / 1e6:.0f} MB per scrape",
+        flush=True,
+    )
+    worst = 0.0
+    for r in range(ROUNDS):
+        first = 1 + r * ROUND_TICKS
+        p99 = report_round(r + 1, range(first, first + ROUND_TICKS), seen, scrapes, published, t0)
+        worst = max(worst, p99)
+    figure("publisher_behind_schedule_s", behind, "s")
+    # The service's own view splits the latency: publication to the store (Kafka and ingest), and
+    # the render that a scrape adds (bucket bounds, whole run).
+    figure(
+        "service_ingest_delay_p99_le_s",
+        bucket_quantile(own, "gpupipe_metrics_ingest_delay_seconds_bucket", "", 0.99),
+        "s (oldest sample of each consumed batch, publication to store)",
+    )
+    figure(
+        "service_render_p99_le_s",
+        bucket_quantile(own, "gpupipe_metrics_render_seconds_bucket", 'stage="render"', 0.99),
+        "s",
+    )
+    ratio_line("metrics_freshness_p99", 1.0 / worst if worst > 0 else 0.0, 1.0)
+
+
+def bucket_quantile(text: str, name: str, match: str, q: float) -> float:
+    """The upper bound of the histogram bucket holding quantile ``q`` (``name`` lines with
+    ``match`` in their labels, from an exposition's text)."""
+    buckets = []
+    for line in text.splitlines():
+        if line.startswith(name + "{") and match in line:
+            le = re.search(r'le="([^"]+)"', line)
+            if le:
+                buckets.append((float(le.group(1)), float(line.rsplit(" ", 1)[1])))
+    buckets.sort()
+    total = buckets[-1][1] if buckets else 0.0
+    return next((le for le, n in buckets if n >= q * total), float("inf"))
+
+
+def report_round(
+    n: int,
+    ticks: range,
+    seen: dict[int, dict[int, tuple[float, float, float]]],
+    scrapes: list[tuple[float, float, int, float]],
+    published: list[dict[int, float]],
+    t0: float,
+) -> float:
+    """Print one round's figures; returns its p99 (infinite when a marker was never seen)."""
     lat_sent: list[float] = []
     lat_done: list[float] = []
     lat_low: list[float] = []
     missing = 0
     for gpu in range(GPUS):
-        ticks = scraper.seen.get(gpu, {})
+        got = seen.get(gpu, {})
         later: tuple[float, float, float] | None = None
-        for tick in range(TICKS - 1, 0, -1):  # measured ticks, newest first
-            seen = ticks.get(tick, later)
-            if seen is None:
+        for tick in range(TICKS - 1, ticks.start - 1, -1):  # newest first: a successor's sighting
+            sighting = got.get(tick, later)
+            later = sighting if tick in got else later
+            if tick not in ticks:
+                continue
+            if sighting is None:
                 missing += 1
                 continue
-            later = seen if tick in ticks else later
-            lat_sent.append(seen[0] - published[tick][gpu])
-            lat_done.append(seen[1] - published[tick][gpu])
-            lat_low.append(max(0.0, seen[2] - published[tick][gpu]))
-    window = [sc for sc in scraper.scrapes if t0 + 1 <= sc[0] <= t0 + TICKS]  # the measured seconds
-    scrape_s = [d - s for s, d, _ in window]
-    print(
-        f"freshness: {GPUS} GPUs x {TICKS - 1} s measured, {len(window)} scrapes in that time "
-        f"({sum(b for *_, b in window) / max(1, len(window)) / 1e6:.0f} MB each), "
-        f"{len(lat_sent)} samples timed",
-        flush=True,
-    )
-    figure("p50_s", pct(lat_sent, 0.50), "s")
-    figure("p99_s", pct(lat_sent, 0.99), "s")
-    figure("max_s", max(lat_sent), "s")
-    figure("p99_until_scrape_end_s", pct(lat_done, 0.99), "s")
-    figure("p99_lower_bound_s", pct(lat_low, 0.99), "s (not yet there at the previous scrape)")
+            lat_sent.append(sighting[0] - published[tick][gpu])
+            lat_done.append(sighting[1] - published[tick][gpu])
+            lat_low.append(max(0.0, sighting[2] - published[tick][gpu]))
+    window = [sc for sc in scrapes if t0 + ticks.start <= sc[0] <= t0 + ticks.stop]
+    durations = [d - s for s, d, _, _ in window]
+    heads = [h for *_, h in window]
+    print(f"round {n}: {len(window)} scrapes, {len(lat_sent)} samples timed", flush=True)
+    p99 = pct(lat_sent, 0.99) if lat_sent else float("inf")
+    figure(f"round{n}_p50_s", pct(lat_sent, 0.50) if lat_sent else float("inf"), "s")
+    figure(f"round{n}_p99_s", p99, "s")
+    figure(f"round{n}_max_s", max(lat_sent, default=float("inf")), "s")
+    figure(f"round{n}_p99_until_scrape_end_s", pct(lat_done, 0.99) if lat_done else float("inf"), "s")
     figure(
-        "scrape_period_mean_s",
-        (TICKS - 1) / max(1, len(window)),
-        "s",
+        f"round{n}_p99_lower_bound_s",
+        pct(lat_low, 0.99) if lat_low else float("inf"),
+        "s (not yet there at the previous scrape)",
     )
-    figure("scrape_duration_p50_s", pct(scrape_s, 0.5), "s")
-    figure("publisher_behind_schedule_s", behind, "s")
-    figure("markers_never_seen", missing)
-    p99 = pct(lat_sent, 0.99)
-    if missing:
-        p99 = float("inf")
-    ratio_line("metrics_freshness_p99", 1.0 / p99 if p99 > 0 else 0.0, 1.0)
+    figure(f"round{n}_scrape_period_mean_s", len(ticks) / max(1, len(window)), "s")
+    if window:
+        figure(f"round{n}_scrape_duration_p50_s", pct(durations, 0.5), "s")
+        figure(f"round{n}_scrape_head_p50_s", pct(heads, 0.5), "s (request to response head)")
+        figure(f"round{n}_scrape_head_max_s", max(heads), "s")
+    figure(f"round{n}_markers_never_seen", missing)
+    return float("inf") if missing else p99
 
 
 if __name__ == "__main__":
