@@ -8,15 +8,17 @@ import os
 import signal
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import Producer
 from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import NoSuchTableError
 
 from gpupipe.kafka_admin import ensure_topics
 from gpupipe_consumers.lake.writer import stored_offsets
@@ -35,6 +37,19 @@ KEYS = {
     "alerts": ("alert_id", "sequence"),
     "chargeback_windows": ("record_id",),
 }
+TOPICS = {
+    "samples": "gpu.samples.v1",
+    "xid_events": "gpu.xid.v1",
+    "alerts": "gpu.alerts.v1",
+    "chargeback_windows": "gpu.chargeback.v1",
+}
+EVENT_TABLES = ("xid_events", "alerts", "chargeback_windows")
+
+FLUSH_ROWS = 200
+# The stream in three parts, one per writer: (fleet ticks of 128 samples, records of each other
+# table). Each part is at least FLUSH_ROWS per table, so every writer commits every table before
+# it is killed, whatever batches the consumer happens to get.
+PARTS = ((14, 200), (13, 200), (13, 200))
 
 
 @pytest.fixture(autouse=True)
@@ -43,70 +58,125 @@ def _pool() -> Iterator[None]:
     end_pyiceberg_threads()
 
 
-def produce_all(kafka: str, prefix: str) -> dict[str, int]:
-    """Records on all four topics (and one undecodable sample); how many of each table's rows to expect."""
-    codec = AvroCodec()
-    p = Producer({"bootstrap.servers": kafka, "linger.ms": 20, "enable.idempotence": True})
-    now = int(time.time() * 1000)
-    t0 = now - now % 1000 - 2 * 3_600_000
-    fleet = SimulatedFleet(FleetConfig(nodes=16, gpus_per_node=8))
-    enc = codec.encoder("GpuSample")
-    n_samples = 0
-    for i in range(40):
-        samples, _ = fleet.tick(t0 + i * 1000)
-        for s in samples:
-            p.produce(prefix + "gpu.samples.v1", enc.encode(s), s["uuid"].encode())
-            n_samples += 1
-        if i == 20:
-            p.produce(prefix + "gpu.samples.v1", b"\xc3\x01not-avro", b"bad")
-        p.poll(0)
-    xid, alert, window = (
-        codec.encoder("XidEvent"),
-        codec.encoder("GpuAlert"),
-        codec.encoder("ChargebackWindow"),
-    )
-    for i in range(300):
-        key = f"k{i % 17}".encode()
-        p.produce(
-            prefix + "gpu.xid.v1", xid.encode(fill("XidEvent", event_id=f"e{i}", timestamp_ms=t0 + i)), key
-        )
-        a = fill(
-            "GpuAlert",
-            alert_id=f"a{i // 3}",
-            sequence=i % 3,
-            emitted_at_ms=t0 + i,
-            first_seen_ms=t0,
-            last_seen_ms=t0 + i,
-        )
-        p.produce(prefix + "gpu.alerts.v1", alert.encode(a), key)
-        w = fill(
-            "ChargebackWindow",
-            record_id=f"r{i}",
-            namespace=f"ns{i % 5}",
-            allocated_gpu_seconds=36.0,
-            window_start_ms=t0,
-            window_end_ms=t0 + 60_000,
-        )
-        p.produce(prefix + "gpu.chargeback.v1", window.encode(w), key)
-        p.poll(0)
-    assert p.flush(30) == 0
-    return {"samples": n_samples, "xid_events": 300, "alerts": 300, "chargeback_windows": 300}
+class Stream:
+    """The input, produced a part at a time; each table's records go on from where they stopped."""
+
+    def __init__(self, kafka: str, prefix: str) -> None:
+        codec = AvroCodec()
+        self.prefix = prefix
+        self.producer = Producer({"bootstrap.servers": kafka, "linger.ms": 20, "enable.idempotence": True})
+        now = int(time.time() * 1000)
+        self.t0 = now - now % 1000 - 2 * 3_600_000
+        self.fleet = SimulatedFleet(FleetConfig(nodes=16, gpus_per_node=8))
+        self.ticks = 0
+        self.enc = {
+            name: codec.encoder(name) for name in ("GpuSample", "XidEvent", "GpuAlert", "ChargebackWindow")
+        }
+        #: decodable records produced per table: the rows each table must end with
+        self.produced = dict.fromkeys(KEYS, 0)
+
+    def samples(self, ticks: int) -> None:
+        for _ in range(ticks):
+            samples, _ = self.fleet.tick(self.t0 + self.ticks * 1000)
+            self.ticks += 1
+            for s in samples:
+                self._send("samples", self.enc["GpuSample"].encode(s), s["uuid"].encode())
+            self.producer.poll(0)
+
+    def undecodable(self) -> None:
+        """One sample that is not Avro: dead-lettered, never a row, but its offset is committed."""
+        self.producer.produce(self.prefix + TOPICS["samples"], b"\xc3\x01not-avro", b"bad")
+
+    def events(self, table: str, n: int) -> None:
+        for _ in range(n):
+            i = self.produced[table]
+            if table == "xid_events":
+                value = self.enc["XidEvent"].encode(
+                    fill("XidEvent", event_id=f"e{i}", timestamp_ms=self.t0 + i)
+                )
+            elif table == "alerts":
+                a = fill(
+                    "GpuAlert",
+                    alert_id=f"a{i // 3}",
+                    sequence=i % 3,
+                    emitted_at_ms=self.t0 + i,
+                    first_seen_ms=self.t0,
+                    last_seen_ms=self.t0 + i,
+                )
+                value = self.enc["GpuAlert"].encode(a)
+            else:
+                w = fill(
+                    "ChargebackWindow",
+                    record_id=f"r{i}",
+                    namespace=f"ns{i % 5}",
+                    allocated_gpu_seconds=36.0,
+                    window_start_ms=self.t0,
+                    window_end_ms=self.t0 + 60_000,
+                )
+                value = self.enc["ChargebackWindow"].encode(w)
+            self._send(table, value, f"k{i % 17}".encode())
+            self.producer.poll(0)
+
+    def top_up(self, table: str) -> None:
+        """Fewer rows than FLUSH_ROWS for ``table``: a writer holding none of it holds them all."""
+        if table == "samples":
+            self.samples(1)  # 128
+        else:
+            self.events(table, 10)
+        self.flush()
+
+    def part(self, ticks: int, events: int, *, undecodable: bool = False) -> None:
+        self.samples(ticks // 2)
+        if undecodable:
+            self.undecodable()
+        self.samples(ticks - ticks // 2)
+        for table in EVENT_TABLES:
+            self.events(table, events)
+        self.flush()
+
+    def flush(self) -> None:
+        assert self.producer.flush(30) == 0
+
+    def _send(self, table: str, value: bytes, key: bytes) -> None:
+        self.producer.produce(self.prefix + TOPICS[table], value, key)
+        self.produced[table] += 1
+
+
+def committed(cat: SqlCatalog) -> dict[str, int]:
+    """Rows per table as its current snapshot's summary says: cheap, unlike scanning every row,
+    which under load took long enough for the writer to finish the stream meanwhile."""
+    out: dict[str, int] = {}
+    for name in KEYS:
+        try:
+            snap = cat.load_table(("gpupipe", name)).current_snapshot()
+        except NoSuchTableError:
+            snap = None
+        total = snap.summary["total-records"] if snap is not None and snap.summary is not None else None
+        out[name] = int(total or 0)
+    return out
 
 
 def counts(cat: SqlCatalog) -> dict[str, Counter[tuple[Any, ...]]]:
     out: dict[str, Counter[tuple[Any, ...]]] = {}
     for name, key in KEYS.items():
-        try:
-            data = cat.load_table(("gpupipe", name)).scan(selected_fields=key).to_arrow()
-        except Exception:  # not created yet
-            out[name] = Counter()
-            continue
+        data = cat.load_table(("gpupipe", name)).scan(selected_fields=key).to_arrow()
         cols = [data.column(k).to_pylist() for k in key]
         out[name] = Counter(zip(*cols, strict=True))
     return out
 
 
-def start(kafka: str, prefix: str, tmp: Path, port: int) -> subprocess.Popen[bytes]:
+def health(port: int) -> tuple[int, dict[str, Any]] | None:
+    """The writer's /healthz status and body; None before it listens or while it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:  # 503: starting, or not polling yet
+        return e.code, json.loads(e.read())
+    except (OSError, ValueError):
+        return None
+
+
+def start(kafka: str, prefix: str, tmp: Path, port: int, flush_interval: str) -> subprocess.Popen[bytes]:
     log = open(tmp / "lake.log", "a")  # noqa: SIM115 (owned by the process' lifetime)
     return hygiene.popen(
         [
@@ -122,9 +192,9 @@ def start(kafka: str, prefix: str, tmp: Path, port: int) -> subprocess.Popen[byt
             "--warehouse",
             str(tmp / "warehouse"),
             "--flush-rows",
-            "300",
+            str(FLUSH_ROWS),
             "--flush-interval",
-            "300ms",
+            flush_interval,
             "--listen",
             f"127.0.0.1:{port}",
             "--log-format",
@@ -143,63 +213,97 @@ def start(kafka: str, prefix: str, tmp: Path, port: int) -> subprocess.Popen[byt
     )
 
 
-def wait_for(cond: Any, timeout: float, what: str, log: Path | None = None) -> None:
+def wait_for(
+    cond: Callable[[], bool], timeout: float, what: str, log: Path, proc: subprocess.Popen[bytes]
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if cond():
             return
+        if proc.poll() is not None:
+            break
         time.sleep(0.05)
-    tail = log.read_text()[-3000:] if log is not None and log.exists() else ""
-    raise AssertionError(f"timed out waiting for {what}\n{tail}")
+    tail = log.read_text()[-3000:] if log.exists() else ""
+    raise AssertionError(f"timed out waiting for {what} (writer exit: {proc.poll()})\n{tail}")
 
 
 def test_kill_9_mid_stream_twice_and_every_record_is_in_once(
     kafka: str, topic_prefix: str, tmp_path: Path
 ) -> None:
-    bases = ["gpu.samples.v1", "gpu.xid.v1", "gpu.alerts.v1", "gpu.chargeback.v1", "gpu.deadletter.v1"]
-    ensure_topics(kafka, bases, prefix=topic_prefix)
-    want = produce_all(kafka, topic_prefix)
+    ensure_topics(kafka, [*TOPICS.values(), "gpu.deadletter.v1"], prefix=topic_prefix)
+    stream = Stream(kafka, topic_prefix)
     (tmp_path / "warehouse").mkdir()
     warehouse = (tmp_path / "warehouse").as_uri()
     cat = SqlCatalog("gpupipe", uri=f"sqlite:///{tmp_path}/catalog.db", warehouse=warehouse)
     port = free_port()
-    proc = start(kafka, topic_prefix, tmp_path, port)
+    log = tmp_path / "lake.log"
+    # Each writer but the last reads its part of the stream, commits some of it and holds the rest:
+    # neither its row count (kept below FLUSH_ROWS) nor its interval (an hour) commits that rest.
+    # Killed then, it loses buffered rows and group offsets after commits landed, and the next part
+    # is produced only after the kill: mid-stream by construction, however fast the writer runs.
+    proc: subprocess.Popen[bytes] | None = None
     try:
-        log = tmp_path / "lake.log"
-        for kill in (1, 2):
-            seen = [0]
+        for n, (ticks, events) in enumerate(PARTS):
+            last = n == len(PARTS) - 1
+            base = committed(cat)  # where this writer resumes: the one before it is dead
+            proc = start(kafka, topic_prefix, tmp_path, port, "300ms" if last else "1h")
+            stream.part(ticks, events, undecodable=n == 0)
+            if last:
+                break
 
-            def progressed(seen: list[int] = seen, kill: int = kill) -> bool:
-                rows = sum(counts(cat)["samples"].values())
-                seen[0] = rows
-                return rows >= kill * 1200  # some commits in, most of the stream still to go
+            def caught_up(base: dict[str, int] = base) -> bool:
+                """The writer handled (committed or holds) every record produced since it started."""
+                h = health(port)
+                todo = sum(stream.produced[t] - base[t] for t in KEYS)
+                return h is not None and h[1].get("rows_written", -1) + h[1].get("rows_buffered", 0) >= todo
 
-            wait_for(progressed, 120, f"rows before kill {kill}", log)
-            assert seen[0] < want["samples"], "the kill must land mid-stream: produce more or flush less"
+            wait_for(caught_up, 120, f"writer {n + 1} to read its part", log, proc)
+            rows = committed(cat)
+            empty = [t for t in KEYS if rows[t] == stream.produced[t]]
+            if empty:  # its last batch reached FLUSH_ROWS and was committed: give it rows to hold
+                for t in empty:
+                    stream.top_up(t)
+                wait_for(caught_up, 120, f"writer {n + 1} to read the top-up", log, proc)
+                rows = committed(cat)
+            status = health(port)
+            held = {t: stream.produced[t] - rows[t] for t in KEYS}
+            for t in KEYS:
+                assert rows[t] <= stream.produced[t], (
+                    f"{t}: {rows[t]} rows of {stream.produced[t]}: duplicates"
+                )
+                assert rows[t] > base[t], f"{t}: writer {n + 1} committed nothing before its kill"
+                assert held[t] > 0, f"{t}: writer {n + 1} holds no rows for its kill to lose"
+            assert status is not None and status[1]["rows_buffered"] == sum(held.values()), (
+                f"writer {n + 1} holds other than the uncommitted rows {held}: {status}"
+            )
             os.killpg(proc.pid, signal.SIGKILL)  # no shutdown: buffered rows and group offsets lost
             proc.wait(10)
-            proc = start(kafka, topic_prefix, tmp_path, port)
+        assert proc is not None
 
         def complete() -> bool:
-            return all(sum(c.values()) >= want[n] for n, c in counts(cat).items())
+            return all(rows >= stream.produced[t] for t, rows in committed(cat).items())
 
-        wait_for(complete, 180, "every row", log)
-        time.sleep(1.5)  # a duplicate, were there one, would be committed by now
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
-            assert r.status == 200, "healthy while writing"
+        wait_for(complete, 120, "every row", log, proc)
+        status = health(port)
+        assert status is not None and status[0] == 200, f"healthy while writing: {status}"
+        # A clean stop commits what the writer holds: a duplicate it has read is in the table then.
         assert hygiene.stop_group(proc, timeout=30) == 0
     finally:
-        if proc.poll() is None:
+        if proc is not None and proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     final = counts(cat)
     for name, c in final.items():
         dup = {k: n for k, n in c.items() if n != 1}
         assert not dup, f"{name}: rows not exactly once: {list(dup.items())[:5]}"
-        assert len(c) == want[name], f"{name}: {len(c)} distinct rows, want {want[name]}"
+        assert len(c) == stream.produced[name], (
+            f"{name}: {len(c)} distinct rows, want {stream.produced[name]}"
+        )
+        table = cat.load_table(("gpupipe", name))
+        assert len(table.snapshots()) >= 3, f"{name}: a commit by each writer"
     samples = cat.load_table(("gpupipe", "samples"))
-    assert len(samples.snapshots()) >= 3, "a commit before each kill and one after"
-    assert sum(stored_offsets(samples, topic_prefix + "gpu.samples.v1").values()) == want["samples"] + 1
+    offsets = stored_offsets(samples, topic_prefix + TOPICS["samples"])
+    assert sum(offsets.values()) == stream.produced["samples"] + 1  # the undecodable one too
     dead = read_all(kafka, topic_prefix + "gpu.deadletter.v1", expect=1)
     assert {m.value() for m in dead} == {b"\xc3\x01not-avro"}  # dead-lettered (once per reading of it)
 
@@ -217,5 +321,8 @@ def test_kill_9_mid_stream_twice_and_every_record_is_in_once(
         "GROUP BY namespace ORDER BY namespace",
     )
     assert out.returncode == 0, out.stderr
-    rows = [json.loads(line) for line in out.stdout.splitlines()]
-    assert rows == [{"namespace": f"ns{i}", "h": pytest.approx(60 * 36.0 / 3600)} for i in range(5)]
+    answer = [json.loads(line) for line in out.stdout.splitlines()]
+    windows = stream.produced["chargeback_windows"]
+    assert answer == [
+        {"namespace": f"ns{i}", "h": pytest.approx(len(range(i, windows, 5)) * 36.0 / 3600)} for i in range(5)
+    ]
