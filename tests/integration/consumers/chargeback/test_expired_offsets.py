@@ -67,6 +67,9 @@ def test_after_the_group_offsets_expire_the_dashboard_counters_count_once_and_sa
     counted = counter_sum(first, ALLOCATED)
     assert counted == pytest.approx(4 * 600.0)
     assert counter_sum(first, DUPLICATES) == 0
+    # A new deployment: every partition starts fresh too, but the output topic is empty.
+    assert counter_sum(first, "gpupipe_chargeback_missing_checkpoints") == 0
+    assert "emitted record ids read back" not in log.read_text()
     once = read_output(kafka, t_out)
     assert len(once) == 4
     with_windows = {r["source_partition"] for r in once}
