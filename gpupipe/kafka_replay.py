@@ -8,6 +8,7 @@ come out raw: decoding belongs to the contract's readers above this floor.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -31,6 +32,7 @@ def iter_messages(
     missing_ok: bool = False,
     missing_hint: str = "check --topic-prefix and that its writer ran",
     group_prefix: str,
+    stop: threading.Event | None = None,
 ) -> Iterator[Any]:
     """Every committed message of ``topic`` (confluent_kafka ``Message``), per partition in offset
     order, up to the end offsets seen when the read began.
@@ -38,7 +40,8 @@ def iter_messages(
     ``since_ms``: each partition starts at the first offset whose timestamp is at or after it (a
     partition with nothing that recent is skipped). ``group_prefix`` names the private, never
     committing group (the ACL table grants it by prefix). A missing topic is a :class:`ConfigError`
-    naming ``missing_hint``, or an empty read with ``missing_ok``.
+    naming ``missing_hint``, or an empty read with ``missing_ok``. A set ``stop`` ends the read early
+    (within a poll, half a second) for a reader in a thread of its own that its owner is closing.
     """
     consumer = Consumer(
         client_config(
@@ -80,6 +83,8 @@ def iter_messages(
         consumer.assign([TopicPartition(topic, p, starts[p]) for p in sorted(pending)])
         deadline = time.monotonic() + timeout_s
         while pending:
+            if stop is not None and stop.is_set():
+                return
             if time.monotonic() > deadline:
                 where = ", ".join(f"[{p}] (end {ends[p]})" for p in sorted(pending))
                 raise GpupipeError(

@@ -1,18 +1,27 @@
 """The record ids chargeback already put on its output topic, for partitions restarted without a
-checkpoint of ours (an offset reset, a mirror failover).
+checkpoint of ours: an offset reset or a mirror failover (offsets without our metadata), or the
+group's offsets gone altogether (expired after ``offsets.retention.minutes``, or deleted).
 
 Such a partition re-processes its input from wherever the offsets now point and re-emits windows
 under the ids an earlier process used. The report counts each id once; the dashboard counters
 (:mod:`gpupipe_consumers.chargeback.prom_counters`) need the same ids to do so, and only the topic holds
 them: this reads it back from ``since_ms`` (the input's retention: nothing older can be re-emitted)
 to its end as of the start of the read, in a thread of its own so the loop goes on meanwhile.
+
+A partition without any committed offset is also what every partition of a new deployment is, and
+there the output topic is empty: :func:`holds_records_since` asks the topic's offsets first, so a
+new deployment holds nothing and reads nothing back.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from confluent_kafka import TopicPartition
 
 from gpupipe.acls import CHARGEBACK_DEDUPE_SUFFIX
 from gpupipe.kafka_replay import iter_messages
@@ -20,7 +29,7 @@ from gpupipe.logs import fields
 from gpupipe_schemas.codec import AvroCodec
 from gpupipe_schemas.errors import DecodeError
 
-__all__ = ["EmittedIdsReader", "emitted_ids"]
+__all__ = ["EmittedIdsReader", "emitted_ids", "holds_records_since"]
 
 log = logging.getLogger("gpupipe.chargeback")
 
@@ -40,9 +49,29 @@ def emitted_ids(messages: Iterable[object], codec: AvroCodec, partitions: set[in
     return out
 
 
+def holds_records_since(consumer: Any, topic: str, since_ms: int, timeout_s: float) -> bool:
+    """Whether ``topic`` holds a record written at or after ``since_ms``: what a read back from
+    there could find. Watermarks first (an empty or missing topic answers at once), then the
+    offsets for that time of the partitions that hold anything. Raises KafkaException."""
+    md = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+    if md is None or md.error is not None:
+        return False  # not created yet: nothing was ever emitted
+    held = []
+    for part in sorted(md.partitions):
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, part), timeout=timeout_s)
+        if high > low:
+            held.append(part)
+    if not held:
+        return False
+    found = consumer.offsets_for_times([TopicPartition(topic, p, since_ms) for p in held], timeout=timeout_s)
+    # -1 (the end): nothing that recent there, everything older is past the input's retention.
+    return any(tp.error is None and tp.offset >= 0 for tp in found)
+
+
 class EmittedIdsReader:
     """Reads the ids for a set of partitions in a daemon thread and hands them to ``release``
-    (partition, ids or None when the read failed: the caller then counts unchecked)."""
+    (partition, ids or None when the read failed: the caller then counts unchecked). :meth:`close`
+    ends every read still going and waits for its thread."""
 
     def __init__(
         self,
@@ -56,10 +85,12 @@ class EmittedIdsReader:
         read: Callable[..., Iterable[object]] = iter_messages,
     ) -> None:
         self.bootstrap, self.topic, self.group_id = bootstrap, topic, group_id
-        self.codec, self.extra, self.release, self._read = codec, extra, release, read
+        self.codec, self.extra, self.release, self.read = codec, extra, release, read
         self.threads: list[threading.Thread] = []
+        self._stop = threading.Event()
 
     def start(self, partitions: set[int], since_ms: int) -> threading.Thread:
+        self.threads = [t for t in self.threads if t.is_alive()]
         t = threading.Thread(
             target=self._run, args=(set(partitions), since_ms), name="chargeback-emitted-ids", daemon=True
         )
@@ -67,17 +98,40 @@ class EmittedIdsReader:
         t.start()
         return t
 
+    def close(self, timeout_s: float = 15.0) -> None:
+        """Stop every read (within a poll, or a metadata call of at most 10 s) and join its thread.
+        What a stopped read found is not released: the counters go with the service."""
+        self._stop.set()
+        deadline = time.monotonic() + timeout_s
+        for t in self.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        self.threads = [t for t in self.threads if t.is_alive()]
+        if self.threads:
+            log.warning(
+                "emitted record ids still being read at close", extra=fields(threads=len(self.threads))
+            )
+
+    def _until_stopped(self, msgs: Iterable[object]) -> Iterator[object]:
+        for msg in msgs:
+            if self._stop.is_set():
+                return
+            yield msg
+
     def _run(self, partitions: set[int], since_ms: int) -> None:
+        if self._stop.is_set():
+            return
+        msgs: Iterable[object] = ()
         try:
-            msgs = self._read(
+            msgs = self.read(
                 self.bootstrap,
                 self.topic,
                 since_ms=since_ms,
                 extra=self.extra,
                 missing_ok=True,
                 group_prefix=f"{self.group_id}{CHARGEBACK_DEDUPE_SUFFIX}",  # granted by prefix
+                stop=self._stop,
             )
-            found = emitted_ids(msgs, self.codec, partitions)
+            found = emitted_ids(self._until_stopped(msgs), self.codec, partitions)
         except Exception as exc:  # the counters then count unchecked; billing is not affected
             log.warning(
                 "cannot read the emitted record ids back: the dashboard counters of these partitions "
@@ -87,6 +141,12 @@ class EmittedIdsReader:
             for part in sorted(partitions):
                 self.release(part, None)
             return
+        finally:
+            close = getattr(msgs, "close", None)
+            if close is not None:
+                close()  # a generator cut short closes its consumer now, not when collected
+        if self._stop.is_set():
+            return  # cut short: a partial set would count some re-emitted windows again
         for part in sorted(partitions):
             n = self.release(part, found[part])
             log.info(

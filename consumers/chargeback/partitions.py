@@ -54,15 +54,16 @@ class InputPartitions:
             what=f"committed offsets of {topic}",
         )
 
-    def fresh_start(self, part: int) -> int:
-        """Where a partition without a checkpoint starts (``--start``)."""
+    def fresh_start(self, part: int) -> tuple[int, int]:
+        """Where a partition without a checkpoint starts (``--start``), and its end: below the end,
+        it replays retained input, which an earlier process may have billed already."""
         low, high = retry(
             lambda: self.consumer.get_watermark_offsets(
                 TopicPartition(self.topic, part), timeout=OP_TIMEOUT_S
             ),
             what=f"offsets of {self.topic}[{part}]",
         )
-        return low if self.start == "earliest" else high
+        return (low if self.start == "earliest" else high), high
 
     def high_watermark(self, part: int) -> int | None:
         """The cached end offset of ``part`` (no request), None when unknown."""

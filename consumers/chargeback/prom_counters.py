@@ -19,9 +19,11 @@ exposition without end; each overflowing record is counted and the first one log
 
 Once, as the report does: after an offset reset (or a mirror failover) a partition restarts from
 offsets without our checkpoint and re-emits windows an earlier process already counted, under the
-same ``record_id``. Such a partition's records are *held* (:meth:`WindowCounters.hold`) until the
-ids already on the output topic are known (:meth:`WindowCounters.release`); those are not counted
-again (``gpupipe_chargeback_counter_duplicates``).
+same ``record_id``; so does one whose committed offset is gone (the group's offsets expired or were
+deleted) while the output topic holds records. Such a partition's records are *held*
+(:meth:`WindowCounters.hold`) until the ids already on the output topic are known
+(:meth:`WindowCounters.release`); those are not counted again
+(``gpupipe_chargeback_counter_duplicates``).
 """
 
 from __future__ import annotations

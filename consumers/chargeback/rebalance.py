@@ -44,11 +44,16 @@ class PartitionOwnership:
         txn: TransactionalSession,
         metrics: ChargebackMetrics,
         group_id: str,
-        on_foreign: Callable[[dict[int, int]], None] | None = None,
+        on_unchecked: Callable[[dict[int, int], dict[int, int]], None] | None = None,
+        output_holds_records: Callable[[], bool] | None = None,
     ) -> None:
         self.partitions = partitions
-        # Partitions whose committed offset carries no checkpoint of ours (partition -> offset).
-        self.on_foreign = on_foreign
+        # Partitions that restart without a checkpoint of ours and may re-emit what an earlier
+        # process emitted: (foreign, missing), each partition -> the offset it starts from.
+        self.on_unchecked = on_unchecked
+        # Whether the output topic holds records: a partition without any committed offset re-emits
+        # only if something was emitted before (None: never asked, as for a new deployment).
+        self.output_holds_records = output_holds_records
         self.engine = engine
         self.holds = holds
         self.agreement: PriceAgreement = holds.agreement
@@ -77,6 +82,7 @@ class PartitionOwnership:
         committed = p.read_committed(parts)
         starts: dict[int, int] = {}
         foreign: dict[int, int] = {}
+        missing: dict[int, int] = {}  # no committed offset at all, with retained input to replay
         # PriceChangeError when this price table would re-price usage already billed.
         restored = {
             tp.partition: Checkpoint.from_metadata(tp.offset, tp.metadata)
@@ -94,7 +100,9 @@ class PartitionOwnership:
             p.forget(part)
             if tp.offset is None or tp.offset < 0:
                 engine.restore(part, None)
-                starts[part] = p.fresh_start(part)
+                starts[part], end = p.fresh_start(part)
+                if starts[part] < end:
+                    missing[part] = starts[part]
                 log.info("partition starts fresh", extra=fields(partition=part, offset=starts[part]))
                 continue
             cp = Checkpoint.from_metadata(tp.offset, tp.metadata)
@@ -115,10 +123,16 @@ class PartitionOwnership:
             )
         # Restored below any held record: the hold must not stay above it (see PriceHolds.unhold).
         self.holds.unhold_held(parts)
+        # Every partition of a new deployment has no committed offset either; only once the output
+        # topic holds records can one whose offsets expired (or were deleted) re-emit anything.
+        if missing and not (self.output_holds_records is not None and self.output_holds_records()):
+            missing = {}
         if foreign:
             self.metrics.foreign_checkpoints.inc(len(foreign))
-            if self.on_foreign is not None:
-                self.on_foreign(foreign)
+        if missing:
+            self.metrics.missing_checkpoints.inc(len(missing))
+        if (foreign or missing) and self.on_unchecked is not None:
+            self.on_unchecked(foreign, missing)
         return starts
 
     def rewind(self, restore: bool = True) -> None:

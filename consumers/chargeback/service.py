@@ -63,7 +63,7 @@ from gpupipe.kafka_admin import client_config
 from gpupipe.kafka_txn import AbortRequired, TransactionalSession, TransactionFatalError
 from gpupipe.logs import fields
 from gpupipe.startup import StuckCallError
-from gpupipe_consumers.chargeback.emitted import EmittedIdsReader
+from gpupipe_consumers.chargeback.emitted import EmittedIdsReader, holds_records_since
 from gpupipe_consumers.chargeback.errors import ChargebackFatalError, PriceChangeError
 from gpupipe_consumers.chargeback.identity import check_client_overrides
 from gpupipe_consumers.chargeback.idle import IdleDetector
@@ -182,7 +182,8 @@ class ChargebackService:
             self.txn,
             self.metrics,
             cfg.group_id,
-            on_foreign=self._on_foreign_checkpoints,
+            on_unchecked=self._on_unchecked_partitions,
+            output_holds_records=self._output_holds_records,
         )
         self.emitted_ids = EmittedIdsReader(
             bootstrap=cfg.bootstrap,
@@ -219,19 +220,52 @@ class ChargebackService:
     def held(self) -> dict[int, int]:
         return self.holds.held
 
-    def _on_foreign_checkpoints(self, foreign: dict[int, int]) -> None:
-        """Partitions whose committed offsets are not our checkpoints: say so, and keep the dashboard
-        counters from counting again what an earlier process emitted (see prom_counters)."""
-        log.warning(
-            "committed offsets without a chargeback checkpoint (an offset reset, a mirror failover or "
-            "another writer): these partitions re-process their input from there and emit its windows "
-            "again under the same record ids, which the report counts once",
-            extra=fields(partitions={str(p): o for p, o in sorted(foreign.items())}),
-        )
-        for part in foreign:
+    def _dedupe_since_ms(self) -> int:
+        return int((time.time() - self.cfg.dedupe_lookback_s) * 1000)
+
+    def _output_holds_records(self) -> bool:
+        """Whether the output topic holds records a partition restarting without any committed
+        offset could emit again (within the lookback). Unknown counts as no: the counters then
+        count those partitions unchecked, as they would without this check, and say so."""
+        try:
+            return holds_records_since(
+                self.partitions.consumer, self.cfg.output_topic, self._dedupe_since_ms(), _OP_TIMEOUT_S
+            )
+        except KafkaException as exc:
+            log.warning(
+                "cannot tell whether the output topic holds windows: partitions starting without a "
+                "committed offset are counted unchecked by the dashboard counters (the report "
+                "counts re-emitted windows once)",
+                extra=fields(topic=self.cfg.output_topic, error=exc.args[0].str()),
+            )
+            return False
+
+    def _on_unchecked_partitions(self, foreign: dict[int, int], missing: dict[int, int]) -> None:
+        """Partitions restarting without a checkpoint of ours, whose re-processed input re-emits
+        windows an earlier process emitted: say so, and keep the dashboard counters from counting
+        them again (see prom_counters). One read of the output topic serves both kinds."""
+        if foreign:
+            log.warning(
+                "committed offsets without a chargeback checkpoint (an offset reset, a mirror failover "
+                "or another writer): these partitions re-process their input from there and emit its "
+                "windows again under the same record ids, which the report counts once",
+                extra=fields(partitions={str(p): o for p, o in sorted(foreign.items())}),
+            )
+        if missing:
+            log.warning(
+                "partitions start without a committed offset while the output topic holds windows "
+                "(the group's offsets expired after offsets.retention.minutes, or were deleted): they "
+                "re-process their retained input and emit its windows again under the same record "
+                "ids, which the report counts once",
+                extra=fields(
+                    partitions={str(p): o for p, o in sorted(missing.items())},
+                    output=self.cfg.output_topic,
+                ),
+            )
+        parts = set(foreign) | set(missing)
+        for part in parts:
             self.window_counters.hold(part)
-        since_ms = int((time.time() - self.cfg.dedupe_lookback_s) * 1000)
-        self.emitted_ids.start(set(foreign), since_ms)
+        self.emitted_ids.start(parts, self._dedupe_since_ms())
 
     @property
     def rebalances(self) -> int:
@@ -367,6 +401,13 @@ class ChargebackService:
         self.pending = 0
 
     def _close(self, clean: bool) -> None:
+        try:
+            self._close_clients(clean)
+        finally:
+            # After the consumer: its close() revokes, and only an assignment starts a read.
+            self.emitted_ids.close()
+
+    def _close_clients(self, clean: bool) -> None:
         if not clean:
             self.failed = True  # before close(): its revoke callback must not commit anything
         if self.txn.wedged:

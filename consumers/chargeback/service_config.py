@@ -57,6 +57,13 @@ class ChargebackMetrics:
             "reset, a mirror failover): re-processed from there, their windows emitted again.",
             registry=registry,
         )
+        self.missing_checkpoints = Counter(
+            "gpupipe_chargeback_missing_checkpoints",
+            "Partitions started without any committed offset while the output topic already held "
+            "records (the group's offsets expired or were deleted): their retained input is "
+            "re-processed and its windows emitted again.",
+            registry=registry,
+        )
         self.replayed = Counter(
             "gpupipe_chargeback_records_replayed",
             "Input records consumed again after a restart, rebalance or abort to rebuild open windows.",
