@@ -10,8 +10,10 @@ A scrape (:meth:`SeriesStore.render` / :meth:`SeriesStore.render_parts`) walks t
 counters-file order and, per family, writes the ``# HELP``/``# TYPE`` header once followed by that
 family's lines from every GPU, so each family's lines are contiguous: one valid exposition. The
 lines are ready bytes -- the GPU's label head (rendered per identity) and the sample's value text
-(rendered at ingest) -- gathered with C-level copies only (``zip(*line_lists)`` into columns, then
-slice assignments), with no Python work per series, and joined per family. The joined body is
+(rendered at ingest) -- gathered with C-level copies only and joined per family by
+:class:`~gpupipe_consumers.metrics.body.BodyJoiner`, which keeps the last scrape's pieces and
+copies in only the line lists replaced since (the GPUs sampled in between), and joins only the
+families where a piece changed. The joined body is
 cached until the next change (a version counter), so a repeated scrape, and its gzip in the HTTP
 layer, cost next to nothing. Then come the store's own
 families (computed at scrape: ``gpupipe_sample_age_seconds`` per GPU...) and those of an optional
@@ -52,7 +54,8 @@ Lifecycle of series:
   counted in ``gpupipe_metrics_gpus_dropped_total{kind}`` and logged (at most once a minute).
 
 Thread safety: one lock guards the state; a scrape holds it only to snapshot references (line
-lists are replaced, never mutated, and bytes are immutable), and joins outside it.
+lists are replaced, never mutated, and bytes are immutable), and joins outside it (the joiner's
+own state under a lock of its own, so concurrent builds join one after the other).
 """
 
 from __future__ import annotations
