@@ -1,5 +1,5 @@
 """Three readers of one lake agree: Apache Spark (the shipped recompute recipe, through Iceberg's
-JdbcCatalog on the SQLite file pyiceberg writes, or through a REST catalog server), DuckDB
+JdbcCatalog on the SQLite file pyiceberg writes), DuckDB
 (`gpupipe lake query`) and the chargeback windows themselves; and Spark's recompute from the raw
 samples matches what the chargeback engine billed from the same samples to 1e-9 relative.
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import SqlCatalog
 
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
@@ -32,7 +32,6 @@ from tests.lake_chargeback import (
     close,
 )
 from tests.lake_records import end_pyiceberg_threads
-from tests.lake_rest import rest_catalog_server
 from tests.spark_recipe import run_recipe
 
 pytestmark = pytest.mark.integration
@@ -47,20 +46,14 @@ def _pool() -> Iterator[None]:
     end_pyiceberg_threads()
 
 
-@pytest.fixture(params=["sqlite", "rest"])
-def lake(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> Iterator[tuple[Catalog, list[str], dict[str, str]]]:
-    """The lake on the embedded SQLite catalog, or behind Iceberg's REST catalog server."""
-    if request.param == "sqlite":
-        (tmp_path / "warehouse").mkdir()
-        uri = f"sqlite:///{tmp_path}/catalog.db"
-        flags = ["--catalog-uri", uri, "--warehouse", str(tmp_path / "warehouse")]
-        yield SqlCatalog("gpupipe", uri=uri, warehouse=(tmp_path / "warehouse").as_uri()), flags, {}
-        return
-    with rest_catalog_server(tmp_path) as url:
-        env = {"PYICEBERG_CATALOG__GPUPIPE__TYPE": "rest", "PYICEBERG_CATALOG__GPUPIPE__URI": url}
-        yield load_catalog("gpupipe", type="rest", uri=url), ["--catalog-uri", url], env
+@pytest.fixture
+def lake(tmp_path: Path) -> Iterator[tuple[Catalog, list[str], dict[str, str]]]:
+    """The lake on the embedded SQLite catalog. Behind a REST catalog server (with its warehouse in
+    S3, the production path) the same checks run in test_rest_s3.py."""
+    (tmp_path / "warehouse").mkdir()
+    uri = f"sqlite:///{tmp_path}/catalog.db"
+    flags = ["--catalog-uri", uri, "--warehouse", str(tmp_path / "warehouse")]
+    yield SqlCatalog("gpupipe", uri=uri, warehouse=(tmp_path / "warehouse").as_uri()), flags, {}
 
 
 def test_spark_recompute_and_three_readers_agree(lake: Lake, tmp_path: Path) -> None:
@@ -70,8 +63,8 @@ def test_spark_recompute_and_three_readers_agree(lake: Lake, tmp_path: Path) -> 
     # Spark's recompute from the raw samples against what chargeback billed (Spark reading the
     # windows table, and the engine's own records).
     assert_spark_agrees(engine, flags, tmp_path)
-    # DuckDB through the CLI, the same tables; REST: pyiceberg's environment alone.
-    assert_duckdb_agrees(engine, flags if not env else [], {**os.environ, **env})
+    # DuckDB through the CLI, the same tables.
+    assert_duckdb_agrees(engine, flags, {**os.environ, **env})
 
 
 SHARED_HOURS = 2
