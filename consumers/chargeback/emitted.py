@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from gpupipe.acls import CHARGEBACK_DEDUPE_SUFFIX
 from gpupipe.kafka_replay import iter_messages
@@ -65,7 +65,12 @@ def holds_records_since(consumer: Any, topic: str, since_ms: int, timeout_s: flo
         return False
     found = consumer.offsets_for_times([TopicPartition(topic, p, since_ms) for p in held], timeout=timeout_s)
     # -1 (the end): nothing that recent there, everything older is past the input's retention.
-    return any(tp.error is None and tp.offset >= 0 for tp in found)
+    if any(tp.error is None and tp.offset >= 0 for tp in found):
+        return True
+    failed = next((tp.error for tp in found if tp.error is not None), None)
+    if failed is not None:
+        raise KafkaException(failed)  # a partition that did not answer may hold some
+    return False
 
 
 class EmittedIdsReader:
@@ -99,8 +104,9 @@ class EmittedIdsReader:
         return t
 
     def close(self, timeout_s: float = 15.0) -> None:
-        """Stop every read (within a poll, or a metadata call of at most 10 s) and join its thread.
-        What a stopped read found is not released: the counters go with the service."""
+        """Stop every read (within a poll, or once its metadata calls return) and join its thread
+        for at most ``timeout_s``. What a stopped read found is not released: the counters go with
+        the service. A closed reader stays closed."""
         self._stop.set()
         deadline = time.monotonic() + timeout_s
         for t in self.threads:
@@ -144,7 +150,12 @@ class EmittedIdsReader:
         finally:
             close = getattr(msgs, "close", None)
             if close is not None:
-                close()  # a generator cut short closes its consumer now, not when collected
+                # a generator cut short closes its consumer now, not when collected; a failure
+                # there must not keep the partitions held
+                try:
+                    close()
+                except Exception as exc:
+                    log.warning("closing the emitted-ids reader failed", extra=fields(error=str(exc)[:300]))
         if self._stop.is_set():
             return  # cut short: a partial set would count some re-emitted windows again
         for part in sorted(partitions):

@@ -45,7 +45,7 @@ class PartitionOwnership:
         metrics: ChargebackMetrics,
         group_id: str,
         on_unchecked: Callable[[dict[int, int], dict[int, int]], None] | None = None,
-        output_holds_records: Callable[[], bool] | None = None,
+        output_holds_records: Callable[[], bool | None] | None = None,
     ) -> None:
         self.partitions = partitions
         # Partitions that restart without a checkpoint of ours and may re-emit what an earlier
@@ -125,11 +125,13 @@ class PartitionOwnership:
         self.holds.unhold_held(parts)
         # Every partition of a new deployment has no committed offset either; only once the output
         # topic holds records can one whose offsets expired (or were deleted) re-emit anything.
-        if missing and not (self.output_holds_records is not None and self.output_holds_records()):
+        # Unknown (None): held and read back all the same, but not counted as expired offsets.
+        holds = self.output_holds_records() if missing and self.output_holds_records is not None else False
+        if holds is False:
             missing = {}
         if foreign:
             self.metrics.foreign_checkpoints.inc(len(foreign))
-        if missing:
+        if missing and holds:
             self.metrics.missing_checkpoints.inc(len(missing))
         if (foreign or missing) and self.on_unchecked is not None:
             self.on_unchecked(foreign, missing)

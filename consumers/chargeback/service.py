@@ -223,10 +223,11 @@ class ChargebackService:
     def _dedupe_since_ms(self) -> int:
         return int((time.time() - self.cfg.dedupe_lookback_s) * 1000)
 
-    def _output_holds_records(self) -> bool:
+    def _output_holds_records(self) -> bool | None:
         """Whether the output topic holds records a partition restarting without any committed
-        offset could emit again (within the lookback). Unknown counts as no: the counters then
-        count those partitions unchecked, as they would without this check, and say so."""
+        offset could emit again (within the lookback); None when the broker does not say. Unknown
+        partitions are held and read back like the others: a read that fails as well releases
+        them unchecked, with a warning."""
         try:
             return holds_records_since(
                 self.partitions.consumer, self.cfg.output_topic, self._dedupe_since_ms(), _OP_TIMEOUT_S
@@ -234,11 +235,10 @@ class ChargebackService:
         except KafkaException as exc:
             log.warning(
                 "cannot tell whether the output topic holds windows: partitions starting without a "
-                "committed offset are counted unchecked by the dashboard counters (the report "
-                "counts re-emitted windows once)",
-                extra=fields(topic=self.cfg.output_topic, error=exc.args[0].str()),
+                "committed offset are held and their emitted record ids read back",
+                extra=fields(topic=self.cfg.output_topic, error=str(exc)),
             )
-            return False
+            return None
 
     def _on_unchecked_partitions(self, foreign: dict[int, int], missing: dict[int, int]) -> None:
         """Partitions restarting without a checkpoint of ours, whose re-processed input re-emits
@@ -253,8 +253,9 @@ class ChargebackService:
             )
         if missing:
             log.warning(
-                "partitions start without a committed offset while the output topic holds windows "
-                "(the group's offsets expired after offsets.retention.minutes, or were deleted): they "
+                "partitions start without a committed offset while the output topic holds windows, or "
+                "could not be checked (the group's offsets expired after offsets.retention.minutes, "
+                "were deleted, or the partitions are new to the group): they "
                 "re-process their retained input and emit its windows again under the same record "
                 "ids, which the report counts once",
                 extra=fields(

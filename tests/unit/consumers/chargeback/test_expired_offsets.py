@@ -179,22 +179,33 @@ def test_a_fresh_partition_without_input_to_replay_is_not_held() -> None:
     assert svc.registry.get_sample_value(MISSING) == 2
 
 
-@pytest.mark.parametrize("output", ["old", "failing"])
-def test_output_records_past_the_lookback_or_no_answer_hold_nothing(
-    output: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Records older than the lookback cannot be re-emitted (the input's retention is shorter); an
-    unanswered check counts unchecked, as before, and says so."""
+def test_output_records_past_the_lookback_hold_nothing() -> None:
+    """Records older than the lookback cannot be re-emitted (the input's retention is shorter)."""
     log, _ = input_log(ticks=100)
     broker = Broker(log)
     run(service(broker, "recent")[0])
     expire(broker)
-    svc, _, reads = service(broker, output)
-    with caplog.at_level(logging.WARNING, logger="gpupipe.chargeback"):
-        run(svc)
+    svc, _, reads = service(broker, "old")
+    run(svc)
     assert reads == []
     assert svc.registry.get_sample_value(MISSING) == 0
-    assert ("cannot tell whether the output topic holds windows" in caplog.text) == (output == "failing")
+
+
+def test_an_unanswered_check_holds_and_reads_back_but_counts_no_expiry(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Unknown is not "nothing there": the partitions are held and read back (their re-emitted
+    windows counted once), with a warning; the expired-offsets metric counts only known cases."""
+    log, _ = input_log(ticks=100)
+    broker = Broker(log)
+    run(service(broker, "recent")[0])
+    expire(broker)
+    svc, _, reads = service(broker, "failing")
+    with caplog.at_level(logging.WARNING, logger="gpupipe.chargeback"):
+        run(svc)
+    assert reads == [{0, 1}]
+    assert svc.registry.get_sample_value(MISSING) == 0
+    assert "cannot tell whether the output topic holds windows" in caplog.text
 
 
 def test_holds_records_since_asks_the_offsets_only_of_partitions_holding_records() -> None:
@@ -213,6 +224,20 @@ def test_holds_records_since_asks_the_offsets_only_of_partitions_holding_records
     assert holds_records_since(consumer, "out", 0, 1.0)
     assert asked == [[1]]
     assert not holds_records_since(consumer, "missing", 0, 1.0)
+
+
+def test_holds_records_since_raises_when_a_partition_does_not_answer() -> None:
+    """A partition whose offset lookup failed may hold records: not an answer of "no"."""
+    failed = SimpleNamespace(error=KafkaError(KafkaError._TIMED_OUT), offset=-1)
+    consumer = SimpleNamespace(
+        list_topics=lambda topic, timeout: SimpleNamespace(
+            topics={"out": SimpleNamespace(partitions={0: None}, error=None)}
+        ),
+        get_watermark_offsets=lambda tp, timeout: (0, 3),
+        offsets_for_times=lambda tps, timeout: [failed],
+    )
+    with pytest.raises(KafkaException):
+        holds_records_since(consumer, "out", 0, 1.0)
 
 
 def test_close_ends_a_read_still_going_and_releases_nothing() -> None:
