@@ -103,9 +103,9 @@ def scrape(url: str, stop: Any, out: Connection) -> None:
     per GPU, per marker tick, ``(sent, done, previous scrape's sent)`` of the scrape that first
     showed it, and ``(sent, done, bytes, time to the response head)`` of every scrape.
 
-    Runs in a process of its own, as Prometheus does. In a thread of this process it competed for
-    one GIL with the publisher: every ``recv`` of an 80 MB body gives the GIL up, and taking it back
-    waited for the publisher's switch interval (5 ms), so the scrapes measured the harness's own
+    Runs in a process of its own, as Prometheus does: a thread of the publishing process would
+    share its GIL with the publisher, every ``recv`` of an 80 MB body giving it up and waiting up to
+    a switch interval (5 ms) to take it back, so the scrapes would time the harness's own
     contention along with the service."""
     seen: dict[int, dict[int, tuple[float, float, float]]] = {}
     scrapes: list[tuple[float, float, int, float]] = []
@@ -179,6 +179,7 @@ def main() -> None:
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
+    scraper: multiprocessing.process.BaseProcess | None = None
     try:
         t = time.perf_counter()
         payloads = build_payloads()
@@ -188,7 +189,7 @@ def main() -> None:
         ctx = multiprocessing.get_context("spawn")
         stop = ctx.Event()
         results, tx = ctx.Pipe(duplex=False)
-        scraper = ctx.Process(target=scrape, args=(url + "/metrics", stop, tx), name="scraper")
+        scraper = ctx.Process(target=scrape, args=(url + "/metrics", stop, tx), name="scraper", daemon=True)
         scraper.start()
         tx.close()
         producer = Producer(producer_config(bootstrap))
@@ -224,6 +225,10 @@ def main() -> None:
         with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
             own = r.read().decode()
     finally:
+        if scraper is not None and scraper.is_alive():  # the publisher failed: end its scraper too
+            stop.set()
+            scraper.join(5)
+            scraper.kill()
         svc.terminate()
         try:
             svc.wait(20)

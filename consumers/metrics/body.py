@@ -18,10 +18,10 @@ class BodyJoiner:
     finds the GPUs whose line list is another object than last time (line lists are replaced,
     never mutated) and copies only those into the flat list, one slice assignment per GPU. Their
     pieces that differ mark their family as changed; only the slots not yet known to have changed
-    are compared, in one C-level step per GPU. Transposing every line list per scrape
-    (``zip(*lines)``) and comparing every piece with the last build's cost as much as the joins.
-    The state is references only: a pointer per piece (as the columns kept before) and one per
-    GPU, plus the line lists replaced since the last build, until the next one.
+    are compared, in one C-level step per GPU: transposing every line list per scrape and
+    comparing every piece with the last build's would cost as much as the joins. The state is
+    references only: a pointer per piece and one per GPU, plus the line lists replaced since the
+    last build, until the next one.
 
     A changed family's pieces are its head and value columns, taken from the flat list by two
     strided slices and interleaved by two slice assignments, then joined: C-level copies only, no
