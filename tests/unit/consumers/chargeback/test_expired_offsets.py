@@ -13,19 +13,16 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from gpupipe_consumers.chargeback.emitted import EmittedIdsReader, holds_records_since
-from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine, projected_sample_schema
-from gpupipe_consumers.chargeback.service import ChargebackService, ServiceConfig
-from gpupipe_schemas import catalog
+from gpupipe_consumers.chargeback.service import ChargebackService
 from gpupipe_schemas.codec import AvroCodec
 from tests.unit.consumers.chargeback.test_counter_dedupe import allocated
 from tests.unit.consumers.chargeback.test_service import (
-    DLQ,
-    IN,
     OUT,
     Broker,
     FakeConsumer,
     FakeProducer,
     Msg,
+    fake_service,
     input_log,
 )
 
@@ -78,21 +75,12 @@ def service(broker: Broker, output: str) -> tuple[ChargebackService, OutputConsu
     read it starts are in the list returned."""
     stop = threading.Event()
     consumer = OutputConsumer(broker, stop, output)
-    proj = projected_sample_schema(catalog.current("GpuSample").raw)
-    svc = ChargebackService(
-        ServiceConfig(
-            bootstrap="fake",
-            input_topic=IN,
-            output_topic=OUT,
-            deadletter_topic=DLQ,
-            batch_size=250,
-            commit_records=250,
-            commit_interval_s=0.0,
-        ),
-        build_engine(ChargebackSettings(window_ms=600_000, grace_ms=60_000), None, "svc"),  # type: ignore[arg-type]
-        AvroCodec(reader_schemas={"GpuSample": proj}),
-        consumer_factory=lambda conf: consumer,
-        producer_factory=lambda conf: FakeProducer(broker),
+    svc = fake_service(
+        lambda conf: consumer,
+        lambda conf: FakeProducer(broker),
+        batch_size=250,
+        commit_records=250,
+        commit_interval_s=0.0,
     )
     reads: list[set[int]] = []
     real_start = svc.emitted_ids.start

@@ -16,9 +16,8 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from gpupipe.errors import ConfigError
 from gpupipe_consumers.chargeback import service as service_mod
-from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine, projected_sample_schema
+from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine
 from gpupipe_consumers.chargeback.service import ChargebackFatalError, ChargebackService, ServiceConfig
-from gpupipe_schemas import catalog
 from gpupipe_schemas.codec import AvroCodec
 from tests.unit.consumers.chargeback.test_service import (
     DLQ,
@@ -28,6 +27,7 @@ from tests.unit.consumers.chargeback.test_service import (
     FakeConsumer,
     FakeProducer,
     expected_output,
+    fake_service,
     input_log,
     output,
     run_service,
@@ -52,15 +52,8 @@ class FlakyProducer(FakeProducer):
 def make_service(
     broker: Broker, stop: threading.Event, prod: Any, consumer: Any = None, **cfg: Any
 ) -> ChargebackService:
-    proj = projected_sample_schema(catalog.current("GpuSample").raw)
-    return ChargebackService(
-        ServiceConfig(
-            bootstrap="fake", input_topic=IN, output_topic=OUT, deadletter_topic=DLQ, **{**FAST, **cfg}
-        ),
-        build_engine(ChargebackSettings(window_ms=600_000, grace_ms=60_000), None, "svc"),  # type: ignore[arg-type]
-        AvroCodec(reader_schemas={"GpuSample": proj}),
-        consumer_factory=lambda conf: consumer or FakeConsumer(broker, stop),
-        producer_factory=lambda conf: prod,
+    return fake_service(
+        lambda conf: consumer or FakeConsumer(broker, stop), lambda conf: prod, **{**FAST, **cfg}
     )
 
 
@@ -142,14 +135,7 @@ def test_fatal_consumer_error_ends_the_service(via_callback: bool) -> None:
         consumer.error_cb = conf["error_cb"]
         return consumer
 
-    proj = projected_sample_schema(catalog.current("GpuSample").raw)
-    svc = ChargebackService(
-        ServiceConfig(bootstrap="fake", input_topic=IN, output_topic=OUT, deadletter_topic=DLQ, **FAST),
-        build_engine(ChargebackSettings(window_ms=600_000, grace_ms=60_000), None, "svc"),  # type: ignore[arg-type]
-        AvroCodec(reader_schemas={"GpuSample": proj}),
-        consumer_factory=factory,
-        producer_factory=lambda conf: FakeProducer(broker),
-    )
+    svc = fake_service(factory, lambda conf: FakeProducer(broker), **FAST)
     with pytest.raises(ChargebackFatalError, match="fenced"):
         svc.run(stop)
     assert consumer.calls == 3, "the loop went on consuming after the fatal error"

@@ -6,20 +6,15 @@ from __future__ import annotations
 import json
 import threading
 
-from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine, projected_sample_schema
-from gpupipe_consumers.chargeback.service import ChargebackService, ServiceConfig
+from gpupipe_consumers.chargeback.service import ChargebackService
 from gpupipe_consumers.chargeback.windows import WindowEngine
-from gpupipe_schemas import catalog
-from gpupipe_schemas.codec import AvroCodec
 from tests.unit.consumers.chargeback.test_service import (
-    DLQ,
-    IN,
-    OUT,
     T0,
     Broker,
     FakeConsumer,
     FakeProducer,
     comparable,
+    fake_service,
     input_log,
     output,
 )
@@ -29,22 +24,13 @@ H = 3_600_000
 
 def run(broker: Broker, idle_timeout_s: float | None) -> ChargebackService:
     stop = threading.Event()
-    proj = projected_sample_schema(catalog.current("GpuSample").raw)
-    svc = ChargebackService(
-        ServiceConfig(
-            bootstrap="fake",
-            input_topic=IN,
-            output_topic=OUT,
-            deadletter_topic=DLQ,
-            batch_size=300,
-            commit_records=300,
-            commit_interval_s=0.0,
-            idle_timeout_s=idle_timeout_s,
-        ),
-        build_engine(ChargebackSettings(window_ms=600_000, grace_ms=60_000), None, "svc"),  # type: ignore[arg-type]
-        AvroCodec(reader_schemas={"GpuSample": proj}),
-        consumer_factory=lambda conf: FakeConsumer(broker, stop),
-        producer_factory=lambda conf: FakeProducer(broker),
+    svc = fake_service(
+        lambda conf: FakeConsumer(broker, stop),
+        lambda conf: FakeProducer(broker),
+        batch_size=300,
+        commit_records=300,
+        commit_interval_s=0.0,
+        idle_timeout_s=idle_timeout_s,
     )
     svc.idle.broker_now_ms = lambda: T0 + 10 * H  # type: ignore[method-assign]  # broker time went on
     svc.run(stop)

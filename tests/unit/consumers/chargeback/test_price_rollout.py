@@ -20,14 +20,12 @@ import yaml
 from confluent_kafka import TopicPartition
 
 from gpupipe.price_schedule import PriceSchedule, divergence, fingerprint, parse_price_schedule
-from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine, projected_sample_schema
+from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine
 from gpupipe_consumers.chargeback.errors import PriceChangeError
-from gpupipe_consumers.chargeback.service import ChargebackFatalError, ChargebackService, ServiceConfig
+from gpupipe_consumers.chargeback.service import ChargebackFatalError, ChargebackService
 from gpupipe_consumers.chargeback.windows import WindowEngine
-from gpupipe_schemas import catalog
 from gpupipe_schemas.codec import AvroCodec
 from tests.unit.consumers.chargeback.test_service import (
-    DLQ,
     IN,
     OUT,
     T0,
@@ -35,6 +33,7 @@ from tests.unit.consumers.chargeback.test_service import (
     FakeConsumer,
     FakeProducer,
     comparable,
+    fake_service,
     input_log,
 )
 
@@ -75,21 +74,13 @@ def instance(
     broker: Broker, parts: list[int], prices: PriceSchedule, consumer: Any = None, name: str = "svc"
 ) -> ChargebackService:
     stop = threading.Event()
-    proj = projected_sample_schema(catalog.current("GpuSample").raw)
-    svc = ChargebackService(
-        ServiceConfig(
-            bootstrap="fake",
-            input_topic=IN,
-            output_topic=OUT,
-            deadletter_topic=DLQ,
-            batch_size=100,
-            commit_records=100,
-            commit_interval_s=0.0,
-        ),
+    svc = fake_service(
+        lambda conf: consumer or Owning(broker, stop, parts),
+        lambda conf: FakeProducer(broker),
         build_engine(ChargebackSettings(window_ms=W, grace_ms=G), prices, name),
-        AvroCodec(reader_schemas={"GpuSample": proj}),
-        consumer_factory=lambda conf: consumer or Owning(broker, stop, parts),
-        producer_factory=lambda conf: FakeProducer(broker),
+        batch_size=100,
+        commit_records=100,
+        commit_interval_s=0.0,
     )
     svc.prices_agreement.interval_s = 0.0  # check the other partitions' prices every loop
     svc._stop_event = stop  # type: ignore[attr-defined]

@@ -7,6 +7,7 @@ stay exactly the engine's output on the whole input: no window lost, none twice.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -201,17 +202,28 @@ def output(broker: Broker) -> list[tuple]:
     return comparable([codec.decode(v).record for t, v in broker.output if t == OUT])
 
 
+def fake_service(
+    consumer: Callable[[dict], Any],
+    producer: Callable[[dict], Any],
+    engine: WindowEngine | None = None,
+    **cfg: Any,
+) -> ChargebackService:
+    """A service on the fake topics IN/OUT/DLQ with the given client factories and ServiceConfig
+    fields; by default an engine of 10 m windows, 1 m grace and no prices."""
+    proj = projected_sample_schema(catalog.current("GpuSample").raw)
+    return ChargebackService(
+        ServiceConfig(bootstrap="fake", input_topic=IN, output_topic=OUT, deadletter_topic=DLQ, **cfg),
+        engine or build_engine(ChargebackSettings(window_ms=600_000, grace_ms=60_000), None, "svc"),  # type: ignore[arg-type]
+        AvroCodec(reader_schemas={"GpuSample": proj}),
+        consumer_factory=consumer,
+        producer_factory=producer,
+    )
+
+
 def run_service(broker: Broker, **cfg: Any) -> tuple[ChargebackService, FakeProducer]:
     stop = threading.Event()
     prod = FakeProducer(broker)
-    proj = projected_sample_schema(catalog.current("GpuSample").raw)
-    svc = ChargebackService(
-        ServiceConfig(bootstrap="fake", input_topic=IN, output_topic=OUT, deadletter_topic=DLQ, **cfg),
-        build_engine(ChargebackSettings(window_ms=600_000, grace_ms=60_000), None, "svc"),  # type: ignore[arg-type]
-        AvroCodec(reader_schemas={"GpuSample": proj}),
-        consumer_factory=lambda conf: FakeConsumer(broker, stop),
-        producer_factory=lambda conf: prod,
-    )
+    svc = fake_service(lambda conf: FakeConsumer(broker, stop), lambda conf: prod, **cfg)
     svc.run(stop)
     return svc, prod
 
