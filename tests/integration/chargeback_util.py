@@ -9,16 +9,19 @@ import subprocess
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
+from gpupipe import topics
 from gpupipe_consumers.report.command import read_chargeback_records
 from gpupipe_schemas.codec import AvroCodec
 from tests import hygiene  # own process group, dies with pytest, recorded for the leak guard
+from tests.conftest import free_port
 from tests.integration.kafka_util import GPUPIPE, REPO
+from tests.integration.metrics_helpers import http_get
 
 HOUR_MS = 3_600_000
 _COORDINATOR_LOADING = (
@@ -232,3 +235,51 @@ def window_keys(records: Iterable[dict[str, Any]]) -> list[tuple]:
 
 def new_id() -> str:
     return uuid.uuid4().hex[:8]
+
+
+def counter_sum(text: str, name: str) -> float:
+    """Sum of a counter family's ``_total`` samples in a /metrics text."""
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(f"{name}_total") and not line.startswith("#")
+    )
+
+
+def run_and_scrape(
+    kafka: str,
+    prefix: str,
+    group: str,
+    log: Path,
+    ready: Callable[[str], bool],
+    *,
+    wait_for: str | None = None,
+    stable: bool = False,
+) -> str:
+    """One chargeback run (10 m windows, 1 m grace) to the end of the input; the service's /metrics
+    text once ``ready`` holds for it (and, with ``stable``, two scrapes in a row were the same:
+    the counters have taken what the commits and read-backs gave them), then a clean stop. Without
+    static membership the stopped instance leaves the group, so a test can delete the group."""
+    prog = Progress(kafka, group, prefix + topics.SAMPLES)
+    port = free_port()
+    args = ("--window", "10m", "--grace", "1m", "--group-id", group, "--no-static-membership")
+    svc = start_service(kafka, prefix, log, *args, "--listen", f"127.0.0.1:{port}")
+    try:
+        prog.wait_done(60, [svc])
+        if wait_for is not None:
+            wait_log(log, wait_for, timeout=60)
+        deadline = time.monotonic() + 60
+        last = ""
+        while True:  # the counters follow the commit that the progress group saw
+            text = http_get(f"http://127.0.0.1:{port}/metrics").decode()
+            if (ready(text) and (not stable or text == last)) or time.monotonic() > deadline:
+                break
+            last = text
+            time.sleep(0.3 if stable else 0.2)
+        assert stop_service(svc) == 0, log.read_text()[-3000:]
+        return text
+    finally:
+        if svc.poll() is None:
+            svc.kill()
+            svc.wait()
+        prog.close()

@@ -5,7 +5,7 @@ The report counts them once by record id; the dashboard counters must too, and s
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,11 +13,9 @@ from confluent_kafka.admin import AdminClient
 
 from gpupipe import topics
 from gpupipe.kafka_admin import ensure_topics
-from tests.conftest import free_port
-from tests.integration.chargeback_util import Progress, new_id, read_output, start_service, stop_service
+from tests.integration.chargeback_util import counter_sum, new_id, read_output, run_and_scrape
 from tests.integration.consumers.chargeback.test_environments import produce, samples
-from tests.integration.consumers.chargeback.test_reprocess import counter_sum, report
-from tests.integration.metrics_helpers import http_get
+from tests.integration.consumers.chargeback.test_reprocess import report
 
 pytestmark = pytest.mark.integration
 
@@ -26,34 +24,15 @@ DUPLICATES = "gpupipe_chargeback_counter_duplicates"
 EMITTED = "gpupipe_chargeback_records_emitted"
 
 
-def run_and_scrape(kafka: str, prefix: str, group: str, log: Path, emitted: int, settled: float) -> str:
-    """One run to the end of the input; the service's /metrics text once ``emitted`` records are
-    committed and the counters have taken them (``settled``: the allocated seconds plus those of
-    the duplicates that a settled scrape shows), then a clean stop."""
-    prog = Progress(kafka, group, prefix + topics.SAMPLES)
-    port = free_port()
-    # Without static membership the stopped instance leaves the group, so the group can be deleted.
-    args = ("--window", "10m", "--grace", "1m", "--group-id", group, "--no-static-membership")
-    svc = start_service(kafka, prefix, log, *args, "--listen", f"127.0.0.1:{port}")
-    try:
-        prog.wait_done(60, [svc])
-        deadline = time.monotonic() + 60
-        last = ""
-        while True:  # counted (or skipped as a duplicate) once the commit and any read-back are done
-            text = http_get(f"http://127.0.0.1:{port}/metrics").decode()
-            seen = counter_sum(text, ALLOCATED) + 600.0 * counter_sum(text, DUPLICATES)
-            done = counter_sum(text, EMITTED) >= emitted and seen >= settled
-            if (done and text == last) or time.monotonic() > deadline:
-                break
-            last = text
-            time.sleep(0.3)
-        assert stop_service(svc) == 0, log.read_text()[-3000:]
-        return text
-    finally:
-        if svc.poll() is None:
-            svc.kill()
-            svc.wait()
-        prog.close()
+def settled(emitted: int, seconds: float) -> Callable[[str], bool]:
+    """A scrape with ``emitted`` records committed and counted: ``seconds`` is the allocated
+    seconds plus those of the duplicates (600 each) the counters skipped."""
+
+    def ready(text: str) -> bool:
+        seen = counter_sum(text, ALLOCATED) + 600.0 * counter_sum(text, DUPLICATES)
+        return counter_sum(text, EMITTED) >= emitted and seen >= seconds
+
+    return ready
 
 
 def test_after_the_group_offsets_expire_the_dashboard_counters_count_once_and_say_so(
@@ -63,7 +42,7 @@ def test_after_the_group_offsets_expire_the_dashboard_counters_count_once_and_sa
     t_in, t_out = topic_prefix + topics.SAMPLES, topic_prefix + topics.CHARGEBACK
     produce(kafka, t_in, samples("a", 4, 0, 90))  # 15 min per GPU: window 0 (10 min each) closes
     group, log = f"cb-expired-{new_id()}", tmp_path / "cb.log"
-    first = run_and_scrape(kafka, topic_prefix, group, log, emitted=4, settled=4 * 600.0)
+    first = run_and_scrape(kafka, topic_prefix, group, log, settled(4, 4 * 600.0), stable=True)
     counted = counter_sum(first, ALLOCATED)
     assert counted == pytest.approx(4 * 600.0)
     assert counter_sum(first, DUPLICATES) == 0
@@ -81,7 +60,7 @@ def test_after_the_group_offsets_expire_the_dashboard_counters_count_once_and_sa
 
     # While chargeback was down, window 1 (the next 10 minutes) came in and closes in the next run.
     produce(kafka, t_in, samples("a", 4, 90, 135))
-    second = run_and_scrape(kafka, topic_prefix, group, log, emitted=8, settled=4 * 1200.0)
+    second = run_and_scrape(kafka, topic_prefix, group, log, settled(8, 4 * 1200.0), stable=True)
     twice = read_output(kafka, t_out)
     assert len(twice) == 12  # window 0 re-emitted (same record ids), window 1 new
     assert counter_sum(second, EMITTED) == 8

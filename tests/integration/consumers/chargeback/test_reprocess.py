@@ -6,7 +6,6 @@ it starts at the offsets for that time instead of the beginning)."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -16,18 +15,18 @@ from confluent_kafka.admin import AdminClient
 from gpupipe import topics
 from gpupipe.durations import format_iso_ms
 from gpupipe.kafka_admin import ensure_topics
-from tests.conftest import free_port
 from tests.integration.chargeback_util import (
     Progress,
+    counter_sum,
     new_id,
     read_output,
+    run_and_scrape,
     start_service,
     stop_service,
     wait_log,
 )
 from tests.integration.consumers.chargeback.test_environments import T0, produce, samples
 from tests.integration.kafka_util import gpupipe
-from tests.integration.metrics_helpers import http_get
 
 pytestmark = pytest.mark.integration
 
@@ -89,38 +88,8 @@ def test_an_offset_reset_re_emits_but_the_report_counts_once(
     assert hours_later == 0.0
 
 
-def counter_sum(text: str, name: str) -> float:
-    """Sum of a counter family's ``_total`` samples in a /metrics text."""
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(f"{name}_total") and not line.startswith("#")
-    )
-
-
-def run_and_scrape(kafka: str, prefix: str, group: str, log: Path, wait_for: str | None = None) -> str:
-    """One run to the end of the input; the service's /metrics text just before it stops."""
-    prog = Progress(kafka, group, prefix + topics.SAMPLES)
-    port = free_port()
-    args = ("--window", "10m", "--grace", "1m", "--group-id", group, "--no-static-membership")
-    svc = start_service(kafka, prefix, log, *args, "--listen", f"127.0.0.1:{port}")
-    try:
-        prog.wait_done(60, [svc])
-        if wait_for is not None:
-            wait_log(log, wait_for, timeout=60)
-        deadline = time.monotonic() + 60
-        while True:  # the counters follow the commit that the progress group saw
-            text = http_get(f"http://127.0.0.1:{port}/metrics").decode()
-            if counter_sum(text, "gpupipe_chargeback_records_emitted") > 0 or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        assert stop_service(svc) == 0, log.read_text()[-3000:]
-        return text
-    finally:
-        if svc.poll() is None:
-            svc.kill()
-            svc.wait()
-        prog.close()
+def emitted_any(text: str) -> bool:
+    return counter_sum(text, "gpupipe_chargeback_records_emitted") > 0
 
 
 def test_after_an_offset_reset_the_dashboard_counters_count_once_and_say_so(
@@ -132,7 +101,7 @@ def test_after_an_offset_reset_the_dashboard_counters_count_once_and_say_so(
     t_in = topic_prefix + topics.SAMPLES
     produce(kafka, t_in, samples("a", 4, 0, 90))
     group, log = f"cb-reset-{new_id()}", tmp_path / "cb.log"
-    first = run_and_scrape(kafka, topic_prefix, group, log)
+    first = run_and_scrape(kafka, topic_prefix, group, log, emitted_any)
     counted = counter_sum(first, "gpupipe_chargeback_allocated_gpu_seconds")
     assert counted == pytest.approx(4 * 600.0)
     once = read_output(kafka, topic_prefix + topics.CHARGEBACK)
@@ -143,7 +112,9 @@ def test_after_an_offset_reset_the_dashboard_counters_count_once_and_say_so(
     for fut in admin.alter_consumer_group_offsets([req]).values():
         assert all(tp.error is None for tp in fut.result(timeout=30).topic_partitions)
 
-    second = run_and_scrape(kafka, topic_prefix, group, log, wait_for="emitted record ids read back")
+    second = run_and_scrape(
+        kafka, topic_prefix, group, log, emitted_any, wait_for="emitted record ids read back"
+    )
     assert "committed offsets without a chargeback checkpoint" in log.read_text()
     assert counter_sum(second, "gpupipe_chargeback_foreign_checkpoints") == len(parts)
     assert counter_sum(second, "gpupipe_chargeback_records_emitted") == len(once)  # re-emitted...
