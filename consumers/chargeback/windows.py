@@ -432,7 +432,7 @@ class WindowEngine:
             agg,
             kind=kind,
             window_ms=self.window_ms,
-            prices=self.prices.at(key[0]),  # the price in force when the GPU was used (D6)
+            prices=self.prices.at(key[0]),  # the price in force when the GPU was used
             partition=pid,
             instance_id=self.instance_id,
             emitted_at_ms=emitted_at,
