@@ -59,6 +59,8 @@ FIXTURES_DIR = Path(__file__).resolve().parent / "fixtures" / "nvml"
 GIB = 1024**3
 MIB = 1024**2
 NO_INSTANCE = 0xFFFFFFFF
+#: How an event reaches the waiting sets (FakeNvml(event_delivery=...); tests/fake_nvml_events.py).
+EVENT_DELIVERY = ("own-set", "any-set")
 UINT_MAX = 0xFFFFFFFF
 
 KEPLER = _real.NVML_DEVICE_ARCH_KEPLER
@@ -563,8 +565,15 @@ class FakeNvml(SessionMixin, EventSetsMixin):
         driver_version: str = "570.124.06",
         init_error: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        event_delivery: str = "own-set",
     ) -> None:
+        if event_delivery not in EVENT_DELIVERY:
+            raise ValueError(f"event_delivery: one of {EVENT_DELIVERY}, not {event_delivery!r}")
         self.gpus: list[FakeGpu] = []
+        #: How events reach sets: see tests/fake_nvml_events.py ("any-set": as NVIDIA's mock).
+        self.event_delivery = event_delivery
+        self._pending_any: deque[tuple[FakeGpu, int, int, int, int]] = deque()
+        self._ever_registered: dict[int, int] = {}  # gpu index -> event types it registered
         self.driver_version = driver_version
         self.init_error = init_error
         self.clock = clock

@@ -16,6 +16,17 @@ What it models (nvml.h: ``nvmlEventSetCreate``, ``nvmlDeviceRegisterEvents``,
   GPU hides the queued events of every other GPU of its set. A GPU whose channel is broken can
   still be registered again (the registration call succeeds), as a lost GPU whose handle NVML
   still gives would;
+* **delivery** (``FakeNvml(event_delivery=...)``): ``"own-set"`` puts an event into every live set
+  where its GPU registered that type, as the driver's per-client queues are usually pictured;
+  ``"any-set"`` behaves as NVIDIA's mock library (k8s-test-infra ``pkg/gpu/mocknvml``,
+  ``bridge/events.go``): the library holds one queue of pending events and hands each to whichever
+  set's wait asks first, whatever set its GPU registered in; the event's ``device`` still names
+  the GPU it happened on. The double takes the worst case of that: an event goes to a set *other*
+  than its GPU's own whenever another one is waiting, so an attribution by the delivering set is
+  wrong every time, not one run in eight. Several events may be pending at once, and an event of a
+  GPU whose own set is freed (being rebuilt, or the GPU is lost) is still handed to another set.
+  As in NVML, only a GPU that registered the event type (in any set of the session) has its
+  events recorded at all;
 * **a wait stuck in the driver** (a hung GPU): after ``stick_event_waits(gpu)`` every wait
   (timeout > 0) of a set where that GPU is registered blocks, ignoring its timeout, until
   ``unstick_event_waits(gpu)``; it then goes on as usual. ``stuck_waits`` counts the waits
@@ -69,6 +80,9 @@ class EventSetsMixin:
         _gpu_handle: dict[int, Any]
         gpus: list[FakeGpu]
         calls: Any
+        event_delivery: str
+        _pending_any: deque[tuple[FakeGpu, int, int, int, int]]
+        _ever_registered: dict[int, int]
         free_while_waiting: int
         stuck_waits: int
         _stuck: dict[int, Any]
@@ -159,9 +173,9 @@ class EventSetsMixin:
             st = self._event_set(eventSet)
             if not gpu.events_supported or not eventTypes & gpu.supported_event_types:
                 raise _err(_real.NVML_ERROR_NOT_SUPPORTED)
-            st.registrations[gpu.index] = st.registrations.get(gpu.index, 0) | (
-                eventTypes & gpu.supported_event_types
-            )
+            mask = eventTypes & gpu.supported_event_types
+            st.registrations[gpu.index] = st.registrations.get(gpu.index, 0) | mask
+            self._ever_registered[gpu.index] = self._ever_registered.get(gpu.index, 0) | mask
 
     def _failing(self, st: _EventSet) -> int | None:
         """The error a registered GPU makes every wait of ``st`` raise, if one does."""
@@ -190,8 +204,9 @@ class EventSetsMixin:
                     failing = self._failing(st)
                     if failing is not None:
                         raise _err(failing)
-                    if st.queue:
-                        gpu, etype, edata, gi, ci = st.queue.popleft()
+                    claimed = self._claim(st)
+                    if claimed is not None:
+                        gpu, etype, edata, gi, ci = claimed
                         data = _real.c_nvmlEventData_t()
                         data.device = ctypes.cast(self._gpu_handle[gpu.index], _real.c_nvmlDevice_t)
                         data.eventType, data.eventData = etype, edata
@@ -203,6 +218,17 @@ class EventSetsMixin:
                     self._lock.wait(remaining)
             finally:
                 st.waiting -= 1
+
+    def _claim(self, st: _EventSet) -> tuple[FakeGpu, int, int, int, int] | None:
+        """The event a wait on ``st`` returns now, if any (called under the lock)."""
+        if self.event_delivery == "own-set":
+            return st.queue.popleft() if st.queue else None
+        others_waiting = any(s is not st and s.waiting and not s.freed for s in self._sets.values())
+        for k, event in enumerate(self._pending_any):
+            if event[0].index not in st.registrations or not others_waiting:
+                del self._pending_any[k]
+                return event
+        return None
 
     def nvmlEventSetWait(self, eventSet: Any, timeoutms: int) -> Any:
         return self.nvmlEventSetWait_v2(eventSet, timeoutms)
@@ -219,6 +245,12 @@ class EventSetsMixin:
 
     def _inject_event(self, gpu: FakeGpu, etype: int, edata: int, gi: int, ci: int) -> None:
         with self._lock:
+            if self.event_delivery == "any-set":
+                if not self._ever_registered.get(gpu.index, 0) & etype:
+                    return
+                self._pending_any.append((gpu, etype, edata, gi, ci))
+                self._lock.notify_all()
+                return
             for st in self._sets.values():
                 if not st.freed and st.registrations.get(gpu.index, 0) & etype:
                     st.queue.append((gpu, etype, edata, gi, ci))
