@@ -481,6 +481,7 @@ class NodeAgent:
                 self.inbox.nvml_event,
                 timeout_ms=c.nvml_event_timeout_ms,
                 on_error=lambda kind: self.metrics.nvml_errors.labels(kind).inc(),
+                on_delivery=lambda how: self.metrics.nvml_event_delivery.labels(how).inc(),
                 mig_uuid_lookup=self.source.mig_uuid_for,
                 # A GPU whose set-up or wait takes longer than an NVML call may is hung: neither
                 # the start nor a stop waits longer for it (see producer/nvml/events.py).

@@ -9,6 +9,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from gpupipe_producer.nvml.events import DELIVERIES
+
 
 class _PublisherCollector(Collector):
     """Reads the Publisher's plain-int counters at scrape time, so the hot path never touches a lock."""
@@ -61,6 +63,16 @@ class ProducerMetrics:
         self.nvml_errors = Counter(
             "gpupipe_producer_nvml_errors", "NVML errors by kind.", ["kind"], registry=r
         )
+        self.nvml_event_delivery = Counter(
+            "gpupipe_producer_nvml_events",
+            "NVML events received, by how they arrived: own_set (through the event set of the GPU the "
+            "event names), other_set (through another GPU's set; still attributed to the GPU it names) "
+            "or unresolved (NVML could not say which GPU: published without one).",
+            ["delivery"],
+            registry=r,
+        )
+        for how in DELIVERIES:  # each outcome is a series from the start, 0 until it happens
+            self.nvml_event_delivery.labels(how)
         self.nvml_unsupported = Counter(
             "gpupipe_producer_nvml_unsupported",
             "NVML calls learned as unanswerable, per device, by call and reason (NoPermission means the "

@@ -21,9 +21,10 @@ start is logged and its thread ends (the kernel log still reports its XIDs). Eac
 * ``NVMLError_Timeout``: nothing happened, wait again (this is how ``stop()`` is noticed);
 * an event: ``on_event(dict)`` with ``xid``, ``uuid``, ``pci_bus_id``, ``gpu_index``,
   ``gpu_instance_id`` / ``compute_instance_id`` (None when NVML says 0xFFFFFFFF, i.e. not
-  attributable to a MIG instance), ``mig_uuid`` (when a lookup is given and knows it) and
-  ``timestamp_ms`` (wall clock when received); recovery-action and GPU-unavailable events as
-  ``{"type": ..., "data": ...}`` notices; events of other types are ignored;
+  attributable to a MIG instance, and on a GPU not in MIG mode), ``mig_uuid`` (when a lookup is
+  given and knows it) and ``timestamp_ms`` (wall clock when received); recovery-action and
+  GPU-unavailable events as ``{"type": ..., "data": ...}`` notices; events of other types are
+  ignored;
 * any error (``GpuIsLost``, ``Unknown``...): reported (``on_error(kind)``, ``error_counts``; the
   first of a run of failures logged at WARNING, the rest at DEBUG), then *this GPU's* thread backs
   off (1 s doubling to 30 s, interrupted by ``stop()``). After ``rebuild_after`` errors in a row
@@ -32,6 +33,16 @@ start is logged and its thread ends (the kernel log still reports its XIDs). Eac
   a reset, logged once) is retried at the back-off pace and re-added when it answers. The
   back-off is reset only by a wait that works (an event or a timeout), so a GPU that registers
   fine and fails at once costs one attempt per 30 s, never a busy loop.
+
+**Which GPU an event is on** is the device the event names (``nvmlEventData_t.device``, "the
+device where the event occurred" in nvml.h), never the set that delivered it: NVIDIA's mock
+library hands a pending event to whichever set waits, and nvml.h promises nothing else. Each
+thread records its GPU's handle at set-up, so the event's handle resolves to that GPU's index,
+UUID and PCI bus id without an NVML call, which matters most for an Xid 79, whose GPU no longer
+answers; a handle no set-up recorded is asked of NVML (a MIG handle through its parent). Each
+event is counted in :attr:`delivery_counts`: ``own_set``, ``other_set`` (another GPU's set
+delivered it: attributed to its own GPU all the same) or ``unresolved`` (NVML could not say which
+GPU: published with no GPU rather than on a wrong one).
 
 ``stop()`` makes the threads leave within about one wait timeout; each drains and frees its own
 set (never while a wait is in flight: the thread that waits is the one that frees), then NVML is
@@ -51,11 +62,13 @@ records with :func:`gpupipe_producer.nvml.records.nvml_xid_event`.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from gpupipe_producer.nvml.errors import NvmlInitError, NvmlSourceError
@@ -70,19 +83,58 @@ RECOVERY_ACTION = 0x8000
 #: Events taken out of a set being freed, at most (a set holds what arrived since the last wait).
 MAX_DRAIN = 10_000
 
+#: How an event reached the watcher, as counted in ``delivery_counts`` (see the module doc).
+DELIVERIES = ("own_set", "other_set", "unresolved")
+
 EventCallback = Callable[[dict[str, Any]], None]
 MigLookup = Callable[[str, int | None, int | None], str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Gpu:
+    """What an event's device resolved to."""
+
+    index: int | None
+    uuid: str | None
+    bus: str
+    mig: bool  # in MIG mode when last asked: only then do instance ids name a MIG instance
+
+
+_UNRESOLVED = _Gpu(None, None, "", False)
+
+
+def _address(handle: Any) -> int | None:
+    """The address behind an NVML device handle (``c_nvmlDevice_t``), the same for every copy."""
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (ctypes.ArgumentError, TypeError):
+        return None
 
 
 class _Channel:
     """One GPU's event set and what its thread knows about the GPU."""
 
-    __slots__ = ("built", "bus", "died", "done", "failing", "index", "set", "thread", "unsupported", "uuid")
+    __slots__ = (
+        "built",
+        "bus",
+        "devices",
+        "died",
+        "done",
+        "failing",
+        "index",
+        "mig",
+        "set",
+        "thread",
+        "unsupported",
+        "uuid",
+    )
 
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, devices: dict[int, _Gpu]) -> None:
         self.index = index
+        self.devices = devices  # handle address -> GPU, shared by the channels of one start
         self.uuid: str | None = None
         self.bus = ""
+        self.mig = False
         self.set: Any = None
         self.thread: threading.Thread | None = None
         self.failing = False  # in a run of failures (logged once per run)
@@ -102,7 +154,8 @@ class _Start:
     __slots__ = ("channels", "nvml_held", "orphaned", "stop")
 
     def __init__(self, count: int) -> None:
-        self.channels = [_Channel(i) for i in range(count)]
+        devices: dict[int, _Gpu] = {}
+        self.channels = [_Channel(i, devices) for i in range(count)]
         self.stop = threading.Event()
         self.nvml_held = True  # this start's nvmlInit reference, given back exactly once
         self.orphaned = False  # stop() gave up waiting: its last thread gives the reference back
@@ -123,6 +176,7 @@ class XidEventWatcher:
         *,
         timeout_ms: int = 1000,
         on_error: Callable[[str], None] | None = None,
+        on_delivery: Callable[[str], None] | None = None,
         wall_clock: Callable[[], float] = time.time,
         mig_uuid_lookup: MigLookup | None = None,
         backoff_initial_s: float = 1.0,
@@ -156,6 +210,9 @@ class XidEventWatcher:
         self._orphans: list[_Start] = []  # stopped starts with a thread still stuck in NVML
         self._stops = 0  # stop() calls: a start() that a stop overtook starts nothing
         self.error_counts: Counter[str] = Counter()
+        #: Events by how they reached the watcher (``DELIVERIES``); each counted once.
+        self.delivery_counts: Counter[str] = Counter({d: 0 for d in DELIVERIES})
+        self._on_delivery = on_delivery
         self.delivered = 0
 
     # -- state ------------------------------------------------------------------------------------
@@ -328,6 +385,11 @@ class XidEventWatcher:
             h = nvml.nvmlDeviceGetHandleByIndex(ch.index)
             ch.uuid = text(nvml.nvmlDeviceGetUUID(h))
             ch.bus = text(nvml.nvmlDeviceGetPciInfo(h).busId)
+            ch.mig = self._mig_mode(h, False)
+            address = _address(h)
+            if address:
+                with self._lock:  # another GPU's thread may be resolving an event meanwhile
+                    ch.devices[address] = _Gpu(ch.index, ch.uuid, ch.bus, ch.mig)
             try:
                 mask = self._types & int(nvml.nvmlDeviceGetSupportedEventTypes(h))
             except nvml.NVMLError_NotSupported:
@@ -477,41 +539,100 @@ class XidEventWatcher:
         etype = int(data.eventType)
         if not etype & self._types:
             return
-        # The set holds this GPU only: the event is this GPU's (MIG XIDs come on the parent).
-        index, uuid, bus = ch.index, ch.uuid, ch.bus
+        gpu, mig_instance = self._resolve(ch, data.device)
         if not etype & self._xid_type:
             kind = "recovery_action" if etype & self._recovery_type else "gpu_unavailable"
             self._hand_over(
                 {
                     "type": kind,
                     "data": int(data.eventData),
-                    "uuid": uuid,
-                    "pci_bus_id": bus,
-                    "gpu_index": index,
+                    "uuid": gpu.uuid,
+                    "pci_bus_id": gpu.bus,
+                    "gpu_index": gpu.index,
                     "timestamp_ms": int(self._wall_clock() * 1000),
                 }
             )
             return
-        gi = int(data.gpuInstanceId)
+        gi = int(data.gpuInstanceId) if mig_instance is None else mig_instance
         ci = int(data.computeInstanceId)
-        gpu_instance_id = None if gi == NO_INSTANCE else gi
-        compute_instance_id = None if ci == NO_INSTANCE else ci
+        in_mig = gpu.mig or mig_instance is not None
+        gpu_instance_id = None if gi == NO_INSTANCE or not in_mig else gi
+        compute_instance_id = None if ci == NO_INSTANCE or gpu_instance_id is None else ci
         event = {
             "xid": int(data.eventData),
-            "uuid": uuid,
-            "pci_bus_id": bus,
-            "gpu_index": index,
+            "uuid": gpu.uuid,
+            "pci_bus_id": gpu.bus,
+            "gpu_index": gpu.index,
             "gpu_instance_id": gpu_instance_id,
             "compute_instance_id": compute_instance_id,
             "mig_uuid": None,
             "timestamp_ms": int(self._wall_clock() * 1000),
         }
-        if self._mig_lookup is not None and uuid and gpu_instance_id is not None:
+        if self._mig_lookup is not None and gpu.uuid and gpu_instance_id is not None:
             try:
-                event["mig_uuid"] = self._mig_lookup(uuid, gpu_instance_id, compute_instance_id)
+                event["mig_uuid"] = self._mig_lookup(gpu.uuid, gpu_instance_id, compute_instance_id)
             except Exception as exc:
                 log.debug("MIG lookup failed: %s", exc)
         self._hand_over(event)
+
+    def _resolve(self, ch: _Channel, device: Any) -> tuple[_Gpu, int | None]:
+        """The GPU ``device`` names (and its GPU instance when it is a MIG device handle), counted
+        by how it compares with ``ch``, the channel whose set delivered the event."""
+        address = _address(device)
+        with self._lock:
+            gpu = ch.devices.get(address) if address else None
+        mig_instance = None
+        if gpu is None and address:
+            gpu, mig_instance = self._ask_nvml(ch.devices, device)
+        elif gpu is not None and not gpu.mig:
+            # MIG mode may have been switched on since the set-up; a lost GPU keeps what it had.
+            gpu = _Gpu(gpu.index, gpu.uuid, gpu.bus, self._mig_mode(device, gpu.mig))
+        gpu = gpu or _UNRESOLVED
+        if gpu.index is None:
+            delivery = "unresolved"
+            log.warning(
+                "an NVML event came through GPU %d's set naming a device NVML cannot identify; "
+                "published without a GPU rather than on GPU %d",
+                ch.index,
+                ch.index,
+            )
+        else:
+            delivery = "own_set" if gpu.index == ch.index else "other_set"
+        with self._lock:
+            self.delivery_counts[delivery] += 1
+        if self._on_delivery is not None:
+            try:
+                self._on_delivery(delivery)
+            except Exception as exc:
+                log.debug("on_delivery hook failed: %s", exc)
+        return gpu, mig_instance
+
+    def _ask_nvml(self, devices: dict[int, _Gpu], device: Any) -> tuple[_Gpu | None, int | None]:
+        """A handle no set-up recorded: NVML says which GPU it is (a MIG handle: its parent)."""
+        nvml = self._nvml
+        try:
+            mig_instance = None
+            if int(getattr(nvml.nvmlDeviceIsMigDeviceHandle(device), "value", 0) or 0):
+                mig_instance = int(nvml.nvmlDeviceGetGpuInstanceId(device))
+                device = nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(device)
+                with self._lock:
+                    known = devices.get(_address(device) or 0)
+                if known is not None:
+                    return known, mig_instance
+            index = int(nvml.nvmlDeviceGetIndex(device))
+            uuid = text(nvml.nvmlDeviceGetUUID(device))
+            bus = text(nvml.nvmlDeviceGetPciInfo(device).busId)
+        except Exception as exc:  # a lost GPU answers nothing; a broken binding anything
+            log.debug("cannot identify an NVML event's device: %s", exc)
+            return None, None
+        return _Gpu(index, uuid, bus, self._mig_mode(device, mig_instance is not None)), mig_instance
+
+    def _mig_mode(self, handle: Any, default: bool) -> bool:
+        """Whether the GPU is in MIG mode now; ``default`` when NVML cannot say (a lost GPU)."""
+        try:
+            return int(self._nvml.nvmlDeviceGetMigMode(handle)[0]) == 1
+        except Exception:
+            return default
 
     def _hand_over(self, event: dict[str, Any]) -> None:
         with self._lock:

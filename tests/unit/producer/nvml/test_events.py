@@ -1,5 +1,11 @@
 """XidEventWatcher against the fake NVML event set: real threads, no sleeps used as sync
-(callbacks put into queues; tests block on the queues with a timeout)."""
+(callbacks put into queues; tests block on the queues with a timeout).
+
+Every test runs in both of the double's delivery modes (tests/fake_nvml_events.py): ``own-set``,
+each event in its GPU's own set, and ``any-set``, as NVIDIA's mock library hands a pending event to
+whichever set waits (the double: another GPU's set whenever one waits). Attribution must follow
+the device the event names in both.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +19,7 @@ import pytest
 
 from gpupipe_producer.nvml import NvmlInitError, NvmlSource, XidEventWatcher, nvml_xid_event
 from gpupipe_schemas.codec import AvroCodec
-from tests.fake_nvml import FakeGpu, FakeMigSlice, FakeNvml
+from tests.fake_nvml import EVENT_DELIVERY, FakeGpu, FakeMigSlice, FakeNvml
 
 XID_ENCODER = AvroCodec().encoder("XidEvent")
 WAIT_S = 5.0  # upper bound for a delivery; normally milliseconds
@@ -52,9 +58,14 @@ class Watch:
         return self.errors.get(timeout=WAIT_S)
 
 
+@pytest.fixture(params=EVENT_DELIVERY)
+def delivery(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
 @pytest.fixture
-def fake() -> FakeNvml:
-    return FakeNvml.node("H100", 4)
+def fake(delivery: str) -> FakeNvml:
+    return FakeNvml.node("H100", 4, event_delivery=delivery)
 
 
 def test_injected_xid_is_delivered_and_stop_is_clean(fake):
@@ -102,9 +113,9 @@ def test_timeouts_are_not_errors(fake):
     assert w.errors.empty()
 
 
-def test_mig_attributed_xid_with_mig_uuid_lookup():
+def test_mig_attributed_xid_with_mig_uuid_lookup(delivery):
     gpus = [FakeGpu.h100(0), FakeGpu.h100(1, mig=[FakeMigSlice("3g.40gb", gpu_instance_id=2, index=0)])]
-    fake = FakeNvml(gpus)
+    fake = FakeNvml(gpus, event_delivery=delivery)
     src = NvmlSource(fake, "node-a")
     src.start()
     w = Watch(fake, mig_uuid_lookup=src.mig_uuid_for)
@@ -118,9 +129,9 @@ def test_mig_attributed_xid_with_mig_uuid_lookup():
     assert fake.init_count == 0  # NVML init is reference-counted between the two
 
 
-def test_gpu_without_event_support_is_skipped_and_the_set_still_works():
+def test_gpu_without_event_support_is_skipped_and_the_set_still_works(delivery):
     gpus = [FakeGpu.h100(0, events_supported=False), FakeGpu.h100(1)]
-    fake = FakeNvml(gpus)
+    fake = FakeNvml(gpus, event_delivery=delivery)
     w = Watch(fake)
     assert w.watcher.unsupported == [0] and w.watcher.registered == [1]
     fake.gpus[0].inject_xid(79)  # not registered: NVML would not record it
@@ -155,15 +166,10 @@ def test_repeated_errors_rebuild_the_event_set(fake):
     for _ in range(3):
         assert w.error() == "NVMLError_Unknown"
     # The old set is freed from the watcher's own thread, a new one registered.
-    fake.gpus[1].inject_xid(79)  # may land in the old set before the rebuild: retried below
-    deadline = time.monotonic() + WAIT_S
-    got = None
-    while got is None and time.monotonic() < deadline:
-        try:
-            got = w.events.get(timeout=0.1)
-        except queue.Empty:
-            fake.gpus[1].inject_xid(79)
-    assert got is not None and got["xid"] == 79
+    _until(lambda: fake.count("nvmlEventSetCreate") == 4 + 1, "GPU 1's set rebuilt")
+    fake.gpus[1].inject_xid(79)
+    got = w.event()
+    assert got["xid"] == 79 and got["gpu_index"] == 1
     assert fake.count("nvmlEventSetCreate") == 4 + 1  # one set per GPU, GPU 1's rebuilt once
     w.watcher.stop()
     assert fake.free_while_waiting == 0
@@ -189,8 +195,8 @@ def test_callback_failure_does_not_kill_the_thread(fake):
     w.stop()
 
 
-def test_init_failure_is_a_clear_error():
-    fake = FakeNvml.node("H100", 1, init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+def test_init_failure_is_a_clear_error(delivery):
+    fake = FakeNvml.node("H100", 1, init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED, event_delivery=delivery)
     w = XidEventWatcher(fake, lambda ev: None)
     with pytest.raises(NvmlInitError, match="NVML init failed: Driver Not Loaded"):
         w.start()
@@ -276,8 +282,8 @@ def test_a_lost_gpu_is_watched_again_when_it_answers(fake):
     assert _deliver_each(w, fake, [2], 79, within_s=1.0)[0]["gpu_index"] == 2
 
 
-def test_a_gpu_lost_at_start_is_set_up_once_it_answers():
-    fake = FakeNvml.node("H100", 2)
+def test_a_gpu_lost_at_start_is_set_up_once_it_answers(delivery):
+    fake = FakeNvml.node("H100", 2, event_delivery=delivery)
     fake.gpus[1].lost = True
     w = Watch(fake)
     assert w.watcher.registered == [0] and w.watcher.failing == [1]
@@ -393,3 +399,98 @@ def test_a_gpu_that_stops_offering_events_is_logged_once_and_watched_when_it_off
     assert w.watcher.unsupported == []
     fake.gpus[1].inject_xid(31)
     assert w.event()["gpu_index"] == 1
+
+
+# -- an event belongs to the device it names (issue 34) ---------------------------------------
+
+
+def _identity(ev: dict[str, Any]) -> tuple[Any, ...]:
+    return (ev["gpu_index"], ev["uuid"], ev["pci_bus_id"])
+
+
+def _of(fake: FakeNvml, i: int) -> tuple[Any, ...]:
+    g = fake.gpus[i]
+    return (i, g.uuid, g.pci_bus_id)
+
+
+def test_two_gpus_failing_with_different_xids_are_each_named_whatever_set_delivers(delivery):
+    # NVIDIA's mock library hands GPU 0's Xid 79 to whichever set waits: the watcher published it
+    # on GPU 4 in one run and on GPU 2 in the next, and GPU 2's Xid 94 on GPU 3.
+    fake = FakeNvml.node("H100", 8, event_delivery=delivery)
+    w = Watch(fake)
+    fake.gpus[2].inject_xid(94)
+    ev = w.event()
+    assert (ev["xid"], *_identity(ev)) == (94, *_of(fake, 2))
+    fake.gpus[0].inject_xid(79)
+    ev = w.event()
+    assert (ev["xid"], *_identity(ev)) == (79, *_of(fake, 0))
+    counts = w.watcher.delivery_counts
+    assert sum(counts.values()) == 2 and counts["unresolved"] == 0
+    # The cross-check: in the mock's mode both came through another GPU's set, and say so.
+    assert counts["other_set"] == (2 if delivery == "any-set" else 0)
+    w.watcher.stop()
+    assert w.events.empty()  # each once
+
+
+def test_a_burst_of_events_on_every_gpu_is_each_attributed_once(delivery):
+    fake = FakeNvml.node("H100", 8, event_delivery=delivery)
+    w = Watch(fake)
+    for i in range(8):
+        fake.gpus[i].inject_xid(40 + i)
+    fake.gpus[5].inject_recovery_action(2)
+    fake.gpus[6].inject_gpu_unavailable(1)
+    got = [w.event() for _ in range(10)]
+    xids = sorted((e["xid"], _identity(e)) for e in got if "xid" in e)
+    assert xids == [(40 + i, _of(fake, i)) for i in range(8)]
+    notices = sorted((e["type"], _identity(e)) for e in got if "type" in e)
+    assert notices == [("gpu_unavailable", _of(fake, 6)), ("recovery_action", _of(fake, 5))]
+    w.watcher.stop()
+    assert w.events.empty()
+
+
+def test_a_lost_gpus_xid_delivered_through_another_set_names_the_lost_gpu():
+    # The mock's Xid 79: the GPU falls off the bus, its own set fails, another set delivers the
+    # event; the device it names is the lost GPU, whose identity is known from its set-up.
+    fake = FakeNvml.node("H100", 8, event_delivery="any-set")
+    w = Watch(fake, backoff_initial_s=1.0, backoff_max_s=2.0)
+    fake.gpus[0].lose()
+    assert w.error() == "NVMLError_GpuIsLost"
+    fake.gpus[0].inject_xid(79)
+    ev = w.event()
+    assert (ev["xid"], *_identity(ev)) == (79, *_of(fake, 0))
+    assert w.watcher.delivery_counts["other_set"] == 1
+
+
+def test_an_event_for_a_gpu_whose_set_is_being_rebuilt_is_delivered_on_its_gpu():
+    fake = FakeNvml.node("H100", 4, event_delivery="any-set")
+    w = Watch(fake, rebuild_after=1, backoff_initial_s=0.5, backoff_max_s=1.0)
+    fake.fail_event_wait(pynvml.NVML_ERROR_UNKNOWN, times=1, gpu=1)
+    assert w.error() == "NVMLError_Unknown"
+    _until(lambda: 1 not in w.watcher.registered, "GPU 1's set freed for its rebuild")
+    fake.gpus[1].inject_xid(48)
+    ev = w.event()
+    assert (ev["xid"], *_identity(ev)) == (48, *_of(fake, 1))
+
+
+def test_an_event_naming_a_device_unknown_to_the_watcher_is_resolved_through_nvml():
+    # GPU 1 was lost at start (never set up here), answers again, and its event comes through GPU
+    # 0's set before its own thread has set it up: NVML itself says which GPU the handle is.
+    fake = FakeNvml.node("H100", 2, event_delivery="any-set")
+    fake.gpus[1].lost = True
+    w = Watch(fake, backoff_initial_s=5.0, backoff_max_s=5.0)  # GPU 1 not set up again meanwhile
+    fake._ever_registered[1] = pynvml.nvmlEventTypeXidCriticalError  # registered by another client
+    fake.gpus[1].recover()
+    fake.gpus[1].inject_xid(31)
+    ev = w.event()
+    assert (ev["xid"], *_identity(ev)) == (31, *_of(fake, 1))
+    assert w.watcher.delivery_counts["other_set"] == 1
+
+
+def test_instance_ids_on_a_gpu_not_in_mig_mode_are_no_mig_instance(delivery):
+    # NVIDIA's mock fills gpuInstanceId/computeInstanceId with 0 on a GPU without MIG, where the
+    # driver says 0xFFFFFFFF; GPU instance 0 exists only in MIG mode.
+    fake = FakeNvml.node("H100", 2, event_delivery=delivery)
+    w = Watch(fake)
+    fake.gpus[1].inject_xid(79, gpu_instance_id=0, compute_instance_id=0)
+    ev = w.event()
+    assert (ev["gpu_instance_id"], ev["compute_instance_id"], ev["mig_uuid"]) == (None, None, None)
