@@ -7,13 +7,20 @@
 imports ``tests``. Spec: ``<model>:<count>`` (``H100``, ``H200``, ``A100``, ``L40S``) followed by
 options ``mig=<gpu index>`` (that GPU in MIG mode with 3g.40gb + 2x 1g.10gb slices),
 ``procs=<n>`` (n compute processes per GPU), ``init-error`` (nvmlInit fails with
-NVML_ERROR_DRIVER_NOT_LOADED).
+NVML_ERROR_DRIVER_NOT_LOADED), ``fixtures`` (the 8 GPUs of ``tests.agent_harness.node_for_fixtures``,
+whose UUIDs the kubelet fixtures hold; the model and count are then ignored), ``events=any-set``
+(events reach sets as NVIDIA's mock library hands them out: tests/fake_nvml_events.py).
+
+Faults from the test: with ``GPUPIPE_FAKE_NVML_FAULTS=<file>``, each line appended to the file is
+done once, in order: ``xid <gpu> <code>``, ``lose <gpu>``, ``recover <gpu>``.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -22,6 +29,7 @@ for p in (str(REPO), str(REPO / "tests")):
         sys.path.insert(0, p)
 
 ENV = "GPUPIPE_FAKE_NVML"
+FAULTS_ENV = "GPUPIPE_FAKE_NVML_FAULTS"
 
 
 def build(spec: str):  # -> FakeNvml
@@ -34,6 +42,8 @@ def build(spec: str):  # -> FakeNvml
     init_error = None
     mig_index = None
     procs = 0
+    fixtures = False
+    delivery = "own-set"
     for opt in filter(None, opts.split(":")):
         key, _, value = opt.partition("=")
         if key == "mig":
@@ -42,9 +52,19 @@ def build(spec: str):  # -> FakeNvml
             procs = int(value)
         elif key == "init-error":
             init_error = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+        elif key == "fixtures":
+            fixtures = True
+        elif key == "events":
+            delivery = value
         else:
             raise SystemExit(f"{ENV}: unknown option {opt!r}")
-    fake = FakeNvml.node(model or "H100", int(count_text or 8), init_error=init_error)
+    if fixtures:
+        from tests.agent_harness import node_for_fixtures
+
+        return node_for_fixtures(init_error=init_error, event_delivery=delivery)
+    fake = FakeNvml.node(
+        model or "H100", int(count_text or 8), init_error=init_error, event_delivery=delivery
+    )
     for g in fake.gpus:
         for k in range(procs):
             pid = 100_000 + 100 * g.index + k
@@ -55,11 +75,33 @@ def build(spec: str):  # -> FakeNvml
     return fake
 
 
+def _faults(fake, path: str) -> None:  # a daemon thread: reads what the test appends
+    done = 0
+    while True:
+        try:
+            lines = Path(path).read_text().splitlines()
+        except FileNotFoundError:
+            lines = []
+        for line in lines[done:]:
+            verb, gpu, *rest = line.split()
+            g = fake.gpus[int(gpu)]
+            if verb == "xid":
+                g.inject_xid(int(rest[0]))
+            elif verb == "lose":
+                g.lose()
+            elif verb == "recover":
+                g.recover()
+        done = len(lines)
+        time.sleep(0.05)
+
+
 def main(argv: list[str]) -> int:
     spec = os.environ.get(ENV)
     if not spec:
         raise SystemExit(f"{ENV} is not set (e.g. H100:8:mig=7:procs=2)")
     fake = build(spec)
+    if os.environ.get(FAULTS_ENV):
+        threading.Thread(target=_faults, args=(fake, os.environ[FAULTS_ENV]), daemon=True).start()
 
     import gpupipe_producer.node_agent as node_agent
     from gpupipe import cli
