@@ -160,7 +160,20 @@ print(json.dumps(tick, indent=2))
 #    set per GPU) cost while nothing happens (NVIDIA's mock polls inside its wait: about 0.9 ms/s per
 #    GPU there; a driver should block in the kernel).
 section("NVML XID event sets")
-w = XidEventWatcher(nvml, lambda ev: print("XID event:", ev), timeout_ms=500)
+received: list = []
+
+
+def on_event(ev: dict) -> None:
+    # Which device the event named and which GPU's set delivered it: the first real run shows
+    # whether the driver ever hands one GPU's event to another GPU's set (NVIDIA's mock does).
+    what = f"Xid {ev['xid']}" if "xid" in ev else f"{ev.get('type')} {ev.get('data')}"
+    print(f"NVML event: {what} names GPU {ev.get('gpu_index')} ({ev.get('uuid')}, {ev.get('pci_bus_id')}); "
+          f"delivered by GPU {ev.get('set_gpu_index')}'s event set")
+    received.append({k: ev.get(k) for k in ("xid", "type", "gpu_index", "uuid", "pci_bus_id", "set_gpu_index",
+                                             "gpu_instance_id", "compute_instance_id")})
+
+
+w = XidEventWatcher(nvml, on_event, timeout_ms=500)
 try:
     w.start()
     time.sleep(0.5)
@@ -172,6 +185,8 @@ try:
         "unsupported": w.unsupported,
         "errors": dict(w.error_counts),
         "idle_cpu_ms_per_s": round(idle, 3),
+        "delivery": dict(w.delivery_counts),
+        "received": received,
     }
     w.stop()
 except Exception as exc:

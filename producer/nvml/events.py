@@ -22,7 +22,8 @@ start is logged and its thread ends (the kernel log still reports its XIDs). Eac
 * an event: ``on_event(dict)`` with ``xid``, ``uuid``, ``pci_bus_id``, ``gpu_index``,
   ``gpu_instance_id`` / ``compute_instance_id`` (None when NVML says 0xFFFFFFFF, i.e. not
   attributable to a MIG instance, and on a GPU not in MIG mode), ``mig_uuid`` (when a lookup is
-  given and knows it) and ``timestamp_ms`` (wall clock when received); recovery-action and
+  given and knows it), ``set_gpu_index`` (the GPU whose set delivered it: for diagnosis only) and
+  ``timestamp_ms`` (wall clock when received); recovery-action and
   GPU-unavailable events as ``{"type": ..., "data": ...}`` notices; events of other types are
   ignored;
 * any error (``GpuIsLost``, ``Unknown``...): reported (``on_error(kind)``, ``error_counts``; the
@@ -549,6 +550,7 @@ class XidEventWatcher:
                     "uuid": gpu.uuid,
                     "pci_bus_id": gpu.bus,
                     "gpu_index": gpu.index,
+                    "set_gpu_index": ch.index,
                     "timestamp_ms": int(self._wall_clock() * 1000),
                 }
             )
@@ -566,6 +568,7 @@ class XidEventWatcher:
             "gpu_instance_id": gpu_instance_id,
             "compute_instance_id": compute_instance_id,
             "mig_uuid": None,
+            "set_gpu_index": ch.index,
             "timestamp_ms": int(self._wall_clock() * 1000),
         }
         if self._mig_lookup is not None and gpu.uuid and gpu_instance_id is not None:

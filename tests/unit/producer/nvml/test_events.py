@@ -81,6 +81,7 @@ def test_injected_xid_is_delivered_and_stop_is_clean(fake):
         "gpu_instance_id": None,  # 0xFFFFFFFF: not attributable to a MIG instance
         "compute_instance_id": None,
         "mig_uuid": None,
+        "set_gpu_index": ev["set_gpu_index"],  # which set delivered it: any, in the mock's mode
         "timestamp_ms": 1_767_225_600_500,
     }
     record = nvml_xid_event(ev, "node-a", model_name="NVIDIA H100 80GB HBM3", driver_version="570.124.06")
