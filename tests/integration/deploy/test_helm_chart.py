@@ -445,6 +445,7 @@ def test_flags_of_every_kind_render_and_parse(helm: str) -> None:
         "chargeback.flags.grace=null",
         "alerts.flags.dry-run=false",
         "alerts.flags.cordon=true",
+        "alerts.cordonWithoutNodeIdentity=true",
         "alerts.flags.node-burst-gpus=3",
         "producer.flags.topic-partitions={gpu.samples.v1=24,gpu.xid.v1=6}",
     )
@@ -714,11 +715,30 @@ def test_node_identity_signs_on_the_node_and_checks_in_alerts(helm: str, rendere
     assert "node-cert" not in {v["name"] for v in ds["spec"]["template"]["spec"]["volumes"]}
 
 
+def test_no_node_can_cordon_another_with_the_charts_defaults(helm: str, rendered: dict) -> None:
+    # With the defaults a cordon is at most decided (dry run); real cordons render only where node
+    # identity proves which node wrote an XID, or where the user accepts the risk by name.
+    _, ns = components(rendered["defaults"])["alerts"]
+    assert ns.dry_run is True and ns.cordon is False
+    err = render_error(helm, "alerts.flags.cordon=true", "alerts.flags.dry-run=false")
+    assert "nodeIdentity.enabled" in err and "cordonWithoutNodeIdentity" in err
+    _, ns = components(
+        render(
+            helm, None, "alerts.flags.cordon=true", "alerts.flags.dry-run=false", "nodeIdentity.enabled=true"
+        )
+    )["alerts"]
+    assert ns.cordon is True and ns.dry_run is False and ns.node_ca_file and ns.node_identity == "enforce"
+
+
 def test_the_alerts_pod_mounts_a_token_only_when_it_patches_nodes(helm: str, rendered: dict) -> None:
     def alerts_pod(docs: list[dict[str, Any]]) -> dict[str, Any]:
         return _by_name(docs, "Deployment")["rel-gpupipe-alerts"]["spec"]["template"]["spec"]
 
     dry = alerts_pod(rendered["defaults"])  # the default: a dry run, which never calls the API server
     assert dry["serviceAccountName"] == "rel-gpupipe-alerts" and dry["automountServiceAccountToken"] is False
-    real = alerts_pod(render(helm, None, "alerts.flags.cordon=true", "alerts.flags.dry-run=false"))
+    real = alerts_pod(
+        render(
+            helm, None, "alerts.flags.cordon=true", "alerts.flags.dry-run=false", "nodeIdentity.enabled=true"
+        )
+    )
     assert "automountServiceAccountToken" not in real  # the token its cordons need
