@@ -7,9 +7,10 @@ and nothing is committed meanwhile. A stop while the batch is unsent raises :cla
 which leaves its offsets unstored: a restart exports it again. A request the collector refuses as bad
 data is dead-lettered (reason ``otlp-rejected``), not retried forever.
 
-Size: a request holds at most 256 records and ``max_request_bytes`` encoded. A request over that, or
-one the collector refuses for its size, is sent as two halves; a single record too large alone is
-dead-lettered (reason ``otlp-too-large``) and the records behind it go on.
+Size: a request holds at most 256 records and ``max_request_bytes`` encoded, records being encoded one
+by one and packed. A record over the bound alone is dead-lettered (reason ``otlp-too-large``) and the
+records behind it go on; a request the collector refuses for its size is sent as two halves, down to
+a record alone, dead-lettered the same way.
 
 Timeouts: OTLP has no idempotency key, so a request that timed out after it was sent may be at the
 collector already. Its resend gets a timeout four times longer (up to ``MAX_TIMEOUT_S``), kept until
@@ -142,9 +143,7 @@ class OtlpService:
                 ("metrics", samples, mapping.encode_metrics),
                 ("logs", xids, mapping.encode_logs),
             ):
-                for i in range(0, len(group), RECORDS_PER_REQUEST):
-                    chunk = group[i : i + RECORDS_PER_REQUEST]
-                    rejected += self._export(signal, chunk, encode)  # type: ignore[arg-type]
+                rejected += self._export(signal, group, encode)  # type: ignore[arg-type]
         finally:
             self.held_records = 0
         return rejected
@@ -152,24 +151,46 @@ class OtlpService:
     def _export(
         self,
         signal: Signal,
-        chunk: Sequence[InRecord],
+        group: Sequence[InRecord],
         encode: Callable[[Sequence[dict[str, Any]]], mapping.Encoded],
     ) -> list[Rejected]:
-        """Send ``chunk`` in requests within the byte bound, halving what is (or proves) too large,
-        in record order; the records refused, with why."""
+        """Encode record by record and send, in record order, requests of at most
+        RECORDS_PER_REQUEST records and ``max_request_bytes``: memory stays near one request however
+        large the records. The records refused, with why."""
         rejected: list[Rejected] = []
-        todo = [list(chunk)]  # a stack: the first half on top
+        request: list[tuple[InRecord, mapping.Encoded]] = []
+        size = 0
+        for rec in group:
+            one = encode([rec.value])
+            n = len(one.payload)
+            if n > self.max_request_bytes:
+                detail = f"{n} bytes of OTLP alone, over the {self.max_request_bytes}-byte request bound"
+                log.error(
+                    "a record too large for one OTLP request: dead-lettered",
+                    extra=fields(signal=signal, error=detail),
+                )
+                rejected.append((rec, TOO_LARGE, detail))
+                continue
+            if request and (size + n > self.max_request_bytes or len(request) >= RECORDS_PER_REQUEST):
+                rejected += self._send_halving(signal, request)
+                request, size = [], 0
+            request.append((rec, one))
+            size += n
+        if request:
+            rejected += self._send_halving(signal, request)
+        return rejected
+
+    def _send_halving(self, signal: Signal, parts: list[tuple[InRecord, mapping.Encoded]]) -> list[Rejected]:
+        """Send ``parts`` as one request, and as two halves (in order) when the collector refuses its
+        size; a record refused alone is returned. One request is the parts' bytes end to end: the
+        messages of a protobuf's concatenation merge, and its repeated ``resource_metrics`` (or
+        ``resource_logs``) append (a resource may then appear twice in it, which OTLP allows)."""
+        rejected: list[Rejected] = []
+        todo = [parts]  # a stack: the first half on top
         while todo:
             part = todo.pop()
-            request = encode([r.value for r in part])
-            size = len(request.payload)
-            refusal: Refusal | None
-            if size > self.max_request_bytes:
-                refusal = Refusal(
-                    TOO_LARGE, f"{size} bytes encoded, over the {self.max_request_bytes} byte bound"
-                )
-            else:
-                refusal = self._send(signal, request)
+            request = mapping.Encoded(b"".join(e.payload for _, e in part), sum(e.items for _, e in part))
+            refusal = self._send(signal, request)
             if refusal is None:
                 continue
             if refusal.reason == TOO_LARGE and len(part) > 1:
@@ -178,10 +199,10 @@ class OtlpService:
                 continue
             if refusal.reason == TOO_LARGE:
                 log.error(
-                    "a record too large for one OTLP request: dead-lettered",
-                    extra=fields(signal=signal, bytes=size, error=refusal.detail),
+                    "the collector refused a record as too large: dead-lettered",
+                    extra=fields(signal=signal, error=refusal.detail),
                 )
-            rejected += [(r, refusal.reason, refusal.detail) for r in part]
+            rejected += [(r, refusal.reason, refusal.detail) for r, _ in part]
         return rejected
 
     def _send(self, signal: Signal, request: mapping.Encoded) -> Refusal | None:

@@ -66,20 +66,26 @@ def size(*records: InRecord) -> int:
     return len(mapping.encode_metrics([r.value for r in records]).payload)
 
 
-def test_a_batch_over_the_byte_bound_goes_in_halves_in_order() -> None:
+def test_records_are_packed_into_requests_within_the_byte_bound_in_order() -> None:
     records = [rec(f"GPU-{i}") for i in range(8)]
     tx = Scripted()
-    svc, registry = service(tx, max_request_bytes=size(*records[:3]))
+    svc, registry = service(tx, max_request_bytes=3 * size(records[0]))
     assert svc.handle(records) == []
     assert [ids for ids, *_ in tx.sent] == [
-        ["GPU-0", "GPU-1"],
-        ["GPU-2", "GPU-3"],
-        ["GPU-4", "GPU-5"],
+        ["GPU-0", "GPU-1", "GPU-2"],
+        ["GPU-3", "GPU-4", "GPU-5"],
         ["GPU-6", "GPU-7"],
     ]
     assert all(n <= svc.max_request_bytes for _, n, _ in tx.sent)
     want = mapping.encode_metrics([r.value for r in records]).items
     assert value(registry, "gpupipe_otlp_items_total") == svc.exported["metrics"] == want
+
+
+def test_a_request_holds_at_most_256_records() -> None:
+    tx = Scripted()
+    svc, _ = service(tx)
+    svc.handle([rec(f"GPU-{i}") for i in range(300)])
+    assert [len(ids) for ids, *_ in tx.sent] == [256, 44]
 
 
 def test_what_the_collector_refuses_for_size_is_halved_and_a_record_too_large_alone_dead_lettered() -> None:
