@@ -16,7 +16,15 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MAX_AGE_MS", "MAX_AHEAD_MS", "fields_violation", "reading_max", "reading_range", "violation"]
+__all__ = [
+    "MAX_AGE_MS",
+    "MAX_AHEAD_MS",
+    "MAX_LABELS",
+    "fields_violation",
+    "reading_max",
+    "reading_range",
+    "violation",
+]
 
 DAY_MS = 86_400_000
 #: An event may be dated this far after the broker's clock (or ours): wide, because replays and test
@@ -95,6 +103,10 @@ _ALLOCATION_LIMITS = {
 }
 #: Label keys may be prefixed (253 + "/" + 63); values are at most 63.
 LABEL_KEY_MAX, LABEL_VALUE_MAX = 317, 63
+#: Labels per allocation: the producer copies only the keys --pod-labels selects (three by default)
+#: and refuses more than this many; past it, thousands of tiny labels in one record would cost every
+#: reader per label (workload keys, one OTLP attribute each).
+MAX_LABELS = 64
 #: Any other string (an XID's kernel message, a process name).
 STRING_MAX = 4096
 MAX_ALLOCATIONS, MAX_PROCESSES = 256, 4096
@@ -148,7 +160,10 @@ def _allocations(rec: Mapping[str, Any]) -> str | None:
         bad = _long_strings(a, _ALLOCATION_LIMITS, f"allocations[{i}].")
         if bad:
             return bad
-        for k, v in (a.get("labels") or {}).items():
+        labels = a.get("labels") or {}
+        if len(labels) > MAX_LABELS:
+            return f"allocations[{i}].labels: {len(labels)} entries, at most {MAX_LABELS}"
+        for k, v in labels.items():
             if len(k) > LABEL_KEY_MAX or (isinstance(v, str) and len(v) > LABEL_VALUE_MAX):
                 return f"allocations[{i}].labels: a label over {LABEL_KEY_MAX}/{LABEL_VALUE_MAX} characters"
     return None

@@ -18,12 +18,19 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry
 
 from gpupipe import service_flags, startup, topics
-from gpupipe.argtypes import duration_ms
+from gpupipe.argtypes import ArgType, duration_ms
+from gpupipe.errors import ConfigError
 from gpupipe.kafka_admin import parse_kafka_overrides
 from gpupipe.logs import fields
 from gpupipe.runner import KafkaNeeds, Lifecycle, ServiceSpec, run_service
 from gpupipe_consumers.consume_loop import ConsumeLoop
-from gpupipe_consumers.otlp.settings import DEFAULT_ENDPOINTS, DEFAULT_TIMEOUT_S, PROTOCOLS
+from gpupipe_consumers.otlp.settings import (
+    DEFAULT_ENDPOINTS,
+    DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_TIMEOUT_S,
+    MIN_REQUEST_BYTES,
+    PROTOCOLS,
+)
 from gpupipe_schemas.codec import codec_from_url
 
 if TYPE_CHECKING:
@@ -38,6 +45,28 @@ log = logging.getLogger("gpupipe.otlp")
 HELP = "push GPU metrics and XID events to an OpenTelemetry Collector (OTLP)"
 
 DEFAULT_GROUP = "gpupipe-otlp"
+
+_UNITS = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "b": 1, "": 1}
+
+
+def _parse_bytes(text: str) -> int:
+    """``3MiB``, ``512KiB`` or a number of bytes, at least MIN_REQUEST_BYTES."""
+    t = text.strip().lower()
+    digits = t.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = t[len(digits) :]
+    if not digits.isdigit() or unit not in _UNITS:
+        raise ConfigError(f"expected a size such as 3MiB, 512KiB or 1048576, got {text!r}")
+    n = int(digits) * _UNITS[unit]
+    if n < MIN_REQUEST_BYTES:
+        raise ConfigError(f"at least {MIN_REQUEST_BYTES // 2**10}KiB, got {text!r}")
+    return n
+
+
+def _show_bytes(n: int) -> str:
+    return f"{n // 2**20}MiB" if n % 2**20 == 0 else f"{n // 2**10}KiB" if n % 2**10 == 0 else str(n)
+
+
+_request_bytes = ArgType(_parse_bytes, show=_show_bytes)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -92,6 +121,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="DURATION",
         help=f"per export request (default: OTEL_EXPORTER_OTLP_TIMEOUT in ms, else {DEFAULT_TIMEOUT_S:g}s)",
+    )
+    o.add_argument(
+        "--otlp-max-request-bytes",
+        type=_request_bytes,
+        default=DEFAULT_MAX_REQUEST_BYTES,
+        metavar="SIZE",
+        help="the most one export request may weigh, encoded: keep it under the collector's limit "
+        "(gRPC receivers take 4 MiB by default); a larger batch is split, a record too large alone "
+        "is dead-lettered",
     )
     startup.add_arguments(p)
 
@@ -170,7 +208,13 @@ def build(
     from gpupipe_consumers.otlp.service import OtlpService
 
     registry = CollectorRegistry()
-    service = OtlpService(tx, registry, stop=life.stop)
+    service = OtlpService(
+        tx,
+        registry,
+        stop=life.stop,
+        max_request_bytes=args.otlp_max_request_bytes,
+        timeout_s=cfg.timeout_s,
+    )
     loop = ConsumeLoop(
         bootstrap=args.bootstrap_servers,
         group_id=args.group_id,

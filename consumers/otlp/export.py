@@ -6,10 +6,14 @@ failed export raises, and the caller decides: the Kafka offsets stay uncommitted
 tried again until the collector takes it. The request messages come from ``opentelemetry-proto``;
 gRPC is ``grpcio`` (already a dependency), HTTP is the standard library.
 
-Which failures are whose (``ExportError.retryable``): only a collector saying the data itself is bad
-(gRPC INVALID_ARGUMENT, HTTP 400/413) is permanent. Everything else, refused credentials and unknown
-services included, is a collector or configuration problem that an operator fixes, after which the
-held batch goes through: nothing is dropped for it.
+Which failures are whose (:class:`ExportError`): only a collector saying the data itself is bad
+(gRPC INVALID_ARGUMENT, HTTP 400) is permanent. A request over the collector's size limit (gRPC
+RESOURCE_EXHAUSTED "larger than max", HTTP 413) is ``too_large``: the caller splits it. A request that
+timed out after it was sent is ``maybe_delivered``: the collector may hold it already. Everything
+else, refused credentials, unknown services and redirects included, is a collector or configuration
+problem that an operator fixes, after which the held batch goes through: nothing is dropped for it.
+A redirect is never followed: urllib would resend the credentials to wherever it points, as a GET
+without the body, and take that GET's 200 for an acknowledgement.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import grpc
 from google.protobuf.message import DecodeError, Message
@@ -37,13 +41,33 @@ Signal = Literal["metrics", "logs"]
 
 _HEADERS_ENV = "OTEL_EXPORTER_OTLP_HEADERS"
 _PERMANENT_GRPC = frozenset({grpc.StatusCode.INVALID_ARGUMENT})
-_PERMANENT_HTTP = frozenset({400, 413})
+_PERMANENT_HTTP = frozenset({400})
+_TOO_LARGE_HTTP = 413
 
 
 class ExportError(Exception):
-    def __init__(self, message: str, *, retryable: bool) -> None:
+    """An export not acknowledged. ``retryable``: the same request may succeed later;
+    ``too_large``: the collector refused its size (send it in parts); ``maybe_delivered``: it timed
+    out after it was sent, so the collector may have taken it (a resend may duplicate it)."""
+
+    def __init__(
+        self, message: str, *, retryable: bool, too_large: bool = False, maybe_delivered: bool = False
+    ) -> None:
         super().__init__(message)
         self.retryable = retryable
+        self.too_large = too_large
+        self.maybe_delivered = maybe_delivered
+
+
+def _grpc_error(code: grpc.StatusCode, detail: str) -> ExportError:
+    message = f"gRPC {code.name}: {detail}"
+    # grpc's own text for a message over a receive limit (the collector's and a proxy's alike);
+    # RESOURCE_EXHAUSTED alone may also be a memory limiter asking us to come back later.
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in (detail or "").lower():
+        return ExportError(message, retryable=False, too_large=True)
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return ExportError(message, retryable=True, maybe_delivered=True)
+    return ExportError(message, retryable=code not in _PERMANENT_GRPC)
 
 
 @dataclass(frozen=True)
@@ -162,8 +186,10 @@ def _read(path: str | None) -> bytes | None:
 
 
 class Transport(Protocol):
-    def export(self, signal: Signal, payload: bytes) -> PartialSuccess:
-        """Send one serialized Export*ServiceRequest; raise :class:`ExportError` unless acknowledged."""
+    def export(self, signal: Signal, payload: bytes, timeout_s: float | None = None) -> PartialSuccess:
+        """Send one serialized Export*ServiceRequest; raise :class:`ExportError` unless acknowledged.
+
+        ``timeout_s``: this request's (default: the configured one)."""
         ...
 
     def close(self) -> None: ...
@@ -214,7 +240,7 @@ class GrpcTransport:
         self._channels[endpoint] = ch
         return ch
 
-    def export(self, signal: Signal, payload: bytes) -> PartialSuccess:
+    def export(self, signal: Signal, payload: bytes, timeout_s: float | None = None) -> PartialSuccess:
         ch = self._channel(self.cfg.signal_endpoints.get(signal, self.cfg.endpoint))
         call = ch.unary_unary(_METHODS[signal], response_deserializer=_RESPONSES[signal].FromString)
         try:
@@ -222,17 +248,33 @@ class GrpcTransport:
         except (OSError, ConfigError) as exc:
             raise ExportError(f"headers file: {exc}", retryable=True) from exc
         try:
-            response = call(payload, timeout=self.cfg.timeout_s, metadata=list(headers.items()))
+            response = call(payload, timeout=timeout_s or self.cfg.timeout_s, metadata=list(headers.items()))
         except grpc.RpcError as exc:
-            code = exc.code()  # type: ignore[attr-defined]
-            detail = exc.details()  # type: ignore[attr-defined]
-            raise ExportError(f"gRPC {code.name}: {detail}", retryable=code not in _PERMANENT_GRPC) from exc
+            raise _grpc_error(exc.code(), exc.details()) from exc  # type: ignore[attr-defined]
         return _partial(response)
 
     def close(self) -> None:
         for ch in self._channels.values():
             ch.close()
         self._channels.clear()
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Answer every 3xx with its own HTTPError: following it would send our headers (credentials)
+    to the new location, and as a GET without the body whose 200 would read as delivered."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def _redirect_error(exc: urllib.error.HTTPError) -> ExportError:
+    where = urllib.parse.urlsplit(exc.headers.get("Location") or "")
+    shown = f"{where.scheme}://{where.netloc}{where.path}" if where.netloc else where.path or "?"
+    return ExportError(
+        f"HTTP {exc.code}: the endpoint redirects to {shown}; redirects are not followed "
+        "(set the OTLP endpoint to the collector itself)",
+        retryable=True,
+    )
 
 
 class HttpTransport:
@@ -244,12 +286,17 @@ class HttpTransport:
             self._ssl = ssl.create_default_context(cafile=cfg.ca_file)
             if cfg.cert_file:
                 self._ssl.load_cert_chain(cfg.cert_file, cfg.key_file)
+        # build_opener keeps its default handlers (proxies from the environment included) but takes
+        # our subclass in place of the redirect handler.
+        self._opener = urllib.request.build_opener(
+            urllib.request.HTTPSHandler(context=self._ssl), _NoRedirect()
+        )
 
     def url(self, signal: Signal) -> str:
         given = self.cfg.signal_endpoints.get(signal)
         return given if given else f"{self.cfg.endpoint.rstrip('/')}/v1/{signal}"
 
-    def export(self, signal: Signal, payload: bytes) -> PartialSuccess:
+    def export(self, signal: Signal, payload: bytes, timeout_s: float | None = None) -> PartialSuccess:
         try:
             headers = self.headers.current()
         except (OSError, ConfigError) as exc:
@@ -261,14 +308,25 @@ class HttpTransport:
             method="POST",
         )
         try:
-            with urllib.request.urlopen(req, timeout=self.cfg.timeout_s, context=self._ssl) as resp:
+            with self._opener.open(req, timeout=timeout_s or self.cfg.timeout_s) as resp:
                 body = resp.read()
         except urllib.error.HTTPError as exc:
+            if 300 <= exc.code < 400:
+                raise _redirect_error(exc) from exc
             detail = exc.read()[:200].decode("utf-8", "replace")
+            too_large = exc.code == _TOO_LARGE_HTTP
             raise ExportError(
-                f"HTTP {exc.code}: {detail or exc.reason}", retryable=exc.code not in _PERMANENT_HTTP
+                f"HTTP {exc.code}: {detail or exc.reason}",
+                retryable=not too_large and exc.code not in _PERMANENT_HTTP,
+                too_large=too_large,
             ) from exc
-        except (OSError, urllib.error.URLError) as exc:  # refused, reset, timed out, TLS
+        except urllib.error.URLError as exc:  # before the request was sent: refused, TLS, DNS
+            raise ExportError(f"HTTP: {exc}", retryable=True) from exc
+        except TimeoutError as exc:  # sent, no answer in time: the collector may have taken it
+            raise ExportError(
+                f"HTTP: no answer within the timeout ({exc})", retryable=True, maybe_delivered=True
+            ) from exc
+        except OSError as exc:  # reset, closed
             raise ExportError(f"HTTP: {exc}", retryable=True) from exc
         response = _RESPONSES[signal]()
         try:

@@ -12,3 +12,8 @@ DEFAULT_ENDPOINTS: dict[Protocol_, str] = {
     "http/protobuf": "http://localhost:4318",
 }
 DEFAULT_TIMEOUT_S = 10.0
+#: The most one export request may weigh, encoded: under the 4 MiB that a collector's gRPC receiver
+#: takes by default (``max_recv_msg_size_mib``) with room for framing; OTLP/HTTP takes 20 MiB.
+DEFAULT_MAX_REQUEST_BYTES = 3 * 2**20
+#: Below this, ordinary records (a few KB of OTLP each) would be dead-lettered as too large.
+MIN_REQUEST_BYTES = 64 * 2**10

@@ -17,10 +17,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gpupipe import kube
+from gpupipe.errors import ConfigError
 from gpupipe_producer.podmeta.hpc_jobs import DEFAULT_NAMESPACE as DEFAULT_HPC_NAMESPACE
 from gpupipe_producer.podmeta.hpc_jobs import HpcJobMap
 from gpupipe_producer.podmeta.kube_watch import PodMetadataWatcher
 from gpupipe_producer.podmeta.owners import annotate
+from gpupipe_schemas.validate import MAX_LABELS
 
 log = logging.getLogger("gpupipe.podmeta")
 
@@ -111,7 +113,7 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument(
         "--pod-labels",
         default=DEFAULT_POD_LABELS,
-        help="pod label keys copied into each allocation, comma-separated",
+        help=f"pod label keys copied into each allocation, comma-separated (at most {MAX_LABELS})",
     )
     group.add_argument(
         "--dra-resource-slices",
@@ -139,6 +141,8 @@ def extras_from_args(args: argparse.Namespace, node_name: str) -> AllocationExtr
         return None
     watcher = None
     keys = tuple(k.strip() for k in (getattr(args, "pod_labels", "") or "").split(",") if k.strip())
+    if len(set(keys)) > MAX_LABELS:  # the consumers would dead-letter each sample of a pod with them all
+        raise ConfigError(f"--pod-labels selects {len(set(keys))} keys, at most {MAX_LABELS}")
     if mode == "api":
         cfg = kube.config_from_args(args, needed_by="--pod-metadata api")
         watcher = PodMetadataWatcher(kube.KubeClient(cfg), node_name)

@@ -10,12 +10,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import pytest
+
 from gpupipe.cli import build_parser
+from gpupipe.errors import ConfigError
 from gpupipe.kube import KubeClient, KubeConfig
 from gpupipe_producer.node_agent import config_from_args
 from gpupipe_producer.podmeta.extras import AllocationExtras
 from gpupipe_producer.podmeta.hpc_jobs import HpcJobMap, mapping_key, parse_job_file, read_mapping_dir
 from gpupipe_producer.podmeta.kube_watch import PodMetadataWatcher
+from gpupipe_schemas.validate import MAX_LABELS
 from tests.agent_harness import (
     MIG_ALICE,
     SHARED,
@@ -143,3 +147,14 @@ def test_produce_flags_build_the_extras(tmp_path: Path) -> None:
     assert extras.hpc is not None and extras.hpc.namespace == "slurm"
     plain = build_parser().parse_args(["produce", "--source", "nvml"])
     assert config_from_args(plain).extras is None
+
+
+def test_more_pod_labels_than_a_record_may_carry_are_refused_at_start(tmp_path: Path) -> None:
+    keys = ",".join(f"label-{i}" for i in range(MAX_LABELS + 1))
+    args = build_parser().parse_args(
+        ["produce", "--source", "nvml", "--hpc-job-mapping-dir", str(tmp_path), "--pod-labels", keys]
+    )
+    with pytest.raises(
+        ConfigError, match=f"--pod-labels selects {MAX_LABELS + 1} keys, at most {MAX_LABELS}"
+    ):
+        config_from_args(args)

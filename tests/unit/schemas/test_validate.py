@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
-from gpupipe_schemas.validate import violation
+from gpupipe_schemas.validate import MAX_LABELS, violation
 
 NOW = 1_795_000_000_000
 
@@ -64,6 +64,16 @@ def test_strings_past_kubernetes_limits_are_refused() -> None:
     assert (violation("GpuSample", sample, NOW, NOW) or "").startswith("allocations[0].namespace:")
     sample["allocations"] = [{"namespace": "ns", "pod": "p", "labels": {"k": "v" * 64}}]
     assert "labels" in (violation("GpuSample", sample, NOW, NOW) or "")
+
+
+def test_labels_per_allocation_are_bounded_in_number() -> None:
+    sample = copy.deepcopy(_fleet(1)[0][0])
+    labels = {f"l{i}": "v" for i in range(MAX_LABELS)}
+    sample["allocations"] = [{"namespace": "ns", "pod": "p", "labels": labels}]
+    assert violation("GpuSample", sample, NOW, NOW) is None
+    sample["allocations"][0]["labels"] = {**labels, "one-more": "v"}
+    bad = violation("GpuSample", sample, NOW, NOW) or ""
+    assert bad == f"allocations[0].labels: {MAX_LABELS + 1} entries, at most {MAX_LABELS}"
 
 
 @pytest.mark.parametrize("code", [-1, 65_536, 2**31 - 1])
