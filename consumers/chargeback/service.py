@@ -321,6 +321,7 @@ class ChargebackService:
                 transactional_id=self.cfg.transactional_id,
                 window_ms=self.engine.window_ms,
                 grace_ms=self.engine.grace_ms,
+                max_sample_age_ms=self.cfg.max_sample_age_ms,
             ),
         )
         consumer = self.partitions.consumer
