@@ -35,6 +35,7 @@ from gpupipe_consumers.chargeback.service import ChargebackService, ServiceConfi
 from gpupipe_schemas import catalog
 from gpupipe_schemas.codec import codec_from_url
 from gpupipe_schemas.fastdecode import SampleDecoder
+from gpupipe_schemas.validate import MAX_AGE_MS
 
 USES_KAFKA = True
 
@@ -64,6 +65,21 @@ def _parse_skew(text: str) -> int | None:
 
 _skew = ArgType(_parse_skew, show=format_duration_ms)
 """A positive duration in milliseconds, or off (None)."""
+
+
+def _parse_max_age(text: str) -> int:
+    """A positive duration no longer than the contract's own bound on an event's age."""
+    ms = positive_duration_ms(text)
+    if ms > MAX_AGE_MS:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {format_duration_ms(MAX_AGE_MS)} (older events are refused anyway), "
+            f"got {format_duration_ms(ms)}"
+        )
+    return ms
+
+
+_max_age = ArgType(_parse_max_age, show=format_duration_ms)
+"""A positive duration in milliseconds, at most the contract's 400 days."""
 
 
 _DAY_MS = 86_400_000
@@ -161,6 +177,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=field_default(ChargebackSettings, "max_clock_skew_ms"),
         help="samples stamped further ahead of their Kafka timestamp (broker time: the samples topic is "
         "created with LogAppendTime) are billed once, at that time, and counted ('off' disables)",
+    )
+    w.add_argument(
+        "--max-sample-age",
+        type=_max_age,
+        default=field_default(ServiceConfig, "max_sample_age_ms"),
+        help="a sample stamped further behind its Kafka timestamp is dead-lettered (reason too-old), "
+        "never billed, so a period already invoiced stays closed; keep it above how long a node "
+        "buffers samples while Kafka is away",
     )
     w.add_argument(
         "--late-run-gap",
@@ -287,6 +311,7 @@ def build_service(args: argparse.Namespace, extra: dict[str, str]) -> Chargeback
         start=args.start,
         transaction_timeout_ms=args.transaction_timeout,
         idle_timeout_s=None if args.idle_timeout is None else args.idle_timeout / 1000.0,
+        max_sample_age_ms=args.max_sample_age,
         extra=extra,
     )
     return ChargebackService(

@@ -5,7 +5,8 @@ Reads ``gpu.samples.v1`` in a consumer group, feeds every decoded GpuSample to a
 ``commit_records`` records) commits ONE Kafka transaction holding
 
 1. the ChargebackWindow records of the windows that closed (and corrections) since the last one,
-2. dead letters of the records that could not be decoded (``gpu.deadletter.v1``), and
+2. dead letters of the records that could not be decoded or may not be billed (out of range, or
+   older than ``--max-sample-age`` when they reached Kafka: ``sample_age.py``) (``gpu.deadletter.v1``), and
 3. per input partition, the engine's *checkpoint* as the group's committed offset: the oldest offset
    the partition's open windows depend on, with the watermark and the consumer position
    (``replay_until``) in the offset's commit metadata.
@@ -72,6 +73,7 @@ from gpupipe_consumers.chargeback.price_agreement import PriceAgreement, PriceHo
 from gpupipe_consumers.chargeback.progress import ProgressPublisher
 from gpupipe_consumers.chargeback.prom_counters import WindowCounters
 from gpupipe_consumers.chargeback.rebalance import PartitionOwnership
+from gpupipe_consumers.chargeback.sample_age import TOO_OLD, too_old
 from gpupipe_consumers.chargeback.service_config import OP_TIMEOUT_S as _OP_TIMEOUT_S
 from gpupipe_consumers.chargeback.service_config import ChargebackMetrics, ServiceConfig, output_key
 from gpupipe_consumers.chargeback.state_metrics import PartitionInfo, StateCollector
@@ -319,6 +321,7 @@ class ChargebackService:
                 transactional_id=self.cfg.transactional_id,
                 window_ms=self.engine.window_ms,
                 grace_ms=self.engine.grace_ms,
+                max_sample_age_ms=self.cfg.max_sample_age_ms,
             ),
         )
         consumer = self.partitions.consumer
@@ -444,7 +447,8 @@ class ChargebackService:
 
     # -- per batch --------------------------------------------------------------------------------
     def process(self, msgs: list[Message]) -> None:
-        """Feed a consumed batch to the engine; dead-letter what cannot be decoded (not on replay)."""
+        """Feed a consumed batch to the engine; dead-letter what cannot be decoded or billed (not on
+        replay)."""
         engine = self.engine
         add = engine.add
         decode = self.decode
@@ -477,13 +481,19 @@ class ChargebackService:
                     self.warned_create_time = True
                     log.warning(
                         "input topic uses CreateTime: a node clock running ahead cannot be bounded by "
-                        "broker time; set message.timestamp.type=LogAppendTime on it",
+                        "broker time, and --max-sample-age trusts the producers' record timestamps; set "
+                        "message.timestamp.type=LogAppendTime on it",
                         extra=fields(topic=msg.topic()),
                     )
                 record_ts = None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts
                 bad = violation(_SAMPLE, d.record, record_ts, now_ms)
                 if bad is not None:  # e.g. dated -2**63: its window would not encode, for ever
                     raise DecodeError("out-of-range", bad)
+                # Its period may be invoiced already: billed only within the bound (sample_age.py).
+                arrived = now_ms if record_ts is None else record_ts
+                old = too_old(int(d.record["timestamp_ms"]), arrived, self.cfg.max_sample_age_ms)
+                if old is not None:
+                    raise DecodeError(TOO_OLD, old)
                 if hold_at is not None and (
                     engine.event_time(int(d.record["timestamp_ms"]), record_ts) >= hold_at
                 ):

@@ -10,6 +10,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpupipe_consumers.chargeback.identity import BASE_GROUP_ID, transactional_id
+from gpupipe_consumers.chargeback.sample_age import DEFAULT_MAX_SAMPLE_AGE_MS
 
 OP_TIMEOUT_S = 30.0  # one Kafka client call of the service (transactions, offsets)
 
@@ -36,6 +37,8 @@ class ServiceConfig:
     # How far back the output topic is read for the ids of windows a partition restarted without
     # our checkpoint may emit again: the input's retention (3 days) and a day of margin.
     dedupe_lookback_s: float = 4 * 86_400.0
+    # A sample further behind its Kafka timestamp is dead-lettered, not billed (sample_age.py).
+    max_sample_age_ms: int = DEFAULT_MAX_SAMPLE_AGE_MS
 
     @property
     def transactional_id(self) -> str:
@@ -83,7 +86,8 @@ class ChargebackMetrics:
         )
         self.dead_letters = Counter(
             "gpupipe_chargeback_dead_letters",
-            "Undecodable input records sent to the dead-letter topic, by reason.",
+            "Input records sent to the dead-letter topic instead of being billed, by reason (too-old: "
+            "older than --max-sample-age when they reached Kafka).",
             ["reason"],
             registry=registry,
         )
