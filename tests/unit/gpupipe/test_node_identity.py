@@ -13,8 +13,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from gpupipe.errors import ConfigError
+from gpupipe.node_check import NODE_CERT_RULES
 from gpupipe.node_identity import CERT_HEADER, NAME_RULES, SIG_HEADER, NodeSigner, NodeVerifier
-from gpupipe_consumers.alerts.node_check import NODE_CERT_RULES
 from tests.pki import Pki
 
 VALUE = b"\x00\x01an XidEvent's Avro body"
