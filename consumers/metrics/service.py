@@ -18,7 +18,9 @@ from there on (a counter reset, which PromQL's ``increase()``/``rate()`` handle)
 out not to be murmur2-partitioned (a producer with another partitioner), only GPUs already held from
 samples get their XIDs, and a warning says so.
 
-Bad input: bytes that are not our Avro are dead-lettered by the loop. A record of the wrong type
+Bad input: bytes that are not our Avro are dead-lettered by the loop, and so, with ``--node-ca-file``,
+is a sample or XID not signed by the node it names (reason ``node-identity``; an XID by its key's
+owner only, as below). A record of the wrong type
 for its topic, or a sample without identity fields (``InvalidRecord``), is dead-lettered with
 reason ``unexpected-record-type`` / ``invalid-record``; both count in
 ``gpupipe_consumer_decode_errors_total{reason}`` and ``gpupipe_consumer_dead_letters_total``. On
