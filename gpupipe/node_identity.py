@@ -2,10 +2,11 @@
 
 Every GPU node's producer shares one Kafka principal, so the broker cannot tell node-b's records
 from node-a's, and a record's ``hostname`` is what decides which node an alert pages for, cordons, or
-lets go. So the producer signs each record's value with a key only its node holds, and sends the
-signature and its certificate in two headers; the alerts service accepts the record's hostname only
-when the certificate was issued by a CA it trusts, both are valid now, the certificate names exactly
-that node, and the signature verifies over the exact bytes it decoded.
+lets go, whose readings are served, whose GPUs are billed. So the producer signs each record's value
+with a key only its node holds, and sends the signature and its certificate in two headers; a
+consuming service (:mod:`gpupipe.node_check`) accepts the record's hostname only when the
+certificate was issued by a CA it trusts, both are valid now, the certificate names exactly that
+node, and the signature verifies over the exact bytes it decoded.
 
 Which certificates name a node (``NAME_RULES``):
 
@@ -196,7 +197,7 @@ class NodeSigner:
         if self.hostname not in names:
             raise ConfigError(
                 f"--node-cert {self.cert_path} names {', '.join(sorted(names)) or 'no node'}, "
-                f"not this node {self.hostname!r}: the alerts service would refuse its records"
+                f"not this node {self.hostname!r}: the consuming services would refuse its records"
             )
         self._cert_der = cert.public_bytes(serialization.Encoding.DER)
         self._key = key

@@ -214,7 +214,7 @@ def test_a_producer_with_another_nodes_certificate_stops_at_start_with_one_line(
     assert main([*argv, "--bootstrap-servers", "127.0.0.1:1"]) == 2
     assert capsys.readouterr().err.strip() == (
         f"gpupipe produce: error: --node-cert {cert} names node-b, not this node 'node-a': "
-        "the alerts service would refuse its records"
+        "the consuming services would refuse its records"
     )
     sim = ["produce", "--source", "simulated", "--node-cert", str(cert), "--bootstrap-servers", "127.0.0.1:1"]
     assert main(sim) == 2
