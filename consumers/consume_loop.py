@@ -1,7 +1,8 @@
 """The consume loop every consumer service shares (metrics, alerts; chargeback adds transactions).
 
 Batch `consume()`, decode with the codec, hand decoded records to the service's
-pure logic, dead-letter what cannot be decoded (and count it), store offsets only
+pure logic, dead-letter what cannot be decoded, and what is not signed by the node it names when
+the service checks node identity (:mod:`gpupipe.node_check`), and count it, store offsets only
 after the batch was handled (at-least-once; commits are asynchronous), and pass
 partition assignment changes to the service so it can drop or rebuild per-partition
 state. Consumer lag per partition is exposed at scrape time.
@@ -26,6 +27,8 @@ from gpupipe.kafka_admin import client_config
 from gpupipe.kafka_auth import KafkaAuthError, principal_of, runtime_denial
 from gpupipe.kafka_lag import lags
 from gpupipe.logs import fields
+from gpupipe.node_check import DEADLETTER_REASON as NODE_IDENTITY
+from gpupipe.node_check import NodeCheck
 from gpupipe.startup import process_start_ms, start_offsets
 from gpupipe_consumers.deadletter import DeadLetterWriter
 from gpupipe_schemas.codec import AvroCodec
@@ -35,6 +38,8 @@ from gpupipe_schemas.validate import violation
 log = logging.getLogger("gpupipe.consume")
 
 _DENIED = (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED)
+#: The records a node writes, whose hostname a NodeCheck verifies.
+_NODE_RECORDS = frozenset({"GpuSample", "XidEvent"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,8 +140,13 @@ class ConsumeLoop:
         start_ms: int | None = None,
         topic_prefix: str = "",
         resume: Callable[[Sequence[tuple[str, int]]], Mapping[tuple[str, int], int]] | None = None,
+        node_check: NodeCheck | None = None,
     ) -> None:
         self.handler = handler
+        # With --node-ca-file: a sample or XID not signed by the node it names is dead-lettered here,
+        # before the handler believes its hostname (metrics, recommend; alerts checks in its handler,
+        # which drops such samples instead).
+        self.node_check = node_check
         # A sink that stores its offsets with its output (the lake's Iceberg snapshots) says where
         # each assigned partition starts; the group's committed offsets are then only for lag.
         # Partitions it has no offset for start at the oldest record.
@@ -270,6 +280,7 @@ class ConsumeLoop:
         last: dict[tuple[str, int], Message] = {}
         counts: dict[str, int] = {}
         now_ms = int(time.time() * 1000)
+        node_check = self.node_check
         for msg in msgs:
             err = msg.error()
             if err is not None:
@@ -305,6 +316,11 @@ class ConsumeLoop:
             if bad is not None:
                 self.dead_letter(msg, "out-of-range", bad)
                 continue
+            if node_check is not None and d.name in _NODE_RECORDS:
+                refused = node_check.refuse(d.name, d.record.get("hostname"), msg, now_ms)
+                if refused is not None:
+                    self.dead_letter(msg, NODE_IDENTITY, refused)
+                    continue
             counts[topic] = counts.get(topic, 0) + 1
             records.append(
                 InRecord(topic, part, msg.offset(), msg.key(), d.name, d.record, msg.timestamp()[1], msg)

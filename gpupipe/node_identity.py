@@ -2,10 +2,11 @@
 
 Every GPU node's producer shares one Kafka principal, so the broker cannot tell node-b's records
 from node-a's, and a record's ``hostname`` is what decides which node an alert pages for, cordons, or
-lets go. So the producer signs each record's value with a key only its node holds, and sends the
-signature and its certificate in two headers; the alerts service accepts the record's hostname only
-when the certificate was issued by a CA it trusts, both are valid now, the certificate names exactly
-that node, and the signature verifies over the exact bytes it decoded.
+lets go, whose readings are served, whose GPUs are billed. So the producer signs each record's value
+with a key only its node holds, and sends the signature and its certificate in two headers; a
+consuming service (:mod:`gpupipe.node_check`) accepts the record's hostname only when the
+certificate was issued by a CA it trusts, both are valid now, the certificate names exactly that
+node, and the signature verifies over the exact bytes it decoded.
 
 Which certificates name a node (``NAME_RULES``):
 
@@ -39,6 +40,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from gpupipe.errors import ConfigError
+from gpupipe.node_check import NODE_CERT_RULES
 
 __all__ = [
     "CERT_HEADER",
@@ -56,8 +58,9 @@ SIG_HEADER = "gpupipe-node-sig"
 CERT_HEADER = "gpupipe-node-cert"
 #: Why a record's node was not accepted, as counted and dead-lettered.
 REASONS = ("unsigned", "bad-certificate", "untrusted", "expired", "wrong-node", "bad-signature")
-#: Which certificates name a node (see the module doc); the first is the default.
-NAME_RULES = ("kubelet", "dedicated-ca")
+#: Which certificates name a node (see the module doc); the first is the default. Stated in the
+#: light module that the services' flags take their choices from.
+NAME_RULES = NODE_CERT_RULES
 _NODE_PREFIX = "system:node:"
 _NODES_GROUP = "system:nodes"
 #: A certificate header larger than this is not a node certificate (and is not parsed).
@@ -194,7 +197,7 @@ class NodeSigner:
         if self.hostname not in names:
             raise ConfigError(
                 f"--node-cert {self.cert_path} names {', '.join(sorted(names)) or 'no node'}, "
-                f"not this node {self.hostname!r}: the alerts service would refuse its records"
+                f"not this node {self.hostname!r}: the consuming services would refuse its records"
             )
         self._cert_der = cert.public_bytes(serialization.Encoding.DER)
         self._key = key
@@ -250,7 +253,8 @@ class NodeVerifier:
     signing); a leaf in the bundle issues nothing. Certificates are checked once and remembered by
     their digest, good ones (up to ``cache_max``, least recently used out) apart from bad ones (a
     small bound), so a flood of junk certificates costs CPU, never the good entries; validity (the
-    certificate's and its CA's) is compared with ``clock`` on every record.
+    certificate's and its CA's) is compared with ``clock`` on every record. Thread-safe: the caches
+    are held under a lock, the signature is verified outside it.
     """
 
     def __init__(
@@ -272,6 +276,7 @@ class NodeVerifier:
         self._good: OrderedDict[bytes, _Checked] = OrderedDict()
         self._bad: OrderedDict[bytes, _Checked] = OrderedDict()
         self._cache_max, self._bad_max = cache_max, bad_cache_max
+        self._lock = threading.Lock()
 
     @classmethod
     def from_file(cls, path: str, **kw: Any) -> NodeVerifier:
@@ -308,19 +313,21 @@ class NodeVerifier:
 
     def _check_cert(self, der: bytes) -> _Checked:
         digest = hashlib.sha256(der).digest()
-        hit = self._good.get(digest)
-        if hit is not None:
-            self._good.move_to_end(digest)
-            return hit
-        hit = self._bad.get(digest)
-        if hit is not None:
-            return hit
+        with self._lock:
+            hit = self._good.get(digest)
+            if hit is not None:
+                self._good.move_to_end(digest)
+                return hit
+            hit = self._bad.get(digest)
+            if hit is not None:
+                return hit
         checked = self._examine(der)
         good = checked.problem is None
         cache, bound = (self._good, self._cache_max) if good else (self._bad, self._bad_max)
-        cache[digest] = checked
-        if len(cache) > bound:
-            cache.popitem(last=False)
+        with self._lock:
+            cache[digest] = checked
+            if len(cache) > bound:
+                cache.popitem(last=False)
         return checked
 
     def check(

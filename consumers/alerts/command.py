@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
-from gpupipe import kube, service_flags, startup, topics
+from gpupipe import kube, node_check, service_flags, startup, topics
 from gpupipe.acls import DEFAULT_GROUPS
 from gpupipe.alertmanager import AlertmanagerFanout, AlertmanagerMetrics, AlertmanagerSender
 from gpupipe.argtypes import duration_ms, field_default, keyword_default, positive_duration_ms
@@ -34,7 +34,6 @@ from gpupipe_consumers.alerts.cordon import HOUR_MS, Cordoner, KubeNodeApi
 from gpupipe_consumers.alerts.dedupe import EngineConfig
 from gpupipe_consumers.alerts.health_signals import HealthConfig
 from gpupipe_consumers.alerts.leader import LeaderElector, ha_members
-from gpupipe_consumers.alerts.node_check import NODE_CERT_RULES, NODE_IDENTITY_MODES, NodeCheck
 from gpupipe_consumers.alerts.service import AlertsService, kafka_alert_sink, restore_from_topic
 from gpupipe_consumers.consume_loop import ConsumeLoop
 from gpupipe_schemas.codec import codec_from_url
@@ -183,30 +182,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(open alerts go on folding and resolving)",
     )
     ident = p.add_argument_group("node identity (which node wrote an XID)")
-    ident.add_argument(
-        "--node-ca-file",
-        default=None,
-        metavar="PATH",
-        help="accept an XID's or a sample's hostname only when the record is signed by that node's "
-        "certificate, "
-        "issued by a CA in this PEM bundle (the producers' --node-cert; for kubelet client "
-        "certificates, the cluster CA, as in ConfigMap kube-root-ca.crt) (default: not checked)",
-    )
-    ident.add_argument(
-        "--node-identity",
-        choices=NODE_IDENTITY_MODES,
-        default=NODE_IDENTITY_MODES[0],
-        help="with --node-ca-file: enforce dead-letters an XID that fails the check (reason "
-        "node-identity) and drops such a sample; audit only counts and logs them, for a fleet still "
-        "rolling out certificates",
-    )
-    ident.add_argument(
-        "--node-cert-names",
-        choices=NODE_CERT_RULES,
-        default=NODE_CERT_RULES[0],
-        help="which certificates name a node: kubelet, only kubelet client certificates (CN "
-        "system:node:NAME, O system:nodes, client auth); dedicated-ca, any leaf of the CA naming the "
-        "node in its CN or a DNS SAN (for a CA that issues node identities only)",
+    service_flags.add_node_identity(
+        ident,
+        records="an XID's or a sample's",
+        refused="dead-letters an XID that fails the check and drops such a sample",
     )
     health = p.add_argument_group("health signals from gpu.samples.v1")
     health.add_argument(
@@ -363,9 +342,7 @@ class AlertsOptions:
     cordon_max_share: float
     uncordon: bool
     cluster: kube.KubeConfig | None  # the API server to cordon through (--cordon without --dry-run)
-    node_ca_file: str | None  # None: an XID's hostname is taken as written
-    node_identity: str  # one of NODE_IDENTITY_MODES
-    node_cert_names: str  # one of NODE_CERT_RULES
+    node_identity: node_check.NodeIdentity | None  # None: a record's hostname is taken as written
 
 
 def options_from_args(args: argparse.Namespace) -> AlertsOptions:
@@ -374,10 +351,7 @@ def options_from_args(args: argparse.Namespace) -> AlertsOptions:
     cluster = None
     if args.cordon and not args.dry_run:
         cluster = kube.config_from_args(args, needed_by="--cordon", otherwise="or use --dry-run")
-    if args.node_ca_file:
-        from gpupipe.node_identity import NodeVerifier  # cryptography, only when asked for
-
-        NodeVerifier.from_file(args.node_ca_file, rule=args.node_cert_names)  # a bad bundle: one line, now
+    identity = node_check.from_args(args)  # a bad bundle: one line, now
     return AlertsOptions(
         engine=engine,
         health=health,
@@ -407,9 +381,7 @@ def options_from_args(args: argparse.Namespace) -> AlertsOptions:
         cordon_max_share=args.cordon_max_share,
         uncordon=args.uncordon,
         cluster=cluster,
-        node_ca_file=args.node_ca_file,
-        node_identity=args.node_identity,
-        node_cert_names=args.node_cert_names,
+        node_identity=identity,
     )
 
 
@@ -461,11 +433,8 @@ class AlertsApp:
             )
         sink = kafka_alert_sink(opts.bootstrap, self.alerts_topic, codec, extra)
         identity = None
-        if opts.node_ca_file:
-            from gpupipe.node_identity import NodeVerifier  # cryptography, only when asked for
-
-            verifier = NodeVerifier.from_file(opts.node_ca_file, rule=opts.node_cert_names)
-            identity = NodeCheck(verifier, opts.node_identity)
+        if opts.node_identity is not None:
+            identity = opts.node_identity.check("alerts", ("XidEvent", "GpuSample"))
         self.service = AlertsService(
             sink=sink,
             engine_config=opts.engine,

@@ -54,6 +54,7 @@ from prometheus_client.registry import Collector
 from gpupipe.kafka_sink import KeyedSink
 from gpupipe.kube import KubeApiError
 from gpupipe.logs import fields
+from gpupipe.node_check import DEADLETTER_REASON, NodeCheck
 from gpupipe_consumers.alerts.admission import DeviceAdmission, device_of
 from gpupipe_consumers.alerts.alert_record import Alert, action_record, to_record
 from gpupipe_consumers.alerts.alert_table import AlertCapReached
@@ -61,7 +62,6 @@ from gpupipe_consumers.alerts.cordon import Cordoner, CordonResult
 from gpupipe_consumers.alerts.dedupe import AlertEngine, EngineConfig
 from gpupipe_consumers.alerts.evidence_memory import evidence_record
 from gpupipe_consumers.alerts.health_signals import LEVEL_SIGNALS, HealthConfig, HealthTracker, InvalidRecord
-from gpupipe_consumers.alerts.node_check import DEADLETTER_REASON, NodeCheck
 from gpupipe_consumers.alerts.recovery_policy import sample_healthy
 from gpupipe_consumers.consume_loop import InRecord
 from gpupipe_consumers.topic_reader import read_topic
@@ -177,16 +177,12 @@ class _ServiceCollector(Collector):
         gpus.add_metric([], len(s.health))
         yield gpus
         if s.node_check is not None:
-            nf = CounterMetricFamily(
+            yield s.node_check.family(
                 "gpupipe_alerts_node_identity",
                 "XidEvents and GpuSamples checked against the certificate of the node they name "
                 "(--node-ca-file), by record, result (verified, or why not) and mode (enforce: refused "
                 "XIDs are dead-lettered, refused samples dropped).",
-                labels=["record", "result", "mode"],
             )
-            for (record, result, mode), n in sorted(s.node_check.results.items()):
-                nf.add_metric([record, result, mode], n)
-            yield nf
         if s.cordoner is not None:
             cf = CounterMetricFamily(
                 "gpupipe_alerts_cordon", "Cordon decisions by outcome.", labels=["outcome", "dry_run"]

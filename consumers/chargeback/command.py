@@ -19,7 +19,7 @@ from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
-from gpupipe import service_flags, startup, topics
+from gpupipe import node_check, service_flags, startup, topics
 from gpupipe.argtypes import ArgType, duration_ms, field_default, field_default_ms, positive_duration_ms
 from gpupipe.durations import format_duration_ms
 from gpupipe.errors import ConfigError
@@ -31,7 +31,7 @@ from gpupipe.runner import KafkaNeeds, Lifecycle, ServiceSpec, run_service
 from gpupipe_consumers.chargeback.accounting import AccountingConfig
 from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine, projected_sample_schema
 from gpupipe_consumers.chargeback.identity import default_group_id
-from gpupipe_consumers.chargeback.service import ChargebackService, ServiceConfig
+from gpupipe_consumers.chargeback.service import SERVICE, ChargebackService, ServiceConfig
 from gpupipe_schemas import catalog
 from gpupipe_schemas.codec import codec_from_url
 from gpupipe_schemas.fastdecode import SampleDecoder
@@ -262,6 +262,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--output-topic", default=None, help="override the output topic (default: gpu.chargeback.v1)"
     )
     service_flags.add_create_topics(k)
+    ident = p.add_argument_group("node identity (which node wrote a sample)")
+    service_flags.add_node_identity(
+        ident, records="a sample's", refused="dead-letters a sample that fails the check, unbilled"
+    )
     service_flags.add_listen(p)
     startup.add_arguments(p)
 
@@ -292,6 +296,7 @@ def build_service(args: argparse.Namespace, extra: dict[str, str]) -> Chargeback
         max_clock_skew_ms=args.max_clock_skew,
         late_run_gap_ms=args.late_run_gap,
     )
+    identity = node_check.from_args(args)  # a bad CA bundle: one line, before any network
     instance_id = args.instance_id or default_instance_id()
     engine = build_engine(settings, prices, instance_id, team_of=team_of)
     projected = projected_sample_schema(catalog.current("GpuSample").raw)
@@ -319,6 +324,7 @@ def build_service(args: argparse.Namespace, extra: dict[str, str]) -> Chargeback
         engine,
         codec,
         decode=SampleDecoder(codec, projected).decode,
+        node_check=None if identity is None else identity.check(SERVICE, ("GpuSample",)),
         admin_factory=AdminClient,  # publishes true positions to <group>.progress (lag tooling)
     )
 

@@ -5,8 +5,9 @@ Reads ``gpu.samples.v1`` in a consumer group, feeds every decoded GpuSample to a
 ``commit_records`` records) commits ONE Kafka transaction holding
 
 1. the ChargebackWindow records of the windows that closed (and corrections) since the last one,
-2. dead letters of the records that could not be decoded or may not be billed (out of range, or
-   older than ``--max-sample-age`` when they reached Kafka: ``sample_age.py``) (``gpu.deadletter.v1``), and
+2. dead letters of the records that could not be decoded or may not be billed (out of range, older
+   than ``--max-sample-age`` when they reached Kafka: ``sample_age.py``, or, with
+   ``--node-ca-file``, not signed by the node they name) (``gpu.deadletter.v1``), and
 3. per input partition, the engine's *checkpoint* as the group's committed offset: the oldest offset
    the partition's open windows depend on, with the watermark and the consumer position
    (``replay_until``) in the offset's commit metadata.
@@ -63,6 +64,8 @@ from prometheus_client import CollectorRegistry
 from gpupipe.kafka_admin import client_config
 from gpupipe.kafka_txn import AbortRequired, TransactionalSession, TransactionFatalError
 from gpupipe.logs import fields
+from gpupipe.node_check import DEADLETTER_REASON as NODE_IDENTITY
+from gpupipe.node_check import NodeCheck, NodeCheckCollector
 from gpupipe.startup import StuckCallError
 from gpupipe_consumers.chargeback.emitted import EmittedIdsReader, holds_records_since
 from gpupipe_consumers.chargeback.errors import ChargebackFatalError, PriceChangeError
@@ -115,6 +118,7 @@ class ChargebackService:
         consumer_factory: Callable[[dict[str, Any]], Any] = _default_consumer,
         producer_factory: Callable[[dict[str, Any]], Any] = _default_producer,
         admin_factory: Callable[[dict[str, Any]], Any] | None = None,
+        node_check: NodeCheck | None = None,
     ) -> None:
         if cfg.start not in ("earliest", "latest"):
             raise ValueError(f"start must be earliest or latest, got {cfg.start!r}")
@@ -126,6 +130,10 @@ class ChargebackService:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = ChargebackMetrics(self.registry)
         self.window_counters = WindowCounters(self.registry, engine.prices.currency)
+        # With --node-ca-file: a sample not signed by the node it names is dead-lettered, not billed
+        self.node_check = node_check
+        if node_check is not None:
+            self.registry.register(NodeCheckCollector(node_check, SERVICE))
         self.encode = codec.encoder("ChargebackWindow", cfg.output_topic).encode
         self.pending = 0  # records consumed since the last commit
         self.last_commit = time.monotonic()
@@ -457,6 +465,7 @@ class ChargebackService:
         n = 0
         held, hold_at, newly_held = self.holds.held, self.prices_agreement.hold_at, []
         now_ms = int(time.time() * 1000)
+        node_check = self.node_check
         for msg in msgs:
             err = msg.error()
             if err is not None:
@@ -489,6 +498,10 @@ class ChargebackService:
                 bad = violation(_SAMPLE, d.record, record_ts, now_ms)
                 if bad is not None:  # e.g. dated -2**63: its window would not encode, for ever
                     raise DecodeError("out-of-range", bad)
+                if node_check is not None:
+                    refused = node_check.refuse(_SAMPLE, d.record.get("hostname"), msg, now_ms)
+                    if refused is not None:
+                        raise DecodeError(NODE_IDENTITY, refused)
                 # Its period may be invoiced already: billed only within the bound (sample_age.py).
                 arrived = now_ms if record_ts is None else record_ts
                 old = too_old(int(d.record["timestamp_ms"]), arrived, self.cfg.max_sample_age_ms)

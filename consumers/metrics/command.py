@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from gpupipe import service_flags, startup, topics
+from gpupipe import node_check, service_flags, startup, topics
 from gpupipe.argtypes import duration_ms, field_default, field_default_ms
 from gpupipe.errors import ConfigError
 from gpupipe.kafka_admin import parse_kafka_overrides
@@ -204,6 +204,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="1-9",
         help="gzip level for scrapers that accept gzip (1: fast, still ~10x smaller)",
     )
+    ident = p.add_argument_group("node identity (which node wrote a sample or an XID)")
+    service_flags.add_node_identity(
+        ident, records="a sample's or an XID's", refused="dead-letters a record that fails the check"
+    )
     startup.add_arguments(p)
 
     dcgm_compat.apply_dcgm_env(p)
@@ -248,6 +252,7 @@ def config_from_args(args: argparse.Namespace) -> MetricsConfig:
     except ValueError as exc:
         raise ConfigError(f"--dialect: {exc}") from None
     options = render_options(args)
+    identity = node_check.from_args(args)  # a bad CA bundle: one line, before any network
     return MetricsConfig(
         bootstrap=args.bootstrap_servers,
         topic_prefix=args.topic_prefix,
@@ -268,6 +273,7 @@ def config_from_args(args: argparse.Namespace) -> MetricsConfig:
         create_topics=args.create_topics,
         schema_registry_url=args.schema_registry_url,
         extra=parse_kafka_overrides(args.kafka_config),
+        node_identity=identity,
     )
 
 

@@ -18,7 +18,9 @@ from there on (a counter reset, which PromQL's ``increase()``/``rate()`` handle)
 out not to be murmur2-partitioned (a producer with another partitioner), only GPUs already held from
 samples get their XIDs, and a warning says so.
 
-Bad input: bytes that are not our Avro are dead-lettered by the loop. A record of the wrong type
+Bad input: bytes that are not our Avro are dead-lettered by the loop, and so, with ``--node-ca-file``,
+is a sample or XID not signed by the node it names (reason ``node-identity``; an XID by its key's
+owner only, as below). A record of the wrong type
 for its topic, or a sample without identity fields (``InvalidRecord``), is dead-lettered with
 reason ``unexpected-record-type`` / ``invalid-record``; both count in
 ``gpupipe_consumer_decode_errors_total{reason}`` and ``gpupipe_consumer_dead_letters_total``. On
@@ -58,6 +60,8 @@ from gpupipe.acls import DEFAULT_GROUPS
 from gpupipe.kafka_admin import client_config, ensure_topics, wait_for_broker
 from gpupipe.kafka_lag import lags
 from gpupipe.logs import fields
+from gpupipe.node_check import DEADLETTER_REASON as NODE_IDENTITY
+from gpupipe.node_check import NodeCheck, NodeCheckCollector, NodeIdentity
 from gpupipe.startup import process_start_ms, start_offsets
 from gpupipe.web.server import HttpServer
 from gpupipe_consumers.consume_loop import ConsumeLoop, InRecord, Rejected
@@ -406,8 +410,10 @@ class XidReader:
         from_beginning: bool = False,
         metadata_refresh_s: float = 30.0,
         consumer_factory: Callable[[dict[str, Any]], Any] = Consumer,
+        node_check: NodeCheck | None = None,
     ) -> None:
         self.topic = topic
+        self.node_check = node_check  # with --node-ca-file: as the consume loop checks the samples
         self.samples_topic = samples_topic
         self.handler = handler
         self.codec = codec
@@ -526,9 +532,13 @@ class XidReader:
                     self.handler.xid_results["other_owner"] += 1
                 continue
             bad = violation(d.name, d.record, msg.timestamp()[1], now_ms)
+            reason = "out-of-range"
+            if bad is None and self.node_check is not None and d.name == "XidEvent":
+                bad = self.node_check.refuse(d.name, d.record.get("hostname"), msg, now_ms)
+                reason = NODE_IDENTITY
             if bad is not None:
                 if self.handler.rejects(msg.key(), part):
-                    self.loop.dead_letter(msg, "out-of-range", bad)
+                    self.loop.dead_letter(msg, reason, bad)
                     self.handler.xid_results["rejected"] += 1
                 else:
                     self.handler.xid_results["other_owner"] += 1
@@ -583,6 +593,7 @@ class MetricsConfig:
     schema_registry_url: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
     render: RenderOptions | None = None  # the full layout (dcgm-exporter modes); wins over the two above
+    node_identity: NodeIdentity | None = None  # None: a record's hostname is taken as written
 
 
 class MetricsService:
@@ -614,6 +625,10 @@ class MetricsService:
             max_sample_age_s=cfg.max_sample_age_s,
         )
         codec = codec_from_url(cfg.schema_registry_url)
+        check = None
+        if cfg.node_identity is not None:
+            check = cfg.node_identity.check(SERVICE, ("GpuSample", "XidEvent"))
+            self.registry.register(NodeCheckCollector(check, SERVICE))
         self.loop = ConsumeLoop(
             bootstrap=cfg.bootstrap,
             group_id=cfg.group_id,
@@ -629,6 +644,7 @@ class MetricsService:
             # consume() waits for a full batch or this timeout: keep it short, a sample's value
             # should reach /metrics without waiting for 2000 others
             poll_timeout_s=0.05,
+            node_check=check,
         )
         self.xid_reader: XidReader | None = XidReader(
             bootstrap=cfg.bootstrap,
@@ -639,6 +655,7 @@ class MetricsService:
             loop=self.loop,
             extra=cfg.extra,
             from_beginning=cfg.from_beginning,
+            node_check=check,
         )
         self.registry.register(_ServiceCollector(self))
         self.endpoint = MetricsEndpoint(self.store, cfg.gzip_level)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
-from gpupipe import service_flags, startup, topics
+from gpupipe import node_check, service_flags, startup, topics
 from gpupipe.acls import DEFAULT_GROUPS
 from gpupipe.alertmanager import AlertmanagerFanout, AlertmanagerMetrics, AlertmanagerSender
 from gpupipe.argtypes import duration_ms, field_default, keyword_default
@@ -117,6 +117,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=keyword_default(AlertmanagerSender, "resend_interval_ms"),
         metavar="DURATION",
         help="re-send open recommendations to Alertmanager this often",
+    )
+    ident = p.add_argument_group("node identity (which node wrote a sample)")
+    service_flags.add_node_identity(
+        ident, records="a sample's", refused="dead-letters a sample that fails the check"
     )
     startup.add_arguments(p)
 
@@ -224,6 +228,7 @@ class RecommendOptions:
     alertmanager_urls: tuple[str, ...]
     resend_interval_ms: int
     restore_lookback_ms: int
+    node_identity: node_check.NodeIdentity | None  # None: a sample's hostname is taken as written
 
 
 def options_from_args(args: argparse.Namespace, extra: dict[str, str]) -> RecommendOptions:
@@ -237,6 +242,7 @@ def options_from_args(args: argparse.Namespace, extra: dict[str, str]) -> Recomm
         alertmanager_urls=tuple(args.alertmanager_url or ()),
         resend_interval_ms=args.resend_interval,
         restore_lookback_ms=args.restore_lookback,
+        node_identity=node_check.from_args(args),  # a bad CA bundle: one line, before any network
     )
 
 
@@ -294,6 +300,10 @@ def build(
         )
         restored = service.restore(records)
         log.info("open recommendations restored", extra=fields(count=restored))
+    check = None
+    if opts.node_identity is not None:
+        check = opts.node_identity.check("recommend", ("GpuSample",))
+        registry.register(node_check.NodeCheckCollector(check, "recommend"))
     loop = ConsumeLoop(
         bootstrap=opts.bootstrap,
         group_id=opts.group_id,
@@ -306,5 +316,6 @@ def build(
         extra=extra,
         from_beginning=opts.from_beginning,
         topic_prefix=opts.topic_prefix,
+        node_check=check,
     )
     return RecommendApp(service, loop, registry, alertmanager, cfg, t_out)

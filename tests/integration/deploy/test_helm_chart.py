@@ -662,7 +662,16 @@ def test_recommend_is_rendered_like_the_other_consumers(helm: str, rendered: dic
         assert configmap == "gpupipe-prices" or {"prices.yaml", "teams.yaml"} <= set(maps[configmap]["data"])
 
 
-def test_node_identity_signs_on_the_node_and_checks_in_alerts(helm: str, rendered: dict) -> None:
+#: The consumers that act on a record's hostname: each checks node identity when it is on (review 2, A5).
+HOSTNAME_READERS = ("alerts", "metrics", "chargeback", "recommend")
+
+
+def _workload(docs: list[dict[str, Any]], service: str) -> dict[str, Any]:
+    (w,) = [d for d in docs if d["kind"] in WORKLOADS and d["metadata"]["name"] == f"rel-gpupipe-{service}"]
+    return w
+
+
+def test_node_identity_signs_on_the_node_and_checks_in_every_consumer(helm: str, rendered: dict) -> None:
     docs = rendered["node-identity"]
     ds = _kinds(docs)["DaemonSet"][0]
     ns = parse(*command_lines([ds])[0][1:])
@@ -689,16 +698,21 @@ def test_node_identity_signs_on_the_node_and_checks_in_alerts(helm: str, rendere
         others = [c for c in [*p["containers"], *p.get("initContainers", [])] if c["name"] != "producer"]
         assert others, "the kmsg relay"
         assert not {m["name"] for c in others for m in c.get("volumeMounts", [])} & {"node-cert", "node-key"}
-    alerts = _by_name(docs, "Deployment")["rel-gpupipe-alerts"]
-    ns = parse(*command_lines([alerts])[0][1:])
-    assert (ns.node_ca_file, ns.node_identity, ns.node_cert_names) == (
-        "/etc/gpupipe/node-ca/ca.crt",
-        "audit",
-        "dedicated-ca",
-    )
-    assert {"name": "node-ca", "configMap": {"name": "gpupipe-node-ca"}} in alerts["spec"]["template"][
-        "spec"
-    ]["volumes"]
+    # every service that acts on a record's hostname checks it, with the same flags and CA
+    for service in HOSTNAME_READERS:
+        w = _workload(docs, service)
+        ns = parse(*command_lines([w])[0][1:])
+        assert (ns.node_ca_file, ns.node_identity, ns.node_cert_names) == (
+            "/etc/gpupipe/node-ca/ca.crt",
+            "audit",
+            "dedicated-ca",
+        ), service
+        pod = w["spec"]["template"]["spec"]
+        assert {"name": "node-ca", "configMap": {"name": "gpupipe-node-ca"}} in pod["volumes"], service
+        (main,) = pod["containers"]
+        assert {"name": "node-ca", "mountPath": "/etc/gpupipe/node-ca", "readOnly": True} in main[
+            "volumeMounts"
+        ], service
     # the defaults: the kubelet's certificate, one mount, the cluster CA
     on = render(helm, None, "nodeIdentity.enabled=true")
     ds = _kinds(on)["DaemonSet"][0]
@@ -709,9 +723,13 @@ def test_node_identity_signs_on_the_node_and_checks_in_alerts(helm: str, rendere
     assert {"name": "node-ca", "configMap": {"name": "kube-root-ca.crt"}} in alerts["spec"]["template"][
         "spec"
     ]["volumes"]
-    # off by default: no flag, no host mount
+    # off by default: no flag, no host mount, no CA
     ds = _kinds(rendered["defaults"])["DaemonSet"][0]
     assert parse(*command_lines([ds])[0][1:]).node_cert is None
+    for service in HOSTNAME_READERS:
+        w = _workload(rendered["defaults"], service)
+        assert parse(*command_lines([w])[0][1:]).node_ca_file is None, service
+        assert "node-ca" not in {v["name"] for v in w["spec"]["template"]["spec"].get("volumes", [])}
     assert "node-cert" not in {v["name"] for v in ds["spec"]["template"]["spec"]["volumes"]}
 
 

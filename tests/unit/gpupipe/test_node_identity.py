@@ -13,8 +13,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from gpupipe.errors import ConfigError
+from gpupipe.node_check import NODE_CERT_RULES
 from gpupipe.node_identity import CERT_HEADER, NAME_RULES, SIG_HEADER, NodeSigner, NodeVerifier
-from gpupipe_consumers.alerts.node_check import NODE_CERT_RULES
 from tests.pki import Pki
 
 VALUE = b"\x00\x01an XidEvent's Avro body"
@@ -214,7 +214,7 @@ def test_a_producer_with_another_nodes_certificate_stops_at_start_with_one_line(
     assert main([*argv, "--bootstrap-servers", "127.0.0.1:1"]) == 2
     assert capsys.readouterr().err.strip() == (
         f"gpupipe produce: error: --node-cert {cert} names node-b, not this node 'node-a': "
-        "the alerts service would refuse its records"
+        "the consuming services would refuse its records"
     )
     sim = ["produce", "--source", "simulated", "--node-cert", str(cert), "--bootstrap-servers", "127.0.0.1:1"]
     assert main(sim) == 2

@@ -161,6 +161,24 @@ and are referenced with $(VAR) from GPUPIPE_KAFKA_CONFIG, so they never appear o
 {{- end }}
 
 {{/*
+Node identity in a service that acts on a record's hostname (alerts, metrics, chargeback, recommend):
+with nodeIdentity.enabled, its flags and the CA ConfigMap's mount and volume, as YAML
+{args, mounts, volumes} (empty lists when off), for `include ... | fromYaml`. One definition, so
+no such service can be left taking any node's word.
+*/}}
+{{- define "gpupipe.nodeIdentity" -}}
+{{- $args := list }}
+{{- $mounts := list }}
+{{- $vols := list }}
+{{- with .Values.nodeIdentity }}{{ if .enabled }}
+{{- $args = list (printf "--node-ca-file=/etc/gpupipe/node-ca/%s" .caKey) (printf "--node-identity=%s" .mode) (printf "--node-cert-names=%s" .certNames) }}
+{{- $mounts = list (dict "name" "node-ca" "mountPath" "/etc/gpupipe/node-ca" "readOnly" true) }}
+{{- $vols = list (dict "name" "node-ca" "configMap" (dict "name" .caConfigMap)) }}
+{{- end }}{{ end }}
+{{- toYaml (dict "args" $args "mounts" $mounts "volumes" $vols) }}
+{{- end }}
+
+{{/*
 Liveness: the HTTP port answers (a broker outage must not restart every pod; the services wait
 and recover by themselves). Readiness: /healthz, which reports the service's own health.
 The node agent passes (list $c "/readyz" "/healthz"): readiness /readyz (503 also while it has

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from gpupipe.node_check import NodeCheck
 from gpupipe.node_identity import NodeSigner, NodeVerifier
-from gpupipe_consumers.alerts.node_check import NodeCheck
 from gpupipe_consumers.alerts.service import AlertsService, ListSink
 from tests.pki import Pki
 from tests.unit.consumers.alerts.test_service import T0, Clock, inrec, xid
@@ -45,7 +45,7 @@ def nodes(tmp_path: Path) -> tuple[Pki, NodeSigner, NodeSigner]:
 
 def _service(pki: Pki, mode: str) -> tuple[AlertsService, ListSink, CollectorRegistry]:
     reg, sink = CollectorRegistry(), ListSink()
-    check = NodeCheck(NodeVerifier.from_file(str(pki.ca)), mode)
+    check = NodeCheck(NodeVerifier.from_file(str(pki.ca)), mode, service="alerts")
     svc = AlertsService(sink=sink, registry=reg, clock=Clock(), instance="t", node_check=check)
     return svc, sink, reg
 
@@ -126,9 +126,8 @@ def test_a_check_that_raises_is_a_refusal_and_the_batch_goes_on(nodes: Any) -> N
             raise RuntimeError("a library error the verifier did not expect")
 
     reg, sink = CollectorRegistry(), ListSink()
-    svc = AlertsService(
-        sink=sink, registry=reg, clock=Clock(), instance="t", node_check=NodeCheck(Broken(), "enforce")
-    )
+    check = NodeCheck(Broken(), "enforce", service="alerts")
+    svc = AlertsService(sink=sink, registry=reg, clock=Clock(), instance="t", node_check=check)
     rejected = svc.handle([_signed(a, xid(79, "e1", host="node-a"))])
     assert [(reason, detail) for _, reason, detail in rejected] == [
         ("node-identity", "bad-certificate: hostname 'node-a'")
