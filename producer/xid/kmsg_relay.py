@@ -172,8 +172,6 @@ class Relay:
             if not r.regular and r.room():
                 poller.register(r.fd, select.POLLIN | select.POLLPRI)
         events = dict(poller.poll(self._wait_ms()))
-        if srv.fileno() in events:
-            self._accept(srv)
         now = time.monotonic()
         for cfd, r in list(self.readers.items()):
             if events.get(cfd, 0) & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
@@ -190,6 +188,8 @@ class Relay:
                     self.dropped,
                 )
                 self._drop(cfd)
+        if srv.fileno() in events:  # after the hangups: a reader that reconnects finds its place free
+            self._accept(srv)
 
     def _wait_ms(self) -> int | None:
         """Until the next deadline: a followed file's next look, a stalled reader's send timeout."""

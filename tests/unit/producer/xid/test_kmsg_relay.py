@@ -76,6 +76,12 @@ def test_every_connection_gets_the_log_from_its_oldest_record(ring: tuple[Path, 
     assert relay.sock.stat().st_mode & 0o777 == 0o600
 
 
+def test_a_reader_that_hangs_up_frees_its_place(ring: tuple[Path, RelayProcess]) -> None:
+    _, relay = ring
+    for _ in range(6):  # more than --max-readers, one after the other
+        assert _records(relay.sock, 2) == [1, 2]
+
+
 def test_the_real_kernel_log_is_served_from_its_oldest_record_to_each_reader(tmp_path: Path) -> None:
     # This machine's /dev/kmsg, read only: what the DaemonSet's relay serves.
     with open("/dev/kmsg", "rb", buffering=0) as dev:
