@@ -142,19 +142,26 @@ class Relay:
         self.dropped = 0  # readers disconnected for taking nothing within the send timeout
 
     def listen(self) -> socket.socket:
-        """Bind the socket, owner-only from its creation; a stale socket of an earlier run is replaced."""
+        """Bind the socket, owner-only from its creation; a stale socket of an earlier run is replaced.
+
+        The path appears only once the socket listens (bound under a temporary name, then renamed),
+        so a reader, or the startup probe's ``test -S``, never finds a socket that refuses it."""
+        tmp = self.path + ".new"
+        for name in (self.path, tmp):
+            with contextlib.suppress(FileNotFoundError):
+                if not stat.S_ISSOCK(os.lstat(name).st_mode):
+                    raise FileExistsError(errno.EEXIST, "exists and is not a socket", name)
         with contextlib.suppress(FileNotFoundError):
-            if not stat.S_ISSOCK(os.lstat(self.path).st_mode):
-                raise FileExistsError(errno.EEXIST, "exists and is not a socket", self.path)
-            os.unlink(self.path)
+            os.unlink(tmp)
         srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         old = os.umask(0o177)
         try:
-            srv.bind(self.path)
+            srv.bind(tmp)
         finally:
             os.umask(old)
         srv.listen(8)
         srv.setblocking(False)
+        os.rename(tmp, self.path)
         return srv
 
     def serve(self, srv: socket.socket) -> None:

@@ -82,6 +82,21 @@ def test_a_reader_that_hangs_up_frees_its_place(ring: tuple[Path, RelayProcess])
         assert _records(relay.sock, 2) == [1, 2]
 
 
+def test_the_socket_is_listening_once_there_and_replaces_only_a_stale_socket(tmp_path: Path) -> None:
+    path = tmp_path / "kmsg.sock"
+    relay = kmsg_relay.Relay(str(tmp_path / "ring"), str(path))
+    relay.listen().close()  # a relay that died: its socket file stays
+    with relay.listen() as srv, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+        c.connect(str(path))  # the startup probe's `test -S` passing means this succeeds
+        srv.accept()[0].close()
+    assert path.stat().st_mode & 0o777 == 0o600 and sorted(tmp_path.iterdir()) == [path]
+    path.unlink()
+    path.write_text("not a socket")
+    with pytest.raises(FileExistsError):
+        relay.listen()
+    assert path.read_text() == "not a socket"
+
+
 def test_the_real_kernel_log_is_served_from_its_oldest_record_to_each_reader(tmp_path: Path) -> None:
     # This machine's /dev/kmsg, read only: what the DaemonSet's relay serves.
     with open("/dev/kmsg", "rb", buffering=0) as dev:
