@@ -32,12 +32,19 @@ def shipped_relay_command(device: str, sock: str) -> list[str]:
 
 
 class RelayProcess:
-    def __init__(self, device: Path | str, sock: Path) -> None:
-        self.device, self.sock = str(device), sock
+    """``flags`` follow the shipped ones (so they override them); ``log`` takes the relay's stderr."""
+
+    def __init__(self, device: Path | str, sock: Path, *flags: str, log: Path | None = None) -> None:
+        self.device, self.sock, self.flags, self.log = str(device), sock, flags, log
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> RelayProcess:
-        self.proc = proc = hygiene.popen(shipped_relay_command(self.device, str(self.sock)))
+        cmd = shipped_relay_command(self.device, str(self.sock)) + list(self.flags)
+        if self.log is None:
+            self.proc = proc = hygiene.popen(cmd)
+        else:
+            with self.log.open("ab") as err:
+                self.proc = proc = hygiene.popen(cmd, stderr=err)
         end = time.monotonic() + 20
         while not self.sock.is_socket():
             if proc.poll() is not None or time.monotonic() > end:
