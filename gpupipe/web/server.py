@@ -288,9 +288,11 @@ class HttpServer(HTTPServer):
         self._open_total = 0
         self._busy: Counter[str] = Counter()
         self._busy_total = 0
+        self._serving: set[_Conn] = set()  # with a worker
         # ... and what workers hand back to it
         self._returned: list[tuple[_Conn, bool]] = []
         self._returned_lock = threading.Lock()
+        self._closed = False  # close() ran: a worker closes its connection itself
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_w.setblocking(False)
         self._stop = threading.Event()
@@ -450,6 +452,7 @@ class HttpServer(HTTPServer):
         with self._returned_lock:
             returned, self._returned = self._returned, []
         for conn, keep in returned:
+            self._serving.discard(conn)
             self._busy_total -= 1
             self._busy[conn.client] -= 1
             if self._busy[conn.client] <= 0:
@@ -467,6 +470,7 @@ class HttpServer(HTTPServer):
             if self._busy[conn.client] >= self.client_workers:
                 continue  # it waits for one of its own client's requests to end
             del self._waiting[conn]
+            self._serving.add(conn)
             self._busy_total += 1
             self._busy[conn.client] += 1
             threading.Thread(
@@ -481,7 +485,10 @@ class HttpServer(HTTPServer):
             self.handle_error(conn.sock, conn.address)
         finally:
             with self._returned_lock:
-                self._returned.append((conn, keep and not self._stop.is_set()))
+                if self._closed:
+                    self.shutdown_request(conn.sock)
+                else:
+                    self._returned.append((conn, keep))
             self._wake()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -499,6 +506,14 @@ class HttpServer(HTTPServer):
             self.shutdown()
             self._thread.join(timeout=5)
             self._thread = None
+        with self._returned_lock:
+            self._closed = True
+            returned, self._returned = self._returned, []
+        for conn, _keep in returned:
+            self.shutdown_request(conn.sock)
+        for conn in list(self._serving):  # wake its worker (a read of a request head, say) to end it
+            with contextlib.suppress(OSError):
+                socket.socket.shutdown(conn.sock, socket.SHUT_RDWR)
         self.server_close()
         self._wake_r.close()
         self._wake_w.close()
