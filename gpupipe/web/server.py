@@ -248,7 +248,7 @@ class HttpServer(HTTPServer):
     """Serve in a daemon thread (``start()``); ``close()`` releases the port."""
 
     allow_reuse_address = True
-    request_queue_size = 128
+    request_queue_size = DEFAULT_MAX_OPEN_CONNECTIONS  # a flood's burst waits here, not in SYN retries
 
     def __init__(
         self,
@@ -368,7 +368,7 @@ class HttpServer(HTTPServer):
                     elif key.data == "wake":
                         with contextlib.suppress(OSError):
                             self._wake_r.recv(4096)
-                    else:  # a parked connection has something to say
+                    elif key.data in self._parked:  # it has something to say (not closed meanwhile)
                         sel.unregister(key.fileobj)
                         del self._parked[key.data]
                         self._waiting[key.data] = None
@@ -377,7 +377,7 @@ class HttpServer(HTTPServer):
                 if now >= sweep_at:  # deadlines to a tenth of a second are precise enough
                     self._expire(sel, now)
                     sweep_at = now + 0.1
-                self._dispatch()
+                self._dispatch(sel)
         finally:
             for conn in [*self._parked, *self._waiting]:
                 self._close(sel, conn)
@@ -419,6 +419,9 @@ class HttpServer(HTTPServer):
             self._close(sel, victim)
         ctx = self.web.current().ssl_context
         try:
+            # as Go does: an answer's head and body are separate writes, and Nagle's algorithm
+            # would hold the body for the client's delayed ACK (40 ms a keep-alive request)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if ctx is not None:  # the handshake happens in a worker, never in this loop
                 sock = ctx.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
         except OSError:
@@ -435,7 +438,8 @@ class HttpServer(HTTPServer):
         self._parked[conn] = None
 
     def _close(self, sel: selectors.BaseSelector, conn: _Conn) -> None:
-        if self._parked.pop(conn, 0) is None:
+        if conn in self._parked:
+            del self._parked[conn]
             sel.unregister(conn.sock)
         self._waiting.pop(conn, None)
         self._open_total -= 1
@@ -463,19 +467,26 @@ class HttpServer(HTTPServer):
             else:
                 self._close(sel, conn)
 
-    def _dispatch(self) -> None:
+    def _dispatch(self, selector: selectors.BaseSelector) -> None:
         for conn in list(self._waiting):
             if self._busy_total >= self.max_connections:
                 return
             if self._busy[conn.client] >= self.client_workers:
                 continue  # it waits for one of its own client's requests to end
             del self._waiting[conn]
+            worker = threading.Thread(
+                target=self._work, args=(conn,), name=f"{self.service}-http-worker", daemon=True
+            )
+            try:
+                worker.start()
+            except RuntimeError:  # no thread to be had: this one is refused, the server goes on
+                self.refused_connections += 1
+                self._waiting[conn] = None
+                self._close(selector, conn)
+                return
             self._serving.add(conn)
             self._busy_total += 1
             self._busy[conn.client] += 1
-            threading.Thread(
-                target=self._work, args=(conn,), name=f"{self.service}-http-worker", daemon=True
-            ).start()
 
     def _work(self, conn: _Conn) -> None:
         keep = False
