@@ -27,8 +27,8 @@ requests. So silent and idle connections cost a file descriptor, not a worker, a
   one send its first request head within ``HEADER_DEADLINE_S``, and an idle keep-alive connection
   its next request within ``KEEPALIVE_IDLE_S``; past that it is closed;
 * at most ``max_open_connections`` are open, at most ``max_client_connections`` from one client
-  address (an IPv6 /64 counts as one); past either, the longest-idle parked connection (of that
-  client, for its own cap) is closed to admit the new one, which is refused only when none is idle;
+  address (:func:`client_key`); past either, the longest-idle parked connection (the client's own,
+  past its cap) is closed to admit the new one, which is refused only when none is idle;
 * one client address is served at most ``max_connections // CLIENT_WORKER_SHARE`` workers at once;
   its further requests wait parked, so tricklers from one address cannot take every worker.
 """
@@ -196,16 +196,15 @@ def san_allowed(cert: Mapping[str, Any] | None, allowed: frozenset[str]) -> bool
 
 
 def client_key(address: Any) -> str:
-    """The client a connection counts against: its IP address, IPv4 for an IPv4-mapped one, and
-    the /64 for IPv6 (one host is commonly given a whole /64)."""
+    """The client a connection counts against: its IP address (IPv4 for an IPv4-mapped one). An
+    IPv6 address counts alone, not its /64: Kubernetes gives the pods of a node addresses of one
+    /64 by default, and a scraper must not share its bounds with another pod on its node."""
     try:
         ip = ipaddress.ip_address(str(address[0]).split("%")[0])
     except (ValueError, TypeError, IndexError):
         return str(address)
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            return str(ip.ipv4_mapped)
-        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
     return str(ip)
 
 

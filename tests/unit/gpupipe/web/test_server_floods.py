@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from gpupipe.web import auth as auth_mod
 from gpupipe.web import server as server_mod
-from gpupipe.web.server import HttpServer, registry_route
+from gpupipe.web.server import HttpServer, client_key, registry_route
 from tests.pki import Pki
 
 WORKERS = 4
@@ -165,6 +165,13 @@ def test_one_client_holds_at_most_its_share_and_a_full_server_still_admits_a_pro
                 # every open connection taken: the longest idle one makes room for the probe
                 assert get(http.port) == 200
         assert http.evicted_connections >= 3
+
+
+def test_the_client_a_connection_counts_against() -> None:
+    assert client_key(("10.0.0.7", 5000)) == "10.0.0.7"
+    assert client_key(("::ffff:10.0.0.7", 5000, 0, 0)) == "10.0.0.7"  # dual-stack socket, IPv4 client
+    assert client_key(("fd00::1:2", 5000, 0, 0)) == "fd00::1:2"
+    assert client_key(("fe80::1%eth0", 5000, 0, 2)) == "fe80::1"
 
 
 # -- A6: the rate limit ------------------------------------------------------------------------
