@@ -65,9 +65,10 @@ def get(
 
 @contextlib.contextmanager
 def connections(
-    port: int, n: int, *, src: str = "127.0.0.1", send: bytes = b""
+    port: int, n: int, *, src: str = "127.0.0.1", send: bytes = b"", answered: bool = True
 ) -> Iterator[list[socket.socket]]:
-    """``n`` connections that send ``send`` (and read its answer, if any), then say nothing more."""
+    """``n`` connections that send ``send`` (and read its answer where ``answered``), then say
+    nothing more."""
     socks = []
     try:
         for _ in range(n):
@@ -75,6 +76,7 @@ def connections(
             socks.append(s)
             if send:
                 s.sendall(send)
+            if send and answered:
                 with contextlib.suppress(OSError):
                     s.recv(4096)  # the answer, or b"" where the server closed it at once
         yield socks
@@ -153,6 +155,15 @@ def test_an_idle_keep_alive_connection_is_closed_at_the_idle_deadline(
     ask = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
     with contextlib.closing(serve().start()) as http, connections(http.port, 1, send=ask) as (idle,):
         assert closed_by_server(idle)
+
+
+def test_a_client_trickling_request_heads_holds_only_its_share_of_the_workers() -> None:
+    with contextlib.closing(serve(max_connections=WORKERS).start()) as http:
+        # each connection sent part of a head: a worker waits for the rest (up to 10 s)
+        with connections(http.port, HOGS, src="127.0.0.2", send=b"GET /metrics HTTP/1.1\r\n", answered=False):
+            probes = [get(http.port) for _ in range(5)]
+        assert probes == [200] * 5
+        assert http.client_workers == 1  # 4 // CLIENT_WORKER_SHARE, at least one
 
 
 def test_one_client_holds_at_most_its_share_and_a_full_server_still_admits_a_probe() -> None:
