@@ -24,8 +24,8 @@ for the TLS handshake and one request (more if pipelined), and parks it again be
 requests. So silent and idle connections cost a file descriptor, not a worker, and:
 
 * a TLS client must finish its handshake within ``HANDSHAKE_DEADLINE_S`` of connecting, a plain
-  one send its first request head within ``HEADER_DEADLINE_S``, and an idle keep-alive connection
-  its next request within ``KEEPALIVE_IDLE_S``; past that it is closed;
+  one send its first request head within ``HEADER_DEADLINE_S`` of connecting, and an idle
+  keep-alive connection start its next request within ``KEEPALIVE_IDLE_S``; past that it is closed;
 * at most ``max_open_connections`` are open, at most ``max_client_connections`` from one client
   address (:func:`client_key`); past either, the longest-idle parked connection (the client's own,
   past its cap) is closed to admit the new one, which is refused only when none is idle;
@@ -217,6 +217,7 @@ class _Conn:
     client: str
     deadline: float  # parked or waiting: closed past it (monotonic)
     handshaken: bool  # plain connections have none to make
+    head_by: float | None = None  # the first request head's deadline, counted from connect
 
 
 def _run_check(check: HealthCheck | None) -> tuple[bool, Mapping[str, Any]]:
@@ -427,7 +428,10 @@ class HttpServer(HTTPServer):
             sock.close()
             return
         first = HANDSHAKE_DEADLINE_S if ctx is not None else HEADER_DEADLINE_S
-        conn = _Conn(sock, address, client, time.monotonic() + first, handshaken=ctx is None)
+        deadline = time.monotonic() + first
+        conn = _Conn(
+            sock, address, client, deadline, handshaken=ctx is None, head_by=None if ctx else deadline
+        )
         self._open[client] += 1
         self._open_total += 1
         self._park(sel, conn)
@@ -574,7 +578,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.handle_one_request()
 
     def handle_one_request(self) -> None:
-        self._reader.arm(HEADER_DEADLINE_S, MAX_HEADER_BYTES)
+        # a plain connection's first head counts from connect (its wait for a worker included);
+        # after a TLS handshake, or between keep-alive requests, from now
+        head_by, self.conn.head_by = self.conn.head_by, None
+        left = HEADER_DEADLINE_S if head_by is None else head_by - time.monotonic()
+        self._reader.arm(left, MAX_HEADER_BYTES)
         try:
             super().handle_one_request()
         except _HeadTooLarge:
