@@ -21,6 +21,8 @@ own ``docs/web-config.yml`` sample) starts the service::
     rate_limit:
       interval: 1s            # one request per interval on average (0: no limit; a bare number
       burst: 10               # is nanoseconds, as Go reads it) with this many at once; more get 429
+                              # (unlike the toolkit: probes are not limited, and a request
+                              # refused by basic auth spends nothing; see gpupipe.web.server)
     basic_auth_users:
       user: $2y$10$...        # bcrypt
 

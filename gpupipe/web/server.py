@@ -11,12 +11,26 @@ service registers its routes (paths to callables); the server owns the rest:
   for the password like them);
 * a start-up mode: while the service waits for Kafka every path answers 503
   ``{"status": "starting", ...}`` on the same port, with the same TLS and auth;
-* HEAD for every GET path; 429 past the rate limit; 401 without the password;
-* at most ``max_connections`` connections served at once (each one a thread); more are closed at
-  once instead of queueing threads without bound;
+* HEAD for every GET path; 401 without the password; 429 past the rate limit, which only requests
+  that passed authentication spend and which the open paths (probes) never meet;
 * a request's line and headers must arrive within ``HEADER_DEADLINE_S`` in all (a client sending a
-  byte every few seconds holds a slot that long, not for ever) and weigh at most
+  byte every few seconds holds a worker that long, not for ever) and weigh at most
   ``MAX_HEADER_BYTES`` (431 past it); no endpoint takes a body (413).
+
+Connections nobody can starve the probes with (review 2, A1). A connection holds a thread (a
+*worker*, at most ``max_connections``) only while it has something to say: the accept loop parks
+every connection in a selector until bytes arrive (a ClientHello, a request), hands it to a worker
+for the TLS handshake and one request (more if pipelined), and parks it again between keep-alive
+requests. So silent and idle connections cost a file descriptor, not a worker, and:
+
+* a TLS client must finish its handshake within ``HANDSHAKE_DEADLINE_S`` of connecting, a plain
+  one send its first request head within ``HEADER_DEADLINE_S`` of connecting, and an idle
+  keep-alive connection start its next request within ``KEEPALIVE_IDLE_S``; past that it is closed;
+* at most ``max_open_connections`` are open, at most ``max_client_connections`` from one client
+  address (:func:`client_key`); past either, the longest-idle parked connection (the client's own,
+  past its cap) is closed to admit the new one, which is refused only when none is idle;
+* one client address is served at most ``max_connections // CLIENT_WORKER_SHARE`` workers at once;
+  its further requests wait parked, so tricklers from one address cannot take every worker.
 """
 
 from __future__ import annotations
@@ -26,14 +40,16 @@ import io
 import ipaddress
 import json
 import logging
+import selectors
 import socket
 import ssl
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from email.message import Message
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -46,10 +62,22 @@ log = logging.getLogger("gpupipe.web")
 
 #: Probes have no password (a kubelet probe cannot send one).
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/health"})
+#: Requests served at once (a worker thread each); connections waiting for a request hold none.
 DEFAULT_MAX_CONNECTIONS = 64
+#: Connections open at once, idle ones included (a file descriptor each, well under the usual 1024).
+DEFAULT_MAX_OPEN_CONNECTIONS = 512
+#: Connections open at once from one client address: a quarter, so it takes several to fill them.
+DEFAULT_MAX_CLIENT_CONNECTIONS = 128
+#: One client address gets at most max_connections // this workers at once (8 of 64).
+CLIENT_WORKER_SHARE = 8
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
 #: Go's http.Server reads headers under ReadHeaderTimeout; the whole head, not each read.
 HEADER_DEADLINE_S = 10.0
+#: From connect to a finished TLS handshake, apart from request_timeout_s (a slow answer's bound):
+#: a handshake takes milliseconds, and a client that sends no ClientHello must not wait 30 s.
+HANDSHAKE_DEADLINE_S = 5.0
+#: An idle keep-alive connection's wait for its next request (Prometheus scrapes every 15-60 s).
+KEEPALIVE_IDLE_S = 120.0
 MAX_HEADER_BYTES = 64 * 1024
 _WRITE_SLICE = 1 << 20
 
@@ -67,6 +95,17 @@ class _DeadlineReader(io.RawIOBase):
         self._timeout_s = timeout_s
         self._deadline: float | None = None
         self._budget = 0
+        self._nonblocking = False
+        self.eof = False
+
+    def pending(self, rfile: io.BufferedReader) -> bool:
+        """Whether ``rfile`` (over this reader) has a byte now, without waiting: pipelined
+        requests are served at once, an idle connection is parked (and ``eof`` says it is closed)."""
+        self._nonblocking = True
+        try:
+            return bool(rfile.peek(1))
+        finally:
+            self._nonblocking = False
 
     def arm(self, deadline_s: float, budget: int) -> None:
         self._deadline = time.monotonic() + deadline_s
@@ -79,7 +118,17 @@ class _DeadlineReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, b: Any) -> int:
+    def readinto(self, b: Any) -> int | None:
+        if self._nonblocking:
+            self._sock.settimeout(0.0)
+            try:
+                n = self._sock.recv_into(b)
+            except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                return None
+            finally:
+                self._sock.settimeout(self._timeout_s)
+            self.eof = n == 0
+            return n
         if self._deadline is not None:
             left = self._deadline - time.monotonic()
             if left <= 0:
@@ -146,6 +195,31 @@ def san_allowed(cert: Mapping[str, Any] | None, allowed: frozenset[str]) -> bool
     return False
 
 
+def client_key(address: Any) -> str:
+    """The client a connection counts against: its IP address (IPv4 for an IPv4-mapped one). An
+    IPv6 address counts alone, not its /64: Kubernetes gives the pods of a node addresses of one
+    /64 by default, and a scraper must not share its bounds with another pod on its node."""
+    try:
+        ip = ipaddress.ip_address(str(address[0]).split("%")[0])
+    except (ValueError, TypeError, IndexError):
+        return str(address)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ip)
+
+
+@dataclass(eq=False)
+class _Conn:
+    """An accepted connection: parked, waiting for a worker, or with one."""
+
+    sock: socket.socket
+    address: Any
+    client: str
+    deadline: float  # parked or waiting: closed past it (monotonic)
+    handshaken: bool  # plain connections have none to make
+    head_by: float | None = None  # the first request head's deadline, counted from connect
+
+
 def _run_check(check: HealthCheck | None) -> tuple[bool, Mapping[str, Any]]:
     try:
         result = True if check is None else check()
@@ -170,11 +244,11 @@ def json_response(code: int, doc: Mapping[str, Any]) -> Response:
     return Response(code, body, "application/json")
 
 
-class HttpServer(ThreadingHTTPServer):
+class HttpServer(HTTPServer):
     """Serve in a daemon thread (``start()``); ``close()`` releases the port."""
 
-    daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = DEFAULT_MAX_OPEN_CONNECTIONS  # a flood's burst waits here, not in SYN retries
 
     def __init__(
         self,
@@ -189,6 +263,8 @@ class HttpServer(ThreadingHTTPServer):
         open_paths: frozenset[str] = OPEN_PATHS,
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        max_open_connections: int = DEFAULT_MAX_OPEN_CONNECTIONS,
+        max_client_connections: int = DEFAULT_MAX_CLIENT_CONNECTIONS,
     ) -> None:
         host, port = parse_listen(listen) if isinstance(listen, str) else listen
         self.web = WebConfigSource.of(web)
@@ -199,8 +275,28 @@ class HttpServer(ThreadingHTTPServer):
         self.starting = starting
         self.open_paths = open_paths
         self.request_timeout_s = request_timeout_s
-        self._slots = threading.BoundedSemaphore(max_connections)
-        self.refused_connections = 0
+        self.max_connections = max_connections
+        self.max_open_connections = max_open_connections
+        self.max_client_connections = min(max_client_connections, max_open_connections)
+        self.client_workers = max(1, max_connections // CLIENT_WORKER_SHARE)
+        self.refused_connections = 0  # closed at once: no idle connection to make room
+        self.evicted_connections = 0  # idle ones closed to make room
+        # the accept loop's own state (only its thread touches it) ...
+        self._parked: dict[_Conn, None] = {}  # insertion order: longest idle first
+        self._waiting: dict[_Conn, None] = {}  # bytes arrived, no worker yet
+        self._open: Counter[str] = Counter()
+        self._open_total = 0
+        self._busy: Counter[str] = Counter()
+        self._busy_total = 0
+        self._serving: set[_Conn] = set()  # with a worker
+        # ... and what workers hand back to it
+        self._returned: list[tuple[_Conn, bool]] = []
+        self._returned_lock = threading.Lock()
+        self._closed = False  # close() ran: a worker closes its connection itself
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_w.setblocking(False)
+        self._stop = threading.Event()
+        self._stopped = threading.Event()
         self._auth: tuple[WebConfig, BasicAuth | None] | None = None
         self._thread: threading.Thread | None = None
         try:
@@ -257,26 +353,157 @@ class HttpServer(ThreadingHTTPServer):
     def scheme(self) -> str:
         return "https" if self.web.current().ssl_context else "http"
 
-    # -- socket plumbing ------------------------------------------------------------------------
-    def get_request(self) -> tuple[Any, Any]:
-        sock, addr = self.socket.accept()
-        ctx = self.web.current().ssl_context
-        if ctx is not None:  # the handshake happens in the request thread, never in the accept loop
-            sock = ctx.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-        return sock, addr
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.refused_connections += 1
-            self.shutdown_request(request)
-            return
-        super().process_request(request, client_address)
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
+    # -- the accept loop: connections wait in a selector, workers serve requests ----------------
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        sel = selectors.DefaultSelector()
+        self.socket.setblocking(False)
+        sel.register(self.socket, selectors.EVENT_READ, "accept")
+        sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        sweep_at = 0.0
         try:
-            super().process_request_thread(request, client_address)
+            while not self._stop.is_set():
+                for key, _ in sel.select(poll_interval):
+                    if key.data == "accept":
+                        self._accept(sel)
+                    elif key.data == "wake":
+                        with contextlib.suppress(OSError):
+                            self._wake_r.recv(4096)
+                    elif key.data in self._parked:  # it has something to say (not closed meanwhile)
+                        sel.unregister(key.fileobj)
+                        del self._parked[key.data]
+                        self._waiting[key.data] = None
+                self._take_back(sel)
+                now = time.monotonic()
+                if now >= sweep_at:  # deadlines to a tenth of a second are precise enough
+                    self._expire(sel, now)
+                    sweep_at = now + 0.1
+                self._dispatch(sel)
         finally:
-            self._slots.release()
+            for conn in [*self._parked, *self._waiting]:
+                self._close(sel, conn)
+            sel.close()
+            self._stop.clear()
+            self._stopped.set()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._wake()
+        self._stopped.wait()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # full: the loop wakes anyway
+            self._wake_w.send(b"\0")
+
+    def _accept(self, sel: selectors.BaseSelector) -> None:
+        while True:
+            try:
+                sock, address = self.socket.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of file descriptors: the next round tries again
+                log.warning("HTTP: accept failed: %s", exc)
+                return
+            self._admit(sel, sock, address)
+
+    def _admit(self, sel: selectors.BaseSelector, sock: socket.socket, address: Any) -> None:
+        client = client_key(address)
+        full = self._open[client] >= self.max_client_connections
+        if full or self._open_total >= self.max_open_connections:
+            # make room by closing the longest-idle parked connection (the client's own past its cap)
+            victim = next((c for c in self._parked if not full or c.client == client), None)
+            if victim is None:
+                self.refused_connections += 1
+                self.shutdown_request(sock)
+                return
+            self.evicted_connections += 1
+            self._close(sel, victim)
+        ctx = self.web.current().ssl_context
+        try:
+            # as Go does: an answer's head and body are separate writes, and Nagle's algorithm
+            # would hold the body for the client's delayed ACK (40 ms a keep-alive request)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if ctx is not None:  # the handshake happens in a worker, never in this loop
+                sock = ctx.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        except OSError:
+            sock.close()
+            return
+        first = HANDSHAKE_DEADLINE_S if ctx is not None else HEADER_DEADLINE_S
+        deadline = time.monotonic() + first
+        conn = _Conn(
+            sock, address, client, deadline, handshaken=ctx is None, head_by=None if ctx else deadline
+        )
+        self._open[client] += 1
+        self._open_total += 1
+        self._park(sel, conn)
+
+    def _park(self, sel: selectors.BaseSelector, conn: _Conn) -> None:
+        sel.register(conn.sock, selectors.EVENT_READ, conn)
+        self._parked[conn] = None
+
+    def _close(self, sel: selectors.BaseSelector, conn: _Conn) -> None:
+        if conn in self._parked:
+            del self._parked[conn]
+            sel.unregister(conn.sock)
+        self._waiting.pop(conn, None)
+        self._open_total -= 1
+        self._open[conn.client] -= 1
+        if self._open[conn.client] <= 0:
+            del self._open[conn.client]
+        self.shutdown_request(conn.sock)
+
+    def _expire(self, sel: selectors.BaseSelector, now: float) -> None:
+        for conn in [c for c in (*self._parked, *self._waiting) if c.deadline <= now]:
+            self._close(sel, conn)
+
+    def _take_back(self, sel: selectors.BaseSelector) -> None:
+        with self._returned_lock:
+            returned, self._returned = self._returned, []
+        for conn, keep in returned:
+            self._serving.discard(conn)
+            self._busy_total -= 1
+            self._busy[conn.client] -= 1
+            if self._busy[conn.client] <= 0:
+                del self._busy[conn.client]
+            if keep:
+                conn.deadline = time.monotonic() + KEEPALIVE_IDLE_S
+                self._park(sel, conn)
+            else:
+                self._close(sel, conn)
+
+    def _dispatch(self, selector: selectors.BaseSelector) -> None:
+        for conn in list(self._waiting):
+            if self._busy_total >= self.max_connections:
+                return
+            if self._busy[conn.client] >= self.client_workers:
+                continue  # it waits for one of its own client's requests to end
+            del self._waiting[conn]
+            worker = threading.Thread(
+                target=self._work, args=(conn,), name=f"{self.service}-http-worker", daemon=True
+            )
+            try:
+                worker.start()
+            except RuntimeError:  # no thread to be had: this one is refused, the server goes on
+                self.refused_connections += 1
+                self._waiting[conn] = None
+                self._close(selector, conn)
+                return
+            self._serving.add(conn)
+            self._busy_total += 1
+            self._busy[conn.client] += 1
+
+    def _work(self, conn: _Conn) -> None:
+        keep = False
+        try:
+            keep = not _Handler(conn, self).close_connection
+        except Exception:
+            self.handle_error(conn.sock, conn.address)
+        finally:
+            with self._returned_lock:
+                if self._closed:
+                    self.shutdown_request(conn.sock)
+                else:
+                    self._returned.append((conn, keep))
+            self._wake()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.debug("HTTP: connection from %s failed", client_address, exc_info=True)
@@ -293,29 +520,69 @@ class HttpServer(ThreadingHTTPServer):
             self.shutdown()
             self._thread.join(timeout=5)
             self._thread = None
+        with self._returned_lock:
+            self._closed = True
+            returned, self._returned = self._returned, []
+        for conn, _keep in returned:
+            self.shutdown_request(conn.sock)
+        for conn in list(self._serving):  # wake its worker (a read of a request head, say) to end it
+            with contextlib.suppress(OSError):
+                socket.socket.shutdown(conn.sock, socket.SHUT_RDWR)
         self.server_close()
+        self._wake_r.close()
+        self._wake_w.close()
 
     stop = close
 
 
 class _Handler(BaseHTTPRequestHandler):
+    """One turn of a connection with a worker: the TLS handshake if not yet made, then its
+    requests while they are already there; ``close_connection`` False after it: park it."""
+
     server: HttpServer
     protocol_version = "HTTP/1.1"
     server_version = "gpupipe"
 
+    def __init__(self, conn: _Conn, server: HttpServer) -> None:
+        self.conn = conn
+        super().__init__(conn.sock, conn.address, server)  # type: ignore[arg-type]
+
     def setup(self) -> None:
-        self.request.settimeout(self.server.request_timeout_s)
-        if isinstance(self.request, ssl.SSLSocket):
-            self.request.do_handshake()
+        sock, conn = self.request, self.conn
+        if not conn.handshaken:
+            left = conn.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("TLS handshake not made in time")
+            sock.settimeout(left)
+            sock.do_handshake()
             sans = self.server.web.current().allowed_sans
-            if sans and not san_allowed(self.request.getpeercert(), sans):
+            if sans and not san_allowed(sock.getpeercert(), sans):
                 raise ssl.SSLError("client certificate SAN not in client_allowed_sans")
+            conn.handshaken = True
+        sock.settimeout(self.server.request_timeout_s)
         super().setup()
-        self._reader = _DeadlineReader(self.request, self.server.request_timeout_s)
+        self._reader = _DeadlineReader(sock, self.server.request_timeout_s)
         self.rfile = io.BufferedReader(self._reader)
 
+    def handle(self) -> None:
+        self.close_connection = True
+        self.handle_one_request()
+        while not self.close_connection:
+            try:
+                if not self._reader.pending(self.rfile):
+                    self.close_connection = self._reader.eof
+                    return  # idle: parked until the next request arrives
+            except OSError:
+                self.close_connection = True
+                return
+            self.handle_one_request()
+
     def handle_one_request(self) -> None:
-        self._reader.arm(HEADER_DEADLINE_S, MAX_HEADER_BYTES)
+        # a plain connection's first head counts from connect (its wait for a worker included);
+        # after a TLS handshake, or between keep-alive requests, from now
+        head_by, self.conn.head_by = self.conn.head_by, None
+        left = HEADER_DEADLINE_S if head_by is None else head_by - time.monotonic()
+        self._reader.arm(left, MAX_HEADER_BYTES)
         try:
             super().handle_one_request()
         except _HeadTooLarge:
@@ -352,12 +619,12 @@ class _Handler(BaseHTTPRequestHandler):
         srv = self.server
         path = urlsplit(self.path).path
         cfg, auth = srv.auth()
-        if cfg.rate_limit is not None and not cfg.rate_limit.allow():
-            return Response(429, b"Too Many Requests\n", "text/plain; charset=utf-8")
-        if (
-            auth is not None
-            and path not in srv.open_paths
-            and not auth.check(self.headers.get("Authorization"))
+        # probes never meet the rate limit, and only requests that passed authentication spend it
+        # (a flood without the password must not leave the scraper, or a probe, a 429)
+        if path in srv.open_paths:
+            pass
+        elif auth is not None and not auth.check(
+            self.headers.get("Authorization"), client_key(self.client_address)
         ):
             return Response(
                 401,
@@ -365,6 +632,8 @@ class _Handler(BaseHTTPRequestHandler):
                 "text/plain; charset=utf-8",
                 {"WWW-Authenticate": 'Basic realm="gpupipe", charset="UTF-8"'},
             )
+        elif cfg.rate_limit is not None and not cfg.rate_limit.allow():
+            return Response(429, b"Too Many Requests\n", "text/plain; charset=utf-8")
         starting = srv.starting
         if starting is not None:
             return json_response(503, {"status": "starting", "service": srv.service, **starting.as_dict()})

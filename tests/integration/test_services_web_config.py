@@ -10,6 +10,7 @@ nothing; /healthz stays open for probes.
 from __future__ import annotations
 
 import base64
+import socket
 import ssl
 import subprocess
 import urllib.error
@@ -98,7 +99,8 @@ def test_sans_rate_limit_reload_and_head_on_every_service_port(
 ) -> None:
     """The same web config means the same door on every port: a client certificate outside
     client_allowed_sans is refused, a revoked password stops working without a restart, the rate
-    limit answers 429, HEAD answers. Four services ignored the SANs and the limit before."""
+    limit answers 429 (never to a probe), HEAD answers, and silent connections do not starve the
+    probe. Four services ignored the SANs and the limit before."""
     ensure_topics(kafka, topics.ALL, prefix=topic_prefix)
     pki = Pki(tmp_path)
     pki.server()
@@ -167,5 +169,13 @@ def test_sans_rate_limit_reload_and_head_on_every_service_port(
         assert get("/metrics", "first")[0] == 401
         codes = [get("/metrics", "second")[0] for _ in range(6)]
         assert 429 in codes, codes
+        # review 2 A1 and A6: with the bucket spent and more silent connections than the 64
+        # workers, the probe with the allowed certificate is still answered
+        silent = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(80)]
+        try:
+            assert get("/healthz")[0] == 200
+        finally:
+            for s in silent:
+                s.close()
     finally:
         hygiene.stop_group(proc)

@@ -117,9 +117,11 @@ def test_full_toolkit_schema_serves(pki, store):  # noqa: F811
         status, headers, body = get(srv, "/metrics", context=ctx)
         assert status == 200 and b"DCGM_FI_DEV_GPU_TEMP" in body
         assert headers["x-frame-options"] == "deny"
-        assert get(srv, "/health", context=ctx)[0] == 200
+        assert get(srv, "/health", context=ctx)[0] == 200  # a probe: never rate limited
+        assert get(srv, "/metrics", context=ctx)[0] == 200
         assert get(srv, "/metrics", context=ctx)[0] == 200
         assert get(srv, "/metrics", context=ctx)[0] == 429  # burst of 3 spent, one more per minute
+        assert get(srv, "/health", context=ctx)[0] == 200
         with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
             get(srv, "/metrics", context=client_context(pki))  # no client certificate
     finally:
