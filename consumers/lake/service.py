@@ -29,7 +29,10 @@ class LakeApp:
         self._timer: threading.Thread | None = None
 
     def health(self) -> tuple[bool, dict[str, Any]]:
-        """Healthy only while writing: polling, committing, and nothing buffered for too long."""
+        """Healthy only while writing: polling, committing, and nothing buffered for too long.
+
+        Reads only figures the writer publishes without its lock: while a commit is retried (a full
+        disk, a catalog down) the lock is held, and this answers 503 with the commit's error."""
         w = self.writer
         stale = w.oldest_buffered_s() > max(3 * w.flush_interval_s, 30.0)
         detail: dict[str, Any] = {

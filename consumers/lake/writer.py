@@ -175,6 +175,10 @@ class LakeWriter:
         self.last_commit = clock()
         #: the last commit error while commits fail, else None (reported in /healthz)
         self.failing: str | None = None
+        # What /healthz reads, published by the thread holding the lock (one attribute store each,
+        # atomic): a probe never waits for the lock, which a commit retried for minutes holds.
+        self._rows_buffered = 0
+        self._oldest_since: float | None = None
 
     # -- where to start ------------------------------------------------------------------
     def resume(self, partitions: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
@@ -223,6 +227,7 @@ class LakeWriter:
                 row["_kafka_timestamp"] = r.kafka_ts_ms
                 buf.rows.append(row)
                 buf.upto[r.partition] = max(buf.upto.get(r.partition, 0), r.offset + 1)
+            self._publish()
             for topic, buf in self._buffers.items():
                 if len(buf.rows) >= self.flush_rows:
                     self._flush_topic(topic)
@@ -245,13 +250,19 @@ class LakeWriter:
 
     @property
     def buffered(self) -> int:
-        with self._lock:
-            return sum(len(b.rows) for b in self._buffers.values())
+        """Rows buffered, as of the last change (read without the lock: see ``_publish``)."""
+        return self._rows_buffered
 
     def oldest_buffered_s(self) -> float:
-        with self._lock:
-            ages = [self.clock() - b.since for b in self._buffers.values() if b.rows]
-        return max(ages, default=0.0)
+        """How long the oldest buffered row has waited (without the lock: see ``_publish``)."""
+        since = self._oldest_since
+        return 0.0 if since is None else self.clock() - since
+
+    def _publish(self) -> None:
+        """Store the figures /healthz reads; called with the lock held after the buffers change."""
+        bufs = [b for b in self._buffers.values() if b.rows]
+        self._rows_buffered = sum(len(b.rows) for b in bufs)
+        self._oldest_since = min((b.since for b in bufs), default=None)
 
     def _flush_topic(self, topic: str) -> None:
         """One Iceberg append of the topic's buffer with the offsets it reaches; retried until done.
@@ -281,6 +292,7 @@ class LakeWriter:
         self._committed[topic] = offsets
         n = len(buf.rows)
         self._buffers[topic] = _Buffer()
+        self._publish()
         self.failing = None
         self.rows_written += n
         self.commits += 1
