@@ -39,6 +39,7 @@ class LakeApp:
             "rows_written": w.rows_written,
             "commits": w.commits,
             "rows_buffered": w.buffered,
+            "bytes_buffered": w.buffered_bytes,
             **self.loop.health_detail(),
         }
         if w.failing is not None:
@@ -78,7 +79,11 @@ def build(args: argparse.Namespace, names: list[str], extra: dict[str, str], lif
     }
     registry = CollectorRegistry()
     writer = LakeWriter(
-        tables, registry, flush_rows=args.flush_rows, flush_interval_s=args.flush_interval / 1000
+        tables,
+        registry,
+        flush_rows=args.flush_rows,
+        flush_interval_s=args.flush_interval / 1000,
+        buffer_bytes=args.buffer_bytes,
     )
     loop = ConsumeLoop(
         bootstrap=args.bootstrap_servers,

@@ -9,7 +9,10 @@ The group's offsets are still committed, for lag dashboards only.
 
 Rows are buffered and committed every ``flush_rows`` rows or ``flush_interval_s`` per table: an
 Iceberg commit writes a metadata file, a manifest list and one data file per partition touched, so
-committing every consumed batch would bury the table in small files.
+committing every consumed batch would bury the table in small files. Memory is bounded too: once
+the buffers of all tables hold ``buffer_bytes``, the largest are committed early. A row is counted
+as its Kafka value's size plus what its table's first row took beyond that as a Python dict (one
+deep measure per table, then a ``len()`` per row).
 
 A failed commit is retried; an uncertain one (the catalog may have committed before the error, as a
 REST catalog can) is settled by reading the offsets back: committed if the table has them.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -118,6 +122,18 @@ def stored_offsets(table: Table, topic: str) -> dict[int, int]:
     return out
 
 
+def deep_size(obj: object) -> int:
+    """Bytes a decoded record takes in memory: its containers and the values in them, recursively.
+
+    Keys are not counted: they are the schema's field names, one string shared by every row."""
+    size = sys.getsizeof(obj)
+    if isinstance(obj, dict):
+        size += sum(deep_size(v) for v in obj.values())
+    elif isinstance(obj, list | tuple):
+        size += sum(deep_size(v) for v in obj)
+    return size
+
+
 class LakeMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.rows = Counter(
@@ -143,6 +159,7 @@ class _Buffer:
     rows: list[dict[str, Any]] = field(default_factory=list)
     upto: dict[int, int] = field(default_factory=dict)  # partition -> next offset once these are in
     since: float = 0.0  # monotonic time of the first buffered row
+    nbytes: int = 0  # estimated memory of the rows (see the module docstring)
 
 
 class LakeWriter:
@@ -155,11 +172,15 @@ class LakeWriter:
         *,
         flush_rows: int = 50_000,
         flush_interval_s: float = 30.0,
+        buffer_bytes: int | None = None,  # None: bounded by flush_rows alone (the CLI always sets it)
         retry_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.tables = dict(tables)
         self.flush_rows, self.flush_interval_s, self.retry_s = flush_rows, flush_interval_s, retry_s
+        self.buffer_bytes = buffer_bytes
+        #: per topic: what a row takes in memory beyond its Kafka value (measured on its first row)
+        self._row_overhead: dict[str, int] = {}
         self.clock = clock
         self.metrics = LakeMetrics(registry)
         self._build = {t: build_schema(spec) for t, (spec, _) in self.tables.items()}
@@ -178,6 +199,7 @@ class LakeWriter:
         # What /healthz reads, published by the thread holding the lock (one attribute store each,
         # atomic): a probe never waits for the lock, which a commit retried for minutes holds.
         self._rows_buffered = 0
+        self._bytes_buffered = 0
         self._oldest_since: float | None = None
 
     # -- where to start ------------------------------------------------------------------
@@ -226,10 +248,18 @@ class LakeWriter:
                 row["_kafka_offset"] = r.offset
                 row["_kafka_timestamp"] = r.kafka_ts_ms
                 buf.rows.append(row)
+                buf.nbytes += self._row_bytes(r, row)
                 buf.upto[r.partition] = max(buf.upto.get(r.partition, 0), r.offset + 1)
             self._publish()
             for topic, buf in self._buffers.items():
                 if len(buf.rows) >= self.flush_rows:
+                    self._flush_topic(topic)
+            if self.buffer_bytes is not None:
+                # largest first: the fewest (and biggest, least fragmented) early commits
+                for topic in sorted(self._buffers, key=lambda t: -self._buffers[t].nbytes):
+                    if self._bytes_buffered < self.buffer_bytes:
+                        break
+                    log.debug("lake buffer full", extra=fields(topic=topic, bytes=self._bytes_buffered))
                     self._flush_topic(topic)
         self.flush_due()
         return None
@@ -258,10 +288,25 @@ class LakeWriter:
         since = self._oldest_since
         return 0.0 if since is None else self.clock() - since
 
+    @property
+    def buffered_bytes(self) -> int:
+        """Estimated memory of the buffered rows (without the lock: see ``_publish``)."""
+        return self._bytes_buffered
+
+    def _row_bytes(self, r: InRecord, row: dict[str, Any]) -> int:
+        """A row's estimated memory: its Kafka value's size plus its table's per-row overhead."""
+        raw = r.raw.value() if r.raw is not None else None
+        value = len(raw) if raw is not None else 0
+        overhead = self._row_overhead.get(r.topic)
+        if overhead is None:
+            overhead = self._row_overhead[r.topic] = max(0, deep_size(row) - value)
+        return value + overhead
+
     def _publish(self) -> None:
         """Store the figures /healthz reads; called with the lock held after the buffers change."""
         bufs = [b for b in self._buffers.values() if b.rows]
         self._rows_buffered = sum(len(b.rows) for b in bufs)
+        self._bytes_buffered = sum(b.nbytes for b in bufs)
         self._oldest_since = min((b.since for b in bufs), default=None)
 
     def _flush_topic(self, topic: str) -> None:

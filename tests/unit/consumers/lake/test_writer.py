@@ -169,3 +169,23 @@ def test_gpu_hours_per_namespace_by_duckdb_and_by_pyarrow_agree(cat: SqlCatalog)
         want, rel=1e-12
     )
     assert query(tables, "SELECT count(*) AS n FROM chargeback_windows").column("n").to_pylist() == [7]
+
+
+def test_the_byte_bound_commits_before_the_row_count_does(cat: SqlCatalog) -> None:
+    spec = BY_NAME["xid_events"]
+    topic = "gpu.xid.v1"
+    w = LakeWriter(
+        {topic: (spec, open_table(cat, "gpupipe", spec))},
+        CollectorRegistry(),
+        flush_rows=10**6,
+        buffer_bytes=40_000,
+    )
+    # XIDs with 4,000-character messages (within bounds): about 5 KB each in memory
+    big = [fill("XidEvent", event_id=f"e{i}", message="m" * 4000) for i in range(30)]
+    for i in range(0, 30, 3):
+        w.handle([InRecord(topic, 0, i + j, None, "XidEvent", v, 1) for j, v in enumerate(big[i : i + 3])])
+        assert w.buffered_bytes < 40_000, "the bound holds after every batch"
+    assert w.commits >= 2, "rows were committed long before 10**6 were buffered"
+    rows = cat.load_table("gpupipe.xid_events").scan().to_arrow().num_rows
+    assert rows + w.buffered == 30 and rows >= 20
+    assert stored_offsets(cat.load_table("gpupipe.xid_events"), topic) == {0: rows}
