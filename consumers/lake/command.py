@@ -65,6 +65,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="BYTES",
         help="commit the largest tables early once the buffers of all tables hold about this much memory",
     )
+    p.add_argument(
+        "--rebuild-catalog",
+        action="store_true",
+        help="recreate tables the catalog lost from what Kafka still holds (saying what it no longer "
+        "holds); without it a lost table stops the writer with one line",
+    )
     service_flags.add_create_topics(p)
     lake_catalog.add_arguments(p)
     startup.add_arguments(p)

@@ -7,15 +7,19 @@ import logging
 import threading
 from typing import Any
 
+from confluent_kafka import Consumer
 from prometheus_client import CollectorRegistry
+from pyiceberg.catalog import Catalog
 
 from gpupipe import topics
+from gpupipe.kafka_admin import client_config
 from gpupipe.logs import fields
 from gpupipe.runner import Lifecycle
 from gpupipe_consumers.consume_loop import ConsumeLoop
 from gpupipe_consumers.lake import catalog as lake_catalog
-from gpupipe_consumers.lake.tables import TABLES
-from gpupipe_consumers.lake.writer import LakeWriter, open_table
+from gpupipe_consumers.lake import recovery
+from gpupipe_consumers.lake.tables import TABLES, LakeTable
+from gpupipe_consumers.lake.writer import LakeWriter, load_table, open_table
 from gpupipe_schemas.codec import codec_from_url
 
 log = logging.getLogger("gpupipe.lake")
@@ -70,9 +74,36 @@ class LakeApp:
         )
 
 
+def check_missing_tables(
+    args: argparse.Namespace, cat: Catalog, chosen: list[LakeTable], extra: dict[str, str], timeout_s: float
+) -> None:
+    """Refuse to recreate a table whose catalog was lost, unless --rebuild-catalog (see recovery)."""
+    missing = [t for t in chosen if load_table(cat, args.namespace, t) is None]
+    if not missing:
+        return
+    consumer = Consumer(client_config(args.bootstrap_servers, extra, **{"group.id": args.group_id}))
+    try:
+        found = [
+            recovery.MissingTable(
+                f"{args.namespace}.{t.name}",
+                topic,
+                args.group_id,
+                recovery.kafka_history(consumer, topic, timeout_s),
+                recovery.leftover_metadata(cat.properties.get("warehouse"), args.namespace, t.name),
+            )
+            for t in missing
+            for topic in [topics.with_prefix(args.topic_prefix, t.topic)]
+        ]
+    finally:
+        consumer.close()
+    for table, lost in recovery.judge(found, args.catalog_name, rebuild=args.rebuild_catalog):
+        log.warning("lake table rebuilt from Kafka", extra=fields(table=table, no_longer_in_kafka=lost))
+
+
 def build(args: argparse.Namespace, names: list[str], extra: dict[str, str], life: Lifecycle) -> LakeApp:
     cat = lake_catalog.open_catalog(args)
     chosen = [t for t in TABLES if t.name in names]
+    check_missing_tables(args, cat, chosen, extra, recovery.LOOKUP_TIMEOUT_S)
     tables = {
         topics.with_prefix(args.topic_prefix, t.topic): (t, open_table(cat, args.namespace, t))
         for t in chosen

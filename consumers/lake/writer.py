@@ -32,10 +32,16 @@ from typing import Any
 import pyarrow as pa
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.exceptions import (
+    NamespaceAlreadyExistsError,
+    NoSuchNamespaceError,
+    NoSuchTableError,
+    TableAlreadyExistsError,
+)
 from pyiceberg.table import Table
 from pyiceberg.transforms import BucketTransform, DayTransform, IdentityTransform, Transform
 
+from gpupipe.errors import ConfigError
 from gpupipe.logs import fields
 from gpupipe_consumers.consume_loop import InRecord, Rejected
 from gpupipe_consumers.lake.arrow import build_schema, storage_schema, to_arrow
@@ -60,18 +66,36 @@ def _transform(name: str) -> Transform[Any, Any]:
     raise ValueError(f"unknown partition transform {name!r}")
 
 
+def load_table(catalog: Catalog, namespace: str, spec: LakeTable) -> Table | None:
+    """The table, or None when the catalog has none; one it cannot read is a ConfigError (one line).
+
+    A truncated or otherwise damaged metadata file fails in pyiceberg's parser with a many-line
+    pydantic error: the line keeps its first words and says what to do."""
+    try:
+        return catalog.load_table((namespace, spec.name))
+    except (NoSuchTableError, NoSuchNamespaceError):
+        return None
+    except Exception as exc:  # the catalog's or the metadata's fault, of many kinds
+        why = " ".join(str(exc).split())
+        raise ConfigError(
+            f"cannot read lake table {namespace}.{spec.name} from the catalog: "
+            f"{type(exc).__name__}: {why[:300]}; its metadata file may be damaged: restore it or "
+            f"the catalog from a backup"
+        ) from exc
+
+
 def open_table(catalog: Catalog, namespace: str, spec: LakeTable) -> Table:
     """Load the table, creating it (schema and partition spec in one commit) or adding new columns.
 
     New Avro fields become new optional columns (``union_by_name``); a column is never dropped or
-    retyped here, as Avro's compatibility rules never ask for that on a topic."""
+    retyped here, as Avro's compatibility rules never ask for that on a topic. Whether a missing
+    table may be created is the caller's to decide first (:mod:`gpupipe_consumers.lake.recovery`)."""
     with contextlib.suppress(NamespaceAlreadyExistsError):
         catalog.create_namespace(namespace)
     ident = (namespace, spec.name)
     store = storage_schema(spec)
-    try:
-        table = catalog.load_table(ident)
-    except NoSuchTableError:
+    table = load_table(catalog, namespace, spec)
+    if table is None:
         try:
             with (
                 catalog.create_table_transaction(

@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from pyiceberg.catalog.sql import SqlCatalog
 
+from gpupipe.errors import ConfigError
 from gpupipe_consumers.consume_loop import InRecord
 from gpupipe_consumers.lake.query import gpu_hours_by_namespace, gpu_hours_sql, load_tables, query
 from gpupipe_consumers.lake.tables import BY_NAME, LakeTable
@@ -189,3 +190,13 @@ def test_the_byte_bound_commits_before_the_row_count_does(cat: SqlCatalog) -> No
     rows = cat.load_table("gpupipe.xid_events").scan().to_arrow().num_rows
     assert rows + w.buffered == 30 and rows >= 20
     assert stored_offsets(cat.load_table("gpupipe.xid_events"), topic) == {0: rows}
+
+
+def test_a_truncated_metadata_file_is_one_line_not_a_traceback(cat: SqlCatalog) -> None:
+    spec = BY_NAME["xid_events"]
+    meta = Path(open_table(cat, "gpupipe", spec).metadata_location.removeprefix("file://"))
+    meta.write_bytes(meta.read_bytes()[: meta.stat().st_size // 2])
+    with pytest.raises(ConfigError) as exc:
+        open_table(cat, "gpupipe", spec)
+    line = str(exc.value)
+    assert "\n" not in line and "gpupipe.xid_events" in line and "Invalid JSON" in line
