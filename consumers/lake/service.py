@@ -46,6 +46,8 @@ class LakeApp:
             "bytes_buffered": w.buffered_bytes,
             **self.loop.health_detail(),
         }
+        if w.committing:
+            detail["committing"] = True
         if w.failing is not None:
             detail["commit_failing"] = w.failing
         if stale:

@@ -225,6 +225,9 @@ class LakeWriter:
         self._rows_buffered = 0
         self._bytes_buffered = 0
         self._oldest_since: float | None = None
+        #: True while commits run: the rows published as buffered may be landing in their tables
+        #: (``rows_written`` grows, and the buffered figure drops, once each commit is done)
+        self.committing = False
 
     # -- where to start ------------------------------------------------------------------
     def resume(self, partitions: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
@@ -274,17 +277,24 @@ class LakeWriter:
                 buf.rows.append(row)
                 buf.nbytes += self._row_bytes(r, row)
                 buf.upto[r.partition] = max(buf.upto.get(r.partition, 0), r.offset + 1)
+            due = [t for t, b in self._buffers.items() if len(b.rows) >= self.flush_rows]
+            full = self.buffer_bytes is not None and sum(b.nbytes for b in self._buffers.values()) >= (
+                self.buffer_bytes
+            )
+            self.committing = bool(due or full)  # before the rows show: see ``committing``
             self._publish()
-            for topic, buf in self._buffers.items():
-                if len(buf.rows) >= self.flush_rows:
+            try:
+                for topic in due:
                     self._flush_topic(topic)
-            if self.buffer_bytes is not None:
-                # largest first: the fewest (and biggest, least fragmented) early commits
-                for topic in sorted(self._buffers, key=lambda t: -self._buffers[t].nbytes):
-                    if self._bytes_buffered < self.buffer_bytes:
-                        break
-                    log.debug("lake buffer full", extra=fields(topic=topic, bytes=self._bytes_buffered))
-                    self._flush_topic(topic)
+                if self.buffer_bytes is not None:
+                    # largest first: the fewest (and biggest, least fragmented) early commits
+                    for topic in sorted(self._buffers, key=lambda t: -self._buffers[t].nbytes):
+                        if self._bytes_buffered < self.buffer_bytes:
+                            break
+                        log.debug("lake buffer full", extra=fields(topic=topic, bytes=self._bytes_buffered))
+                        self._flush_topic(topic)
+            finally:
+                self.committing = False
         self.flush_due()
         return None
 
@@ -292,15 +302,23 @@ class LakeWriter:
         """Commit every table whose oldest buffered row waited ``flush_interval_s`` (timer thread too)."""
         with self._lock:
             now = self.clock()
-            for topic, buf in self._buffers.items():
-                if buf.rows and now - buf.since >= self.flush_interval_s:
-                    self._flush_topic(topic)
+            self._flush_each(
+                [t for t, b in self._buffers.items() if b.rows and now - b.since >= self.flush_interval_s]
+            )
 
     def flush(self) -> None:
         with self._lock:
-            for topic, buf in self._buffers.items():
-                if buf.rows:
-                    self._flush_topic(topic)
+            self._flush_each([t for t, b in self._buffers.items() if b.rows])
+
+    def _flush_each(self, topics: Sequence[str]) -> None:
+        if not topics:
+            return
+        self.committing = True
+        try:
+            for topic in topics:
+                self._flush_topic(topic)
+        finally:
+            self.committing = False
 
     @property
     def buffered(self) -> int:
@@ -362,9 +380,9 @@ class LakeWriter:
         n = len(buf.rows)
         self._buffers[topic] = _Buffer()
         self._publish()
-        self.failing = None
-        self.rows_written += n
+        self.rows_written += n  # after: written + buffered (read unlocked) never exceeds what was read
         self.commits += 1
+        self.failing = None
         self.last_commit = self.clock()
         self.metrics.rows.labels(spec.name).inc(n)
         self.metrics.commits.labels(spec.name).inc()
