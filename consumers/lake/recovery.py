@@ -48,7 +48,7 @@ def gone(t: MissingTable) -> str:
     """What Kafka no longer holds of the table's topic: what a rebuild cannot put back."""
     parts = [p for p in t.partitions if p.low > 0]
     if not parts:
-        return f"nothing: Kafka still holds {t.topic} from offset 0"
+        return f"nothing (Kafka still holds {t.topic} from offset 0)"
     return ", ".join(
         f"{t.topic}[{p.partition}] offsets 0 to {p.low - 1}"
         + ("" if p.committed is None else f" (group at {p.committed})")
@@ -76,7 +76,7 @@ def judge(missing: Sequence[MissingTable], catalog: str, *, rebuild: bool) -> li
         raise ConfigError(
             f"lake table {t.name} is not in catalog {catalog!r} but was written before "
             f"({'; '.join(traces)}){more}: the catalog was lost or replaced. Restore it, or pass "
-            f"--rebuild-catalog to rewrite the table from what Kafka holds (Kafka no longer holds "
+            f"--rebuild-catalog to rewrite the table from what Kafka holds (lost to its retention: "
             f"{gone(t)}), or use a --group-id of its own for a new lake"
         )
     return [(t.name, gone(t)) for t, _ in lost]
@@ -95,7 +95,10 @@ def leftover_metadata(warehouse: str | None, namespace: str, table: str) -> str 
         return None
     root = Path(unquote(url.path) if url.scheme == "file" else warehouse)
     for folder in (root / namespace / table / "metadata", root / f"{namespace}.db" / table / "metadata"):
-        files = sorted(folder.glob("*.metadata.json"))
+        # 00003-<uuid>.metadata.json: by version, then by time (a table created twice has two 00000)
+        files = sorted(
+            folder.glob("*.metadata.json"), key=lambda f: (f.name.split("-")[0], f.stat().st_mtime)
+        )
         if files:
             return str(files[-1])
     return None

@@ -76,7 +76,7 @@ def load_table(catalog: Catalog, namespace: str, spec: LakeTable) -> Table | Non
     except (NoSuchTableError, NoSuchNamespaceError):
         return None
     except Exception as exc:  # the catalog's or the metadata's fault, of many kinds
-        why = " ".join(str(exc).split())
+        why = " ".join(w for w in str(exc).split("For further information")[0].split())
         raise ConfigError(
             f"cannot read lake table {namespace}.{spec.name} from the catalog: "
             f"{type(exc).__name__}: {why[:300]}; its metadata file may be damaged: restore it or "

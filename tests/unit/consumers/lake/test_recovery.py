@@ -48,7 +48,7 @@ def test_a_table_the_group_wrote_is_refused_in_one_line_naming_what_kafka_lost()
 def test_a_rebuild_with_everything_still_in_kafka_says_so() -> None:
     lost = missing(PartitionHistory(0, 10, 0))
     assert judge([lost], "gpupipe", rebuild=True) == [
-        ("gpupipe.samples", "nothing: Kafka still holds gpu.samples.v1 from offset 0")
+        ("gpupipe.samples", "nothing (Kafka still holds gpu.samples.v1 from offset 0)")
     ]
 
 
