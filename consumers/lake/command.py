@@ -29,7 +29,7 @@ log = logging.getLogger("gpupipe.lake")
 
 #: The buffers of all tables together (50,000 rows of 4 tables at 3-7 KB a row would be over 1 GB).
 #: A commit converts a buffer to Arrow and Parquet, so the peak is about idle + 3x this: measured
-#: 552 MiB with 45k samples and 45k 4 KB XIDs in one flush interval (1,423 MiB unbounded).
+#: 641 MiB with 45k samples and 45k 4 KB XIDs in one flush interval (1,502 MiB unbounded).
 DEFAULT_BUFFER_BYTES = 128 * 2**20
 
 #: One line for `gpupipe --help`.
