@@ -99,7 +99,9 @@ def check_missing_tables(
     finally:
         consumer.close()
     for table, lost in recovery.judge(found, args.catalog_name, rebuild=args.rebuild_catalog):
-        log.warning("lake table rebuilt from Kafka", extra=fields(table=table, lost_to_retention=lost))
+        log.warning(
+            "lake table lost, rebuilding it from Kafka", extra=fields(table=table, lost_to_retention=lost)
+        )
 
 
 def build(args: argparse.Namespace, names: list[str], extra: dict[str, str], life: Lifecycle) -> LakeApp:

@@ -114,5 +114,5 @@ def test_a_lost_catalog_is_refused_then_rebuilt_saying_what_kafka_lost(
     finally:
         hygiene.stop_group(proc, timeout=30)
     out, _ = proc.communicate(timeout=30)
-    rebuilt = [ln for ln in out.splitlines() if "lake table rebuilt from Kafka" in ln]
+    rebuilt = [ln for ln in out.splitlines() if "lake table lost, rebuilding it from Kafka" in ln]
     assert rebuilt and f"[0] offsets 0 to {DELETED - 1} (group at {COMMITTED})" in rebuilt[0], out
