@@ -26,13 +26,26 @@ DEFAULT_WAREHOUSE = "lake/warehouse"
 
 
 #: Words that mark a pyiceberg property as a secret (s3.secret-access-key, s3.session-token,
-#: credential, token, adls.account-key, adls.sas-token, gcs.oauth2.token...): refused on argv.
-_SECRET_WORDS = ("secret", "token", "credential", "password", "account-key")
+#: credential, token, adls.account-key, adls.sas-token, adls.connection-string, gcs.oauth2.token...):
+#: refused on argv.
+_SECRET_WORDS = (
+    "secret",
+    "token",
+    "credential",
+    "password",
+    "authorization",
+    "account-key",
+    "connection-string",
+)
+#: A REST catalog sends every ``header.<Name>`` property as an HTTP header of each request, which is
+#: where a bearer token or an API key goes: all of them are refused on argv, whatever the name.
+_SECRET_PREFIXES = ("header.",)
 
 
 def refuse_secret_on_command_line(key: str) -> str | None:
     """Why ``key`` must not be given on the command line (visible to every user in ``ps``), or None."""
-    if not any(w in key.lower() for w in _SECRET_WORDS):
+    low = key.lower()
+    if not any(w in low for w in _SECRET_WORDS) and not low.startswith(_SECRET_PREFIXES):
         return None
     env = "PYICEBERG_CATALOG__<NAME>__" + key.upper().replace(".", "__").replace("-", "_")
     return (

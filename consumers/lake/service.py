@@ -7,15 +7,19 @@ import logging
 import threading
 from typing import Any
 
+from confluent_kafka import Consumer
 from prometheus_client import CollectorRegistry
+from pyiceberg.catalog import Catalog
 
 from gpupipe import topics
+from gpupipe.kafka_admin import client_config
 from gpupipe.logs import fields
 from gpupipe.runner import Lifecycle
 from gpupipe_consumers.consume_loop import ConsumeLoop
 from gpupipe_consumers.lake import catalog as lake_catalog
-from gpupipe_consumers.lake.tables import TABLES
-from gpupipe_consumers.lake.writer import LakeWriter, open_table
+from gpupipe_consumers.lake import recovery
+from gpupipe_consumers.lake.tables import TABLES, LakeTable
+from gpupipe_consumers.lake.writer import LakeWriter, load_table, open_table
 from gpupipe_schemas.codec import codec_from_url
 
 log = logging.getLogger("gpupipe.lake")
@@ -29,15 +33,21 @@ class LakeApp:
         self._timer: threading.Thread | None = None
 
     def health(self) -> tuple[bool, dict[str, Any]]:
-        """Healthy only while writing: polling, committing, and nothing buffered for too long."""
+        """Healthy only while writing: polling, committing, and nothing buffered for too long.
+
+        Reads only figures the writer publishes without its lock: while a commit is retried (a full
+        disk, a catalog down) the lock is held, and this answers 503 with the commit's error."""
         w = self.writer
         stale = w.oldest_buffered_s() > max(3 * w.flush_interval_s, 30.0)
         detail: dict[str, Any] = {
             "rows_written": w.rows_written,
             "commits": w.commits,
             "rows_buffered": w.buffered,
+            "bytes_buffered": w.buffered_bytes,
             **self.loop.health_detail(),
         }
+        if w.committing:
+            detail["committing"] = True
         if w.failing is not None:
             detail["commit_failing"] = w.failing
         if stale:
@@ -66,16 +76,49 @@ class LakeApp:
         )
 
 
+def check_missing_tables(
+    args: argparse.Namespace, cat: Catalog, chosen: list[LakeTable], extra: dict[str, str], timeout_s: float
+) -> None:
+    """Refuse to recreate a table whose catalog was lost, unless --rebuild-catalog (see recovery)."""
+    missing = [t for t in chosen if load_table(cat, args.namespace, t) is None]
+    if not missing:
+        return
+    consumer = Consumer(client_config(args.bootstrap_servers, extra, **{"group.id": args.group_id}))
+    try:
+        found = [
+            recovery.MissingTable(
+                f"{args.namespace}.{t.name}",
+                topic,
+                args.group_id,
+                recovery.kafka_history(consumer, topic, timeout_s),
+                recovery.leftover_metadata(cat.properties.get("warehouse"), args.namespace, t.name),
+            )
+            for t in missing
+            for topic in [topics.with_prefix(args.topic_prefix, t.topic)]
+        ]
+    finally:
+        consumer.close()
+    for table, lost in recovery.judge(found, args.catalog_name, rebuild=args.rebuild_catalog):
+        log.warning(
+            "lake table lost, rebuilding it from Kafka", extra=fields(table=table, lost_to_retention=lost)
+        )
+
+
 def build(args: argparse.Namespace, names: list[str], extra: dict[str, str], life: Lifecycle) -> LakeApp:
     cat = lake_catalog.open_catalog(args)
     chosen = [t for t in TABLES if t.name in names]
+    check_missing_tables(args, cat, chosen, extra, recovery.LOOKUP_TIMEOUT_S)
     tables = {
         topics.with_prefix(args.topic_prefix, t.topic): (t, open_table(cat, args.namespace, t))
         for t in chosen
     }
     registry = CollectorRegistry()
     writer = LakeWriter(
-        tables, registry, flush_rows=args.flush_rows, flush_interval_s=args.flush_interval / 1000
+        tables,
+        registry,
+        flush_rows=args.flush_rows,
+        flush_interval_s=args.flush_interval / 1000,
+        buffer_bytes=args.buffer_bytes,
     )
     loop = ConsumeLoop(
         bootstrap=args.bootstrap_servers,

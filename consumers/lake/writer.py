@@ -9,7 +9,10 @@ The group's offsets are still committed, for lag dashboards only.
 
 Rows are buffered and committed every ``flush_rows`` rows or ``flush_interval_s`` per table: an
 Iceberg commit writes a metadata file, a manifest list and one data file per partition touched, so
-committing every consumed batch would bury the table in small files.
+committing every consumed batch would bury the table in small files. Memory is bounded too: once
+the buffers of all tables hold ``buffer_bytes``, the largest are committed early. A row is counted
+as its Kafka value's size plus what its table's first row took beyond that as a Python dict (one
+deep measure per table, then a ``len()`` per row).
 
 A failed commit is retried; an uncertain one (the catalog may have committed before the error, as a
 REST catalog can) is settled by reading the offsets back: committed if the table has them.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -28,10 +32,16 @@ from typing import Any
 import pyarrow as pa
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.exceptions import (
+    NamespaceAlreadyExistsError,
+    NoSuchNamespaceError,
+    NoSuchTableError,
+    TableAlreadyExistsError,
+)
 from pyiceberg.table import Table
 from pyiceberg.transforms import BucketTransform, DayTransform, IdentityTransform, Transform
 
+from gpupipe.errors import ConfigError
 from gpupipe.logs import fields
 from gpupipe_consumers.consume_loop import InRecord, Rejected
 from gpupipe_consumers.lake.arrow import build_schema, storage_schema, to_arrow
@@ -56,18 +66,36 @@ def _transform(name: str) -> Transform[Any, Any]:
     raise ValueError(f"unknown partition transform {name!r}")
 
 
+def load_table(catalog: Catalog, namespace: str, spec: LakeTable) -> Table | None:
+    """The table, or None when the catalog has none; one it cannot read is a ConfigError (one line).
+
+    A truncated or otherwise damaged metadata file fails in pyiceberg's parser with a many-line
+    pydantic error: the line keeps its first words and says what to do."""
+    try:
+        return catalog.load_table((namespace, spec.name))
+    except (NoSuchTableError, NoSuchNamespaceError):
+        return None
+    except Exception as exc:  # the catalog's or the metadata's fault, of many kinds
+        why = " ".join(w for w in str(exc).split("For further information")[0].split())
+        raise ConfigError(
+            f"cannot read lake table {namespace}.{spec.name} from the catalog: "
+            f"{type(exc).__name__}: {why[:300]}; its metadata file may be damaged: restore it or "
+            f"the catalog from a backup"
+        ) from exc
+
+
 def open_table(catalog: Catalog, namespace: str, spec: LakeTable) -> Table:
     """Load the table, creating it (schema and partition spec in one commit) or adding new columns.
 
     New Avro fields become new optional columns (``union_by_name``); a column is never dropped or
-    retyped here, as Avro's compatibility rules never ask for that on a topic."""
+    retyped here, as Avro's compatibility rules never ask for that on a topic. Whether a missing
+    table may be created is the caller's to decide first (:mod:`gpupipe_consumers.lake.recovery`)."""
     with contextlib.suppress(NamespaceAlreadyExistsError):
         catalog.create_namespace(namespace)
     ident = (namespace, spec.name)
     store = storage_schema(spec)
-    try:
-        table = catalog.load_table(ident)
-    except NoSuchTableError:
+    table = load_table(catalog, namespace, spec)
+    if table is None:
         try:
             with (
                 catalog.create_table_transaction(
@@ -118,6 +146,18 @@ def stored_offsets(table: Table, topic: str) -> dict[int, int]:
     return out
 
 
+def deep_size(obj: object) -> int:
+    """Bytes a decoded record takes in memory: its containers and the values in them, recursively.
+
+    Keys are not counted: they are the schema's field names, one string shared by every row."""
+    size = sys.getsizeof(obj)
+    if isinstance(obj, dict):
+        size += sum(deep_size(v) for v in obj.values())
+    elif isinstance(obj, list | tuple):
+        size += sum(deep_size(v) for v in obj)
+    return size
+
+
 class LakeMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.rows = Counter(
@@ -143,6 +183,7 @@ class _Buffer:
     rows: list[dict[str, Any]] = field(default_factory=list)
     upto: dict[int, int] = field(default_factory=dict)  # partition -> next offset once these are in
     since: float = 0.0  # monotonic time of the first buffered row
+    nbytes: int = 0  # estimated memory of the rows (see the module docstring)
 
 
 class LakeWriter:
@@ -155,11 +196,15 @@ class LakeWriter:
         *,
         flush_rows: int = 50_000,
         flush_interval_s: float = 30.0,
+        buffer_bytes: int | None = None,  # None: bounded by flush_rows alone (the CLI always sets it)
         retry_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.tables = dict(tables)
         self.flush_rows, self.flush_interval_s, self.retry_s = flush_rows, flush_interval_s, retry_s
+        self.buffer_bytes = buffer_bytes
+        #: per topic: what a row takes in memory beyond its Kafka value (measured on its first row)
+        self._row_overhead: dict[str, int] = {}
         self.clock = clock
         self.metrics = LakeMetrics(registry)
         self._build = {t: build_schema(spec) for t, (spec, _) in self.tables.items()}
@@ -175,6 +220,14 @@ class LakeWriter:
         self.last_commit = clock()
         #: the last commit error while commits fail, else None (reported in /healthz)
         self.failing: str | None = None
+        # What /healthz reads, published by the thread holding the lock (one attribute store each,
+        # atomic): a probe never waits for the lock, which a commit retried for minutes holds.
+        self._rows_buffered = 0
+        self._bytes_buffered = 0
+        self._oldest_since: float | None = None
+        #: True while commits run: the rows published as buffered may be landing in their tables
+        #: (``rows_written`` grows, and the buffered figure drops, once each commit is done)
+        self.committing = False
 
     # -- where to start ------------------------------------------------------------------
     def resume(self, partitions: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
@@ -222,10 +275,26 @@ class LakeWriter:
                 row["_kafka_offset"] = r.offset
                 row["_kafka_timestamp"] = r.kafka_ts_ms
                 buf.rows.append(row)
+                buf.nbytes += self._row_bytes(r, row)
                 buf.upto[r.partition] = max(buf.upto.get(r.partition, 0), r.offset + 1)
-            for topic, buf in self._buffers.items():
-                if len(buf.rows) >= self.flush_rows:
+            due = [t for t, b in self._buffers.items() if len(b.rows) >= self.flush_rows]
+            full = self.buffer_bytes is not None and sum(b.nbytes for b in self._buffers.values()) >= (
+                self.buffer_bytes
+            )
+            self.committing = bool(due or full)  # before the rows show: see ``committing``
+            self._publish()
+            try:
+                for topic in due:
                     self._flush_topic(topic)
+                if self.buffer_bytes is not None:
+                    # largest first: the fewest (and biggest, least fragmented) early commits
+                    for topic in sorted(self._buffers, key=lambda t: -self._buffers[t].nbytes):
+                        if self._bytes_buffered < self.buffer_bytes:
+                            break
+                        log.debug("lake buffer full", extra=fields(topic=topic, bytes=self._bytes_buffered))
+                        self._flush_topic(topic)
+            finally:
+                self.committing = False
         self.flush_due()
         return None
 
@@ -233,25 +302,54 @@ class LakeWriter:
         """Commit every table whose oldest buffered row waited ``flush_interval_s`` (timer thread too)."""
         with self._lock:
             now = self.clock()
-            for topic, buf in self._buffers.items():
-                if buf.rows and now - buf.since >= self.flush_interval_s:
-                    self._flush_topic(topic)
+            self._flush_each(
+                [t for t, b in self._buffers.items() if b.rows and now - b.since >= self.flush_interval_s]
+            )
 
     def flush(self) -> None:
         with self._lock:
-            for topic, buf in self._buffers.items():
-                if buf.rows:
-                    self._flush_topic(topic)
+            self._flush_each([t for t, b in self._buffers.items() if b.rows])
+
+    def _flush_each(self, topics: Sequence[str]) -> None:
+        if not topics:
+            return
+        self.committing = True
+        try:
+            for topic in topics:
+                self._flush_topic(topic)
+        finally:
+            self.committing = False
 
     @property
     def buffered(self) -> int:
-        with self._lock:
-            return sum(len(b.rows) for b in self._buffers.values())
+        """Rows buffered, as of the last change (read without the lock: see ``_publish``)."""
+        return self._rows_buffered
 
     def oldest_buffered_s(self) -> float:
-        with self._lock:
-            ages = [self.clock() - b.since for b in self._buffers.values() if b.rows]
-        return max(ages, default=0.0)
+        """How long the oldest buffered row has waited (without the lock: see ``_publish``)."""
+        since = self._oldest_since
+        return 0.0 if since is None else self.clock() - since
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Estimated memory of the buffered rows (without the lock: see ``_publish``)."""
+        return self._bytes_buffered
+
+    def _row_bytes(self, r: InRecord, row: dict[str, Any]) -> int:
+        """A row's estimated memory: its Kafka value's size plus its table's per-row overhead."""
+        raw = r.raw.value() if r.raw is not None else None
+        value = len(raw) if raw is not None else 0
+        overhead = self._row_overhead.get(r.topic)
+        if overhead is None:
+            overhead = self._row_overhead[r.topic] = max(0, deep_size(row) - value)
+        return value + overhead
+
+    def _publish(self) -> None:
+        """Store the figures /healthz reads; called with the lock held after the buffers change."""
+        bufs = [b for b in self._buffers.values() if b.rows]
+        self._rows_buffered = sum(len(b.rows) for b in bufs)
+        self._bytes_buffered = sum(b.nbytes for b in bufs)
+        self._oldest_since = min((b.since for b in bufs), default=None)
 
     def _flush_topic(self, topic: str) -> None:
         """One Iceberg append of the topic's buffer with the offsets it reaches; retried until done.
@@ -281,9 +379,10 @@ class LakeWriter:
         self._committed[topic] = offsets
         n = len(buf.rows)
         self._buffers[topic] = _Buffer()
-        self.failing = None
-        self.rows_written += n
+        self._publish()
+        self.rows_written += n  # after: written + buffered (read unlocked) never exceeds what was read
         self.commits += 1
+        self.failing = None
         self.last_commit = self.clock()
         self.metrics.rows.labels(spec.name).inc(n)
         self.metrics.commits.labels(spec.name).inc()

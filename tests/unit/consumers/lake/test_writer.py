@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from pyiceberg.catalog.sql import SqlCatalog
 
+from gpupipe.errors import ConfigError
 from gpupipe_consumers.consume_loop import InRecord
 from gpupipe_consumers.lake.query import gpu_hours_by_namespace, gpu_hours_sql, load_tables, query
 from gpupipe_consumers.lake.tables import BY_NAME, LakeTable
@@ -169,3 +170,33 @@ def test_gpu_hours_per_namespace_by_duckdb_and_by_pyarrow_agree(cat: SqlCatalog)
         want, rel=1e-12
     )
     assert query(tables, "SELECT count(*) AS n FROM chargeback_windows").column("n").to_pylist() == [7]
+
+
+def test_the_byte_bound_commits_before_the_row_count_does(cat: SqlCatalog) -> None:
+    spec = BY_NAME["xid_events"]
+    topic = "gpu.xid.v1"
+    w = LakeWriter(
+        {topic: (spec, open_table(cat, "gpupipe", spec))},
+        CollectorRegistry(),
+        flush_rows=10**6,
+        buffer_bytes=40_000,
+    )
+    # XIDs with 4,000-character messages (within bounds): about 5 KB each in memory
+    big = [fill("XidEvent", event_id=f"e{i}", message="m" * 4000) for i in range(30)]
+    for i in range(0, 30, 3):
+        w.handle([InRecord(topic, 0, i + j, None, "XidEvent", v, 1) for j, v in enumerate(big[i : i + 3])])
+        assert w.buffered_bytes < 40_000, "the bound holds after every batch"
+    assert w.commits >= 2, "rows were committed long before 10**6 were buffered"
+    rows = cat.load_table("gpupipe.xid_events").scan().to_arrow().num_rows
+    assert rows + w.buffered == 30 and rows >= 20
+    assert stored_offsets(cat.load_table("gpupipe.xid_events"), topic) == {0: rows}
+
+
+def test_a_truncated_metadata_file_is_one_line_not_a_traceback(cat: SqlCatalog) -> None:
+    spec = BY_NAME["xid_events"]
+    meta = Path(open_table(cat, "gpupipe", spec).metadata_location.removeprefix("file://"))
+    meta.write_bytes(meta.read_bytes()[: meta.stat().st_size // 2])
+    with pytest.raises(ConfigError) as exc:
+        open_table(cat, "gpupipe", spec)
+    line = str(exc.value)
+    assert "\n" not in line and "gpupipe.xid_events" in line and "Invalid JSON" in line
