@@ -46,6 +46,7 @@ class NodeCheck:
             (record, "verified", mode): 0 for record in ("XidEvent", "GpuSample")
         }
         self._logged_ms = -60_000
+        self.last_verified = False  # the latest record checked passed (admission trusts it more)
 
     def refuse(self, record: str, hostname: Any, raw: Any, now_ms: int) -> str | None:
         """Why the ``record`` (type name) in ``raw`` (the consumed Kafka message) must be refused, or None."""
@@ -57,6 +58,7 @@ class NodeCheck:
                 problem = self._verifier.check(hostname, raw.value() or b"", raw.headers())
             except Exception:  # a hostile record must not stop the service
                 problem = "bad-certificate"
+        self.last_verified = problem is None
         key = (record, problem or "verified", self.mode)
         self.results[key] = self.results.get(key, 0) + 1
         if problem is None:
