@@ -258,6 +258,7 @@ class AlertEngine:
         self.memory.forget(hosts, gpus)
         self.guard.forget(hosts)
         self.bursts.forget(hosts, gpus)
+        self.xids.forget(hosts)
         return dropped
 
     # ------------------------------------------------------------------------------ timers, output
