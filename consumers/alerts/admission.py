@@ -105,6 +105,8 @@ class DeviceAdmission:
         self._devices = 0
         self._batch = max(1, max_nodes // BATCH_DIVISOR)
         self._idle_scan_after = 0  # admissions to go before scanning for idle nodes again
+        # (keep, calls to go) before scanning for alerting nodes again for that keep
+        self._alert_scan_skip: tuple[str | None, int] = (None, 0)
         self._evicted: list[Evicted] = []
         self.counts = dict.fromkeys(
             ("evicted_idle_node", "evicted_alerting_node", "evicted_idle_device", "evicted_alerting_device"),
@@ -164,8 +166,16 @@ class DeviceAdmission:
 
     def evict_alerting(self, keep: str | None) -> int:
         """The engine holds as many open alerts as it may: forget a batch of the least recently seen nodes
-        that hold some (never ``keep``), so that a new fault still opens one. Returns how many went."""
-        return self._evict_nodes(keep, busy=True)
+        that hold some (never ``keep``), so that a new fault still opens one. Returns how many went.
+        After a scan that found none (``keep`` holds them all), the next batch of calls for the same
+        ``keep`` do not scan."""
+        skip_for, left = self._alert_scan_skip
+        if skip_for == keep and left > 0:
+            self._alert_scan_skip = (keep, left - 1)
+            return 0
+        n = self._evict_nodes(keep, busy=True)
+        self._alert_scan_skip = (keep, 0 if n else self._batch)
+        return n
 
     def _evict_nodes(self, keep: str | None, *, busy: bool) -> int:
         """Forget up to a batch of the least recently seen nodes with (``busy``) or without open alerts,

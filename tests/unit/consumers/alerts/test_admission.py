@@ -259,3 +259,32 @@ def test_a_full_alert_table_still_opens_a_new_nodes_fault() -> None:
     svc.handle(_codes(300))  # one node holds every open alert the table allows
     assert _xid_79_pages(svc, sink, "node-real")
     assert len(svc.engine.open_alerts()) <= 100
+
+
+def test_with_node_identity_one_nodes_made_up_drain_alerts_do_not_silence_another_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    pki = Pki(tmp_path)
+    a = NodeSigner(str(pki.node("a", "system:node:node-a")), None, "node-a")
+    b = NodeSigner(str(pki.node("b", "system:node:node-b")), None, "node-b")
+
+    def build() -> tuple[AlertsService, ListSink]:
+        check = NodeCheck(NodeVerifier.from_file(str(pki.ca)), "enforce")
+        sink = ListSink()
+        adm = DeviceAdmission(max_devices=200)
+        cfg = EngineConfig(update_interval_ms=0)
+        return AlertsService(
+            sink=sink, clock=Clock(), engine_config=cfg, node_check=check, admission=adm
+        ), sink
+
+    first, sink = build()
+    made_up = [
+        _signed(a, {**xid(79, f"a-{i}", host="node-a"), "pci_bus_id": None, "uuid": f"GPU-a-{i}"})
+        for i in range(300)
+    ]
+    assert first.handle(made_up) == []
+    again, sink2 = build()
+    again.restore(sink.records)  # node-a's drain alerts come back, at most its per-node bound
+    assert again.admission.devices() <= 2 * 64
+    assert not again.handle([_signed(b, xid(79, "b-real", host="node-b"))])
+    assert any(r["hostname"] == "node-b" and r["status"] == "firing" for r in sink2.records)
