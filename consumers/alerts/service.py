@@ -55,7 +55,7 @@ from prometheus_client.registry import Collector
 from gpupipe.kafka_sink import KeyedSink
 from gpupipe.kube import KubeApiError
 from gpupipe.logs import fields
-from gpupipe_consumers.alerts.admission import DeviceAdmission, device_of
+from gpupipe_consumers.alerts.admission import OVER_CAP, DeviceAdmission, device_of
 from gpupipe_consumers.alerts.alert_record import Alert, action_record, to_record
 from gpupipe_consumers.alerts.alert_table import AlertCapReached
 from gpupipe_consumers.alerts.cordon import Cordoner, CordonResult
@@ -229,7 +229,7 @@ class AlertsService:
         self.node_check = node_check
         self._capped_logged_ms = self._alert_cap_logged_ms = -60_000
         # Nodes whose drain alerts admission evicted: still cordoned, never released by --uncordon here
-        # (oldest forgotten beyond --max-nodes; a restart restores their alerts from the topic).
+        # (oldest forgotten beyond twice --max-nodes; a restart restores their alerts from the topic).
         self._pinned: OrderedDict[str, None] = OrderedDict()
         self.reconcile_interval_ms = reconcile_interval_ms
         self._last_reconcile_ms = 0
@@ -360,7 +360,7 @@ class AlertsService:
             if a.drain_node:
                 self._pinned.pop(a.hostname, None)
                 self._pinned[a.hostname] = None
-                if len(self._pinned) > self.admission.max_nodes:
+                if len(self._pinned) > OVER_CAP * self.admission.max_nodes:
                     del self._pinned[next(iter(self._pinned))]
         if dropped:
             self._open_by_scope = self.engine.open_count()

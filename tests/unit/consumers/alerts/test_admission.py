@@ -16,6 +16,8 @@ from tests.pki import Pki
 from tests.unit.consumers.alerts.test_node_check import _signed
 from tests.unit.consumers.alerts.test_service import T0, Clock, inrec, xid
 
+S = 1000
+
 
 def test_at_the_node_cap_the_least_recently_seen_idle_node_goes() -> None:
     busy = {"b"}
@@ -134,24 +136,27 @@ def test_after_a_restart_restored_forged_alerts_do_not_keep_a_new_node_out() -> 
     assert again.admission.nodes() <= 100
 
 
-def test_evicted_drain_alerts_keep_their_node_cordoned() -> None:
-    svc, _, _ = _service(DeviceAdmission(max_nodes=2, max_devices=1000))
-    calls: list[Any] = []
+def test_a_node_whose_drain_alert_a_flood_evicted_stays_cordoned(tmp_path: Path) -> None:
+    """Forgetting an alerting node is no evidence of recovery: --uncordon must not release it."""
+    from tests.k8s_api_fake import FakeKubeApi
+    from tests.unit.consumers.alerts.test_findings import _Clock, _cordon_service, _drain_event
 
-    class _Cordoner:
-        def request(self, rec: Any) -> bool:
-            return True
-
-        def reconcile(self, drain: Any, keep: Any = ()) -> int:
-            calls.append(({r["hostname"] for r in drain}, set(keep)))
-            return 0
-
-    svc.cordoner = _Cordoner()  # type: ignore[assignment]
-    svc.handle(_forged(5))
-    svc.reconcile()
-    open_hosts, kept = calls[-1]
-    assert len(open_hosts) <= 4 and kept and not kept & open_hosts
-    assert open_hosts | kept == {f"forged-{i}.example" for i in range(5)}
+    with FakeKubeApi(["node-a", "node-b"], token="tok") as api:
+        clock = _Clock(T0)
+        svc = _cordon_service(api, tmp_path, clock, limit=10, uncordon=True)
+        adm = DeviceAdmission(max_nodes=1)
+        adm.node_busy, adm.device_busy = svc.engine.table.host_busy, svc.engine.table.gpu_busy
+        svc.admission = adm
+        _drain_event(svc, "node-a", T0)
+        assert svc.cordoner.process(svc.cordoner._queue.get_nowait()).outcome == "cordoned"
+        for i in range(3):  # made-up nodes' drain alerts: node-a is the least recently seen
+            _drain_event(svc, f"forged-{i}", T0 + i + 1)
+        assert "node-a" not in {a.hostname for a in svc.engine.open_alerts()}
+        while not svc.cordoner._queue.empty():
+            svc.cordoner._queue.get_nowait()
+        svc.reconcile(T0 + S)
+        svc.cordoner._run_one(svc.cordoner._queue.get_nowait())  # the release pass
+        assert api.node("node-a")["spec"]["unschedulable"] is True
 
 
 def test_samples_of_forged_uuids_are_bounded_too() -> None:
