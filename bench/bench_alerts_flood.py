@@ -4,8 +4,10 @@ Run: ``.venv/bin/python bench/bench_alerts_flood.py`` (about a minute).
 
 Any GPU node may write an XidEvent for a UUID that does not exist, and each one opens an alert of
 its own and state for its device (history, health, recovery evidence): 60k distinct UUIDs grew the
-service with no bound and no line in its log. The service now keeps at most ``--max-devices``
-devices and ``--max-open-alerts`` open alerts, and refuses the rest, counted.
+service with no bound and no line in its log. The service now keeps about ``--max-devices`` devices
+and at most ``--max-open-alerts`` open alerts: while every device alerts, up to twice the device cap,
+then the least recently seen alerting nodes are forgotten, counted (it never refuses a new one: see
+:mod:`gpupipe_consumers.alerts.admission`).
 
 The flood: 60k XidEvents (Xid 13, a warning that drains nothing), each for a new UUID on one of
 5000 hosts (the adversarial run's shape), fed to :class:`~gpupipe_consumers.alerts.service.AlertsService` in
@@ -13,9 +15,10 @@ batches of 500 with a timer tick every 5000 events; published records are counte
 variant runs in a child process of its own; RSS (``VmRSS``) is read before the flood, after 20k,
 40k and 60k events, and the peak (``VmHWM``) at the end.
 
-* ``alerts_flood_bounded``: caps a fleet of 20k GPUs would set (``--max-devices 20000``). Once the
-  cap is full, more events must not grow the service: ratio = growth at 20k / growth at 60k
-  (target 0.9: the last 40k events add at most ~10 % more, allocator noise).
+* ``alerts_flood_bounded``: ``--max-devices 10000 --max-open-alerts 20000``: 20k alerting devices
+  at most, full after 20k events. From there on only the remembered event ids grow (up to
+  ``EngineConfig.event_id_memory``, 200k): ratio = growth at 40k / growth at 60k (target 0.9: the
+  last 20k events add at most ~10 % more).
 * ``alerts_flood_vs_unbounded``: the same flood with caps beyond it (every UUID held, as before the
   caps): ratio = its RSS growth / the capped growth (target 2.0).
 * ``alerts_flood_peak_under_bound``: the peak RSS of the default caps' run (60k devices and open
@@ -38,7 +41,7 @@ FLOOD = 60_000
 HOSTS = 5_000
 BATCH = 500
 TICK_EVERY = 5_000
-CAP = 20_000
+CAP = 10_000  # --max-devices; twice this held while every device alerts
 PEAK_BOUND_MB = 600.0
 
 
@@ -116,7 +119,8 @@ def child(max_devices: int, max_open_alerts: int) -> None:
                 "peak": status_mb("VmHWM"),
                 "devices": svc.admission.devices(),
                 "open": len(svc.engine.open_alerts()),
-                "refused": sum(svc.admission.refused.values()) + counts["capped_alert"],
+                "evicted": svc.admission.counts["evicted_alerting_node"],
+                "refused": counts["capped_alert"],
             }
         )
     )
@@ -141,7 +145,7 @@ def main() -> int:
         keyword_default(DeviceAdmission, "max_devices"),
         field_default(EngineConfig, "max_open_alerts"),
     )
-    capped = run_child(CAP, CAP)
+    capped = run_child(CAP, 2 * CAP)
     default = run_child(*defaults)
     unbounded = run_child(FLOOD * 10, FLOOD * 10)
     g, u = capped["growth"], unbounded["growth"]
@@ -149,14 +153,15 @@ def main() -> int:
         figure(f"{name}_devices", res["devices"])
         figure(f"{name}_open_alerts", res["open"])
         figure(f"{name}_refused", res["refused"])
+        figure(f"{name}_evicted_alerting_nodes", res["evicted"])
         for k, v in res["growth"].items():
             figure(f"{name}_rss_growth_at_{k}", v, "MB")
         figure(f"{name}_peak_rss", res["peak"], "MB")
-    bounded = g["20000"] / max(g["60000"], 1e-9)
+    bounded = g["40000"] / max(g["60000"], 1e-9)
     ratio_line("alerts_flood_bounded", bounded, 0.9)
     ratio_line("alerts_flood_vs_unbounded", u["60000"] / max(g["60000"], 1e-9), 2.0)
     ratio_line("alerts_flood_peak_under_bound", PEAK_BOUND_MB / default["peak"], 1.0)
-    ok = capped["devices"] == CAP and bounded >= 0.9 and default["peak"] <= PEAK_BOUND_MB
+    ok = capped["devices"] <= 2 * CAP and bounded >= 0.9 and default["peak"] <= PEAK_BOUND_MB
     return 0 if ok else 1
 
 

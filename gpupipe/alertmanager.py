@@ -273,6 +273,16 @@ class AlertmanagerSender:
             self._touch(entry)
         self._wake.set()
 
+    def forget(self, alert_id: str) -> None:
+        """Stop re-sending alert ``alert_id`` without resolving it (its owner evicted it from memory to
+        bound the state): Alertmanager lets it end by itself at its ``endsAt``."""
+        with self._lock:
+            keys = [self._by_id.pop(alert_id, None), *self._earlier.pop(alert_id, ())]
+            for key in keys:
+                entry = self._entries.get(key) if key is not None else None
+                if entry is not None and entry.alert_id == alert_id:
+                    del self._entries[key]
+
     def _touch(self, entry: _Entry) -> None:
         entry.dirty = True
         entry.version += 1
@@ -472,6 +482,10 @@ class AlertmanagerFanout:
     def update(self, rec: dict[str, Any]) -> None:
         for s in self.senders:
             s.update(rec)
+
+    def forget(self, alert_id: str) -> None:
+        for s in self.senders:
+            s.forget(alert_id)
 
     def start(self) -> AlertmanagerFanout:
         for s in self.senders:

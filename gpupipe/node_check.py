@@ -80,6 +80,9 @@ class NodeCheck:
         self.results: dict[tuple[str, str, str], int] = {(record, "verified", mode): 0 for record in records}
         self._logged_ms = -_LOG_EVERY_MS
         self._lock = threading.Lock()
+        # The latest record checked passed: the alerts service's admission, which reads it right
+        # after its own refuse() on its one consume thread, trusts a verified node more.
+        self.last_verified = False
 
     def refuse(self, record: str, hostname: Any, raw: Any, now_ms: int) -> str | None:
         """Why the ``record`` (type name) in ``raw`` (the consumed Kafka message) must be refused, or None."""
@@ -91,6 +94,7 @@ class NodeCheck:
                 problem = self._verifier.check(hostname, raw.value() or b"", raw.headers())
             except Exception:  # a hostile record must not stop the service
                 problem = "bad-certificate"
+        self.last_verified = problem is None
         key = (record, problem or "verified", self.mode)
         with self._lock:
             self.results[key] = self.results.get(key, 0) + 1

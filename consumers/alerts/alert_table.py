@@ -11,7 +11,7 @@ collaborator receives the two together. See :mod:`gpupipe_consumers.alerts.dedup
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from gpupipe_consumers.alerts.alert_policy import sticky
@@ -123,6 +123,7 @@ class AlertTable:
         self._closed: dict[Key, Alert] = {}
         self._ids: dict[str, Alert] = {}  # open alerts by id
         self._by_gpu: dict[tuple[str, str], set[Key]] = {}  # open alert keys per (host, device)
+        self._per_host: dict[str, int] = {}  # open alerts per host (admission asks per record)
         self._changed: dict[str, Alert] = {}
         # Latest published sequence per alert id (restored ones too): an incident raised again under
         # an id already published continues its sequence, never repeats one (downstream de-duplicates
@@ -164,6 +165,18 @@ class AlertTable:
     def pending(self) -> int:
         """Alerts with a revision not yet handed out."""
         return len(self._changed)
+
+    def full(self) -> bool:
+        """As many alerts are open as ``max_open_alerts`` allows."""
+        return len(self._open) >= self.cfg.max_open_alerts
+
+    def host_busy(self, host: str) -> bool:
+        """``host`` has an open alert (any of its devices, or the node's own)."""
+        return host in self._per_host
+
+    def gpu_busy(self, host: str, device: str) -> bool:
+        """The device has an open alert."""
+        return (host, device) in self._by_gpu
 
     # ---------------------------------------------------------------------------------- lifecycle
 
@@ -264,18 +277,49 @@ class AlertTable:
         a.urgent = True
         self.counts["resolved"] += 1
         self.dirty(a)
+        self._remove(a)
+        if keep:
+            self._tombstone(a)
+        for forget in self._ended:
+            forget(a)
+
+    def _remove(self, a: Alert) -> None:
         key = a.key
-        self._open.pop(key, None)
+        if self._open.pop(key, None) is None:
+            return
         self._ids.pop(a.alert_id, None)
         keys = self._by_gpu.get((key[1], key[2]))
         if keys is not None:
             keys.discard(key)
             if not keys:
                 del self._by_gpu[(key[1], key[2])]
-        if keep:
-            self._tombstone(a)
-        for forget in self._ended:
-            forget(a)
+        n = self._per_host.get(key[1], 0) - 1
+        if n > 0:
+            self._per_host[key[1]] = n
+        else:
+            self._per_host.pop(key[1], None)
+
+    def forget(self, hosts: Collection[str], gpus: Collection[tuple[str, str]]) -> list[Alert]:
+        """Drop every alert of ``hosts`` and of the devices ``gpus`` (open ones, tombstones, revisions not
+        handed out) without publishing anything: the admission bound evicted them
+        (:mod:`gpupipe_consumers.alerts.admission`). Returns the open alerts dropped. Scans the tombstones
+        only for whole hosts (a batch at a time)."""
+        dropped: list[Alert] = []
+        targets = [g for g in self._by_gpu if g[0] in hosts] if hosts else []
+        for gpu in [*targets, *(g for g in gpus if g in self._by_gpu)]:
+            for key in list(self._by_gpu.get(gpu, ())):
+                a = self._open[key]
+                self._remove(a)
+                self._changed.pop(a.alert_id, None)
+                for forget in self._ended:
+                    forget(a)
+                dropped.append(a)
+        if hosts:
+            for key in [k for k in self._closed if k[1] in hosts]:
+                a = self._closed.pop(key)
+                if self._changed.get(a.alert_id) is a:
+                    del self._changed[a.alert_id]
+        return dropped
 
     def tick(self, now_ms: int, waiting: Callable[[Alert, int], None]) -> None:
         """Resolve alerts quiet for ``resolve_after_ms`` (node alerts: ``min(R, D)``) unless sticky or, for
@@ -388,3 +432,4 @@ class AlertTable:
         self._open[a.key] = a
         self._ids[a.alert_id] = a
         self._by_gpu.setdefault((a.key[1], a.key[2]), set()).add(a.key)
+        self._per_host[a.key[1]] = self._per_host.get(a.key[1], 0) + 1

@@ -162,16 +162,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=keyword_default(DeviceAdmission, "max_nodes"),
         metavar="N",
-        help="keep state for at most N nodes: records of further nodes are refused and counted "
-        "(a bound on what forged host names can make the service hold); raise it for larger fleets",
+        help="keep state for about N nodes: a new node makes the least recently seen one without an open "
+        "alert be forgotten; while every node alerts, up to twice N, then the least recently seen "
+        "alerting node goes (a bound on what forged host names can make the service hold, that no "
+        "flood turns into missed faults); raise it for larger fleets",
     )
     life.add_argument(
         "--max-devices",
         type=int,
         default=keyword_default(DeviceAdmission, "max_devices"),
         metavar="N",
-        help="keep state for at most N GPUs and NVSwitches in all: records of further devices are "
-        "refused and counted",
+        help="keep state for about N GPUs and NVSwitches in all, forgetting nodes as --max-nodes does",
+    )
+    life.add_argument(
+        "--max-devices-per-node",
+        type=int,
+        default=keyword_default(DeviceAdmission, "max_devices_per_node"),
+        metavar="N",
+        help="keep state for at most N devices of one node (one node's certificate cannot fill "
+        "--max-devices): a new one makes the node's least recently seen device without an open alert "
+        "be forgotten",
     )
     life.add_argument(
         "--max-open-alerts",
@@ -274,8 +284,10 @@ def _configs(args: argparse.Namespace) -> tuple[EngineConfig, HealthConfig]:
         raise ConfigError("--resend-interval and --alertmanager-timeout must be greater than zero")
     if args.alertmanager_max_alerts < 1:
         raise ConfigError("--alertmanager-max-alerts must be at least 1")
-    if args.max_nodes < 1 or args.max_devices < 1 or args.max_open_alerts < 1:
-        raise ConfigError("--max-nodes, --max-devices and --max-open-alerts must be at least 1")
+    if min(args.max_nodes, args.max_devices, args.max_devices_per_node, args.max_open_alerts) < 1:
+        raise ConfigError(
+            "--max-nodes, --max-devices, --max-devices-per-node and --max-open-alerts must be at least 1"
+        )
     if args.cordon_max_per_hour < 0:
         raise ConfigError("--cordon-max-per-hour must not be negative")
     if args.ha_session_timeout < 1000:
@@ -336,6 +348,7 @@ class AlertsOptions:
     alertmanager_max_alerts: int
     max_nodes: int
     max_devices: int
+    max_devices_per_node: int
     cordon: bool
     dry_run: bool
     cordon_max_per_hour: int
@@ -375,6 +388,7 @@ def options_from_args(args: argparse.Namespace) -> AlertsOptions:
         alertmanager_max_alerts=args.alertmanager_max_alerts,
         max_nodes=args.max_nodes,
         max_devices=args.max_devices,
+        max_devices_per_node=args.max_devices_per_node,
         cordon=args.cordon,
         dry_run=args.dry_run,
         cordon_max_per_hour=args.cordon_max_per_hour,
@@ -443,7 +457,11 @@ class AlertsApp:
             alertmanager=self.alertmanager,
             cordoner=self.cordoner,
             instance=self.instance,
-            admission=DeviceAdmission(max_nodes=opts.max_nodes, max_devices=opts.max_devices),
+            admission=DeviceAdmission(
+                max_nodes=opts.max_nodes,
+                max_devices=opts.max_devices,
+                max_devices_per_node=opts.max_devices_per_node,
+            ),
             node_check=identity,
         )
         self._codec, self._extra = codec, extra

@@ -263,12 +263,14 @@ class Cordoner:
                     self._decided[name] = max(at, self._decided.get(name, 0))
         return added
 
-    def reconcile(self, drain_records: Iterable[dict[str, Any]]) -> int:
+    def reconcile(self, drain_records: Iterable[dict[str, Any]], keep: Iterable[str] = ()) -> int:
         """Desired state: every node with an open drain alert is cordoned (or decided). Request what is
         missing -- after a restart, a failover, a failed call (with backoff) -- and, with ``uncordon``,
-        release nodes we cordoned whose faults have all recovered. Idempotent; returns requests queued."""
+        release nodes we cordoned whose faults have all recovered. ``keep``: nodes never released though
+        no record names them (their drain alerts were evicted from memory, not recovered). Idempotent;
+        returns requests queued."""
         queued = 0
-        wanted: set[str] = set()
+        wanted: set[str] = set(keep)
         for rec in drain_records:
             wanted.add(rec.get("hostname") or "")
             queued += self.request(rec)

@@ -105,7 +105,7 @@ evidence
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -247,6 +247,19 @@ class AlertEngine:
 
     def stale_recovery(self, host: str, device: str, ts: int) -> bool:
         return self.histories.stale_recovery(host, device, ts)
+
+    def forget(self, hosts: Collection[str], gpus: Collection[tuple[str, str]] = ()) -> list[Alert]:
+        """Drop everything held of ``hosts`` and of the devices ``gpus`` ((host, device) pairs), open
+        alerts included, publishing nothing: the service's admission bound evicted them
+        (:mod:`gpupipe_consumers.alerts.admission`). Returns the open alerts dropped."""
+        hosts, gpus = frozenset(hosts), frozenset(gpus)
+        dropped = self.table.forget(hosts, gpus)
+        self.histories.forget(hosts, gpus)
+        self.memory.forget(hosts, gpus)
+        self.guard.forget(hosts)
+        self.bursts.forget(hosts, gpus)
+        self.xids.forget(hosts)
+        return dropped
 
     # ------------------------------------------------------------------------------ timers, output
 

@@ -27,6 +27,7 @@ was published within ``--restore-lookback`` (24 h by default).
 from __future__ import annotations
 
 import bisect
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +63,17 @@ class EvidenceMemory:
         self.gpu: dict[tuple[str, str], list[Evidence]] = {}  # (host, device) -> evidence, sorted
         self.healthy_at: dict[tuple[str, str], int] = {}  # latest healthy sample
         self.uuids: dict[tuple[str, str], str] = {}  # UUID of the latest healthy sample
+
+    def forget(self, hosts: Collection[str], gpus: Collection[tuple[str, str]]) -> None:
+        """Drop what is known of ``hosts`` and of the devices ``gpus`` (evicted by admission)."""
+        for host in hosts:
+            self.boots.pop(host, None)
+            self.loads.pop(host, None)
+        for per_gpu in (self.gpu, self.healthy_at, self.uuids):
+            for key in [k for k in per_gpu if k[0] in hosts] if hosts else []:
+                del per_gpu[key]
+            for key in gpus:
+                per_gpu.pop(key, None)
 
     # -------------------------------------------------------------------------------------- boots
 

@@ -11,7 +11,7 @@ records of the others the recurrence rules read.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from gpupipe_consumers.alerts.alert_record import Alert
 from gpupipe_consumers.alerts.alert_table import EngineConfig
@@ -42,6 +42,13 @@ class GpuHistories:
     def all(self) -> Mapping[tuple[str, str], GpuXidHistory]:
         """Every GPU's history (the rule that looks for a workload's faults on the node's other GPUs)."""
         return self._histories
+
+    def forget(self, hosts: Collection[str], gpus: Collection[tuple[str, str]]) -> None:
+        """Drop the histories of ``hosts`` and of the devices ``gpus`` (evicted by admission)."""
+        for key in [k for k in self._histories if k[0] in hosts] if hosts else []:
+            del self._histories[key]
+        for key in gpus:
+            self._histories.pop(key, None)
 
     def reset_host(self, host: str, ts: int) -> None:
         """Every GPU of ``host`` was re-initialised at ``ts`` (a reboot, a driver load)."""

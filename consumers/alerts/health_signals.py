@@ -42,6 +42,7 @@ increase between the last sample before the restart and the first one after is n
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -317,6 +318,15 @@ class HealthTracker:
 
     def __len__(self) -> int:
         return len(self._gpus)
+
+    def forget(self, hosts: Collection[str], gpus: Collection[tuple[str, str]]) -> None:
+        """Drop the state of ``hosts`` and of the devices ``gpus`` (evicted by admission)."""
+        for key in [k for k in self._gpus if k[0] in hosts] if hosts else []:
+            del self._gpus[key]
+        for key in gpus:
+            self._gpus.pop(key, None)
+        for item in [i for i in self.awaiting_clear if i[0] in hosts or (i[0], i[1]) in gpus]:
+            del self.awaiting_clear[item]
 
     def observe(self, sample: dict[str, Any]) -> tuple[GpuIdentity | None, list[SignalEvent]]:
         """Update state from one sample; return the GPU's identity and the signal changes it caused."""

@@ -11,6 +11,8 @@ and clocks that run ahead.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from gpupipe_consumers.alerts.alert_record import Alert
 from gpupipe_consumers.alerts.alert_table import AlertTable, Key
 
@@ -45,6 +47,11 @@ class InputGuard:
     def remembered(self) -> int:
         """How many event ids are remembered (at most ``event_id_memory``)."""
         return len(self._seen)
+
+    def forget(self, hosts: Collection[str]) -> None:
+        """Drop the restored positions of ``hosts``' alerts (evicted by admission)."""
+        for key in [k for k in self._marks if k[1] in hosts] if hosts else []:
+            del self._marks[key]
 
     def replayed(self, key: Key, position: tuple[int, int] | None) -> bool:
         """The event at ``position`` (partition, offset) was counted in the alert of ``key`` already."""

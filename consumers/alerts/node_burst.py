@@ -9,6 +9,8 @@ page every member again for one incident. See :mod:`gpupipe_consumers.alerts.ded
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from gpupipe_consumers.alerts.alert_policy import counts_toward_burst, merge_codes, rank
 from gpupipe_consumers.alerts.alert_record import Alert, AlertName
 from gpupipe_consumers.alerts.alert_table import AlertTable, Key
@@ -32,6 +34,17 @@ class NodeBursts:
         if a.scope == "node":
             self._node_worst.pop(a.alert_id, None)
             self._node_signals.pop(a.alert_id, None)
+
+    def forget(self, hosts: Collection[str], gpus: Collection[tuple[str, str]]) -> None:
+        """Drop the recent occurrences of ``hosts`` and of the devices ``gpus`` (evicted by admission)."""
+        for host in hosts:
+            self._bursts.pop(host, None)
+        for host, device in gpus:
+            recent = self._bursts.get(host)
+            if recent is not None:
+                recent.pop(device, None)
+                if not recent:
+                    del self._bursts[host]
 
     def restored(self, a: Alert) -> None:
         """A restored open node alert: its members' worst decision is the one it shows."""

@@ -44,6 +44,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
@@ -55,7 +56,7 @@ from gpupipe.kafka_sink import KeyedSink
 from gpupipe.kube import KubeApiError
 from gpupipe.logs import fields
 from gpupipe.node_check import DEADLETTER_REASON, NodeCheck
-from gpupipe_consumers.alerts.admission import DeviceAdmission, device_of
+from gpupipe_consumers.alerts.admission import OVER_CAP, DeviceAdmission, device_of
 from gpupipe_consumers.alerts.alert_record import Alert, action_record, to_record
 from gpupipe_consumers.alerts.alert_table import AlertCapReached
 from gpupipe_consumers.alerts.cordon import Cordoner, CordonResult
@@ -144,19 +145,18 @@ class _ServiceCollector(Collector):
     def collect(self) -> Iterator[Any]:
         s = self._s
         counts = dict(s.engine.counts)
+        adm = s.admission
         fam = CounterMetricFamily(
             "gpupipe_alerts_input", "Input handled by the alert engine, by result.", labels=["result"]
         )
-        counts.update(s.admission.refused)
         for k, v in sorted(counts.items()):
             fam.add_metric([k], v)
         yield fam
-        adm = s.admission
         known = GaugeMetricFamily(
             "gpupipe_alerts_known",
             "Nodes, devices and open alerts the service keeps state for, and their caps (--max-nodes, "
-            "--max-devices, --max-open-alerts): at a cap, records of new ones are refused "
-            '(gpupipe_alerts_input_total{result=~"capped_.*"}).',
+            "--max-devices, --max-open-alerts): at a node or device cap the least recently seen are "
+            "forgotten (gpupipe_alerts_admission_total).",
             labels=["kind", "of"],
         )
         known.add_metric(["node", "known"], adm.nodes())
@@ -166,6 +166,16 @@ class _ServiceCollector(Collector):
         known.add_metric(["alert", "known"], s.open_alerts)
         known.add_metric(["alert", "cap"], s.engine.cfg.max_open_alerts)
         yield known
+        ev = CounterMetricFamily(
+            "gpupipe_alerts_admission",
+            "What the node and device caps cost: nodes or devices forgotten (idle: no open alert; "
+            "alerting: its open alerts dropped unpublished, the last resort against a flood) and "
+            "records taken past a cap while every node held an open alert (over_cap).",
+            labels=["result"],
+        )
+        for k, v in sorted(adm.counts.items()):
+            ev.add_metric([k], v)
+        yield ev
         open_fam = GaugeMetricFamily(
             "gpupipe_alerts_open", "Open (firing) alerts by scope.", labels=["scope"]
         )
@@ -214,10 +224,15 @@ class AlertsService:
         self.admission = admission or DeviceAdmission()
         self.node_check = node_check
         self._capped_logged_ms = self._alert_cap_logged_ms = -60_000
+        # Nodes whose drain alerts admission evicted: still cordoned, never released by --uncordon here
+        # (oldest forgotten beyond twice --max-nodes; a restart restores their alerts from the topic).
+        self._pinned: OrderedDict[str, None] = OrderedDict()
         self.reconcile_interval_ms = reconcile_interval_ms
         self._last_reconcile_ms = 0
         self.health = HealthTracker(health_config)
         self.engine = AlertEngine(engine_config, health=self.health.health, identity=self.health.identity)
+        self.admission.node_busy = self.engine.table.host_busy
+        self.admission.device_busy = self.engine.table.gpu_busy
         self.alertmanager = alertmanager
         self.cordoner = cordoner
         self.instance = instance
@@ -267,16 +282,18 @@ class AlertsService:
         rejected: list[tuple[InRecord, str, str]] = []
         with self.lock:
             for r in records:
-                if r.name in ("XidEvent", "GpuSample") and self.node_check is not None:
-                    detail = self.node_check.refuse(r.name, r.value.get("hostname"), r.raw, now)
-                    if detail is not None:
-                        # an XID is dead-lettered; a sample (thousands a second from a fleet not yet
-                        # signing) is counted only: it is well formed and stays in its topic
-                        if r.name == "XidEvent":
-                            rejected.append((r, DEADLETTER_REASON, detail))
-                        continue
-                if r.name in ("XidEvent", "GpuSample") and self._refused(r, now):
-                    continue
+                if r.name in ("XidEvent", "GpuSample"):
+                    verified = False
+                    if self.node_check is not None:
+                        detail = self.node_check.refuse(r.name, r.value.get("hostname"), r.raw, now)
+                        if detail is not None:
+                            # an XID is dead-lettered; a sample (thousands a second from a fleet not yet
+                            # signing) is counted only: it is well formed and stays in its topic
+                            if r.name == "XidEvent":
+                                rejected.append((r, DEADLETTER_REASON, detail))
+                            continue
+                        verified = self.node_check.last_verified
+                    self._admit(r, verified, now)
                 try:
                     if r.name == "XidEvent":
                         # XidEvents come from one topic: its partition and offset mark a replay
@@ -314,26 +331,52 @@ class AlertsService:
             self._emit(self.engine.take(now), now)
         return rejected
 
-    def _refused(self, r: InRecord, now: int) -> bool:
-        """A record of a node or device beyond the caps (see :mod:`gpupipe_consumers.alerts.admission`)."""
-        reason = self.admission.admit(r.value.get("hostname"), device_of(r.value))
-        if reason is None:
-            return False
-        if now - self._capped_logged_ms >= 60_000:
+    def _admit(self, r: InRecord, verified: bool, now: int) -> None:
+        """Remember the record's node and device, forgetting what admission evicts for them (see
+        :mod:`gpupipe_consumers.alerts.admission`), and make room in a full alert table: a new fault
+        must open its alert whatever a flood left open."""
+        host = r.value.get("hostname")
+        self.admission.admit(host, device_of(r.value), verified=verified)
+        if self.engine.table.full():
+            self.admission.evict_alerting(host if isinstance(host, str) else None)
+        self._forget_evicted(now)
+
+    def _forget_evicted(self, now: int) -> None:
+        evicted = self.admission.take_evicted()
+        if not evicted:
+            return
+        hosts = [e.host for e in evicted if e.device is None]
+        gpus = [(e.host, e.device) for e in evicted if e.device is not None]
+        dropped = self.engine.forget(hosts, gpus)
+        self.health.forget(frozenset(hosts), frozenset(gpus))
+        am_forget = getattr(self.alertmanager, "forget", None)  # test doubles may lack it
+        for a in dropped:
+            if am_forget is not None:
+                am_forget(a.alert_id)
+            if a.drain_node:
+                self._pinned.pop(a.hostname, None)
+                self._pinned[a.hostname] = None
+                if len(self._pinned) > OVER_CAP * self.admission.max_nodes:
+                    del self._pinned[next(iter(self._pinned))]
+        if dropped:
+            self._open_by_scope = self.engine.open_count()
+            self.open_alerts = sum(self._open_by_scope.values())
+        alerting = [e for e in evicted if e.alerting]
+        if alerting and now - self._capped_logged_ms >= 60_000:
             self._capped_logged_ms = now
             adm = self.admission
             log.warning(
-                "records of new nodes or devices refused: cap reached",
+                "nodes or devices with open alerts forgotten: caps reached (a flood of made-up names?)",
                 extra=fields(
-                    reason=reason,
+                    example=alerting[0].host[:253],
+                    alerts_dropped=len(dropped),
                     nodes=adm.nodes(),
                     max_nodes=adm.max_nodes,
                     devices=adm.devices(),
                     max_devices=adm.max_devices,
-                    refused=sum(adm.refused.values()),
+                    evicted=dict(adm.counts),
                 ),
             )
-        return True
 
     def _capped(self, now: int, detail: str) -> None:
         """An occurrence refused at the open-alert cap (counted by the table): a line a minute at most."""
@@ -371,7 +414,8 @@ class AlertsService:
         self._last_reconcile_ms = now
         with self.lock:
             drain = [to_record(a, now, self.instance) for a in self.engine.open_alerts() if a.drain_node]
-        return self.cordoner.reconcile(drain)
+            pinned = list(self._pinned)
+        return self.cordoner.reconcile(drain, keep=pinned)
 
     def flush(self) -> int:
         """Publish every pending change now, throttled ones included (shutdown)."""
@@ -390,8 +434,11 @@ class AlertsService:
         now = self.now_ms()
         with self.lock:
             n = self.engine.restore(records, now)
-            for a in self.engine.open_alerts():  # open alerts keep their devices whatever came first
+            # Restored nodes are known, least recently seen first and evictable like any other: forged
+            # alerts restored from a flood must not keep new nodes out after a restart.
+            for a in sorted(self.engine.open_alerts(), key=lambda a: a.last_seen_ms):
                 self.admission.admit(a.hostname, a.device or None)
+            self._forget_evicted(now)
             for rec in records:  # acks published while we were down (the engine ignores stale ones)
                 self._on_alert_record(rec, now)
             open_alerts = [a.snapshot() for a in self.engine.open_alerts()]

@@ -13,6 +13,7 @@ not a new fault. See :mod:`gpupipe_consumers.alerts.dedupe` for the rules.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from gpupipe_consumers.alerts.alert_policy import FOLLOWER_CODES, MEMORY_FOLLOWER_CODES, sticky, workload
@@ -219,6 +220,12 @@ class XidIntake:
             if abs(ts - a.last_seen_ms) <= window and (best is None or a.last_seen_ms > best.last_seen_ms):
                 best = a
         return best.key if best is not None else key
+
+    def forget(self, hosts: Collection[str]) -> None:
+        """Drop the sightings of ``hosts`` (evicted by admission)."""
+        if hosts:  # a device's sightings alone expire within the merge window
+            for key in [k for k in self._sightings if k[1] in hosts]:
+                del self._sightings[key]
 
     def expire(self, now_ms: int) -> None:
         """Forget old sightings once there are many (a sighting matters only within the merge window)."""

@@ -194,6 +194,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "go out; keep it the same on every instance and re-processing run",
     )
     w.add_argument(
+        "--max-gpus",
+        type=int,
+        default=field_default(ChargebackSettings, "max_gpus"),
+        metavar="N",
+        help="hold the reference samples of at most N GPUs per instance: a sample of another is "
+        "dead-lettered (reason gpu-cap, counted), never dropped silently; a bound on what samples for "
+        "made-up UUIDs can make the service hold",
+    )
+    w.add_argument(
         "--idle-timeout",
         type=_skew,
         default=300_000,
@@ -287,6 +296,8 @@ def build_service(args: argparse.Namespace, extra: dict[str, str]) -> Chargeback
         team_of = load_team_map(args.teams).match
     if args.default_interval > 600_000:
         raise ConfigError("--default-interval must be at most 10m")
+    if args.max_gpus < 1:
+        raise ConfigError("--max-gpus must be at least 1")
     settings = ChargebackSettings(
         window_ms=args.window,
         grace_ms=args.grace,
@@ -295,6 +306,7 @@ def build_service(args: argparse.Namespace, extra: dict[str, str]) -> Chargeback
         ),
         max_clock_skew_ms=args.max_clock_skew,
         late_run_gap_ms=args.late_run_gap,
+        max_gpus=args.max_gpus,
     )
     identity = node_check.from_args(args)  # a bad CA bundle: one line, before any network
     instance_id = args.instance_id or default_instance_id()

@@ -36,7 +36,13 @@ from gpupipe.price_schedule import PriceSchedule
 from gpupipe.prices import PriceTable
 from gpupipe_consumers.chargeback.accounting import AccountingConfig
 from gpupipe_consumers.chargeback.late_runs import GAP_MS as LATE_RUN_GAP_MS
-from gpupipe_consumers.chargeback.windows import DEFAULT_GRACE_MS, DEFAULT_WINDOW_MS, Checkpoint, WindowEngine
+from gpupipe_consumers.chargeback.windows import (
+    DEFAULT_GRACE_MS,
+    DEFAULT_MAX_GPUS,
+    DEFAULT_WINDOW_MS,
+    Checkpoint,
+    WindowEngine,
+)
 
 __all__ = ["SAMPLE_FIELDS", "ChargebackSettings", "Checkpoint", "build_engine", "projected_sample_schema"]
 
@@ -75,6 +81,8 @@ class ChargebackSettings:
     late_run_gap_ms: int = LATE_RUN_GAP_MS
     """Quiet time in record timestamps that ends a run of late records (late_runs.py); the same in
     every run over the same input, or re-processed corrections are grouped differently."""
+    max_gpus: int = DEFAULT_MAX_GPUS
+    """GPUs held at most; a sample of another is dead-lettered (windows.py, "Bounded state")."""
 
 
 def build_engine(
@@ -92,6 +100,7 @@ def build_engine(
         team_of=team_of,
         max_clock_skew_ms=settings.max_clock_skew_ms,
         late_run_gap_ms=settings.late_run_gap_ms,
+        max_gpus=settings.max_gpus,
     )
 
 

@@ -24,3 +24,8 @@ class ChargebackFatalError(GpupipeError):
 
 class PriceChangeError(ConfigError):
     """The price table would re-price usage that was already billed with other prices."""
+
+
+class GpuCapReached(GpupipeError):
+    """A sample of a new GPU while the engine holds ``max_gpus`` GPU references (dead-lettered with
+    reason ``gpu-cap``, counted; see ``windows.py``, "Bounded state")."""

@@ -68,7 +68,7 @@ from gpupipe.node_check import DEADLETTER_REASON as NODE_IDENTITY
 from gpupipe.node_check import NodeCheck, NodeCheckCollector
 from gpupipe.startup import StuckCallError
 from gpupipe_consumers.chargeback.emitted import EmittedIdsReader, holds_records_since
-from gpupipe_consumers.chargeback.errors import ChargebackFatalError, PriceChangeError
+from gpupipe_consumers.chargeback.errors import ChargebackFatalError, GpuCapReached, PriceChangeError
 from gpupipe_consumers.chargeback.identity import check_client_overrides
 from gpupipe_consumers.chargeback.idle import IdleDetector
 from gpupipe_consumers.chargeback.partitions import InputPartitions
@@ -145,6 +145,7 @@ class ChargebackService:
         self.failed = False
         self.started = False
         self.warned_create_time = False
+        self._gpu_cap_logged_ms = -60_000
 
         self._consumer_conf = self._consumer_config(cfg)
         # Incremental (cooperative-sticky) rebalancing when configured: only moved partitions replay.
@@ -522,6 +523,11 @@ class ChargebackService:
             except DecodeError as exc:
                 if not engine.is_replay(part, off):
                     self.dead_letter(msg, exc.reason, exc.detail)
+            except GpuCapReached as exc:  # never raised on replay (windows.py, "Bounded state")
+                quiet = now_ms - self._gpu_cap_logged_ms < 60_000  # a flood: one line a minute
+                if not quiet:
+                    self._gpu_cap_logged_ms = now_ms
+                self.dead_letter(msg, "gpu-cap", str(exc), quiet=quiet)
             except Exception as exc:  # a decodable record the accounting cannot take: never crash
                 if not engine.is_replay(part, off):
                     self.dead_letter(msg, "chargeback-rejected", f"{type(exc).__name__}: {exc}")
@@ -558,13 +564,16 @@ class ChargebackService:
             raise ChargebackFatalError(f"fatal consumer error: {err.str()}")
         log.warning("consume error", extra=fields(error=err.str(), code=err.name()))
 
-    def dead_letter(self, msg: Message, reason: str, detail: str) -> None:
+    def dead_letter(self, msg: Message, reason: str, detail: str, *, quiet: bool = False) -> None:
         """Produce the record to the dead-letter topic in the current transaction, whole when it fits in
-        one Kafka message, else cut to fit (a refused dead letter would abort every transaction)."""
+        one Kafka message, else cut to fit (a refused dead letter would abort every transaction).
+        ``quiet``: counted, not logged (a flood's dead letters are logged once a minute)."""
         self.txn.begin()
         value, key, headers = deadletter_message(msg, reason, detail, SERVICE)
         self.txn.produce(self.cfg.deadletter_topic, value, key, headers)
         self.metrics.dead_letters.labels(reason).inc()
+        if quiet:
+            return
         log.warning(
             "record dead-lettered",
             extra=fields(topic=msg.topic(), partition=msg.partition(), offset=msg.offset(), reason=reason),

@@ -55,6 +55,22 @@ gives each open-window record the same reference, hence the same contribution, a
 same reference per GPU. Stale references (forgotten in both runs) bound how far back that reaches:
 about window + grace + max_gap_limit behind the watermark.
 
+Bounded state
+-------------
+Any node's producer may write samples for made-up UUIDs, and a GPU reference is forgotten only once
+stale. So the engine holds at most ``max_gpus`` references (all partitions together). Forgetting a
+live reference would change what its GPU's next sample bills (its nominal interval instead of the
+gap, an estimated energy, a duplicate counted), and differently in a replay: not exact. So the bound
+refuses instead: a sample of a GPU not held, while ``max_gpus`` are (stale ones pruned first), raises
+:class:`GpuCapReached`; the service dead-letters it (reason ``gpu-cap``, counted in
+``gpupipe_chargeback_dead_letters_total``), nothing is dropped silently, and every GPU held is billed
+exactly. A replay never refuses (it rebuilds state that was held; whatever the first read refused is
+in the dead letters already): a sample refused when first read and replayed after a restart is billed
+then, and its dead letter names a sample that was billed, so re-drive ``gpu-cap`` dead letters only
+for times no restart replayed. A fleet larger than the cap needs a larger cap (or more instances);
+under a flood of made-up UUIDs, new real GPUs are dead-lettered, not billed, until the made-up ones
+go stale (``window + grace + max_gap_limit`` of event time).
+
 Rebalance: on revocation, poll, checkpoint and commit the revoked partitions (the usual
 end-of-batch transaction), then :meth:`drop_partition`; never flush open windows (the next owner
 rebuilds them by replay). After an aborted transaction, drop every partition and restore from the
@@ -83,12 +99,15 @@ from gpupipe_consumers.chargeback.errors import (
     ChargebackConfigError,
     ChargebackStateError,
     CheckpointMismatchError,
+    GpuCapReached,
 )
 from gpupipe_consumers.chargeback.late_runs import GAP_MS, LateRun
 from gpupipe_consumers.chargeback.records import CORRECTION, WINDOW, GpuTimeAggregate, RowKey, to_record
 
 DEFAULT_WINDOW_MS = 3_600_000
 DEFAULT_GRACE_MS = 300_000
+#: GPU references held at most (see "Bounded state"): about 100 bytes each.
+DEFAULT_MAX_GPUS = 100_000
 _METADATA_TAG = "gpupipe-chargeback"
 _METADATA_VERSION = 1
 
@@ -221,6 +240,7 @@ class _Partition:
         "late_from",
         "late_wm",
         "next_offset",
+        "pruned_wm",
         "replay_until",
         "restored",
         "watermark",
@@ -236,6 +256,7 @@ class _Partition:
         self.late_wm: int | None = None  # replaying from late_from: the watermark each record was read at
         self.gpus: dict[str, GpuRef] = {}
         self.next_offset: int | None = None  # highest offset seen + 1
+        self.pruned_wm: int | None = None  # watermark of the latest pruning at the GPU cap
         self.replay_until: int | None = None
         self.restored: Checkpoint | None = None
         self.flushed_end: int | None = None  # flush_all closed every window ending at or before this
@@ -255,6 +276,7 @@ class WindowEngine:
         team_of: Callable[[str], str | None] | None = None,
         max_clock_skew_ms: int | None = None,
         late_run_gap_ms: int = GAP_MS,
+        max_gpus: int = DEFAULT_MAX_GPUS,
     ) -> None:
         if window_ms <= 0:
             raise ChargebackConfigError(f"window_ms must be > 0, got {window_ms}")
@@ -272,6 +294,9 @@ class WindowEngine:
             raise ChargebackConfigError(f"max_clock_skew_ms must be >= 0, got {max_clock_skew_ms}")
         self.max_clock_skew_ms = max_clock_skew_ms
         self.late_run_gap_ms = int(late_run_gap_ms)
+        if max_gpus < 1:
+            raise ChargebackConfigError(f"max_gpus must be >= 1, got {max_gpus}")
+        self.max_gpus = max_gpus
         self.stats: Counter[str] = Counter()
         self.price_fingerprint = fingerprint(self.prices)
         self._parts: dict[int, _Partition] = {}
@@ -311,6 +336,12 @@ class WindowEngine:
 
         key = gpu_key(sample)
         ref = p.gpus.get(key)
+        if ref is None and not replaying and self._full(p):
+            self.stats["gpu_cap"] += 1
+            raise GpuCapReached(
+                f"GPU {key[:80]!r} is new and {self.max_gpus} GPUs are held (--max-gpus): dead-lettered, "
+                "not billed"
+            )
         if ref is not None and self._is_stale(ref, read_at):
             ref = None
         res = account(sample, ref, offset, self.accounting)
@@ -347,6 +378,18 @@ class WindowEngine:
                 if agg is None:
                     agg = rows[rk] = GpuTimeAggregate()
                 agg.add(c)
+
+    def _full(self, p: _Partition) -> bool:
+        """``max_gpus`` references are held; stale ones of ``p`` are pruned first (as a checkpoint
+        would), at most once per sixteenth of the stale margin of its event time."""
+        if sum(len(q.gpus) for q in self._parts.values()) < self.max_gpus:
+            return False
+        wm = p.watermark
+        if wm is not None and (p.pruned_wm is None or wm - p.pruned_wm >= self._stale_margin // 16):
+            p.pruned_wm = wm
+            p.gpus = {k: r for k, r in p.gpus.items() if not self._is_stale(r, wm)}
+            return sum(len(q.gpus) for q in self._parts.values()) >= self.max_gpus
+        return True
 
     def event_time(self, sample_ts_ms: int, record_ts_ms: int | None) -> int:
         """The time a sample is accounted at: its own, or its record's (broker) timestamp when it is

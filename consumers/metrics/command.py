@@ -177,7 +177,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=field_default(MetricsConfig, "max_gpus"),
         metavar="N",
-        help="GPUs (and MIG slices) one instance holds at most; samples and XIDs of further ones are "
+        help="GPUs (and MIG slices) one instance holds at most; a sample of a new GPU then displaces "
+        "the longest-held GPU known only from XIDs, else samples and XIDs of further ones are "
         "dropped, counted in gpupipe_metrics_gpus_dropped_total and logged, so records for made-up "
         "UUIDs cannot exhaust its memory",
     )

@@ -50,8 +50,11 @@ Lifecycle of series:
   GPU known only from XID events goes after ``xid_only_stale_after_s`` of wall time. Every scrape
   expires first, so a scrape never shows stale series.
 * At most ``max_gpus`` GPU keys are held: every key costs some 10 KB of label text, and any node
-  can write an XID or a sample for a UUID that does not exist. Keys past the cap are dropped,
-  counted in ``gpupipe_metrics_gpus_dropped_total{kind}`` and logged (at most once a minute).
+  can write an XID or a sample for a UUID that does not exist. At the cap, a sample of a new GPU
+  takes the place of the longest-held GPU known only from XIDs (counted as expired): a burst of XIDs
+  for made-up UUIDs, which would stay for ``xid_only_stale_after_s``, never keeps a sampled GPU out.
+  Otherwise keys past the cap are dropped, counted in ``gpupipe_metrics_gpus_dropped_total{kind}``
+  and logged (at most once a minute), until the made-up GPUs' samples stop and they expire.
 
 Thread safety: one lock guards the state; a scrape holds it only to snapshot references (line
 lists are replaced, never mutated, and bytes are immutable), and joins outside it (the joiner's
@@ -190,6 +193,7 @@ class SeriesStore:
         self._built_gen = 0
         self._gpus: dict[str, _Gpu] = {}
         self._max_gpus = max_gpus
+        self._xid_only: dict[str, None] = {}  # keys made by an XID, oldest first (some sampled since)
         self._dropped = dict.fromkeys(DROP_KINDS, 0)
         self._drop_log_interval_s = drop_log_interval_s
         self._drop_logged_s = float("-inf")
@@ -266,7 +270,7 @@ class SeriesStore:
         g = self._gpus.get(key)
         new = g is None
         if g is None:
-            if len(self._gpus) >= self._max_gpus:
+            if len(self._gpus) >= self._max_gpus and not self._displace_xid_only():
                 self._drop("sample", key, now_s)
                 return key
             g = _Gpu(key)
@@ -489,6 +493,7 @@ class SeriesStore:
                     self._drop("xid", key, now_s)
                     return False
                 g = self._gpus[key] = _Gpu(key)
+                self._xid_only[key] = None
                 g.view = r.event_view(event, uuid)
                 g.lines = r.render_xid_only(g.view, None, None)
             g.xid_counts[code] = g.xid_counts.get(code, 0) + 1
@@ -542,6 +547,7 @@ class SeriesStore:
                     g.clock_win, g.clock_totals, g.clock_prev, g.hidden = None, {}, 0, False
                 if g.ts_ms is None and not g.xid_counts:
                     del self._gpus[key]
+                    self._xid_only.pop(key, None)
                     self._forget_bus(g)
                     removed += 1
                 elif g.ts_ms is None:  # XIDs stay: counters without the pod labels of a sample
@@ -579,6 +585,7 @@ class SeriesStore:
                 gone.append(key)
         kept = self._expired_views
         for key in gone:
+            self._xid_only.pop(key, None)
             g = self._gpus.pop(key)
             if g.ident is not None and g.view is not None:
                 kept[key] = (g.ident, g.view, now_s)
@@ -594,6 +601,23 @@ class SeriesStore:
             self._version += 1
             self._prune_nodes()
         return len(gone)
+
+    def _displace_xid_only(self) -> bool:
+        """At the cap: remove the longest-held GPU known only from XIDs (not a MIG parent), so that a
+        sampled GPU takes its place; False when there is none."""
+        while self._xid_only:
+            key = next(iter(self._xid_only))
+            del self._xid_only[key]
+            g = self._gpus.get(key)
+            if g is None or g.ts_ms is not None or key in self._children:
+                continue  # expired or sampled since
+            del self._gpus[key]
+            self._forget_bus(g)
+            self._windowed.discard(key)
+            self._expired += 1
+            self._version += 1
+            return True
+        return False
 
     def _prune_nodes(self) -> None:
         """Forget the nodes none of whose GPUs is held any more (their freshness gauge goes)."""

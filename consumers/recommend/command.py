@@ -79,6 +79,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="resolve a recommendation whose GPU sent nothing for this long",
     )
     p.add_argument(
+        "--max-gpus",
+        type=int,
+        default=field_default(DetectorConfig, "max_gpus"),
+        metavar="N",
+        help="track at most N GPUs: a new one beyond makes the least recently sampled be forgotten "
+        "(a bound on what samples for made-up UUIDs can make the service hold)",
+    )
+    p.add_argument(
         "--prices", default=None, metavar="FILE", help="price table YAML (as chargeback's) for costs"
     )
     p.add_argument("--teams", default=None, metavar="FILE", help="team mapping YAML (as the reports')")
@@ -130,6 +138,8 @@ def detector_config(args: argparse.Namespace, currency: str) -> DetectorConfig:
         raise ConfigError("--idle-threshold must be within (0, 1]")
     if args.idle_after <= 0 or args.update_interval <= 0 or args.gone_after <= 0:
         raise ConfigError("--idle-after, --update-interval and --gone-after must be greater than zero")
+    if args.max_gpus < 1:
+        raise ConfigError("--max-gpus must be at least 1")
     if args.shared_replicas < 2 or args.release_memory < 0:
         raise ConfigError("--shared-replicas must be at least 2 and --release-memory not negative")
     for url in args.alertmanager_url:
@@ -140,6 +150,7 @@ def detector_config(args: argparse.Namespace, currency: str) -> DetectorConfig:
         idle_after_ms=args.idle_after,
         update_interval_ms=args.update_interval,
         gone_after_ms=args.gone_after,
+        max_gpus=args.max_gpus,
         currency=currency,
         rightsize=RightSizeConfig(
             release_memory_bytes=args.release_memory * MIB, shared_replicas=args.shared_replicas

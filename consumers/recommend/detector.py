@@ -21,6 +21,14 @@ Lifecycle (event time; the clock is the sample timestamps, so replays give the s
 
 A streak that never reached ``idle_after`` produces nothing. Memory and activity peaks cover the
 streak and feed :mod:`gpupipe_consumers.recommend.rightsize`.
+
+Bounded state: any node's producer may write samples for made-up UUIDs, and age alone (``gone``)
+forgets them only after ``gone_after`` of input. At most ``max_gpus`` GPU keys are tracked; a sample
+of a new GPU beyond that forgets the least recently sampled one (its open recommendations resolved
+``gone``, as if its samples had stopped; counted in :attr:`IdleDetector.evicted`). A new GPU is never
+refused: a flood of made-up GPUs can delay a real recommendation (hours of idle samples build one),
+never keep one from starting. The model names the right-sizing compares against are bounded too
+(``MAX_MODELS``, least recently seen forgotten).
 """
 
 from __future__ import annotations
@@ -34,6 +42,8 @@ from gpupipe_consumers.recommend.rightsize import RightSizeConfig, suggest
 from gpupipe_schemas.meaning import activity_ratio, gpu_key
 
 HOUR_MS = 3_600_000
+#: GPU models remembered as right-sizing candidates (a fleet has a handful; made-up names are forgotten).
+MAX_MODELS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +53,8 @@ class DetectorConfig:
     update_interval_ms: int = 15 * 60_000
     gone_after_ms: int = 10 * 60_000
     default_interval_ms: int = 10_000
+    max_gpus: int = 20_000
+    """GPU keys tracked at most; beyond it the least recently sampled is forgotten (see module doc)."""
     currency: str = "USD"
     rightsize: RightSizeConfig = field(default_factory=RightSizeConfig)
 
@@ -118,9 +130,11 @@ class IdleDetector:
         self.cfg = cfg
         self.gpu_price = gpu_price
         self.team_of = team_of
-        self.tracks: dict[str, dict[tuple[str, str], Track]] = {}  # gpu key -> (ns, pod) -> track
+        # gpu key -> (ns, pod) -> track, least recently sampled first
+        self.tracks: dict[str, dict[tuple[str, str], Track]] = {}
         self.watermark: dict[int, int] = {}  # partition -> newest sample timestamp
-        self.models_seen: set[str] = set()
+        self.models_seen: dict[str, None] = {}  # least recently seen first, at most MAX_MODELS
+        self.evicted = 0  # GPU keys forgotten at max_gpus
 
     # -- input -------------------------------------------------------------------------------------
     def observe(self, sample: dict[str, Any], partition: int = 0) -> list[dict[str, Any]]:
@@ -131,11 +145,16 @@ class IdleDetector:
             self.watermark[partition] = ts
         model = sample.get("model_name")
         if model:
-            self.models_seen.add(model)
+            self._model_seen(model)
         key = gpu_key(sample)
         pods = _pods(sample)
         lost = bool(sample.get("gpu_lost"))
-        held = self.tracks.setdefault(key, {})
+        held = self.tracks.pop(key, None)  # re-inserted last: the most recently sampled
+        if held is None:
+            held = {}
+            while len(self.tracks) >= self.cfg.max_gpus:
+                out.extend(self._evict_oldest())
+        self.tracks[key] = held
         # Pods that held this GPU before and no longer do.
         for pair in [k for k in held if k not in pods]:
             track = held.pop(pair)
@@ -182,6 +201,22 @@ class IdleDetector:
                 track.next_update_ms = ts + self.cfg.update_interval_ms
                 out.append(self._record(track, "firing", ts, None))
         return out
+
+    def _model_seen(self, model: str) -> None:
+        seen = self.models_seen
+        seen.pop(model, None)
+        seen[model] = None
+        if len(seen) > MAX_MODELS:
+            del seen[next(iter(seen))]
+
+    def _evict_oldest(self) -> list[dict[str, Any]]:
+        """Forget the least recently sampled GPU (``max_gpus`` reached): its open recommendations end
+        ``gone`` at their last sample, as :meth:`expire` would end them once its samples stopped."""
+        key = next(iter(self.tracks))
+        held = self.tracks.pop(key)
+        self.evicted += 1
+        firing = [t for t in held.values() if t.firing_id is not None]
+        return [self._record(t, "resolved", t.last_ms, "gone") for t in firing]
 
     def expire(self, partition: int | None = None) -> list[dict[str, Any]]:
         """Resolve (``gone``) and forget tracks whose GPU was silent for ``gone_after`` behind the
@@ -250,6 +285,8 @@ class IdleDetector:
                 "labels": r["labels"],
             }
             iv = round(r["idle_seconds"] * 1000) - (r["last_seen_ms"] - r["idle_since_ms"])
+            if key not in self.tracks and len(self.tracks) >= self.cfg.max_gpus:
+                continue  # more open than the bound: the rest start again from their samples
             self.tracks.setdefault(key, {})[(r["namespace"], r["pod"])] = Track(
                 key,
                 -1,
@@ -268,7 +305,7 @@ class IdleDetector:
                 next_update_ms=r["timestamp_ms"] + self.cfg.update_interval_ms,
             )
             if r["model_name"]:
-                self.models_seen.add(r["model_name"])
+                self._model_seen(r["model_name"])
             n += 1
         return n
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gpupipe.alertmanager import AmState, iso_ms
@@ -121,12 +121,13 @@ def _series_labels(rec: dict[str, Any]) -> list[str]:
 
 
 class _OpenCollector(Collector):
-    """Gauges over the open recommendations (one series per idle pod and GPU, gone when resolved)."""
+    """Gauges over the open recommendations (one series per idle pod and GPU, gone when resolved), and
+    the detector's bound on tracked GPUs."""
 
     def __init__(self, service: RecommendService) -> None:
         self.service = service
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         with self.service.lock:
             open_recs = list(self.service.open.values())
         idle = GaugeMetricFamily(
@@ -149,6 +150,23 @@ class _OpenCollector(Collector):
             "Cost per hour the suggested action saves.",
             labels=[*_SERIES_LABELS, "currency"],
         )
+        det = self.service.detector
+        tracked = GaugeMetricFamily(
+            "gpupipe_recommendation_gpus",
+            "GPU keys the detector tracks, and their cap (--max-gpus).",
+            labels=["of"],
+        )
+        tracked.add_metric(["tracked"], len(det.tracks))
+        tracked.add_metric(["cap"], det.cfg.max_gpus)
+        yield tracked
+        evicted = CounterMetricFamily(
+            "gpupipe_recommendation_gpus_evicted",
+            "GPU keys forgotten at --max-gpus, least recently sampled first (open recommendations "
+            "resolved gone): a fleet larger than the cap, or samples for made-up UUIDs.",
+            labels=[],
+        )
+        evicted.add_metric([], det.evicted)
+        yield evicted
         count = GaugeMetricFamily(
             "gpupipe_recommendations_open", "Open idle-GPU recommendations by action.", labels=["action"]
         )

@@ -102,6 +102,18 @@ def test_resolved_is_sent_once_with_resolution_time_then_forgotten() -> None:
     assert len(post.calls) == 2
 
 
+def test_a_forgotten_alert_is_no_longer_resent_nor_resolved() -> None:
+    """The alerts service evicted it (a flood past its caps): Alertmanager lets it end at its endsAt."""
+    post, clock = FakePost(), Clock()
+    s = sender(post, clock)
+    s.update(rec())
+    s.step(T0)
+    s.forget("a1")
+    assert len(s) == 0
+    s.step(T0 + 10 * MIN)
+    assert len(post.calls) == 1
+
+
 def test_alertmanager_down_queues_and_delivers_when_back() -> None:
     post, clock = FakePost(), Clock()
     s = sender(post, clock)

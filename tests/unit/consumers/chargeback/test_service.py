@@ -321,3 +321,16 @@ def test_building_the_service_creates_no_kafka_client() -> None:
     assert made == []
     svc.run(stop)
     assert sorted(made) == ["admin", "consumer", "producer"]
+
+
+def test_samples_of_gpus_past_max_gpus_are_dead_lettered_with_a_counted_reason() -> None:
+    """Review 2, A11: the GPU bound never drops billable data silently."""
+    fleet = SimulatedFleet(FleetConfig(nodes=10, gpus_per_node=3, interval_ms=10_000, seed=6))
+    enc = AvroCodec().encoder("GpuSample").encode
+    broker = Broker({0: [(enc(s), T0) for s in fleet.tick(T0)[0]]})
+    stop = threading.Event()
+    engine = build_engine(ChargebackSettings(window_ms=600_000, grace_ms=60_000, max_gpus=10), None, "svc")  # type: ignore[arg-type]
+    svc = fake_service(lambda conf: FakeConsumer(broker, stop), lambda conf: FakeProducer(broker), engine)
+    svc.run(stop)
+    assert len([v for t, v in broker.output if t == DLQ]) == 20
+    assert svc.metrics.dead_letters.labels("gpu-cap")._value.get() == 20

@@ -15,6 +15,7 @@ from gpupipe_consumers.chargeback.errors import (
     ChargebackConfigError,
     ChargebackStateError,
     CheckpointMismatchError,
+    GpuCapReached,
 )
 from gpupipe_consumers.chargeback.windows import Checkpoint, WindowEngine, window_bounds
 from gpupipe_schemas.meaning import MIG_SHARED, UNALLOCATED, gpu_key
@@ -741,3 +742,42 @@ def test_clock_skew_guard_is_off_without_record_timestamps():
     e = engine(max_clock_skew_ms=0)
     e.add(sample(T0 + 5 * H), 0, 0)
     assert e.watermark(0) == T0 + 5 * H
+
+
+def test_made_up_gpus_past_max_gpus_are_refused_and_the_held_ones_billed_exactly() -> None:
+    """Review 2, A11: samples for made-up UUIDs grew the engine with no cap. Past ``max_gpus`` a new
+    GPU's sample is refused (the service dead-letters it), never a held GPU's."""
+    real = [sample(T0 + k * 10_000, uuid="GPU-real") for k in range(400)]
+    capped, alone = engine(max_gpus=50), engine()
+    refused, offset = 0, 0
+    for k, s in enumerate(real):
+        for j in range(5):  # five made-up GPUs per real sample: 2000 in all
+            offset += 1
+            try:
+                capped.add(sample(s["timestamp_ms"], uuid=f"GPU-forged-{k}-{j}", node=f"f{k}"), 0, offset)
+            except GpuCapReached:
+                refused += 1
+        offset += 1
+        capped.add(s, 0, offset)
+        alone.add(s, 0, k)
+    assert capped.gpu_count(0) <= 50 and refused == 2000 - 49
+    assert capped.stats["gpu_cap"] == refused
+    billed = [r for r in capped.flush_all() if r["node"] == "n1"]
+    assert totals(billed) == totals(alone.flush_all())
+
+
+def test_stale_gpus_make_room_for_new_ones_and_a_replay_never_refuses() -> None:
+    e = engine(max_gpus=2)
+    e.add(sample(T0, uuid="GPU-1"), 0, 0)
+    e.add(sample(T0, uuid="GPU-2"), 0, 1)
+    with pytest.raises(GpuCapReached):
+        e.add(sample(T0 + 10_000, uuid="GPU-3"), 0, 2)
+    e.add(sample(T0 + 3 * H, uuid="GPU-1"), 0, 3)  # GPU-2's reference is stale by now
+    e.add(sample(T0 + 3 * H, uuid="GPU-3"), 0, 4)
+    assert e.gpu_count(0) == 2
+    # a restored partition replays below its position: what was held before is rebuilt, never refused
+    r = engine(max_gpus=1)
+    r.restore(0, Checkpoint(0, T0, 3, H, 5 * MIN, None))
+    for off, uuid in enumerate(("GPU-1", "GPU-2", "GPU-3")):
+        r.add(sample(T0, uuid=uuid), 0, off)
+    assert r.gpu_count(0) == 3

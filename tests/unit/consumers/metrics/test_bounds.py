@@ -25,13 +25,15 @@ def test_gpu_keys_are_capped_and_drops_counted_and_logged(caplog: Any) -> None:
     with caplog.at_level(logging.WARNING, logger="gpupipe.metrics"):
         for i in range(1000):  # a flood of XIDs for made-up GPUs, over 10 s
             store.apply_xid(xid(13, uuid=f"GPU-forged-{i}"), 0, 100.0 + i / 100)
-        store.apply_sample(blank("GPU-new"), 0, 110.0)  # samples of new GPUs too, once full
+        # a new real GPU's sample still gets in: it displaces the oldest made-up XID-only GPU (review 2,
+        # A2/A11: a cap must not turn a flood into blindness for an hour)
+        store.apply_sample(blank("GPU-new"), 0, 110.0)
     assert store.gpu_count() == 100
     keys = set(store.keys())
-    assert "GPU-real" in keys and "GPU-new" not in keys
+    assert "GPU-real" in keys and "GPU-new" in keys and "GPU-forged-0" not in keys
     text = store.render(110.0).decode()
     assert lines_of(text, "gpupipe_metrics_gpus_dropped_total") == [
-        'gpupipe_metrics_gpus_dropped_total{kind="sample"} 1',
+        'gpupipe_metrics_gpus_dropped_total{kind="sample"} 0',
         'gpupipe_metrics_gpus_dropped_total{kind="xid"} 901',
     ]
     warnings = [r for r in caplog.records if "--max-gpus" in r.getMessage()]

@@ -293,3 +293,22 @@ def test_series_team_is_the_namespace_without_a_rule_as_chargeback_for_the_dashb
         "nb-1": "notebooks",
         "nb-2": "lab",
     }
+
+
+def test_a_flood_of_made_up_gpus_stays_under_max_gpus_and_a_new_gpu_is_still_tracked() -> None:
+    det = IdleDetector(DetectorConfig(max_gpus=50), gpu_price=PRICES.get)
+    for i in range(5000):  # the review's flood, scaled down: one sample per made-up GPU and model
+        det.observe(sample(MIN, 0.0, uuid=f"GPU-forged-{i}", model_name=f"forged-{i}"))
+    assert len(det.tracks) <= 50 and len(det.models_seen) <= 64
+    assert det.evicted == 5000 - 50
+    # a real GPU sampled after the flood is tracked and, idle long enough, recommended
+    out = [r for m in range(1, 200) for r in det.observe(sample(MIN * m, 0.0, uuid="GPU-real"))]
+    assert [r["status"] for r in out if r["uuid"] == "GPU-real"][:1] == ["firing"]
+
+
+def test_an_evicted_gpus_open_recommendation_ends_gone() -> None:
+    det = IdleDetector(DetectorConfig(max_gpus=1), gpu_price=PRICES.get)
+    fired = [r for m in range(1, 200) for r in det.observe(sample(MIN * m, 0.0))]
+    assert fired and fired[0]["status"] == "firing"
+    out = det.observe(sample(MIN * 200, 0.0, uuid="GPU-2"))
+    assert [(r["uuid"], r["status"], r["resolve_reason"]) for r in out] == [("GPU-1", "resolved", "gone")]
