@@ -7,10 +7,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from gpupipe.node_check import NodeCheck
 from gpupipe.node_identity import NodeSigner, NodeVerifier
 from gpupipe_consumers.alerts.admission import DeviceAdmission, Evicted, device_of
 from gpupipe_consumers.alerts.dedupe import EngineConfig
-from gpupipe_consumers.alerts.node_check import NodeCheck
 from gpupipe_consumers.alerts.service import AlertsService, ListSink
 from tests.pki import Pki
 from tests.unit.consumers.alerts.test_node_check import _signed
@@ -235,7 +235,7 @@ def test_one_nodes_certificate_signing_made_up_gpus_cannot_silence_another_node(
     pki = Pki(tmp_path)
     a = NodeSigner(str(pki.node("a", "system:node:node-a")), None, "node-a")
     b = NodeSigner(str(pki.node("b", "system:node:node-b")), None, "node-b")
-    check = NodeCheck(NodeVerifier.from_file(str(pki.ca)), "enforce")
+    check = NodeCheck(NodeVerifier.from_file(str(pki.ca)), "enforce", service="alerts")
     sink = ListSink()
     svc = AlertsService(
         sink=sink,
@@ -274,7 +274,7 @@ def test_with_node_identity_one_nodes_made_up_drain_alerts_do_not_silence_anothe
     b = NodeSigner(str(pki.node("b", "system:node:node-b")), None, "node-b")
 
     def build() -> tuple[AlertsService, ListSink]:
-        check = NodeCheck(NodeVerifier.from_file(str(pki.ca)), "enforce")
+        check = NodeCheck(NodeVerifier.from_file(str(pki.ca)), "enforce", service="alerts")
         sink = ListSink()
         adm = DeviceAdmission(max_devices=200)
         cfg = EngineConfig(update_interval_ms=0)
