@@ -9,11 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from gpupipe import topics
 from gpupipe.kafka_admin import ensure_topics
+from tests.agent_harness import wait_for
 from tests.integration.chargeback_util import (
     Progress,
     new_id,
@@ -30,12 +31,21 @@ pytestmark = pytest.mark.integration
 DAY_MS = 86_400_000
 
 
+def _configs(admin: AdminClient, res: ConfigResource) -> dict | None:
+    try:
+        return admin.describe_configs([res])[res].result(timeout=10)
+    except KafkaException as exc:
+        if exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return None
+        raise
+
+
 def test_a_node_a_day_ahead_is_bounded_by_broker_time(kafka: str, topic_prefix: str, tmp_path: Path) -> None:
     ensure_topics(kafka, [topics.SAMPLES, topics.CHARGEBACK, topics.DEADLETTER], prefix=topic_prefix)
     t_in = topic_prefix + topics.SAMPLES
     res = ConfigResource(ConfigResource.Type.TOPIC, t_in)
     admin = AdminClient({"bootstrap.servers": kafka})
-    conf = admin.describe_configs([res])[res].result(timeout=30)
+    conf = wait_for(lambda: _configs(admin, res), 30, "the new topic's configs")  # its metadata spreads
     assert conf["message.timestamp.type"].value == "LogAppendTime"
 
     now = int(time.time() * 1000)
