@@ -11,8 +11,9 @@ topics, which lake and alerts read back. Per topic:
   2^62, a negative block count; bytes over librdkafka's message limit, a 1 MB header, junk, trailing
   bytes after a valid record; and a record type that belongs to another topic;
 * on the sample topic, samples dated -2**63, in the year -29719 or 2100, with a NaN, infinite or
-  1e300 power, a utilisation of 1e300, a NaN MIG fraction, -100 C, a 200 KB namespace or a
-  non-UTF-8 namespace, each a copy of a good sample inside a window the chargeback bills;
+  1e300 power, a utilisation of 1e300, a NaN MIG fraction, -100 C, a 200 KB namespace, 65 labels
+  on one allocation or a non-UTF-8 namespace, each a copy of a good sample inside a window the
+  chargeback bills;
 * on the XID topic, Xid codes -1 and 2**31-1, an Xid dated 2100, a 5000-character message, a
   non-UTF-8 host name and an operator's ack forged there.
 
@@ -160,6 +161,9 @@ def _catalogue(codec: AvroCodec, sample: dict[str, Any], now: int) -> dict[str, 
         (b"mig-nan", s(mig=mig), []),
         (b"temp-cold", s(gpu_temp_c=-100.0), []),
         (b"long-ns", s(allocations=[{**alloc, "namespace": "n" * 200_000}]), []),
+        # Labels are bounded in count too: thousands of tiny ones made one OTLP export past a
+        # collector's 4 MiB for good (review 2, A3).
+        (b"labels-many", s(allocations=[{**alloc, "labels": {f"k{i}": "v" for i in range(65)}}]), []),
         (
             b"non-utf8-ns",
             _non_utf8(enc_s, {**sample, "allocations": [{**alloc, "namespace": "QQQQQQQQ"}]}),
