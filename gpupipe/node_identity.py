@@ -39,6 +39,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from gpupipe.errors import ConfigError
+from gpupipe.flag_files import read_bytes
 
 __all__ = [
     "CERT_HEADER",
@@ -134,11 +135,7 @@ def _verify(public: Any, sig: bytes, data: bytes) -> bool:
 
 
 def _read(path: str, what: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as exc:
-        raise ConfigError(f"{what} {path}: {exc.strerror or exc}") from exc
+    return read_bytes(path, what)
 
 
 class NodeSigner:
