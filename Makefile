@@ -81,10 +81,12 @@ kafka-stop:
 	scripts/kafka-local stop
 
 ## docker-compose validates the file; compose_ports.py refuses a host port that two services publish
-## (valid to docker-compose, but `docker compose up` then fails to bind the second).
+## (valid to docker-compose, but `docker compose up` then fails to bind the second); compose_kafka_data.py
+## refuses a Kafka whose log directory is not in its volume (recreating the container would lose the data).
 compose-check: venv
 	docker-compose -f docker-compose.yml config -q
 	$(BIN)/python scripts/compose_ports.py docker-compose.yml
+	$(BIN)/python scripts/compose_kafka_data.py docker-compose.yml
 
 ## Helm chart: lint, render and validate (helm is built from its Go module once when missing).
 chart-check: venv
