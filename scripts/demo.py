@@ -13,11 +13,14 @@ are installed (Debian packages prometheus, prometheus-alertmanager). All are che
 starts: a taken port is one line naming it and its variable, rather than a service dying mid-start.
 Files: logs and Prometheus's and Alertmanager's data in GPUPIPE_DEMO_DIR (default .run/demo); the
 broker's state in kafka-local's KAFKA_LOCAL_DIR (default .run/kafka; a new directory is a fresh
-broker).
+broker). One demo per GPUPIPE_DEMO_DIR: a running demo holds a lock on its demo.pid there (released
+when it exits, however it exits), and a second start says in one line that one runs and how to stop
+it, and exits 2 before it checks a port or starts anything.
 """
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
 import shutil
@@ -28,7 +31,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import IO, NamedTuple
 
 REPO = Path(__file__).resolve().parent.parent
 KAFKA = str(REPO / "scripts" / "kafka-local")
@@ -112,6 +115,25 @@ def demo_dir(environ: Mapping[str, str]) -> Path:
     """Where the demo writes: GPUPIPE_DEMO_DIR, else .run/demo of the checkout."""
     text = environ.get("GPUPIPE_DEMO_DIR", "").strip()
     return Path(text).resolve() if text else DEFAULT_DIR
+
+
+def claim(data: Path) -> tuple[IO[str] | None, str | None]:
+    """Take the demo's lock in ``data`` (held while the returned file stays open): (file, None), or
+    (None, the one line to print) when a running demo holds it."""
+    data.mkdir(parents=True, exist_ok=True)
+    f = open(data / "demo.pid", "a+")  # noqa: SIM115 (open as long as the demo runs)
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        pid = f.read().strip() or "?"
+        f.close()
+        return None, f"demo: already running (pid {pid}); stop it with Ctrl-C in its terminal, or: kill {pid}"
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f, None
 
 
 def port_taken(port: int, host: str = "127.0.0.1") -> bool:
@@ -371,6 +393,10 @@ def _kafka_running(kenv: Mapping[str, str]) -> bool:
 def main() -> int:
     ports = demo_ports(os.environ)
     logs = demo_dir(os.environ)
+    lock, running = claim(logs)  # before anything else: a second demo changes nothing
+    if lock is None:
+        print(running, file=sys.stderr)
+        return 2
     binaries = side_binaries()
     absent = [k for k in ("prometheus", "alertmanager") if k not in binaries]
     # The broker's controller listener would take port+1 = 9093, Alertmanager's port: move it.
@@ -461,6 +487,7 @@ def main() -> int:
             print(f"demo: stopped {name}")
         subprocess.run([KAFKA, "stop"], capture_output=True, env=kenv)
         print("demo: Kafka stopped. Bye.")
+    lock.close()  # the next demo may start
     if died is not None:
         print(f"demo: failed: {died[0]} exited with {died[1]} (log: {logs}/{died[0]}.log)", file=sys.stderr)
         return 1
