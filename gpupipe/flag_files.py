@@ -63,7 +63,10 @@ def is_file_flag(action: argparse.Action) -> bool:
 def check_file_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Read once every file that a file-taking flag of ``parser`` names in ``args`` (see module doc)."""
     for action in parser._actions:
-        value = getattr(args, action.dest, None) if is_file_flag(action) else None
-        if isinstance(value, str) and value:  # '' is "none" for the flags that accept it
-            flag = next((o for o in action.option_strings if o.startswith("--")), action.option_strings[0])
-            read_text(value, flag)
+        if not is_file_flag(action):
+            continue
+        value = getattr(args, action.dest, None)
+        flag = next((o for o in action.option_strings if o.startswith("--")), action.option_strings[0])
+        for path in value if isinstance(value, list | tuple) else [value]:
+            if isinstance(path, str) and path:  # '' is "none" for the flags that accept it
+                read_text(path, flag)

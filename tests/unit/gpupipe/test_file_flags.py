@@ -20,7 +20,7 @@ import pytest
 
 from gpupipe import cli
 from gpupipe.errors import ConfigError
-from gpupipe.flag_files import MAX_BYTES, is_file_flag, read_text
+from gpupipe.flag_files import MAX_BYTES, check_file_flags, is_file_flag, read_text
 
 #: (command words, flag) of every flag that names a file the command reads.
 FILE_FLAGS = {
@@ -220,3 +220,14 @@ def test_a_file_larger_than_the_bound_is_refused_without_reading_it_all(tmp_path
         f.truncate(MAX_BYTES + 1)
     with pytest.raises(ConfigError, match=r"price table .*big is larger than 16 MiB"):
         read_text(big, "price table")
+
+
+def test_a_repeatable_file_flag_has_each_of_its_files_checked(tmp_path: Path) -> None:
+    """The convention holds for a flag given several times (none is declared so today)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rules-file", action="append", default=[])
+    good = tmp_path / "good"
+    good.write_text("ok\n")
+    args = parser.parse_args(["--rules-file", str(good), "--rules-file", str(_bad(tmp_path, "binary"))])
+    with pytest.raises(ConfigError, match=r"--rules-file .*binary is not UTF-8 text"):
+        check_file_flags(parser, args)
