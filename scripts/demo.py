@@ -153,8 +153,16 @@ def taken_ports_line(ports: Mapping[str, int], keys: Sequence[str]) -> str | Non
     taken = [by_key[k] for k in keys if port_taken(ports[k])]
     if not taken:
         return None
-    parts = [f"port {ports[p.key]} ({p.what}) is in use; set {p.variable} to a free port" for p in taken]
-    return "demo: " + "; ".join(parts)
+    if len(taken) == 1:
+        (p,) = taken
+        return f"demo: port {ports[p.key]} ({p.what}) is in use; set {p.variable} to a free port"
+    # Several at once is most likely another demo (another GPUPIPE_DEMO_DIR): one short line, not one
+    # clause per port.
+    numbers = ", ".join(str(ports[p.key]) for p in taken)
+    return (
+        f"demo: ports {numbers} are in use (another demo?); stop it, or move each with its "
+        "GPUPIPE_DEMO_*_PORT variable"
+    )
 
 
 def ports_banner(ports: Mapping[str, int], absent: Sequence[str] = ()) -> str:

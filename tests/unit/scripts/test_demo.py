@@ -230,3 +230,24 @@ def test_a_second_demo_start_exits_2_without_starting_anything(tmp_path: Path) -
     assert res.stderr.splitlines() == [_running(os.getpid())]
     assert res.stdout == ""  # not even the ports banner
     assert [p.name for p in data.iterdir()] == ["demo.pid"] and not list(kafka_dir.iterdir())
+
+
+def test_many_taken_ports_are_one_short_line() -> None:
+    """Issue 39: a second demo beside a first printed one 700-character line asking to move 8 ports."""
+    demo = _demo()
+    socks = []
+    try:
+        for _ in range(8):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            s.listen()
+            socks.append(s)
+        keys = [p.key for p in demo.PORTS][:8]
+        ports = {k: s.getsockname()[1] for k, s in zip(keys, socks, strict=True)}
+        line = demo.taken_ports_line(ports, keys)
+    finally:
+        for s in socks:
+            s.close()
+    assert line is not None and "\n" not in line and len(line) < 160, line
+    assert line.startswith("demo: ports ") and "another demo?" in line
+    assert all(str(port) in line for port in ports.values())
