@@ -19,7 +19,17 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
+
+## The demo's share of the venv: gpupipe and its runtime dependencies only (no test tools, no Spark),
+## into the same .venv (README's commands use .venv/bin/gpupipe); pip shows each package as it goes.
+## `make venv` adds the dev extra on top; a full install counts as this one too.
+DEMO_STAMP := $(VENV)/.installed-runtime
+$(DEMO_STAMP): pyproject.toml
+	@echo "demo: installing gpupipe and its runtime dependencies into $(VENV) (not the test tools) ..."
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --disable-pip-version-check -e .
+	touch $(DEMO_STAMP)
 
 install: venv
 
@@ -29,10 +39,10 @@ install: venv
 deps:
 	scripts/ensure-deps
 
-## The demo's share of deps: everything but helm, which only the chart tests run (building it from Go
-## takes minutes on a fresh machine, and needs Go).
+## The demo's share of deps: Kafka's jars, and Prometheus and Alertmanager (optional to the demo: as
+## anyone but root a missing one is a note, not a stop); nothing that only the tests use.
 deps-demo:
-	scripts/ensure-deps --no-helm
+	scripts/ensure-deps --demo
 
 ## The whole suite, real services included (Kafka is started by the tests' own fixture).
 test: deps venv
@@ -61,8 +71,9 @@ fmt: venv
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-## Local broker, simulated fleet and every consumer; Ctrl-C stops everything.
-demo: deps-demo venv
+## Local broker, simulated fleet and every consumer; Ctrl-C stops everything. A second `make demo`
+## while one runs says so in one line and exits 2 (scripts/demo.py).
+demo: deps-demo $(DEMO_STAMP)
 	$(BIN)/python scripts/demo.py
 
 ## Benchmarks print `NAME ratio=X target=Y` lines (higher is better). Not part of `make test`.
@@ -81,10 +92,12 @@ kafka-stop:
 	scripts/kafka-local stop
 
 ## docker-compose validates the file; compose_ports.py refuses a host port that two services publish
-## (valid to docker-compose, but `docker compose up` then fails to bind the second).
+## (valid to docker-compose, but `docker compose up` then fails to bind the second); compose_kafka_data.py
+## refuses a Kafka whose log directory is not in its volume (recreating the container would lose the data).
 compose-check: venv
 	docker-compose -f docker-compose.yml config -q
 	$(BIN)/python scripts/compose_ports.py docker-compose.yml
+	$(BIN)/python scripts/compose_kafka_data.py docker-compose.yml
 
 ## Helm chart: lint, render and validate (helm is built from its Go module once when missing).
 chart-check: venv

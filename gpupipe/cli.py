@@ -25,6 +25,7 @@ from typing import Any, NoReturn
 
 from gpupipe import kafka_config
 from gpupipe.errors import BrokerUnavailableError, ConfigError, GpupipeError
+from gpupipe.flag_files import check_file_flags
 
 #: Each command registers itself under this entry-point group (``pyproject.toml``): the roof is that
 #: table, so the floor the CLI stands on imports no service. A name's dots are its words
@@ -300,6 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("gpupipe.kafka").addFilter(RepeatThrottle())  # reconnect storms during outages
     prog = " ".join(("gpupipe", *_command_words(args)))  # errors name the command whose --help helps
     try:
+        check_file_flags(args._parser, args)  # a bad file is one line, before anything connects
         if hasattr(args, "kafka_config"):
             # One place for every subcommand: file < GPUPIPE_KAFKA_* < --kafka-config, *.file read.
             args.kafka_config = kafka_config.resolve(

@@ -25,6 +25,7 @@ from typing import Any
 
 from gpupipe.argtypes import duration_ms
 from gpupipe.errors import ConfigError
+from gpupipe.flag_files import read_text
 
 SECRET_KEYS = frozenset(
     {
@@ -108,11 +109,7 @@ class KafkaConfigAction(argparse._AppendAction):
 
 def read_properties(path: str | Path) -> dict[str, str]:
     """A librdkafka/Java-style properties file: `key=value` lines, `#` or `!` comments, blank lines."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"--kafka-config-file {path}: {exc.strerror or exc}") from exc
+    text = read_text(path, "--kafka-config-file")
     out: dict[str, str] = {}
     for n, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
@@ -144,10 +141,7 @@ def _resolve_files(conf: dict[str, str]) -> None:
     for fkey in [k for k in conf if k.endswith(FILE_SUFFIX)]:
         key = fkey[: -len(FILE_SUFFIX)]
         path = conf.pop(fkey)
-        try:
-            conf[key] = Path(path).read_text(encoding="utf-8").rstrip("\r\n")
-        except OSError as exc:
-            raise ConfigError(f"cannot read {key} from {fkey}={path}: {exc.strerror or exc}") from exc
+        conf[key] = read_text(path, f"{key} from {fkey}").rstrip("\r\n")
 
 
 def resolve(

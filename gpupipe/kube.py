@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gpupipe.errors import ConfigError, GpupipeError
+from gpupipe.flag_files import read_text
 
 __all__ = [
     "GONE",
@@ -149,9 +150,9 @@ class KubeClient:
         h = {"Accept": "application/json"}
         if self.cfg.token_file:
             try:
-                h["Authorization"] = "Bearer " + Path(self.cfg.token_file).read_text().strip()
-            except OSError as exc:
-                raise KubeApiError(None, f"cannot read token file: {exc}") from exc
+                h["Authorization"] = "Bearer " + read_text(self.cfg.token_file, "token file").strip()
+            except ConfigError as exc:  # unreadable or not text (a rotation half-written): this call fails
+                raise KubeApiError(None, str(exc)) from exc
         if content_type:
             h["Content-Type"] = content_type
         return h

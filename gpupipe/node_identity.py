@@ -40,6 +40,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from gpupipe.errors import ConfigError
+from gpupipe.flag_files import read_bytes
 from gpupipe.node_check import NODE_CERT_RULES
 
 __all__ = [
@@ -137,11 +138,7 @@ def _verify(public: Any, sig: bytes, data: bytes) -> bool:
 
 
 def _read(path: str, what: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as exc:
-        raise ConfigError(f"{what} {path}: {exc.strerror or exc}") from exc
+    return read_bytes(path, what)
 
 
 class NodeSigner:

@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from gpupipe.errors import ConfigError
+from gpupipe.flag_files import read_text
 
 __all__ = ["load_yaml"]
 
@@ -27,15 +28,7 @@ def _where(exc: yaml.YAMLError) -> str:
 
 def load_yaml(path: str | Path, what: str, error: type[ConfigError] = ConfigError) -> Any:
     """The document of ``path`` (``what`` names it in errors, e.g. "price table"); raises ``error``."""
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise error(f"cannot read {what} {path}: {exc.strerror or exc}") from exc
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise error(f"{what} {path} is not UTF-8 text (byte 0x{raw[exc.start]:02x} on line {line})") from exc
+    text = read_text(path, what, error)
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:

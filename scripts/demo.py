@@ -13,11 +13,14 @@ are installed (Debian packages prometheus, prometheus-alertmanager). All are che
 starts: a taken port is one line naming it and its variable, rather than a service dying mid-start.
 Files: logs and Prometheus's and Alertmanager's data in GPUPIPE_DEMO_DIR (default .run/demo); the
 broker's state in kafka-local's KAFKA_LOCAL_DIR (default .run/kafka; a new directory is a fresh
-broker).
+broker). One demo per GPUPIPE_DEMO_DIR: a running demo holds a lock on its demo.pid there (released
+when it exits, however it exits), and a second start says in one line that one runs and how to stop
+it, and exits 2 before it checks a port or starts anything.
 """
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
 import shutil
@@ -28,7 +31,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import IO, NamedTuple
 
 REPO = Path(__file__).resolve().parent.parent
 KAFKA = str(REPO / "scripts" / "kafka-local")
@@ -114,6 +117,25 @@ def demo_dir(environ: Mapping[str, str]) -> Path:
     return Path(text).resolve() if text else DEFAULT_DIR
 
 
+def claim(data: Path) -> tuple[IO[str] | None, str | None]:
+    """Take the demo's lock in ``data`` (held while the returned file stays open): (file, None), or
+    (None, the one line to print) when a running demo holds it."""
+    data.mkdir(parents=True, exist_ok=True)
+    f = open(data / "demo.pid", "a+")  # noqa: SIM115 (open as long as the demo runs)
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        pid = f.read().strip() or "?"
+        f.close()
+        return None, f"demo: already running (pid {pid}); stop it with Ctrl-C in its terminal, or: kill {pid}"
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f, None
+
+
 def port_taken(port: int, host: str = "127.0.0.1") -> bool:
     """Whether something already listens on host:port (a bind as the services do it fails)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -131,8 +153,16 @@ def taken_ports_line(ports: Mapping[str, int], keys: Sequence[str]) -> str | Non
     taken = [by_key[k] for k in keys if port_taken(ports[k])]
     if not taken:
         return None
-    parts = [f"port {ports[p.key]} ({p.what}) is in use; set {p.variable} to a free port" for p in taken]
-    return "demo: " + "; ".join(parts)
+    if len(taken) == 1:
+        (p,) = taken
+        return f"demo: port {ports[p.key]} ({p.what}) is in use; set {p.variable} to a free port"
+    # Several at once is most likely another demo (another GPUPIPE_DEMO_DIR): one short line, not one
+    # clause per port.
+    numbers = ", ".join(str(ports[p.key]) for p in taken)
+    return (
+        f"demo: ports {numbers} are in use (another demo?); stop it, or move each with its "
+        "GPUPIPE_DEMO_*_PORT variable"
+    )
 
 
 def ports_banner(ports: Mapping[str, int], absent: Sequence[str] = ()) -> str:
@@ -371,6 +401,10 @@ def _kafka_running(kenv: Mapping[str, str]) -> bool:
 def main() -> int:
     ports = demo_ports(os.environ)
     logs = demo_dir(os.environ)
+    lock, running = claim(logs)  # before anything else: a second demo changes nothing
+    if lock is None:
+        print(running, file=sys.stderr)
+        return 2
     binaries = side_binaries()
     absent = [k for k in ("prometheus", "alertmanager") if k not in binaries]
     # The broker's controller listener would take port+1 = 9093, Alertmanager's port: move it.
@@ -461,6 +495,7 @@ def main() -> int:
             print(f"demo: stopped {name}")
         subprocess.run([KAFKA, "stop"], capture_output=True, env=kenv)
         print("demo: Kafka stopped. Bye.")
+    lock.close()  # the next demo may start
     if died is not None:
         print(f"demo: failed: {died[0]} exited with {died[1]} (log: {logs}/{died[0]}.log)", file=sys.stderr)
         return 1

@@ -44,6 +44,7 @@ from importlib import resources
 from pathlib import Path
 
 from gpupipe.errors import ConfigError
+from gpupipe.flag_files import read_text
 from gpupipe_consumers.metrics import dialect, fields
 from gpupipe_consumers.metrics.fields import FieldSpec, Kind
 
@@ -191,12 +192,8 @@ def load_counters(path: str | Path | None = None, *, strict: bool = False) -> Co
     """Read a counters CSV file; ``None`` reads the default shipped with this package."""
     if path is None:
         return default_counters()
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise CountersError(f"cannot read counters file {p}: {exc}") from exc
-    return parse_counters(text, source=str(p), strict=strict)
+    text = read_text(path, "counters file", CountersError)
+    return parse_counters(text, source=str(path), strict=strict)
 
 
 def default_counters_text() -> str:

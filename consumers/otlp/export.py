@@ -34,6 +34,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 
 from gpupipe.errors import ConfigError
+from gpupipe.flag_files import read_bytes
 from gpupipe.yaml_file import load_yaml
 from gpupipe_consumers.otlp.settings import DEFAULT_ENDPOINTS, DEFAULT_TIMEOUT_S, PROTOCOLS, Protocol_
 
@@ -182,7 +183,7 @@ class Headers:
 
 
 def _read(path: str | None) -> bytes | None:
-    return Path(path).read_bytes() if path else None
+    return read_bytes(path, "TLS file") if path else None
 
 
 class Transport(Protocol):

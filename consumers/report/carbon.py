@@ -33,6 +33,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
+from gpupipe.flag_files import read_text
 from gpupipe.yaml_file import load_yaml
 from gpupipe_consumers.report.chargeback_report import parse_time_ms
 from gpupipe_consumers.report.errors import ReportOptionError
@@ -112,10 +113,9 @@ def parse_series(text: str, source: str) -> dict[str, tuple[list[int], list[floa
 
 def parse_node_list(path: Path, label: str) -> dict[str, str]:
     """Node name -> the value of ``label``, from ``kubectl get nodes -o json`` (a v1 NodeList)."""
+    text = read_text(path, "node list", CarbonConfigError)
     try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise CarbonConfigError(f"cannot read node list {path}: {exc.strerror or exc}") from exc
+        data = json.loads(text)
     except ValueError as exc:
         raise CarbonConfigError(f"node list {path} is not JSON: {exc}") from exc
     if not isinstance(data, dict) or not isinstance(data.get("items"), list):
@@ -150,10 +150,7 @@ def parse_carbon_config(data: Any, source: str = "<carbon>", base: Path | None =
         path = Path(str(data["series"]))
         if base is not None and not path.is_absolute():
             path = base / path
-        try:
-            series = parse_series(path.read_text(), str(path))
-        except OSError as exc:
-            raise CarbonConfigError(f"{source}: cannot read series {path}: {exc.strerror or exc}") from exc
+        series = parse_series(read_text(path, f"series (of {source})", CarbonConfigError), str(path))
     node_zones: dict[str, str] = {}
     if data.get("node_list"):
         path = Path(str(data["node_list"]))

@@ -121,7 +121,7 @@ def test_bad_inputs_name_the_file_and_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"--kafka-config-file .*missing.properties: No such file"):
         kafka_config.resolve([], str(tmp_path / "missing.properties"), {})
     with pytest.raises(
-        ConfigError, match=r"cannot read sasl.password from sasl.password.file=/nonexistent/pw"
+        ConfigError, match=r"cannot read sasl.password from sasl.password.file /nonexistent/pw"
     ):
         kafka_config.resolve(["sasl.password.file=/nonexistent/pw"], None, {})
 

@@ -137,6 +137,10 @@ def test_unreadable_token_fails_before_anything_is_sent(tmp_path: Path) -> None:
         with pytest.raises(KubeApiError, match="cannot read token file") as exc:
             c.get("/api/v1/nodes/n1")
         assert exc.value.status is None and api.requests == []
+        (tmp_path / "gone").write_bytes(b"\xff\xfe half-written")  # a rotation gone wrong: not text
+        with pytest.raises(KubeApiError, match=r"token file .* is not UTF-8 text"):
+            c.get("/api/v1/nodes/n1")
+        assert api.requests == []
 
 
 def test_a_path_in_the_api_url_prefixes_every_call() -> None:

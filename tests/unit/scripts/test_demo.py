@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import tomllib
 from pathlib import Path
 from types import ModuleType
 
@@ -155,7 +156,98 @@ def test_a_service_that_dies_is_named_and_ends_the_watch() -> None:
 def test_make_demo_does_not_build_helm_and_make_test_still_does() -> None:
     demo = subprocess.run(["make", "-n", "demo"], cwd=REPO, capture_output=True, text=True)
     assert demo.returncode == 0, demo.stderr
-    assert "scripts/ensure-deps --no-helm" in demo.stdout
+    assert "scripts/ensure-deps --demo" in demo.stdout
     assert not re.search(r"scripts/ensure-deps\s*$", demo.stdout, re.M)
     test = subprocess.run(["make", "-n", "test"], cwd=REPO, capture_output=True, text=True)
     assert re.search(r"^scripts/ensure-deps\s*$", test.stdout, re.M), test.stdout
+
+
+def _dev_only_packages() -> set[str]:
+    """Names of the packages only the dev (and lake-spark) extras bring, from pyproject.toml."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    names = set()
+    for req in extras["dev"] + extras["lake-spark"]:
+        names.add(re.split(r"[\s\[<>=!~;]", req, maxsplit=1)[0].lower())
+    return names - {"gpupipe"}
+
+
+def test_make_demo_installs_the_runtime_dependencies_only() -> None:
+    """Issue 39: `make demo` ran `pip install -e '.[dev]'` (4 min, 1.5 GB with pyspark) in silence."""
+    # -W: as if pyproject.toml had changed, so the install step is printed even where it is done.
+    res = subprocess.run(
+        ["make", "-n", "-W", "pyproject.toml", "demo"], cwd=REPO, capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stderr
+    installs = [line for line in res.stdout.splitlines() if "pip install" in line]
+    assert installs, res.stdout
+    dev = _dev_only_packages()
+    assert {"pytest", "pyspark", "ruff"} <= dev
+    for line in installs:
+        assert "[" not in line and "dev" not in line, line  # no extra at all
+        assert " -q" not in line, line  # pip shows what it installs
+        assert not dev & {w.lower() for w in re.split(r"[\s'\"]", line)}, line
+    assert "scripts/ensure-deps --demo" in res.stdout
+
+
+def _running(pid: int) -> str:
+    return f"demo: already running (pid {pid}); stop it with Ctrl-C in its terminal, or: kill {pid}"
+
+
+def test_a_second_demo_is_refused_in_one_line_while_the_first_holds_its_lock(tmp_path: Path) -> None:
+    demo = _demo()
+    first, line = demo.claim(tmp_path)
+    assert first is not None and line is None
+    try:
+        second, line = demo.claim(tmp_path)
+        assert second is None
+        assert line == _running(os.getpid())
+    finally:
+        first.close()
+    again, line = demo.claim(tmp_path)  # the first ended: its pid file is no obstacle
+    assert again is not None and line is None
+    again.close()
+
+
+def test_a_second_demo_start_exits_2_without_starting_anything(tmp_path: Path) -> None:
+    demo = _demo()
+    data, kafka_dir = tmp_path / "demo", tmp_path / "kafka"
+    kafka_dir.mkdir()
+    first, _ = demo.claim(data)  # a demo of this folder is running
+    env = {**os.environ, **{p.variable: str(free_port()) for p in demo.PORTS}}
+    env.update(GPUPIPE_DEMO_DIR=str(data), KAFKA_LOCAL_DIR=str(kafka_dir))
+    try:
+        res = subprocess.run(
+            [sys.executable, str(REPO / "scripts" / "demo.py")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        assert first is not None
+        first.close()
+    assert res.returncode == 2
+    assert res.stderr.splitlines() == [_running(os.getpid())]
+    assert res.stdout == ""  # not even the ports banner
+    assert [p.name for p in data.iterdir()] == ["demo.pid"] and not list(kafka_dir.iterdir())
+
+
+def test_many_taken_ports_are_one_short_line() -> None:
+    """Issue 39: a second demo beside a first printed one 700-character line asking to move 8 ports."""
+    demo = _demo()
+    socks = []
+    try:
+        for _ in range(8):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            s.listen()
+            socks.append(s)
+        keys = [p.key for p in demo.PORTS][:8]
+        ports = {k: s.getsockname()[1] for k, s in zip(keys, socks, strict=True)}
+        line = demo.taken_ports_line(ports, keys)
+    finally:
+        for s in socks:
+            s.close()
+    assert line is not None and "\n" not in line and len(line) < 160, line
+    assert line.startswith("demo: ports ") and "another demo?" in line
+    assert all(str(port) in line for port in ports.values())

@@ -130,7 +130,7 @@ def _deps_tree(tmp: Path) -> tuple[Path, Path]:
     return bin_dir, mark
 
 
-@pytest.mark.parametrize(("argv", "helm"), [([], True), (["--no-helm"], False)])
+@pytest.mark.parametrize(("argv", "helm"), [([], True), (["--no-helm"], False), (["--demo"], False)])
 def test_helm_is_built_for_the_tests_but_not_for_the_demo(
     tmp_path: Path, argv: list[str], helm: bool
 ) -> None:
@@ -157,4 +157,35 @@ def test_an_unknown_option_is_one_line(tmp_path: Path) -> None:
         timeout=30,
     )
     assert out.returncode == 2 and not mark.exists()
-    assert out.stderr == "ensure-deps: unknown option --no-hlem (use --check or --no-helm)\n"
+    assert out.stderr == "ensure-deps: unknown option --no-hlem (use --check, --demo or --no-helm)\n"
+
+
+def test_the_demo_never_stops_a_non_root_user_on_a_package() -> None:
+    """`make demo` as anyone but root on a machine with none of the Debian packages: one note naming
+    what the demo runs without (never a test-only package), then Kafka's jars, and on (exit 0)."""
+    with tempfile.TemporaryDirectory(prefix="gpupipe-deps-") as tmp:  # pytest's tmp is root-only
+        Path(tmp).chmod(0o755)
+        bin_dir, mark = _deps_tree(Path(tmp))
+        for cmd in ("prometheus", "promtool", "prometheus-alertmanager", "openssl", "kcat", "chromium"):
+            (bin_dir / cmd).unlink()
+        (bin_dir / "docker-compose").unlink()
+        (bin_dir / "docker-registry").unlink()
+        marks = Path(tmp) / "marks"
+        marks.mkdir(mode=0o777)
+        marks.chmod(0o777)  # the unprivileged user leaves its mark here
+        kafka_mark = marks / "kafka-fetched"
+        (Path(tmp) / "scripts" / "kafka-local").write_text(f"#!/bin/sh\ntouch {kafka_mark}\n")
+        out = subprocess.run(
+            _as_user([str(bin_dir / "bash"), str(Path(tmp) / "scripts" / "ensure-deps"), "--demo"]),
+            env={"PATH": str(bin_dir)},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert out.returncode == 0, out.stderr
+        assert kafka_mark.exists() and not mark.exists()
+    note, jars = out.stderr.splitlines()
+    assert note.startswith("ensure-deps: the demo runs without prometheus prometheus-alertmanager openssl;")
+    for test_only in ("chromium", "docker-compose", "docker-registry", "kcat"):
+        assert test_only not in note
+    assert jars.startswith("ensure-deps: Kafka's jars")
