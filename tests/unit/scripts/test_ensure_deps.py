@@ -124,6 +124,9 @@ def _deps_tree(tmp: Path) -> tuple[Path, Path]:
         "chromium",
         "docker-compose",
         "docker-registry",
+        "buildah",
+        "podman",
+        "mmdebstrap",
     ):
         (bin_dir / cmd).write_text("#!/bin/sh\n")
         (bin_dir / cmd).chmod(0o755)
