@@ -437,7 +437,8 @@ class WebConfigSource:
         assert self.path is not None
         try:
             fresh = load_web_config(self.path)
-        except ConfigError as exc:
+        except Exception as exc:  # ConfigError, and whatever an odd value makes the parser raise:
+            # this runs in the HTTP accept loop, which must outlive any file an operator writes
             self.reload_errors += 1
             log.warning("web config changed but cannot be used, the previous one stays: %s", exc)
             return

@@ -362,28 +362,40 @@ class HttpServer(HTTPServer):
         sweep_at = 0.0
         try:
             while not self._stop.is_set():
-                for key, _ in sel.select(poll_interval):
-                    if key.data == "accept":
-                        self._accept(sel)
-                    elif key.data == "wake":
-                        with contextlib.suppress(OSError):
-                            self._wake_r.recv(4096)
-                    elif key.data in self._parked:  # it has something to say (not closed meanwhile)
-                        sel.unregister(key.fileobj)
-                        del self._parked[key.data]
-                        self._waiting[key.data] = None
-                self._take_back(sel)
-                now = time.monotonic()
-                if now >= sweep_at:  # deadlines to a tenth of a second are precise enough
-                    self._expire(sel, now)
-                    sweep_at = now + 0.1
-                self._dispatch(sel)
+                try:
+                    sweep_at = self._round(sel, poll_interval, sweep_at)
+                except Exception:  # a bug here must not end every probe while the service runs on
+                    log.exception("HTTP: the accept loop failed a round; it goes on")
+                    time.sleep(poll_interval)
         finally:
             for conn in [*self._parked, *self._waiting]:
                 self._close(sel, conn)
             sel.close()
             self._stop.clear()
             self._stopped.set()
+
+    def _round(self, sel: selectors.BaseSelector, poll_interval: float, sweep_at: float) -> float:
+        """One round of the accept loop; the next time deadlines are swept."""
+        for key, _ in sel.select(poll_interval):
+            if key.data == "accept":
+                self._accept(sel)
+            elif key.data == "wake":
+                with contextlib.suppress(OSError):
+                    self._wake_r.recv(4096)
+            elif key.data in self._parked:  # it has something to say (not closed meanwhile)
+                sel.unregister(key.fileobj)
+                del self._parked[key.data]
+                # bytes came: the rest of the head is due within the header deadline, not the
+                # keep-alive one, so a waiting connection never holds its place for long
+                key.data.deadline = min(key.data.deadline, time.monotonic() + HEADER_DEADLINE_S)
+                self._waiting[key.data] = None
+        self._take_back(sel)
+        now = time.monotonic()
+        if now >= sweep_at:  # deadlines to a tenth of a second are precise enough
+            self._expire(sel, now)
+            sweep_at = now + 0.1
+        self._dispatch(sel)
+        return sweep_at
 
     def shutdown(self) -> None:
         self._stop.set()
@@ -409,8 +421,11 @@ class HttpServer(HTTPServer):
         client = client_key(address)
         full = self._open[client] >= self.max_client_connections
         if full or self._open_total >= self.max_open_connections:
-            # make room by closing the longest-idle parked connection (the client's own past its cap)
+            # make room by closing the longest-idle parked connection (the client's own past its
+            # cap), else a waiting one of the client that holds the most (never a smaller one's)
             victim = next((c for c in self._parked if not full or c.client == client), None)
+            if victim is None:
+                victim = self._greediest_waiting(client, full)
             if victim is None:
                 self.refused_connections += 1
                 self.shutdown_request(sock)
@@ -435,6 +450,21 @@ class HttpServer(HTTPServer):
         self._open[client] += 1
         self._open_total += 1
         self._park(sel, conn)
+
+    def _greediest_waiting(self, client: Any, own: bool) -> _Conn | None:
+        """A waiting connection to close for a new one of ``client``: its own oldest when ``own``
+        (past its cap), else the oldest of the client holding the most connections, if that one
+        holds more than ``client`` will. Clients that fill the server with half-sent heads then
+        lose connections to a newcomer, a probe included, instead of keeping it out."""
+        if own:
+            return next((c for c in self._waiting if c.client == client), None)
+        counts: Counter[Any] = Counter(c.client for c in self._waiting)
+        if not counts:
+            return None
+        greedy, _ = max(counts.items(), key=lambda kv: self._open[kv[0]])
+        if self._open[greedy] <= self._open[client] + 1:
+            return None
+        return next(c for c in self._waiting if c.client == greedy)
 
     def _park(self, sel: selectors.BaseSelector, conn: _Conn) -> None:
         sel.register(conn.sock, selectors.EVENT_READ, conn)

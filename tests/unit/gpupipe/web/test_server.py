@@ -223,6 +223,29 @@ def test_a_broken_rewrite_keeps_the_config_that_works(tmp_path: Path) -> None:
         assert source.reload_errors == 1
 
 
+@pytest.mark.parametrize(
+    "rewrite",
+    [
+        "rate_limit:\n  interval: 1s\n  burst: .inf\n",  # OverflowError in the parser
+        "http_server_config:\n  headers: [a]\n",  # AttributeError
+        "tls_server_config:\n  client_auth_type: [x]\n",  # TypeError
+    ],
+)
+def test_any_rewrite_that_does_not_parse_keeps_the_server_answering(tmp_path: Path, rewrite: str) -> None:
+    # The accept loop reads the config: an exception other than ConfigError ended it, and the
+    # service went on running with no probe or scrape answered.
+    web = tmp_path / "web.yml"
+    web.write_text(f"basic_auth_users:\n  prometheus: '{_hash('pw')}'\n")
+    source = WebConfigSource(web, check_every_s=0)
+    with contextlib.closing(serve(CollectorRegistry(), source).start()) as http:  # type: ignore[arg-type]
+        base = f"http://127.0.0.1:{http.port}"
+        web.write_text(rewrite)
+        for _ in range(3):
+            assert _status(base, auth="prometheus:pw")[0] == 200
+        assert _status(base)[0] == 401  # the previous config stays
+        assert source.reload_errors == 1
+
+
 def test_a_password_longer_than_bcrypt_reads_is_refused_with_401(tmp_path: Path) -> None:
     web = tmp_path / "web.yml"
     web.write_text(f"basic_auth_users:\n  prometheus: '{_hash('pw')}'\n")

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from gpupipe.web import auth as auth_mod
 from gpupipe.web import server as server_mod
 from gpupipe.web.server import HttpServer, client_key, registry_route
+from tests.agent_harness import wait_for
 from tests.pki import Pki
 
 WORKERS = 4
@@ -176,6 +177,20 @@ def test_one_client_holds_at_most_its_share_and_a_full_server_still_admits_a_pro
                 # every open connection taken: the longest idle one makes room for the probe
                 assert get(http.port) == 200
         assert http.evicted_connections >= 3
+
+
+def test_clients_filling_the_server_with_half_sent_heads_do_not_keep_a_probe_out() -> None:
+    # Connections that sent part of a head wait for a worker; with every open connection such a
+    # one, none was parked to evict and every new connection, the probe's, was refused.
+    http = serve(max_connections=4, max_open_connections=8, max_client_connections=4).start()
+    with contextlib.closing(http):
+        with (
+            connections(http.port, 4, src="127.0.0.2", send=b"GET /metrics HTTP/1.1\r\n", answered=False),
+            connections(http.port, 4, src="127.0.0.3", send=b"GET /metrics HTTP/1.1\r\n", answered=False),
+        ):
+            wait_for(lambda: http._busy_total + len(http._waiting) == 8, 10, "all eight waiting or served")
+            assert [get(http.port) for _ in range(3)] == [200] * 3
+        assert http.evicted_connections >= 1
 
 
 def test_the_client_a_connection_counts_against() -> None:
