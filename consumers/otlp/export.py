@@ -49,15 +49,24 @@ _TOO_LARGE_HTTP = 413
 class ExportError(Exception):
     """An export not acknowledged. ``retryable``: the same request may succeed later;
     ``too_large``: the collector refused its size (send it in parts); ``maybe_delivered``: it timed
-    out after it was sent, so the collector may have taken it (a resend may duplicate it)."""
+    out after it was sent, so the collector may have taken it (a resend may duplicate it);
+    ``slow``: it could not be connected or sent within the timeout (nothing delivered; a longer
+    timeout may let a large request through a slow link)."""
 
     def __init__(
-        self, message: str, *, retryable: bool, too_large: bool = False, maybe_delivered: bool = False
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        too_large: bool = False,
+        maybe_delivered: bool = False,
+        slow: bool = False,
     ) -> None:
         super().__init__(message)
         self.retryable = retryable
         self.too_large = too_large
         self.maybe_delivered = maybe_delivered
+        self.slow = slow
 
 
 def _grpc_error(code: grpc.StatusCode, detail: str) -> ExportError:
@@ -322,7 +331,9 @@ class HttpTransport:
                 too_large=too_large,
             ) from exc
         except urllib.error.URLError as exc:  # before the request was sent: refused, TLS, DNS
-            raise ExportError(f"HTTP: {exc}", retryable=True) from exc
+            # or a timeout connecting or uploading the body: the same timeout would fail for ever
+            slow = isinstance(exc.reason, TimeoutError)
+            raise ExportError(f"HTTP: {exc}", retryable=True, slow=slow) from exc
         except TimeoutError as exc:  # sent, no answer in time: the collector may have taken it
             raise ExportError(
                 f"HTTP: no answer within the timeout ({exc})", retryable=True, maybe_delivered=True

@@ -226,6 +226,8 @@ class OtlpService:
                     self._timed_out(signal, request.items)
                 else:
                     self.metrics.exports.labels(signal, "retry").inc()
+                    if exc.slow:  # not sent in time: only a longer timeout gets it through
+                        self._lengthen(signal, "OTLP export could not be sent within the timeout")
                 self._failed(signal, str(exc))
                 if self.stop.wait(wait()):
                     raise ExportAbandoned(f"stopped while {signal} exports fail: {exc}") from exc
@@ -249,12 +251,17 @@ class OtlpService:
         """A sent request unanswered in time: wait longer for its resend (it may be a duplicate)."""
         self.metrics.exports.labels(signal, "timeout").inc()
         self.metrics.timed_out_items.labels(signal).inc(items)
+        self._lengthen(
+            signal,
+            "OTLP export timed out after it was sent; resending with a longer timeout "
+            "(the collector may get it twice)",
+        )
+
+    def _lengthen(self, signal: Signal, why: str) -> None:
         longer = min(self.attempt_timeout_s * TIMEOUT_GROWTH, max(MAX_TIMEOUT_S, self.timeout_s))
         if longer > self.attempt_timeout_s:
             log.warning(
-                "OTLP export timed out after it was sent; resending with a longer timeout "
-                "(the collector may get it twice)",
-                extra=fields(signal=signal, timeout_s=self.attempt_timeout_s, next_timeout_s=longer),
+                why, extra=fields(signal=signal, timeout_s=self.attempt_timeout_s, next_timeout_s=longer)
             )
         self.attempt_timeout_s = longer
 

@@ -4,6 +4,7 @@ an error, never followed."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -139,6 +140,29 @@ def test_a_timeout_after_sending_may_have_delivered(answers: Answers) -> None:
     assert err.retryable and err.maybe_delivered
     answers.answer = (200, {}, 0.0)
     tx.export("metrics", b"")
+
+
+def test_a_body_not_taken_in_time_is_slow_not_delivered() -> None:
+    # A collector (or a link) that does not take the body: the upload itself times out.
+    with socket.create_server(("127.0.0.1", 0), backlog=1) as srv:
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        port = srv.getsockname()[1]
+        tx = HttpTransport(
+            config_from(
+                protocol="http/protobuf",
+                endpoint=f"http://127.0.0.1:{port}",
+                headers_file=None,
+                ca_file=None,
+                cert_file=None,
+                key_file=None,
+                timeout_s=0.5,
+                environ={},
+            )
+        )
+        with pytest.raises(ExportError) as info:
+            tx.export("metrics", b"x" * (32 << 20))  # never read: the send buffers fill
+    err = info.value
+    assert err.retryable and err.slow and not err.maybe_delivered
 
 
 def test_a_refused_connection_was_not_delivered() -> None:

@@ -146,6 +146,23 @@ def test_a_timed_out_request_is_resent_with_a_longer_timeout_until_answers_are_q
     assert value(registry, "gpupipe_otlp_exports_total", outcome="retry") == 0
 
 
+def test_a_request_that_cannot_be_sent_in_time_gets_a_longer_timeout_and_no_duplicate_count() -> None:
+    # A 3 MiB request over a slow link timed out uploading at every attempt: export halted.
+    answers = iter(["slow", "slow", None])
+
+    def collector(payload: bytes) -> None:
+        if next(answers) == "slow":
+            raise ExportError("HTTP: <urlopen error timed out>", retryable=True, slow=True)
+
+    tx = Scripted(collector)
+    svc, registry = service(tx, timeout_s=10.0)
+    svc.handle([rec("GPU-0")])
+    longer = 10.0 * TIMEOUT_GROWTH
+    assert [t for *_, t in tx.sent] == [10.0, longer, longer * TIMEOUT_GROWTH]
+    assert value(registry, "gpupipe_otlp_timed_out_items_total") == 0  # nothing was delivered
+    assert value(registry, "gpupipe_otlp_exports_total", outcome="retry") == 2
+
+
 def test_the_timeout_grows_to_a_cap() -> None:
     calls = [0]
 
