@@ -27,6 +27,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
@@ -54,7 +55,20 @@ _LOG_EVERY_MS = 60_000
 
 
 class Verifier(Protocol):
-    def check(self, hostname: str, value: bytes, headers: Any) -> str | None: ...
+    def check(self, hostname: str, value: bytes, headers: Any, at: float | None = None) -> str | None: ...
+
+
+def _broker_time(raw: Any) -> float | None:
+    """When the broker took ``raw`` (epoch seconds), on a LogAppendTime topic; else None (now).
+
+    A certificate valid when its record was written stays valid for that record: a consumer
+    catching up after an outage, or a chargeback replaying an open window past a certificate's
+    rotation, decides as the first read did. Only broker time: a producer chooses CreateTime."""
+    try:
+        ts_type, ts = raw.timestamp()
+    except Exception:  # a record without Kafka's metadata (tests, replays from files)
+        return None
+    return ts / 1000.0 if ts_type == TIMESTAMP_LOG_APPEND_TIME and ts and ts > 0 else None
 
 
 class NodeCheck:
@@ -91,7 +105,9 @@ class NodeCheck:
             problem = "unsigned"
         else:
             try:
-                problem = self._verifier.check(hostname, raw.value() or b"", raw.headers())
+                problem = self._verifier.check(
+                    hostname, raw.value() or b"", raw.headers(), at=_broker_time(raw)
+                )
             except Exception:  # a hostile record must not stop the service
                 problem = "bad-certificate"
         self.last_verified = problem is None

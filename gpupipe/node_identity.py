@@ -328,9 +328,15 @@ class NodeVerifier:
         return checked
 
     def check(
-        self, hostname: str, value: bytes, headers: Sequence[tuple[str, bytes | None]] | None
+        self,
+        hostname: str,
+        value: bytes,
+        headers: Sequence[tuple[str, bytes | None]] | None,
+        at: float | None = None,
     ) -> str | None:
-        """None when ``value`` was signed by node ``hostname``; else the reason (one of REASONS)."""
+        """None when ``value`` was signed by node ``hostname``; else the reason (one of REASONS).
+        Validity is judged at ``at`` (epoch seconds: when the broker took the record, where the
+        producer cannot choose it), else now."""
         sig, der = _header(headers, SIG_HEADER), _header(headers, CERT_HEADER)
         if not sig or not der:
             return "unsigned"
@@ -339,7 +345,7 @@ class NodeVerifier:
         c = self._check_cert(bytes(der))
         if c.problem is not None:
             return c.problem
-        now = self._clock()
+        now = self._clock() if at is None else at
         if not c.not_before <= now <= c.not_after:
             return "expired"
         if hostname not in c.names:

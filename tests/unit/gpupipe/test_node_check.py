@@ -58,3 +58,46 @@ def test_the_flags_reach_each_service(tmp_path: Path) -> None:
     check = build_service(_args("chargeback", *flags), {}).node_check
     assert isinstance(check, NodeCheck) and check.mode == "audit"
     assert check.results == {("GpuSample", "verified", "audit"): 0}
+
+
+class _Msg:
+    """A consumed record: its value, headers and Kafka timestamp."""
+
+    def __init__(self, value: bytes, headers: list[tuple[str, bytes]], ts: tuple[int, int]) -> None:
+        self._v, self._h, self._ts = value, headers, ts
+
+    def value(self) -> bytes:
+        return self._v
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return self._h
+
+    def timestamp(self) -> tuple[int, int]:
+        return self._ts
+
+
+def test_a_certificate_is_judged_when_the_broker_took_the_record(tmp_path: Path) -> None:
+    # A chargeback replaying an open window, or catching up after an outage, past the rotation of
+    # a short-lived node certificate dead-lettered (or, on replay, silently dropped) samples that
+    # were valid when written. Broker time (LogAppendTime) decides; a producer's CreateTime not.
+    import datetime as dt
+    import time
+
+    from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME
+
+    from gpupipe.node_identity import NodeSigner, NodeVerifier
+
+    pki = Pki(tmp_path)
+    start = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=4)  # the test CA is 5 minutes old
+    cert = pki.node("a", "system:node:node-a", valid_from=start, valid_for=dt.timedelta(minutes=2))
+    signer = NodeSigner(str(cert), None, "node-a")
+    body = b"a sample"
+    written_ms = int((start + dt.timedelta(minutes=1)).timestamp() * 1000)  # the certificate was valid
+    check = NodeCheck(NodeVerifier.from_file(str(pki.ca)), "enforce", service="chargeback")
+    now_ms = int(time.time() * 1000)
+    on_time = _Msg(body, signer.headers(body), (TIMESTAMP_LOG_APPEND_TIME, written_ms))
+    assert check.refuse("GpuSample", "node-a", on_time, now_ms) is None
+    chosen = _Msg(body, signer.headers(body), (TIMESTAMP_CREATE_TIME, written_ms))
+    assert (check.refuse("GpuSample", "node-a", chosen, now_ms) or "").startswith("expired")
+    late = _Msg(body, signer.headers(body), (TIMESTAMP_LOG_APPEND_TIME, now_ms))  # sent again today
+    assert (check.refuse("GpuSample", "node-a", late, now_ms) or "").startswith("expired")

@@ -122,7 +122,7 @@ def test_a_check_that_raises_is_a_refusal_and_the_batch_goes_on(nodes: Any) -> N
     _, a, _ = nodes
 
     class Broken:
-        def check(self, hostname: str, value: bytes, headers: Any) -> str | None:
+        def check(self, hostname: str, value: bytes, headers: Any, at: float | None = None) -> str | None:
             raise RuntimeError("a library error the verifier did not expect")
 
     reg, sink = CollectorRegistry(), ListSink()
