@@ -55,7 +55,9 @@ class _FailureBudget:
             return False
         if client not in self._buckets and len(self._buckets) >= MAX_TRACKED_CLIENTS:
             full = [c for c in self._buckets if self._tokens(c, now) >= FAILED_AUTH_BURST]
-            for c in full or list(self._buckets):
+            # forget those whose budget is whole again, else the one that failed longest ago: a
+            # new address must never hand every spent budget back at once
+            for c in full or [min(self._buckets, key=lambda c: self._buckets[c][1])]:
                 del self._buckets[c]
         self._buckets[client] = (tokens - 1, now)
         return True

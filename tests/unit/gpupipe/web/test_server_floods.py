@@ -242,3 +242,14 @@ def test_wrong_passwords_cost_a_bounded_number_of_bcrypt_checks(
         assert len(checks) <= bound
         # a scraper at another address is not refused for the flood's sake
         assert get(http.port, "/metrics", src="127.0.0.2", auth="prom2:pw2") == 200
+
+
+def test_a_new_address_never_hands_every_spent_failure_budget_back() -> None:
+    # With 4,096 addresses tracked and none whole, one more address reset every budget at once.
+    budget = auth_mod._FailureBudget()
+    for i in range(auth_mod.MAX_TRACKED_CLIENTS - 1):
+        assert budget.spend(f"10.0.{i // 256}.{i % 256}")
+    while budget.spend("attacker"):
+        pass
+    assert budget.spend("one-more-address")  # the table was full: the longest-failed one goes
+    assert not budget.spend("attacker")  # its spent budget is still spent
