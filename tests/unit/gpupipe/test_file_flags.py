@@ -26,6 +26,9 @@ from gpupipe.flag_files import MAX_BYTES, check_file_flags, is_file_flag, read_t
 FILE_FLAGS = {
     ("acls", "--kafka-config-file"),
     ("alerts", "--node-ca-file"),
+    ("chargeback", "--node-ca-file"),
+    ("metrics", "--node-ca-file"),
+    ("recommend", "--node-ca-file"),
     ("alerts", "--kube-token-file"),
     ("alerts", "--kube-ca-file"),
     ("alerts", "--kafka-config-file"),
