@@ -25,7 +25,7 @@ from __future__ import annotations
 import html
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gpupipe_consumers.alerts.alert_record import iso_ms
@@ -140,7 +140,6 @@ class OpenAlertsView:
     role: str  # single, leader or standby (--ha)
     taken_at_ms: int  # when the snapshot was taken
     stale: bool = False  # the service was busy: this is an earlier snapshot
-    notes: tuple[str, ...] = field(default=())
 
     @property
     def more(self) -> int:
@@ -308,10 +307,7 @@ ul{margin:0;padding-left:1.1em}
 
 
 def render_html(view: OpenAlertsView, now_ms: int) -> bytes:
-    notes = list(view.notes)
-    role = _role_line(view)
-    if role:
-        notes.insert(0, role)
+    notes = [line for line in (_role_line(view),) if line]
     if view.stale:
         notes.append(f"The service was busy: this is its list as of {iso_ms(view.taken_at_ms)}.")
     meta = (
