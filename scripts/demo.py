@@ -66,7 +66,13 @@ PORTS: tuple[Port, ...] = (
         "http://127.0.0.1:{port}/metrics",
     ),
     Port("chargeback", "GPUPIPE_DEMO_CHARGEBACK_PORT", 9402, "chargeback", "http://127.0.0.1:{port}/metrics"),
-    Port("alerts", "GPUPIPE_DEMO_ALERTS_PORT", 9403, "alerts", "http://127.0.0.1:{port}/metrics"),
+    Port(
+        "alerts",
+        "GPUPIPE_DEMO_ALERTS_PORT",
+        9403,
+        "open alerts (page; /alerts.json)",
+        "http://127.0.0.1:{port}/alerts",
+    ),
     Port(
         "recommend",
         "GPUPIPE_DEMO_RECOMMEND_PORT",
@@ -86,8 +92,8 @@ PORTS: tuple[Port, ...] = (
         "alertmanager",
         "GPUPIPE_DEMO_ALERTMANAGER_PORT",
         9093,
-        "Alertmanager",
-        "http://127.0.0.1:{port}/#/alerts",
+        "Alertmanager API (Debian: no UI)",
+        "http://127.0.0.1:{port}/api/v2/alerts",
     ),
     Port("kafka", "GPUPIPE_DEMO_KAFKA_PORT", 9092, "Kafka", "127.0.0.1:{port}"),
     Port(
@@ -238,7 +244,8 @@ def services(ports: Mapping[str, int], data: Path = DEFAULT_DIR) -> list[tuple[s
             "gpupipe_consumers.alerts.command",
             "alerts",
             ["alerts", "--listen", f"127.0.0.1:{ports['alerts']}", "--dry-run"],
-            f"XID alerts: {CLI} tail gpu.alerts.v1 (cordon decisions are dry-run only)",
+            f"open alerts: http://127.0.0.1:{ports['alerts']}/alerts (records: {CLI} tail gpu.alerts.v1; "
+            "cordons are dry-run only)",
         ),
         (
             "gpupipe_consumers.recommend.command",
@@ -335,7 +342,7 @@ def side_services(
                     f"--web.listen-address=127.0.0.1:{ports['alertmanager']}",
                     "--cluster.listen-address=",
                 ],
-                f"Alertmanager: http://127.0.0.1:{ports['alertmanager']}/#/alerts",
+                f"Alertmanager's API: http://127.0.0.1:{ports['alertmanager']}/api/v2/alerts",
             )
         )
     prom = binaries.get("prometheus")

@@ -28,8 +28,10 @@ from gpupipe.errors import ConfigError, GpupipeError
 from gpupipe.kafka_admin import parse_kafka_overrides, wait_for_broker
 from gpupipe.logs import fields
 from gpupipe.runner import KafkaNeeds, Lifecycle, ServiceSpec, run_service
+from gpupipe.web.server import Route, registry_route
 from gpupipe_consumers.alerts.admission import DeviceAdmission
 from gpupipe_consumers.alerts.alert_record import gpu_alert_shape
+from gpupipe_consumers.alerts.alerts_page import AlertsPage
 from gpupipe_consumers.alerts.cordon import HOUR_MS, Cordoner, KubeNodeApi
 from gpupipe_consumers.alerts.dedupe import EngineConfig
 from gpupipe_consumers.alerts.health_signals import HealthConfig
@@ -464,6 +466,7 @@ class AlertsApp:
             ),
             node_check=identity,
         )
+        self.page = AlertsPage(self.service.open_alerts_snapshot, instance=self.instance, role=self.role)
         self._codec, self._extra = codec, extra
         self._state = life.state if life is not None else None
         self._stop = life.stop if life is not None else None
@@ -552,6 +555,10 @@ class AlertsApp:
             from_beginning=opts.from_beginning,
             topic_prefix=opts.topic_prefix,
         )
+
+    def routes(self) -> dict[str, Route]:
+        """``/metrics``, and the open alerts as a page and as JSON (behind the same TLS and auth)."""
+        return {"/metrics": registry_route(self.registry), **self.page.routes()}
 
     def role(self) -> str:
         if self.elector is None:

@@ -41,6 +41,7 @@ in its partition; recovery evidence likewise, with remediation kind ``evidence``
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 import time
@@ -63,6 +64,7 @@ from gpupipe_consumers.alerts.cordon import Cordoner, CordonResult
 from gpupipe_consumers.alerts.dedupe import AlertEngine, EngineConfig
 from gpupipe_consumers.alerts.evidence_memory import evidence_record
 from gpupipe_consumers.alerts.health_signals import LEVEL_SIGNALS, HealthConfig, HealthTracker, InvalidRecord
+from gpupipe_consumers.alerts.open_alerts_view import order_key
 from gpupipe_consumers.alerts.recovery_policy import sample_healthy
 from gpupipe_consumers.consume_loop import InRecord
 from gpupipe_consumers.topic_reader import read_topic
@@ -465,6 +467,26 @@ class AlertsService:
         log.info("alerts restored", extra=fields(open=n, records=len(records)))
         self.reconcile(now)  # requests lost with the previous process are asked again
         return n
+
+    def open_alerts_snapshot(
+        self, limit: int, timeout_s: float
+    ) -> tuple[list[dict[str, Any]], int, int] | None:
+        """The first ``limit`` open alerts in the page's order (:func:`order_key`) as ``GpuAlert`` records,
+        how many are open, and when (ms): copied under the lock, turned into records outside it. The
+        consume loop holds the lock while it waits for the broker to take its records (for as long as an
+        outage lasts), so a reader waits at most ``timeout_s``; None past it."""
+        if not self.lock.acquire(timeout=timeout_s):
+            return None
+        try:
+            now = self.now_ms()
+            alerts = self.engine.open_alerts()
+            top = heapq.nsmallest(
+                limit, alerts, key=lambda a: order_key(a.severity, a.first_seen_ms, a.alert_id)
+            )
+            snaps = [a.snapshot() for a in top]
+        finally:
+            self.lock.release()
+        return [to_record(a, now, self.instance) for a in snaps], len(alerts), now
 
     # ------------------------------------------------------------------------------------- output
 

@@ -1,4 +1,5 @@
-"""Headless Debian chromium for tests: screenshot and DOM dump of a local file, plus a PNG reader.
+"""Headless Debian chromium for tests: screenshot and DOM dump of a local file or a served URL, plus a
+PNG reader.
 
 Chromium runs in its own process group with a private profile directory, and the whole group is
 killed when a call ends or times out, so no renderer or zygote outlives the test. The PNG reader
@@ -54,8 +55,13 @@ def run_chromium(args: list[str], profile: Path, timeout: float = 90) -> subproc
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-def screenshot(page: Path, png: Path, profile: Path, size: str = "1000,1400") -> None:
-    res = run_chromium([f"--window-size={size}", f"--screenshot={png}", page.resolve().as_uri()], profile)
+def _address(page: Path | str) -> str:
+    """A local file's URI, or a URL as given (a page a service serves)."""
+    return page if isinstance(page, str) else page.resolve().as_uri()
+
+
+def screenshot(page: Path | str, png: Path, profile: Path, size: str = "1000,1400") -> None:
+    res = run_chromium([f"--window-size={size}", f"--screenshot={png}", _address(page)], profile)
     assert png.exists() and png.stat().st_size > 0, f"no screenshot ({res.returncode}): {res.stderr[-2000:]}"
 
 
@@ -66,8 +72,8 @@ def print_pdf(page: Path, pdf: Path, profile: Path) -> bytes:
     return pdf.read_bytes()
 
 
-def dump_dom(page: Path, profile: Path) -> str:
-    res = run_chromium(["--dump-dom", page.resolve().as_uri()], profile)
+def dump_dom(page: Path | str, profile: Path) -> str:
+    res = run_chromium(["--dump-dom", _address(page)], profile)
     assert res.returncode == 0 and "<html" in res.stdout, res.stderr[-2000:]
     return res.stdout
 

@@ -133,6 +133,23 @@ def test_the_ports_are_printed_with_their_urls_and_variables() -> None:
     assert re.search(r"Alertmanager .*not installed", text)
 
 
+def test_the_demo_points_to_the_alerts_page_and_alertmanagers_api_not_its_missing_ui(tmp_path: Path) -> None:
+    """Debian's Alertmanager answers ``/#/alerts`` with "does not include a web application"."""
+    demo = _demo()
+    ports = demo.demo_ports({})
+    banner = demo.ports_banner(ports)
+    binaries = {"prometheus": "/usr/bin/prometheus", "alertmanager": "/usr/bin/prometheus-alertmanager"}
+    hints = [h for _, _, h in demo.side_services(ports, binaries, tmp_path)]
+    hints += [h for _, _, _, h in demo.services(ports, tmp_path)]
+    for text in (banner, *hints):
+        assert "#/alerts" not in text
+    assert "http://127.0.0.1:9403/alerts" in banner and "http://127.0.0.1:9093/api/v2/alerts" in banner
+    assert any("http://127.0.0.1:9403/alerts" in h for h in hints)
+    quick = (REPO / "README.md").read_text()
+    quick = quick[quick.index("## Quickstart") : quick.index("### With Docker")]
+    assert "http://127.0.0.1:9403/alerts" in quick and "9093/api/v2/alerts" in quick
+
+
 def test_readme_quick_start_lists_every_demo_port() -> None:
     readme = (REPO / "README.md").read_text()
     quick = readme[readme.index("## Quickstart") : readme.index("### With Docker")]

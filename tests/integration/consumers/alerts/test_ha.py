@@ -45,6 +45,11 @@ def role(p: AlertsProcess) -> str:
         return "down"
 
 
+def alerts_json(p: AlertsProcess) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{p.port}/alerts.json", timeout=5) as r:
+        return dict(json.loads(r.read()))
+
+
 def test_standby_takes_over_with_state_and_limits(
     kafka: str, topic_prefix: str, alertmanager: Alertmanager, tmp_path: Path
 ) -> None:
@@ -81,6 +86,8 @@ def test_standby_takes_over_with_state_and_limits(
                 kafka, topic_prefix, tmp_path, *flags, "--instance-id", "b", group=group
             ).start()
             assert role(b) == "standby"
+            page = alerts_json(b)  # a standby's page says why it is empty
+            assert page["role"] == "standby" and page["open_alerts"] == 0 and "standby" in page["note"]
             now = int(time.time() * 1000)
             produce(kafka, t[topics.XID], "XidEvent", [xid_event("node-a", "0000:18:00", 79, now)])
 
@@ -121,6 +128,14 @@ def test_standby_takes_over_with_state_and_limits(
                 return got if len(got) == 2 and all(r["instance"] == "b" for r in got) else None
 
             wait_until(from_b, 30, "the standby to alert on what arrived during the failover")
+            wait_until(  # the new leader's page lists what it restored and what it raised
+                lambda: (
+                    {"node-a", "node-b", "node-c", "node-d"} <= {x["node"] for x in alerts_json(b)["alerts"]}
+                ),
+                10,
+                "b's /alerts.json to list the open alerts",
+                interval_s=0.5,
+            )
             takeover_s = time.monotonic() - killed
             assert takeover_s < 30, takeover_s
             # the cordon lost with a is reconciled by b, and the limit (2 per hour: a's node-a, b's node-d)
