@@ -34,8 +34,9 @@ DOUBLE = ("__init__.py", "fake_nvml.py", "fake_nvml_events.py", "fake_nvml_sessi
 
 
 @pytest.fixture(scope="module")
-def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, int]]:
-    """target -> (image, size in bytes), from one ``make release`` run with buildah."""
+def images(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[str, int]]]:
+    """target -> (image, size in bytes), from one ``make release`` run with buildah; the images are
+    removed with the module (the cached base stays), so runs leave no image behind."""
     dist = tmp_path_factory.mktemp("dist")
     env = {**os.environ, "DIST": str(dist), "RELEASE_IMAGE": "yes", "RELEASE_BUILDER": "buildah"}
     env |= {"IMAGE": "localhost/gpupipe-test", "PY": str(REPO / ".venv" / "bin" / "python")}
@@ -51,7 +52,10 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, int
             built["agent" if name.startswith("localhost/gpupipe-test-agent:") else "gpupipe"] = (name, size)
     assert set(built) == {"gpupipe", "agent"}, res.stderr[-3000:]
     print(f"image sizes: {built}")
-    return built
+    try:
+        yield built
+    finally:
+        subprocess.run(["buildah", "rmi", "--force", *(n for n, _ in built.values())], capture_output=True)
 
 
 class Container:
