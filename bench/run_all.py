@@ -30,6 +30,7 @@ BENCHES = [
     "bench_alerts.py",
     "bench_alerts_latency.py",
     "bench_alerts_flood.py",
+    "bench_alerts_sample_ingest.py",
     "bench_podmeta_load.py",
     "bench_lake_writer.py",
     "bench_lake_query.py",  # a day of 1,000 GPUs: produce, replay and query (a few minutes)

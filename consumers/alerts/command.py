@@ -36,6 +36,7 @@ from gpupipe_consumers.alerts.cordon import HOUR_MS, Cordoner, KubeNodeApi
 from gpupipe_consumers.alerts.dedupe import EngineConfig
 from gpupipe_consumers.alerts.health_signals import HealthConfig
 from gpupipe_consumers.alerts.leader import LeaderElector, ha_members
+from gpupipe_consumers.alerts.sample_decode import AlertsDecoder
 from gpupipe_consumers.alerts.service import AlertsService, kafka_alert_sink, restore_from_topic
 from gpupipe_consumers.consume_loop import ConsumeLoop
 from gpupipe_schemas.codec import codec_from_url
@@ -547,7 +548,8 @@ class AlertsApp:
             group_id=opts.group_id,
             topics=self.inputs,
             handler=self.service,
-            codec=codec,
+            # samples: only the fields alerts and the contract check read; the rest the codec's
+            codec=AlertsDecoder(codec),  # type: ignore[arg-type]
             deadletter_topic=topics.with_prefix(opts.topic_prefix, topics.DEADLETTER),
             service="alerts",
             registry=self.registry,

@@ -1,0 +1,150 @@
+"""GpuSample decoding for the alerts service: only the fields alerts and the contract check read.
+
+Contract: :class:`AlertsDecoder` is codec-shaped (``.decode(payload) -> Decoded``) for the consume
+loop. For a GpuSample in single-object framing from a known writer schema, the record it returns
+holds exactly :data:`SAMPLE_FIELDS` with the values the shared codec would give them; any other
+record (XidEvent, GpuAlert, another framing, an unknown writer) is the codec's. Whatever the fast
+path cannot decode is decoded again by the codec, which raises its own ``DecodeError``: a hostile
+record is dead-lettered with the same reason and detail as before.
+
+Why: the codec decodes all 90-odd fields of a sample (about 56 us in the performance review of
+issue 38); alerts reads about twenty. The generated projection decoders of
+:mod:`gpupipe_schemas.fastdecode` (the ones chargeback and metrics use) skip the rest with a few
+byte operations each.
+
+What the projection keeps, and why each part (the contract check must see what it saw before):
+
+* what the service reads of a sample (:data:`ALERT_FIELDS`: health signals, recovery evidence,
+  admission, node check);
+* every field :func:`gpupipe_schemas.validate.violation` reads (:data:`CONTRACT_FIELDS`): the loop's
+  check of the projected record gives the same verdict, with the same text, as of the whole record;
+* every field that holds a string (:data:`STRING_FIELDS`): a skipped string is not UTF-8-decoded,
+  so a non-UTF-8 one would otherwise pass where the codec refuses it (``corrupt-avro-body``).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from gpupipe_schemas import catalog
+from gpupipe_schemas.codec import SINGLE_OBJECT_MAGIC, AvroCodec, Decoded
+from gpupipe_schemas.fastdecode import CORRUPT, SampleDecoder, writer_fields
+
+__all__ = ["ALERT_FIELDS", "CONTRACT_FIELDS", "SAMPLE_FIELDS", "STRING_FIELDS", "AlertsDecoder"]
+
+#: Read by health_signals (observe, health), recovery_policy.sample_healthy, admission.device_of
+#: and the service's node check; a test runs them on a sample that records what they read.
+ALERT_FIELDS = frozenset(
+    {
+        "timestamp_ms",
+        "hostname",
+        "gpu_index",
+        "uuid",
+        "pci_bus_id",
+        "model_name",
+        "driver_version",
+        "mig",
+        "allocations",
+        "gpu_lost",
+        "ecc_dbe_volatile_total",
+        "ecc_sbe_volatile_total",
+        "ecc_dbe_aggregate_total",
+        "ecc_sbe_aggregate_total",
+        "total_energy_mj",
+        "row_remap_failure",
+        "row_remap_pending",
+        "remapped_rows_correctable",
+        "remapped_rows_uncorrectable",
+        "gpu_recovery_action",
+        "clock_event_reasons",
+        "gpu_temp_c",
+    }
+)
+#: What :func:`gpupipe_schemas.validate.violation` reads of a GpuSample (its bounded fields).
+CONTRACT_FIELDS = frozenset(
+    {
+        "timestamp_ms",
+        "hostname",
+        "uuid",
+        "pci_bus_id",
+        "model_name",
+        "driver_version",
+        "allocations",
+        "gpu_util_ratio",
+        "mem_copy_util_ratio",
+        "enc_util_ratio",
+        "dec_util_ratio",
+        "gr_engine_active_ratio",
+        "sm_active_ratio",
+        "sm_occupancy_ratio",
+        "tensor_active_ratio",
+        "dram_active_ratio",
+        "fp64_active_ratio",
+        "fp32_active_ratio",
+        "fp16_active_ratio",
+        "mig_configured_fraction",
+        "mig",
+        "power_w",
+        "module_power_w",
+        "power_limit_w",
+        "gpu_temp_c",
+        "memory_temp_c",
+        "pcie_tx_bytes_per_s",
+        "pcie_rx_bytes_per_s",
+        "nvlink_tx_bytes_per_s",
+        "nvlink_rx_bytes_per_s",
+        "total_energy_mj",
+        "module_energy_mj",
+        "mig_parent_energy_mj",
+        "fb_total_bytes",
+        "fb_used_bytes",
+        "fb_free_bytes",
+        "shared_replicas",
+        "last_xid",
+        "processes",
+    }
+)
+
+
+def _holds_string(shape: Any) -> bool:
+    if isinstance(shape, str):
+        return shape == "string"
+    if isinstance(shape, list):
+        return any(_holds_string(b) for b in shape)
+    if shape[0] == "record":
+        return any(_holds_string(t) for _, t in shape[1])
+    if shape[0] in ("array", "map"):
+        return shape[0] == "map" or _holds_string(shape[1])
+    return False
+
+
+_CURRENT = catalog.current("GpuSample")
+#: Fields of the current GpuSample that hold a string anywhere inside.
+STRING_FIELDS = frozenset(n for n, t in writer_fields(_CURRENT.raw) or () if _holds_string(t))
+SAMPLE_FIELDS = ALERT_FIELDS | CONTRACT_FIELDS | STRING_FIELDS
+
+
+def projected_schema() -> dict[str, Any]:
+    """The current GpuSample schema with only :data:`SAMPLE_FIELDS`."""
+    raw = copy.deepcopy(_CURRENT.raw)
+    raw["fields"] = [f for f in raw["fields"] if f["name"] in SAMPLE_FIELDS]
+    return raw
+
+
+class AlertsDecoder:
+    """Codec-shaped for the consume loop; see module doc."""
+
+    def __init__(self, codec: AvroCodec) -> None:
+        self.codec = codec
+        self._fast = SampleDecoder(codec, projected_schema()).fast  # writer fingerprint -> decoder
+
+    def decode(self, payload: bytes | None) -> Decoded:
+        if payload and payload[:2] == SINGLE_OBJECT_MAGIC:
+            fn = self._fast.get(payload[2:10])
+            if fn is not None:
+                try:
+                    return Decoded("GpuSample", fn(payload, 10), "single-object")
+                except CORRUPT:
+                    pass  # the codec decodes it or raises the DecodeError with its own reason
+        return self.codec.decode(payload)
