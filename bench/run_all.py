@@ -35,6 +35,7 @@ BENCHES = [
     "bench_lake_writer.py",
     "bench_lake_query.py",  # a day of 1,000 GPUs: produce, replay and query (a few minutes)
     "bench_life_drill.py",  # 30 days of 240 GPUs through the alerts service (minutes)
+    "kafka_sizing.py",  # own broker: bytes per record per topic and the sizing table (under a minute)
     "soak_chargeback.py",  # own broker; scale with GPUPIPE_SOAK_GPUS (default 10000)
 ]
 RATIO = re.compile(r"^(\S+) ratio=([0-9.]+) target=([0-9.]+)")
