@@ -10,7 +10,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import random
+import signal
 import subprocess
 import time
 
@@ -282,10 +284,23 @@ def test_two_instances_split_partitions_and_give_the_same_totals(
     group = f"cb-two-{new_id()}"
     logs = [fleet["dir"] / f"two-{i}.log" for i in "ab"]
     args = (*WINDOW, "--group-id", group, "--commit-interval", "200ms")
-    producer = produce_fleet(kafka, prefix, fleet["start_ms"], speed="900", wait=False)
+    producer = produce_fleet(kafka, prefix, fleet["start_ms"], speed="300", wait=False)
+    assert producer is not None
     prog = Progress(kafka, group, prefix + topics.SAMPLES)
-    procs = [start_service(kafka, prefix, logs[0], *args, "--instance-id", "inst-0")]
+    procs: list[subprocess.Popen] = []
     try:
+        # The stream is held mid-way (the producer stopped) until the second instance has its
+        # partitions: the handover then happens with input still to come on any machine, where
+        # racing a producer at full speed lost on a loaded one.
+        deadline = time.monotonic() + 60
+        while True:
+            prog.refresh_high()
+            if sum(prog.high.values()) >= 2000:
+                break
+            assert time.monotonic() < deadline and producer.poll() is None, "the fleet never produced"
+            time.sleep(0.05)
+        os.kill(producer.pid, signal.SIGSTOP)
+        procs.append(start_service(kafka, prefix, logs[0], *args, "--instance-id", "inst-0"))
         deadline = time.monotonic() + 20
         while prog.committed_total() == 0:
             assert time.monotonic() < deadline and procs[0].poll() is None, logs[0].read_text()[-2000:]
@@ -301,6 +316,7 @@ def test_two_instances_split_partitions_and_give_the_same_totals(
             assert all(p.poll() is None for p in procs)
             time.sleep(0.1)
         handed_over_at = prog.committed_total()
+        os.kill(producer.pid, signal.SIGCONT)
         assert producer.wait(timeout=60) == 0, producer.stderr.read()[-2000:]
         prog.refresh_high()
         prog.wait_done(60, procs)
@@ -308,7 +324,7 @@ def test_two_instances_split_partitions_and_give_the_same_totals(
         prog.close()
         codes = [stop_service(p) for p in procs]
         if producer.poll() is None:
-            producer.kill()
+            producer.kill()  # a stopped process dies of SIGKILL too
     assert codes == [0, 0], [lg.read_text()[-2000:] for lg in logs]
     assert 0 < handed_over_at < sum(prog.high.values())
     assert "partitions revoked" in logs[0].read_text()
