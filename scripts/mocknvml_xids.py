@@ -8,7 +8,7 @@ an uncorrectable ECC error with Xid 94 (the mock's per-device ``failure`` blocks
 number of guarded NVML calls), points MOCK_NVML_CONFIG at it, polls every GPU with the agent's
 NvmlSource so the failures trip, and prints each event the agent's XidEventWatcher delivers: the
 GPU it was published on and the GPU whose event set delivered it. The mock hands a pending event to
-whichever set waits, so before the fix of issue 34 the XIDs came out on arbitrary GPUs.
+whichever set waits, so before attribution by the event's device the XIDs came out on arbitrary GPUs.
 
 Not a test and not a dependency (the mock library lives outside the repository: see its README);
 the suite's NVML double reproduces the mock's delivery (tests/fake_nvml_events.py, ``any-set``).

@@ -7,8 +7,8 @@ record (XidEvent, GpuAlert, another framing, an unknown writer) is the codec's. 
 path cannot decode is decoded again by the codec, which raises its own ``DecodeError``: a hostile
 record is dead-lettered with the same reason and detail as before.
 
-Why: the codec decodes all 90-odd fields of a sample (about 56 us in the performance review of
-issue 38); alerts reads about twenty. The generated projection decoders of
+Why: the codec decodes all 90-odd fields of a sample (about 56 us a sample, measured);
+alerts reads about twenty. The generated projection decoders of
 :mod:`gpupipe_schemas.fastdecode` (the ones chargeback and metrics use) skip the rest with a few
 byte operations each.
 

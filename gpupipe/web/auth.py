@@ -6,7 +6,7 @@ seconds, so outcomes are remembered (bounded, keyed by a SHA-256 of user and pas
 apart from bad ones, so that a flood of wrong passwords never pushes a scraper's out. An unknown
 user costs one bcrypt check like a known one, so timing tells nobody who exists.
 
-What wrong passwords cost the service (review 2, A15): each client address may fail
+What wrong passwords cost the service: each client address may fail
 ``FAILED_AUTH_BURST`` checks at once, refilled one per ``FAILED_AUTH_INTERVAL_S``; past that its
 unknown credentials are refused without a check (remembered good ones still pass). At most
 ``BCRYPT_CONCURRENCY`` checks run at once, so clients at many addresses take at most that many

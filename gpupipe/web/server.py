@@ -17,7 +17,7 @@ service registers its routes (paths to callables); the server owns the rest:
   byte every few seconds holds a worker that long, not for ever) and weigh at most
   ``MAX_HEADER_BYTES`` (431 past it); no endpoint takes a body (413).
 
-Connections nobody can starve the probes with (review 2, A1). A connection holds a thread (a
+Connections nobody can starve the probes with. A connection holds a thread (a
 *worker*, at most ``max_connections``) only while it has something to say: the accept loop parks
 every connection in a selector until bytes arrive (a ClientHello, a request), hands it to a worker
 for the TLS handshake and one request (more if pipelined), and parks it again between keep-alive

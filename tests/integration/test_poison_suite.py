@@ -162,7 +162,7 @@ def _catalogue(codec: AvroCodec, sample: dict[str, Any], now: int) -> dict[str, 
         (b"temp-cold", s(gpu_temp_c=-100.0), []),
         (b"long-ns", s(allocations=[{**alloc, "namespace": "n" * 200_000}]), []),
         # Labels are bounded in count too: thousands of tiny ones made one OTLP export past a
-        # collector's 4 MiB for good (review 2, A3).
+        # collector's 4 MiB for good.
         (b"labels-many", s(allocations=[{**alloc, "labels": {f"k{i}": "v" for i in range(65)}}]), []),
         (
             b"non-utf8-ns",

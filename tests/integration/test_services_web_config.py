@@ -169,7 +169,7 @@ def test_sans_rate_limit_reload_and_head_on_every_service_port(
         assert get("/metrics", "first")[0] == 401
         codes = [get("/metrics", "second")[0] for _ in range(6)]
         assert 429 in codes, codes
-        # review 2 A1 and A6: with the bucket spent and more silent connections than the 64
+        # with the bucket spent and more silent connections than the 64
         # workers, the probe with the allowed certificate is still answered
         silent = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(80)]
         try:

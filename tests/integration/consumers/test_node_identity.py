@@ -1,6 +1,6 @@
 """Node identity (`--node-ca-file`, enforce) in every service that acts on a sample's hostname.
 
-Review 2, A5: every node's producer holds one Kafka principal, so without the check node-a's
+Every node's producer holds one Kafka principal, so without the check node-a's
 credentials wrote samples naming node-b that metrics served, chargeback billed and recommend
 recommended on. On a real broker, each service here is given, among node-a's own signed samples,
 samples naming node-b signed with node-a's certificate (`wrong-node`) and unsigned ones

@@ -662,7 +662,7 @@ def test_recommend_is_rendered_like_the_other_consumers(helm: str, rendered: dic
         assert configmap == "gpupipe-prices" or {"prices.yaml", "teams.yaml"} <= set(maps[configmap]["data"])
 
 
-#: The consumers that act on a record's hostname: each checks node identity when it is on (review 2, A5).
+#: The consumers that act on a record's hostname: each checks node identity when it is on.
 HOSTNAME_READERS = ("alerts", "metrics", "chargeback", "recommend")
 
 

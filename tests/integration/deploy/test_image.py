@@ -1,4 +1,4 @@
-"""The images, built by a real OCI builder as ``make release`` builds them, and run (issue 39).
+"""The images, built by a real OCI builder as ``make release`` builds them, and run.
 
 ``scripts/release`` with no Docker engine builds the Dockerfile's two targets with buildah
 (``scripts/image-build``, ``--isolation chroot``) on a base made from Debian's packages (mmdebstrap;

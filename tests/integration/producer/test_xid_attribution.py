@@ -1,4 +1,4 @@
-"""An NVML XID is published on the GPU it happened on, as deployed (issue 34).
+"""An NVML XID is published on the GPU it happened on, as deployed.
 
 The real ``gpupipe produce`` process (tests/fake_nvml_cli.py: the suite's NVML double in the mode
 of NVIDIA's mock library, where a pending event goes to whichever event set waits, and the double

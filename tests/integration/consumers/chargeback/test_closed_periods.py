@@ -1,6 +1,6 @@
 """Closed periods stay closed: a producer credential cannot bill a month invoiced long ago.
 
-The adversarial review's attack (A4, ``cb_skew.py``) scaled down, on a real broker with
+A forged backlog scaled down, on a real broker with
 ``gpupipe chargeback`` in a subprocess: made-up GPUs send one sample each, dated 300 days ago and
 billed to the namespace ``victim``, on partitions whose watermark is empty, then live samples move
 those partitions' event time to now. Before ``--max-sample-age`` they formed windows of that old

@@ -1,6 +1,6 @@
 """`gpupipe lake write` on a catalog that lost a table its consumer group shows it wrote: one line and
 exit 2, never a silent rewrite; with --rebuild-catalog it rewrites the table from Kafka and says
-which offsets Kafka's retention already deleted (review 2, A14)."""
+which offsets Kafka's retention already deleted."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 OpenTelemetry Collector (scripts/otelcol-local) with its default limits (4 MiB a gRPC message), and
 a small HTTP hop in front of it playing the misbehaving proxy (the collector itself never redirects).
 
-Adversarial review 2: A3 (valid samples over 4 MiB halted every export behind them), A9 (a 302 was
+Valid samples ( over 4 MiB halted every export behind them), A9 (a 302 was
 followed as a bodyless GET that carried the credentials and counted as delivered), A10 (each
 attempt at a slow collector timed out after delivery and was resent: five copies).
 """
@@ -99,7 +99,7 @@ def copies(collector: Collector, rec: dict[str, Any]) -> float:
     return got / want
 
 
-# -- A3: valid samples over the collector's 4 MiB -----------------------------------------------------
+# -- valid samples over the collector's 4 MiB -----------------------------------------------------
 
 
 def test_samples_over_the_collectors_limit_halt_nothing_behind_them(
@@ -193,7 +193,7 @@ def test_what_the_collector_refuses_for_size_is_split_and_a_record_too_large_alo
     assert registry.get_sample_value("gpupipe_otlp_items_total", {"signal": "metrics"}) == sent
 
 
-# -- A9 and A10: a hop in front of the collector's OTLP/HTTP port -------------------------------------
+# -- a hop in front of the collector's OTLP/HTTP port -------------------------------------
 
 
 class Hop:

@@ -324,7 +324,7 @@ def test_building_the_service_creates_no_kafka_client() -> None:
 
 
 def test_samples_of_gpus_past_max_gpus_are_dead_lettered_with_a_counted_reason() -> None:
-    """Review 2, A11: the GPU bound never drops billable data silently."""
+    """The GPU bound never drops billable data silently."""
     fleet = SimulatedFleet(FleetConfig(nodes=10, gpus_per_node=3, interval_ms=10_000, seed=6))
     enc = AvroCodec().encoder("GpuSample").encode
     broker = Broker({0: [(enc(s), T0) for s in fleet.tick(T0)[0]]})

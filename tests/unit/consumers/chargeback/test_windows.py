@@ -745,7 +745,7 @@ def test_clock_skew_guard_is_off_without_record_timestamps():
 
 
 def test_made_up_gpus_past_max_gpus_are_refused_and_the_held_ones_billed_exactly() -> None:
-    """Review 2, A11: samples for made-up UUIDs grew the engine with no cap. Past ``max_gpus`` a new
+    """Samples for made-up UUIDs grew the engine with no cap. Past ``max_gpus`` a new
     GPU's sample is refused (the service dead-letters it), never a held GPU's."""
     real = [sample(T0 + k * 10_000, uuid="GPU-real") for k in range(400)]
     capped, alone = engine(max_gpus=50), engine()

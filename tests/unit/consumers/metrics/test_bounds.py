@@ -25,8 +25,8 @@ def test_gpu_keys_are_capped_and_drops_counted_and_logged(caplog: Any) -> None:
     with caplog.at_level(logging.WARNING, logger="gpupipe.metrics"):
         for i in range(1000):  # a flood of XIDs for made-up GPUs, over 10 s
             store.apply_xid(xid(13, uuid=f"GPU-forged-{i}"), 0, 100.0 + i / 100)
-        # a new real GPU's sample still gets in: it displaces the oldest made-up XID-only GPU (review 2,
-        # A2/A11: a cap must not turn a flood into blindness for an hour)
+        # a new real GPU's sample still gets in: it displaces the oldest made-up XID-only GPU (a cap
+        # must not turn a flood into blindness for an hour)
         store.apply_sample(blank("GPU-new"), 0, 110.0)
     assert store.gpu_count() == 100
     keys = set(store.keys())

@@ -1,6 +1,6 @@
-"""gpupipe.web.server under floods: probes and scrapes keep answering (issue 35, review 2 A1, A6, A15).
+"""gpupipe.web.server under floods: probes and scrapes keep answering.
 
-Each test is one attack of ``adversarial-review-2.md`` scaled down: a server with 4 request
+Each test is one flood scaled down: a server with 4 request
 workers (``max_connections=4``) and three times as many hostile connections, or a small rate-limit
 burst. Clients at other addresses use other loopback addresses (127.0.0.2, ...), which Linux
 routes to 127.0.0.1 like any loopback address.
@@ -121,7 +121,7 @@ def _client_ctx(pki: Pki) -> ssl.SSLContext:
     return ctx
 
 
-# -- A1: connection floods ---------------------------------------------------------------------
+# -- connection floods ---------------------------------------------------------------------
 def test_idle_keep_alive_connections_do_not_starve_the_probes() -> None:
     with contextlib.closing(serve(max_connections=WORKERS).start()) as http:
         # the review's http_slots.py: keep-alive connections that each asked once and now wait
@@ -200,7 +200,7 @@ def test_the_client_a_connection_counts_against() -> None:
     assert client_key(("fe80::1%eth0", 5000, 0, 2)) == "fe80::1"
 
 
-# -- A6: the rate limit ------------------------------------------------------------------------
+# -- the rate limit ------------------------------------------------------------------------
 def test_unauthenticated_requests_do_not_spend_the_rate_limit_and_probes_are_not_limited(
     tmp_path: Path,
 ) -> None:
@@ -215,7 +215,7 @@ def test_unauthenticated_requests_do_not_spend_the_rate_limit_and_probes_are_not
         assert scrapes == [200, 200, 200, 429]  # the bucket is for those who may scrape
 
 
-# -- A15: wrong passwords ----------------------------------------------------------------------
+# -- wrong passwords ----------------------------------------------------------------------
 def test_wrong_passwords_cost_a_bounded_number_of_bcrypt_checks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

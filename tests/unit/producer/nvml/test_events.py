@@ -402,7 +402,7 @@ def test_a_gpu_that_stops_offering_events_is_logged_once_and_watched_when_it_off
     assert w.event()["gpu_index"] == 1
 
 
-# -- an event belongs to the device it names (issue 34) ---------------------------------------
+# -- an event belongs to the device it names ---------------------------------------
 
 
 def _identity(ev: dict[str, Any]) -> tuple[Any, ...]:
