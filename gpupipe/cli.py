@@ -302,6 +302,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     prog = " ".join(("gpupipe", *_command_words(args)))  # errors name the command whose --help helps
     try:
         check_file_flags(args._parser, args)  # a bad file is one line, before anything connects
+        if hasattr(args, "topic_replication"):
+            from gpupipe import topic_replication
+
+            topic_replication.configure(args.topic_replication)  # every topic this process creates
         if hasattr(args, "kafka_config"):
             # One place for every subcommand: file < GPUPIPE_KAFKA_* < --kafka-config, *.file read.
             args.kafka_config = kafka_config.resolve(

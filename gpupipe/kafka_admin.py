@@ -15,7 +15,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from gpupipe import acls, topics
+from gpupipe import acls, topic_replication, topics
 from gpupipe.errors import BrokerUnavailableError, ConfigError
 from gpupipe.kafka_auth import (
     KafkaAuthError,
@@ -138,18 +138,20 @@ def ensure_topics(
     names: Iterable[str],
     prefix: str = "",
     specs: Mapping[str, topics.TopicSpec] | None = None,
-    replication_factor: int = -1,
+    replication: topic_replication.Replication | None = None,
     extra: Mapping[str, str] | None = None,
     timeout_s: float = 30.0,
 ) -> list[str]:
     """Create missing topics (prefixed names) with the default partitions/retention; return those created.
 
-    `replication_factor=-1` lets the broker apply its default, which is right for
-    both a one-node dev broker and a production cluster.
+    Replication factor and min.insync.replicas: `replication`, else gpupipe.topic_replication's
+    choice for the brokers the cluster has alive now.
     """
     admin_conf = client_config(bootstrap, extra)
     admin = AdminClient(admin_conf)
-    existing = set(admin.list_topics(timeout=timeout_s).topics)
+    md = admin.list_topics(timeout=timeout_s)
+    existing = set(md.topics)
+    copies = topic_replication.for_cluster(len(md.brokers), replication)
     wanted = []
     for base in names:
         name = topics.with_prefix(prefix, base)
@@ -162,8 +164,9 @@ def ensure_topics(
             NewTopic(
                 name,
                 num_partitions=spec.partitions,
-                replication_factor=replication_factor,
+                replication_factor=copies.factor,
                 config={
+                    "min.insync.replicas": str(copies.min_insync),
                     "retention.ms": str(spec.retention_ms),
                     "cleanup.policy": spec.cleanup_policy,
                     **({"message.timestamp.type": spec.timestamp_type} if spec.timestamp_type else {}),

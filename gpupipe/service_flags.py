@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from gpupipe import topic_replication
 from gpupipe.node_check import NODE_CERT_RULES, NODE_IDENTITY_MODES
 
 
@@ -18,12 +19,20 @@ def add_listen(p: argparse.ArgumentParser | argparse._ArgumentGroup, *, serves: 
 
 
 def add_create_topics(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """``--create-topics`` / ``--no-create-topics``: on, so a fresh cluster needs no set-up step."""
+    """``--create-topics`` / ``--no-create-topics``: on, so a fresh cluster needs no set-up step; and
+    ``--topic-replication``, the copies of the topics created (gpupipe.topic_replication)."""
     p.add_argument(
         "--create-topics",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="create missing topics with default partitions and retention",
+    )
+    p.add_argument(
+        "--topic-replication",
+        default=topic_replication.AUTO,
+        metavar="auto|RF[:MIN_ISR]",
+        help="replication factor and min.insync.replicas of the topics created here; auto asks the "
+        "cluster: 3:2 with three or more brokers alive, else 1:1 (docs/operations.md, Replication)",
     )
 
 

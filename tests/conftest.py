@@ -109,3 +109,12 @@ def kafka_secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     from secure_kafka import start_secure_kafka
 
     yield from start_secure_kafka(tmp_path_factory.mktemp("kafka-secure"))
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """Three brokers (replication 3, min.insync.replicas 2) for the tests about the cluster itself:
+    leader elections, a broker lost or paused (tests/kafka_cluster.py). Other tests keep `kafka`."""
+    from kafka_cluster import start_cluster
+
+    yield from start_cluster(tmp_path_factory.mktemp("kafka-cluster"), _PORTS, BROKER_START_TIMEOUT)
