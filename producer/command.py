@@ -28,7 +28,7 @@ from gpupipe_producer.podmeta.extras import add_arguments as podmeta_arguments
 from gpupipe_producer.publish import DENIED, Publisher, producer_config
 from gpupipe_producer.self_metrics import ProducerMetrics
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
-from gpupipe_producer.spool import DEFAULT_MAX_BYTES as DEFAULT_SPOOL_MAX_BYTES
+from gpupipe_producer.xid.spool import DEFAULT_MAX_BYTES as DEFAULT_SPOOL_MAX_BYTES
 from gpupipe_schemas.codec import codec_from_url
 from gpupipe_schemas.meaning import xid_kafka_key
 
@@ -412,7 +412,7 @@ class ProducerRun:
             enc_x = codec.encoder("XidEvent", self.t_xid).encode
             run_simulated(args, publisher, self.metrics, stop, self.t_samples, self.t_xid, enc_s, enc_x)
         else:
-            from gpupipe_producer.node_agent import run_nvml  # needs NVML; imported only when asked for
+            from gpupipe_producer.agent.node_agent import run_nvml  # needs NVML; imported only when asked for
 
             assert self._agent_config is not None  # built from the flags before Kafka was touched
             run_nvml(

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError
 
+import gpupipe_producer.agent.node_agent as node_agent
 import gpupipe_producer.command as command
-import gpupipe_producer.node_agent as node_agent
 from gpupipe.cli import main as cli_main
 from gpupipe_producer.publish import Publisher, producer_config
 from tests.fake_nvml import FakeNvml
