@@ -73,7 +73,7 @@ from gpupipe_producer.self_metrics import ProducerMetrics
 from gpupipe_producer.xid.kmsg_cursor import KmsgCursorStore, read_boot_id
 from gpupipe_producer.xid.kmsg_input import KmsgInput
 from gpupipe_producer.xid.pipeline import XidInbox, XidPath
-from gpupipe_producer.xid.sender import XidSender
+from gpupipe_producer.xid.sender import PublisherXids, XidSender
 from gpupipe_producer.xid.spool import XidSpool
 from gpupipe_producer.xid.wake import WakeEvent
 from gpupipe_producer.xid.xid_merge import XidMerger
@@ -154,33 +154,6 @@ def _signed(produce: Callable[..., None], signer: NodeSigner | None) -> Callable
         produce(topic, key, value, signer.headers(value))
 
     return signed
-
-
-class _XidProducer:
-    """XidSender's view of the Publisher's librdkafka producer (per-message delivery callbacks).
-
-    Successes are counted like every other record (``records_sent{topic}``); a failure is counted
-    in ``records_failed{topic,reason}`` but not in ``Publisher.failed``: the event stays in the
-    spool and is retried, so it is not lost.
-    """
-
-    def __init__(self, publisher: Publisher, metrics: ProducerMetrics, signer: NodeSigner | None) -> None:
-        self._pub = publisher
-        self._metrics = metrics
-        self._signer = signer
-
-    def produce(self, topic: str, value: bytes, key: bytes, on_delivery: Callable[[Any, Any], None]) -> None:
-        def done(err: Any, msg: Any) -> None:
-            if err is not None:
-                self._metrics.records_failed.labels(topic, err.name()).inc()
-            on_delivery(err, msg)
-
-        # Signed at hand-over, so a record spooled before a certificate rotation carries the new one.
-        headers = self._signer.headers(value) if self._signer is not None else None
-        self._pub.produce_tracked(topic, key, value, done, headers)
-
-    def poll(self, timeout: float = 0.0) -> int:
-        return self._pub.poll(timeout)
 
 
 class _Hooks(SourceHooks):
@@ -458,7 +431,7 @@ class NodeAgent:
         # memory, logged once and counted, instead of a crash loop.
         spool = XidSpool(c.spool_dir, c.spool_max_bytes)
         self.sender = XidSender(
-            _XidProducer(self.publisher, self.metrics, c.signer),
+            PublisherXids(self.publisher, self.metrics, c.signer),
             self.t_xid,
             spool,
             retry_after_s=c.xid_retry_after_s,

@@ -14,13 +14,13 @@ import logging
 import queue
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from gpupipe.logs import fields
-from gpupipe_producer.agent_config import AgentConfig
 from gpupipe_producer.kubelet.mapping import AllocationMap
 from gpupipe_producer.nvml.records import LostGpu, gpu_lost_xid_event
 from gpupipe_producer.nvml.source import NvmlSource
+from gpupipe_producer.podmeta.extras import AllocationExtras
 from gpupipe_producer.self_metrics import ProducerMetrics
 from gpupipe_producer.xid.events import (
     XidContext,
@@ -49,6 +49,18 @@ LOG_EVERY_S = 10.0
 #: (kind, monotonic arrival, wall ms, payload, kernel-log seq or None); kind is ``kmsg``, ``nvml``,
 #: ``notice`` or ``lost``.
 InboxItem = tuple[str, float, int, Any, int | None]
+
+
+class XidSettings(Protocol):
+    """What the XID path reads of the agent's configuration (an ``AgentConfig`` has all of it)."""
+
+    hostname: str
+    nvml_events: bool
+    kmsg_path: str | None
+    xid_merge_window_s: float
+    spool_dir: str
+    boot_id_path: str
+    extras: AllocationExtras | None
 
 
 class XidInbox:
@@ -94,7 +106,7 @@ class XidPath:
 
     def __init__(
         self,
-        config: AgentConfig,
+        config: XidSettings,
         metrics: ProducerMetrics,
         inbox: XidInbox,
         source: NvmlSource,

@@ -8,9 +8,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from gpupipe_producer.publish import Publisher
+from gpupipe_producer.self_metrics import ProducerMetrics
 from gpupipe_producer.xid.spool import XidSpool
+
+if TYPE_CHECKING:  # cryptography is loaded only by a producer that signs
+    from gpupipe.node_identity import NodeSigner
 
 log = logging.getLogger("gpupipe.delivery")
 
@@ -133,3 +138,30 @@ class XidSender:
     @property
     def depth(self) -> int:
         return len(self.spool)
+
+
+class PublisherXids:
+    """XidSender's view of the Publisher's librdkafka producer (per-message delivery callbacks).
+
+    Successes are counted like every other record (``records_sent{topic}``); a failure is counted
+    in ``records_failed{topic,reason}`` but not in ``Publisher.failed``: the event stays in the
+    spool and is retried, so it is not lost.
+    """
+
+    def __init__(self, publisher: Publisher, metrics: ProducerMetrics, signer: NodeSigner | None) -> None:
+        self._pub = publisher
+        self._metrics = metrics
+        self._signer = signer
+
+    def produce(self, topic: str, value: bytes, key: bytes, on_delivery: Callable[[Any, Any], None]) -> None:
+        def done(err: Any, msg: Any) -> None:
+            if err is not None:
+                self._metrics.records_failed.labels(topic, err.name()).inc()
+            on_delivery(err, msg)
+
+        # Signed at hand-over, so a record spooled before a certificate rotation carries the new one.
+        headers = self._signer.headers(value) if self._signer is not None else None
+        self._pub.produce_tracked(topic, key, value, done, headers)
+
+    def poll(self, timeout: float = 0.0) -> int:
+        return self._pub.poll(timeout)
