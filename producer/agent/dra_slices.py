@@ -1,14 +1,7 @@
 """Which GPU or MIG device a DRA claim holds: the node's ResourceSlices, read from the API server.
 
-The kubelet's PodResources API names a DRA device by ``(driver, pool, device)`` (``gpu.nvidia.com``,
-``node-a``, ``gpu-0``), never by UUID; the driver publishes the UUID as the device's ``uuid``
-attribute in this node's ResourceSlices. Without them only whole GPUs named ``gpu-<n>`` can be
-resolved (by their minor number), and a MIG device held through a claim stays unattributed.
-
-Slices change when the driver starts or a GPU is repartitioned, not per sample, so this is a list,
-not a watch: read once, and again (at most every ``min_interval_s``) when a claim names a device the
-index does not know. Served versions are tried newest first (``resource.k8s.io/v1`` from Kubernetes
-1.34, then ``v1beta2`` and ``v1beta1``, whose devices nest their attributes under ``basic``).
+:class:`ResourceSliceIndex` maps ``(driver, pool, device)`` to the device's UUID; it lists again (at
+most every ``min_interval_s``) when a claim names a device it does not know. Details: docs/producer.md.
 """
 
 from __future__ import annotations

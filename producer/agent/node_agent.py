@@ -1,38 +1,8 @@
-"""The node agent behind ``gpupipe produce --source nvml``: I/O orchestration around pure parts.
+"""The node agent behind ``gpupipe produce --source nvml``: it owns the threads, the kubelet map and health.
 
-Threads (all daemon, all joined on shutdown):
-
-* **main loop** (the caller's thread): drains the :class:`~gpupipe_producer.xid.pipeline.XidInbox` the
-  threads below feed through the :class:`~gpupipe_producer.xid.pipeline.XidPath` (pairs XIDs, builds
-  XidEvent records, sends them through the spooled :class:`XidSender`), and services librdkafka.
-  It never calls NVML, so a GPU whose NVML calls hang cannot delay an XID. Merger, sender and
-  cursor are touched here only.
-* **nvml-poll**: every ``--interval`` polls the :class:`NvmlSource` (each GPU on its own worker,
-  bounded by ``--nvml-timeout``: a hung GPU is left out and reported, the others go on), attaches
-  the kubelet allocations and the processes' pods (:mod:`gpupipe_producer.samples.enrich`), encodes
-  and queues the samples in a bounded :class:`SampleQueue` (oldest dropped first, counted). A lost
-  GPU's event is queued to the main loop like any other XID.
-* **kubelet**: ``List`` on the PodResources socket once per interval, with ``--kubelet-timeout``;
-  the main loop never waits on it and uses the newest map (empty after a failure: no stale labels;
-  ignored when older than two intervals plus the timeout).
-* **NVML events** (:class:`XidEventWatcher`): XID critical-error events, pushed to the queue.
-* **kernel log** (:class:`gpupipe_producer.xid.kmsg_input.KmsgInput`): ``/dev/kmsg``, a relay FIFO, a file, or
-  ``-``; the backlog after the persisted cursor (:mod:`gpupipe_producer.xid.kmsg_cursor`) is read at start,
-  so an XID logged while the agent was down is reported once. The cursor advances only past
-  records whose events are in the spool.
-
-``/healthz`` (:meth:`NodeAgent.health`) is unhealthy when NVML polling, the main loop or the
-kernel-log reader stalls, or when NVML sees no GPU at all.
-
-The NVML module is injected: ``run_nvml(..., nvml=module)``, else the module-level
-:data:`nvml_factory` (``pynvml`` through :func:`default_nvml_module`) is called. Tests and the
-benchmark replace ``nvml_factory`` (see ``tests/fake_nvml_cli.py``); production code never imports
-the fake.
-
-Shutdown (stop event set): the reader threads are stopped and joined, held XIDs are flushed from
-the merger and sent (spooled first), NVML is shut down, queued samples are handed to librdkafka and
-the producer flushed for up to ``SHUTDOWN_FLUSH_S``; what Kafka did not acknowledge stays in the
-spool for the next start.
+Construct :class:`NodeAgent`, then ``run(stop)``: it builds the NVML source, the XID path and the
+inputs, runs the main loop until ``stop`` is set and shuts down within the budget. The NVML module is
+injected (``nvml=`` or :data:`nvml_factory`). Threads, health and shutdown: docs/producer.md.
 """
 
 from __future__ import annotations

@@ -1,37 +1,8 @@
 """When the node agent lets go of NVML and when it takes it again (the polling thread's job).
 
-Two reasons to let go, one way back:
-
-* **A GPU is lost.** An initialised NVML rarely sees a GPU come back after a fall off the bus, a
-  reset or a rebind; a new NVML session does. So while a GPU is lost, the agent re-initialises
-  NVML ``--nvml-reinit-after`` (60 s) after the loss and then with a doubling back-off up to an
-  hour (:meth:`NvmlSource.reinit_due <gpupipe_producer.nvml.source.NvmlSource.reinit_due>`): the event
-  watcher is stopped (its sets drained, so no queued XID is dropped), the source shuts NVML down
-  (every holder gone: a real ``nvmlShutdown``), inits again and re-enumerates, the watcher starts
-  again. Telemetry of the other GPUs misses at most the tick it happens in; kernel-log XIDs are
-  read throughout.
-* **An operator asks**: while the file ``--nvml-release-file`` (default
-  ``<spool-dir>/nvml-release``, on the host under the spool's hostPath) exists, the agent holds no
-  NVML session and no device file, so ``nvidia-smi -r`` or the GPU Operator's driver upgrade can
-  proceed. Meanwhile no GpuSample is published, ``/readyz`` answers 503 (``nvml_released``)
-  while ``/healthz`` (liveness) stays 200, and ``gpupipe_producer_nvml_released`` is 1; the kernel
-  log still reports XIDs. Removing the file takes NVML again (retried every tick until ``nvmlInit``
-  works, e.g. once the new driver is loaded).
-
-A let-go is **postponed**, never forced, while NVML must not be shut down: a GPU's call is still
-in flight (a stalled GPU's worker), or an event watcher's wait is stuck in NVML (it then still
-holds its NVML reference, so no new session could begin; the other GPUs' events are watched again
-at once). It is retried every tick, without doubling the re-initialisation back-off; the first
-postponement of a run is logged, ``gpupipe_producer_nvml_let_go_postponed_total{reason}`` counts
-them and, for a release request, ``/readyz`` says ``nvml_release_pending`` (with the reason; still
-200, as NVML is still held) and ``gpupipe_producer_nvml_release_pending`` is 1: an operator who
-touched the file learns why ``nvidia-smi -r`` must still wait. An event watcher that cannot start
-after NVML was taken again (``nvmlDeviceGetCount`` failing) is retried every tick as well.
-
-When NVML cannot be initialised again because the driver was upgraded under the running process
-(``NVMLError_LibRmVersionMismatch``: the library this process loaded no longer matches the kernel
-module), only a restart loads the new library: :attr:`NvmlControl.needs_restart` turns
-``/healthz`` unhealthy, so the kubelet's liveness probe restarts the pod.
+:meth:`NvmlControl.step` runs once per tick: it re-initialises NVML while a GPU is lost, releases it
+while ``--nvml-release-file`` exists, postpones either while an NVML call is still in flight, and
+says when only a restart helps (:attr:`NvmlControl.needs_restart`). The rules: docs/producer.md.
 """
 
 from __future__ import annotations

@@ -1,30 +1,8 @@
 """Attach Kubernetes attribution to GpuSample dicts (pure: no gRPC, no file I/O).
 
-Two kinds of attribution, both from data the node agent already has:
-
-``allocations`` (who *holds* the device), from the kubelet PodResources ``AllocationMap``:
-
-* a whole GPU by its UUID, plus the ids some device plugins advertise instead of UUIDs
-  (index ``"0"``, GKE's ``nvidia0``, the PCI bus id), see :func:`gpu_aliases`;
-* a MIG slice by its MIG UUID, ``<gpu>:<mig>`` or GKE's ``nvidia<minor>/gi<gi>`` (a slice is never
-  matched by its parent's aliases);
-* time-slicing / MPS replicas (``<uuid>::<n>``): the map already lists every holder under the UUID,
-  each with its ``replica``, so a shared GPU gets several allocations.
-
-``processes[].namespace/pod/container`` (who *uses* it), per process, from an injectable resolver
-``pid -> ProcPod | None`` (the real one, :class:`gpupipe_producer.samples.pid_pods.PidPodResolver`, reads
-``/proc/<pid>/cgroup`` and the kubelet's ``/var/log/pods`` directory names). Rules, in order:
-
-1. the resolver says the process is not in a Kubernetes pod (a host process such as ``nvidia-smi``
-   or a monitoring agent): left unattributed;
-2. the resolver names the pod (namespace and name): that pod; the container is filled when exactly
-   one container of that pod holds the device (PodResources names containers, cgroups only carry a
-   container *id*, and nothing on the node maps one to the other without the CRI), else null. A pod
-   that does not hold the device per the kubelet (e.g. ``NVIDIA_VISIBLE_DEVICES=all`` without a
-   device-plugin request) is still named: that is exactly what an operator wants to see;
-3. otherwise (resolver absent, ``/proc`` not readable without ``hostPID``, pod UID not resolvable to
-   a name): the process is given the device's holder when exactly one container holds the device,
-   since every process on an exclusively allocated GPU belongs to it; on a shared GPU it stays null.
+``allocations`` (who holds the device) from the kubelet's ``AllocationMap``;
+``processes[].namespace/pod/container`` (who uses it) from an injected ``pid -> ProcPod`` resolver.
+The matching rules: docs/producer.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,8 @@
 """Which Kubernetes pod a host process belongs to: ``/proc/<pid>/cgroup`` + ``/var/log/pods``.
 
-Pure parsers (tested on literal text) and a small cached I/O resolver the node agent injects into
-:func:`gpupipe_producer.samples.enrich.enrich_sample`.
-
-``/proc/<pid>/cgroup`` gives the pod **UID** and the container **id**, in every layout the kubelet
-creates: cgroup v1 (one line per controller) and v2 (``0::/...``), the ``cgroupfs`` driver
-(``/kubepods/burstable/pod<uid>/<container id>``) and the ``systemd`` driver
-(``/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid with _>.slice/
-cri-containerd-<id>.scope``; also ``crio-``, ``docker-`` and kind/k3s nestings). A process whose
-cgroup is not under ``kubepods`` is a host process.
-
-The UID is turned into namespace and pod name through the kubelet's pod log directories,
-``/var/log/pods/<namespace>_<pod>_<uid>/`` (the CRI log layout, present on every kubelet node;
-namespace and pod names cannot contain ``_``). Container *names* are not derivable from a container
-id without asking the container runtime, so the container is left to
-:func:`gpupipe_producer.samples.enrich.attribute_process`, which uses PodResources when it is unambiguous.
-
-Requirements on a real node: the agent runs with ``hostPID: true`` (NVML reports host PIDs; without
-it ``/proc/<pid>`` is not visible, the resolver answers None and the fallback rules apply) and mounts
-``/var/log/pods`` read-only (without it, pods are known by UID only and not named).
+Pure parsers (:func:`parse_cgroup`, :func:`parse_pod_log_dir`) and the cached resolver
+:class:`PidPodResolver` the agent hands to :func:`~gpupipe_producer.samples.enrich.enrich_sample`.
+Layouts and requirements: docs/producer.md.
 """
 
 from __future__ import annotations

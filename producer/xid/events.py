@@ -1,28 +1,7 @@
 """Build XidEvent records from what the node agent saw (pure: no clock, no I/O).
 
-Inputs: the :class:`~gpupipe_producer.xid.xid_merge.XidMerger` output (one sighting from NVML, one from the
-kernel log, or a merged pair), kernel-log ``FallenOffBus`` and ``DriverLoaded`` reports, the NVML
-source's bus id -> GPU map, and the kubelet ``AllocationMap`` of the moment.
-
-* A ``DriverLoaded`` report (the driver's "NVRM: loading NVIDIA UNIX ..." line) becomes kind
-  ``driver_loaded``: node-wide (``xid`` null, ``pci_bus_id`` empty), the loaded version in
-  ``driver_version``; with the node's ``boot_id`` (every record carries it, see the agent's ``_emit``)
-  it is the alerts' evidence of a driver reload or a reboot.
-
-* ``source``: the merger's ``nvml`` / ``kmsg`` / ``nvml+kmsg`` become the schema's ``nvml`` / ``kmsg`` /
-  ``nvml_kmsg``.
-* ``timestamp_ms``: when the agent first received the event (wall clock; the earlier of the two
-  sightings of a merged pair). The kernel's own stamp is boot-relative and is not converted.
-* ``event_id``: ``hostname|source|bus id|code|timestamp_ms`` (plus ``|s<kmsg seq>`` for kernel-log
-  records read from ``/dev/kmsg`` or its relay), the format of
-  :mod:`gpupipe_producer.nvml.records` (``code`` is ``xid<N>``, ``sxid<N>``, ``fallen_off_bus``). Built once
-  per event; the spool replays the same bytes, so consumers can drop duplicates by id.
-* ``pci_bus_id``: NVML's form (``00000000:3B:00.0``) when the bus id matches a GPU of the node, else
-  as the kernel printed it (NVSwitches, unknown devices).
-* GPU identity (uuid, index, model, driver) from NVML's data, else from the bus id match.
-* ``mig_uuid``: NVML's, else looked up from the GPU/compute instance ids the kernel printed.
-* ``allocations``: holders of the attributed MIG slice; for a whole GPU, its holders plus the
-  holders of all its MIG slices (an error not attributed to a slice hits every slice's pod).
+In: the merger's sightings, kernel-log ``FallenOffBus``/``DriverLoaded`` reports, NVML notices, the
+source's bus id -> GPU map and the kubelet map. Out: XidEvent dicts. Field by field: docs/producer.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
-"""The node agent's kernel-log input: a thread that reads XIDs from the kernel log, with a cursor.
+"""The node agent's kernel-log input: a thread that reads XIDs from the kernel log, after a cursor.
 
-Why a module of its own: the reader must survive what a node throws at it (``/dev/kmsg`` refused
-with EPERM by ``dmesg_restrict`` or the device cgroup, a relay FIFO whose writer restarts, a file
-that disappears) with one clear log line and a metric, never a crash loop; and it must neither
-lose nor repeat an XID across agent restarts (:mod:`gpupipe_producer.xid.kmsg_cursor`).
-
-Each event is pushed as ``("kmsg", monotonic arrival, wall ms, event, seq)``; ``seq`` is the kmsg
-sequence number of the record the Xid started in (None for plain-text input). Wall ms is the
-record's own time (boot wall time + kernel time) for kmsg records, so a backlog event read after a
-restart carries when it happened, not when it was read; the arrival time otherwise.
+:class:`KmsgInput` puts ``("kmsg", monotonic arrival, wall ms, event, seq)`` items; an input it cannot
+open is one log line and a metric, retried, never a crash. Details: docs/producer.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """Which GPU losses this boot were already reported, so a restarted agent does not report them again.
 
-Why: a GPU that fell off the bus stays lost until a reset or a reboot, so every agent restart finds
-it lost at start; its ``gpu_lost`` XidEvent carries the time the agent noticed, so each restart
-produced a new event that consumers could not drop as a duplicate. The key
-is (boot id, GPU UUID or bus id), kept in ``lost-reported`` next to the XID spool; a loss seen
-mid-run is always reported (and recorded), a loss found at start only when not recorded this boot.
-Unreadable or unwritable: report (at least once rather than never).
+Keyed by (boot id, GPU UUID or bus id) in ``lost-reported`` next to the spool; a file it cannot read
+or write means report (at least once rather than never). Why: docs/producer.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The node agent's XID path: from a reader thread's queue item to a spooled XidEvent record.
 
-The reader threads (kernel log, NVML events, the polling thread for a lost GPU) put into one
-:class:`XidInbox`; the agent's main loop drains it through :class:`XidPath`, which pairs NVML and
-kernel-log sightings in its merger, builds XidEvent records (:mod:`gpupipe_producer.xid.events`), spools
-and sends them in batches and advances the kernel-log cursor. The main loop never calls NVML, so a
-hung GPU cannot delay an XID: what the path needs of the GPUs are the source's snapshots.
+Reader threads put into :class:`XidInbox`; the main loop drains it through :class:`XidPath` (merge,
+build, spool and send, advance the kernel-log cursor). It never calls NVML: it reads the source's
+snapshots.
 """
 
 from __future__ import annotations

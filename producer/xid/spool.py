@@ -1,36 +1,8 @@
 """A bounded on-disk spool so an XID is never lost while Kafka is unreachable.
 
-Every XID event is appended (and fsynced) here *before* it is handed to the
-producer, and acknowledged when Kafka confirms delivery. Unacknowledged events
-are replayed in their original order: after a delivery failure (the broker was
-down longer than the message timeout) and after a restart of the producer.
-
-Format (:mod:`gpupipe_producer.xid.spool_format`): length-prefixed records with a CRC32, so
-a write torn by a crash loses only that record (never the next one) and a
-damaged record is counted and skipped, never replayed as other bytes. An
-``acked`` file holds the highest sequence number below which everything was
-delivered (written to a temp file, fsynced, renamed, directory fsynced). Acknowledgements are
-applied in memory at once and that mark is written by :meth:`XidSpool.sync_acked` (the agent's
-main loop calls it once per pass), not per event: two fsyncs per delivered XID stalled the loop
-for seconds in a storm. A mark that lags only means a crash replays events already delivered (at
-least once; consumers de-duplicate on ``event_id``), never that one is lost.
-
-Bounds: ``max_bytes`` holds for the pending events *and* the file. Over it the
-oldest events are dropped (counted) down to 7/8 of the bound, and the file is
-compacted (rewritten with only the pending events) before it would grow past
-the bound; a restart applies the same bound while loading. The hysteresis keeps
-compaction amortised (one rewrite per bound/8 of appended bytes).
-
-Memory: the pending events (at most the bound) are the spool's only large holding. A load reads the
-file through a bounded window (:class:`gpupipe_producer.xid.spool_format.Scanner`) and applies the bound as it
-goes, and a compaction writes in chunks, so a file of any size costs about the bound, not a
-multiple of the file; the default bound is sized against the agent's memory limit.
-
-Degraded mode: when the directory cannot be created or written (a root-owned
-hostPath, a full disk: ``ENOSPC``), events are kept in memory under the same
-bound, ``write_errors`` counts it, ``on_disk`` is false and one ERROR line says
-so. Appends retry the disk every ``retry_s``; on success the whole pending set
-is rewritten to disk. The agent never dies of its spool.
+:class:`XidSpool`: append (fsynced) before the hand-over, ack on delivery, replay the rest in order
+after a failure or a restart. Bounded by ``max_bytes`` on disk and in memory; a directory it cannot
+write keeps events in memory and never stops the agent. Format, bounds, memory: docs/producer.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
 """The XID spool's record format (pure: bytes in, records out).
 
-One record::
-
-    magic  b"XSP1"          4 bytes
-    length                  u32 big-endian, bytes of the payload
-    crc32                   u32 big-endian, zlib.crc32 of the payload
-    payload                 seq u64 | key length u32 | key | value
-
-Why: a crash can tear the last write, and a disk can flip bytes. With a length and a checksum a
-reader knows exactly where a record ends and whether it is intact, so a torn record never swallows
-the next one and a damaged record is skipped (and counted) instead of being replayed as other
-bytes. After damage the scanner resynchronises on the next magic whose record checks out.
-
-``read_legacy`` reads the previous text format (``seq\\tkey_b64\\tvalue_b64\\n`` in ``xid.spool``)
-once, strictly (``validate=True``), so an upgrade keeps what was spooled.
+Length-prefixed records with a CRC32 (:func:`encode_record`, :class:`Scanner`): a torn record loses
+only itself, a damaged one is skipped and counted. ``read_legacy`` reads the old text spool once.
 """
 
 from __future__ import annotations
