@@ -23,9 +23,10 @@ from fastavro import schemaless_writer
 
 from gpupipe import topics
 from gpupipe.kafka_admin import ensure_topics
-from gpupipe_producer.command import run_simulated
+from gpupipe_producer.command import fleet_config
 from gpupipe_producer.publish import Publisher, producer_config
 from gpupipe_producer.self_metrics import ProducerMetrics
+from gpupipe_producer.service import run_simulated
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_schemas import catalog
 from gpupipe_schemas.codec import AvroCodec
@@ -76,9 +77,11 @@ def produce_s(bootstrap: str, ticks: int, compression: str = "zstd") -> tuple[fl
     t_s, t_x = prefix + topics.SAMPLES, prefix + topics.XID
     pub = Publisher(producer_config(bootstrap, compression=compression))
     codec = AvroCodec()
+    args = make_args(ticks)
     t = time.perf_counter()
     run_simulated(
-        make_args(ticks),
+        args,
+        fleet_config(args),
         pub,
         ProducerMetrics(),
         threading.Event(),

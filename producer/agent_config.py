@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 from gpupipe.errors import ConfigError
 from gpupipe.kube import KubeClient
 from gpupipe.kube import config_from_args as kube_config_from_args
-from gpupipe_producer.enrich import PidResolver
 from gpupipe_producer.kubelet.client import DEFAULT_SOCKET_PATH
 from gpupipe_producer.podmeta.extras import AllocationExtras, extras_from_args
-from gpupipe_producer.spool import DEFAULT_MAX_BYTES
+from gpupipe_producer.samples.enrich import PidResolver
 from gpupipe_producer.xid.kmsg_cursor import BOOT_ID_PATH
 from gpupipe_producer.xid.kmsg_reader import DEFAULT_KMSG_PATH
+from gpupipe_producer.xid.spool import DEFAULT_MAX_BYTES
 from gpupipe_producer.xid.xid_merge import DEFAULT_WINDOW_S
 
 if TYPE_CHECKING:  # cryptography is loaded only by a producer that signs
@@ -74,7 +74,8 @@ class AgentConfig:
     stall_after_s: float | None = None
     boot_id_path: str = BOOT_ID_PATH
     kmsg_retry_s: float = KMSG_RETRY_S
-    #: While this file exists NVML is released (:mod:`gpupipe_producer.nvml_control`); None: no such file.
+    #: While this file exists NVML is released (:mod:`gpupipe_producer.agent.nvml_control`);
+    #: None: no such file.
     nvml_release_file: str | None = None
     #: First NVML re-initialisation after a GPU is lost (then doubling, up to an hour).
     nvml_reinit_after_s: float = 60.0

@@ -1,17 +1,8 @@
 """The Kafka side of the producer: idempotent, acks=all, compressed, batched, keyed by GPU.
 
-Delivery errors are counted and logged (rate-limited), never silent. `produce()`
-never raises BufferError to callers: when librdkafka's local queue is full it
-serves delivery reports until there is room, which is the back-pressure a
-`--speed max` backfill needs.
-
-A fatal error of the idempotent producer (librdkafka: a sequence gap it cannot mend, a fenced
-producer id) shows in two ways, both routed to ``on_fatal`` once: the delivery reports of every
-record still queued carry ``_FATAL`` (with ``fatal()`` False: the flag is on the original error),
-and ``poll()`` / ``flush()`` raise a KafkaException whose error has ``fatal()`` True. That raise
-escaped the node agent's main loop and ``cli.main`` as a traceback; here it is caught, so the
-producer stops with one line and exit 1 (``/healthz`` unhealthy first) and the node agent's XIDs
-stay in its spool.
+:class:`Publisher` counts and logs delivery errors; ``produce()`` never raises BufferError (it serves
+delivery reports until there is room); a fatal producer error goes to ``on_fatal`` once, never as a
+traceback. Details: docs/producer.md.
 """
 
 from __future__ import annotations

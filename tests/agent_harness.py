@@ -24,7 +24,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from gpupipe_producer.node_agent import AgentConfig, NodeAgent
+from gpupipe_producer.agent.node_agent import AgentConfig, NodeAgent
 from gpupipe_producer.publish import Publisher
 from gpupipe_producer.self_metrics import ProducerMetrics
 from gpupipe_schemas.codec import AvroCodec

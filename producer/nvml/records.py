@@ -89,7 +89,7 @@ class GpuRef:
 
 @dataclass(frozen=True, slots=True)
 class DeviceIds:
-    """Ids device plugins use besides UUIDs (see :func:`gpupipe_producer.enrich.gpu_aliases`).
+    """Ids device plugins use besides UUIDs (see :func:`gpupipe_producer.samples.enrich.gpu_aliases`).
 
     ``minors``: GPU UUID -> /dev/nvidia<minor> number (GKE's ``nvidia<N>`` is the minor, not the
     NVML index). ``mig``: MIG UUID -> ``<gpu index>:<mig index>`` (``deviceIDStrategy=index``).

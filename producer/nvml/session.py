@@ -11,7 +11,7 @@ suspends (frees what it holds, then :meth:`NvmlSession.let_go`) and resumes
 doubling up to an hour while GPUs stay lost.
 
 NVML's init is reference-counted: a real new session needs every holder (the event watcher too)
-to shut down first. The node agent's :mod:`gpupipe_producer.nvml_control` sequences that.
+to shut down first. The node agent's :mod:`gpupipe_producer.agent.nvml_control` sequences that.
 """
 
 from __future__ import annotations

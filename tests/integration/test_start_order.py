@@ -140,7 +140,7 @@ def _starting_body(port: int) -> dict | None:
 
 
 def _spool_records(tmp_path: Path) -> int:
-    from gpupipe_producer.spool_format import SPOOL_FILE, scan_records
+    from gpupipe_producer.xid.spool_format import SPOOL_FILE, scan_records
 
     f = tmp_path / "spool" / SPOOL_FILE
     return len(scan_records(f.read_bytes()).records) if f.exists() else 0

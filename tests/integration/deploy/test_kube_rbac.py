@@ -23,15 +23,15 @@ from gpupipe.prices import load_price_table
 from gpupipe_consumers.alerts.cordon import ANNOTATION_PREFIX, Cordoner, CordonResult, KubeNodeApi
 from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine
 from gpupipe_consumers.report.workload_report import build_workload_report
-from gpupipe_producer.enrich import ProcPod
 from gpupipe_producer.podmeta.kube_watch import PodMetadataWatcher
+from gpupipe_producer.samples.enrich import ProcPod
 from tests.agent_harness import UUIDS, node_for_fixtures, running_agent, wait_for
 from tests.fake_nvml import FakeProcess
 from tests.integration.deploy.test_helm_chart import helm, render  # noqa: F401 (helm: the session fixture)
 from tests.kube_apiserver import ApiError, KubeApiServer, object_path, start_kube_apiserver
 from tests.kubelet_fake import FakeKubelet
 from tests.paths import REPO
-from tests.unit.producer.test_node_agent import config, memory_publisher
+from tests.unit.producer.agent.test_node_agent import config, memory_publisher
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(3600)]
 
@@ -278,7 +278,7 @@ def _resource_slice(node: str, devices: dict[str, str]) -> dict[str, Any]:
 def test_the_producer_role_resolves_dra_devices_from_its_nodes_resource_slices(
     kube: KubeApiServer, chart: dict[str, dict[str, Any]], tmp_path: Path
 ) -> None:
-    from gpupipe_producer.dra_slices import ResourceSliceIndex
+    from gpupipe_producer.agent.dra_slices import ResourceSliceIndex
 
     mig = "MIG-7c3e2a10-5b1d-5f0e-9a44-0d6a2b9c1e01"
     kube.create("/apis/resource.k8s.io/v1/resourceslices",

@@ -205,9 +205,10 @@ def test_confluent_framing_roundtrip_with_mock_registry(kafka: str, topic_prefix
 
     from gpupipe.kafka_admin import ensure_topics
     from gpupipe_consumers.tail import format_record
-    from gpupipe_producer.command import run_simulated
+    from gpupipe_producer.command import fleet_config
     from gpupipe_producer.publish import Publisher, producer_config
     from gpupipe_producer.self_metrics import ProducerMetrics
+    from gpupipe_producer.service import run_simulated
     from gpupipe_schemas.codec import codec_from_url
 
     ensure_topics(kafka, ["gpu.samples.v1"], prefix=topic_prefix)
@@ -229,6 +230,7 @@ def test_confluent_framing_roundtrip_with_mock_registry(kafka: str, topic_prefix
 
     run_simulated(
         args,
+        fleet_config(args),
         pub,
         ProducerMetrics(),
         threading.Event(),

@@ -3,8 +3,8 @@ named in one line (real librdkafka client aimed at a port where nothing listens)
 
 from __future__ import annotations
 
-from gpupipe_producer.command import _dropped_line
 from gpupipe_producer.publish import Publisher, producer_config
+from gpupipe_producer.service import _dropped_line
 from tests.conftest import free_port
 
 

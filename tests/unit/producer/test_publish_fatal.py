@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError
 
-import gpupipe_producer.command as command
-import gpupipe_producer.node_agent as node_agent
+import gpupipe_producer.agent.node_agent as node_agent
+import gpupipe_producer.service as service
 from gpupipe.cli import main as cli_main
 from gpupipe_producer.publish import Publisher, producer_config
 from tests.fake_nvml import FakeNvml
@@ -75,7 +75,7 @@ def test_produce_stops_with_one_line_and_exit_1(
             super().__init__(*a, **kw)
             made.append(self)
 
-    monkeypatch.setattr(command, "Publisher", Seen)
+    monkeypatch.setattr(service, "Publisher", Seen)
     root = logging.getLogger()
     saved = (root.handlers[:], root.level)  # cli.main sets logging up for the process
     rc: list[int] = []

@@ -18,7 +18,7 @@ import yaml
 from gpupipe import topics
 from gpupipe.kafka_admin import ensure_topics
 from gpupipe_consumers.metrics.service import MetricsConfig, MetricsService
-from gpupipe_producer.node_agent import AgentConfig
+from gpupipe_producer.agent.node_agent import AgentConfig
 from gpupipe_producer.publish import Publisher, producer_config
 from tests.agent_harness import running_agent
 from tests.conftest import REPO, free_port

@@ -31,7 +31,7 @@ from tests.conftest import REPO, free_port
 from tests.fake_nvml import FakeNvml
 from tests.integration.kafka_util import read_all
 from tests.kmsg_relay_proc import RelayProcess
-from tests.unit.producer.test_node_agent_resilience import record
+from tests.unit.producer.agent.test_node_agent_resilience import record
 
 pytestmark = pytest.mark.integration
 

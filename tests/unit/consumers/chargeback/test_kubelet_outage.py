@@ -10,7 +10,7 @@ from gpupipe_consumers.chargeback.accounting import AccountingConfig, account
 from gpupipe_schemas.meaning import UNALLOCATED, UNATTRIBUTED
 from tests.agent_harness import combined_fixture, node_for_fixtures, running_agent
 from tests.kubelet_fake import FakeKubelet
-from tests.unit.producer.test_node_agent import config, memory_publisher, wait_for
+from tests.unit.producer.agent.test_node_agent import config, memory_publisher, wait_for
 
 
 def samples_with(tmp_path: Path, kubelet_up: bool = False, **kw) -> list[dict]:

@@ -10,7 +10,7 @@ import pytest
 from gpupipe_consumers.chargeback.accounting import AccountingConfig, account
 from gpupipe_schemas.meaning import MIG_SHARED, UNALLOCATED, gpu_key
 from tests.agent_harness import UUIDS, node_for_fixtures, running_agent
-from tests.unit.producer.test_node_agent import config, memory_publisher
+from tests.unit.producer.agent.test_node_agent import config, memory_publisher
 
 
 def test_the_unconfigured_seventh_of_a_mig_gpu_is_billed_unallocated(tmp_path: Path) -> None:

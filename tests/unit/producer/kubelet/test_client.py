@@ -11,7 +11,6 @@ import time
 import grpc
 import pytest
 
-from gpupipe_producer.enrich import enrich_sample
 from gpupipe_producer.kubelet import api_pb2, api_pb2_grpc
 from gpupipe_producer.kubelet.client import (
     ERROR_KINDS,
@@ -30,6 +29,7 @@ from gpupipe_producer.kubelet.mapping import (
     pod_resources_from_dict,
 )
 from gpupipe_producer.nvml.records import empty_sample
+from gpupipe_producer.samples.enrich import enrich_sample
 from tests.paths import REPO
 
 try:

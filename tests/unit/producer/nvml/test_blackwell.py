@@ -17,8 +17,8 @@ import pytest
 
 from tests.agent_harness import node_for_fixtures, running_agent, wait_for
 from tests.fake_nvml import FakeNvml
+from tests.unit.producer.agent.test_node_agent import config, memory_publisher
 from tests.unit.producer.nvml.test_source import by_gpu, make, tick
-from tests.unit.producer.test_node_agent import config, memory_publisher
 
 CLUSTER = bytes.fromhex("6b1f0c3e52d47b19e6a03c5d9e7f20b1")
 

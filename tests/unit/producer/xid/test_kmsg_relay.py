@@ -21,13 +21,13 @@ from typing import Any
 import pytest
 import yaml
 
-from gpupipe_producer.kmsg_input import KmsgInput
 from gpupipe_producer.xid import kmsg_relay
+from gpupipe_producer.xid.kmsg_input import KmsgInput
 from gpupipe_producer.xid.kmsg_reader import KmsgReader, decode_kmsg_record
 from gpupipe_producer.xid.wake import WakeEvent
 from tests.agent_harness import wait_for
 from tests.kmsg_relay_proc import MANIFEST, RelayProcess
-from tests.unit.producer.test_node_agent_resilience import XID48, XID79, record
+from tests.unit.producer.agent.test_node_agent_resilience import XID48, XID79, record
 
 
 @pytest.fixture

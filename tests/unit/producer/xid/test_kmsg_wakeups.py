@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from gpupipe_producer.kmsg_input import KmsgInput
+from gpupipe_producer.xid.kmsg_input import KmsgInput
 from gpupipe_producer.xid.kmsg_reader import KmsgReader
 from gpupipe_producer.xid.wake import WakeEvent
 
@@ -130,7 +130,7 @@ def test_an_agent_on_a_quiet_kernel_log_stays_healthy(tmp_path: Path, fifo: Any)
     # The reader blocks without a timeout now: /healthz must tell "idle" (waiting) from "stuck".
     from tests.agent_harness import running_agent
     from tests.fake_nvml import FakeNvml
-    from tests.unit.producer.test_node_agent import config, memory_publisher
+    from tests.unit.producer.agent.test_node_agent import config, memory_publisher
 
     path, _ = fifo
     pub, _mem = memory_publisher()
