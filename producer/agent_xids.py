@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpupipe.logs import fields
+from gpupipe.common.logs import fields
 from gpupipe_producer.agent_config import AgentConfig
 from gpupipe_producer.delivery import XidSender
 from gpupipe_producer.kubelet.mapping import AllocationMap

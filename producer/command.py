@@ -16,14 +16,15 @@ import threading
 import time
 from typing import Any
 
-from gpupipe import service_flags, startup, topics
-from gpupipe.argtypes import field_default, iso_time_ms, positive_duration_ms
-from gpupipe.durations import format_duration_ms
-from gpupipe.errors import ConfigError, GpupipeError
-from gpupipe.kafka_admin import parse_kafka_overrides, parse_topic_overrides
-from gpupipe.kafka_auth import KafkaAuthError, principal_of, runtime_write_denial
-from gpupipe.logs import fields
-from gpupipe.runner import Lifecycle, ServiceSpec, run_service
+from gpupipe.common.argtypes import field_default, iso_time_ms, positive_duration_ms
+from gpupipe.common.durations import format_duration_ms
+from gpupipe.common.errors import ConfigError, GpupipeError
+from gpupipe.common.logs import fields
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import parse_kafka_overrides, parse_topic_overrides
+from gpupipe.kafka.auth import KafkaAuthError, principal_of, runtime_write_denial
+from gpupipe.lifecycle import service_flags, startup
+from gpupipe.lifecycle.runner import Lifecycle, ServiceSpec, run_service
 from gpupipe_producer.podmeta.extras import add_arguments as podmeta_arguments
 from gpupipe_producer.publish import DENIED, Publisher, producer_config
 from gpupipe_producer.self_metrics import ProducerMetrics

@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from gpupipe.logs import fields
+from gpupipe.common.logs import fields
 from gpupipe_producer.agent_config import (
     DEFAULT_IN_FLIGHT_LIMIT,
     DEFAULT_SAMPLE_QUEUE_MAX,
@@ -80,7 +80,7 @@ from gpupipe_schemas.errors import EncodeError
 from gpupipe_schemas.meaning import sample_kafka_key
 
 if TYPE_CHECKING:  # cryptography is loaded only by a producer that signs
-    from gpupipe.node_identity import NodeSigner
+    from gpupipe.domain.node_identity import NodeSigner
 
 log = logging.getLogger("gpupipe.agent")
 

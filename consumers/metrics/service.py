@@ -1,8 +1,8 @@
 """The Kafka side of the metrics consumer: feeds the :class:`SeriesStore` and serves ``/metrics``.
 
 Sharding. ``gpu.samples.v1`` is consumed through the consumer group (the shared
-:class:`~gpupipe_consumers.consume_loop.ConsumeLoop`): instances of one group split its partitions, each
-serves the GPUs of the partitions it holds, and a revoked partition's series are dropped at once
+:class:`~gpupipe_consumers.plumbing.consume_loop.ConsumeLoop`): instances of one group split its partitions,
+each serves the GPUs of the partitions it holds, and a revoked partition's series are dropped at once
 (``SeriesStore.drop_partitions``), so no GPU is ever served by two instances for longer than a
 rebalance takes, and Prometheus (which scrapes every instance) sees each GPU once.
 
@@ -55,22 +55,22 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessColl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gpupipe import topics
-from gpupipe.acls import DEFAULT_GROUPS
-from gpupipe.kafka_admin import client_config, ensure_topics, wait_for_broker
-from gpupipe.kafka_lag import lags
-from gpupipe.logs import fields
-from gpupipe.node_check import DEADLETTER_REASON as NODE_IDENTITY
-from gpupipe.node_check import NodeCheck, NodeCheckCollector, NodeIdentity
-from gpupipe.startup import process_start_ms, start_offsets
+from gpupipe.common.logs import fields
+from gpupipe.domain.node_check import DEADLETTER_REASON as NODE_IDENTITY
+from gpupipe.domain.node_check import NodeCheck, NodeCheckCollector, NodeIdentity
+from gpupipe.kafka import topics
+from gpupipe.kafka.acls import DEFAULT_GROUPS
+from gpupipe.kafka.admin import client_config, ensure_topics, wait_for_broker
+from gpupipe.kafka.lag import lags
+from gpupipe.lifecycle.startup import process_start_ms, start_offsets
 from gpupipe.web.server import HttpServer
-from gpupipe_consumers.consume_loop import ConsumeLoop, InRecord, Rejected
 from gpupipe_consumers.metrics.collectors_csv import CounterSet
 from gpupipe_consumers.metrics.decode import MetricsDecoder
 from gpupipe_consumers.metrics.gcpolicy import GC_THRESHOLDS, after_scrape, tune_gc  # noqa: F401 (re-exported)
 from gpupipe_consumers.metrics.http import MetricsEndpoint, MetricsServer
 from gpupipe_consumers.metrics.render import RenderOptions
 from gpupipe_consumers.metrics.store import DEFAULT_MAX_GPUS, InvalidRecord, SeriesStore
+from gpupipe_consumers.plumbing.consume_loop import ConsumeLoop, InRecord, Rejected
 from gpupipe_schemas.codec import AvroCodec, codec_from_url
 from gpupipe_schemas.errors import DecodeError
 from gpupipe_schemas.validate import violation

@@ -50,10 +50,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpupipe.durations import parse_duration_ms
-from gpupipe.errors import ConfigError
-from gpupipe.logs import fields
-from gpupipe.yaml_file import load_yaml
+from gpupipe.common.durations import parse_duration_ms
+from gpupipe.common.errors import ConfigError
+from gpupipe.common.logs import fields
+from gpupipe.common.yaml_file import load_yaml
 
 log = logging.getLogger("gpupipe.web")
 

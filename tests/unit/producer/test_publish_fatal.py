@@ -21,7 +21,7 @@ from confluent_kafka import KafkaError
 
 import gpupipe_producer.command as command
 import gpupipe_producer.node_agent as node_agent
-from gpupipe.cli import main as cli_main
+from gpupipe.commands.cli import main as cli_main
 from gpupipe_producer.publish import Publisher, producer_config
 from tests.fake_nvml import FakeNvml
 from tests.librdkafka_fatal import inject_fatal_error

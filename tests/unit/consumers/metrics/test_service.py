@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from gpupipe.cli import main as cli_main
-from gpupipe.errors import ConfigError
-from gpupipe_consumers.consume_loop import InRecord
+from gpupipe.commands.cli import main as cli_main
+from gpupipe.common.errors import ConfigError
 from gpupipe_consumers.metrics import command
 from gpupipe_consumers.metrics.service import MetricsHandler, _TimedStore, key_partition, murmur2
 from gpupipe_consumers.metrics.store import SeriesStore
+from gpupipe_consumers.plumbing.consume_loop import InRecord
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_schemas.meaning import sample_kafka_key, xid_kafka_key
 from tests.unit.consumers.metrics.test_store import blank
@@ -173,7 +173,7 @@ def test_keys_not_murmur2_partitioned_disable_hash_ownership() -> None:
 def parse(*argv: str) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     command.add_arguments(p)
-    from gpupipe.cli import add_common
+    from gpupipe.commands.cli import add_common
 
     add_common(p)
     return p.parse_args(list(argv))

@@ -19,8 +19,9 @@ import pytest
 from cryptography import x509
 from prometheus_client import CollectorRegistry, Counter
 
-from gpupipe import cli, startup
-from gpupipe.errors import ConfigError
+from gpupipe.commands import cli
+from gpupipe.common.errors import ConfigError
+from gpupipe.lifecycle import startup
 from gpupipe.web.config import WebConfigSource
 from gpupipe.web.server import HttpServer, registry_route
 from tests.integration.consumers.metrics.test_tls_auth import make_certs
