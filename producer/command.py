@@ -20,6 +20,7 @@ from gpupipe.common.argtypes import field_default, iso_time_ms, positive_duratio
 from gpupipe.common.durations import format_duration_ms
 from gpupipe.common.errors import ConfigError, GpupipeError
 from gpupipe.common.logs import fields
+from gpupipe.kafka import ready as kafka_ready
 from gpupipe.kafka import topics
 from gpupipe.kafka.admin import parse_kafka_overrides, parse_topic_overrides
 from gpupipe.kafka.auth import KafkaAuthError, principal_of, runtime_write_denial
@@ -323,7 +324,7 @@ class ProducerRun:
                 target=self._wait_for_kafka, args=(life,), name="kafka-wait", daemon=True
             ).start()
         else:
-            startup.prepare_kafka(
+            kafka_ready.prepare_kafka(
                 args.bootstrap_servers,
                 topics.to_prepare([topics.SAMPLES, topics.XID], create=args.create_topics),
                 prefix=args.topic_prefix,
@@ -368,7 +369,7 @@ class ProducerRun:
         args = self.args
         assert self.serve_after is not None
         try:
-            startup.prepare_kafka(
+            kafka_ready.prepare_kafka(
                 args.bootstrap_servers,
                 topics.to_prepare([topics.SAMPLES, topics.XID], create=args.create_topics),
                 prefix=args.topic_prefix,
@@ -379,7 +380,7 @@ class ProducerRun:
                 state=life.state,
                 stop=life.stop,
             )
-        except startup.StartupCancelled:
+        except kafka_ready.StartupCancelled:
             return
         except GpupipeError as exc:
             self._start_error = exc

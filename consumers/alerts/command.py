@@ -26,7 +26,7 @@ from gpupipe.common.argtypes import duration_ms, field_default, keyword_default,
 from gpupipe.common.errors import ConfigError, GpupipeError
 from gpupipe.common.logs import fields
 from gpupipe.domain import node_check
-from gpupipe.kafka import topics
+from gpupipe.kafka import ready, topics
 from gpupipe.kafka.acls import DEFAULT_GROUPS
 from gpupipe.kafka.admin import parse_kafka_overrides, wait_for_broker
 from gpupipe.lifecycle import service_flags, startup
@@ -528,7 +528,7 @@ class AlertsApp:
         # The cordon ledger always needs the rate-limit window, however short --restore-lookback is.
         lookback = max(opts.restore_lookback_ms, HOUR_MS if self.cordoner is not None else 0)
         if lookback:
-            records = startup.retry(  # a fresh topic's leaders may still be moving: wait, do not crash
+            records = ready.retry(  # a fresh topic's leaders may still be moving: wait, do not crash
                 lambda: restore_from_topic(opts.bootstrap, self.alerts_topic, codec, lookback, extra),
                 what=f"restore of open alerts from {self.alerts_topic}",
                 transient=(GpupipeError,),

@@ -37,7 +37,7 @@ from confluent_kafka import KafkaException, TopicPartition
 from gpupipe.common.durations import format_iso_ms
 from gpupipe.common.logs import fields
 from gpupipe.domain.price_schedule import Fingerprint, divergence
-from gpupipe.lifecycle.startup import retry
+from gpupipe.kafka.ready import retry
 from gpupipe_consumers.chargeback.errors import PriceChangeError
 from gpupipe_consumers.chargeback.partitions import InputPartitions
 from gpupipe_consumers.chargeback.service_config import OP_TIMEOUT_S

@@ -65,8 +65,8 @@ from gpupipe.common.logs import fields
 from gpupipe.domain.node_check import DEADLETTER_REASON as NODE_IDENTITY
 from gpupipe.domain.node_check import NodeCheck, NodeCheckCollector
 from gpupipe.kafka.admin import client_config
+from gpupipe.kafka.stuck_call import StuckCallError
 from gpupipe.kafka.txn import AbortRequired, TransactionalSession, TransactionFatalError
-from gpupipe.lifecycle.startup import StuckCallError
 from gpupipe_consumers.chargeback.emitted import EmittedIdsReader, holds_records_since
 from gpupipe_consumers.chargeback.errors import ChargebackFatalError, GpuCapReached, PriceChangeError
 from gpupipe_consumers.chargeback.identity import check_client_overrides

@@ -32,7 +32,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gpupipe.common.logs import fields
-from gpupipe.lifecycle.startup import Backoff
+from gpupipe.kafka.ready import Backoff
 from gpupipe_consumers.otlp import mapping
 from gpupipe_consumers.otlp.export import ExportError, Signal, Transport
 from gpupipe_consumers.otlp.settings import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_TIMEOUT_S

@@ -28,8 +28,9 @@ from gpupipe.domain.node_check import NodeCheck
 from gpupipe.kafka import topics as gpupipe_topics
 from gpupipe.kafka.admin import client_config
 from gpupipe.kafka.auth import KafkaAuthError, principal_of, runtime_denial
+from gpupipe.kafka.group_start import start_offsets
 from gpupipe.kafka.lag import lags
-from gpupipe.lifecycle.startup import process_start_ms, start_offsets
+from gpupipe.lifecycle.startup import process_start_ms
 from gpupipe_consumers.plumbing.deadletter import DeadLetterWriter
 from gpupipe_schemas.codec import AvroCodec
 from gpupipe_schemas.errors import DecodeError

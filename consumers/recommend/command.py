@@ -27,7 +27,7 @@ from gpupipe.common.logs import fields
 from gpupipe.domain import node_check
 from gpupipe.domain.prices import PriceTable, load_price_table
 from gpupipe.domain.teams import TeamMap, load_team_map
-from gpupipe.kafka import topics
+from gpupipe.kafka import ready, topics
 from gpupipe.kafka.acls import DEFAULT_GROUPS
 from gpupipe.kafka.admin import parse_kafka_overrides
 from gpupipe.lifecycle import service_flags, startup
@@ -295,7 +295,7 @@ def build(
     )
     if opts.restore_lookback_ms:
         since = int(time.time() * 1000) - opts.restore_lookback_ms
-        records = startup.retry(  # a fresh topic's leaders may still be moving: wait, do not crash
+        records = ready.retry(  # a fresh topic's leaders may still be moving: wait, do not crash
             lambda: read_topic(
                 opts.bootstrap,
                 t_out,

@@ -296,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from gpupipe.common.logs import setup_logging
 
     setup_logging(args.log_level, args.log_format)
-    from gpupipe.lifecycle.startup import RepeatThrottle
+    from gpupipe.common.log_throttle import RepeatThrottle
 
     logging.getLogger("gpupipe.kafka").addFilter(RepeatThrottle())  # reconnect storms during outages
     prog = " ".join(("gpupipe", *_command_words(args)))  # errors name the command whose --help helps

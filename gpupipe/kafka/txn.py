@@ -35,7 +35,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from gpupipe.common.errors import GpupipeError
 from gpupipe.common.logs import fields
-from gpupipe.lifecycle.startup import StuckCallError, with_deadline
+from gpupipe.kafka.stuck_call import StuckCallError, with_deadline
 
 __all__ = [
     "AbortRequired",
@@ -198,7 +198,7 @@ class TransactionalSession:
 
         A stuck call replaces the producer (its transaction is aborted by the fencing) and raises
         :class:`AbortRequired`; while stopping it leaves the producer wedged and raises
-        :class:`~gpupipe.lifecycle.startup.StuckCallError`: no new producer, nothing more is committed."""
+        :class:`~gpupipe.kafka.stuck_call.StuckCallError`: no new producer, nothing more is committed."""
         bounded = with_deadline(
             self.producer.send_offsets_to_transaction, self.stuck_s, "send_offsets", self.stop
         )

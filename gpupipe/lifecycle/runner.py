@@ -24,8 +24,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from gpupipe.kafka import ready as kafka_ready
 from gpupipe.kafka import topics
-from gpupipe.lifecycle import startup
+from gpupipe.lifecycle import shutdown
 from gpupipe.web.config import WebConfigSource
 from gpupipe.web.server import HealthCheck, HttpServer, Route, registry_route
 
@@ -58,8 +59,8 @@ class Lifecycle:
 
     name: str
     stop: threading.Event
-    deadline: startup.ShutdownDeadline
-    state: startup.StartupState
+    deadline: shutdown.ShutdownDeadline
+    state: kafka_ready.StartupState
     startup_timeout_s: float
     http: HttpServer | None = None
 
@@ -70,7 +71,7 @@ class ServiceSpec:
     listen: str | None
     web_config_file: str | None = None
     startup_timeout_ms: int = 0
-    shutdown_timeout_ms: int = int(startup.DEFAULT_SHUTDOWN_S * 1000)
+    shutdown_timeout_ms: int = int(shutdown.DEFAULT_SHUTDOWN_S * 1000)
     kafka: KafkaNeeds | None = None
     extra_routes: Mapping[str, Route] = field(default_factory=dict)
 
@@ -98,15 +99,15 @@ def routes_of(service: Any) -> dict[str, Route]:
 def run_service(spec: ServiceSpec, build: Callable[[Lifecycle], Service]) -> int:
     web = WebConfigSource(spec.web_config_file) if spec.web_config_file else None
     stop = threading.Event()
-    deadline = startup.ShutdownDeadline(stop, spec.shutdown_timeout_ms, spec.name).install()
-    state = startup.StartupState()
+    deadline = shutdown.ShutdownDeadline(stop, spec.shutdown_timeout_ms, spec.name).install()
+    state = kafka_ready.StartupState()
     http = HttpServer(spec.listen, web, service=spec.name, starting=state).start() if spec.listen else None
     life = Lifecycle(spec.name, stop, deadline, state, spec.startup_timeout_ms / 1000, http)
     service: Service | None = None
     try:
         if spec.kafka is not None:
             k = spec.kafka
-            startup.prepare_kafka(
+            kafka_ready.prepare_kafka(
                 k.bootstrap,
                 k.bases,
                 prefix=k.prefix,
@@ -124,7 +125,7 @@ def run_service(spec: ServiceSpec, build: Callable[[Lifecycle], Service]) -> int
         if http is not None:
             _serve_when_ready(http, service, spec, stop)
         service.run(stop)
-    except startup.StartupCancelled:
+    except kafka_ready.StartupCancelled:
         log.info("stopped while starting", extra={"fields": {"service": spec.name}})
         return 0
     finally:

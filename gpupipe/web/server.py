@@ -158,7 +158,7 @@ class Route(Protocol):
 
 
 class Starting(Protocol):
-    """What a service waits for while it starts (:class:`gpupipe.lifecycle.startup.StartupState`)."""
+    """What a service waits for while it starts (:class:`gpupipe.kafka.ready.StartupState`)."""
 
     def as_dict(self) -> dict[str, Any]: ...
 

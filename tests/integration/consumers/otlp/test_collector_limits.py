@@ -23,7 +23,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from prometheus_client import CollectorRegistry
 
 from gpupipe.kafka.admin import ensure_topics
-from gpupipe.lifecycle.startup import Backoff
+from gpupipe.kafka.ready import Backoff
 from gpupipe_consumers.otlp import mapping
 from gpupipe_consumers.otlp.export import config_from, transport
 from gpupipe_consumers.otlp.service import ExportAbandoned, OtlpService

@@ -191,12 +191,12 @@ def test_ip_sans_compare_in_go_form():
 def test_startup_health_takes_the_same_listen_addresses():
     """`gpupipe metrics -a [::]:9400` first answers 503 on that address while Kafka is awaited:
     the server in its start-up mode takes every address the metrics server takes."""
-    from gpupipe.lifecycle import startup
+    from gpupipe.kafka import ready
     from gpupipe.web.server import HttpServer
 
     hosts = ["[::]:0", "[::1]:0"] if _ipv6_loopback() else []
     for listen in [*hosts, ":0", "127.0.0.1:0"]:
-        h = HttpServer(listen, service="metrics", starting=startup.StartupState()).start()
+        h = HttpServer(listen, service="metrics", starting=ready.StartupState()).start()
         try:
             port = h.port
             conn = http.client.HTTPConnection(

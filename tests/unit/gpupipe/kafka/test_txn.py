@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
+from gpupipe.kafka.stuck_call import StuckCallError
 from gpupipe.kafka.txn import (
     AbortRequired,
     TransactionalSession,
@@ -22,7 +23,6 @@ from gpupipe.kafka.txn import (
     classify,
     raise_for,
 )
-from gpupipe.lifecycle.startup import StuckCallError
 
 RETRIABLE = KafkaError(KafkaError._TIMED_OUT, "coordinator busy", retriable=True)
 ABORTABLE = KafkaError(KafkaError._STATE, "needs abort", txn_requires_abort=True)
