@@ -32,6 +32,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from gpupipe.common.logs import fields
+from gpupipe.domain.node_choices import NODE_CERT_RULES, NODE_IDENTITY_MODES
 
 __all__ = [
     "DEADLETTER_REASON",
@@ -43,11 +44,6 @@ __all__ = [
     "from_args",
 ]
 
-#: ``--node-identity``: the first is the default.
-NODE_IDENTITY_MODES = ("enforce", "audit")
-#: ``--node-cert-names`` (which certificates name a node; see :mod:`gpupipe.domain.node_identity`): the
-#: first is the default.
-NODE_CERT_RULES = ("kubelet", "dedicated-ca")
 #: The dead-letter reason of a refused record.
 DEADLETTER_REASON = "node-identity"
 #: Refusals are logged at most this often (the counter has every one).

@@ -41,7 +41,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from gpupipe.common.errors import ConfigError
 from gpupipe.common.flag_files import read_bytes
-from gpupipe.domain.node_check import NODE_CERT_RULES
+from gpupipe.domain.node_choices import NODE_CERT_RULES
 
 __all__ = [
     "CERT_HEADER",

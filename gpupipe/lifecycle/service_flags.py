@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from gpupipe.domain.node_check import NODE_CERT_RULES, NODE_IDENTITY_MODES
+from gpupipe.domain.node_choices import NODE_CERT_RULES, NODE_IDENTITY_MODES
 
 
 def add_listen(p: argparse.ArgumentParser | argparse._ArgumentGroup, *, serves: str = "/metrics") -> None:

@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from gpupipe.common.errors import ConfigError
-from gpupipe.domain.node_check import NODE_CERT_RULES
+from gpupipe.domain.node_choices import NODE_CERT_RULES
 from gpupipe.domain.node_identity import CERT_HEADER, NAME_RULES, SIG_HEADER, NodeSigner, NodeVerifier
 from tests.pki import Pki
 
