@@ -142,8 +142,8 @@ def producer_rss() -> None:
     """RSS of the running ``gpupipe produce --source nvml`` (fake NVML, fake kubelet, real Kafka)."""
     from kubelet_fake import FakeKubelet
 
-    from gpupipe import topics
-    from gpupipe.kafka_admin import ensure_topics
+    from gpupipe.kafka import topics
+    from gpupipe.kafka.admin import ensure_topics
 
     bootstrap = bench_kafka()
     prefix = f"bench-rss-{os.getpid()}."

@@ -29,10 +29,10 @@ from collections import Counter
 from common import bench_kafka, figure, ratio_line
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-from gpupipe import topics
-from gpupipe.cli import build_parser
-from gpupipe.kafka_admin import ensure_topics
-from gpupipe.logs import setup_logging
+from gpupipe.commands.cli import build_parser
+from gpupipe.common.logs import setup_logging
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import ensure_topics
 from gpupipe_consumers.alerts.command import AlertsApp, options_from_args
 from gpupipe_schemas.codec import AvroCodec
 

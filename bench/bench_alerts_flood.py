@@ -64,7 +64,7 @@ def child(max_devices: int, max_open_alerts: int) -> None:
     from gpupipe_consumers.alerts.admission import DeviceAdmission
     from gpupipe_consumers.alerts.dedupe import EngineConfig
     from gpupipe_consumers.alerts.service import AlertsService
-    from gpupipe_consumers.consume_loop import InRecord
+    from gpupipe_consumers.plumbing.consume_loop import InRecord
 
     logging.disable(logging.WARNING)  # one warning a minute: not what is measured
     now = [1_790_000_000_000]
@@ -137,7 +137,7 @@ def run_child(max_devices: int, max_open_alerts: int) -> dict:
 
 
 def main() -> int:
-    from gpupipe.argtypes import field_default, keyword_default
+    from gpupipe.common.argtypes import field_default, keyword_default
     from gpupipe_consumers.alerts.admission import DeviceAdmission
     from gpupipe_consumers.alerts.dedupe import EngineConfig
 

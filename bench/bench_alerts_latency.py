@@ -22,8 +22,8 @@ from pathlib import Path
 from common import REPO, bench_kafka, figure, ratio_line
 from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 
-from gpupipe import topics
-from gpupipe.kafka_admin import ensure_topics
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import ensure_topics
 from gpupipe_schemas.codec import AvroCodec
 
 BUS = ("1b", "43", "52", "61", "9d", "c3", "d1", "df")  # the fake NVML's DGX H100 bus ids

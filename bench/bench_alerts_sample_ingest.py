@@ -34,7 +34,7 @@ from common import figure, ratio_line
 
 from gpupipe_consumers.alerts.sample_decode import AlertsDecoder
 from gpupipe_consumers.alerts.service import AlertsService
-from gpupipe_consumers.consume_loop import InRecord
+from gpupipe_consumers.plumbing.consume_loop import InRecord
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_schemas.codec import AvroCodec
 from gpupipe_schemas.validate import violation

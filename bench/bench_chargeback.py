@@ -36,7 +36,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from fastavro import parse_schema, schemaless_reader
 
-from gpupipe import topics
+from gpupipe.kafka import topics
 from gpupipe_consumers.chargeback.engine import projected_sample_schema
 from gpupipe_schemas import catalog
 

@@ -32,14 +32,14 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from prometheus_client import CollectorRegistry
 from pyiceberg.catalog.sql import SqlCatalog
 
-from gpupipe import topics
-from gpupipe.kafka_admin import ensure_topics
-from gpupipe.prices import PriceTable
+from gpupipe.domain.prices import PriceTable
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import ensure_topics
 from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine, projected_sample_schema
-from gpupipe_consumers.consume_loop import InRecord
 from gpupipe_consumers.lake.query import gpu_hours_sql, load_tables
 from gpupipe_consumers.lake.tables import BY_NAME
 from gpupipe_consumers.lake.writer import LakeWriter, open_table
+from gpupipe_consumers.plumbing.consume_loop import InRecord
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_schemas import catalog
 from gpupipe_schemas.codec import AvroCodec

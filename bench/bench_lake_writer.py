@@ -19,9 +19,9 @@ from common import figure, ratio_line
 from prometheus_client import CollectorRegistry
 from pyiceberg.catalog.sql import SqlCatalog
 
-from gpupipe_consumers.consume_loop import InRecord
 from gpupipe_consumers.lake.tables import BY_NAME
 from gpupipe_consumers.lake.writer import LakeWriter, open_table
+from gpupipe_consumers.plumbing.consume_loop import InRecord
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_schemas.codec import AvroCodec
 

@@ -48,8 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import REPO, bench_kafka, figure, ratio_line
 from confluent_kafka import Producer
 
-from gpupipe import topics
-from gpupipe.kafka_admin import ensure_topics
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import ensure_topics
 from gpupipe_producer.publish import producer_config
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_schemas.codec import AvroCodec

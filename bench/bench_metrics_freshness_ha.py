@@ -41,8 +41,8 @@ import bench_metrics_freshness as base
 from common import REPO, bench_kafka, figure, ratio_line
 from confluent_kafka import Producer
 
-from gpupipe import topics
-from gpupipe.kafka_admin import ensure_topics
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import ensure_topics
 from gpupipe_producer.publish import producer_config
 
 SCRAPE_INTERVAL_S = 5.0

@@ -5,12 +5,13 @@ Run: ``.venv/bin/python bench/bench_metrics_pipeline.py`` (about a minute; no br
 
 What a consumed sample costs the service, measured in one process with the service's own objects:
 batches of ``confluent_kafka.Message`` (500 a batch, as ``consume()`` returns them at 10k/s) go
-through :meth:`ConsumeLoop.process <gpupipe_consumers.consume_loop.ConsumeLoop.process>` (its decoder is
-the service's :class:`~gpupipe_consumers.metrics.decode.MetricsDecoder`), :class:`MetricsHandler` and the
-store, and the store is scraped (``render_parts``, as two Prometheus servers 2.5 s apart would:
-one build per 2.5 s of samples) with the shipped default counters. Records come from the simulated
-fleet (pods that come and go, time-shared GPUs with processes, values that move every second), one
-sample per GPU per second. Not included: librdkafka's fetch and decompression, HTTP writes.
+through :meth:`ConsumeLoop.process <gpupipe_consumers.plumbing.consume_loop.ConsumeLoop.process>`
+(its decoder is the service's :class:`~gpupipe_consumers.metrics.decode.MetricsDecoder`),
+:class:`MetricsHandler` and the store, and the store is scraped (``render_parts``, as two
+Prometheus servers 2.5 s apart would: one build per 2.5 s of samples) with the shipped default counters.
+Records come from the simulated fleet (pods that come and go, time-shared GPUs with processes,
+values that move every second), one sample per GPU per second. Not included: librdkafka's fetch
+and decompression, HTTP writes.
 
 Baseline: bare ``fastavro.schemaless_reader`` of the same payloads, nothing else. ratio = baseline
 time per sample / the service's time per sample, process CPU time, best of the rounds (target 1.0:
@@ -32,11 +33,11 @@ from confluent_kafka import Message
 from fastavro import schemaless_reader
 from prometheus_client import CollectorRegistry
 
-from gpupipe_consumers.consume_loop import ConsumeLoop
 from gpupipe_consumers.metrics.decode import MetricsDecoder
 from gpupipe_consumers.metrics.gcpolicy import tune_gc
 from gpupipe_consumers.metrics.render import RenderOptions
 from gpupipe_consumers.metrics.service import MetricsHandler, ServiceMetrics, _TimedStore
+from gpupipe_consumers.plumbing.consume_loop import ConsumeLoop
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_schemas import catalog
 from gpupipe_schemas.codec import AvroCodec

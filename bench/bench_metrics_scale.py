@@ -33,12 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_metrics_render import make_record
 from common import figure, ratio_line
 
-from gpupipe import topics
+from gpupipe.kafka import topics
+from gpupipe.kafka.partitioner import key_partition
 from gpupipe_consumers.metrics.collectors_csv import default_counters
 from gpupipe_consumers.metrics.decode import MetricsDecoder
 from gpupipe_consumers.metrics.gcpolicy import after_scrape, tune_gc
 from gpupipe_consumers.metrics.http import GzipCache
-from gpupipe_consumers.metrics.service import key_partition
 from gpupipe_consumers.metrics.store import SeriesStore
 from gpupipe_schemas.codec import AvroCodec
 from gpupipe_schemas.meaning import sample_kafka_key

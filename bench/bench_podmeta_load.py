@@ -27,7 +27,7 @@ import time
 from common import figure, ratio_line
 from k8s_pods_fake import FakePodApi
 
-from gpupipe.kube import KubeClient, KubeConfig
+from gpupipe.clients.kube import KubeClient, KubeConfig
 from gpupipe_producer.podmeta.kube_watch import PodMetadataWatcher
 
 NODES = 40

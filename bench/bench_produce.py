@@ -21,8 +21,8 @@ from pathlib import Path
 from common import BENCH_KAFKA_DIR, bench_kafka, best_of, figure, ratio_line
 from fastavro import schemaless_writer
 
-from gpupipe import topics
-from gpupipe.kafka_admin import ensure_topics
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import ensure_topics
 from gpupipe_producer.command import fleet_config
 from gpupipe_producer.publish import Publisher, producer_config
 from gpupipe_producer.self_metrics import ProducerMetrics

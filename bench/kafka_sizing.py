@@ -36,8 +36,8 @@ from common import REPO, figure, ratio_line
 from kafka_sizing_table import Measured, render, sizing_rows
 from lake_records import fill
 
-from gpupipe import topics
-from gpupipe.kafka_admin import ensure_topics
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import ensure_topics
 from gpupipe_producer.publish import Publisher, producer_config
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_schemas.codec import AvroCodec

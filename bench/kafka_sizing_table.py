@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gpupipe import topics
+from gpupipe.kafka import topics
 
 DAY_S = 86_400
 REPLICATION = 3  # production replication factor (docs/operations.md: what production needs)

@@ -49,8 +49,8 @@ from pathlib import Path
 from common import REPO, figure, ratio_line
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from gpupipe import topics
-from gpupipe.kafka_admin import ensure_topics
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import ensure_topics
 from gpupipe_consumers.report.chargeback_report import build_report
 from gpupipe_consumers.report.reader import Deduplicator, deduplicated, iter_chargeback_records
 from gpupipe_schemas.codec import AvroCodec

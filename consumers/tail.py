@@ -17,10 +17,10 @@ from typing import Any, TextIO
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
 
-from gpupipe import topics
-from gpupipe.argtypes import positive_duration_ms
-from gpupipe.errors import ConfigError
-from gpupipe.kafka_admin import client_config, parse_kafka_overrides, wait_for_broker
+from gpupipe.common.argtypes import positive_duration_ms
+from gpupipe.common.errors import ConfigError
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import client_config, parse_kafka_overrides, wait_for_broker
 from gpupipe_schemas.codec import AvroCodec, codec_from_url
 from gpupipe_schemas.errors import DecodeError
 

@@ -1,5 +1,5 @@
 import sys
 
-from gpupipe.cli import main
+from gpupipe.commands.cli import main
 
 sys.exit(main())

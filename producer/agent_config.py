@@ -12,9 +12,9 @@ import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from gpupipe.errors import ConfigError
-from gpupipe.kube import KubeClient
-from gpupipe.kube import config_from_args as kube_config_from_args
+from gpupipe.clients.kube import KubeClient
+from gpupipe.clients.kube import config_from_args as kube_config_from_args
+from gpupipe.common.errors import ConfigError
 from gpupipe_producer.kubelet.client import DEFAULT_SOCKET_PATH
 from gpupipe_producer.podmeta.extras import AllocationExtras, extras_from_args
 from gpupipe_producer.samples.enrich import PidResolver
@@ -24,7 +24,7 @@ from gpupipe_producer.xid.spool import DEFAULT_MAX_BYTES
 from gpupipe_producer.xid.xid_merge import DEFAULT_WINDOW_S
 
 if TYPE_CHECKING:  # cryptography is loaded only by a producer that signs
-    from gpupipe.node_identity import NodeSigner
+    from gpupipe.domain.node_identity import NodeSigner
 
 DEFAULT_SPOOL_DIR = "/var/lib/gpupipe/spool"
 DEFAULT_SPOOL_MAX_BYTES = DEFAULT_MAX_BYTES  # sized against the DaemonSet's memory limit
@@ -162,6 +162,6 @@ def _signer(args: argparse.Namespace, hostname: str) -> NodeSigner | None:
         if getattr(args, "node_key", None):
             raise ConfigError("--node-key needs --node-cert")
         return None
-    from gpupipe.node_identity import NodeSigner
+    from gpupipe.domain.node_identity import NodeSigner
 
     return NodeSigner(cert, getattr(args, "node_key", None), hostname)

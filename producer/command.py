@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 
-from gpupipe import service_flags, startup
-from gpupipe.argtypes import field_default, iso_time_ms, positive_duration_ms
-from gpupipe.durations import format_duration_ms
-from gpupipe.errors import ConfigError
-from gpupipe.runner import ServiceSpec, run_service
+from gpupipe.common.argtypes import field_default, iso_time_ms, positive_duration_ms
+from gpupipe.common.durations import format_duration_ms
+from gpupipe.common.errors import ConfigError
+from gpupipe.lifecycle import service_flags, startup
+from gpupipe.lifecycle.runner import ServiceSpec, run_service
 from gpupipe_producer.podmeta.extras import add_arguments as podmeta_arguments
 from gpupipe_producer.service import ProducerService
 from gpupipe_producer.simulated.fleet import FleetConfig

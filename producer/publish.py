@@ -15,7 +15,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from gpupipe.kafka_admin import client_config
+from gpupipe.kafka.admin import client_config
 
 log = logging.getLogger("gpupipe.publish")
 

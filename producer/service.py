@@ -1,6 +1,6 @@
 """The producer process that ``gpupipe produce`` runs: Kafka preparation, the publisher, one source.
 
-:class:`ProducerService` is what :func:`gpupipe.runner.run_service` builds, serves, runs and closes;
+:class:`ProducerService` is what :func:`gpupipe.lifecycle.runner.run_service` builds, serves, runs and closes;
 the nvml source runs the node agent, the simulated source :func:`run_simulated`.
 """
 
@@ -12,12 +12,13 @@ import threading
 import time
 from typing import Any
 
-from gpupipe import startup, topics
-from gpupipe.errors import GpupipeError
-from gpupipe.kafka_admin import parse_kafka_overrides, parse_topic_overrides
-from gpupipe.kafka_auth import KafkaAuthError, principal_of, runtime_write_denial
-from gpupipe.logs import fields
-from gpupipe.runner import Lifecycle
+from gpupipe.common.errors import GpupipeError
+from gpupipe.common.logs import fields
+from gpupipe.kafka import ready as kafka_ready
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import parse_kafka_overrides, parse_topic_overrides
+from gpupipe.kafka.auth import KafkaAuthError, principal_of, runtime_write_denial
+from gpupipe.lifecycle.runner import Lifecycle
 from gpupipe_producer.publish import DENIED, Publisher, producer_config
 from gpupipe_producer.self_metrics import ProducerMetrics
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
@@ -69,7 +70,7 @@ class ProducerService:
                 target=self._wait_for_kafka, args=(life,), name="kafka-wait", daemon=True
             ).start()
         else:
-            startup.prepare_kafka(
+            kafka_ready.prepare_kafka(
                 args.bootstrap_servers,
                 topics.to_prepare([topics.SAMPLES, topics.XID], create=args.create_topics),
                 prefix=args.topic_prefix,
@@ -114,7 +115,7 @@ class ProducerService:
         args = self.args
         assert self.serve_after is not None
         try:
-            startup.prepare_kafka(
+            kafka_ready.prepare_kafka(
                 args.bootstrap_servers,
                 topics.to_prepare([topics.SAMPLES, topics.XID], create=args.create_topics),
                 prefix=args.topic_prefix,
@@ -125,7 +126,7 @@ class ProducerService:
                 state=life.state,
                 stop=life.stop,
             )
-        except startup.StartupCancelled:
+        except kafka_ready.StartupCancelled:
             return
         except GpupipeError as exc:
             self._start_error = exc

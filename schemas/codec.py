@@ -118,7 +118,7 @@ class AvroCodec:
         try:
             return int(self._registry.register_schema(f"{topic}-value", Schema(sv.text, "AVRO")))
         except Exception as exc:
-            from gpupipe.errors import ConfigError
+            from gpupipe.common.errors import ConfigError
 
             raise ConfigError(f"cannot register schema {sv.name} for {topic}: {exc}") from exc
 

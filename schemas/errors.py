@@ -1,6 +1,6 @@
 """Errors of the Avro contract layer."""
 
-from gpupipe.errors import GpupipeError
+from gpupipe.common.errors import GpupipeError
 
 
 class SchemaError(GpupipeError):

@@ -369,8 +369,9 @@ def side_services(
 def secure_roles(bootstrap: str, secure_dir: Path) -> dict[str, dict[str, str]]:
     """GPUPIPE_DEMO_SECURE=1: apply every role's ACLs, create the topics as admin, and return each
     service's environment (its role's --kafka-config-file; no topic creation rights needed)."""
-    from gpupipe import kafka_config, topics
-    from gpupipe.kafka_admin import ensure_topics
+    from gpupipe.kafka import config as kafka_config
+    from gpupipe.kafka import topics
+    from gpupipe.kafka.admin import ensure_topics
 
     clients = secure_dir / "clients"
     admin = kafka_config.resolve([], str(clients / "admin.properties"), {})

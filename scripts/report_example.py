@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpupipe.teams import parse_team_map
+from gpupipe.domain.teams import parse_team_map
 from gpupipe_consumers.report.chargeback_report import build_report
 from gpupipe_consumers.report.formats import render_report
 from scripts.report_example_data import EXAMPLE_TEAMS, simulated_windows

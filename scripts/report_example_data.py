@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from gpupipe.prices import PriceTable, load_price_table
+from gpupipe.domain.prices import PriceTable, load_price_table
 from gpupipe_consumers.chargeback.windows import WindowEngine
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_schemas.meaning import gpu_key

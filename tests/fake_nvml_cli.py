@@ -3,8 +3,9 @@
     GPUPIPE_FAKE_NVML=H100:8:mig=7:procs=2 python tests/fake_nvml_cli.py produce --source nvml ...
 
 ``GPUPIPE_FAKE_NVML`` is read here and nowhere else: this launcher replaces
-``gpupipe_producer.agent.node_agent.nvml_factory`` before calling ``gpupipe.cli.main``. Production code never
-imports ``tests``. Spec: ``<model>:<count>`` (``H100``, ``H200``, ``A100``, ``L40S``) followed by
+``gpupipe_producer.agent.node_agent.nvml_factory`` before calling
+``gpupipe.commands.cli.main``. Production code never imports ``tests``. Spec:
+``<model>:<count>`` (``H100``, ``H200``, ``A100``, ``L40S``) followed by
 options ``mig=<gpu index>`` (that GPU in MIG mode with 3g.40gb + 2x 1g.10gb slices),
 ``procs=<n>`` (n compute processes per GPU), ``init-error`` (nvmlInit fails with
 NVML_ERROR_DRIVER_NOT_LOADED), ``fixtures`` (the 8 GPUs of ``tests.agent_harness.node_for_fixtures``,
@@ -104,7 +105,7 @@ def main(argv: list[str]) -> int:
         threading.Thread(target=_faults, args=(fake, os.environ[FAULTS_ENV]), daemon=True).start()
 
     import gpupipe_producer.agent.node_agent as node_agent
-    from gpupipe import cli
+    from gpupipe.commands import cli
 
     node_agent.nvml_factory = lambda: fake
     return cli.main(argv)

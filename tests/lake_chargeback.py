@@ -17,11 +17,11 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from pyiceberg.catalog import Catalog
 
-from gpupipe.prices import load_price_table
+from gpupipe.domain.prices import load_price_table
 from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine
-from gpupipe_consumers.consume_loop import InRecord
 from gpupipe_consumers.lake.tables import BY_NAME
 from gpupipe_consumers.lake.writer import LakeWriter, open_table
+from gpupipe_consumers.plumbing.consume_loop import InRecord
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_schemas.codec import AvroCodec
 from tests.integration.kafka_util import gpupipe

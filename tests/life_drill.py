@@ -13,8 +13,8 @@ Three parts, each usable alone:
   ground truth: when each GPU was broken and what needs draining.
 * :class:`Drill` runs it: one :class:`~gpupipe_consumers.alerts.service.AlertsService` at a time with the
   injected clock, a :class:`~gpupipe_consumers.alerts.cordon.Cordoner` against the Kubernetes API double, an
-  :class:`~gpupipe.alertmanager.AlertmanagerSender` posting to :class:`SimAlertmanager`, and the published
-  records kept as the topic is, so each new instance restores from them as ``activate()`` does.
+  :class:`~gpupipe.clients.alertmanager.AlertmanagerSender` posting to :class:`SimAlertmanager`, and the
+  published records kept as the topic is, so each new instance restores from them as ``activate()`` does.
 * :func:`check` holds what Alertmanager and the cluster saw against the truth and counts violations.
 
 What cannot hold by design, and is therefore generated within bounds rather than checked away: an XID
@@ -41,13 +41,13 @@ from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 
-from gpupipe.alertmanager import AlertmanagerSender
-from gpupipe.kube import KubeClient, KubeConfig
-from gpupipe.pci import canonical
+from gpupipe.clients.alertmanager import AlertmanagerSender
+from gpupipe.clients.kube import KubeClient, KubeConfig
+from gpupipe.domain.pci import canonical
 from gpupipe_consumers.alerts.alert_record import gpu_alert_shape
 from gpupipe_consumers.alerts.cordon import Cordoner, KubeNodeApi
 from gpupipe_consumers.alerts.service import AlertsService, ListSink
-from gpupipe_consumers.consume_loop import InRecord
+from gpupipe_consumers.plumbing.consume_loop import InRecord
 
 S = 1000
 MIN = 60 * S

@@ -2,7 +2,7 @@
 
 The drill (tests/life_drill.py) runs the alerts service on a simulated clock, days in seconds. A real
 Alertmanager keeps its own, wall clock, so the leg's senders talk to it in wall time: each instance's
-:class:`~gpupipe.alertmanager.AlertmanagerSender` runs on the wall clock (re-sends every
+:class:`~gpupipe.clients.alertmanager.AlertmanagerSender` runs on the wall clock (re-sends every
 ``resend_ms``, ``endsAt`` four of those ahead), the record's times are mapped to wall time (an
 alert starts when the leg first sent it; a resolved one ends when it is sent), and labels, annotations
 and every firing/resolved decision are the service's own. Alertmanager groups every label set on its
@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from gpupipe.alertmanager import AlertmanagerSender, AmState
+from gpupipe.clients.alertmanager import AlertmanagerSender, AmState
 from gpupipe_consumers.alerts.alert_record import gpu_alert_shape
 from tests import hygiene
 from tests.am_webhook import Notification, WebhookReceiver

@@ -15,7 +15,7 @@ import getpass
 import time
 from typing import Any
 
-from gpupipe.errors import ConfigError
+from gpupipe.common.errors import ConfigError
 from gpupipe_consumers.alerts.alert_record import action_record
 from gpupipe_consumers.alerts.service import kafka_alert_sink, restore_from_topic
 from gpupipe_schemas.codec import AvroCodec

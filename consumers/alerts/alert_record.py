@@ -18,11 +18,12 @@ label set, so labels hold only what defines the incident: ``alertname``, ``sever
 code) and ``pci_bus_id``. Routing needs ``severity`` and the node-storm inhibition ``cause_class``, and an
 open alert may escalate both (a node burst whose worst member changes cause): an escalation adds a
 label set, routed by its new severity, and the earlier one stays firing until the incident ends
-(:attr:`~gpupipe.alertmanager.AmState.keep_earlier`; the shipped config inhibits it under the newer one),
-so no label set of an open incident is ever sent resolved. Mutable or late-discovered facts are annotations:
-``action``, ``gpu_uuid``, ``gpu`` (index), ``namespace``/``pod`` (``pods``), ``occurrences``, plus
-``summary``, ``description``, ``runbook``, ``alert_id``, ``first_seen``, ``catalog_version``,
-``drain_node``; discovering a GPU's UUID or its pod 5 s into an incident therefore sends no RESOLVED.
+(:attr:`~gpupipe.clients.alertmanager.AmState.keep_earlier`; the shipped config inhibits it under the newer
+one), so no label set of an open incident is ever sent resolved. Mutable or late-discovered facts
+are annotations: ``action``, ``gpu_uuid``, ``gpu`` (index), ``namespace``/``pod`` (``pods``),
+``occurrences``, plus ``summary``, ``description``, ``runbook``, ``alert_id``, ``first_seen``,
+``catalog_version``, ``drain_node``; discovering a GPU's UUID or its pod 5 s into an incident
+therefore sends no RESOLVED.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from enum import StrEnum
 from functools import cache
 from typing import Any
 
-from gpupipe.alertmanager import AmState, iso_ms
+from gpupipe.clients.alertmanager import AmState, iso_ms
 from gpupipe_schemas import catalog as schema_catalog
 
 __all__ = [

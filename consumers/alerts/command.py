@@ -20,14 +20,17 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
-from gpupipe import kube, node_check, service_flags, startup, topics
-from gpupipe.acls import DEFAULT_GROUPS
-from gpupipe.alertmanager import AlertmanagerFanout, AlertmanagerMetrics, AlertmanagerSender
-from gpupipe.argtypes import duration_ms, field_default, keyword_default, positive_duration_ms
-from gpupipe.errors import ConfigError, GpupipeError
-from gpupipe.kafka_admin import parse_kafka_overrides, wait_for_broker
-from gpupipe.logs import fields
-from gpupipe.runner import KafkaNeeds, Lifecycle, ServiceSpec, run_service
+from gpupipe.clients import kube
+from gpupipe.clients.alertmanager import AlertmanagerFanout, AlertmanagerMetrics, AlertmanagerSender
+from gpupipe.common.argtypes import duration_ms, field_default, keyword_default, positive_duration_ms
+from gpupipe.common.errors import ConfigError, GpupipeError
+from gpupipe.common.logs import fields
+from gpupipe.domain import node_check
+from gpupipe.kafka import ready, topics
+from gpupipe.kafka.acls import DEFAULT_GROUPS
+from gpupipe.kafka.admin import parse_kafka_overrides, wait_for_broker
+from gpupipe.lifecycle import service_flags, startup
+from gpupipe.lifecycle.runner import KafkaNeeds, Lifecycle, ServiceSpec, run_service
 from gpupipe.web.server import Route, registry_route
 from gpupipe_consumers.alerts.admission import DeviceAdmission
 from gpupipe_consumers.alerts.alert_record import gpu_alert_shape
@@ -38,7 +41,7 @@ from gpupipe_consumers.alerts.health_signals import HealthConfig
 from gpupipe_consumers.alerts.leader import LeaderElector, ha_members
 from gpupipe_consumers.alerts.sample_decode import AlertsDecoder
 from gpupipe_consumers.alerts.service import AlertsService, kafka_alert_sink, restore_from_topic
-from gpupipe_consumers.consume_loop import ConsumeLoop
+from gpupipe_consumers.plumbing.consume_loop import ConsumeLoop
 from gpupipe_schemas.codec import codec_from_url
 
 USES_KAFKA = True
@@ -525,7 +528,7 @@ class AlertsApp:
         # The cordon ledger always needs the rate-limit window, however short --restore-lookback is.
         lookback = max(opts.restore_lookback_ms, HOUR_MS if self.cordoner is not None else 0)
         if lookback:
-            records = startup.retry(  # a fresh topic's leaders may still be moving: wait, do not crash
+            records = ready.retry(  # a fresh topic's leaders may still be moving: wait, do not crash
                 lambda: restore_from_topic(opts.bootstrap, self.alerts_topic, codec, lookback, extra),
                 what=f"restore of open alerts from {self.alerts_topic}",
                 transient=(GpupipeError,),

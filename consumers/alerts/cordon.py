@@ -11,7 +11,7 @@ application/strategic-merge-patch+json`` and body ``{"spec": {"unschedulable": t
 people or to a drain controller: evicting a training job is a decision with a cost. A ``GET`` first
 tells whether the node is already unschedulable (outcome ``already_cordoned``, not counted).
 
-Credentials and transport: :mod:`gpupipe.kube` (``--kube-api-url`` + ``--kube-token-file``, else the
+Credentials and transport: :mod:`gpupipe.clients.kube` (``--kube-api-url`` + ``--kube-token-file``, else the
 in-cluster service account; the token is read for every request). RBAC needed: ``get``, ``list`` and
 ``patch`` on ``nodes``.
 
@@ -61,8 +61,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpupipe.kube import STRATEGIC_MERGE_PATCH, KubeApiError, KubeClient
-from gpupipe.logs import fields
+from gpupipe.clients.kube import STRATEGIC_MERGE_PATCH, KubeApiError, KubeClient
+from gpupipe.common.logs import fields
 
 __all__ = [
     "HOUR_MS",

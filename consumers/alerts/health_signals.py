@@ -46,7 +46,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gpupipe import pci
+from gpupipe.domain import pci
 from gpupipe_consumers.alerts.alert_record import AlertName
 from gpupipe_consumers.alerts.classify import GpuHealth
 from gpupipe_consumers.alerts.rules_notice import RECOVERY_ACTION_NAME, recovery_decision

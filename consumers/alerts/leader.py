@@ -41,9 +41,9 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException
 from confluent_kafka.admin import AdminClient
 
-from gpupipe import topics
-from gpupipe.kafka_admin import client_config, ensure_topics
-from gpupipe.logs import fields
+from gpupipe.common.logs import fields
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import client_config, ensure_topics
 
 __all__ = ["LEASE_TOPIC", "LeaderElector", "ha_members"]
 

@@ -1,7 +1,7 @@
 """The alerts service: consume-loop handler, GpuAlert publishing, restore after restart, wiring.
 
-:class:`AlertsService` is the :class:`~gpupipe_consumers.consume_loop.Handler`: it feeds ``XidEvent`` records
-to
+:class:`AlertsService` is the :class:`~gpupipe_consumers.plumbing.consume_loop.Handler`: it feeds ``XidEvent``
+records to
 the :class:`~gpupipe_consumers.alerts.dedupe.AlertEngine` and ``GpuSample`` records to the
 :class:`~gpupipe_consumers.alerts.health_signals.HealthTracker`, publishes the revisions the engine hands out
 to
@@ -53,10 +53,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gpupipe.kafka_sink import KeyedSink
-from gpupipe.kube import KubeApiError
-from gpupipe.logs import fields
-from gpupipe.node_check import DEADLETTER_REASON, NodeCheck
+from gpupipe.clients.kube import KubeApiError
+from gpupipe.common.logs import fields
+from gpupipe.domain.node_check import DEADLETTER_REASON, NodeCheck
+from gpupipe.kafka.sink import KeyedSink
 from gpupipe_consumers.alerts.admission import OVER_CAP, DeviceAdmission, device_of
 from gpupipe_consumers.alerts.alert_record import Alert, action_record, to_record
 from gpupipe_consumers.alerts.alert_table import AlertCapReached
@@ -66,8 +66,8 @@ from gpupipe_consumers.alerts.evidence_memory import evidence_record
 from gpupipe_consumers.alerts.health_signals import LEVEL_SIGNALS, HealthConfig, HealthTracker, InvalidRecord
 from gpupipe_consumers.alerts.open_alerts_view import order_key
 from gpupipe_consumers.alerts.recovery_policy import sample_healthy
-from gpupipe_consumers.consume_loop import InRecord
-from gpupipe_consumers.topic_reader import read_topic
+from gpupipe_consumers.plumbing.consume_loop import InRecord
+from gpupipe_consumers.plumbing.topic_reader import read_topic
 from gpupipe_schemas.codec import AvroCodec
 
 __all__ = ["AlertSink", "AlertsService", "ListSink", "kafka_alert_sink", "restore_from_topic"]

@@ -19,15 +19,23 @@ from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
-from gpupipe import node_check, service_flags, startup, topics
-from gpupipe.argtypes import ArgType, duration_ms, field_default, field_default_ms, positive_duration_ms
-from gpupipe.durations import format_duration_ms
-from gpupipe.errors import ConfigError
-from gpupipe.kafka_admin import client_config, parse_kafka_overrides
-from gpupipe.logs import fields
-from gpupipe.price_schedule import PriceSchedule, load_price_schedule
-from gpupipe.prices import parse_price_table
-from gpupipe.runner import KafkaNeeds, Lifecycle, ServiceSpec, run_service
+from gpupipe.common.argtypes import (
+    ArgType,
+    duration_ms,
+    field_default,
+    field_default_ms,
+    positive_duration_ms,
+)
+from gpupipe.common.durations import format_duration_ms
+from gpupipe.common.errors import ConfigError
+from gpupipe.common.logs import fields
+from gpupipe.domain import node_check
+from gpupipe.domain.price_schedule import PriceSchedule, load_price_schedule
+from gpupipe.domain.prices import parse_price_table
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import client_config, parse_kafka_overrides
+from gpupipe.lifecycle import service_flags, startup
+from gpupipe.lifecycle.runner import KafkaNeeds, Lifecycle, ServiceSpec, run_service
 from gpupipe_consumers.chargeback.accounting import AccountingConfig
 from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine, projected_sample_schema
 from gpupipe_consumers.chargeback.identity import default_group_id
@@ -291,7 +299,7 @@ def build_service(args: argparse.Namespace, extra: dict[str, str]) -> Chargeback
     prices = load_prices(args.prices)
     team_of = None
     if args.teams:
-        from gpupipe.teams import load_team_map
+        from gpupipe.domain.teams import load_team_map
 
         team_of = load_team_map(args.teams).match
     if args.default_interval > 600_000:

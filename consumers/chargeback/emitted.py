@@ -23,9 +23,9 @@ from typing import Any
 
 from confluent_kafka import KafkaException, TopicPartition
 
-from gpupipe.acls import CHARGEBACK_DEDUPE_SUFFIX
-from gpupipe.kafka_replay import iter_messages
-from gpupipe.logs import fields
+from gpupipe.common.logs import fields
+from gpupipe.kafka.acls import CHARGEBACK_DEDUPE_SUFFIX
+from gpupipe.kafka.replay import iter_messages
 from gpupipe_schemas.codec import AvroCodec
 from gpupipe_schemas.errors import DecodeError
 

@@ -21,7 +21,7 @@ and on assignment: ``engine.restore(p, Checkpoint.from_metadata(committed.offset
 consuming from the committed offset.
 
 Teams: records carry ``team`` only if the engine is given ``team_of``; pass
-``gpupipe.teams.load_team_map(path).match`` (None for unmapped namespaces), or nothing and
+``gpupipe.domain.teams.load_team_map(path).match`` (None for unmapped namespaces), or nothing and
 let reports map namespaces (they do anyway, and their mapping wins).
 """
 
@@ -32,8 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpupipe.price_schedule import PriceSchedule
-from gpupipe.prices import PriceTable
+from gpupipe.domain.price_schedule import PriceSchedule
+from gpupipe.domain.prices import PriceTable
 from gpupipe_consumers.chargeback.accounting import AccountingConfig
 from gpupipe_consumers.chargeback.late_runs import GAP_MS as LATE_RUN_GAP_MS
 from gpupipe_consumers.chargeback.windows import (

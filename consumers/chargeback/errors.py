@@ -1,6 +1,6 @@
 """Errors of the chargeback consumer: its pure parts and its service."""
 
-from gpupipe.errors import ConfigError, GpupipeError
+from gpupipe.common.errors import ConfigError, GpupipeError
 
 
 class ChargebackConfigError(ConfigError):

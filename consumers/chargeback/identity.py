@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gpupipe.acls import DEFAULT_GROUPS
-from gpupipe.errors import ConfigError
+from gpupipe.common.errors import ConfigError
+from gpupipe.kafka.acls import DEFAULT_GROUPS
 
 BASE_GROUP_ID = DEFAULT_GROUPS["chargeback"]
 

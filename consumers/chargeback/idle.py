@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-from gpupipe.logs import fields
+from gpupipe.common.logs import fields
 
 log = logging.getLogger("gpupipe.chargeback")
 

@@ -15,8 +15,8 @@ from typing import Any
 
 from confluent_kafka import KafkaException, Message, TopicPartition
 
-from gpupipe.logs import fields
-from gpupipe.startup import retry
+from gpupipe.common.logs import fields
+from gpupipe.kafka.ready import retry
 from gpupipe_consumers.chargeback.errors import ChargebackFatalError
 from gpupipe_consumers.chargeback.service_config import OP_TIMEOUT_S
 from gpupipe_consumers.chargeback.windows import Checkpoint

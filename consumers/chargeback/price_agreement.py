@@ -34,10 +34,10 @@ from typing import Any
 
 from confluent_kafka import KafkaException, TopicPartition
 
-from gpupipe.durations import format_iso_ms
-from gpupipe.logs import fields
-from gpupipe.price_schedule import Fingerprint, divergence
-from gpupipe.startup import retry
+from gpupipe.common.durations import format_iso_ms
+from gpupipe.common.logs import fields
+from gpupipe.domain.price_schedule import Fingerprint, divergence
+from gpupipe.kafka.ready import retry
 from gpupipe_consumers.chargeback.errors import PriceChangeError
 from gpupipe_consumers.chargeback.partitions import InputPartitions
 from gpupipe_consumers.chargeback.service_config import OP_TIMEOUT_S

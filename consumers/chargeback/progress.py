@@ -19,7 +19,7 @@ from typing import Any
 
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 
-from gpupipe.logs import fields
+from gpupipe.common.logs import fields
 
 log = logging.getLogger("gpupipe.chargeback")
 

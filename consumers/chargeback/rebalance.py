@@ -18,8 +18,8 @@ from typing import Any
 
 from confluent_kafka import OFFSET_INVALID, TopicPartition
 
-from gpupipe.kafka_txn import TransactionalSession
-from gpupipe.logs import fields
+from gpupipe.common.logs import fields
+from gpupipe.kafka.txn import TransactionalSession
 from gpupipe_consumers.chargeback.errors import ChargebackFatalError
 from gpupipe_consumers.chargeback.idle import IdleDetector
 from gpupipe_consumers.chargeback.partitions import InputPartitions

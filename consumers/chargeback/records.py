@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gpupipe.prices import PriceTable
+from gpupipe.domain.prices import PriceTable
 from gpupipe_consumers.chargeback.accounting import Contribution
 from gpupipe_consumers.chargeback.workloads import WorkloadKey, WorkloadSums
 from gpupipe_consumers.chargeback.workloads import add as add_workload

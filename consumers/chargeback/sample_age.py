@@ -23,7 +23,7 @@ record timestamp, as ``--max-clock-skew`` does.
 
 from __future__ import annotations
 
-from gpupipe.durations import format_duration_ms
+from gpupipe.common.durations import format_duration_ms
 
 __all__ = ["DEFAULT_MAX_SAMPLE_AGE_MS", "TOO_OLD", "too_old"]
 

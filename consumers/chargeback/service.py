@@ -31,7 +31,7 @@ committed checkpoints and seeks there; a retriable one is retried; a fatal one (
 the service with :class:`ChargebackFatalError`.
 
 The service decides what is billed and when it commits; its collaborators own the rest, each its
-own state: :class:`~gpupipe.kafka_txn.TransactionalSession` the producer and its transactions,
+own state: :class:`~gpupipe.kafka.txn.TransactionalSession` the producer and its transactions,
 :class:`~gpupipe_consumers.chargeback.partitions.InputPartitions` the consumer and where each partition is,
 :class:`~gpupipe_consumers.chargeback.rebalance.PartitionOwnership` restores and drops as partitions move,
 :class:`~gpupipe_consumers.chargeback.price_agreement.PriceHolds` the partitions paused for the price
@@ -61,12 +61,12 @@ from confluent_kafka import (
 )
 from prometheus_client import CollectorRegistry
 
-from gpupipe.kafka_admin import client_config
-from gpupipe.kafka_txn import AbortRequired, TransactionalSession, TransactionFatalError
-from gpupipe.logs import fields
-from gpupipe.node_check import DEADLETTER_REASON as NODE_IDENTITY
-from gpupipe.node_check import NodeCheck, NodeCheckCollector
-from gpupipe.startup import StuckCallError
+from gpupipe.common.logs import fields
+from gpupipe.domain.node_check import DEADLETTER_REASON as NODE_IDENTITY
+from gpupipe.domain.node_check import NodeCheck, NodeCheckCollector
+from gpupipe.kafka.admin import client_config
+from gpupipe.kafka.stuck_call import StuckCallError
+from gpupipe.kafka.txn import AbortRequired, TransactionalSession, TransactionFatalError
 from gpupipe_consumers.chargeback.emitted import EmittedIdsReader, holds_records_since
 from gpupipe_consumers.chargeback.errors import ChargebackFatalError, GpuCapReached, PriceChangeError
 from gpupipe_consumers.chargeback.identity import check_client_overrides
@@ -81,7 +81,7 @@ from gpupipe_consumers.chargeback.service_config import OP_TIMEOUT_S as _OP_TIME
 from gpupipe_consumers.chargeback.service_config import ChargebackMetrics, ServiceConfig, output_key
 from gpupipe_consumers.chargeback.state_metrics import PartitionInfo, StateCollector
 from gpupipe_consumers.chargeback.windows import Checkpoint, WindowEngine
-from gpupipe_consumers.deadletter import deadletter_message
+from gpupipe_consumers.plumbing.deadletter import deadletter_message
 from gpupipe_schemas.codec import AvroCodec, Decoded
 from gpupipe_schemas.errors import DecodeError
 from gpupipe_schemas.validate import violation

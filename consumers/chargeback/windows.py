@@ -86,8 +86,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpupipe.price_schedule import Fingerprint, PriceSchedule, fingerprint
-from gpupipe.prices import PriceTable
+from gpupipe.domain.price_schedule import Fingerprint, PriceSchedule, fingerprint
+from gpupipe.domain.prices import PriceTable
 from gpupipe_consumers.chargeback.accounting import (
     DUPLICATE,
     AccountingConfig,

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpupipe.errors import ConfigError
-from gpupipe.yaml_file import load_yaml
+from gpupipe.common.errors import ConfigError
+from gpupipe.common.yaml_file import load_yaml
 
 if TYPE_CHECKING:  # pyiceberg is imported where a catalog is opened: the CLI's parser loads this module
     from pyiceberg.catalog import Catalog

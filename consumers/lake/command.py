@@ -14,12 +14,13 @@ from __future__ import annotations
 import argparse
 import logging
 
-from gpupipe import service_flags, startup, topics
-from gpupipe.acls import DEFAULT_GROUPS
-from gpupipe.argtypes import duration_ms
-from gpupipe.errors import ConfigError
-from gpupipe.kafka_admin import parse_kafka_overrides
-from gpupipe.runner import KafkaNeeds, ServiceSpec, run_service
+from gpupipe.common.argtypes import duration_ms
+from gpupipe.common.errors import ConfigError
+from gpupipe.kafka import topics
+from gpupipe.kafka.acls import DEFAULT_GROUPS
+from gpupipe.kafka.admin import parse_kafka_overrides
+from gpupipe.lifecycle import service_flags, startup
+from gpupipe.lifecycle.runner import KafkaNeeds, ServiceSpec, run_service
 from gpupipe_consumers.lake import catalog as lake_catalog
 from gpupipe_consumers.lake.tables import BY_NAME, TABLES
 

@@ -27,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 from pyiceberg.expressions import And, GreaterThanOrEqual, LessThan
 from pyiceberg.table import Table
 
-from gpupipe.logs import fields
+from gpupipe.common.logs import fields
 from gpupipe_consumers.lake.tables import LakeTable
 from gpupipe_consumers.lake.writer import OFFSET_PREFIX
 

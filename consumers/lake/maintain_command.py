@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 from datetime import timedelta
 
-from gpupipe.argtypes import positive_duration_ms
-from gpupipe.errors import ConfigError
+from gpupipe.common.argtypes import positive_duration_ms
+from gpupipe.common.errors import ConfigError
 from gpupipe_consumers.lake import catalog as lake_catalog
 from gpupipe_consumers.lake.command import selected_tables
 from gpupipe_consumers.lake.tables import TABLES

@@ -13,7 +13,7 @@ import json
 import sys
 from datetime import UTC, datetime
 
-from gpupipe.errors import ConfigError
+from gpupipe.common.errors import ConfigError
 from gpupipe_consumers.lake import catalog as lake_catalog
 
 USES_KAFKA = False

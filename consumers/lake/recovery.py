@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from gpupipe.errors import BrokerUnavailableError, ConfigError
+from gpupipe.common.errors import BrokerUnavailableError, ConfigError
 
 #: Each broker request of :func:`kafka_history` (the broker answered the start-up checks just before).
 LOOKUP_TIMEOUT_S = 30.0

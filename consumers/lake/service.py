@@ -11,15 +11,15 @@ from confluent_kafka import Consumer
 from prometheus_client import CollectorRegistry
 from pyiceberg.catalog import Catalog
 
-from gpupipe import topics
-from gpupipe.kafka_admin import client_config
-from gpupipe.logs import fields
-from gpupipe.runner import Lifecycle
-from gpupipe_consumers.consume_loop import ConsumeLoop
+from gpupipe.common.logs import fields
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import client_config
+from gpupipe.lifecycle.runner import Lifecycle
 from gpupipe_consumers.lake import catalog as lake_catalog
 from gpupipe_consumers.lake import recovery
 from gpupipe_consumers.lake.tables import TABLES, LakeTable
 from gpupipe_consumers.lake.writer import LakeWriter, load_table, open_table
+from gpupipe_consumers.plumbing.consume_loop import ConsumeLoop
 from gpupipe_schemas.codec import codec_from_url
 
 log = logging.getLogger("gpupipe.lake")

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpupipe import topics
+from gpupipe.kafka import topics
 from gpupipe_schemas import catalog
 
 #: Buckets of the samples table's node partition: identity(hostname) would write one file per node

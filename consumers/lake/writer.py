@@ -41,11 +41,11 @@ from pyiceberg.exceptions import (
 from pyiceberg.table import Table
 from pyiceberg.transforms import BucketTransform, DayTransform, IdentityTransform, Transform
 
-from gpupipe.errors import ConfigError
-from gpupipe.logs import fields
-from gpupipe_consumers.consume_loop import InRecord, Rejected
+from gpupipe.common.errors import ConfigError
+from gpupipe.common.logs import fields
 from gpupipe_consumers.lake.arrow import build_schema, storage_schema, to_arrow
 from gpupipe_consumers.lake.tables import LakeTable
+from gpupipe_consumers.plumbing.consume_loop import InRecord, Rejected
 
 log = logging.getLogger("gpupipe.lake")
 

@@ -43,8 +43,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from gpupipe.errors import ConfigError
-from gpupipe.flag_files import read_text
+from gpupipe.common.errors import ConfigError
+from gpupipe.common.flag_files import read_text
 from gpupipe_consumers.metrics import dialect, fields
 from gpupipe_consumers.metrics.fields import FieldSpec, Kind
 

@@ -17,11 +17,13 @@ from __future__ import annotations
 import argparse
 import logging
 
-from gpupipe import node_check, service_flags, startup, topics
-from gpupipe.argtypes import duration_ms, field_default, field_default_ms
-from gpupipe.errors import ConfigError
-from gpupipe.kafka_admin import parse_kafka_overrides
-from gpupipe.runner import KafkaNeeds, Lifecycle, ServiceSpec, run_service
+from gpupipe.common.argtypes import duration_ms, field_default, field_default_ms
+from gpupipe.common.errors import ConfigError
+from gpupipe.domain import node_check
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import parse_kafka_overrides
+from gpupipe.lifecycle import service_flags, startup
+from gpupipe.lifecycle.runner import KafkaNeeds, Lifecycle, ServiceSpec, run_service
 from gpupipe.web.server import parse_listen
 from gpupipe_consumers.metrics import dcgm_compat, dialect
 from gpupipe_consumers.metrics.collectors_csv import in_dialect, load_counters

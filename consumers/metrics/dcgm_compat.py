@@ -27,7 +27,7 @@ import re
 from collections.abc import Mapping
 from importlib import resources
 
-from gpupipe.errors import ConfigError
+from gpupipe.common.errors import ConfigError
 
 log = logging.getLogger("gpupipe.metrics")
 

@@ -61,7 +61,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
-from gpupipe import pci
+from gpupipe.domain import pci
 from gpupipe_consumers.metrics import exp
 from gpupipe_consumers.metrics.collectors_csv import CounterSet
 from gpupipe_consumers.metrics.fields import FieldSpec, Kind

@@ -1,8 +1,8 @@
 """The Kafka side of the metrics consumer: feeds the :class:`SeriesStore` and serves ``/metrics``.
 
 Sharding. ``gpu.samples.v1`` is consumed through the consumer group (the shared
-:class:`~gpupipe_consumers.consume_loop.ConsumeLoop`): instances of one group split its partitions, each
-serves the GPUs of the partitions it holds, and a revoked partition's series are dropped at once
+:class:`~gpupipe_consumers.plumbing.consume_loop.ConsumeLoop`): instances of one group split its partitions,
+each serves the GPUs of the partitions it holds, and a revoked partition's series are dropped at once
 (``SeriesStore.drop_partitions``), so no GPU is ever served by two instances for longer than a
 rebalance takes, and Prometheus (which scrapes every instance) sees each GPU once.
 
@@ -42,7 +42,6 @@ sees, whatever its schedule) and the process collector's ``process_*``.
 from __future__ import annotations
 
 import logging
-import struct
 import threading
 import time
 import uuid as uuidlib
@@ -55,22 +54,24 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessColl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gpupipe import topics
-from gpupipe.acls import DEFAULT_GROUPS
-from gpupipe.kafka_admin import client_config, ensure_topics, wait_for_broker
-from gpupipe.kafka_lag import lags
-from gpupipe.logs import fields
-from gpupipe.node_check import DEADLETTER_REASON as NODE_IDENTITY
-from gpupipe.node_check import NodeCheck, NodeCheckCollector, NodeIdentity
-from gpupipe.startup import process_start_ms, start_offsets
+from gpupipe.common.logs import fields
+from gpupipe.domain.node_check import DEADLETTER_REASON as NODE_IDENTITY
+from gpupipe.domain.node_check import NodeCheck, NodeCheckCollector, NodeIdentity
+from gpupipe.kafka import topics
+from gpupipe.kafka.acls import DEFAULT_GROUPS
+from gpupipe.kafka.admin import client_config, ensure_topics, wait_for_broker
+from gpupipe.kafka.group_start import start_offsets
+from gpupipe.kafka.lag import lags
+from gpupipe.kafka.partitioner import key_partition
+from gpupipe.lifecycle.startup import process_start_ms
 from gpupipe.web.server import HttpServer
-from gpupipe_consumers.consume_loop import ConsumeLoop, InRecord, Rejected
 from gpupipe_consumers.metrics.collectors_csv import CounterSet
 from gpupipe_consumers.metrics.decode import MetricsDecoder
 from gpupipe_consumers.metrics.gcpolicy import GC_THRESHOLDS, after_scrape, tune_gc  # noqa: F401 (re-exported)
 from gpupipe_consumers.metrics.http import MetricsEndpoint, MetricsServer
 from gpupipe_consumers.metrics.render import RenderOptions
 from gpupipe_consumers.metrics.store import DEFAULT_MAX_GPUS, InvalidRecord, SeriesStore
+from gpupipe_consumers.plumbing.consume_loop import ConsumeLoop, InRecord, Rejected
 from gpupipe_schemas.codec import AvroCodec, codec_from_url
 from gpupipe_schemas.errors import DecodeError
 from gpupipe_schemas.validate import violation
@@ -78,38 +79,6 @@ from gpupipe_schemas.validate import violation
 log = logging.getLogger("gpupipe.metrics")
 
 SERVICE = "metrics"
-_M32 = 0xFFFFFFFF
-_MURMUR_M = 0x5BD1E995
-
-
-def murmur2(data: bytes) -> int:
-    """Kafka's murmur2 hash of a record key (unsigned 32 bits), as the Java client's default
-    partitioner and librdkafka's ``murmur2_random`` compute it."""
-    length = len(data)
-    h = (0x9747B28C ^ length) & _M32
-    whole = length & ~3
-    m = _MURMUR_M
-    for (k,) in struct.iter_unpack("<I", data[:whole]):
-        k = (k * m) & _M32
-        k ^= k >> 24
-        h = ((h * m) & _M32) ^ ((k * m) & _M32)
-    rest = length & 3
-    if rest == 3:
-        h ^= data[whole + 2] << 16
-    if rest >= 2:
-        h ^= data[whole + 1] << 8
-    if rest:
-        h ^= data[whole]
-        h = (h * m) & _M32
-    h ^= h >> 13
-    h = (h * m) & _M32
-    h ^= h >> 15
-    return h
-
-
-def key_partition(key: bytes, partitions: int) -> int:
-    """The partition a keyed record goes to with the murmur2 partitioner."""
-    return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
 # -- the service's own metrics -------------------------------------------------------------------

@@ -69,7 +69,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpupipe import pci
+from gpupipe.domain import pci
 from gpupipe_consumers.metrics import exp, gcpolicy
 from gpupipe_consumers.metrics.body import BodyJoiner
 from gpupipe_consumers.metrics.collectors_csv import CounterSet, default_counters

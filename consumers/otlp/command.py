@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
-from gpupipe import service_flags, startup, topics
-from gpupipe.argtypes import ArgType, duration_ms
-from gpupipe.errors import ConfigError
-from gpupipe.kafka_admin import parse_kafka_overrides
-from gpupipe.logs import fields
-from gpupipe.runner import KafkaNeeds, Lifecycle, ServiceSpec, run_service
-from gpupipe_consumers.consume_loop import ConsumeLoop
+from gpupipe.common.argtypes import ArgType, duration_ms
+from gpupipe.common.errors import ConfigError
+from gpupipe.common.logs import fields
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import parse_kafka_overrides
+from gpupipe.lifecycle import service_flags, startup
+from gpupipe.lifecycle.runner import KafkaNeeds, Lifecycle, ServiceSpec, run_service
 from gpupipe_consumers.otlp.settings import (
     DEFAULT_ENDPOINTS,
     DEFAULT_MAX_REQUEST_BYTES,
@@ -31,6 +31,7 @@ from gpupipe_consumers.otlp.settings import (
     MIN_REQUEST_BYTES,
     PROTOCOLS,
 )
+from gpupipe_consumers.plumbing.consume_loop import ConsumeLoop
 from gpupipe_schemas.codec import codec_from_url
 
 if TYPE_CHECKING:

@@ -33,9 +33,9 @@ from google.protobuf.message import DecodeError, Message
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
 
-from gpupipe.errors import ConfigError
-from gpupipe.flag_files import read_bytes
-from gpupipe.yaml_file import load_yaml
+from gpupipe.common.errors import ConfigError
+from gpupipe.common.flag_files import read_bytes
+from gpupipe.common.yaml_file import load_yaml
 from gpupipe_consumers.otlp.settings import DEFAULT_ENDPOINTS, DEFAULT_TIMEOUT_S, PROTOCOLS, Protocol_
 
 Signal = Literal["metrics", "logs"]

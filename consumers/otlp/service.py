@@ -31,12 +31,12 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gpupipe.logs import fields
-from gpupipe.startup import Backoff
-from gpupipe_consumers.consume_loop import InRecord, Rejected
+from gpupipe.common.logs import fields
+from gpupipe.kafka.ready import Backoff
 from gpupipe_consumers.otlp import mapping
 from gpupipe_consumers.otlp.export import ExportError, Signal, Transport
 from gpupipe_consumers.otlp.settings import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_TIMEOUT_S
+from gpupipe_consumers.plumbing.consume_loop import InRecord, Rejected
 
 log = logging.getLogger("gpupipe.otlp")
 

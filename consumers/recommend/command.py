@@ -20,21 +20,23 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
-from gpupipe import node_check, service_flags, startup, topics
-from gpupipe.acls import DEFAULT_GROUPS
-from gpupipe.alertmanager import AlertmanagerFanout, AlertmanagerMetrics, AlertmanagerSender
-from gpupipe.argtypes import duration_ms, field_default, keyword_default
-from gpupipe.errors import ConfigError, GpupipeError
-from gpupipe.kafka_admin import parse_kafka_overrides
-from gpupipe.logs import fields
-from gpupipe.prices import PriceTable, load_price_table
-from gpupipe.runner import KafkaNeeds, Lifecycle, ServiceSpec, run_service
-from gpupipe.teams import TeamMap, load_team_map
-from gpupipe_consumers.consume_loop import ConsumeLoop
+from gpupipe.clients.alertmanager import AlertmanagerFanout, AlertmanagerMetrics, AlertmanagerSender
+from gpupipe.common.argtypes import duration_ms, field_default, keyword_default
+from gpupipe.common.errors import ConfigError, GpupipeError
+from gpupipe.common.logs import fields
+from gpupipe.domain import node_check
+from gpupipe.domain.prices import PriceTable, load_price_table
+from gpupipe.domain.teams import TeamMap, load_team_map
+from gpupipe.kafka import ready, topics
+from gpupipe.kafka.acls import DEFAULT_GROUPS
+from gpupipe.kafka.admin import parse_kafka_overrides
+from gpupipe.lifecycle import service_flags, startup
+from gpupipe.lifecycle.runner import KafkaNeeds, Lifecycle, ServiceSpec, run_service
+from gpupipe_consumers.plumbing.consume_loop import ConsumeLoop
+from gpupipe_consumers.plumbing.topic_reader import read_topic
 from gpupipe_consumers.recommend.detector import DetectorConfig, IdleDetector
 from gpupipe_consumers.recommend.rightsize import MIB, RightSizeConfig
 from gpupipe_consumers.recommend.service import RecommendService, am_shape, kafka_recommendation_sink
-from gpupipe_consumers.topic_reader import read_topic
 from gpupipe_schemas.codec import codec_from_url
 
 USES_KAFKA = True
@@ -293,7 +295,7 @@ def build(
     )
     if opts.restore_lookback_ms:
         since = int(time.time() * 1000) - opts.restore_lookback_ms
-        records = startup.retry(  # a fresh topic's leaders may still be moving: wait, do not crash
+        records = ready.retry(  # a fresh topic's leaders may still be moving: wait, do not crash
             lambda: read_topic(
                 opts.bootstrap,
                 t_out,

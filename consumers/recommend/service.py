@@ -18,10 +18,10 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gpupipe.alertmanager import AmState, iso_ms
-from gpupipe.kafka_sink import KeyedSink
-from gpupipe.logs import fields
-from gpupipe_consumers.consume_loop import InRecord, Rejected
+from gpupipe.clients.alertmanager import AmState, iso_ms
+from gpupipe.common.logs import fields
+from gpupipe.kafka.sink import KeyedSink
+from gpupipe_consumers.plumbing.consume_loop import InRecord, Rejected
 from gpupipe_consumers.recommend.detector import IdleDetector
 from gpupipe_schemas.codec import AvroCodec
 

@@ -33,8 +33,8 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
-from gpupipe.flag_files import read_text
-from gpupipe.yaml_file import load_yaml
+from gpupipe.common.flag_files import read_text
+from gpupipe.common.yaml_file import load_yaml
 from gpupipe_consumers.report.chargeback_report import parse_time_ms
 from gpupipe_consumers.report.errors import ReportOptionError
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any
 
-from gpupipe.teams import TeamMap
+from gpupipe.domain.teams import TeamMap
 from gpupipe_consumers.report.errors import ReportOptionError
 from gpupipe_schemas.meaning import PSEUDO_NAMESPACES
 

@@ -20,12 +20,12 @@ from datetime import UTC, tzinfo
 from typing import Any, TextIO
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from gpupipe import topics
-from gpupipe.argtypes import ArgType, positive_duration_ms
-from gpupipe.errors import ConfigError
-from gpupipe.kafka_admin import parse_kafka_overrides, wait_for_broker
-from gpupipe.logs import fields
-from gpupipe.teams import TeamMap, load_team_map
+from gpupipe.common.argtypes import ArgType, positive_duration_ms
+from gpupipe.common.errors import ConfigError
+from gpupipe.common.logs import fields
+from gpupipe.domain.teams import TeamMap, load_team_map
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import parse_kafka_overrides, wait_for_broker
 from gpupipe_consumers.report.carbon import load_carbon_config
 from gpupipe_consumers.report.chargeback_report import (
     CLOSE_MARGIN_MS,

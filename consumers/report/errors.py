@@ -1,6 +1,6 @@
 """Errors of the report package."""
 
-from gpupipe.errors import ConfigError
+from gpupipe.common.errors import ConfigError
 
 
 class ReportOptionError(ConfigError):

@@ -14,17 +14,17 @@ import sys
 import time
 from typing import TextIO
 
-from gpupipe import topics
-from gpupipe.argtypes import positive_duration_ms
-from gpupipe.durations import parse_duration_ms
-from gpupipe.errors import ConfigError
-from gpupipe.kafka_admin import parse_kafka_overrides, wait_for_broker
-from gpupipe.teams import TeamMap, load_team_map
+from gpupipe.common.argtypes import positive_duration_ms
+from gpupipe.common.durations import parse_duration_ms
+from gpupipe.common.errors import ConfigError
+from gpupipe.domain.teams import TeamMap, load_team_map
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import parse_kafka_overrides, wait_for_broker
+from gpupipe_consumers.plumbing.topic_reader import read_topic
 from gpupipe_consumers.report.chargeback_report import parse_time_ms
 from gpupipe_consumers.report.formats import FORMATS, FocusOptions
 from gpupipe_consumers.report.idle_html import render_idle_html
 from gpupipe_consumers.report.idle_report import IDLE_DIMENSIONS, build_idle_report, render_idle, selected
-from gpupipe_consumers.topic_reader import read_topic
 from gpupipe_schemas.codec import codec_from_url
 
 USES_KAFKA = True

@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from gpupipe_consumers.plumbing.topic_reader import iter_topic
 from gpupipe_consumers.report.chargeback_report import RECORDED_AT
-from gpupipe_consumers.topic_reader import iter_topic
 from gpupipe_schemas.codec import AvroCodec
 from gpupipe_schemas.validate import violation
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, tzinfo
 from typing import Any
 
-from gpupipe.teams import TeamMap
+from gpupipe.domain.teams import TeamMap
 from gpupipe_consumers.report.chargeback_report import (
     CORRECTION,
     PERIODS,

@@ -57,7 +57,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.window import Window
 
-from gpupipe.prices import load_price_table
+from gpupipe.domain.prices import load_price_table
 
 DEFAULT_INTERVAL_MS = 10_000
 MAX_GAP_FACTOR = 2.5

@@ -50,10 +50,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpupipe.durations import parse_duration_ms
-from gpupipe.errors import ConfigError
-from gpupipe.logs import fields
-from gpupipe.yaml_file import load_yaml
+from gpupipe.common.durations import parse_duration_ms
+from gpupipe.common.errors import ConfigError
+from gpupipe.common.logs import fields
+from gpupipe.common.yaml_file import load_yaml
 
 log = logging.getLogger("gpupipe.web")
 
@@ -252,6 +252,27 @@ def _strings(v: Any, key: str, source: str) -> list[str]:
 
 
 def _tls_context(tls: Any, base_dir: Path, source: str) -> tuple[ssl.SSLContext, frozenset[str]]:
+    """The server's TLS context and the client SANs allowed, from ``tls_server_config``."""
+    auth = _tls_client_auth(tls, source)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    _set_versions(ctx, tls, source)
+    _set_ciphers(ctx, tls, source)
+    _set_curves(ctx, tls, source)
+    if tls.get("prefer_server_cipher_suites"):
+        ctx.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
+    sans = _client_checks(tls, auth, source)
+    _load_tls_files(ctx, tls, base_dir, auth, source)
+    if auth in ("RequireAnyClientCert", "RequireClientCert"):
+        log.warning(
+            "web config %s: RequireAnyClientCert also verifies the client certificate against the CA "
+            "(Python's ssl cannot require a certificate without verifying it)",
+            source,
+        )
+    return ctx, sans
+
+
+def _tls_client_auth(tls: Any, source: str) -> str:
+    """The keys of ``tls_server_config`` checked; its ``client_auth_type``."""
     if not isinstance(tls, Mapping):
         raise ConfigError(f"web config {source}: tls_server_config must be a mapping")
     unknown = set(tls) - TLS_KEYS
@@ -270,7 +291,10 @@ def _tls_context(tls: Any, base_dir: Path, source: str) -> tuple[ssl.SSLContext,
         raise ConfigError(
             f"web config {source}: client_auth_type {auth!r} not supported (use {', '.join(CLIENT_AUTH)})"
         )
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    return auth
+
+
+def _set_versions(ctx: ssl.SSLContext, tls: Mapping[str, Any], source: str) -> None:
     try:
         ctx.minimum_version = TLS_VERSIONS[tls.get("min_version") or "TLS12"]
         if tls.get("max_version"):
@@ -279,33 +303,43 @@ def _tls_context(tls: Any, base_dir: Path, source: str) -> tuple[ssl.SSLContext,
         raise ConfigError(
             f"web config {source}: unknown TLS version {exc} (use {', '.join(TLS_VERSIONS)})"
         ) from exc
+
+
+def _set_ciphers(ctx: ssl.SSLContext, tls: Mapping[str, Any], source: str) -> None:
     ciphers = _strings(tls.get("cipher_suites"), "cipher_suites", source)
-    if ciphers:
-        bad = [c for c in ciphers if c not in CIPHERS and c not in TLS13_CIPHERS]
-        if bad:
-            raise ConfigError(f"web config {source}: unknown cipher_suites {', '.join(bad)}")
-        legacy = [CIPHERS[c] for c in ciphers if c in CIPHERS]
-        try:
-            if legacy:
-                ctx.set_ciphers(":".join(legacy))
-            else:  # only TLS 1.3 names: as in Go, no TLS 1.2 suite is left, so only TLS 1.3 connects
-                ctx.minimum_version = ssl.TLSVersion.TLSv1_3
-        except (ssl.SSLError, ValueError) as exc:
-            raise ConfigError(f"web config {source}: cipher_suites: {exc}") from exc
+    if not ciphers:
+        return
+    bad = [c for c in ciphers if c not in CIPHERS and c not in TLS13_CIPHERS]
+    if bad:
+        raise ConfigError(f"web config {source}: unknown cipher_suites {', '.join(bad)}")
+    legacy = [CIPHERS[c] for c in ciphers if c in CIPHERS]
+    try:
+        if legacy:
+            ctx.set_ciphers(":".join(legacy))
+        else:  # only TLS 1.3 names: as in Go, no TLS 1.2 suite is left, so only TLS 1.3 connects
+            ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    except (ssl.SSLError, ValueError) as exc:
+        raise ConfigError(f"web config {source}: cipher_suites: {exc}") from exc
+
+
+def _set_curves(ctx: ssl.SSLContext, tls: Mapping[str, Any], source: str) -> None:
     curves = _strings(tls.get("curve_preferences"), "curve_preferences", source)
-    if curves:
-        bad = [c for c in curves if c not in CURVES]
-        if bad:
-            raise ConfigError(f"web config {source}: unknown curve_preferences {', '.join(bad)}")
-        ctx.set_ecdh_curve(CURVES[curves[0]])
-        if len(curves) > 1:
-            log.info(
-                "web config %s: curve_preferences: Python's ssl uses the first curve only (%s)",
-                source,
-                curves[0],
-            )
-    if tls.get("prefer_server_cipher_suites"):
-        ctx.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
+    if not curves:
+        return
+    bad = [c for c in curves if c not in CURVES]
+    if bad:
+        raise ConfigError(f"web config {source}: unknown curve_preferences {', '.join(bad)}")
+    ctx.set_ecdh_curve(CURVES[curves[0]])
+    if len(curves) > 1:
+        log.info(
+            "web config %s: curve_preferences: Python's ssl uses the first curve only (%s)",
+            source,
+            curves[0],
+        )
+
+
+def _client_checks(tls: Mapping[str, Any], auth: str, source: str) -> frozenset[str]:
+    """The client SANs allowed, once the client settings are known to fit together."""
     sans = frozenset(_strings(tls.get("client_allowed_sans"), "client_allowed_sans", source))
     if sans and auth not in SAN_AUTH:  # the toolkit would ignore them and let every client in
         raise ConfigError(
@@ -316,7 +350,6 @@ def _tls_context(tls: Any, base_dir: Path, source: str) -> tuple[ssl.SSLContext,
         log.info(
             "web config %s: RequestClientCert: no client certificate is requested (none is used)", source
         )
-    verify = CLIENT_AUTH[auth] != ssl.CERT_NONE
     has_ca = bool(tls.get("client_ca_file") or tls.get("client_ca"))
     if has_ca and auth == "NoClientCert":
         raise ConfigError(
@@ -328,6 +361,14 @@ def _tls_context(tls: Any, base_dir: Path, source: str) -> tuple[ssl.SSLContext,
             f"web config {source}: client_auth_type {auth} needs client_ca_file or client_ca here (Python's "
             "ssl cannot require a client certificate without verifying it)"
         )
+    return sans
+
+
+def _load_tls_files(
+    ctx: ssl.SSLContext, tls: Mapping[str, Any], base_dir: Path, auth: str, source: str
+) -> None:
+    """The server's certificate and key, and the CAs that client certificates are verified against."""
+    verify = CLIENT_AUTH[auth] != ssl.CERT_NONE
     try:
         with _pem_files(tls, base_dir) as (cert, key):
             ctx.load_cert_chain(cert, key)
@@ -347,13 +388,6 @@ def _tls_context(tls: Any, base_dir: Path, source: str) -> tuple[ssl.SSLContext,
                 )
     except (OSError, ssl.SSLError) as exc:
         raise ConfigError(f"web config {source}: cannot load TLS files: {exc}") from exc
-    if auth in ("RequireAnyClientCert", "RequireClientCert"):
-        log.warning(
-            "web config %s: RequireAnyClientCert also verifies the client certificate against the CA "
-            "(Python's ssl cannot require a certificate without verifying it)",
-            source,
-        )
-    return ctx, sans
 
 
 class _pem_files:

@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from gpupipe.errors import ConfigError
+from gpupipe.common.errors import ConfigError
 from gpupipe.web.auth import BasicAuth
 from gpupipe.web.config import WebConfig, WebConfigSource
 
@@ -158,7 +158,7 @@ class Route(Protocol):
 
 
 class Starting(Protocol):
-    """What a service waits for while it starts (:class:`gpupipe.startup.StartupState`)."""
+    """What a service waits for while it starts (:class:`gpupipe.kafka.ready.StartupState`)."""
 
     def as_dict(self) -> dict[str, Any]: ...
 

@@ -13,7 +13,7 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from gpupipe.kube import KubeApiError, KubeClient
+from gpupipe.clients.kube import KubeApiError, KubeClient
 
 __all__ = ["ResourceSliceIndex", "slice_uuids"]
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from gpupipe.logs import fields
+from gpupipe.common.logs import fields
 from gpupipe_producer.agent.dra_slices import ResourceSliceIndex
 from gpupipe_producer.agent.metrics import AgentCollector
 from gpupipe_producer.agent.nvml_control import NvmlControl
@@ -51,7 +51,7 @@ from gpupipe_schemas.errors import EncodeError
 from gpupipe_schemas.meaning import sample_kafka_key
 
 if TYPE_CHECKING:  # cryptography is loaded only by a producer that signs
-    from gpupipe.node_identity import NodeSigner
+    from gpupipe.domain.node_identity import NodeSigner
 
 log = logging.getLogger("gpupipe.agent")
 

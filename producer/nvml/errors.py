@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpupipe.errors import GpupipeError
+from gpupipe.common.errors import GpupipeError
 
 
 class NvmlSourceError(GpupipeError):

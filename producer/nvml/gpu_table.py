@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from gpupipe import pci
+from gpupipe.domain import pci
 from gpupipe_producer.nvml.base import DeviceContext
 from gpupipe_producer.nvml.mig import MigSlice
 from gpupipe_producer.nvml.records import DeviceIds, GpuRef
@@ -102,7 +102,7 @@ class GpuTable:
     def bus_id_map(self) -> dict[str, GpuRef]:
         """PCI bus id -> GPU for kernel-log attribution.
 
-        Keys are :func:`gpupipe.pci.device_key` (``0000:3b:00``);
+        Keys are :func:`gpupipe.domain.pci.device_key` (``0000:3b:00``);
         normalise the kernel's ``PCI:0000:3b:00`` the same way before looking it up.
         """
         out: dict[str, GpuRef] = {}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from gpupipe.pci import device_key
+from gpupipe.domain.pci import device_key
 from gpupipe_producer.nvml.base import DeviceContext
 
 #: Where the kernel shows each PCI device (numa_node: the node it is attached to).

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpupipe.errors import ConfigError
+from gpupipe.common.errors import ConfigError
 from gpupipe_producer.nvml.base import DeviceContext
 from gpupipe_producer.nvml.learned import BINDING_MISSING, RETRY_KINDS, refusal_kind
 from gpupipe_producer.nvml.records import GpuRef, LostGpu

@@ -53,8 +53,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from gpupipe import pci
-from gpupipe.errors import ConfigError
+from gpupipe.common.errors import ConfigError
+from gpupipe.domain import pci
 from gpupipe_producer.nvml.base import Collector, DeviceContext, NvmlErrors
 from gpupipe_producer.nvml.driver_info import DRIVER_GPUS_DIR, driver_gpu
 from gpupipe_producer.nvml.errors import NvmlInitError, NvmlSourceError
@@ -676,7 +676,7 @@ class NvmlSource:
         return self._table.dra_device_uuid(driver, pool, device)
 
     def bus_id_map(self) -> dict[str, GpuRef]:
-        """PCI bus id (:func:`gpupipe.pci.device_key`) -> GPU, for kernel-log attribution."""
+        """PCI bus id (:func:`gpupipe.domain.pci.device_key`) -> GPU, for kernel-log attribution."""
         return self._table.bus_id_map()
 
     def mig_uuid_for(

@@ -16,8 +16,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gpupipe import kube
-from gpupipe.errors import ConfigError
+from gpupipe.clients import kube
+from gpupipe.common.errors import ConfigError
 from gpupipe_producer.podmeta.hpc_jobs import DEFAULT_NAMESPACE as DEFAULT_HPC_NAMESPACE
 from gpupipe_producer.podmeta.hpc_jobs import HpcJobMap
 from gpupipe_producer.podmeta.kube_watch import PodMetadataWatcher

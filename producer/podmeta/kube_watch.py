@@ -30,7 +30,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gpupipe.kube import GONE, KubeApiError, KubeClient, Watch
+from gpupipe.clients.kube import GONE, KubeApiError, KubeClient, Watch
 from gpupipe_producer.podmeta.owners import PodMeta, object_path, pod_meta
 
 log = logging.getLogger("gpupipe.podmeta")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from gpupipe import pci
+from gpupipe.domain import pci
 from gpupipe_producer.kubelet.mapping import AllocationMap, PodRef
 from gpupipe_producer.nvml.records import VENDOR, DeviceIds, GpuRef
 from gpupipe_producer.samples.enrich import allocation_record, device_holders, gpu_aliases, slice_aliases
@@ -51,7 +51,7 @@ class XidContext:
         ids: DeviceIds | None = None,
     ) -> None:
         self.hostname = hostname
-        self.bus_map = bus_map  # gpupipe.pci.device_key of the bus id -> GPU
+        self.bus_map = bus_map  # gpupipe.domain.pci.device_key of the bus id -> GPU
         self.amap = amap
         self.slices = slices or {}  # GPU uuid -> MIG uuids of its slices
         self.mig_lookup = mig_lookup

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from gpupipe.logs import fields
+from gpupipe.common.logs import fields
 from gpupipe_producer.kubelet.mapping import AllocationMap
 from gpupipe_producer.nvml.records import LostGpu, gpu_lost_xid_event
 from gpupipe_producer.nvml.source import NvmlSource

@@ -15,7 +15,7 @@ from gpupipe_producer.self_metrics import ProducerMetrics
 from gpupipe_producer.xid.spool import XidSpool
 
 if TYPE_CHECKING:  # cryptography is loaded only by a producer that signs
-    from gpupipe.node_identity import NodeSigner
+    from gpupipe.domain.node_identity import NodeSigner
 
 log = logging.getLogger("gpupipe.delivery")
 

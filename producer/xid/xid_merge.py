@@ -19,7 +19,7 @@ whose time is ``window_s`` or more past it.
 Rules (deterministic; times are passed in, nothing reads a clock):
 
 * Different code or different bus id never merge. Bus ids are compared after
-  :func:`gpupipe.pci.canonical`, so ``0000:3b:00`` (kmsg) matches ``00000000:3B:00.0`` (NVML).
+  :func:`gpupipe.domain.pci.canonical`, so ``0000:3b:00`` (kmsg) matches ``00000000:3B:00.0`` (NVML).
 * Only cross-source pairs merge: two sightings from the same source are two events, even inside the
   window. A sighting pairs with the *oldest* held sighting of the other source (FIFO).
 * ``at_s`` must come from one monotonic clock for both sources - the time the producer *received* the
@@ -52,7 +52,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gpupipe.pci import canonical
+from gpupipe.domain.pci import canonical
 
 __all__ = [
     "DEFAULT_WINDOW_S",

@@ -15,7 +15,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from gpupipe import topics
+from gpupipe.kafka import topics
 from gpupipe_consumers.report.command import read_chargeback_records
 from gpupipe_schemas.codec import AvroCodec
 from tests import hygiene  # own process group, dies with pytest, recorded for the leak guard

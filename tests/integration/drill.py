@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpupipe import topics
+from gpupipe.kafka import topics
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_schemas.codec import AvroCodec
 from tests.conftest import BROKER_START_TIMEOUT, REPO, _free_pair, free_port

@@ -15,8 +15,8 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import ConfigResource, ConfigSource
 
-from gpupipe import topics
-from gpupipe.durations import parse_iso_ms
+from gpupipe.common.durations import parse_iso_ms
+from gpupipe.kafka import topics
 from gpupipe_consumers.chargeback.accounting import gpu_fraction
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_schemas.codec import AvroCodec

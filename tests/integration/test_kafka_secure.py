@@ -33,8 +33,8 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from gpupipe import acls, topics
-from gpupipe.kafka_admin import ensure_topics
+from gpupipe.kafka import acls, topics
+from gpupipe.kafka.admin import ensure_topics
 from tests.conftest import free_port
 from tests.integration.kafka_util import GPUPIPE, REPO, gpupipe
 
@@ -522,7 +522,7 @@ def test_a_node_cannot_forge_an_ack_or_another_nodes_hostname(
     on the XID topic closes nothing, the alerts topic refuses it, an XID signed by node-a's
     certificate but naming node-b is dead-lettered, and a sample saying node-b's GPU fell off the bus,
     signed by node-a, is dropped: node-b gets no alert (let alone a cordon)."""
-    from gpupipe.node_identity import NodeSigner
+    from gpupipe.domain.node_identity import NodeSigner
     from gpupipe_consumers.alerts.ack import ack_record
     from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
     from gpupipe_schemas.codec import AvroCodec

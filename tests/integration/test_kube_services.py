@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from gpupipe import topics
-from gpupipe.kafka_admin import ensure_topics
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import ensure_topics
 from gpupipe_consumers.alerts.cordon import ANNOTATION_PREFIX
 from gpupipe_schemas.codec import AvroCodec
 from tests import hygiene

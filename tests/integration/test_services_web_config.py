@@ -20,8 +20,8 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from gpupipe import topics
-from gpupipe.kafka_admin import ensure_topics
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import ensure_topics
 from tests import hygiene
 from tests.conftest import free_port
 from tests.integration.consumers.metrics.test_tls_auth import web_config

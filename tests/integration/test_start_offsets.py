@@ -18,9 +18,9 @@ import pytest
 from confluent_kafka import Producer
 from prometheus_client import CollectorRegistry
 
-from gpupipe import topics
-from gpupipe.kafka_admin import ensure_topics
-from gpupipe_consumers.consume_loop import ConsumeLoop, InRecord
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import ensure_topics
+from gpupipe_consumers.plumbing.consume_loop import ConsumeLoop, InRecord
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_schemas.codec import AvroCodec
 

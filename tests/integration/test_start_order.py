@@ -164,8 +164,8 @@ def test_the_node_agent_waits_for_its_topics_and_spools_xids_meanwhile(
 ) -> None:
     # On a fresh broker the agent used to publish at once: every record failed with "Unknown topic
     # or partition" and /healthz said ok. It must say "starting", spool, and deliver once they exist.
-    from gpupipe import topics
-    from gpupipe.kafka_admin import ensure_topics
+    from gpupipe.kafka import topics
+    from gpupipe.kafka.admin import ensure_topics
     from gpupipe_schemas.codec import AvroCodec
     from tests.integration.kafka_util import read_all
 

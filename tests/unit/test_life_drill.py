@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from gpupipe.pci import canonical
+from gpupipe.domain.pci import canonical
 from tests.k8s_api_fake import FakeKubeApi
 from tests.life_drill import Drill, DrillConfig, SimAlertmanager, _bus, check, generate
 

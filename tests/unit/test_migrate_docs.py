@@ -4,7 +4,7 @@
   the dcgm-exporter column in NVIDIA's chart values (a copy of its ``deployment/values.yaml`` at main
   ``d5e5f51``: tests/fixtures/metrics/dcgm-exporter/chart-values.yaml), and every top-level value of
   NVIDIA's chart has a row, so a reader coming from it finds each of theirs.
-- Its topic table is gpupipe's topic defaults (gpupipe/topics.py and the alerts lease topic).
+- Its topic table is gpupipe's topic defaults (gpupipe/kafka/topics.py and the alerts lease topic).
 - Every ```promql block parses (``promtool check rules``: each block becomes a recording rule, the only
   way promtool checks a bare expression) and the comparison queries give the answers the page
   promises on a small pilot (``promtool test rules``).
@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpupipe import topics
+from gpupipe.kafka import topics
 from gpupipe_consumers.alerts import leader
 from tests.paths import FIXTURES, REPO
 

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from gpupipe import topics
-from gpupipe.kafka_admin import ensure_topics
-from gpupipe.node_check import NodeIdentity
-from gpupipe.node_identity import NodeSigner
+from gpupipe.domain.node_check import NodeIdentity
+from gpupipe.domain.node_identity import NodeSigner
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import ensure_topics
 from gpupipe_consumers.metrics.service import MetricsConfig, MetricsService
 from gpupipe_schemas.codec import AvroCodec
 from tests import hygiene

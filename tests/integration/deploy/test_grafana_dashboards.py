@@ -31,8 +31,8 @@ import pytest
 import yaml
 from confluent_kafka.admin import AdminClient
 
-from gpupipe import topics
-from gpupipe.kafka_admin import ensure_topics
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import ensure_topics
 from gpupipe_consumers.metrics import dialect
 from gpupipe_consumers.metrics.dialect_promql import renamed_reads
 from gpupipe_consumers.report.chargeback_report import build_report

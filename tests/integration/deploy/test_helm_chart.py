@@ -21,7 +21,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gpupipe.cli import apply_env_defaults, build_parser
+from gpupipe.commands.cli import apply_env_defaults, build_parser
 from gpupipe_consumers.alerts.alert_record import ALERTNAMES
 from tests.paths import REPO
 
@@ -399,7 +399,7 @@ def test_consumers_defaults(rendered: dict) -> None:
     prices = yaml.safe_load(
         _by_name(rendered["defaults"], "ConfigMap")["rel-gpupipe-chargeback"]["data"]["prices.yaml"]
     )
-    from gpupipe.prices import parse_price_table
+    from gpupipe.domain.prices import parse_price_table
 
     table = parse_price_table(prices)  # the chargeback service accepts the rendered price table
     assert table is not None

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from gpupipe import topics
-from gpupipe.kafka_admin import ensure_topics
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import ensure_topics
 from tests.conftest import REPO, free_port
 from tests.hygiene import popen, stop_group
 from tests.integration.kafka_util import read_all

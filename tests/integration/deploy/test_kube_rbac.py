@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from gpupipe.kube import KubeClient, KubeConfig
-from gpupipe.prices import load_price_table
+from gpupipe.clients.kube import KubeClient, KubeConfig
+from gpupipe.domain.prices import load_price_table
 from gpupipe_consumers.alerts.cordon import ANNOTATION_PREFIX, Cordoner, CordonResult, KubeNodeApi
 from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine
 from gpupipe_consumers.report.workload_report import build_workload_report

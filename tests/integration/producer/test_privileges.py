@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpupipe import topics
+from gpupipe.kafka import topics
 from gpupipe_schemas.codec import AvroCodec
 from tests.agent_harness import wait_for
 from tests.conftest import REPO, free_port

@@ -8,7 +8,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from gpupipe.durations import parse_iso_ms
+from gpupipe.common.durations import parse_iso_ms
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_schemas.codec import AvroCodec
 from tests.integration.kafka_util import gpupipe, read_all
@@ -203,7 +203,7 @@ def test_confluent_framing_roundtrip_with_mock_registry(kafka: str, topic_prefix
     # The mock registry lives in-process, so run producer and reader in this process.
     import argparse
 
-    from gpupipe.kafka_admin import ensure_topics
+    from gpupipe.kafka.admin import ensure_topics
     from gpupipe_consumers.tail import format_record
     from gpupipe_producer.command import fleet_config
     from gpupipe_producer.publish import Publisher, producer_config

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from gpupipe import topics
-from gpupipe.kafka_admin import ensure_topics
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import ensure_topics
 from tests.agent_harness import UUIDS, combined_fixture, node_for_fixtures
 from tests.conftest import REPO, free_port
 from tests.hygiene import popen, stop_group

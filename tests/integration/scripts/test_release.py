@@ -133,7 +133,7 @@ def test_make_release_gives_a_wheel_a_chart_repository_and_an_oci_chart_of_one_v
         meta = whl.read(f"gpupipe-{VERSION}.dist-info/METADATA").decode()
         entry = whl.read(f"gpupipe-{VERSION}.dist-info/entry_points.txt").decode()
     assert f"\nVersion: {VERSION}\n" in meta
-    assert "gpupipe = gpupipe.cli:main" in entry and "[gpupipe.commands]" in entry
+    assert "gpupipe = gpupipe.commands.cli:main" in entry and "[gpupipe.commands]" in entry
     assert {
         "gpupipe_schemas/GpuSample.avsc",
         "gpupipe_schemas/XidEvent.avsc",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench.kafka_sizing_table import REPLICATION, Measured, record_rate, render, sizing_rows
-from gpupipe import topics
+from gpupipe.kafka import topics
 
 SIZES = {topics.SAMPLES: 100.0, topics.XID: 400.0, topics.ALERTS: 450.0, topics.CHARGEBACK: 250.0}
 

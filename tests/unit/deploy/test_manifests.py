@@ -3,7 +3,7 @@
 import pytest
 import yaml
 
-from gpupipe.cli import apply_env_defaults, build_parser
+from gpupipe.commands.cli import apply_env_defaults, build_parser
 from tests.paths import REPO
 
 REPO = REPO

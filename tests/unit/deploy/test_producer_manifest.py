@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from gpupipe.cli import apply_env_defaults, build_parser
+from gpupipe.commands.cli import apply_env_defaults, build_parser
 from tests.paths import REPO
 
 REPO = REPO

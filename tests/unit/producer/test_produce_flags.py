@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpupipe import cli
-from gpupipe.errors import ConfigError
+from gpupipe.commands import cli
+from gpupipe.common.errors import ConfigError
 from gpupipe_producer.command import fleet_config
 
 

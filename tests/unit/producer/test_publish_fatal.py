@@ -21,7 +21,7 @@ from confluent_kafka import KafkaError
 
 import gpupipe_producer.agent.node_agent as node_agent
 import gpupipe_producer.service as service
-from gpupipe.cli import main as cli_main
+from gpupipe.commands.cli import main as cli_main
 from gpupipe_producer.publish import Publisher, producer_config
 from tests.fake_nvml import FakeNvml
 from tests.librdkafka_fatal import inject_fatal_error

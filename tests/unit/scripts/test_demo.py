@@ -22,7 +22,7 @@ from types import ModuleType
 
 import pytest
 
-from gpupipe import cli
+from gpupipe.commands import cli
 from gpupipe_producer.command import fleet_config
 from gpupipe_producer.simulated.fleet import SimulatedFleet
 from tests.conftest import free_port

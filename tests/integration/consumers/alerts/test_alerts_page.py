@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from gpupipe import topics
+from gpupipe.kafka import topics
 from tests.integration.browser_util import colour_stats, dump_dom, screenshot
 from tests.integration.consumers.alerts.test_service import (
     AlertsProcess,

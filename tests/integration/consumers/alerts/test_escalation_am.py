@@ -8,7 +8,7 @@ critical page on the critical route, no RESOLVED and no second page while the GP
 RESOLVED on each route when the incident ends.
 
 The engine runs in process with real time (Alertmanager compares times with its own clock); its
-records go through the real :class:`~gpupipe.alertmanager.AlertmanagerSender` and its thread. The
+records go through the real :class:`~gpupipe.clients.alertmanager.AlertmanagerSender` and its thread. The
 config is ``deploy/alertmanager/alertmanager.yml`` with its routes' timers shortened and both receivers
 pointed at the webhook; the repeat intervals stay as shipped, so any second page here is a defect.
 """
@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpupipe.alertmanager import AlertmanagerSender
+from gpupipe.clients.alertmanager import AlertmanagerSender
 from gpupipe_consumers.alerts.alert_record import am_labels, gpu_alert_shape, to_record
 from gpupipe_consumers.alerts.dedupe import AlertEngine, EngineConfig
 from tests.am_webhook import Notification, WebhookReceiver

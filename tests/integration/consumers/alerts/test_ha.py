@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from gpupipe import topics
+from gpupipe.kafka import topics
 from tests.integration.consumers.alerts.test_service import (
     REPO,
     Alertmanager,

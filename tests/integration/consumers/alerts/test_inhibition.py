@@ -1,7 +1,7 @@
 """Engine and shipped Alertmanager config agree in a real Alertmanager: rollups (D1), late XIDs (D2).
 
 The engine runs in process (pure, time injected); its records go through the real
-:class:`~gpupipe.alertmanager.AlertmanagerSender` to the Debian ``prometheus-alertmanager``
+:class:`~gpupipe.clients.alertmanager.AlertmanagerSender` to the Debian ``prometheus-alertmanager``
 loaded
 with ``deploy/alertmanager/alertmanager.yml``: its inhibit rules verbatim, only the route's timers shortened
 so that inhibition (which Alertmanager evaluates once a group is flushed) shows within seconds.
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpupipe.alertmanager import AlertmanagerSender
+from gpupipe.clients.alertmanager import AlertmanagerSender
 from gpupipe_consumers.alerts.alert_record import gpu_alert_shape, to_record
 from gpupipe_consumers.alerts.dedupe import AlertEngine, EngineConfig
 from tests.integration.consumers.alerts.test_service import Alertmanager, wait_until

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from gpupipe import topics
+from gpupipe.kafka import topics
 from tests.integration.consumers.alerts.test_service import (
     AlertsProcess,
     TopicReader,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from gpupipe import topics
+from gpupipe.kafka import topics
 from gpupipe_producer.xid.events import XidContext, nvml_notice_event
 from tests.integration.consumers.alerts.test_service import (
     AlertsProcess,

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-from gpupipe import topics
-from gpupipe.kafka_admin import ensure_topics
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import ensure_topics
 from gpupipe_consumers.alerts.alert_record import alert_from_record
 from gpupipe_consumers.alerts.dedupe import sticky
 from gpupipe_schemas.codec import AvroCodec

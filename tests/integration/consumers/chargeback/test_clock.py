@@ -12,8 +12,8 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from gpupipe import topics
-from gpupipe.kafka_admin import ensure_topics
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import ensure_topics
 from tests.agent_harness import wait_for
 from tests.integration.chargeback_util import (
     Progress,

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from gpupipe import topics
-from gpupipe.kafka_admin import ensure_topics
-from gpupipe.prices import PriceTable
+from gpupipe.domain.prices import PriceTable
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import ensure_topics
 from gpupipe_consumers.chargeback.records import WINDOW, GpuTimeAggregate, to_record
 from gpupipe_consumers.chargeback.windows import record_id
 from gpupipe_schemas.codec import AvroCodec

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpupipe import topics
-from gpupipe.kafka_admin import ensure_topics
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import ensure_topics
 from tests.integration.chargeback_util import (
     Progress,
     new_id,

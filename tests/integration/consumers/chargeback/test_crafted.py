@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from gpupipe import topics
-from gpupipe.kafka_admin import ensure_topics
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import ensure_topics
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_schemas.codec import AvroCodec
 from tests.integration.chargeback_util import (

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from gpupipe import topics
-from gpupipe.kafka_admin import ensure_topics
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import ensure_topics
 from tests.integration.chargeback_util import counter_sum, new_id, read_output, run_and_scrape
 from tests.integration.consumers.chargeback.test_environments import produce, samples
 from tests.integration.consumers.chargeback.test_reprocess import report

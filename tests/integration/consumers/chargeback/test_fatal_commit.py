@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from gpupipe import topics
-from gpupipe.kafka_admin import ensure_topics
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import ensure_topics
 from gpupipe_consumers.chargeback import service as service_mod
 from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine, projected_sample_schema
 from gpupipe_consumers.chargeback.service import ChargebackFatalError, ChargebackService, ServiceConfig

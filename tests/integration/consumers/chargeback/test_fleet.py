@@ -19,9 +19,9 @@ import time
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from gpupipe import topics
-from gpupipe.cli import build_parser
-from gpupipe.kafka_admin import ensure_topics
+from gpupipe.commands.cli import build_parser
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import ensure_topics
 from gpupipe_consumers.chargeback.accounting import gpu_fraction
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from tests import hygiene  # own process group, dies with pytest, recorded for the leak guard

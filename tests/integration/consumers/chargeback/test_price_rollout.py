@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from gpupipe import topics
-from gpupipe.durations import format_iso_ms
-from gpupipe.kafka_admin import ensure_topics
+from gpupipe.common.durations import format_iso_ms
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import ensure_topics
 from tests.integration.chargeback_util import (
     Progress,
     kill_left,

@@ -12,9 +12,9 @@ import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from gpupipe import topics
-from gpupipe.durations import format_iso_ms
-from gpupipe.kafka_admin import ensure_topics
+from gpupipe.common.durations import format_iso_ms
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import ensure_topics
 from tests.integration.chargeback_util import (
     Progress,
     counter_sum,

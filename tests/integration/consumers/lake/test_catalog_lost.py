@@ -15,7 +15,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from pyiceberg.catalog.sql import SqlCatalog
 
-from gpupipe.kafka_admin import ensure_topics
+from gpupipe.kafka.admin import ensure_topics
 from gpupipe_schemas.codec import AvroCodec
 from tests import hygiene
 from tests.integration.kafka_util import GPUPIPE, REPO

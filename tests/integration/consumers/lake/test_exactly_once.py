@@ -20,7 +20,7 @@ from confluent_kafka import Producer
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import NoSuchTableError
 
-from gpupipe.kafka_admin import ensure_topics
+from gpupipe.kafka.admin import ensure_topics
 from gpupipe_consumers.lake.writer import stored_offsets
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_schemas.codec import AvroCodec

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpupipe_consumers.consume_loop import InRecord
 from gpupipe_consumers.lake import catalog as lake_catalog
 from gpupipe_consumers.lake.tables import BY_NAME
 from gpupipe_consumers.lake.writer import LakeWriter, open_table, stored_offsets
+from gpupipe_consumers.plumbing.consume_loop import InRecord
 from tests.integration.kafka_util import GPUPIPE
 from tests.lake_records import end_pyiceberg_threads, fill
 from tests.lake_rest import rest_catalog_server

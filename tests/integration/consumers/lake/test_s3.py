@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from gpupipe.kafka_admin import ensure_topics
+from gpupipe.kafka.admin import ensure_topics
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_schemas.codec import AvroCodec
 from tests import hygiene

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpupipe import topics
-from gpupipe.kafka_admin import ensure_topics
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import ensure_topics
 from gpupipe_consumers.metrics.service import MetricsConfig, MetricsService
 from gpupipe_producer.agent.node_agent import AgentConfig
 from gpupipe_producer.publish import Publisher, producer_config

@@ -25,9 +25,10 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from gpupipe import topics
-from gpupipe.kafka_admin import ensure_topics
-from gpupipe_consumers.metrics.service import MetricsConfig, MetricsService, key_partition
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import ensure_topics
+from gpupipe.kafka.partitioner import key_partition
+from gpupipe_consumers.metrics.service import MetricsConfig, MetricsService
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_schemas.meaning import sample_kafka_key
 from tests.conftest import free_port

@@ -21,7 +21,7 @@ from google.protobuf.json_format import Parse
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-from gpupipe.kafka_admin import ensure_topics
+from gpupipe.kafka.admin import ensure_topics
 from gpupipe_consumers.otlp import mapping
 from gpupipe_schemas.codec import AvroCodec
 from tests import hygiene

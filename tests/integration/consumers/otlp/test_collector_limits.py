@@ -22,12 +22,12 @@ from google.protobuf.json_format import Parse
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from prometheus_client import CollectorRegistry
 
-from gpupipe.kafka_admin import ensure_topics
-from gpupipe.startup import Backoff
-from gpupipe_consumers.consume_loop import InRecord
+from gpupipe.kafka.admin import ensure_topics
+from gpupipe.kafka.ready import Backoff
 from gpupipe_consumers.otlp import mapping
 from gpupipe_consumers.otlp.export import config_from, transport
 from gpupipe_consumers.otlp.service import ExportAbandoned, OtlpService
+from gpupipe_consumers.plumbing.consume_loop import InRecord
 from tests import hygiene
 from tests.conftest import free_port
 from tests.integration.consumers.otlp.test_collector import Collector, healthz, publish, start_otlp, wait_for

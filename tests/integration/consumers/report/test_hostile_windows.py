@@ -16,8 +16,8 @@ import json
 import pytest
 from confluent_kafka import Producer
 
-from gpupipe import topics
-from gpupipe.kafka_admin import ensure_topics
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import ensure_topics
 from gpupipe_schemas.codec import AvroCodec
 from scripts.report_example_data import simulated_windows
 from tests.integration.kafka_util import gpupipe

@@ -19,9 +19,9 @@ import yaml
 from confluent_kafka import Producer
 from PIL import Image
 
-from gpupipe import topics
-from gpupipe.kafka_admin import ensure_topics
-from gpupipe.teams import parse_team_map
+from gpupipe.domain.teams import parse_team_map
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import ensure_topics
 from gpupipe_consumers.report.chargeback_report import build_report
 from gpupipe_consumers.report.html_report import PALETTE
 from gpupipe_consumers.report.idle_html import render_idle_html

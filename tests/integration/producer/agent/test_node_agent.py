@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from gpupipe import topics
-from gpupipe.kafka_admin import ensure_topics
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import ensure_topics
 from gpupipe_producer.agent.node_agent import AgentConfig
 from gpupipe_producer.publish import Publisher, producer_config
 from gpupipe_schemas.codec import AvroCodec
@@ -353,7 +353,7 @@ def test_cli_nvml_init_failure_exits_non_zero_with_a_clear_message(
 def test_xid_and_sample_records_carry_the_nodes_signature(
     kafka: str, topic_prefix: str, tmp_path: Path
 ) -> None:
-    from gpupipe.node_identity import SIG_HEADER, NodeSigner, NodeVerifier
+    from gpupipe.domain.node_identity import SIG_HEADER, NodeSigner, NodeVerifier
     from tests.pki import Pki
 
     t_samples, t_xid = _topics(kafka, topic_prefix)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gpupipe import topics
-from gpupipe.kafka_admin import ensure_topics
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import ensure_topics
 from gpupipe_producer.agent.node_agent import AgentConfig
 from gpupipe_producer.publish import Publisher, producer_config
 from gpupipe_producer.xid.spool_format import SPOOL_FILE

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from gpupipe import topics
+from gpupipe.kafka import topics
 from gpupipe_schemas.codec import AvroCodec
 from tests import hygiene
 from tests.agent_harness import wait_for

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from gpupipe.kafka_admin import ensure_topics
+from gpupipe.kafka.admin import ensure_topics
 from gpupipe_producer.xid.sender import XidSender
 from gpupipe_producer.xid.spool import XidSpool
 from gpupipe_producer.xid.spool_format import SPOOL_FILE

@@ -7,8 +7,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gpupipe.node_check import NodeCheck
-from gpupipe.node_identity import NodeSigner, NodeVerifier
+from gpupipe.domain.node_check import NodeCheck
+from gpupipe.domain.node_identity import NodeSigner, NodeVerifier
 from gpupipe_consumers.alerts.admission import DeviceAdmission, Evicted, device_of
 from gpupipe_consumers.alerts.dedupe import EngineConfig
 from gpupipe_consumers.alerts.service import AlertsService, ListSink

@@ -8,7 +8,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from gpupipe.alertmanager import AlertmanagerFanout, AlertmanagerSender, http_post
+from gpupipe.clients.alertmanager import AlertmanagerFanout, AlertmanagerSender, http_post
 from gpupipe_consumers.alerts.alert_record import gpu_alert_shape, iso_ms
 
 T0 = 1_800_000_000_000

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpupipe.kube import KubeClient, KubeConfig
+from gpupipe.clients.kube import KubeClient, KubeConfig
 from gpupipe_consumers.alerts.cordon import (
     PATCH_CONTENT_TYPE,
     Cordoner,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpupipe.kube import KubeApiError, KubeClient, kube_config
+from gpupipe.clients.kube import KubeApiError, KubeClient, kube_config
 from gpupipe_consumers.alerts.cordon import KubeNodeApi
 from tests.integration.consumers.metrics.test_tls_auth import make_certs
 from tests.k8s_api_fake import FakeKubeApi

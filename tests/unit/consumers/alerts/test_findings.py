@@ -190,7 +190,7 @@ def test_d15_level_signal_that_cleared_during_downtime_resolves_at_restart() -> 
         return AlertsService(sink=sink, registry=CollectorRegistry(), clock=clock), sink, clock
 
     def sample(ts: int, pending: bool) -> Any:
-        from gpupipe_consumers.consume_loop import InRecord
+        from gpupipe_consumers.plumbing.consume_loop import InRecord
 
         value = {"timestamp_ms": ts, "hostname": "node-a", "pci_bus_id": BUS[0], "row_remap_pending": pending}
         return InRecord("s", 0, ts, None, "GpuSample", value, ts)
@@ -249,7 +249,7 @@ class _Clock:
 def _cordon_service(api: Any, tmp_path: Any, clock: _Clock, sink: Any = None, **kw: Any) -> Any:
     from prometheus_client import CollectorRegistry
 
-    from gpupipe.kube import KubeClient, KubeConfig
+    from gpupipe.clients.kube import KubeClient, KubeConfig
     from gpupipe_consumers.alerts.cordon import Cordoner, KubeNodeApi
     from gpupipe_consumers.alerts.service import AlertsService, ListSink
 
@@ -277,7 +277,7 @@ def _cordon_service(api: Any, tmp_path: Any, clock: _Clock, sink: Any = None, **
 
 
 def _drain_event(svc: Any, host: str, ts: int) -> None:
-    from gpupipe_consumers.consume_loop import InRecord
+    from gpupipe_consumers.plumbing.consume_loop import InRecord
 
     ev = xid(79, ts, host=host, msg="GPU has fallen off the bus.")
     svc.handle([InRecord("x", 0, ts, None, "XidEvent", ev, ts)])
@@ -315,7 +315,7 @@ def test_d3_restart_before_the_cordon_ran_still_cordons(tmp_path: Any) -> None:
 
 
 def test_d5_lost_action_records_cannot_reset_the_rate_limit(tmp_path: Any) -> None:
-    from gpupipe.errors import GpupipeError
+    from gpupipe.common.errors import GpupipeError
     from gpupipe_consumers.alerts.service import ListSink
     from tests.k8s_api_fake import FakeKubeApi
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from confluent_kafka import TopicPartition
 
-from gpupipe.kafka_sink import KeyedSink
+from gpupipe.kafka.sink import KeyedSink
 from gpupipe_consumers.alerts import leader as leader_mod
 from gpupipe_consumers.alerts.command import _fence
 from gpupipe_consumers.alerts.leader import LEASE_TOPIC, LeaderElector

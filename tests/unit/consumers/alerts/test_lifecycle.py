@@ -21,11 +21,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from gpupipe.alertmanager import AlertmanagerSender
+from gpupipe.clients.alertmanager import AlertmanagerSender
 from gpupipe_consumers.alerts.alert_record import am_labels, gpu_alert_shape, to_record
 from gpupipe_consumers.alerts.dedupe import AlertEngine, EngineConfig
 from gpupipe_consumers.alerts.service import AlertsService, ListSink
-from gpupipe_consumers.consume_loop import InRecord
+from gpupipe_consumers.plumbing.consume_loop import InRecord
 from tests.k8s_api_fake import FakeKubeApi
 from tests.unit.consumers.alerts.test_findings import (
     MIN,
@@ -73,7 +73,7 @@ def test_an_unchanged_drain_alert_older_than_the_lookback_survives_a_restart(tmp
 
 
 def test_the_keepalive_stays_under_half_the_restore_lookback() -> None:
-    from gpupipe import cli
+    from gpupipe.commands import cli
     from gpupipe_consumers.alerts.command import options_from_args
 
     def engine(*flags: str) -> EngineConfig:
@@ -198,7 +198,7 @@ def test_an_escalating_storm_keeps_its_alertmanager_label_set_firing() -> None:
     assert sender.step(T0 + 2 * MIN)
 
     def ended(at: int, alerts: list[dict[str, Any]]) -> list[dict[str, str]]:
-        from gpupipe.alertmanager import iso_ms
+        from gpupipe.clients.alertmanager import iso_ms
 
         return [a["labels"] for a in alerts if a["endsAt"] <= iso_ms(at)]
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gpupipe.node_check import NodeCheck
-from gpupipe.node_identity import NodeSigner, NodeVerifier
+from gpupipe.domain.node_check import NodeCheck
+from gpupipe.domain.node_identity import NodeSigner, NodeVerifier
 from gpupipe_consumers.alerts.service import AlertsService, ListSink
 from tests.pki import Pki
 from tests.unit.consumers.alerts.test_service import T0, Clock, inrec, xid

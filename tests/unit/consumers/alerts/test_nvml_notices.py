@@ -20,7 +20,7 @@ from gpupipe_consumers.alerts.dedupe import AlertEngine, EngineConfig
 from gpupipe_consumers.alerts.health_signals import GpuIdentity, SignalEvent
 from gpupipe_consumers.alerts.service import AlertsService, ListSink
 from gpupipe_consumers.alerts.xid_parsers import parse_recovery_event
-from gpupipe_consumers.consume_loop import InRecord
+from gpupipe_consumers.plumbing.consume_loop import InRecord
 from gpupipe_producer.xid.events import XidContext, nvml_notice_event
 from gpupipe_schemas import catalog
 from gpupipe_schemas.codec import AvroCodec

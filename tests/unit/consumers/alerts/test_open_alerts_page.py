@@ -29,7 +29,7 @@ from gpupipe_consumers.alerts.open_alerts_view import (
     view_of,
 )
 from gpupipe_consumers.alerts.service import AlertsService, ListSink
-from gpupipe_consumers.consume_loop import InRecord
+from gpupipe_consumers.plumbing.consume_loop import InRecord
 
 T0 = 1_800_000_000_000
 HOSTILE_POD = "<script>alert(1)</script>"

@@ -426,7 +426,7 @@ def test_the_service_hands_every_sample_to_the_engine_and_publishes_evidence() -
     from prometheus_client import CollectorRegistry
 
     from gpupipe_consumers.alerts.service import AlertsService, ListSink
-    from gpupipe_consumers.consume_loop import InRecord
+    from gpupipe_consumers.plumbing.consume_loop import InRecord
 
     clock_ms = [T0]
     svc = AlertsService(

@@ -14,7 +14,7 @@ from typing import Any
 
 from gpupipe_consumers.alerts.dedupe import AlertEngine, EngineConfig
 from gpupipe_consumers.alerts.health_signals import SignalEvent
-from gpupipe_consumers.consume_loop import InRecord
+from gpupipe_consumers.plumbing.consume_loop import InRecord
 from tests.unit.consumers.alerts.test_dedupe import ident
 from tests.unit.consumers.alerts.test_service import T0, service, xid
 

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpupipe.cli import main
+from gpupipe.commands.cli import main
 from gpupipe_consumers.alerts.cordon import Cordoner
 from gpupipe_consumers.alerts.dedupe import EngineConfig
 from gpupipe_consumers.alerts.service import AlertsService, ListSink
-from gpupipe_consumers.consume_loop import InRecord
+from gpupipe_consumers.plumbing.consume_loop import InRecord
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 
 T0 = 1_800_000_000_000

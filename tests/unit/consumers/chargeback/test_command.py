@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from gpupipe.cli import apply_env_defaults, build_parser
+from gpupipe.commands.cli import apply_env_defaults, build_parser
 from gpupipe_consumers.chargeback.command import EXAMPLE_PRICES, load_prices
 from tests.paths import REPO
 

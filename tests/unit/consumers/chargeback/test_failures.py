@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from gpupipe.errors import ConfigError
+from gpupipe.common.errors import ConfigError
 from gpupipe_consumers.chargeback import service as service_mod
 from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine
 from gpupipe_consumers.chargeback.service import ChargebackFatalError, ChargebackService, ServiceConfig

@@ -18,8 +18,8 @@ from types import SimpleNamespace
 
 from confluent_kafka import KafkaError, TopicPartition
 
-from gpupipe.durations import format_iso_ms
-from gpupipe.price_schedule import fingerprint
+from gpupipe.common.durations import format_iso_ms
+from gpupipe.domain.price_schedule import fingerprint
 from tests.unit.consumers.chargeback.test_failures import ErrorMsg
 from tests.unit.consumers.chargeback.test_price_rollout import (
     IN,

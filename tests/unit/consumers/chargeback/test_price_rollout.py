@@ -19,7 +19,7 @@ import pytest
 import yaml
 from confluent_kafka import TopicPartition
 
-from gpupipe.price_schedule import PriceSchedule, divergence, fingerprint, parse_price_schedule
+from gpupipe.domain.price_schedule import PriceSchedule, divergence, fingerprint, parse_price_schedule
 from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine
 from gpupipe_consumers.chargeback.errors import PriceChangeError
 from gpupipe_consumers.chargeback.service import ChargebackFatalError, ChargebackService
@@ -46,7 +46,7 @@ NEW_DOC = OLD_DOC + f"changes: [{{valid_from: {V // 1000}, models: [{{match: '*'
 def schedule(doc: str) -> PriceSchedule:
     data = yaml.safe_load(doc)
     for change in data.get("changes", []):  # epoch seconds -> ISO (the file's format)
-        from gpupipe.durations import format_iso_ms
+        from gpupipe.common.durations import format_iso_ms
 
         change["valid_from"] = format_iso_ms(int(change["valid_from"]) * 1000)
     return parse_price_schedule(data, "test")

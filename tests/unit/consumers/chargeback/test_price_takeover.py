@@ -15,8 +15,8 @@ import threading
 import pytest
 from confluent_kafka import TopicPartition
 
-from gpupipe.durations import format_iso_ms
-from gpupipe.price_schedule import fingerprint
+from gpupipe.common.durations import format_iso_ms
+from gpupipe.domain.price_schedule import fingerprint
 from gpupipe_consumers.chargeback.errors import PriceChangeError
 from gpupipe_consumers.chargeback.price_agreement import PriceAgreement
 from gpupipe_consumers.chargeback.service import ChargebackFatalError

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpupipe.prices import parse_price_table
+from gpupipe.domain.prices import parse_price_table
 from gpupipe_consumers.chargeback.engine import (
     SAMPLE_FIELDS,
     ChargebackSettings,

@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from gpupipe.prices import parse_price_table
+from gpupipe.domain.prices import parse_price_table
 from gpupipe_consumers.chargeback.accounting import AccountingConfig, GpuRef, account
 from gpupipe_consumers.chargeback.windows import WindowEngine
 from gpupipe_consumers.report.chargeback_report import build_report

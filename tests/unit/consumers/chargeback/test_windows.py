@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from gpupipe.prices import parse_price_table
+from gpupipe.domain.prices import parse_price_table
 from gpupipe_consumers.chargeback.accounting import AccountingConfig, account
 from gpupipe_consumers.chargeback.errors import (
     ChargebackConfigError,

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gpupipe.prices import load_price_table
-from gpupipe.teams import parse_team_map
+from gpupipe.domain.prices import load_price_table
+from gpupipe.domain.teams import parse_team_map
 from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine
 from gpupipe_consumers.report.carbon import CarbonConfigError, load_carbon_config, parse_carbon_config
 from gpupipe_consumers.report.chargeback_report import build_report

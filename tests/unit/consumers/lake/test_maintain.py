@@ -12,10 +12,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 from pyiceberg.catalog.sql import SqlCatalog
 
-from gpupipe_consumers.consume_loop import InRecord
 from gpupipe_consumers.lake.maintain import Policy, maintain
 from gpupipe_consumers.lake.tables import BY_NAME
 from gpupipe_consumers.lake.writer import LakeWriter, open_table, stored_offsets
+from gpupipe_consumers.plumbing.consume_loop import InRecord
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_schemas.codec import AvroCodec
 from tests.lake_records import end_pyiceberg_threads, fill

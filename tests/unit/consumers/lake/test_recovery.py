@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
-from gpupipe.errors import ConfigError
+from gpupipe.common.errors import ConfigError
 from gpupipe_consumers.lake.recovery import MissingTable, PartitionHistory, judge, leftover_metadata
 from gpupipe_consumers.lake.tables import BY_NAME
 from gpupipe_consumers.lake.writer import open_table

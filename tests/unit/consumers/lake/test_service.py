@@ -19,10 +19,10 @@ from prometheus_client import CollectorRegistry
 from pyiceberg.catalog.sql import SqlCatalog
 
 from gpupipe.web.server import HttpServer
-from gpupipe_consumers.consume_loop import InRecord
 from gpupipe_consumers.lake.service import LakeApp
 from gpupipe_consumers.lake.tables import BY_NAME
 from gpupipe_consumers.lake.writer import LakeWriter, open_table
+from gpupipe_consumers.plumbing.consume_loop import InRecord
 from tests.lake_records import end_pyiceberg_threads, fill
 
 TOPIC = "gpu.xid.v1"

@@ -13,11 +13,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 from pyiceberg.catalog.sql import SqlCatalog
 
-from gpupipe.errors import ConfigError
-from gpupipe_consumers.consume_loop import InRecord
+from gpupipe.common.errors import ConfigError
 from gpupipe_consumers.lake.query import gpu_hours_by_namespace, gpu_hours_sql, load_tables, query
 from gpupipe_consumers.lake.tables import BY_NAME, LakeTable
 from gpupipe_consumers.lake.writer import LakeWriter, offset_key, open_table, stored_offsets
+from gpupipe_consumers.plumbing.consume_loop import InRecord
 from tests.lake_records import end_pyiceberg_threads, fill
 
 TOPIC = "gpu.chargeback.v1"

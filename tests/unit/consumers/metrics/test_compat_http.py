@@ -13,7 +13,7 @@ import ssl
 
 import pytest
 
-from gpupipe.errors import ConfigError
+from gpupipe.common.errors import ConfigError
 from gpupipe.web.server import parse_listen
 from gpupipe_consumers.metrics.http import make_metrics_server, parse_web_config
 from tests.unit.consumers.metrics.test_http import client_context, get, pki, serve, store  # noqa: F401
@@ -191,12 +191,12 @@ def test_ip_sans_compare_in_go_form():
 def test_startup_health_takes_the_same_listen_addresses():
     """`gpupipe metrics -a [::]:9400` first answers 503 on that address while Kafka is awaited:
     the server in its start-up mode takes every address the metrics server takes."""
-    from gpupipe import startup
+    from gpupipe.kafka import ready
     from gpupipe.web.server import HttpServer
 
     hosts = ["[::]:0", "[::1]:0"] if _ipv6_loopback() else []
     for listen in [*hosts, ":0", "127.0.0.1:0"]:
-        h = HttpServer(listen, service="metrics", starting=startup.StartupState()).start()
+        h = HttpServer(listen, service="metrics", starting=ready.StartupState()).start()
         try:
             port = h.port
             conn = http.client.HTTPConnection(

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from gpupipe.errors import ConfigError
+from gpupipe.common.errors import ConfigError
 from gpupipe_consumers.metrics.collectors_csv import (
     CountersError,
     all_counters,

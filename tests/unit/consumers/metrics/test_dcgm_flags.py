@@ -11,7 +11,7 @@ import logging
 
 import pytest
 
-from gpupipe.cli import add_common, apply_env_defaults
+from gpupipe.commands.cli import add_common, apply_env_defaults
 from gpupipe_consumers.metrics import command, dcgm_compat
 from gpupipe_consumers.metrics.collectors_csv import parse_counters
 from tests.paths import TESTS
@@ -84,7 +84,7 @@ def test_defaults_match_dcgm_exporter():
 
 @pytest.mark.parametrize("argv", [["-x", "0"], ["--clock-events-count-window-size", "-5"]])
 def test_bad_windows(argv):
-    from gpupipe.errors import ConfigError
+    from gpupipe.common.errors import ConfigError
 
     with pytest.raises(ConfigError):
         command.config_from_args(parse(argv))
@@ -118,7 +118,7 @@ def test_dcgm_exporter_stock_paths_read_its_own_files(argv, env, fixture):
         (c.name, c.prom_type, c.help) for c in want.metrics
     ]
     assert [c.name for c in cfg.counters.labels] == [c.name for c in want.labels]
-    from gpupipe.errors import ConfigError
+    from gpupipe.common.errors import ConfigError
 
     with pytest.raises(ConfigError, match="cannot read counters file"):
         command.config_from_args(parse(["-f", "/etc/dcgm-exporter/my-own.csv"]))
@@ -176,7 +176,7 @@ def test_devices_syntax(devices, layout, warns, caplog):
 
 
 def test_bad_devices():
-    from gpupipe.errors import ConfigError
+    from gpupipe.common.errors import ConfigError
 
     with pytest.raises(ConfigError, match="-d/--devices"):
         command.config_from_args(parse(["-d", "x"]))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpupipe.errors import ConfigError
+from gpupipe.common.errors import ConfigError
 from gpupipe_consumers.metrics import dialect
 from gpupipe_consumers.metrics.collectors_csv import (
     default_counters,

@@ -8,7 +8,7 @@ layout, MIG labels) follow dcgm-exporter's ``internal/pkg/transformation/kuberne
 
 from __future__ import annotations
 
-from gpupipe.cli import build_parser
+from gpupipe.commands.cli import build_parser
 from gpupipe_consumers.metrics.command import render_options
 from gpupipe_consumers.metrics.render import RenderOptions
 from tests.paths import TESTS

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from gpupipe.errors import ConfigError
+from gpupipe.common.errors import ConfigError
 from gpupipe_consumers.metrics.http import (
     CONTENT_TYPE,
     MetricsServer,

@@ -1,4 +1,4 @@
-"""gpupipe_consumers.metrics.service and .command without a broker: murmur2, the handler's routing,
+"""gpupipe_consumers.metrics.service and .command without a broker: the handler's routing,
 ownership of XIDs, revocation, rejections, and the command's configuration errors."""
 
 from __future__ import annotations
@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from gpupipe.cli import main as cli_main
-from gpupipe.errors import ConfigError
-from gpupipe_consumers.consume_loop import InRecord
+from gpupipe.commands.cli import main as cli_main
+from gpupipe.common.errors import ConfigError
+from gpupipe.kafka.partitioner import key_partition
 from gpupipe_consumers.metrics import command
-from gpupipe_consumers.metrics.service import MetricsHandler, _TimedStore, key_partition, murmur2
+from gpupipe_consumers.metrics.service import MetricsHandler, _TimedStore
 from gpupipe_consumers.metrics.store import SeriesStore
+from gpupipe_consumers.plumbing.consume_loop import InRecord
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_schemas.meaning import sample_kafka_key, xid_kafka_key
 from tests.unit.consumers.metrics.test_store import blank
@@ -23,29 +24,6 @@ S, X = "gpu.samples.v1", "gpu.xid.v1"
 N = 12
 T_MS = 1_795_000_000_000
 NOW = T_MS / 1000 + 1.0
-
-
-def signed(h: int) -> int:
-    return h - (1 << 32) if h >= 1 << 31 else h
-
-
-@pytest.mark.parametrize(
-    ("data", "expected"),
-    [  # the vectors of Kafka's own murmur2 test (org.apache.kafka.common.utils.UtilsTest)
-        ("21", -973932308),
-        ("foobar", -790332482),
-        ("a-little-bit-long-string", -985981536),
-        ("a-little-bit-longer-string", -1486304829),
-        ("lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58897971),
-        ("abc", 479470107),
-    ],
-)
-def test_murmur2_matches_kafka(data: str, expected: int) -> None:
-    assert signed(murmur2(data.encode())) == expected
-
-
-def test_key_partition_range() -> None:
-    assert {key_partition(f"GPU-{i}".encode(), N) for i in range(500)} == set(range(N))
 
 
 def fleet() -> tuple[list[dict], list[dict]]:
@@ -173,7 +151,7 @@ def test_keys_not_murmur2_partitioned_disable_hash_ownership() -> None:
 def parse(*argv: str) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     command.add_arguments(p)
-    from gpupipe.cli import add_common
+    from gpupipe.commands.cli import add_common
 
     add_common(p)
     return p.parse_args(list(argv))

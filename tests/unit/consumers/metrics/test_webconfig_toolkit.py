@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from gpupipe.errors import ConfigError
+from gpupipe.common.errors import ConfigError
 from gpupipe_consumers.metrics.http import load_web_config
 from tests.paths import TESTS
 from tests.unit.consumers.metrics.test_http import get, serve, store  # noqa: F401

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpupipe.errors import ConfigError
+from gpupipe.common.errors import ConfigError
 from gpupipe_consumers.otlp.export import Headers, HttpTransport, config_from
 
 NONE: dict[str, Any] = {

@@ -10,11 +10,11 @@ from typing import Any
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from prometheus_client import CollectorRegistry
 
-from gpupipe.startup import Backoff
-from gpupipe_consumers.consume_loop import InRecord
+from gpupipe.kafka.ready import Backoff
 from gpupipe_consumers.otlp import mapping
 from gpupipe_consumers.otlp.export import ExportError, PartialSuccess, Signal
 from gpupipe_consumers.otlp.service import MAX_TIMEOUT_S, TIMEOUT_GROWTH, OtlpService
+from gpupipe_consumers.plumbing.consume_loop import InRecord
 from tests.otlp_records import alloc, points, sample
 
 

@@ -211,7 +211,7 @@ def test_an_idle_hpc_job_is_recommended_with_its_owner() -> None:
 def test_service_publishes_dead_letters_wrong_types_and_exposes_series() -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from gpupipe_consumers.consume_loop import InRecord
+    from gpupipe_consumers.plumbing.consume_loop import InRecord
     from gpupipe_consumers.recommend.service import RecommendService, am_shape
 
     class Sink:
@@ -266,7 +266,7 @@ def test_series_team_is_the_namespace_without_a_rule_as_chargeback_for_the_dashb
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from gpupipe_consumers.consume_loop import InRecord
+    from gpupipe_consumers.plumbing.consume_loop import InRecord
     from gpupipe_consumers.recommend.service import RecommendService
 
     class Sink:

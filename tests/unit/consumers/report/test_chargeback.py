@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpupipe.teams import TeamMap, TeamMapError, load_team_map, parse_team_map
+from gpupipe.domain.teams import TeamMap, TeamMapError, load_team_map, parse_team_map
 from gpupipe_consumers.report.chargeback_report import (
     build_report,
     parse_time_ms,

@@ -13,8 +13,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from gpupipe import cli
-from gpupipe.prices import PriceTable
+from gpupipe.commands import cli
+from gpupipe.domain.prices import PriceTable
 from gpupipe_consumers.chargeback.records import WINDOW, GpuTimeAggregate, to_record
 from gpupipe_consumers.chargeback.windows import record_id
 from gpupipe_consumers.report import command

@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from gpupipe.teams import load_team_map
+from gpupipe.domain.teams import load_team_map
 from gpupipe_consumers.report.chargeback_report import build_report, read_records_jsonl
 from gpupipe_consumers.report.errors import ReportOptionError
 from gpupipe_consumers.report.formats import COLUMNS, FOCUS_COLUMNS, FORMATS, FocusOptions, render_report

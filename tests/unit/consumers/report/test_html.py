@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from gpupipe.teams import load_team_map
+from gpupipe.domain.teams import load_team_map
 from gpupipe_consumers.report.chargeback_report import build_report, read_records_jsonl
 from gpupipe_consumers.report.formats import FORMATS, render_report
 from gpupipe_consumers.report.html_report import MAX_SERIES, OTHER, render_html, stacked_chart

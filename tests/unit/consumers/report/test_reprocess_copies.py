@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpupipe.durations import parse_iso_ms
+from gpupipe.common.durations import parse_iso_ms
 from gpupipe_consumers.chargeback.windows import WindowEngine
 from gpupipe_consumers.report.chargeback_report import build_report
 from gpupipe_consumers.report.reader import Deduplicator, deduplicated, read_from_ms

@@ -11,7 +11,7 @@ from decimal import Decimal
 
 import pytest
 
-from gpupipe.teams import load_team_map
+from gpupipe.domain.teams import load_team_map
 from gpupipe_consumers.report.chargeback_report import build_report, read_records_jsonl
 from gpupipe_consumers.report.formats import render_report
 from gpupipe_consumers.report.rounding import largest_remainder, minor_units

@@ -19,8 +19,9 @@ import pytest
 from cryptography import x509
 from prometheus_client import CollectorRegistry, Counter
 
-from gpupipe import cli, startup
-from gpupipe.errors import ConfigError
+from gpupipe.commands import cli
+from gpupipe.common.errors import ConfigError
+from gpupipe.kafka import ready
 from gpupipe.web.config import WebConfigSource
 from gpupipe.web.server import HttpServer, registry_route
 from tests.integration.consumers.metrics.test_tls_auth import make_certs
@@ -261,7 +262,7 @@ def test_starting_mode_is_503_behind_the_same_tls_and_auth(pki: Pki) -> None:
         "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
         f"basic_auth_users:\n  prometheus: '{_hash('pw')}'\n"
     )
-    state = startup.StartupState()
+    state = ready.StartupState()
     state.waiting_for = "Kafka at h:1"
     http = HttpServer("127.0.0.1:0", web, service="recommend", starting=state).start()
     with contextlib.closing(http):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpupipe.kube import KubeApiError
+from gpupipe.clients.kube import KubeApiError
 from gpupipe_producer.agent.dra_slices import ResourceSliceIndex, slice_uuids
 
 DRIVER = "gpu.nvidia.com"

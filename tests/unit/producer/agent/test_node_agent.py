@@ -15,7 +15,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from gpupipe.cli import build_parser
+from gpupipe.commands.cli import build_parser
 from gpupipe_producer.agent.node_agent import AgentConfig, NodeAgent, config_from_args, default_hostname
 from gpupipe_producer.kubelet.client import DEFAULT_SOCKET_PATH
 from gpupipe_producer.nvml.errors import NvmlInitError
@@ -188,7 +188,7 @@ def test_hostname_prefers_node_name() -> None:
     ],
 )
 def test_bad_config_is_a_config_error(tmp_path: Path, kw: dict[str, Any], message: str) -> None:
-    from gpupipe.errors import ConfigError
+    from gpupipe.common.errors import ConfigError
 
     with pytest.raises(ConfigError, match=message):
         config(tmp_path, **kw)

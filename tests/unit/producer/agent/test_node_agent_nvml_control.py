@@ -14,7 +14,7 @@ from typing import Any
 import pynvml
 from prometheus_client import CollectorRegistry
 
-from gpupipe.cli import build_parser
+from gpupipe.commands.cli import build_parser
 from gpupipe.web.server import HttpServer, registry_route
 from gpupipe_producer.agent_config import config_from_args
 from tests.agent_harness import metric, running_agent, wait_for

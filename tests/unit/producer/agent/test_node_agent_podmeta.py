@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from gpupipe.cli import build_parser
-from gpupipe.errors import ConfigError
-from gpupipe.kube import KubeClient, KubeConfig
+from gpupipe.clients.kube import KubeClient, KubeConfig
+from gpupipe.commands.cli import build_parser
+from gpupipe.common.errors import ConfigError
 from gpupipe_producer.agent.node_agent import config_from_args
 from gpupipe_producer.podmeta.extras import AllocationExtras
 from gpupipe_producer.podmeta.hpc_jobs import HpcJobMap, mapping_key, parse_job_file, read_mapping_dir

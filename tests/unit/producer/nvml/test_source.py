@@ -15,8 +15,8 @@ from typing import Any
 import pynvml
 import pytest
 
-from gpupipe import pci
-from gpupipe.errors import ConfigError, GpupipeError
+from gpupipe.common.errors import ConfigError, GpupipeError
+from gpupipe.domain import pci
 from gpupipe_producer.nvml import (
     GpuRef,
     LostGpu,

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from gpupipe.kube import KubeClient, KubeConfig
+from gpupipe.clients.kube import KubeClient, KubeConfig
 from gpupipe_producer.podmeta.kube_watch import PodMetadataWatcher
 from gpupipe_producer.podmeta.owners import annotate, object_path, plural
 from tests.k8s_pods_fake import FakePodApi

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gpupipe import pci
+from gpupipe.domain import pci
 from gpupipe_producer.kubelet.mapping import AllocationMap, build_allocation_map, pod_resources_from_dict
 from gpupipe_producer.nvml.records import GpuRef
 from gpupipe_producer.xid.events import (

@@ -197,7 +197,7 @@ def test_new_files_and_the_acknowledged_mark_are_durable(tmp_path: Path, monkeyp
 
 
 def test_the_default_bound_is_one_value_everywhere() -> None:
-    from gpupipe.cli import build_parser
+    from gpupipe.commands.cli import build_parser
 
     args = build_parser().parse_args(["produce", "--source", "nvml"])
     assert args.spool_max_bytes == DEFAULT_SPOOL_MAX_BYTES == DEFAULT_MAX_BYTES

@@ -1,0 +1,1 @@
+"""Clients of the outside services other than Kafka: the Kubernetes API and Alertmanager."""
