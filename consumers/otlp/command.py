@@ -35,7 +35,7 @@ from gpupipe_schemas.codec import codec_from_url
 
 if TYPE_CHECKING:
     from gpupipe_consumers.otlp.export import OtlpConfig, Transport
-    from gpupipe_consumers.otlp.service import OtlpService
+    from gpupipe_consumers.otlp.handler import OtlpHandler
 
 USES_KAFKA = True
 
@@ -153,7 +153,7 @@ def otlp_config(args: argparse.Namespace) -> OtlpConfig:
 class OtlpApp:
     """The consume loop and the exporting handler, run as one service."""
 
-    def __init__(self, service: OtlpService, loop: ConsumeLoop, registry: CollectorRegistry, cfg: OtlpConfig):
+    def __init__(self, service: OtlpHandler, loop: ConsumeLoop, registry: CollectorRegistry, cfg: OtlpConfig):
         self.service, self.loop, self.registry, self.cfg = service, loop, registry, cfg
 
     def health(self) -> tuple[bool, dict[str, object]]:
@@ -165,7 +165,7 @@ class OtlpApp:
         }
 
     def run(self, stop: threading.Event) -> None:
-        from gpupipe_consumers.otlp.service import ExportAbandoned
+        from gpupipe_consumers.otlp.handler import ExportAbandoned
 
         self.service.stop = stop
         log.info(
@@ -205,10 +205,10 @@ def run(args: argparse.Namespace) -> int:
 def build(
     args: argparse.Namespace, cfg: OtlpConfig, tx: Transport, extra: dict[str, str], life: Lifecycle
 ) -> OtlpApp:
-    from gpupipe_consumers.otlp.service import OtlpService
+    from gpupipe_consumers.otlp.handler import OtlpHandler
 
     registry = CollectorRegistry()
-    service = OtlpService(
+    service = OtlpHandler(
         tx,
         registry,
         stop=life.stop,

@@ -32,8 +32,8 @@ from gpupipe.runner import KafkaNeeds, Lifecycle, ServiceSpec, run_service
 from gpupipe.teams import TeamMap, load_team_map
 from gpupipe_consumers.consume_loop import ConsumeLoop
 from gpupipe_consumers.recommend.detector import DetectorConfig, IdleDetector
+from gpupipe_consumers.recommend.handler import RecommendHandler, am_shape, kafka_recommendation_sink
 from gpupipe_consumers.recommend.rightsize import MIB, RightSizeConfig
-from gpupipe_consumers.recommend.service import RecommendService, am_shape, kafka_recommendation_sink
 from gpupipe_consumers.topic_reader import read_topic
 from gpupipe_schemas.codec import codec_from_url
 
@@ -163,7 +163,7 @@ class RecommendApp:
 
     def __init__(
         self,
-        service: RecommendService,
+        service: RecommendHandler,
         loop: ConsumeLoop,
         registry: CollectorRegistry,
         alertmanager: AlertmanagerFanout | None,
@@ -285,7 +285,7 @@ def build(
         gpu_price=lambda model: prices.gpu_price(model).per_gpu_hour,
         team_of=lambda ns, labels: teams.match(ns, labels),
     )
-    service = RecommendService(
+    service = RecommendHandler(
         detector,
         kafka_recommendation_sink(opts.bootstrap, t_out, codec, extra),
         registry,

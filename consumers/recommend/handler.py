@@ -1,4 +1,4 @@
-"""The recommend service: consume-loop handler, Kafka sink, Prometheus series, Alertmanager adapter.
+"""Consume-loop handler of the recommend service: Kafka sink, Prometheus series, Alertmanager adapter.
 
 Thin I/O around :class:`~gpupipe_consumers.recommend.detector.IdleDetector`: each batch of ``GpuSample``
 records goes through the detector partition by partition, the revisions it yields go to
@@ -124,7 +124,7 @@ class _OpenCollector(Collector):
     """Gauges over the open recommendations (one series per idle pod and GPU, gone when resolved), and
     the detector's bound on tracked GPUs."""
 
-    def __init__(self, service: RecommendService) -> None:
+    def __init__(self, service: RecommendHandler) -> None:
         self.service = service
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
@@ -183,7 +183,7 @@ class _OpenCollector(Collector):
         yield from (idle, hours, cost, saving, count)
 
 
-class RecommendService:
+class RecommendHandler:
     """Consume-loop handler: samples in, recommendation revisions out."""
 
     def __init__(

@@ -1,6 +1,6 @@
-"""The otlp service: consume-loop handler that exports each batch and returns only once it is taken.
+"""Consume-loop handler of the otlp service: exports each batch and returns only once it is taken.
 
-The consume loop stores a batch's offsets after :meth:`OtlpService.handle` returns, so ``handle``
+The consume loop stores a batch's offsets after :meth:`OtlpHandler.handle` returns, so ``handle``
 returns only when the collector acknowledged every request built from the batch: a collector outage
 holds the batch (one batch: memory stays bounded) and retries it with capped exponential backoff,
 and nothing is committed meanwhile. A stop while the batch is unsent raises :class:`ExportAbandoned`,
@@ -100,7 +100,7 @@ class OtlpMetrics:
         )
 
 
-class OtlpService:
+class OtlpHandler:
     """Handler: GpuSample -> metrics requests, XidEvent -> logs requests, each acknowledged before return."""
 
     def __init__(
