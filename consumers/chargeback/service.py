@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -59,15 +60,19 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
+from confluent_kafka.admin import AdminClient
 from prometheus_client import CollectorRegistry
 
+from gpupipe.errors import ConfigError
 from gpupipe.kafka_admin import client_config
 from gpupipe.kafka_txn import AbortRequired, TransactionalSession, TransactionFatalError
 from gpupipe.logs import fields
 from gpupipe.node_check import DEADLETTER_REASON as NODE_IDENTITY
-from gpupipe.node_check import NodeCheck, NodeCheckCollector
+from gpupipe.node_check import NodeCheck, NodeCheckCollector, NodeIdentity
+from gpupipe.price_schedule import PriceSchedule
 from gpupipe.startup import StuckCallError
 from gpupipe_consumers.chargeback.emitted import EmittedIdsReader, holds_records_since
+from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine, projected_sample_schema
 from gpupipe_consumers.chargeback.errors import ChargebackFatalError, GpuCapReached, PriceChangeError
 from gpupipe_consumers.chargeback.identity import check_client_overrides
 from gpupipe_consumers.chargeback.idle import IdleDetector
@@ -82,8 +87,10 @@ from gpupipe_consumers.chargeback.service_config import ChargebackMetrics, Servi
 from gpupipe_consumers.chargeback.state_metrics import PartitionInfo, StateCollector
 from gpupipe_consumers.chargeback.windows import Checkpoint, WindowEngine
 from gpupipe_consumers.deadletter import deadletter_message
-from gpupipe_schemas.codec import AvroCodec, Decoded
+from gpupipe_schemas import catalog
+from gpupipe_schemas.codec import AvroCodec, Decoded, codec_from_url
 from gpupipe_schemas.errors import DecodeError
+from gpupipe_schemas.fastdecode import SampleDecoder
 from gpupipe_schemas.validate import violation
 
 log = logging.getLogger("gpupipe.chargeback")
@@ -687,9 +694,54 @@ class ChargebackService:
             detail["price_hold"] = {**hold, "held_partitions": sorted(self.holds.held)}
         return ok, detail
 
+    def close(self) -> None:
+        """Say what was done; after an outage, leave without the Kafka clients' teardown."""
+        log.info(
+            "chargeback stopped", extra=fields(**{k: int(v) for k, v in sorted(self.stats_snapshot.items())})
+        )
+        if self.abandoned_producers:
+            # Producers replaced after an outage may still be inside a librdkafka call; tearing them
+            # down at interpreter exit can abort the process (confluent-kafka CallState assertion).
+            # Everything of ours is done and logged: leave without that teardown.
+            logging.shutdown()
+            os._exit(0)
+
+
+def build(
+    cfg: ServiceConfig,
+    settings: ChargebackSettings,
+    prices: PriceSchedule,
+    *,
+    team_of: Callable[[str], str | None] | None,
+    schema_registry_url: str | None,
+    identity: NodeIdentity | None,
+) -> ChargebackService:
+    """The service with its engine and a decoder of only the GpuSample fields chargeback reads."""
+    engine = build_engine(settings, prices, cfg.instance_id, team_of=team_of)
+    projected = projected_sample_schema(catalog.current("GpuSample").raw)
+    codec = codec_from_url(schema_registry_url, reader_schemas={"GpuSample": projected})
+    return ChargebackService(
+        cfg,
+        engine,
+        codec,
+        decode=SampleDecoder(codec, projected).decode,
+        node_check=None if identity is None else identity.check(SERVICE, ("GpuSample",)),
+        admin_factory=AdminClient,  # publishes true positions to <group>.progress (lag tooling)
+    )
+
+
+def check_topics(bootstrap: str, names: list[str], extra: dict[str, str]) -> None:
+    """Fail at startup, not in the first transaction, when a topic is missing (no auto-creation)."""
+    existing = AdminClient(client_config(bootstrap, extra)).list_topics(timeout=10).topics
+    missing = [n for n in names if n not in existing]
+    if missing:
+        raise ConfigError(f"missing topics {missing}: create them, or run with --create-topics")
+
 
 __all__ = [
     "ChargebackFatalError",
     "ChargebackService",
     "ServiceConfig",
+    "build",
+    "check_topics",
 ]
