@@ -35,7 +35,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 from gpupipe import topics
 from gpupipe.kafka_admin import ensure_topics
 from gpupipe.prices import PriceTable
-from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine, projected_sample_schema
+from gpupipe_consumers.chargeback.settings import ChargebackSettings, build_engine, projected_sample_schema
 from gpupipe_consumers.consume_loop import InRecord
 from gpupipe_consumers.lake.query import gpu_hours_sql, load_tables
 from gpupipe_consumers.lake.tables import BY_NAME

@@ -126,7 +126,7 @@ class AccountingConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class GpuRef:
+class ReferenceSample:
     """The reference sample of one GPU key: what the next sample's time and energy are measured from."""
 
     ts_ms: int
@@ -163,7 +163,7 @@ class Accounted:
     dt_ms: int  # time the sample accounts for (0 for a duplicate)
     fraction: float  # share of a whole GPU the time is worth (0 for a MIG-mode whole GPU)
     contributions: tuple[Contribution, ...]
-    new_ref: GpuRef | None  # the GPU's next reference, or None to keep the current one
+    new_ref: ReferenceSample | None  # the GPU's next reference, or None to keep the current one
     depends_on: int | None  # offset of the reference this outcome was decided against, if it mattered
 
     @property
@@ -307,7 +307,7 @@ def energy_counter(sample: dict[str, Any]) -> tuple[int | None, float]:
 
 
 def _energy_j(
-    sample: dict[str, Any], ref: GpuRef | None, status: str, dt_ms: int, cfg: AccountingConfig
+    sample: dict[str, Any], ref: ReferenceSample | None, status: str, dt_ms: int, cfg: AccountingConfig
 ) -> tuple[float, float]:
     """(energy in joules, the part of it estimated from power) for the accounted time."""
     now, share = energy_counter(sample)
@@ -330,16 +330,18 @@ def _energy_j(
     return joules, joules
 
 
-def account(sample: dict[str, Any], ref: GpuRef | None, offset: int, cfg: AccountingConfig) -> Accounted:
+def account(
+    sample: dict[str, Any], ref: ReferenceSample | None, offset: int, cfg: AccountingConfig
+) -> Accounted:
     """Account one sample against its GPU's reference (None: no usable reference)."""
     key = gpu_key(sample)
     ts = int(sample["timestamp_ms"])
     interval = nominal_interval_ms(sample, cfg)
     cap = max_gap_ms(interval, cfg)
-    this_ref = GpuRef(ts, energy_counter(sample)[0], offset)
+    this_ref = ReferenceSample(ts, energy_counter(sample)[0], offset)
 
     depends_on: int | None = None
-    new_ref: GpuRef | None = this_ref
+    new_ref: ReferenceSample | None = this_ref
     if ref is None:
         status, dt_ms = FIRST, interval
     elif ts - ref.ts_ms > cap:
@@ -414,7 +416,7 @@ def _mig_parent(
     dt_ms: int,
     energy_j: float,
     estimated_j: float,
-    new_ref: GpuRef | None,
+    new_ref: ReferenceSample | None,
     depends_on: int | None,
 ) -> Accounted:
     """The whole-GPU record of a GPU in MIG mode: no time of its own (its slices bill it), the

@@ -26,9 +26,9 @@ from gpupipe.price_schedule import PriceSchedule, load_price_schedule
 from gpupipe.prices import parse_price_table
 from gpupipe.runner import KafkaNeeds, Lifecycle, ServiceSpec, run_service
 from gpupipe_consumers.chargeback.accounting import AccountingConfig
-from gpupipe_consumers.chargeback.engine import ChargebackSettings
 from gpupipe_consumers.chargeback.identity import default_group_id
 from gpupipe_consumers.chargeback.service import ChargebackService, ServiceConfig, build, check_topics
+from gpupipe_consumers.chargeback.settings import ChargebackSettings
 from gpupipe_schemas.validate import MAX_AGE_MS
 
 USES_KAFKA = True

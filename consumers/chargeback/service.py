@@ -72,10 +72,9 @@ from gpupipe.node_check import NodeCheck, NodeCheckCollector, NodeIdentity
 from gpupipe.price_schedule import PriceSchedule
 from gpupipe.startup import StuckCallError
 from gpupipe_consumers.chargeback.emitted import EmittedIdsReader, holds_records_since
-from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine, projected_sample_schema
 from gpupipe_consumers.chargeback.errors import ChargebackFatalError, GpuCapReached, PriceChangeError
 from gpupipe_consumers.chargeback.identity import check_client_overrides
-from gpupipe_consumers.chargeback.idle import IdleDetector
+from gpupipe_consumers.chargeback.idle import PartitionIdleness
 from gpupipe_consumers.chargeback.partitions import InputPartitions
 from gpupipe_consumers.chargeback.price_agreement import PriceAgreement, PriceHolds
 from gpupipe_consumers.chargeback.progress import ProgressPublisher
@@ -84,6 +83,7 @@ from gpupipe_consumers.chargeback.rebalance import PartitionOwnership
 from gpupipe_consumers.chargeback.sample_age import TOO_OLD, too_old
 from gpupipe_consumers.chargeback.service_config import OP_TIMEOUT_S as _OP_TIMEOUT_S
 from gpupipe_consumers.chargeback.service_config import ChargebackMetrics, ServiceConfig, output_key
+from gpupipe_consumers.chargeback.settings import ChargebackSettings, build_engine, projected_sample_schema
 from gpupipe_consumers.chargeback.state_metrics import PartitionInfo, StateCollector
 from gpupipe_consumers.chargeback.windows import Checkpoint, WindowEngine
 from gpupipe_consumers.deadletter import deadletter_message
@@ -184,7 +184,7 @@ class ChargebackService:
         )
         # Idleness: when each partition last delivered a record, and the newest broker
         # (LogAppendTime) timestamp seen with the monotonic time it was seen at.
-        self.idle = IdleDetector(cfg.idle_timeout_s)
+        self.idle = PartitionIdleness(cfg.idle_timeout_s)
         # One price per window across instances, also while a rolling update runs two price files:
         # partitions whose next record would close a window of disputed prices wait.
         self.prices_agreement = PriceAgreement(engine.price_fingerprint, engine.window_ms, engine.grace_ms)

@@ -91,7 +91,7 @@ from gpupipe.prices import PriceTable
 from gpupipe_consumers.chargeback.accounting import (
     DUPLICATE,
     AccountingConfig,
-    GpuRef,
+    ReferenceSample,
     account,
     gpu_key,
 )
@@ -254,7 +254,7 @@ class _Partition:
         self.late = LateRun(window_ms, late_run_gap_ms)  # late samples, grouped into corrections
         self.late_from: int | None = None  # restored: replayed late records from here are folded again
         self.late_wm: int | None = None  # replaying from late_from: the watermark each record was read at
-        self.gpus: dict[str, GpuRef] = {}
+        self.gpus: dict[str, ReferenceSample] = {}
         self.next_offset: int | None = None  # highest offset seen + 1
         self.pruned_wm: int | None = None  # watermark of the latest pruning at the GPU cap
         self.replay_until: int | None = None
@@ -402,7 +402,7 @@ class WindowEngine:
             return int(record_ts_ms)
         return sample_ts_ms
 
-    def _is_stale(self, ref: GpuRef, watermark: int | None) -> bool:
+    def _is_stale(self, ref: ReferenceSample, watermark: int | None) -> bool:
         return watermark is not None and ref.ts_ms + self._stale_margin < watermark
 
     def _is_closed(self, p: _Partition, start: int) -> bool:

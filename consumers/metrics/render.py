@@ -62,7 +62,7 @@ from operator import itemgetter
 from typing import Any
 
 from gpupipe import pci
-from gpupipe_consumers.metrics import exp
+from gpupipe_consumers.metrics import derived
 from gpupipe_consumers.metrics.collectors_csv import CounterSet
 from gpupipe_consumers.metrics.fields import FieldSpec, Kind
 from gpupipe_consumers.metrics.layout import SHARE_FAMILIES
@@ -632,7 +632,7 @@ class Renderer:
         key = code if fam.index == 0 else (fam.index, code)
         got = view.xid_lines.get(key)  # type: ignore[arg-type]
         if got is None:
-            err = (("err_code", str(code)), ("err_msg", exp.xid_message(code)))
+            err = (("err_code", str(code)), ("err_msg", derived.xid_message(code)))
             b = view.base
             got = "".join(
                 f"{fam.name}{{{b}{attr_text(tuple(sorted((*a, *err))))}}} {code:d}\n" for a in view.attrs
@@ -674,9 +674,9 @@ class Renderer:
         xid_window: Mapping[int, int] | None = None,
         clock_window: Mapping[int, int] | None = None,
         clock_totals: Mapping[int, int] | None = None,
-        health: exp.Health | None = None,
+        health: derived.Health | None = None,
     ) -> None:
-        """Fill the ``DCGM_EXP_*`` window, clock and health families in place (see :mod:`exp`).
+        """Fill the ``DCGM_EXP_*`` window, clock and health families in place (see :mod:`derived`).
 
         A ``None`` argument leaves that family empty (no sample yet for clock and health)."""
         o = self.options
@@ -697,7 +697,7 @@ class Renderer:
                 text = ""
             elif clock_window:
                 text = "".join(
-                    view.lines(fam.name, f',clock_event="{exp.CLOCK_EVENT_NAME[b]}",{w}', str(n))
+                    view.lines(fam.name, f',clock_event="{derived.CLOCK_EVENT_NAME[b]}",{w}', str(n))
                     for b, n in sorted(clock_window.items())
                 )
             else:
@@ -706,7 +706,7 @@ class Renderer:
         for fam in self._exp.get(Kind.CLOCK_TOTAL, ()):
             out[2 * fam.index + 1] = (
                 "".join(
-                    view.lines(fam.name, f',clock_event="{exp.CLOCK_EVENT_NAME[b]}"', str(n))
+                    view.lines(fam.name, f',clock_event="{derived.CLOCK_EVENT_NAME[b]}"', str(n))
                     for b, n in sorted(clock_totals.items())
                 ).encode()
                 if clock_totals

@@ -11,7 +11,7 @@ counters-file order and, per family, writes the ``# HELP``/``# TYPE`` header onc
 family's lines from every GPU, so each family's lines are contiguous: one valid exposition. The
 lines are ready bytes -- the GPU's label head (rendered per identity) and the sample's value text
 (rendered at ingest) -- gathered with C-level copies only and joined per family by
-:class:`~gpupipe_consumers.metrics.body.BodyJoiner`, which keeps the last scrape's pieces and
+:class:`~gpupipe_consumers.metrics.gpu_families.BodyJoiner`, which keeps the last scrape's pieces and
 copies in only the line lists replaced since (the GPUs sampled in between), and joins only the
 families where a piece changed. The joined body is
 cached until the next change (a version counter), so a repeated scrape, and its gzip in the HTTP
@@ -70,19 +70,19 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpupipe import pci
-from gpupipe_consumers.metrics import exp, gcpolicy
-from gpupipe_consumers.metrics.body import BodyJoiner
+from gpupipe_consumers.metrics import derived, gcpolicy
 from gpupipe_consumers.metrics.collectors_csv import CounterSet, default_counters
+from gpupipe_consumers.metrics.gpu_families import BodyJoiner
 from gpupipe_consumers.metrics.layout import merge_parent
-from gpupipe_consumers.metrics.own_text import (
+from gpupipe_consumers.metrics.readings import PENDING, Kept, complete
+from gpupipe_consumers.metrics.render import GpuView, Renderer, RenderOptions
+from gpupipe_consumers.metrics.self_families import (
     OWN_METRICS,
     health_not_run_text,
     own_text,
     registry_text,
     unsupported_text,
 )
-from gpupipe_consumers.metrics.readings import PENDING, Kept, complete
-from gpupipe_consumers.metrics.render import GpuView, Renderer, RenderOptions
 
 XID_RESULTS = ("counted", "duplicate", "ignored", "unattributed")
 DROP_KINDS = ("sample", "xid")
@@ -96,8 +96,8 @@ log = logging.getLogger("gpupipe.metrics")
 _IDENTITY_FIELDS = ("timestamp_ms", "hostname", "gpu_index", "uuid", "pci_bus_id", "model_name")
 
 
-class InvalidRecord(ValueError):
-    """A record without the identity fields every GpuSample has (wrong topic or schema?)."""
+class UnusableSample(ValueError):
+    """A GpuSample the store cannot apply: no identity fields (wrong topic or schema?) or malformed parts."""
 
 
 class _Gpu:
@@ -145,11 +145,11 @@ class _Gpu:
         self.xid_last_ts = -1
         self.xid_partition: Any = None
         self.xid_seen_s = 0.0
-        self.xid_win: exp.WindowCounts | None = None  # XIDs in the --xid-count-window-size window
-        self.clock_win: exp.WindowCounts | None = None  # samples per clock-event bit in the window
+        self.xid_win: derived.WindowCounts | None = None  # XIDs in the --xid-count-window-size window
+        self.clock_win: derived.WindowCounts | None = None  # samples per clock-event bit in the window
         self.clock_totals: dict[int, int] = {}  # rising edges per clock-event bit
         self.clock_prev = 0
-        self.health: exp.Health | None = None  # from the latest sample
+        self.health: derived.Health | None = None  # from the latest sample
         self.rec: Mapping[str, Any] | None = None  # latest sample (MIG parents and instances only)
         self.parent: str | None = None  # a MIG instance's parent GPU UUID
         self.hidden = False  # a MIG-mode parent in the "instances" layout: no series of its own
@@ -223,7 +223,7 @@ class SeriesStore:
         self._want_xid_win = r.has_xid_count or r.has_health
         self._want_exp = r.has_xid_count or r.has_health or r.has_clock_count or r.has_clock_total
         self._unsupported_text = unsupported_text(r.counters) + (
-            health_not_run_text(exp.NOT_RUN_WATCHES) if r.has_health else ""
+            health_not_run_text(derived.NOT_RUN_WATCHES) if r.has_health else ""
         )
         # keys sampled since the last scrape (rendered by _flush); g.pending is not None for them
         self._dirty: set[str] = set()
@@ -257,7 +257,7 @@ class SeriesStore:
             for i, (record, partition) in enumerate(items):
                 try:
                     apply(record, partition, now_s)
-                except Exception as exc:  # InvalidRecord, or a poison record: the caller decides
+                except Exception as exc:  # UnusableSample, or a poison record: the caller decides
                     failed.append((i, exc))
         return failed
 
@@ -266,7 +266,7 @@ class SeriesStore:
         try:
             key = mig["mig_uuid"] if mig else record["uuid"]
         except (KeyError, TypeError) as exc:
-            raise InvalidRecord(f"GpuSample without uuid/mig_uuid: {exc}") from exc
+            raise UnusableSample(f"GpuSample without uuid/mig_uuid: {exc}") from exc
         g = self._gpus.get(key)
         new = g is None
         if g is None:
@@ -284,7 +284,7 @@ class SeriesStore:
                 record = _complete(record)
                 self._accept(g, record)
         except (KeyError, TypeError, AttributeError) as exc:  # e.g. an allocation without a pod
-            raise InvalidRecord(f"GpuSample {key}: {type(exc).__name__}: {exc}") from exc
+            raise UnusableSample(f"GpuSample {key}: {type(exc).__name__}: {exc}") from exc
         if new:
             self._gpus[key] = g
         g.pending = record
@@ -342,7 +342,7 @@ class SeriesStore:
             if record.get("mig_enabled"):
                 g.hidden = True
                 g.rec = record
-                g.health = exp.sample_health(record) if r.has_health else None
+                g.health = derived.sample_health(record) if r.has_health else None
                 return
             g.hidden = False
         if self._want_exp:
@@ -409,7 +409,7 @@ class SeriesStore:
         lines = self.renderer.render_xid_only(g.view, None, None if kids else g.xid_counts)
         if g.health is not None:
             xw = g.xid_win.counts if g.xid_win is not None else {}
-            self.renderer.render_exp(g.view, lines, health=exp.with_fatal_xids(g.health, xw))
+            self.renderer.render_exp(g.view, lines, health=derived.with_fatal_xids(g.health, xw))
         return lines
 
     def _mig_parent(self, g: _Gpu) -> _Gpu | None:
@@ -419,7 +419,7 @@ class SeriesStore:
         """XIDs since start per code; a MIG instance adds its GPU's (GPU-wide XIDs are the XIDs of
         each of its instances, as DCGM reports its GPU-level fields for them)."""
         parent = self._mig_parent(g)
-        return g.xid_counts if parent is None else exp.add_counts(g.xid_counts, parent.xid_counts)
+        return g.xid_counts if parent is None else derived.add_counts(g.xid_counts, parent.xid_counts)
 
     def _rerender_children(self, parent_key: str) -> None:
         """A MIG parent changed (its XID): its instances are rendered again at the next scrape."""
@@ -430,10 +430,10 @@ class SeriesStore:
         o = r.options
         ts = record["timestamp_ms"]
         if r.has_clock_count or r.has_clock_total:
-            bits = exp.clock_bits(record.get("clock_event_reasons"))
+            bits = derived.clock_bits(record.get("clock_event_reasons"))
             if r.has_clock_count:
                 if g.clock_win is None:
-                    g.clock_win = exp.WindowCounts(o.clock_window_ms)
+                    g.clock_win = derived.WindowCounts(o.clock_window_ms)
                 g.clock_win.push(ts, bits)
                 g.clock_win.prune(ts)
             if r.has_clock_total:
@@ -443,15 +443,15 @@ class SeriesStore:
                         g.clock_totals[b] = g.clock_totals.get(b, 0) + 1
                 g.clock_prev = sum(bits)
         if r.has_health:  # dcgm-exporter watches the health of whole GPUs only: none on an instance
-            g.health = None if record.get("mig") is not None else exp.sample_health(record)
+            g.health = None if record.get("mig") is not None else derived.sample_health(record)
 
     def _fill_exp(self, g: _Gpu, lines: list[bytes], *, sampled: bool) -> None:
         """Fill the DCGM_EXP_* window/clock/health families of a line list from ``g``'s state."""
         xw: Mapping[int, int] = g.xid_win.counts if g.xid_win is not None else {}
         parent = self._mig_parent(g)
         if parent is not None and parent.xid_win is not None:
-            xw = exp.add_counts(xw, parent.xid_win.counts)
-        health = exp.with_fatal_xids(g.health, xw) if (sampled and g.health is not None) else None
+            xw = derived.add_counts(xw, parent.xid_win.counts)
+        health = derived.with_fatal_xids(g.health, xw) if (sampled and g.health is not None) else None
         self.renderer.render_exp(
             g.view,
             lines,
@@ -504,7 +504,7 @@ class SeriesStore:
             g.xid_seen_s = now_s
             if self._want_xid_win:
                 if g.xid_win is None:
-                    g.xid_win = exp.WindowCounts(r.options.xid_window_ms)
+                    g.xid_win = derived.WindowCounts(r.options.xid_window_ms)
                 if g.xid_win.push(ts, (code,), int(now_s * 1000)):
                     self._windowed.add(key)
             if g.pending is not None:
@@ -792,7 +792,7 @@ def _complete(record: Mapping[str, Any]) -> dict[str, Any]:
     """A record with every GpuSample field (missing metric fields null); identity fields required."""
     missing = [f for f in _IDENTITY_FIELDS if f not in record]
     if missing:
-        raise InvalidRecord(f"GpuSample record lacks {', '.join(missing)}")
+        raise UnusableSample(f"GpuSample record lacks {', '.join(missing)}")
     from gpupipe_consumers.metrics.fields import FIELDS
 
     full: dict[str, Any] = dict.fromkeys((f.source for f in FIELDS if f.source), None)
