@@ -73,9 +73,10 @@ from gpupipe import pci
 from gpupipe_consumers.metrics import derived, gcpolicy
 from gpupipe_consumers.metrics.collectors_csv import CounterSet, default_counters
 from gpupipe_consumers.metrics.gpu_families import BodyJoiner
+from gpupipe_consumers.metrics.labels import GpuView
 from gpupipe_consumers.metrics.layout import merge_parent
 from gpupipe_consumers.metrics.readings import PENDING, Kept, complete
-from gpupipe_consumers.metrics.render import GpuView, Renderer, RenderOptions
+from gpupipe_consumers.metrics.render import Renderer, RenderOptions
 from gpupipe_consumers.metrics.self_families import (
     OWN_METRICS,
     health_not_run_text,
