@@ -1,42 +1,9 @@
 """The chargeback service: a transactional consume-transform-produce loop around the window engine.
 
-Reads ``gpu.samples.v1`` in a consumer group, feeds every decoded GpuSample to a
-:class:`~gpupipe_consumers.chargeback.windows.WindowEngine`, and every ``commit_interval`` (or
-``commit_records`` records) commits ONE Kafka transaction holding
-
-1. the ChargebackWindow records of the windows that closed (and corrections) since the last one,
-2. dead letters of the records that could not be decoded or may not be billed (out of range, older
-   than ``--max-sample-age`` when they reached Kafka: ``sample_age.py``, or, with
-   ``--node-ca-file``, not signed by the node they name) (``gpu.deadletter.v1``), and
-3. per input partition, the engine's *checkpoint* as the group's committed offset: the oldest offset
-   the partition's open windows depend on, with the watermark and the consumer position
-   (``replay_until``) in the offset's commit metadata.
-
-So output, dead letters and input progress become visible together or not at all. Open windows
-live only in memory; after a crash (``kill -9`` at any moment), a restart or a rebalance, the new
-owner of a partition restores the checkpoint and replays from its offset: records below
-``replay_until`` rebuild the open windows, and those whose window was already emitted are skipped
-by the engine, so every sample is counted once. Nothing is flushed on revocation or shutdown.
-
-Zombie fencing: the producer's ``transactional.id`` is ``<group id>.<instance id>``, stable across
-restarts of one instance, so ``init_transactions`` aborts whatever a crashed predecessor left open
-(at once, rather than after ``transaction.timeout.ms``) and fences it if it still runs. The instance
-id is also the consumer's ``group.instance.id`` (static membership, on by default), so a restarted
-instance takes its partitions back without a group rebalance; offsets are sent with the group
-metadata (KIP-447), so a member of an older generation cannot commit either. Two live processes
-must never share an instance id: the later one fences the earlier, which exits non-zero.
-
-Errors: an abortable transaction error aborts, drops every partition's state, restores the
-committed checkpoints and seeks there; a retriable one is retried; a fatal one (fenced, ...) ends
-the service with :class:`ChargebackFatalError`.
-
-The service decides what is billed and when it commits; its collaborators own the rest, each its
-own state: :class:`~gpupipe.kafka_txn.TransactionalSession` the producer and its transactions,
-:class:`~gpupipe_consumers.chargeback.partitions.InputPartitions` the consumer and where each partition is,
-:class:`~gpupipe_consumers.chargeback.rebalance.PartitionOwnership` restores and drops as partitions move,
-:class:`~gpupipe_consumers.chargeback.price_agreement.PriceHolds` the partitions paused for the price
-agreement, :class:`~gpupipe_consumers.chargeback.state_metrics.PartitionInfo` what a scrape reads. Building
-the service connects nothing: the Kafka clients are created when it runs (:meth:`prepare`).
+Each transaction holds the closed windows' records, the dead letters and every input partition's
+checkpoint as its committed offset: all visible together or not at all. Raises
+:class:`ChargebackFatalError` when fenced or on a fatal Kafka error. Fencing, recovery and the
+collaborators: docs/inside-chargeback.md.
 """
 
 from __future__ import annotations

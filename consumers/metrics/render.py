@@ -1,57 +1,9 @@
-"""Prometheus text exposition of GpuSample records, dcgm-exporter style (pure: no I/O).
+"""A GpuSample's values as Prometheus text lines, dcgm-exporter style (pure: no I/O).
 
-A :class:`Renderer` is built once from the selected counters (:class:`CounterSet`) and
-:class:`RenderOptions`. Everything is rendered at ingest, in two parts:
-
-* per GPU identity, a :class:`GpuView`: ``heads[i]`` = ``b'NAME{labels} '`` for family ``i``,
-  encoded once and reused for every sample until the GPU's labels change (its pods, host,
-  driver...);
-* per sample, ``render(...) -> list[bytes]``, the GPU's *line list*: two slots per family, at
-  ``2*i`` the head and at ``2*i + 1`` the value text with its line feed (``b'1980\\n'``); both
-  ``b''`` when the family has no line for this GPU (a null or invalid value). Families with several
-  lines for one GPU, or whose labels depend on the value (``DCGM_FI_DEV_XID_ERRORS`` carries
-  ``err_code``/``err_msg``; the ``DCGM_EXP_*`` families; every family of a GPU with several series)
-  have an empty head and their complete lines in the value slot.
-
-A scrape then only concatenates ready bytes (see :mod:`gpupipe_consumers.metrics.store`).
-
-Labels, in dcgm-exporter's order (``internal/pkg/rendermetrics`` template): ``gpu``, ``UUID``,
-``pci_bus_id``, ``device`` (``nvidia<index>``), ``modelName``, for MIG instances ``GPU_I_PROFILE``
-and ``GPU_I_ID``, the host label (``Hostname`` as dcgm-exporter up to 4.8.2, or ``hostname`` as
-4.8.3; omitted when the host name is empty or the option is None), then the "Labels" map in sorted
-key order (label rows such as ``DCGM_FI_DRIVER_VERSION``, then the ``DCGM_EXP_*`` labels
-``window_size_in_ms``, ``xid``, ``clock_event``, ``health_*``), then the "Attributes" in sorted key
-order: ``container``, ``err_code``, ``err_msg`` (XID family only), ``namespace``, ``pod``,
-``pod_uid``, ``vgpu`` -- pod labels only when a pod holds the GPU. An HPC job holding it
-(``--hpc-job-mapping-dir`` on the producer) gives ``hpc_job`` instead of pod labels, as
-dcgm-exporter's HPC mapping does, one series per job. ``--use-old-namespace`` spells
-them ``uuid``, ``container_name``, ``pod_name``, ``pod_namespace`` as dcgm-exporter 1.x.
-
-Shared (time-sliced) GPUs, like dcgm-exporter:
-
-* default: **one** series per GPU, labelled with one pod (dcgm-exporter keeps the last pod its
-  device map sees; we take the last allocation of the sample), so sums over GPUs count each GPU
-  once;
-* ``virtual_gpus`` (dcgm-exporter's ``--kubernetes-virtual-gpus``): one copy of every series per
-  allocation (``vgpu`` = the time-slicing replica), and for ``DCGM_FI_DEV_GPU_UTIL`` and
-  ``DCGM_FI_DEV_FB_USED``, when the sample has per-process data, the device-wide series without
-  pod labels plus one series per pod with its processes' share (``pod_uid`` empty: the kubelet
-  API we read has no pod UID).
-
-gpupipe's own per-pod share stays available under its own names, whatever the layout
-(``split_shared``): on a GPU held by two or more containers, with per-process data,
-``gpupipe_pod_gpu_util_percent`` (100 x sum of the pod's processes' ``sm_util_ratio``),
-``gpupipe_pod_mem_copy_util_percent`` (``mem_util_ratio``) and ``gpupipe_pod_fb_used_mib``
-(``used_memory_bytes``) per ``container, namespace, pod``; a pod without a process gets 0.
-
-Values: DCGM int64 fields as integers (``%d``), DCGM doubles as ``%f`` (``612.500000``), the way
-dcgm-exporter prints them; units per :mod:`gpupipe_consumers.metrics.fields`.
-
-Invalid values never raise: NaN, +-Inf, negative numbers (except temperatures) and non-numbers
-are dropped -- that series is absent from the scrape, as dcgm-exporter skips DCGM's blank values
--- and counted per (field, reason) in the ``invalid`` dict the caller passes
-(``gpupipe_metrics_invalid_values_total``). Values above the nominal range (utilisation > 100 %,
-ratios > 1) are exposed as they are, as dcgm-exporter would: no clamping hides a producer bug.
+A :class:`Renderer` is built once from the selected counters and :class:`RenderOptions`; per sample
+it fills the GPU's *line list* (head and value text per family) in every layout; bad values are
+dropped and counted, never raised. Labels come from :mod:`gpupipe_consumers.metrics.labels`. Line
+lists, labels, layouts and values: docs/inside-metrics.md.
 """
 
 from __future__ import annotations

@@ -1,64 +1,8 @@
 """The metrics consumer's state: the latest rendered series per GPU, joined at scrape (pure).
 
-:class:`SeriesStore` keeps, per GPU key (the GPU UUID, or the MIG device UUID for a slice, the
-same key the producer uses on Kafka), the exposition text of its latest sample -- its *line
-list*: label head and value text per metric family, rendered at ingest by
-:class:`~gpupipe_consumers.metrics.render.Renderer` -- with the partition the sample came from, the wall
-time it was ingested and its sample time.
-
-A scrape (:meth:`SeriesStore.render` / :meth:`SeriesStore.render_parts`) walks the families in the
-counters-file order and, per family, writes the ``# HELP``/``# TYPE`` header once followed by that
-family's lines from every GPU, so each family's lines are contiguous: one valid exposition. The
-lines are ready bytes -- the GPU's label head (rendered per identity) and the sample's value text
-(rendered at ingest) -- gathered with C-level copies only and joined per family by
-:class:`~gpupipe_consumers.metrics.gpu_families.BodyJoiner`, which keeps the last scrape's pieces and
-copies in only the line lists replaced since (the GPUs sampled in between), and joins only the
-families where a piece changed. The joined body is
-cached until the next change (a version counter), so a repeated scrape, and its gzip in the HTTP
-layer, cost next to nothing. Then come the store's own
-families (computed at scrape: ``gpupipe_sample_age_seconds`` per GPU...) and those of an optional
-``prometheus_client`` registry (the service's metrics); a registry family whose name is one of
-ours is left out, so no family appears twice.
-
-Lifecycle of series:
-
-* :meth:`apply_sample` replaces the GPU's line list; labels follow the sample, so a pod that ended
-  stops labelling the GPU with the next sample, and a GPU that became shared gets one series per
-  pod.
-* :meth:`apply_xid` counts ``kind == "xid"`` events (XID != 0, de-duplicated by ``event_id``) in
-  ``DCGM_EXP_XID_ERRORS_TOTAL{...,xid="<code>"}``, a true counter per GPU and code, and sets the
-  last XID shown by ``DCGM_FI_DEV_XID_ERRORS`` (latest by event time; before any event the
-  sample's ``last_xid``, else 0 as DCGM). An event is attached to its MIG slice when the slice is
-  known here, else to the GPU (``uuid``, or the GPU with that host and PCI bus id). A GPU known
-  only from events is shown with the labels the event carries (no pod labels).
-* :meth:`drop_partitions` removes at once what came from revoked partitions (pass the same
-  partition objects as on ingest: ``(topic, partition)`` tuples when consuming two topics).
-* :meth:`expire` removes a GPU whose samples stopped while the rest of the input went on: one
-  whose last sample was ingested more than ``stale_after`` seconds of the input's running time
-  before the newest sample of any GPU (ingest time, each gap between two ingests counted as one
-  sample interval at most, so the partitions that resume first after a stall do not make the
-  others look stale), by default ``stale_intervals`` (3) x the sample's ``interval_ms``
-  (``fallback_interval_s`` when the sample has none), or the fixed ``stale_after_s``. Staleness is
-  judged against that progress, not against the scrape's clock, because a stalled broker, producer
-  link or consumer stops every GPU's samples at once: judged by the clock, every series went after
-  3 s of any stall, Prometheus wrote stale markers for the whole fleet and a 2-minute stall paged
-  ``GpuMissing`` for every GPU. Judged by progress, a GPU (or a whole node) that stops while others
-  go on still expires, and a stall keeps every series at its last value, with its age in
-  ``gpupipe_metrics_node_last_sample_age_seconds`` and ``gpupipe_metrics_pipeline_delay_seconds``
-  for the rules to tell a late pipeline from a lost GPU. Progress is ingest wall time, not sample
-  time: node clocks differ, and one catching up a backlog ingests old samples at today's speed. A
-  GPU known only from XID events goes after ``xid_only_stale_after_s`` of wall time. Every scrape
-  expires first, so a scrape never shows stale series.
-* At most ``max_gpus`` GPU keys are held: every key costs some 10 KB of label text, and any node
-  can write an XID or a sample for a UUID that does not exist. At the cap, a sample of a new GPU
-  takes the place of the longest-held GPU known only from XIDs (counted as expired): a burst of XIDs
-  for made-up UUIDs, which would stay for ``xid_only_stale_after_s``, never keeps a sampled GPU out.
-  Otherwise keys past the cap are dropped, counted in ``gpupipe_metrics_gpus_dropped_total{kind}``
-  and logged (at most once a minute), until the made-up GPUs' samples stop and they expire.
-
-Thread safety: one lock guards the state; a scrape holds it only to snapshot references (line
-lists are replaced, never mutated, and bytes are immutable), and joins outside it (the joiner's
-own state under a lock of its own, so concurrent builds join one after the other).
+:class:`SeriesStore` keeps per GPU key (GPU or MIG device UUID) the line list of its latest sample,
+renders it lazily at scrape, expires GPUs that went silent and joins the families into the body.
+Thread-safe under one lock. How it stays fast and bounded: docs/inside-metrics.md.
 """
 
 from __future__ import annotations
