@@ -37,7 +37,7 @@ from confluent_kafka.admin import AdminClient
 from fastavro import parse_schema, schemaless_reader
 
 from gpupipe.kafka import topics
-from gpupipe_consumers.chargeback.engine import projected_sample_schema
+from gpupipe_consumers.chargeback.settings import projected_sample_schema
 from gpupipe_schemas import catalog
 
 NODES, GPUS, INTERVAL_S, TICKS = 10, 8, 10, 2500

@@ -35,7 +35,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 from gpupipe.domain.prices import PriceTable
 from gpupipe.kafka import topics
 from gpupipe.kafka.admin import ensure_topics
-from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine, projected_sample_schema
+from gpupipe_consumers.chargeback.settings import ChargebackSettings, build_engine, projected_sample_schema
 from gpupipe_consumers.lake.query import gpu_hours_sql, load_tables
 from gpupipe_consumers.lake.tables import BY_NAME
 from gpupipe_consumers.lake.writer import LakeWriter, open_table

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from pyiceberg.catalog import Catalog
 
 from gpupipe.domain.prices import load_price_table
-from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine
+from gpupipe_consumers.chargeback.settings import ChargebackSettings, build_engine
 from gpupipe_consumers.lake.tables import BY_NAME
 from gpupipe_consumers.lake.writer import LakeWriter, open_table
 from gpupipe_consumers.plumbing.consume_loop import InRecord

@@ -1,77 +1,8 @@
 """Per-sample GPU accounting: one ``GpuSample`` dict in, GPU-seconds and energy per namespace out.
 
-Pure: no I/O, no clocks, no mutation of its inputs. The window engine (``windows.py``) keeps the
-one piece of state per GPU that the rules below need (the GPU's *reference sample*) and adds the
-contributions up.
-
-Time
-----
-A sample accounts for the time since its GPU's reference sample. The GPU key is the MIG device
-UUID for a MIG slice and the GPU UUID otherwise; the reference is the sample of that key with the
-highest timestamp seen so far (a running maximum: see ``windows.py`` for why that makes recovery by
-replay exact). With ``interval`` the sample's ``interval_ms`` (``default_interval_ms`` when null)
-and ``cap = min(max_gap_factor x interval, max_gap_limit_ms)``:
-
-========================  ====================================  ===========  ==================
-case                      condition (gap = ts - ref.ts)          accounted    reference becomes
-========================  ====================================  ===========  ==================
-first                     no (usable) reference                  interval     this sample
-after a long gap          gap > cap                              cap          this sample
-continued                 0 < gap <= cap                         gap          this sample
-duplicate / reordered     -cap <= gap <= 0                       nothing      unchanged
-clock went backwards      gap < -cap                             interval     unchanged
-========================  ====================================  ===========  ==================
-
-So N samples of a steadily sampled GPU account N intervals (the first one its nominal interval),
-a gap longer than ``cap`` is billed ``cap`` (so a longer gap never bills less than a shorter
-one; the rest of it is not billed as use), a repeated sample
-(same key, same timestamp) counts once, and a clock that jumps back never yields negative time:
-its samples count their nominal interval until the clock passes the old maximum again (the last
-``cap`` before that are taken for duplicates and skipped, a bounded loss of about two samples).
-A duplicate of a sample older than ``cap`` behind the maximum cannot be told from a clock jump and
-is counted; with an idempotent producer that does not happen.
-
-Fractions and shares
---------------------
-* A whole GPU counts 1; a MIG slice counts ``mig.slice_fraction`` (clamped to 0..1).
-* The whole-GPU record of a GPU in MIG mode (``mig_enabled`` true, ``mig`` null) accounts no
-  time (its slices do), only the capacity no slice covers (``1 - mig_configured_fraction``, to
-  ``__unallocated__``). NVML measures energy only on that whole GPU, and the slices are keyed
-  (hence partitioned) apart from it, so the parent's energy cannot be split where it is read. The
-  producer copies the parent's counter into each slice's record (``mig_parent_energy_mj``, and
-  ``mig_energy_by_slice`` on the parent): each slice bills ``slice_fraction`` of that counter's
-  delta along its own timeline, and the parent only the uncovered share. Every key's state is its
-  own, so this is exact under replay. Without those fields the parent's energy goes whole to the
-  pseudo-namespace ``__mig_shared__`` of its node.
-* GPU time no pod holds goes to ``__unallocated__``. A sample with ``gpu_lost`` also goes there
-  (flagged in ``lost_s``): no tenant can use a GPU that fell off the bus, so none pays for it.
-* An exclusive GPU (one pod holds all of it) is that pod's, whatever runs on it.
-* A shared GPU (several pods hold it, or one holds fewer replicas than ``shared_replicas``):
-  each pod's *allocation* is its distinct replicas (1 for a device without replica ids, as with
-  DRA) over the GPU's replicas (``shared_replicas``, else the replicas held). The *measured use*
-  is the processes' summed ``sm_util_ratio`` (scaled down to 1 if over), or, when no process
-  reports SM, the GPU's activity weighted by ``used_memory_bytes``. Each pod pays its processes'
-  use, plus its allocation's share of the idle rest; the use of processes the node could not
-  place in a pod is split among the holders by allocation (only holders run on an allocated
-  device), a pod that does not hold the GPU pays its own use, and the idle share of replicas no
-  one holds is ``__unallocated__``. With no per-process measure at all, the time is split by
-  allocation. So a bill never moves with idle neighbours, and whoever used the GPU pays for it.
-
-Activity, idle, energy
-----------------------
-* Activity is ``sm_active_ratio`` where reported, else ``gpu_util_ratio`` (clamped to 0..1);
-  ``used = allocated x activity``. With neither, the time counts as ``unknown``.
-* ``idle`` is allocated time of samples whose activity is below ``idle_activity_threshold``:
-  held but inactive (what a chargeback reader looks for), rather than ``allocated - used``. On a
-  shared GPU with per-process measures, ``used`` and ``idle`` are each party's measured use and
-  held-but-idle part, which add up to its allocated time.
-* Energy is the ``total_energy_mj`` delta against the reference sample for a *continued* sample
-  and for one after a long gap (the whole gap's energy: the counter survives telemetry gaps); a
-  sample of a clock that stepped back, with the counter still going up, adds none (the next sample
-  past the reference measures it). Otherwise, or when a counter is missing, went backwards (driver
-  reload) or implies more than
-  ``max_plausible_power_w``, it is ``power_w x accounted time`` (counted as estimated). With
-  neither it is 0. It is split like the time (a MIG slice's, see above, is its own).
+Pure: no I/O, no clocks, no mutation of its inputs; the window engine keeps the one piece of state
+per GPU (its :class:`ReferenceSample`) and adds the contributions up. The rules for time, energy,
+shared GPUs and MIG: docs/inside-chargeback.md.
 """
 
 from __future__ import annotations
@@ -126,7 +57,7 @@ class AccountingConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class GpuRef:
+class ReferenceSample:
     """The reference sample of one GPU key: what the next sample's time and energy are measured from."""
 
     ts_ms: int
@@ -163,7 +94,7 @@ class Accounted:
     dt_ms: int  # time the sample accounts for (0 for a duplicate)
     fraction: float  # share of a whole GPU the time is worth (0 for a MIG-mode whole GPU)
     contributions: tuple[Contribution, ...]
-    new_ref: GpuRef | None  # the GPU's next reference, or None to keep the current one
+    new_ref: ReferenceSample | None  # the GPU's next reference, or None to keep the current one
     depends_on: int | None  # offset of the reference this outcome was decided against, if it mattered
 
     @property
@@ -307,7 +238,7 @@ def energy_counter(sample: dict[str, Any]) -> tuple[int | None, float]:
 
 
 def _energy_j(
-    sample: dict[str, Any], ref: GpuRef | None, status: str, dt_ms: int, cfg: AccountingConfig
+    sample: dict[str, Any], ref: ReferenceSample | None, status: str, dt_ms: int, cfg: AccountingConfig
 ) -> tuple[float, float]:
     """(energy in joules, the part of it estimated from power) for the accounted time."""
     now, share = energy_counter(sample)
@@ -330,16 +261,18 @@ def _energy_j(
     return joules, joules
 
 
-def account(sample: dict[str, Any], ref: GpuRef | None, offset: int, cfg: AccountingConfig) -> Accounted:
+def account(
+    sample: dict[str, Any], ref: ReferenceSample | None, offset: int, cfg: AccountingConfig
+) -> Accounted:
     """Account one sample against its GPU's reference (None: no usable reference)."""
     key = gpu_key(sample)
     ts = int(sample["timestamp_ms"])
     interval = nominal_interval_ms(sample, cfg)
     cap = max_gap_ms(interval, cfg)
-    this_ref = GpuRef(ts, energy_counter(sample)[0], offset)
+    this_ref = ReferenceSample(ts, energy_counter(sample)[0], offset)
 
     depends_on: int | None = None
-    new_ref: GpuRef | None = this_ref
+    new_ref: ReferenceSample | None = this_ref
     if ref is None:
         status, dt_ms = FIRST, interval
     elif ts - ref.ts_ms > cap:
@@ -414,7 +347,7 @@ def _mig_parent(
     dt_ms: int,
     energy_j: float,
     estimated_j: float,
-    new_ref: GpuRef | None,
+    new_ref: ReferenceSample | None,
     depends_on: int | None,
 ) -> Accounted:
     """The whole-GPU record of a GPU in MIG mode: no time of its own (its slices bill it), the

@@ -17,8 +17,6 @@ import os
 import socket
 from typing import Any
 
-from confluent_kafka.admin import AdminClient
-
 from gpupipe.common.argtypes import (
     ArgType,
     duration_ms,
@@ -28,21 +26,17 @@ from gpupipe.common.argtypes import (
 )
 from gpupipe.common.durations import format_duration_ms
 from gpupipe.common.errors import ConfigError
-from gpupipe.common.logs import fields
 from gpupipe.domain import node_check
 from gpupipe.domain.price_schedule import PriceSchedule, load_price_schedule
 from gpupipe.domain.prices import parse_price_table
 from gpupipe.kafka import topics
-from gpupipe.kafka.admin import client_config, parse_kafka_overrides
+from gpupipe.kafka.admin import parse_kafka_overrides
 from gpupipe.lifecycle import service_flags, startup
 from gpupipe.lifecycle.runner import KafkaNeeds, Lifecycle, ServiceSpec, run_service
 from gpupipe_consumers.chargeback.accounting import AccountingConfig
-from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine, projected_sample_schema
 from gpupipe_consumers.chargeback.identity import default_group_id
-from gpupipe_consumers.chargeback.service import SERVICE, ChargebackService, ServiceConfig
-from gpupipe_schemas import catalog
-from gpupipe_schemas.codec import codec_from_url
-from gpupipe_schemas.fastdecode import SampleDecoder
+from gpupipe_consumers.chargeback.service import ChargebackService, ServiceConfig, build, check_topics
+from gpupipe_consumers.chargeback.settings import ChargebackSettings
 from gpupipe_schemas.validate import MAX_AGE_MS
 
 USES_KAFKA = True
@@ -318,9 +312,6 @@ def build_service(args: argparse.Namespace, extra: dict[str, str]) -> Chargeback
     )
     identity = node_check.from_args(args)  # a bad CA bundle: one line, before any network
     instance_id = args.instance_id or default_instance_id()
-    engine = build_engine(settings, prices, instance_id, team_of=team_of)
-    projected = projected_sample_schema(catalog.current("GpuSample").raw)
-    codec = codec_from_url(args.schema_registry_url, reader_schemas={"GpuSample": projected})
     cfg = ServiceConfig(
         bootstrap=args.bootstrap_servers,
         input_topic=args.input_topic or topics.with_prefix(args.topic_prefix, topics.SAMPLES),
@@ -339,44 +330,14 @@ def build_service(args: argparse.Namespace, extra: dict[str, str]) -> Chargeback
         max_sample_age_ms=args.max_sample_age,
         extra=extra,
     )
-    return ChargebackService(
+    return build(
         cfg,
-        engine,
-        codec,
-        decode=SampleDecoder(codec, projected).decode,
-        node_check=None if identity is None else identity.check(SERVICE, ("GpuSample",)),
-        admin_factory=AdminClient,  # publishes true positions to <group>.progress (lag tooling)
+        settings,
+        prices,
+        team_of=team_of,
+        schema_registry_url=args.schema_registry_url,
+        identity=identity,
     )
-
-
-def check_topics(bootstrap: str, names: list[str], extra: dict[str, str]) -> None:
-    """Fail at startup, not in the first transaction, when a topic is missing (no auto-creation)."""
-    existing = AdminClient(client_config(bootstrap, extra)).list_topics(timeout=10).topics
-    missing = [n for n in names if n not in existing]
-    if missing:
-        raise ConfigError(f"missing topics {missing}: create them, or run with --create-topics")
-
-
-class _ChargebackRun:
-    """The billing service as the runner serves it; ``close`` says what it did."""
-
-    def __init__(self, service: ChargebackService) -> None:
-        self.service = service
-        self.registry = service.registry
-        self.health = service.health
-        self.run = service.run
-
-    def close(self) -> None:
-        log.info(
-            "chargeback stopped",
-            extra=fields(**{k: int(v) for k, v in sorted(self.service.stats_snapshot.items())}),
-        )
-        if self.service.abandoned_producers:
-            # Producers replaced after an outage may still be inside a librdkafka call; tearing them
-            # down at interpreter exit can abort the process (confluent-kafka CallState assertion).
-            # Everything of ours is done and logged: leave without that teardown.
-            logging.shutdown()
-            os._exit(0)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -402,8 +363,8 @@ def run(args: argparse.Namespace) -> int:
         ),
     )
 
-    def build(life: Lifecycle) -> _ChargebackRun:
+    def ready(life: Lifecycle) -> ChargebackService:
         check_topics(args.bootstrap_servers, [cfg.input_topic, cfg.output_topic, cfg.deadletter_topic], extra)
-        return _ChargebackRun(service)
+        return service
 
-    return run_service(spec, build)
+    return run_service(spec, ready)

@@ -18,7 +18,9 @@ from gpupipe.common.logs import fields
 log = logging.getLogger("gpupipe.chargeback")
 
 
-class IdleDetector:
+class PartitionIdleness:
+    """When each input partition last had a record, and which ones to advance to broker time."""
+
     def __init__(self, timeout_s: float | None, clock: Callable[[], float] = time.monotonic) -> None:
         self.timeout_s = timeout_s
         self.clock = clock

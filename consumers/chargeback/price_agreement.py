@@ -174,6 +174,27 @@ class PriceAgreement:
         """Recompute the hold from the checkpoints of the partitions other instances own; True
         when it changed. ``lift=False``: the hold may start earlier, never later nor end."""
         self.last_others = dict(others)
+        since, differing = self._differing(self._tables(others))
+        worst = self._billed_past(others, differing)
+        if not lift and self.held_from is not None and (since is None or self.held_from < since):
+            since, differing = self.held_from, {**self.differing, **differing}
+        hold_at = None
+        if since is not None:
+            start = since - since % self.window_ms
+            hold_at = start + self.window_ms + self.grace_ms
+        changed = hold_at != self.hold_at
+        if since is None:
+            self.since = None
+        elif self.since is None:
+            self.since = self.clock()
+        moved = differing != self.differing
+        self.held_from, self.hold_at, self.differing = since, hold_at, differing
+        self._log_change(changed, moved, since, worst)
+        return changed
+
+    def _tables(self, others: Mapping[int, Checkpoint | None]) -> list[tuple[int, Fingerprint, str | None]]:
+        """(partition, price table, writer) of every table the others' checkpoints and the carried
+        ones name, once the stale carried tables are forgotten."""
         # A carried table ends once its writer is seen committing another one (it came back
         # updated, with other partitions): it no longer runs that table. The same for a table
         # another instance carries, and for one carried for this instance (it knows its own).
@@ -193,8 +214,14 @@ class PriceAgreement:
                 tables.append((part, cp.prices, cp.writer))
             if cp.carried_prices is not None and not stale(cp.carried_prices, cp.carried_writer):
                 tables.append((part, cp.carried_prices, cp.carried_writer))
+        return tables
+
+    def _differing(
+        self, tables: list[tuple[int, Fingerprint, str | None]]
+    ) -> tuple[int | None, dict[int, tuple[int, str | None]]]:
+        """The earliest time any table prices differently from ours, and per partition the earliest
+        such time with the writer of that table."""
         since: int | None = None
-        worst: tuple[int, int] | None = None
         differing: dict[int, tuple[int, str | None]] = {}
         for part, prices, writer in tables:
             d = divergence(self.ours, prices)
@@ -202,25 +229,24 @@ class PriceAgreement:
                 continue
             differing[part] = (d, writer)
             since = d if since is None else min(since, d)
-        for part, cp in sorted(others.items()):  # billed past it with another table
+        return since, differing
+
+    def _billed_past(
+        self, others: Mapping[int, Checkpoint | None], differing: Mapping[int, tuple[int, str | None]]
+    ) -> tuple[int, int] | None:
+        """The first partition billed with another table past where that table differs from ours,
+        with how far it was billed."""
+        for part, cp in sorted(others.items()):
             if cp is None or cp.prices is None or part not in differing:
                 continue
             d, billed = divergence(self.ours, cp.prices), cp.billed_before()
-            if d is not None and billed is not None and d < billed and worst is None:
-                worst = (part, billed)
-        if not lift and self.held_from is not None and (since is None or self.held_from < since):
-            since, differing = self.held_from, {**self.differing, **differing}
-        hold_at = None
-        if since is not None:
-            start = since - since % self.window_ms
-            hold_at = start + self.window_ms + self.grace_ms
-        changed = hold_at != self.hold_at
-        if since is None:
-            self.since = None
-        elif self.since is None:
-            self.since = self.clock()
-        moved = differing != self.differing
-        self.held_from, self.hold_at, self.differing = since, hold_at, differing
+            if d is not None and billed is not None and d < billed:
+                return part, billed
+        return None
+
+    def _log_change(
+        self, changed: bool, moved: bool, since: int | None, worst: tuple[int, int] | None
+    ) -> None:
         if (changed or moved) and since is not None:
             log.warning(
                 "another instance prices differently: windows from this time wait until every "
@@ -236,7 +262,6 @@ class PriceAgreement:
                 "restore that partition",
                 extra=fields(partition=worst[0], billed_up_to=format_iso_ms(worst[1])),
             )
-        return changed
 
     def other_tables(self) -> dict[str, str]:
         """Partition -> instance whose checkpoint of it prices differently (``?``: not recorded)."""

@@ -21,7 +21,7 @@ from confluent_kafka import OFFSET_INVALID, TopicPartition
 from gpupipe.common.logs import fields
 from gpupipe.kafka.txn import TransactionalSession
 from gpupipe_consumers.chargeback.errors import ChargebackFatalError
-from gpupipe_consumers.chargeback.idle import IdleDetector
+from gpupipe_consumers.chargeback.idle import PartitionIdleness
 from gpupipe_consumers.chargeback.partitions import InputPartitions
 from gpupipe_consumers.chargeback.price_agreement import PriceAgreement, PriceHolds
 from gpupipe_consumers.chargeback.service_config import ChargebackMetrics
@@ -39,7 +39,7 @@ class PartitionOwnership:
         partitions: InputPartitions,
         engine: WindowEngine,
         holds: PriceHolds,
-        idle: IdleDetector,
+        idle: PartitionIdleness,
         info: PartitionInfo,
         txn: TransactionalSession,
         metrics: ChargebackMetrics,

@@ -1,48 +1,16 @@
 """The chargeback service: a transactional consume-transform-produce loop around the window engine.
 
-Reads ``gpu.samples.v1`` in a consumer group, feeds every decoded GpuSample to a
-:class:`~gpupipe_consumers.chargeback.windows.WindowEngine`, and every ``commit_interval`` (or
-``commit_records`` records) commits ONE Kafka transaction holding
-
-1. the ChargebackWindow records of the windows that closed (and corrections) since the last one,
-2. dead letters of the records that could not be decoded or may not be billed (out of range, older
-   than ``--max-sample-age`` when they reached Kafka: ``sample_age.py``, or, with
-   ``--node-ca-file``, not signed by the node they name) (``gpu.deadletter.v1``), and
-3. per input partition, the engine's *checkpoint* as the group's committed offset: the oldest offset
-   the partition's open windows depend on, with the watermark and the consumer position
-   (``replay_until``) in the offset's commit metadata.
-
-So output, dead letters and input progress become visible together or not at all. Open windows
-live only in memory; after a crash (``kill -9`` at any moment), a restart or a rebalance, the new
-owner of a partition restores the checkpoint and replays from its offset: records below
-``replay_until`` rebuild the open windows, and those whose window was already emitted are skipped
-by the engine, so every sample is counted once. Nothing is flushed on revocation or shutdown.
-
-Zombie fencing: the producer's ``transactional.id`` is ``<group id>.<instance id>``, stable across
-restarts of one instance, so ``init_transactions`` aborts whatever a crashed predecessor left open
-(at once, rather than after ``transaction.timeout.ms``) and fences it if it still runs. The instance
-id is also the consumer's ``group.instance.id`` (static membership, on by default), so a restarted
-instance takes its partitions back without a group rebalance; offsets are sent with the group
-metadata (KIP-447), so a member of an older generation cannot commit either. Two live processes
-must never share an instance id: the later one fences the earlier, which exits non-zero.
-
-Errors: an abortable transaction error aborts, drops every partition's state, restores the
-committed checkpoints and seeks there; a retriable one is retried; a fatal one (fenced, ...) ends
-the service with :class:`ChargebackFatalError`.
-
-The service decides what is billed and when it commits; its collaborators own the rest, each its
-own state: :class:`~gpupipe.kafka.txn.TransactionalSession` the producer and its transactions,
-:class:`~gpupipe_consumers.chargeback.partitions.InputPartitions` the consumer and where each partition is,
-:class:`~gpupipe_consumers.chargeback.rebalance.PartitionOwnership` restores and drops as partitions move,
-:class:`~gpupipe_consumers.chargeback.price_agreement.PriceHolds` the partitions paused for the price
-agreement, :class:`~gpupipe_consumers.chargeback.state_metrics.PartitionInfo` what a scrape reads. Building
-the service connects nothing: the Kafka clients are created when it runs (:meth:`prepare`).
+Each transaction holds the closed windows' records, the dead letters and every input partition's
+checkpoint as its committed offset: all visible together or not at all. Raises
+:class:`ChargebackFatalError` when fenced or on a fatal Kafka error. Fencing, recovery and the
+collaborators: docs/inside-chargeback.md.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -59,18 +27,21 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
+from confluent_kafka.admin import AdminClient
 from prometheus_client import CollectorRegistry
 
+from gpupipe.common.errors import ConfigError
 from gpupipe.common.logs import fields
 from gpupipe.domain.node_check import DEADLETTER_REASON as NODE_IDENTITY
-from gpupipe.domain.node_check import NodeCheck, NodeCheckCollector
+from gpupipe.domain.node_check import NodeCheck, NodeCheckCollector, NodeIdentity
+from gpupipe.domain.price_schedule import PriceSchedule
 from gpupipe.kafka.admin import client_config
 from gpupipe.kafka.stuck_call import StuckCallError
 from gpupipe.kafka.txn import AbortRequired, TransactionalSession, TransactionFatalError
 from gpupipe_consumers.chargeback.emitted import EmittedIdsReader, holds_records_since
 from gpupipe_consumers.chargeback.errors import ChargebackFatalError, GpuCapReached, PriceChangeError
 from gpupipe_consumers.chargeback.identity import check_client_overrides
-from gpupipe_consumers.chargeback.idle import IdleDetector
+from gpupipe_consumers.chargeback.idle import PartitionIdleness
 from gpupipe_consumers.chargeback.partitions import InputPartitions
 from gpupipe_consumers.chargeback.price_agreement import PriceAgreement, PriceHolds
 from gpupipe_consumers.chargeback.progress import ProgressPublisher
@@ -79,11 +50,14 @@ from gpupipe_consumers.chargeback.rebalance import PartitionOwnership
 from gpupipe_consumers.chargeback.sample_age import TOO_OLD, too_old
 from gpupipe_consumers.chargeback.service_config import OP_TIMEOUT_S as _OP_TIMEOUT_S
 from gpupipe_consumers.chargeback.service_config import ChargebackMetrics, ServiceConfig, output_key
+from gpupipe_consumers.chargeback.settings import ChargebackSettings, build_engine, projected_sample_schema
 from gpupipe_consumers.chargeback.state_metrics import PartitionInfo, StateCollector
 from gpupipe_consumers.chargeback.windows import Checkpoint, WindowEngine
 from gpupipe_consumers.plumbing.deadletter import deadletter_message
-from gpupipe_schemas.codec import AvroCodec, Decoded
+from gpupipe_schemas import catalog
+from gpupipe_schemas.codec import AvroCodec, Decoded, codec_from_url
 from gpupipe_schemas.errors import DecodeError
+from gpupipe_schemas.fastdecode import SampleDecoder
 from gpupipe_schemas.validate import violation
 
 log = logging.getLogger("gpupipe.chargeback")
@@ -177,7 +151,7 @@ class ChargebackService:
         )
         # Idleness: when each partition last delivered a record, and the newest broker
         # (LogAppendTime) timestamp seen with the monotonic time it was seen at.
-        self.idle = IdleDetector(cfg.idle_timeout_s)
+        self.idle = PartitionIdleness(cfg.idle_timeout_s)
         # One price per window across instances, also while a rolling update runs two price files:
         # partitions whose next record would close a window of disputed prices wait.
         self.prices_agreement = PriceAgreement(engine.price_fingerprint, engine.window_ms, engine.grace_ms)
@@ -687,9 +661,54 @@ class ChargebackService:
             detail["price_hold"] = {**hold, "held_partitions": sorted(self.holds.held)}
         return ok, detail
 
+    def close(self) -> None:
+        """Say what was done; after an outage, leave without the Kafka clients' teardown."""
+        log.info(
+            "chargeback stopped", extra=fields(**{k: int(v) for k, v in sorted(self.stats_snapshot.items())})
+        )
+        if self.abandoned_producers:
+            # Producers replaced after an outage may still be inside a librdkafka call; tearing them
+            # down at interpreter exit can abort the process (confluent-kafka CallState assertion).
+            # Everything of ours is done and logged: leave without that teardown.
+            logging.shutdown()
+            os._exit(0)
+
+
+def build(
+    cfg: ServiceConfig,
+    settings: ChargebackSettings,
+    prices: PriceSchedule,
+    *,
+    team_of: Callable[[str], str | None] | None,
+    schema_registry_url: str | None,
+    identity: NodeIdentity | None,
+) -> ChargebackService:
+    """The service with its engine and a decoder of only the GpuSample fields chargeback reads."""
+    engine = build_engine(settings, prices, cfg.instance_id, team_of=team_of)
+    projected = projected_sample_schema(catalog.current("GpuSample").raw)
+    codec = codec_from_url(schema_registry_url, reader_schemas={"GpuSample": projected})
+    return ChargebackService(
+        cfg,
+        engine,
+        codec,
+        decode=SampleDecoder(codec, projected).decode,
+        node_check=None if identity is None else identity.check(SERVICE, ("GpuSample",)),
+        admin_factory=AdminClient,  # publishes true positions to <group>.progress (lag tooling)
+    )
+
+
+def check_topics(bootstrap: str, names: list[str], extra: dict[str, str]) -> None:
+    """Fail at startup, not in the first transaction, when a topic is missing (no auto-creation)."""
+    existing = AdminClient(client_config(bootstrap, extra)).list_topics(timeout=10).topics
+    missing = [n for n in names if n not in existing]
+    if missing:
+        raise ConfigError(f"missing topics {missing}: create them, or run with --create-topics")
+
 
 __all__ = [
     "ChargebackFatalError",
     "ChargebackService",
     "ServiceConfig",
+    "build",
+    "check_topics",
 ]

@@ -1,80 +1,8 @@
-"""Event-time tumbling windows of GPU accounting, per input partition, with exact replay recovery.
+"""Event-time tumbling windows of GPU accounting per input partition, with exact replay recovery.
 
-Pure: no Kafka, no clocks, integer milliseconds throughout; the same input sequence gives the same
-output. ``service.py`` drives a :class:`WindowEngine` and owns the Kafka transaction.
-
-Windows
--------
-A sample at ``ts`` belongs to the window ``[ts - ts % window_ms, that + window_ms)``. Each input
-partition has its own watermark (the highest sample timestamp seen in it) and its own windows: a
-window of partition P closes when P's watermark reaches ``window_end + grace_ms``, and is emitted
-then as ``kind=window`` records, one per (namespace, node, gpu_model). A sample whose window has
-closed is *late*: it goes into a ``kind=correction`` record for that window, never dropped,
-emitted at the first :meth:`WindowEngine.poll_closed` after its run of late records ended
-(``late_runs.py``: about a window of the partition's time at most, ended where the input alone
-says, so that any run over the same input emits the same corrections). Records
-are additive partials: reports sum them over partitions, instances and kinds. Per-partition
-windows are what make instances independent: a rebalance moves a partition's whole state and
-nothing else.
-
-Exactly-once, and recovery by replay
-------------------------------------
-Open windows live only in memory. The committed consumer offset of a partition is therefore not
-the consumer position but a *checkpoint* (:meth:`WindowEngine.checkpoint`):
-
-* ``offset``: the oldest offset the partition's live state depends on (:meth:`open_windows_min_offset`),
-  so that replaying from it rebuilds that state;
-* ``watermark_ms`` and ``replay_until`` (the position: every offset below it was processed and
-  everything it produced was committed): stored as the offset's commit metadata string.
-
-The service, per batch: ``add()`` every record, ``poll_closed()``, ``checkpoint()`` each assigned
-partition, then in ONE transaction produce the polled records and ``send_offsets_to_transaction``
-the checkpoints' offsets with ``to_metadata()`` as metadata, and commit. On start (or when it gets a
-partition): read the committed offset and metadata, ``restore()`` the partition (watermark and
-``replay_until`` come back; windows and GPU state start empty) and consume from the committed
-offset. A record below ``replay_until`` is a *replay*: it is accounted again, but if its window is
-closed at the restored watermark it is skipped, because its contribution was already committed,
-either in that window's final record (closed before the checkpoint) or in a correction (already
-late then, since watermarks only grow). No window can close during the replay (no replayed sample
-is newer than the restored watermark), so nothing is emitted twice, and the windows open at the
-checkpoint are rebuilt from exactly the records that built them. A run of late records still
-pending at the checkpoint is state too: the checkpoint's offset stays at or before it, its metadata
-names its first offset (``late_from``) and the watermark then (``late_wm``), and replayed records
-from there on that were late when first read are folded again.
-The service must not dead-letter replayed records again (``is_replay()``).
-
-Why replay rebuilds the GPU state too: a sample's accounted time and energy depend on its GPU's
-reference sample (``accounting.py``), which may be older than the open windows. The reference is a
-running maximum of timestamps that forgets a reference once it is *stale*
-(``ref.ts + max_gap_limit_ms < watermark - window_ms - grace_ms``; then no sample of an open or
-later window can be measured against it). Every record folded into an open window raises that
-window's anchor to include the offset of the reference its outcome depended on, and every
-non-stale reference is an anchor itself. A running maximum over a suffix equals the one over the
-whole sequence as soon as the suffix contains the maximum, so replay from the minimum anchor
-gives each open-window record the same reference, hence the same contribution, and ends with the
-same reference per GPU. Stale references (forgotten in both runs) bound how far back that reaches:
-about window + grace + max_gap_limit behind the watermark.
-
-Bounded state
--------------
-Any node's producer may write samples for made-up UUIDs, and a GPU reference is forgotten only once
-stale. So the engine holds at most ``max_gpus`` references (all partitions together). Forgetting a
-live reference would change what its GPU's next sample bills (its nominal interval instead of the
-gap, an estimated energy, a duplicate counted), and differently in a replay: not exact. So the bound
-refuses instead: a sample of a GPU not held, while ``max_gpus`` are (stale ones pruned first), raises
-:class:`GpuCapReached`; the service dead-letters it (reason ``gpu-cap``, counted in
-``gpupipe_chargeback_dead_letters_total``), nothing is dropped silently, and every GPU held is billed
-exactly. A replay never refuses (it rebuilds state that was held; whatever the first read refused is
-in the dead letters already): a sample refused when first read and replayed after a restart is billed
-then, and its dead letter names a sample that was billed, so re-drive ``gpu-cap`` dead letters only
-for times no restart replayed. A fleet larger than the cap needs a larger cap (or more instances);
-under a flood of made-up UUIDs, new real GPUs are dead-lettered, not billed, until the made-up ones
-go stale (``window + grace + max_gap_limit`` of event time).
-
-Rebalance: on revocation, poll, checkpoint and commit the revoked partitions (the usual
-end-of-batch transaction), then :meth:`drop_partition`; never flush open windows (the next owner
-rebuilds them by replay). After an aborted transaction, drop every partition and restore from the
-committed checkpoints, as on start. :meth:`flush_all` is for finite inputs and tests only.
+Pure: no Kafka, no clocks, integer milliseconds; the same input gives the same output.
+``service.py`` drives a :class:`WindowEngine` and owns the Kafka transaction. Windows, watermarks,
+checkpoints and replay: docs/inside-chargeback.md.
 """
 
 from __future__ import annotations
@@ -91,7 +19,7 @@ from gpupipe.domain.prices import PriceTable
 from gpupipe_consumers.chargeback.accounting import (
     DUPLICATE,
     AccountingConfig,
-    GpuRef,
+    ReferenceSample,
     account,
     gpu_key,
 )
@@ -254,7 +182,7 @@ class _Partition:
         self.late = LateRun(window_ms, late_run_gap_ms)  # late samples, grouped into corrections
         self.late_from: int | None = None  # restored: replayed late records from here are folded again
         self.late_wm: int | None = None  # replaying from late_from: the watermark each record was read at
-        self.gpus: dict[str, GpuRef] = {}
+        self.gpus: dict[str, ReferenceSample] = {}
         self.next_offset: int | None = None  # highest offset seen + 1
         self.pruned_wm: int | None = None  # watermark of the latest pruning at the GPU cap
         self.replay_until: int | None = None
@@ -402,7 +330,7 @@ class WindowEngine:
             return int(record_ts_ms)
         return sample_ts_ms
 
-    def _is_stale(self, ref: GpuRef, watermark: int | None) -> bool:
+    def _is_stale(self, ref: ReferenceSample, watermark: int | None) -> bool:
         return watermark is not None and ref.ts_ms + self._stale_margin < watermark
 
     def _is_closed(self, p: _Partition, start: int) -> bool:

@@ -25,7 +25,7 @@ from gpupipe_schemas.codec import codec_from_url
 log = logging.getLogger("gpupipe.lake")
 
 
-class LakeApp:
+class LakeService:
     """The consume loop, the writer and the timer that commits idle tables, run as one."""
 
     def __init__(self, writer: LakeWriter, loop: ConsumeLoop, registry: CollectorRegistry) -> None:
@@ -104,7 +104,7 @@ def check_missing_tables(
         )
 
 
-def build(args: argparse.Namespace, names: list[str], extra: dict[str, str], life: Lifecycle) -> LakeApp:
+def build(args: argparse.Namespace, names: list[str], extra: dict[str, str], life: Lifecycle) -> LakeService:
     cat = lake_catalog.open_catalog(args)
     chosen = [t for t in TABLES if t.name in names]
     check_missing_tables(args, cat, chosen, extra, recovery.LOOKUP_TIMEOUT_S)
@@ -134,4 +134,4 @@ def build(args: argparse.Namespace, names: list[str], extra: dict[str, str], lif
         topic_prefix=args.topic_prefix,
         resume=writer.resume,
     )
-    return LakeApp(writer, loop, registry)
+    return LakeService(writer, loop, registry)

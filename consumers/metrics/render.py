@@ -1,57 +1,9 @@
-"""Prometheus text exposition of GpuSample records, dcgm-exporter style (pure: no I/O).
+"""A GpuSample's values as Prometheus text lines, dcgm-exporter style (pure: no I/O).
 
-A :class:`Renderer` is built once from the selected counters (:class:`CounterSet`) and
-:class:`RenderOptions`. Everything is rendered at ingest, in two parts:
-
-* per GPU identity, a :class:`GpuView`: ``heads[i]`` = ``b'NAME{labels} '`` for family ``i``,
-  encoded once and reused for every sample until the GPU's labels change (its pods, host,
-  driver...);
-* per sample, ``render(...) -> list[bytes]``, the GPU's *line list*: two slots per family, at
-  ``2*i`` the head and at ``2*i + 1`` the value text with its line feed (``b'1980\\n'``); both
-  ``b''`` when the family has no line for this GPU (a null or invalid value). Families with several
-  lines for one GPU, or whose labels depend on the value (``DCGM_FI_DEV_XID_ERRORS`` carries
-  ``err_code``/``err_msg``; the ``DCGM_EXP_*`` families; every family of a GPU with several series)
-  have an empty head and their complete lines in the value slot.
-
-A scrape then only concatenates ready bytes (see :mod:`gpupipe_consumers.metrics.store`).
-
-Labels, in dcgm-exporter's order (``internal/pkg/rendermetrics`` template): ``gpu``, ``UUID``,
-``pci_bus_id``, ``device`` (``nvidia<index>``), ``modelName``, for MIG instances ``GPU_I_PROFILE``
-and ``GPU_I_ID``, the host label (``Hostname`` as dcgm-exporter up to 4.8.2, or ``hostname`` as
-4.8.3; omitted when the host name is empty or the option is None), then the "Labels" map in sorted
-key order (label rows such as ``DCGM_FI_DRIVER_VERSION``, then the ``DCGM_EXP_*`` labels
-``window_size_in_ms``, ``xid``, ``clock_event``, ``health_*``), then the "Attributes" in sorted key
-order: ``container``, ``err_code``, ``err_msg`` (XID family only), ``namespace``, ``pod``,
-``pod_uid``, ``vgpu`` -- pod labels only when a pod holds the GPU. An HPC job holding it
-(``--hpc-job-mapping-dir`` on the producer) gives ``hpc_job`` instead of pod labels, as
-dcgm-exporter's HPC mapping does, one series per job. ``--use-old-namespace`` spells
-them ``uuid``, ``container_name``, ``pod_name``, ``pod_namespace`` as dcgm-exporter 1.x.
-
-Shared (time-sliced) GPUs, like dcgm-exporter:
-
-* default: **one** series per GPU, labelled with one pod (dcgm-exporter keeps the last pod its
-  device map sees; we take the last allocation of the sample), so sums over GPUs count each GPU
-  once;
-* ``virtual_gpus`` (dcgm-exporter's ``--kubernetes-virtual-gpus``): one copy of every series per
-  allocation (``vgpu`` = the time-slicing replica), and for ``DCGM_FI_DEV_GPU_UTIL`` and
-  ``DCGM_FI_DEV_FB_USED``, when the sample has per-process data, the device-wide series without
-  pod labels plus one series per pod with its processes' share (``pod_uid`` empty: the kubelet
-  API we read has no pod UID).
-
-gpupipe's own per-pod share stays available under its own names, whatever the layout
-(``split_shared``): on a GPU held by two or more containers, with per-process data,
-``gpupipe_pod_gpu_util_percent`` (100 x sum of the pod's processes' ``sm_util_ratio``),
-``gpupipe_pod_mem_copy_util_percent`` (``mem_util_ratio``) and ``gpupipe_pod_fb_used_mib``
-(``used_memory_bytes``) per ``container, namespace, pod``; a pod without a process gets 0.
-
-Values: DCGM int64 fields as integers (``%d``), DCGM doubles as ``%f`` (``612.500000``), the way
-dcgm-exporter prints them; units per :mod:`gpupipe_consumers.metrics.fields`.
-
-Invalid values never raise: NaN, +-Inf, negative numbers (except temperatures) and non-numbers
-are dropped -- that series is absent from the scrape, as dcgm-exporter skips DCGM's blank values
--- and counted per (field, reason) in the ``invalid`` dict the caller passes
-(``gpupipe_metrics_invalid_values_total``). Values above the nominal range (utilisation > 100 %,
-ratios > 1) are exposed as they are, as dcgm-exporter would: no clamping hides a producer bug.
+A :class:`Renderer` is built once from the selected counters and :class:`RenderOptions`; per sample
+it fills the GPU's *line list* (head and value text per family) in every layout; bad values are
+dropped and counted, never raised. Labels come from :mod:`gpupipe_consumers.metrics.labels`. Line
+lists, labels, layouts and values: docs/inside-metrics.md.
 """
 
 from __future__ import annotations
@@ -61,13 +13,19 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
-from gpupipe.domain import pci
-from gpupipe_consumers.metrics import exp
+from gpupipe_consumers.metrics import derived
 from gpupipe_consumers.metrics.collectors_csv import CounterSet
 from gpupipe_consumers.metrics.fields import FieldSpec, Kind
-from gpupipe_consumers.metrics.layout import SHARE_FAMILIES
+from gpupipe_consumers.metrics.labels import (
+    MIG_LAYOUTS,
+    SAMPLE_AGE_METRIC,
+    Attrs,
+    GpuView,
+    RenderOptions,
+    SeriesLabels,
+)
+from gpupipe_consumers.metrics.layout import SHARE_FAMILIES, VGPU_SPLIT
 from gpupipe_consumers.metrics.readings import PENDING, Kept, complete
-from gpupipe_consumers.metrics.render_multi import render_multi, render_shares
 from gpupipe_consumers.metrics.textfmt import (
     InvalidValue,
     attr_text,
@@ -78,6 +36,8 @@ from gpupipe_consumers.metrics.textfmt import (
 from gpupipe_schemas.validate import reading_max
 
 __all__ = [
+    "MIG_LAYOUTS",
+    "SAMPLE_AGE_METRIC",
     "GpuView",
     "InvalidValue",
     "RenderOptions",
@@ -91,37 +51,6 @@ _INT, _ROUND, _PERCENT, _MIB, _FLOAT, _BOOL = (
     int(k) for k in (Kind.INT, Kind.ROUND, Kind.PERCENT, Kind.MIB, Kind.FLOAT, Kind.BOOL)
 )
 _HERTZ, _JOULES, _KIB = (int(k) for k in (Kind.HERTZ, Kind.JOULES, Kind.KIB))
-
-SAMPLE_AGE_METRIC = "gpupipe_sample_age_seconds"
-MIG_LAYOUTS = ("instances", "gpu+instances")
-
-
-@dataclass(frozen=True, slots=True)
-class RenderOptions:
-    """How series are labelled and laid out.
-
-    ``host_label``: ``"Hostname"`` (dcgm-exporter up to 4.8.2, and what its dashboards query),
-    ``"hostname"`` (4.8.3) or ``None`` (``--no-hostname``). ``split_shared``: gpupipe's per-pod
-    share families. ``virtual_gpus``: dcgm-exporter's ``--kubernetes-virtual-gpus`` layout.
-    ``old_namespace``: 1.x label names. ``xid_window_ms`` / ``clock_window_ms``: the windows of
-    ``DCGM_EXP_XID_ERRORS_COUNT`` / ``DCGM_EXP_CLOCK_EVENTS_COUNT``. ``mig_layout``:
-    ``instances`` (dcgm-exporter's default ``-d f``: a GPU in MIG mode is shown only as its
-    instances, each with the parent's device-wide readings) or ``gpu+instances`` (``-d g+i``: the
-    parent GPU's own series too). ``replace_blanks_in_model_name``: dcgm-exporter's
-    ``--replace-blanks-in-model-name``, ``modelName="NVIDIA-H200"`` for ``NVIDIA H200``, which
-    dashboards and rules written for that form match on. ``dra_labels``: dcgm-exporter's
-    ``--kubernetes-enable-dra``, the ``dra_*`` labels on GPUs held through ResourceClaims.
-    """
-
-    host_label: str | None = "Hostname"
-    split_shared: bool = True
-    virtual_gpus: bool = False
-    old_namespace: bool = False
-    xid_window_ms: int = 300_000
-    clock_window_ms: int = 300_000
-    mig_layout: str = "instances"
-    replace_blanks_in_model_name: bool = False
-    dra_labels: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,94 +69,6 @@ class Family:
         return f"# HELP {self.name} {escape_help(self.help)}\n# TYPE {self.name} {self.prom_type}\n"
 
 
-Attrs = tuple[tuple[str, str], ...]
-
-
-class GpuView:
-    """The label strings of one GPU identity (rendered once, reused for every sample)."""
-
-    __slots__ = (
-        "age_head",
-        "attr_texts",
-        "attrs",
-        "base",
-        "heads",
-        "multi",
-        "series",
-        "share_index",
-        "share_pods",
-        "template",
-        "xid_lines",
-    )
-
-    def __init__(
-        self,
-        base: str,
-        heads: tuple[bytes, ...],
-        attrs: tuple[Attrs, ...],
-        share_pods: tuple[tuple[str, str, str], ...],
-        age_head: bytes,
-    ) -> None:
-        self.base = base  # identity labels and label rows, no pod labels
-        self.heads = heads  # per family b"NAME{labels} "; b"" where the value carries whole lines
-        self.template = [b""] * (2 * len(heads))  # a line list with every head and no value
-        self.template[0::2] = heads
-        self.attrs = attrs  # sorted attributes (pod labels...) per series; ((),) for one bare series
-        self.attr_texts = tuple(attr_text(a) for a in attrs)
-        self.series = tuple(base + t for t in self.attr_texts)  # label bodies, one per series
-        self.multi = len(attrs) > 1
-        self.age_head = age_head
-        self.share_pods = share_pods  # distinct (namespace, pod, container) when >= 2, else ()
-        idx: dict[tuple[str, ...], int] = {}
-        for i, (ns, pod, ctr) in enumerate(share_pods):
-            idx.setdefault((ns, pod, ctr), i)
-            idx.setdefault((ns, pod), i)
-        self.share_index = idx
-        self.xid_lines: dict[int, bytes] = {}  # XID code -> DCGM_FI_DEV_XID_ERRORS lines (cache)
-
-    @property
-    def shared(self) -> bool:
-        return len(self.share_pods) > 1
-
-    def lines(self, name: str, labels: str, value: str) -> str:
-        """One line per series: ``name{base<labels><attributes>} value`` (labels: ``,k="v"...``)."""
-        b = self.base
-        return "".join(f"{name}{{{b}{labels}{a}}} {value}\n" for a in self.attr_texts)
-
-
-def _hpc_jobs(allocations: Sequence[Mapping[str, Any]] | None) -> tuple[str, ...]:
-    """Distinct HPC job ids (``hpc_job``, from the producer's --hpc-job-mapping-dir), first-seen order."""
-    out: dict[str, None] = {}
-    for a in allocations or ():
-        job = a.get("hpc_job")
-        if job:
-            out.setdefault(job, None)
-    return tuple(out)
-
-
-def _dra_attrs(a: Mapping[str, Any], mig: Mapping[str, Any] | None) -> dict[str, str]:
-    """dcgm-exporter's DRA attributes of one claim allocation (``transformation/const.go``)."""
-    out = {
-        "dra_claim_name": a.get("claim_name") or "",
-        "dra_claim_namespace": a.get("claim_namespace") or "",
-        "dra_driver_name": a.get("resource_name") or "",
-        "dra_pool_name": a.get("dra_pool") or "",
-        "dra_device_name": a.get("dra_device") or "",
-    }
-    if mig is not None:
-        out["dra_mig_profile"] = mig.get("profile") or ""
-        out["dra_mig_device_uuid"] = mig.get("mig_uuid") or ""
-    return out
-
-
-def _distinct_pods(allocations: Sequence[Mapping[str, Any]] | None) -> tuple[tuple[str, str, str], ...]:
-    """Distinct (namespace, pod, container), first-seen order (replicas of one container count once)."""
-    out: dict[tuple[str, str, str], None] = {}
-    for a in allocations or ():
-        out.setdefault((a["namespace"], a["pod"], a["container"]), None)
-    return tuple(out)
-
-
 class Renderer:
     """Renders GpuSample records for one counters selection. Immutable; share it freely."""
 
@@ -241,12 +82,13 @@ class Renderer:
             for name, src, _kind, help_ in SHARE_FAMILIES:
                 fams.append(Family(len(fams), name, "gauge", help_, None, src))
         self.families: tuple[Family, ...] = tuple(fams)
-        self.label_rows: tuple[FieldSpec, ...] = tuple(
-            sorted((c.spec for c in counters.labels), key=lambda s: s.name)
+        self.labels = SeriesLabels(
+            o,
+            tuple(None if f.spec is None or f.spec.kind.exp else f.name for f in self.families),
+            tuple(sorted((c.spec for c in counters.labels), key=lambda s: s.name)),
         )
-        self.label_sources: tuple[str, ...] = tuple(
-            dict.fromkeys(s.source for s in self.label_rows if s.source)
-        )
+        self.label_rows = self.labels.label_rows
+        self.label_sources = self.labels.label_sources
         self.with_driver = "driver_version" in self.label_sources
         self._identity = itemgetter(
             "hostname",
@@ -257,12 +99,6 @@ class Renderer:
             "mig",
             "allocations",
             *self.label_sources,
-        )
-        self._uuid_label = "uuid" if o.old_namespace else "UUID"
-        self._pod_names = (
-            ("container_name", "pod_namespace", "pod_name")
-            if o.old_namespace
-            else ("container", "namespace", "pod")
         )
         plan = []
         exp_fams: dict[Kind, list[Family]] = {}
@@ -348,132 +184,20 @@ class Renderer:
         """:meth:`identity` as the bare C callable (no method call per sample)."""
         return self._identity
 
-    def _base(
-        self,
-        gpu_index: int | None,
-        uuid: str,
-        pci_bus_id: str,
-        model_name: str | None,
-        mig: Mapping[str, Any] | None,
-        hostname: str | None,
-        label_values: Mapping[str, Any],
-    ) -> str:
-        parts = []
-        if gpu_index is not None:
-            parts.append(f'gpu="{gpu_index}"')
-        parts.append(f'{self._uuid_label}="{escape_label_value(uuid)}"')
-        parts.append(f'pci_bus_id="{escape_label_value(pci_bus_id)}"')
-        if gpu_index is not None:
-            parts.append(f'device="nvidia{gpu_index}"')
-        if model_name is not None:
-            if self.options.replace_blanks_in_model_name:
-                model_name = model_name.replace(" ", "-")
-            parts.append(f'modelName="{escape_label_value(model_name)}"')
-        if mig is not None:
-            parts.append(f'GPU_I_PROFILE="{escape_label_value(mig["profile"])}"')
-            parts.append(f'GPU_I_ID="{mig["gpu_instance_id"]}"')
-        host = self.options.host_label
-        if host and hostname:
-            parts.append(f'{host}="{escape_label_value(hostname)}"')
-        for spec in self.label_rows:  # sorted by name, like dcgm-exporter's Labels map
-            v = label_values.get(spec.source) if spec.source else None
-            if v not in (None, ""):  # dcgm-exporter skips blank values
-                parts.append(f'{spec.name}="{escape_label_value(v)}"')
-        return ",".join(parts)
-
     def pod_attrs(self, ns: str, pod: str, ctr: str, **extra: str) -> Attrs:
-        c, n, p = self._pod_names
-        return tuple(sorted(((c, ctr), (n, ns), (p, pod), *extra.items())))
-
-    def _make_view(
-        self,
-        base: str,
-        allocations: Sequence[Mapping[str, Any]] | None,
-        mig: Mapping[str, Any] | None = None,
-    ) -> GpuView:
-        o = self.options
-        pods = _distinct_pods(allocations)
-        share = pods if o.split_shared and len(pods) > 1 else ()
-        # As dcgm-exporter's HPC mapping: a series per HPC job, with an hpc_job label and no pod labels.
-        jobs = _hpc_jobs(allocations)
-        job_attrs: tuple[Attrs, ...] = tuple((("hpc_job", j),) for j in jobs)
-        if jobs:
-            allocations = [a for a in allocations or () if not a.get("hpc_job")]
-        claims = [a for a in allocations or () if a.get("claim_name")] if o.dra_labels else []
-        if not allocations:
-            attrs: tuple[Attrs, ...] = job_attrs or ((),)
-        elif claims and not o.virtual_gpus:
-            # As dcgm-exporter with --kubernetes-enable-dra: one series per container holding the
-            # device through a claim (the first claim of a container wins), device-plugin holders
-            # of the same GPU not shown; its virtual-GPU layout has no DRA labels at all.
-            held: dict[tuple[str, str, str], Mapping[str, Any]] = {}
-            for a in claims:
-                held.setdefault((a["namespace"], a["pod"], a["container"]), a)
-            attrs = tuple(
-                self.pod_attrs(ns, pod, ctr, **_dra_attrs(a, mig)) for (ns, pod, ctr), a in held.items()
-            )
-        elif o.virtual_gpus:
-            seen: dict[tuple, None] = {}
-            for a in allocations:
-                seen.setdefault((a["namespace"], a["pod"], a["container"], a.get("replica")), None)
-            attrs = tuple(
-                self.pod_attrs(ns, pod, ctr, **({} if rep is None else {"vgpu": str(rep)}))
-                for ns, pod, ctr, rep in seen
-            )
-        else:  # dcgm-exporter's default: one PodInfo per device, the last one wins
-            a = allocations[-1]
-            attrs = (self.pod_attrs(a["namespace"], a["pod"], a["container"]),)
-        if jobs and allocations:
-            attrs = (*attrs, *job_attrs)
-        age_head = f"{SAMPLE_AGE_METRIC}{{{base}}} ".encode()
-        if len(attrs) == 1:
-            labels = base + attr_text(attrs[0])
-            heads = tuple(
-                b"" if f.spec is None or f.spec.kind.exp else f"{f.name}{{{labels}}} ".encode()
-                for f in self.families
-            )
-        else:
-            heads = (b"",) * self._n
-        return GpuView(base, heads, attrs, share, age_head)
-
-    def base_view(self, view: GpuView) -> GpuView:
-        """The same GPU without pod labels (its sample is gone; its XID counters stay)."""
-        return self._make_view(view.base, ())
+        return self.labels.pod_attrs(ns, pod, ctr, **extra)
 
     def view(self, rec: Mapping[str, Any]) -> GpuView:
         """Label strings of the GPU (or MIG instance) a sample describes."""
-        base = self._base(
-            rec["gpu_index"],
-            rec["uuid"],
-            rec["pci_bus_id"],
-            rec["model_name"],
-            rec["mig"],
-            rec["hostname"],
-            {s: rec[s] for s in self.label_sources},
-        )
-        return self._make_view(base, rec["allocations"], rec["mig"])
+        return self.labels.view(rec)
 
     def event_view(self, event: Mapping[str, Any], uuid: str) -> GpuView:
-        """Labels for a GPU known only from gpu.xid events (no sample yet), from the event's identity
-        and pods: the same series as once its first sample comes, when the event knows the GPU (the
-        node agent fills index, model, driver and pods from its inventory)."""
-        values = {
-            "driver_version": event.get("driver_version"),
-            "uuid": uuid,
-            "model_name": event.get("model_name"),
-        }
-        bus = pci.nvml_form(event.get("pci_bus_id") or "")
-        values["pci_bus_id"] = bus
-        base = self._base(
-            event.get("gpu_index"),
-            uuid,
-            bus,
-            event.get("model_name"),
-            None,
-            event.get("hostname"),
-            values,
-        )
-        return self._make_view(base, event.get("allocations") or ())
+        """Labels for a GPU known only from gpu.xid events (see :meth:`SeriesLabels.event_view`)."""
+        return self.labels.event_view(event, uuid)
+
+    def base_view(self, view: GpuView) -> GpuView:
+        """The same GPU without pod labels (its sample is gone; its XID counters stay)."""
+        return self.labels.base_view(view)
 
     # -- values ----------------------------------------------------------------------------------
     def render(
@@ -495,7 +219,7 @@ class Renderer:
         pending = rec.get(PENDING)
         if view.multi:
             rec = complete(rec)
-            out = render_multi(self, rec, view, invalid)
+            out = self._render_multi(rec, view, invalid)
         else:
             try:
                 if pending is not None:
@@ -507,7 +231,7 @@ class Renderer:
                 out = self._render_checked(rec, view, invalid)
         self.render_xid(view, xid_last, xid_counts, out)
         if view.share_pods:
-            render_shares(self, rec, view, out, invalid)
+            self._render_shares(rec, view, out, invalid)
         return out
 
     def _render_fast(self, rec: Mapping[str, Any], view: GpuView) -> list[bytes]:
@@ -517,7 +241,7 @@ class Renderer:
         the caller then renders the whole record with :meth:`_render_checked`, whose output is the
         same for good values and which counts the bad ones."""
         out = view.template.copy()  # every head; a null clears its head
-        ints, floats, percents, rounds, signed_rounds, mibs, bools, hertz, joules, kib = self._groups
+        ints, floats, percents, rounds, signed_rounds = self._groups[:5]
         for src, j in ints:
             v = rec[src]
             if v is None:
@@ -556,6 +280,12 @@ class Renderer:
                 out[j - 1] = b""
             else:
                 out[j] = b"%d\n" % round(v)
+        self._render_fast_units(rec, out)
+        return out
+
+    def _render_fast_units(self, rec: Mapping[str, Any], out: list[bytes]) -> None:
+        """The rest of :meth:`_render_fast`: values converted to the exposed unit, and the bounds."""
+        mibs, bools, hertz, joules, kib = self._groups[5:]
         for src, j in mibs:
             v = rec[src]
             if v is None:
@@ -600,7 +330,6 @@ class Renderer:
             v = rec[src]
             if v is not None and not -hi <= v <= hi:
                 raise ValueError(src)
-        return out
 
     def _render_checked(
         self, rec: Mapping[str, Any], view: GpuView, invalid: dict[tuple[str, str], int]
@@ -620,6 +349,85 @@ class Renderer:
                     invalid[key] = invalid.get(key, 0) + 1
         return out
 
+    def _render_multi(
+        self, rec: Mapping[str, Any], view: GpuView, invalid: dict[tuple[str, str], int]
+    ) -> list[bytes]:
+        """Complete lines per family, one series per allocation (virtual-GPU layout)."""
+        out = [b""] * (2 * self._n)
+        procs = rec.get("processes") or ()
+        own = _owners(procs, view) if procs else []
+        pod_names = self.labels.pod_names
+        for src, kind, signed, fi, name, dcgm_name in self._plan:
+            v = rec[src]
+            text = None
+            if v is not None:
+                try:
+                    text = format_value(kind, v, signed, self._upper.get(src))
+                except InvalidValue as bad:
+                    key = (name, bad.reason)
+                    invalid[key] = invalid.get(key, 0) + 1
+            per_pod = self.families[fi].spec.per_pod if dcgm_name in VGPU_SPLIT else None  # type: ignore[union-attr]
+            if per_pod and own and any(p.get(per_pod) is not None for p in procs):
+                lines = [f"{name}{{{view.base}}} {text}\n"] if text is not None else []
+                done: set[tuple[str, str, str]] = set()
+                for attrs in view.attrs:
+                    a = dict(attrs)
+                    pod_key = (
+                        a.get(pod_names[1], ""),
+                        a.get(pod_names[2], ""),
+                        a.get(pod_names[0], ""),
+                    )
+                    if pod_key in done:
+                        continue
+                    done.add(pod_key)
+                    i = view.share_index.get(pod_key)
+                    total = sum(
+                        p.get(per_pod) or 0
+                        for p, o in zip(procs, own, strict=True)
+                        if o == i and i is not None
+                    )
+                    try:
+                        val = format_value(kind, total, signed)
+                    except InvalidValue as bad:
+                        key = (name, bad.reason)
+                        invalid[key] = invalid.get(key, 0) + 1
+                        continue
+                    labels = attr_text(tuple(sorted((*attrs, ("pod_uid", "")))))
+                    lines.append(f"{name}{{{view.base}{labels}}} {val}\n")
+                out[2 * fi + 1] = "".join(lines).encode()
+            elif text is not None:
+                out[2 * fi + 1] = view.lines(name, "", text).encode()
+        return out
+
+    def _render_shares(
+        self, rec: Mapping[str, Any], view: GpuView, out: list[bytes], invalid: dict[tuple[str, str], int]
+    ) -> None:
+        """gpupipe_pod_* share families on a GPU held by two or more containers."""
+        procs = rec.get("processes") or ()
+        if not procs:
+            return
+        own = _owners(procs, view)
+        for fam, (_, src, kind, _) in zip(self._share_fams, SHARE_FAMILIES, strict=True):
+            if not any(p.get(src) is not None for p in procs):
+                continue
+            sums: list[float] = [0] * len(view.share_pods)
+            for p, i in zip(procs, own, strict=True):
+                x = p.get(src)
+                if i is not None and x is not None:
+                    sums[i] += x
+            lines = []
+            for (ns, pod, ctr), total in zip(view.share_pods, sums, strict=True):
+                try:
+                    val = format_value(int(kind), total)
+                except InvalidValue as bad:
+                    key = (fam.name, bad.reason)
+                    invalid[key] = invalid.get(key, 0) + 1
+                    continue
+                lines.append(
+                    f"{fam.name}{{{view.base}{attr_text(self.labels.pod_attrs(ns, pod, ctr))}}} {val}\n"
+                )
+            out[2 * fam.index + 1] = "".join(lines).encode()
+
     def render_xid_only(
         self, view: GpuView, xid_last: int | None, xid_counts: Mapping[int, int] | None
     ) -> list[bytes]:
@@ -632,7 +440,7 @@ class Renderer:
         key = code if fam.index == 0 else (fam.index, code)
         got = view.xid_lines.get(key)  # type: ignore[arg-type]
         if got is None:
-            err = (("err_code", str(code)), ("err_msg", exp.xid_message(code)))
+            err = (("err_code", str(code)), ("err_msg", derived.xid_message(code)))
             b = view.base
             got = "".join(
                 f"{fam.name}{{{b}{attr_text(tuple(sorted((*a, *err))))}}} {code:d}\n" for a in view.attrs
@@ -674,9 +482,9 @@ class Renderer:
         xid_window: Mapping[int, int] | None = None,
         clock_window: Mapping[int, int] | None = None,
         clock_totals: Mapping[int, int] | None = None,
-        health: exp.Health | None = None,
+        health: derived.Health | None = None,
     ) -> None:
-        """Fill the ``DCGM_EXP_*`` window, clock and health families in place (see :mod:`exp`).
+        """Fill the ``DCGM_EXP_*`` window, clock and health families in place (see :mod:`derived`).
 
         A ``None`` argument leaves that family empty (no sample yet for clock and health)."""
         o = self.options
@@ -697,7 +505,7 @@ class Renderer:
                 text = ""
             elif clock_window:
                 text = "".join(
-                    view.lines(fam.name, f',clock_event="{exp.CLOCK_EVENT_NAME[b]}",{w}', str(n))
+                    view.lines(fam.name, f',clock_event="{derived.CLOCK_EVENT_NAME[b]}",{w}', str(n))
                     for b, n in sorted(clock_window.items())
                 )
             else:
@@ -706,7 +514,7 @@ class Renderer:
         for fam in self._exp.get(Kind.CLOCK_TOTAL, ()):
             out[2 * fam.index + 1] = (
                 "".join(
-                    view.lines(fam.name, f',clock_event="{exp.CLOCK_EVENT_NAME[b]}"', str(n))
+                    view.lines(fam.name, f',clock_event="{derived.CLOCK_EVENT_NAME[b]}"', str(n))
                     for b, n in sorted(clock_totals.items())
                 ).encode()
                 if clock_totals
@@ -721,3 +529,18 @@ class Renderer:
                 if health is not None
                 else b""
             )
+
+
+def _owners(procs: Sequence[Mapping[str, Any]], view: GpuView) -> list[int | None]:
+    """Index in ``view.share_pods`` of each process's pod (None: not resolved to a pod)."""
+    idx = view.share_index
+    owner: list[int | None] = []
+    for p in procs:
+        ns, pod = p.get("namespace"), p.get("pod")
+        i = None
+        if ns is not None and pod is not None:
+            i = idx.get((ns, pod, p.get("container")))
+            if i is None:
+                i = idx.get((ns, pod))
+        owner.append(i)
+    return owner

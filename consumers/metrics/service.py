@@ -1,10 +1,10 @@
 """The Kafka side of the metrics consumer: feeds the :class:`SeriesStore` and serves ``/metrics``.
 
 Sharding. ``gpu.samples.v1`` is consumed through the consumer group (the shared
-:class:`~gpupipe_consumers.plumbing.consume_loop.ConsumeLoop`): instances of one group split its partitions,
-each serves the GPUs of the partitions it holds, and a revoked partition's series are dropped at once
-(``SeriesStore.drop_partitions``), so no GPU is ever served by two instances for longer than a
-rebalance takes, and Prometheus (which scrapes every instance) sees each GPU once.
+:class:`~gpupipe_consumers.plumbing.consume_loop.ConsumeLoop`): instances of one group split its
+partitions, each serves the GPUs of the partitions it holds, and a revoked partition's series are
+dropped at once (``SeriesStore.drop_partitions``), so no GPU is ever served by two instances for
+longer than a rebalance takes, and Prometheus (which scrapes every instance) sees each GPU once.
 
 XIDs follow their GPU's samples. ``gpu.xid.v1`` is small (a handful of events per GPU and day), and
 its partition count differs from the samples topic's, so a group split of it would put a GPU's XID
@@ -21,7 +21,7 @@ samples get their XIDs, and a warning says so.
 Bad input: bytes that are not our Avro are dead-lettered by the loop, and so, with ``--node-ca-file``,
 is a sample or XID not signed by the node it names (reason ``node-identity``; an XID by its key's
 owner only, as below). A record of the wrong type
-for its topic, or a sample without identity fields (``InvalidRecord``), is dead-lettered with
+for its topic, or a sample without identity fields (``UnusableSample``), is dead-lettered with
 reason ``unexpected-record-type`` / ``invalid-record``; both count in
 ``gpupipe_consumer_decode_errors_total{reason}`` and ``gpupipe_consumer_dead_letters_total``. On
 the XID topic only the owner of a bad record's key dead-letters it, so N instances do not write N
@@ -70,7 +70,7 @@ from gpupipe_consumers.metrics.decode import MetricsDecoder
 from gpupipe_consumers.metrics.gcpolicy import GC_THRESHOLDS, after_scrape, tune_gc  # noqa: F401 (re-exported)
 from gpupipe_consumers.metrics.http import MetricsEndpoint, MetricsServer
 from gpupipe_consumers.metrics.render import RenderOptions
-from gpupipe_consumers.metrics.store import DEFAULT_MAX_GPUS, InvalidRecord, SeriesStore
+from gpupipe_consumers.metrics.store import DEFAULT_MAX_GPUS, SeriesStore, UnusableSample
 from gpupipe_consumers.plumbing.consume_loop import ConsumeLoop, InRecord, Rejected
 from gpupipe_schemas.codec import AvroCodec, codec_from_url
 from gpupipe_schemas.errors import DecodeError
@@ -257,7 +257,7 @@ class MetricsHandler:
         for i, exc in failed:
             rec = taken[i]
             bad.add(i)
-            if isinstance(exc, InvalidRecord):
+            if isinstance(exc, UnusableSample):
                 rejected.append((rec, "invalid-record", str(exc)))
             else:  # a poison record must not stop the service
                 log.error(

@@ -1,64 +1,8 @@
 """The metrics consumer's state: the latest rendered series per GPU, joined at scrape (pure).
 
-:class:`SeriesStore` keeps, per GPU key (the GPU UUID, or the MIG device UUID for a slice, the
-same key the producer uses on Kafka), the exposition text of its latest sample -- its *line
-list*: label head and value text per metric family, rendered at ingest by
-:class:`~gpupipe_consumers.metrics.render.Renderer` -- with the partition the sample came from, the wall
-time it was ingested and its sample time.
-
-A scrape (:meth:`SeriesStore.render` / :meth:`SeriesStore.render_parts`) walks the families in the
-counters-file order and, per family, writes the ``# HELP``/``# TYPE`` header once followed by that
-family's lines from every GPU, so each family's lines are contiguous: one valid exposition. The
-lines are ready bytes -- the GPU's label head (rendered per identity) and the sample's value text
-(rendered at ingest) -- gathered with C-level copies only and joined per family by
-:class:`~gpupipe_consumers.metrics.body.BodyJoiner`, which keeps the last scrape's pieces and
-copies in only the line lists replaced since (the GPUs sampled in between), and joins only the
-families where a piece changed. The joined body is
-cached until the next change (a version counter), so a repeated scrape, and its gzip in the HTTP
-layer, cost next to nothing. Then come the store's own
-families (computed at scrape: ``gpupipe_sample_age_seconds`` per GPU...) and those of an optional
-``prometheus_client`` registry (the service's metrics); a registry family whose name is one of
-ours is left out, so no family appears twice.
-
-Lifecycle of series:
-
-* :meth:`apply_sample` replaces the GPU's line list; labels follow the sample, so a pod that ended
-  stops labelling the GPU with the next sample, and a GPU that became shared gets one series per
-  pod.
-* :meth:`apply_xid` counts ``kind == "xid"`` events (XID != 0, de-duplicated by ``event_id``) in
-  ``DCGM_EXP_XID_ERRORS_TOTAL{...,xid="<code>"}``, a true counter per GPU and code, and sets the
-  last XID shown by ``DCGM_FI_DEV_XID_ERRORS`` (latest by event time; before any event the
-  sample's ``last_xid``, else 0 as DCGM). An event is attached to its MIG slice when the slice is
-  known here, else to the GPU (``uuid``, or the GPU with that host and PCI bus id). A GPU known
-  only from events is shown with the labels the event carries (no pod labels).
-* :meth:`drop_partitions` removes at once what came from revoked partitions (pass the same
-  partition objects as on ingest: ``(topic, partition)`` tuples when consuming two topics).
-* :meth:`expire` removes a GPU whose samples stopped while the rest of the input went on: one
-  whose last sample was ingested more than ``stale_after`` seconds of the input's running time
-  before the newest sample of any GPU (ingest time, each gap between two ingests counted as one
-  sample interval at most, so the partitions that resume first after a stall do not make the
-  others look stale), by default ``stale_intervals`` (3) x the sample's ``interval_ms``
-  (``fallback_interval_s`` when the sample has none), or the fixed ``stale_after_s``. Staleness is
-  judged against that progress, not against the scrape's clock, because a stalled broker, producer
-  link or consumer stops every GPU's samples at once: judged by the clock, every series went after
-  3 s of any stall, Prometheus wrote stale markers for the whole fleet and a 2-minute stall paged
-  ``GpuMissing`` for every GPU. Judged by progress, a GPU (or a whole node) that stops while others
-  go on still expires, and a stall keeps every series at its last value, with its age in
-  ``gpupipe_metrics_node_last_sample_age_seconds`` and ``gpupipe_metrics_pipeline_delay_seconds``
-  for the rules to tell a late pipeline from a lost GPU. Progress is ingest wall time, not sample
-  time: node clocks differ, and one catching up a backlog ingests old samples at today's speed. A
-  GPU known only from XID events goes after ``xid_only_stale_after_s`` of wall time. Every scrape
-  expires first, so a scrape never shows stale series.
-* At most ``max_gpus`` GPU keys are held: every key costs some 10 KB of label text, and any node
-  can write an XID or a sample for a UUID that does not exist. At the cap, a sample of a new GPU
-  takes the place of the longest-held GPU known only from XIDs (counted as expired): a burst of XIDs
-  for made-up UUIDs, which would stay for ``xid_only_stale_after_s``, never keeps a sampled GPU out.
-  Otherwise keys past the cap are dropped, counted in ``gpupipe_metrics_gpus_dropped_total{kind}``
-  and logged (at most once a minute), until the made-up GPUs' samples stop and they expire.
-
-Thread safety: one lock guards the state; a scrape holds it only to snapshot references (line
-lists are replaced, never mutated, and bytes are immutable), and joins outside it (the joiner's
-own state under a lock of its own, so concurrent builds join one after the other).
+:class:`SeriesStore` keeps per GPU key (GPU or MIG device UUID) the line list of its latest sample,
+renders it lazily at scrape, expires GPUs that went silent and joins the families into the body.
+Thread-safe under one lock. How it stays fast and bounded: docs/inside-metrics.md.
 """
 
 from __future__ import annotations
@@ -70,19 +14,20 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpupipe.domain import pci
-from gpupipe_consumers.metrics import exp, gcpolicy
-from gpupipe_consumers.metrics.body import BodyJoiner
+from gpupipe_consumers.metrics import derived, gcpolicy
 from gpupipe_consumers.metrics.collectors_csv import CounterSet, default_counters
+from gpupipe_consumers.metrics.gpu_families import BodyJoiner
+from gpupipe_consumers.metrics.labels import GpuView
 from gpupipe_consumers.metrics.layout import merge_parent
-from gpupipe_consumers.metrics.own_text import (
+from gpupipe_consumers.metrics.readings import PENDING, Kept, complete
+from gpupipe_consumers.metrics.render import Renderer, RenderOptions
+from gpupipe_consumers.metrics.self_families import (
     OWN_METRICS,
     health_not_run_text,
     own_text,
     registry_text,
     unsupported_text,
 )
-from gpupipe_consumers.metrics.readings import PENDING, Kept, complete
-from gpupipe_consumers.metrics.render import GpuView, Renderer, RenderOptions
 
 XID_RESULTS = ("counted", "duplicate", "ignored", "unattributed")
 DROP_KINDS = ("sample", "xid")
@@ -96,8 +41,8 @@ log = logging.getLogger("gpupipe.metrics")
 _IDENTITY_FIELDS = ("timestamp_ms", "hostname", "gpu_index", "uuid", "pci_bus_id", "model_name")
 
 
-class InvalidRecord(ValueError):
-    """A record without the identity fields every GpuSample has (wrong topic or schema?)."""
+class UnusableSample(ValueError):
+    """A GpuSample the store cannot apply: no identity fields (wrong topic or schema?) or malformed parts."""
 
 
 class _Gpu:
@@ -145,11 +90,11 @@ class _Gpu:
         self.xid_last_ts = -1
         self.xid_partition: Any = None
         self.xid_seen_s = 0.0
-        self.xid_win: exp.WindowCounts | None = None  # XIDs in the --xid-count-window-size window
-        self.clock_win: exp.WindowCounts | None = None  # samples per clock-event bit in the window
+        self.xid_win: derived.WindowCounts | None = None  # XIDs in the --xid-count-window-size window
+        self.clock_win: derived.WindowCounts | None = None  # samples per clock-event bit in the window
         self.clock_totals: dict[int, int] = {}  # rising edges per clock-event bit
         self.clock_prev = 0
-        self.health: exp.Health | None = None  # from the latest sample
+        self.health: derived.Health | None = None  # from the latest sample
         self.rec: Mapping[str, Any] | None = None  # latest sample (MIG parents and instances only)
         self.parent: str | None = None  # a MIG instance's parent GPU UUID
         self.hidden = False  # a MIG-mode parent in the "instances" layout: no series of its own
@@ -223,7 +168,7 @@ class SeriesStore:
         self._want_xid_win = r.has_xid_count or r.has_health
         self._want_exp = r.has_xid_count or r.has_health or r.has_clock_count or r.has_clock_total
         self._unsupported_text = unsupported_text(r.counters) + (
-            health_not_run_text(exp.NOT_RUN_WATCHES) if r.has_health else ""
+            health_not_run_text(derived.NOT_RUN_WATCHES) if r.has_health else ""
         )
         # keys sampled since the last scrape (rendered by _flush); g.pending is not None for them
         self._dirty: set[str] = set()
@@ -257,7 +202,7 @@ class SeriesStore:
             for i, (record, partition) in enumerate(items):
                 try:
                     apply(record, partition, now_s)
-                except Exception as exc:  # InvalidRecord, or a poison record: the caller decides
+                except Exception as exc:  # UnusableSample, or a poison record: the caller decides
                     failed.append((i, exc))
         return failed
 
@@ -266,7 +211,7 @@ class SeriesStore:
         try:
             key = mig["mig_uuid"] if mig else record["uuid"]
         except (KeyError, TypeError) as exc:
-            raise InvalidRecord(f"GpuSample without uuid/mig_uuid: {exc}") from exc
+            raise UnusableSample(f"GpuSample without uuid/mig_uuid: {exc}") from exc
         g = self._gpus.get(key)
         new = g is None
         if g is None:
@@ -284,7 +229,7 @@ class SeriesStore:
                 record = _complete(record)
                 self._accept(g, record)
         except (KeyError, TypeError, AttributeError) as exc:  # e.g. an allocation without a pod
-            raise InvalidRecord(f"GpuSample {key}: {type(exc).__name__}: {exc}") from exc
+            raise UnusableSample(f"GpuSample {key}: {type(exc).__name__}: {exc}") from exc
         if new:
             self._gpus[key] = g
         g.pending = record
@@ -342,7 +287,7 @@ class SeriesStore:
             if record.get("mig_enabled"):
                 g.hidden = True
                 g.rec = record
-                g.health = exp.sample_health(record) if r.has_health else None
+                g.health = derived.sample_health(record) if r.has_health else None
                 return
             g.hidden = False
         if self._want_exp:
@@ -409,7 +354,7 @@ class SeriesStore:
         lines = self.renderer.render_xid_only(g.view, None, None if kids else g.xid_counts)
         if g.health is not None:
             xw = g.xid_win.counts if g.xid_win is not None else {}
-            self.renderer.render_exp(g.view, lines, health=exp.with_fatal_xids(g.health, xw))
+            self.renderer.render_exp(g.view, lines, health=derived.with_fatal_xids(g.health, xw))
         return lines
 
     def _mig_parent(self, g: _Gpu) -> _Gpu | None:
@@ -419,7 +364,7 @@ class SeriesStore:
         """XIDs since start per code; a MIG instance adds its GPU's (GPU-wide XIDs are the XIDs of
         each of its instances, as DCGM reports its GPU-level fields for them)."""
         parent = self._mig_parent(g)
-        return g.xid_counts if parent is None else exp.add_counts(g.xid_counts, parent.xid_counts)
+        return g.xid_counts if parent is None else derived.add_counts(g.xid_counts, parent.xid_counts)
 
     def _rerender_children(self, parent_key: str) -> None:
         """A MIG parent changed (its XID): its instances are rendered again at the next scrape."""
@@ -430,10 +375,10 @@ class SeriesStore:
         o = r.options
         ts = record["timestamp_ms"]
         if r.has_clock_count or r.has_clock_total:
-            bits = exp.clock_bits(record.get("clock_event_reasons"))
+            bits = derived.clock_bits(record.get("clock_event_reasons"))
             if r.has_clock_count:
                 if g.clock_win is None:
-                    g.clock_win = exp.WindowCounts(o.clock_window_ms)
+                    g.clock_win = derived.WindowCounts(o.clock_window_ms)
                 g.clock_win.push(ts, bits)
                 g.clock_win.prune(ts)
             if r.has_clock_total:
@@ -443,15 +388,15 @@ class SeriesStore:
                         g.clock_totals[b] = g.clock_totals.get(b, 0) + 1
                 g.clock_prev = sum(bits)
         if r.has_health:  # dcgm-exporter watches the health of whole GPUs only: none on an instance
-            g.health = None if record.get("mig") is not None else exp.sample_health(record)
+            g.health = None if record.get("mig") is not None else derived.sample_health(record)
 
     def _fill_exp(self, g: _Gpu, lines: list[bytes], *, sampled: bool) -> None:
         """Fill the DCGM_EXP_* window/clock/health families of a line list from ``g``'s state."""
         xw: Mapping[int, int] = g.xid_win.counts if g.xid_win is not None else {}
         parent = self._mig_parent(g)
         if parent is not None and parent.xid_win is not None:
-            xw = exp.add_counts(xw, parent.xid_win.counts)
-        health = exp.with_fatal_xids(g.health, xw) if (sampled and g.health is not None) else None
+            xw = derived.add_counts(xw, parent.xid_win.counts)
+        health = derived.with_fatal_xids(g.health, xw) if (sampled and g.health is not None) else None
         self.renderer.render_exp(
             g.view,
             lines,
@@ -504,7 +449,7 @@ class SeriesStore:
             g.xid_seen_s = now_s
             if self._want_xid_win:
                 if g.xid_win is None:
-                    g.xid_win = exp.WindowCounts(r.options.xid_window_ms)
+                    g.xid_win = derived.WindowCounts(r.options.xid_window_ms)
                 if g.xid_win.push(ts, (code,), int(now_s * 1000)):
                     self._windowed.add(key)
             if g.pending is not None:
@@ -792,7 +737,7 @@ def _complete(record: Mapping[str, Any]) -> dict[str, Any]:
     """A record with every GpuSample field (missing metric fields null); identity fields required."""
     missing = [f for f in _IDENTITY_FIELDS if f not in record]
     if missing:
-        raise InvalidRecord(f"GpuSample record lacks {', '.join(missing)}")
+        raise UnusableSample(f"GpuSample record lacks {', '.join(missing)}")
     from gpupipe_consumers.metrics.fields import FIELDS
 
     full: dict[str, Any] = dict.fromkeys((f.source for f in FIELDS if f.source), None)

@@ -12,18 +12,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import threading
 from typing import TYPE_CHECKING
-
-from prometheus_client import CollectorRegistry
 
 from gpupipe.common.argtypes import ArgType, duration_ms
 from gpupipe.common.errors import ConfigError
-from gpupipe.common.logs import fields
 from gpupipe.kafka import topics
 from gpupipe.kafka.admin import parse_kafka_overrides
 from gpupipe.lifecycle import service_flags, startup
-from gpupipe.lifecycle.runner import KafkaNeeds, Lifecycle, ServiceSpec, run_service
+from gpupipe.lifecycle.runner import KafkaNeeds, ServiceSpec, run_service
 from gpupipe_consumers.otlp.settings import (
     DEFAULT_ENDPOINTS,
     DEFAULT_MAX_REQUEST_BYTES,
@@ -31,12 +27,9 @@ from gpupipe_consumers.otlp.settings import (
     MIN_REQUEST_BYTES,
     PROTOCOLS,
 )
-from gpupipe_consumers.plumbing.consume_loop import ConsumeLoop
-from gpupipe_schemas.codec import codec_from_url
 
 if TYPE_CHECKING:
-    from gpupipe_consumers.otlp.export import OtlpConfig, Transport
-    from gpupipe_consumers.otlp.service import OtlpService
+    from gpupipe_consumers.otlp.export import OtlpConfig
 
 USES_KAFKA = True
 
@@ -151,38 +144,6 @@ def otlp_config(args: argparse.Namespace) -> OtlpConfig:
     )
 
 
-class OtlpApp:
-    """The consume loop and the exporting handler, run as one service."""
-
-    def __init__(self, service: OtlpService, loop: ConsumeLoop, registry: CollectorRegistry, cfg: OtlpConfig):
-        self.service, self.loop, self.registry, self.cfg = service, loop, registry, cfg
-
-    def health(self) -> tuple[bool, dict[str, object]]:
-        return self.loop.healthy and self.service.failing is None, {
-            "exported_points": self.service.exported["metrics"],
-            "exported_log_records": self.service.exported["logs"],
-            **self.service.health_detail(),
-            **self.loop.health_detail(),
-        }
-
-    def run(self, stop: threading.Event) -> None:
-        from gpupipe_consumers.otlp.service import ExportAbandoned
-
-        self.service.stop = stop
-        log.info(
-            "otlp service started",
-            extra=fields(input=self.loop.topics, endpoint=self.cfg.endpoint, protocol=self.cfg.protocol),
-        )
-        try:
-            self.loop.run(stop)
-        except ExportAbandoned as exc:  # the held batch is uncommitted: a restart sends it again
-            log.warning("stopped with a batch not exported", extra=fields(error=str(exc)))
-
-    def close(self) -> None:
-        self.service.transport.close()
-        log.info("otlp service stopped", extra=fields(**self.service.exported))
-
-
 def run(args: argparse.Namespace) -> int:
     from gpupipe_consumers.otlp.export import transport
 
@@ -200,33 +161,6 @@ def run(args: argparse.Namespace) -> int:
             extra=extra,
         ),
     )
+    from gpupipe_consumers.otlp.service import build
+
     return run_service(spec, lambda life: build(args, cfg, tx, extra, life))
-
-
-def build(
-    args: argparse.Namespace, cfg: OtlpConfig, tx: Transport, extra: dict[str, str], life: Lifecycle
-) -> OtlpApp:
-    from gpupipe_consumers.otlp.service import OtlpService
-
-    registry = CollectorRegistry()
-    service = OtlpService(
-        tx,
-        registry,
-        stop=life.stop,
-        max_request_bytes=args.otlp_max_request_bytes,
-        timeout_s=cfg.timeout_s,
-    )
-    loop = ConsumeLoop(
-        bootstrap=args.bootstrap_servers,
-        group_id=args.group_id,
-        topics=[topics.with_prefix(args.topic_prefix, t) for t in (topics.SAMPLES, topics.XID)],
-        handler=service,
-        codec=codec_from_url(args.schema_registry_url),
-        deadletter_topic=topics.with_prefix(args.topic_prefix, topics.DEADLETTER),
-        service="otlp",
-        registry=registry,
-        extra=extra,
-        from_beginning=args.from_beginning,
-        topic_prefix=args.topic_prefix,
-    )
-    return OtlpApp(service, loop, registry, cfg)

@@ -174,32 +174,43 @@ class IdleDetector:
                 )
             elif ts <= track.last_ms:
                 continue  # duplicate or reordered: the streak only moves forward
-            track.sample, track.alloc, track.interval_ms = sample, alloc, iv
-            track.fraction = _fraction(sample, holders)
-            act, mem = _pod_usage(sample, ns, pod, holders)
-            if act is not None and act >= self.cfg.idle_threshold:
-                if track.firing_id is not None:  # the streak ended with the previous sample
-                    out.append(self._record(track, "resolved", ts, "busy"))
-                track.since_ms = None
-                track.firing_id = None
-            track.last_ms = ts
-            if act is None or (track.firing_id is None and act >= self.cfg.idle_threshold):
-                continue
-            if track.since_ms is None:
-                track.since_ms, track.mem_peak, track.act_peak, track.sequence = ts, mem, act, 0
-            else:
-                if mem is not None and (track.mem_peak is None or mem > track.mem_peak):
-                    track.mem_peak = mem
-                if track.act_peak is None or act > track.act_peak:
-                    track.act_peak = act
-            idle_ms = ts - track.since_ms + iv
-            if track.firing_id is None and idle_ms >= self.cfg.idle_after_ms:
-                track.firing_id = recommendation_id(sample["hostname"], key, ns, pod, track.since_ms)
-                track.next_update_ms = ts + self.cfg.update_interval_ms
-                out.append(self._record(track, "firing", ts, None))
-            elif track.firing_id is not None and ts >= track.next_update_ms:
-                track.next_update_ms = ts + self.cfg.update_interval_ms
-                out.append(self._record(track, "firing", ts, None))
+            out.extend(self._follow(track, sample, alloc, ts, iv, holders))
+        return out
+
+    def _follow(
+        self, track: Track, sample: dict[str, Any], alloc: dict[str, Any], ts: int, iv: int, holders: int
+    ) -> list[dict[str, Any]]:
+        """One pod's new sample: a busy one ends its idle streak, an idle one starts or extends it,
+        and the streak fires once it lasted ``idle_after`` (then updates every ``update_interval``)."""
+        out: list[dict[str, Any]] = []
+        track.sample, track.alloc, track.interval_ms = sample, alloc, iv
+        track.fraction = _fraction(sample, holders)
+        act, mem = _pod_usage(sample, track.namespace, track.pod, holders)
+        if act is not None and act >= self.cfg.idle_threshold:
+            if track.firing_id is not None:  # the streak ended with the previous sample
+                out.append(self._record(track, "resolved", ts, "busy"))
+            track.since_ms = None
+            track.firing_id = None
+        track.last_ms = ts
+        if act is None or (track.firing_id is None and act >= self.cfg.idle_threshold):
+            return out
+        if track.since_ms is None:
+            track.since_ms, track.mem_peak, track.act_peak, track.sequence = ts, mem, act, 0
+        else:
+            if mem is not None and (track.mem_peak is None or mem > track.mem_peak):
+                track.mem_peak = mem
+            if track.act_peak is None or act > track.act_peak:
+                track.act_peak = act
+        idle_ms = ts - track.since_ms + iv
+        if track.firing_id is None and idle_ms >= self.cfg.idle_after_ms:
+            track.firing_id = recommendation_id(
+                sample["hostname"], track.key, track.namespace, track.pod, track.since_ms
+            )
+            track.next_update_ms = ts + self.cfg.update_interval_ms
+            out.append(self._record(track, "firing", ts, None))
+        elif track.firing_id is not None and ts >= track.next_update_ms:
+            track.next_update_ms = ts + self.cfg.update_interval_ms
+            out.append(self._record(track, "firing", ts, None))
         return out
 
     def _model_seen(self, model: str) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import calendar
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any
@@ -187,6 +187,18 @@ class _Sum:
         self.default = False
         self.records = 0
 
+    def add(self, amounts: Mapping[str, Any], unknown: float, default: bool) -> None:
+        """Add one record's (or one workload part's) seconds, joules and cost."""
+        self.alloc += amounts["allocated_gpu_seconds"]
+        self.used += amounts["used_gpu_seconds"]
+        self.idle += amounts["idle_gpu_seconds"]
+        self.unknown += unknown
+        self.energy += amounts["energy_joules"]
+        self.cost_a += amounts["cost_allocation"]
+        self.cost_e += amounts["cost_energy"]
+        self.default = self.default or default
+        self.records += 1
+
     def row(
         self,
         window_start_ms: int,
@@ -255,8 +267,7 @@ def build_report(
         raise ReportOptionError(
             f"group by one or more of {', '.join(DIMENSIONS)} (each once), got {list(dims)}"
         )
-    if period not in PERIODS:
-        raise ReportOptionError(f"period must be one of {', '.join(PERIODS)}, got {period!r}")
+    check_period(period)
     if start_ms is not None and end_ms is not None and end_ms <= start_ms:
         raise ReportOptionError("the end of the range must be after its start")
     teams = teams if teams is not None else TeamMap()
@@ -268,35 +279,24 @@ def build_report(
     billing = billing_lag_ms is not None
     for rec in records:
         ws, we = _ms(rec["window_start_ms"]), _ms(rec["window_end_ms"])
-        bp: tuple[int, int] | None = None
-        if billing:
-            place = billing_place(
-                rec,
-                ws,
-                we,
-                period=period,
-                start_ms=start_ms,
-                end_ms=end_ms,
-                lag_ms=billing_lag_ms or 0,
-                tz=tz,
-            )
-            if place is None:
-                continue
-            ps, pe, bp, kind = place
-        elif (start_ms is not None and ws < start_ms) or (end_ms is not None and ws >= end_ms):
+        placed = place_record(
+            rec,
+            ws,
+            we,
+            period=period,
+            start_ms=start_ms,
+            end_ms=end_ms,
+            billing_lag_ms=billing_lag_ms,
+            split_corrections=split_corrections,
+            tz=tz,
+        )
+        if placed is None:
             continue
-        else:
-            ps, pe = (0, 0) if period == "all" else _period(ws, we, period, start_ms, end_ms, ws, we, tz)
-            if period != "all":
-                check_within_period(ws, we, ps, pe, tz, period)
-            kind = (CORRECTION if rec["kind"] == CORRECTION else WINDOW) if split_corrections else TOTAL
+        ps, pe, kind, extra = placed
         first = ws if first is None else min(first, ws)
         last = we if last is None else max(last, we)
         ns = rec["namespace"]
         team = ns if ns in PSEUDO_NAMESPACES else (teams.match(ns) or rec.get("team") or ns)
-        extra: tuple[Any, ...] = ()
-        if bp is not None:
-            extra = (*bp, rec.get("price_per_gpu_hour"), rec.get("price_per_kwh"))
         key = (
             ps,
             pe,
@@ -311,37 +311,82 @@ def build_report(
         s = sums.get(key)
         if s is None:
             s = sums[key] = _Sum()
-        s.alloc += rec["allocated_gpu_seconds"]
-        s.used += rec["used_gpu_seconds"]
-        s.idle += rec["idle_gpu_seconds"]
-        s.unknown += rec.get("activity_unknown_gpu_seconds") or 0.0
-        s.energy += rec["energy_joules"]
-        s.cost_a += rec["cost_allocation"]
-        s.cost_e += rec["cost_energy"]
-        s.default = s.default or rec.get("price_source") == "default"
-        s.records += 1
+        s.add(rec, rec.get("activity_unknown_gpu_seconds") or 0.0, rec.get("price_source") == "default")
 
-    if period == "all" and first is not None and last is not None and not billing:
-        span = _period(first, last, "all", start_ms, end_ms, first, last)
-        sums = {(*span, *k[2:]): s for k, s in sums.items()}
-    rows = [
-        s.row(
-            *k[:8],
-            **(
-                dict(
-                    billing_period_start_ms=k[8],
-                    billing_period_end_ms=k[9],
-                    price_per_gpu_hour=k[10],
-                    price_per_kwh=k[11],
-                )
-                if billing
-                else {}
-            ),
-        )
-        for k, s in sums.items()
-    ]
+    if period == "all" and not billing:
+        sums = span_all(sums, first, last, start_ms, end_ms)
+    rows = [s.row(*k[:8], **(billing_columns(k[8:]) if billing else {})) for k, s in sums.items()]
     rows.sort(key=_sort_key)
     return rows
+
+
+def check_period(period: str) -> None:
+    if period not in PERIODS:
+        raise ReportOptionError(f"period must be one of {', '.join(PERIODS)}, got {period!r}")
+
+
+def place_record(
+    rec: dict[str, Any],
+    ws: int,
+    we: int,
+    *,
+    period: str,
+    start_ms: int | None,
+    end_ms: int | None,
+    billing_lag_ms: int | None,
+    split_corrections: bool,
+    tz: tzinfo,
+) -> tuple[int, int, str, tuple[Any, ...]] | None:
+    """Where a record (window ``ws``..``we``) is summed: its period's start and end, its row kind
+    and, in billing mode, the key's billing columns (billing period and prices); None: not in
+    the range."""
+    if billing_lag_ms is not None:
+        place = billing_place(
+            rec,
+            ws,
+            we,
+            period=period,
+            start_ms=start_ms,
+            end_ms=end_ms,
+            lag_ms=billing_lag_ms or 0,
+            tz=tz,
+        )
+        if place is None:
+            return None
+        ps, pe, bp, kind = place
+        return ps, pe, kind, (*bp, rec.get("price_per_gpu_hour"), rec.get("price_per_kwh"))
+    if (start_ms is not None and ws < start_ms) or (end_ms is not None and ws >= end_ms):
+        return None
+    # period "all": the span is known at the end (rows are re-keyed then, see span_all)
+    ps, pe = (0, 0) if period == "all" else _period(ws, we, period, start_ms, end_ms, ws, we, tz)
+    if period != "all":
+        check_within_period(ws, we, ps, pe, tz, period)
+    kind = (CORRECTION if rec["kind"] == CORRECTION else WINDOW) if split_corrections else TOTAL
+    return ps, pe, kind, ()
+
+
+def span_all(
+    sums: dict[tuple[Any, ...], _Sum],
+    first: int | None,
+    last: int | None,
+    start_ms: int | None,
+    end_ms: int | None,
+) -> dict[tuple[Any, ...], _Sum]:
+    """Rows of period "all" keyed by the span of what was read (their first two key items)."""
+    if first is None or last is None:
+        return sums
+    span = _period(first, last, "all", start_ms, end_ms, first, last)
+    return {(*span, *k[2:]): s for k, s in sums.items()}
+
+
+def billing_columns(cols: tuple[Any, ...]) -> dict[str, Any]:
+    """The billing key columns of :func:`place_record` as the row's fields."""
+    return dict(
+        billing_period_start_ms=cols[0],
+        billing_period_end_ms=cols[1],
+        price_per_gpu_hour=cols[2],
+        price_per_kwh=cols[3],
+    )
 
 
 def recorded_ms(rec: dict[str, Any]) -> int:

@@ -262,28 +262,37 @@ def render_table(rows: Sequence[ReportRow]) -> str:
         "COST",
         "CUR",
     ]
-    body: list[list[str]] = []
-    for r in rows:
-        left = [
-            _short(r.window_start_ms),
-            _short(r.window_end_ms),
-            *(getattr(r, n) or "" for n, _ in dims),
-            r.gpu_model + (" *" if r.default_price else ""),
-        ]
-        if split:
-            left.append(r.kind)
-        body.append(
-            [
-                *left,
-                f"{r.gpu_hours_allocated:.2f}",
-                f"{r.gpu_hours_used:.2f}",
-                f"{r.gpu_hours_idle:.2f}",
-                f"{r.energy_kwh:.2f}",
-                *([f"{r.co2e_kg or 0.0:.2f}"] if carbon else []),
-                money(r.cost, r.currency),
-                r.currency,
-            ]
-        )
+    body = [_table_line(r, dims, split, carbon) for r in rows]
+    foot = _table_totals(rows, carbon, len(head), len(nums))
+    lines = _aligned([head + nums, *body, *foot], len(head), len(body))
+    if any(r.default_price for r in rows):
+        lines.append("* GPU model not in the price table: billed at the default price")
+    return "\n".join(lines) + "\n"
+
+
+def _table_line(r: ReportRow, dims: list[tuple[str, str]], split: bool, carbon: bool) -> list[str]:
+    left = [
+        _short(r.window_start_ms),
+        _short(r.window_end_ms),
+        *(getattr(r, n) or "" for n, _ in dims),
+        r.gpu_model + (" *" if r.default_price else ""),
+    ]
+    if split:
+        left.append(r.kind)
+    return [
+        *left,
+        f"{r.gpu_hours_allocated:.2f}",
+        f"{r.gpu_hours_used:.2f}",
+        f"{r.gpu_hours_idle:.2f}",
+        f"{r.energy_kwh:.2f}",
+        *([f"{r.co2e_kg or 0.0:.2f}"] if carbon else []),
+        money(r.cost, r.currency),
+        r.currency,
+    ]
+
+
+def _table_totals(rows: Sequence[ReportRow], carbon: bool, n_head: int, n_nums: int) -> list[list[str]]:
+    """One TOTAL line per currency (one of zeros when there is no row)."""
     totals: dict[str, list[float]] = {}
     for r in rows:
         values = [r.gpu_hours_allocated, r.gpu_hours_used, r.gpu_hours_idle, r.energy_kwh]
@@ -293,15 +302,17 @@ def render_table(rows: Sequence[ReportRow]) -> str:
             t[i] += v
     # Rows were rounded so that they add up to the rounded totals (rounding.py).
     foot = [
-        ["TOTAL"] + [""] * (len(head) - 1) + [f"{v:.2f}" for v in t[:-1]] + [money(t[-1], cur), cur]
+        ["TOTAL"] + [""] * (n_head - 1) + [f"{v:.2f}" for v in t[:-1]] + [money(t[-1], cur), cur]
         for cur, t in sorted(totals.items())
     ]
-    if not foot:
-        foot = [["TOTAL"] + [""] * (len(head) - 1) + ["0.00"] * (len(nums) - 1) + [""]]
-    header = head + nums
-    table = [header, *body, *foot]
+    return foot or [["TOTAL"] + [""] * (n_head - 1) + ["0.00"] * (n_nums - 1) + [""]]
+
+
+def _aligned(table: list[list[str]], first_num: int, n_body: int) -> list[str]:
+    """The header, body and foot lines in columns: numbers right-aligned, a rule under the header
+    and above the foot."""
+    header, body, foot = table[0], table[1 : 1 + n_body], table[1 + n_body :]
     widths = [max(len(line[i]) for line in table) for i in range(len(header))]
-    first_num = len(head)
 
     def fmt_line(cells: list[str]) -> str:
         parts = [
@@ -311,10 +322,7 @@ def render_table(rows: Sequence[ReportRow]) -> str:
         return "  ".join(parts).rstrip()
 
     rule = "  ".join("-" * w for w in widths).rstrip()
-    lines = [fmt_line(header), rule, *(fmt_line(b) for b in body), rule, *(fmt_line(f) for f in foot)]
-    if any(r.default_price for r in rows):
-        lines.append("* GPU model not in the price table: billed at the default price")
-    return "\n".join(lines) + "\n"
+    return [fmt_line(header), rule, *(fmt_line(b) for b in body), rule, *(fmt_line(f) for f in foot)]
 
 
 def _short(ms: int) -> str:
@@ -379,61 +387,7 @@ def render_focus(rows: Sequence[ReportRow], opts: FocusOptions) -> str:
         origin_kwh[o] = origin_kwh.get(o, 0.0) + r.energy_kwh
     out: list[dict[str, str]] = []
     for r in rows:
-        if r.billing_period_start_ms is not None and r.billing_period_end_ms is not None:
-            bp_start, bp_end = iso(r.billing_period_start_ms), iso(r.billing_period_end_ms)
-        else:
-            bp_start, bp_end = _billing_period(r.window_start_ms)
-        billed_late = r.billing_period_start_ms is not None and r.kind == CORRECTION
-        tags = {k: v for k, v in (("gpupipe/node", r.node), ("gpupipe/gpu-model", r.gpu_model)) if v}
-        allocated_tags = {
-            k: v
-            for k, v in (
-                ("gpupipe/namespace", r.namespace),
-                ("gpupipe/team", r.team),
-                (f"gpupipe/{r.group_by}", r.group),
-            )
-            if v is not None
-        }
-        holder = next((h for h in (r.namespace, r.team, r.group) if h is not None), None)
-        base = {
-            "BillingAccountId": opts.billing_account_id,
-            "BillingAccountName": opts.billing_account_name,
-            "BillingCurrency": r.currency,
-            "BillingPeriodEnd": bp_end,
-            "BillingPeriodStart": bp_start,
-            "ChargeCategory": "Usage",
-            "ChargeClass": "Correction" if billed_late else "",
-            "ChargeFrequency": "Usage-Based",
-            "ChargePeriodEnd": iso(r.window_end_ms),
-            "ChargePeriodStart": iso(r.window_start_ms),
-            "HostProviderName": opts.provider_name,
-            "InvoiceIssuerName": opts.provider_name,
-            "PricingCategory": "Standard",
-            "ProviderName": opts.provider_name,
-            "PublisherName": opts.provider_name,
-            "RegionId": "",
-            "RegionName": "",
-            "ResourceId": _origin_id(r),
-            "ResourceName": f"{r.gpu_model} GPUs" + (f" on {r.node}" if r.node else ""),
-            "AllocatedResourceId": "" if r.is_pseudo else _resource_id(r),
-            "AllocatedResourceName": "" if r.is_pseudo else (holder or ""),
-            "AllocatedTags": json.dumps(allocated_tags, separators=(",", ":"), sort_keys=True),
-            "ServiceCategory": "Compute",
-            "ServiceName": opts.service_name,
-            "ServiceProviderName": opts.provider_name,
-            "ServiceSubcategory": "Containers",
-            "SubAccountId": r.team or "",
-            "SubAccountName": r.team or "",
-            "Tags": json.dumps(tags, separators=(",", ":"), sort_keys=True),
-            "x_Namespace": r.namespace or "",
-            "x_Team": r.team or "",
-            "x_Node": r.node or "",
-            "x_GpuModel": r.gpu_model,
-            "x_DefaultPrice": "true" if r.default_price else "false",
-            "x_GroupBy": r.group_by or "",
-            "x_Group": r.group or "",
-            "x_CarbonGCO2e": "",
-        }
+        base = _focus_common(r, opts)
         o = _origin(r)
         if r.gpu_hours_allocated != 0 or r.cost_allocation != 0:
             alloc = _allocation("gpupipe-gpu-time", r.gpu_hours_allocated, origin_gpu[o], "GPU-Hours")
@@ -451,6 +405,65 @@ def render_focus(rows: Sequence[ReportRow], opts: FocusOptions) -> str:
         for values in out:
             values[FOCUS_PROVISIONAL_COLUMN] = "true"
     return _csv(header, [[values.get(c, "") for c in header] for values in out])
+
+
+def _focus_common(r: ReportRow, opts: FocusOptions) -> dict[str, str]:
+    """The FOCUS columns both charges of a row share (who, when, where, billing period)."""
+    if r.billing_period_start_ms is not None and r.billing_period_end_ms is not None:
+        bp_start, bp_end = iso(r.billing_period_start_ms), iso(r.billing_period_end_ms)
+    else:
+        bp_start, bp_end = _billing_period(r.window_start_ms)
+    billed_late = r.billing_period_start_ms is not None and r.kind == CORRECTION
+    tags = {k: v for k, v in (("gpupipe/node", r.node), ("gpupipe/gpu-model", r.gpu_model)) if v}
+    allocated_tags = {
+        k: v
+        for k, v in (
+            ("gpupipe/namespace", r.namespace),
+            ("gpupipe/team", r.team),
+            (f"gpupipe/{r.group_by}", r.group),
+        )
+        if v is not None
+    }
+    holder = next((h for h in (r.namespace, r.team, r.group) if h is not None), None)
+    return {
+        "BillingAccountId": opts.billing_account_id,
+        "BillingAccountName": opts.billing_account_name,
+        "BillingCurrency": r.currency,
+        "BillingPeriodEnd": bp_end,
+        "BillingPeriodStart": bp_start,
+        "ChargeCategory": "Usage",
+        "ChargeClass": "Correction" if billed_late else "",
+        "ChargeFrequency": "Usage-Based",
+        "ChargePeriodEnd": iso(r.window_end_ms),
+        "ChargePeriodStart": iso(r.window_start_ms),
+        "HostProviderName": opts.provider_name,
+        "InvoiceIssuerName": opts.provider_name,
+        "PricingCategory": "Standard",
+        "ProviderName": opts.provider_name,
+        "PublisherName": opts.provider_name,
+        "RegionId": "",
+        "RegionName": "",
+        "ResourceId": _origin_id(r),
+        "ResourceName": f"{r.gpu_model} GPUs" + (f" on {r.node}" if r.node else ""),
+        "AllocatedResourceId": "" if r.is_pseudo else _resource_id(r),
+        "AllocatedResourceName": "" if r.is_pseudo else (holder or ""),
+        "AllocatedTags": json.dumps(allocated_tags, separators=(",", ":"), sort_keys=True),
+        "ServiceCategory": "Compute",
+        "ServiceName": opts.service_name,
+        "ServiceProviderName": opts.provider_name,
+        "ServiceSubcategory": "Containers",
+        "SubAccountId": r.team or "",
+        "SubAccountName": r.team or "",
+        "Tags": json.dumps(tags, separators=(",", ":"), sort_keys=True),
+        "x_Namespace": r.namespace or "",
+        "x_Team": r.team or "",
+        "x_Node": r.node or "",
+        "x_GpuModel": r.gpu_model,
+        "x_DefaultPrice": "true" if r.default_price else "false",
+        "x_GroupBy": r.group_by or "",
+        "x_Group": r.group or "",
+        "x_CarbonGCO2e": "",
+    }
 
 
 def _origin_id(r: ReportRow) -> str:

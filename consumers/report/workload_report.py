@@ -26,17 +26,14 @@ from typing import Any
 
 from gpupipe.domain.teams import TeamMap
 from gpupipe_consumers.report.chargeback_report import (
-    CORRECTION,
-    PERIODS,
-    TOTAL,
-    WINDOW,
     ReportRow,
     _ms,
-    _period,
     _sort_key,
     _Sum,
-    billing_place,
-    check_within_period,
+    billing_columns,
+    check_period,
+    place_record,
+    span_all,
 )
 from gpupipe_consumers.report.errors import ReportOptionError
 from gpupipe_schemas.meaning import PSEUDO_NAMESPACES
@@ -115,8 +112,7 @@ def build_workload_report(
             "group by namespace, team, node and at most one of owner, claim, label:<key> (each once), "
             f"got {list(dims)}"
         )
-    if period not in PERIODS:
-        raise ReportOptionError(f"period must be one of {', '.join(PERIODS)}, got {period!r}")
+    check_period(period)
     teams = teams if teams is not None else TeamMap()
     wdim = next((d for d in dims if is_workload_dim(d)), None)
     billing = billing_lag_ms is not None
@@ -124,29 +120,20 @@ def build_workload_report(
     sums: dict[tuple[Any, ...], _Sum] = {}
     for rec in records:
         ws, we = _ms(rec["window_start_ms"]), _ms(rec["window_end_ms"])
-        extra: tuple[Any, ...] = ()
-        if billing:
-            place = billing_place(
-                rec,
-                ws,
-                we,
-                period=period,
-                start_ms=start_ms,
-                end_ms=end_ms,
-                lag_ms=billing_lag_ms or 0,
-                tz=tz,
-            )
-            if place is None:
-                continue
-            ps, pe, bp, kind = place
-            extra = (*bp, rec.get("price_per_gpu_hour"), rec.get("price_per_kwh"))
-        elif (start_ms is not None and ws < start_ms) or (end_ms is not None and ws >= end_ms):
+        placed = place_record(
+            rec,
+            ws,
+            we,
+            period=period,
+            start_ms=start_ms,
+            end_ms=end_ms,
+            billing_lag_ms=billing_lag_ms,
+            split_corrections=split_corrections,
+            tz=tz,
+        )
+        if placed is None:
             continue
-        else:  # period "all": the span is known at the end (rows are re-keyed then)
-            ps, pe = (0, 0) if period == "all" else _period(ws, we, period, start_ms, end_ms, ws, we, tz)
-            if period != "all":
-                check_within_period(ws, we, ps, pe, tz, period)
-            kind = (CORRECTION if rec["kind"] == CORRECTION else WINDOW) if split_corrections else TOTAL
+        ps, pe, kind, extra = placed
         first = ws if first is None else min(first, ws)
         last = we if last is None else max(last, we)
         ns = rec["namespace"]
@@ -170,20 +157,15 @@ def build_workload_report(
             s = sums.get(key)
             if s is None:
                 s = sums[key] = _Sum()
-            s.alloc += part["allocated_gpu_seconds"]
-            s.used += part["used_gpu_seconds"]
-            s.idle += part["idle_gpu_seconds"]
-            s.unknown += (rec.get("activity_unknown_gpu_seconds") or 0.0) * share
-            s.energy += part["energy_joules"]
-            s.cost_a += part["cost_allocation"]
-            s.cost_e += part["cost_energy"]
+            s.add(
+                part,
+                (rec.get("activity_unknown_gpu_seconds") or 0.0) * share,
+                rec.get("price_source") == "default",
+            )
             if carbon is not None:
                 s.co2e += carbon(rec["node"], ws, part["energy_joules"] / 3_600_000.0)
-            s.default = s.default or rec.get("price_source") == "default"
-            s.records += 1
-    if period == "all" and first is not None and last is not None and not billing:
-        span = _period(first, last, "all", start_ms, end_ms, first, last)
-        sums = {(*span, *k[2:]): s for k, s in sums.items()}
+    if period == "all" and not billing:
+        sums = span_all(sums, first, last, start_ms, end_ms)
     rows = [
         s.row(
             *k[:5],
@@ -191,16 +173,7 @@ def build_workload_report(
             group_by=wdim,
             group=k[5],
             co2e_kg=s.co2e if carbon is not None else None,
-            **(
-                dict(
-                    billing_period_start_ms=k[9],
-                    billing_period_end_ms=k[10],
-                    price_per_gpu_hour=k[11],
-                    price_per_kwh=k[12],
-                )
-                if billing
-                else {}
-            ),
+            **(billing_columns(k[9:]) if billing else {}),
         )
         for k, s in sums.items()
     ]

@@ -21,7 +21,7 @@ import pytest
 from gpupipe.clients.kube import KubeClient, KubeConfig
 from gpupipe.domain.prices import load_price_table
 from gpupipe_consumers.alerts.cordon import ANNOTATION_PREFIX, Cordoner, CordonResult, KubeNodeApi
-from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine
+from gpupipe_consumers.chargeback.settings import ChargebackSettings, build_engine
 from gpupipe_consumers.report.workload_report import build_workload_report
 from gpupipe_producer.podmeta.kube_watch import PodMetadataWatcher
 from gpupipe_producer.samples.enrich import ProcPod

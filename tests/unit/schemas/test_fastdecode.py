@@ -8,7 +8,7 @@ import random
 import pytest
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
-from gpupipe_consumers.chargeback.engine import projected_sample_schema
+from gpupipe_consumers.chargeback.settings import projected_sample_schema
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_schemas import catalog
 from gpupipe_schemas.codec import SINGLE_OBJECT_MAGIC, AvroCodec

@@ -20,8 +20,8 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from gpupipe.kafka import topics
 from gpupipe.kafka.admin import ensure_topics
 from gpupipe_consumers.chargeback import service as service_mod
-from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine, projected_sample_schema
 from gpupipe_consumers.chargeback.service import ChargebackFatalError, ChargebackService, ServiceConfig
+from gpupipe_consumers.chargeback.settings import ChargebackSettings, build_engine, projected_sample_schema
 from gpupipe_schemas import catalog
 from gpupipe_schemas.codec import AvroCodec
 from tests.integration.chargeback_util import Progress, new_id, read_output, window_keys

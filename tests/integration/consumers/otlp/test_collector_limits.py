@@ -26,7 +26,7 @@ from gpupipe.kafka.admin import ensure_topics
 from gpupipe.kafka.ready import Backoff
 from gpupipe_consumers.otlp import mapping
 from gpupipe_consumers.otlp.export import config_from, transport
-from gpupipe_consumers.otlp.service import ExportAbandoned, OtlpService
+from gpupipe_consumers.otlp.handler import ExportAbandoned, OtlpHandler
 from gpupipe_consumers.plumbing.consume_loop import InRecord
 from tests import hygiene
 from tests.conftest import free_port
@@ -146,7 +146,7 @@ def rec(value: dict[str, Any]) -> InRecord:
 
 def service(
     endpoint: str, protocol: str, **kw: Any
-) -> tuple[OtlpService, CollectorRegistry, threading.Event]:
+) -> tuple[OtlpHandler, CollectorRegistry, threading.Event]:
     timeout_s = kw.pop("timeout_s", 10.0)
     cfg = config_from(
         protocol=protocol,
@@ -159,7 +159,7 @@ def service(
         environ={"OTEL_EXPORTER_OTLP_HEADERS": "authorization=" + SECRET.replace(" ", "%20")},
     )
     registry, stop = CollectorRegistry(), threading.Event()
-    svc = OtlpService(
+    svc = OtlpHandler(
         transport(cfg), registry, stop=stop, backoff=lambda: Backoff(0.2, 0.5), timeout_s=timeout_s, **kw
     )
     return svc, registry, stop
@@ -264,7 +264,7 @@ class Hop:
         self.thread.join()
 
 
-def run_handle(svc: OtlpService, records: list[InRecord]) -> tuple[threading.Thread, dict[str, Any]]:
+def run_handle(svc: OtlpHandler, records: list[InRecord]) -> tuple[threading.Thread, dict[str, Any]]:
     out: dict[str, Any] = {}
 
     def go() -> None:

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from gpupipe.domain.prices import load_price_table
-from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine
+from gpupipe_consumers.chargeback.settings import ChargebackSettings, build_engine
 from gpupipe_consumers.report.carbon import load_carbon_config
 from gpupipe_consumers.report.workload_report import build_workload_report
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet

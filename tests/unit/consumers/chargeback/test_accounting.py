@@ -12,7 +12,7 @@ from gpupipe_consumers.chargeback.accounting import (
     MIG_SHARED,
     UNALLOCATED,
     AccountingConfig,
-    GpuRef,
+    ReferenceSample,
     account,
     activity_ratio,
     gpu_key,
@@ -64,8 +64,8 @@ def proc(ns: str | None, pod: str | None, sm: float | None, pid: int = 1) -> dic
     }
 
 
-def ref(ts: int, energy_mj: int | None = None, offset: int = 0) -> GpuRef:
-    return GpuRef(ts, energy_mj, offset)
+def ref(ts: int, energy_mj: int | None = None, offset: int = 0) -> ReferenceSample:
+    return ReferenceSample(ts, energy_mj, offset)
 
 
 # -- timeline -------------------------------------------------------------------------------------

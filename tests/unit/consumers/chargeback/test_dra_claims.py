@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpupipe.domain.prices import load_price_table
-from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine
+from gpupipe_consumers.chargeback.settings import ChargebackSettings, build_engine
 from gpupipe_consumers.report.chargeback_report import build_report
 from gpupipe_consumers.report.workload_report import build_workload_report
 from tests.paths import REPO

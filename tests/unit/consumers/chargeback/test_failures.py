@@ -16,8 +16,8 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from gpupipe.common.errors import ConfigError
 from gpupipe_consumers.chargeback import service as service_mod
-from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine
 from gpupipe_consumers.chargeback.service import ChargebackFatalError, ChargebackService, ServiceConfig
+from gpupipe_consumers.chargeback.settings import ChargebackSettings, build_engine
 from gpupipe_schemas.codec import AvroCodec
 from tests.unit.consumers.chargeback.test_service import (
     DLQ,

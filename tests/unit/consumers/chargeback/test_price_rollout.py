@@ -20,9 +20,9 @@ import yaml
 from confluent_kafka import TopicPartition
 
 from gpupipe.domain.price_schedule import PriceSchedule, divergence, fingerprint, parse_price_schedule
-from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine
 from gpupipe_consumers.chargeback.errors import PriceChangeError
 from gpupipe_consumers.chargeback.service import ChargebackFatalError, ChargebackService
+from gpupipe_consumers.chargeback.settings import ChargebackSettings, build_engine
 from gpupipe_consumers.chargeback.windows import WindowEngine
 from gpupipe_schemas.codec import AvroCodec
 from tests.unit.consumers.chargeback.test_service import (

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from gpupipe.domain.prices import parse_price_table
-from gpupipe_consumers.chargeback.engine import (
+from gpupipe_consumers.chargeback.errors import ChargebackConfigError
+from gpupipe_consumers.chargeback.settings import (
     SAMPLE_FIELDS,
     ChargebackSettings,
     build_engine,
     projected_sample_schema,
 )
-from gpupipe_consumers.chargeback.errors import ChargebackConfigError
 from gpupipe_schemas import catalog
 from gpupipe_schemas.codec import AvroCodec
 from tests.synthetic_fleet import FleetSpec, generate_fleet

@@ -16,7 +16,7 @@ import re
 import pytest
 
 from gpupipe.domain.prices import parse_price_table
-from gpupipe_consumers.chargeback.accounting import AccountingConfig, GpuRef, account
+from gpupipe_consumers.chargeback.accounting import AccountingConfig, ReferenceSample, account
 from gpupipe_consumers.chargeback.windows import WindowEngine
 from gpupipe_consumers.report.chargeback_report import build_report
 from gpupipe_consumers.report.formats import FocusOptions, render_report
@@ -63,7 +63,7 @@ def sample(allocations: list[dict], processes: list[dict] = (), **kw) -> dict:
     return blank_sample(**base)
 
 
-def bills(s: dict, ref: GpuRef | None = None) -> dict[str, float]:
+def bills(s: dict, ref: ReferenceSample | None = None) -> dict[str, float]:
     """GPU-seconds per namespace for one 10 s sample."""
     out: dict[str, float] = {}
     for c in account(s, ref, 1, CFG).contributions:
@@ -203,7 +203,7 @@ def test_a_mig_slice_pays_its_fraction_of_the_parent_energy():
         mig={**MIG, "slice_fraction": 3 / 7},
         mig_parent_energy_mj=7_000_000,
     )
-    (c,) = account(s, GpuRef(T0, 0, 0), 1, CFG).contributions
+    (c,) = account(s, ReferenceSample(T0, 0, 0), 1, CFG).contributions
     assert c.namespace == "a"
     assert c.energy_j == pytest.approx(3000.0)
     assert c.energy_estimated_j == 0.0
@@ -219,7 +219,7 @@ def test_the_mig_parent_keeps_only_the_energy_of_capacity_no_slice_covers():
         total_energy_mj=7_000_000,
         power_w=700.0,
     )
-    res = account(parent, GpuRef(T0, 0, 0), 1, CFG)
+    res = account(parent, ReferenceSample(T0, 0, 0), 1, CFG)
     by = {c.namespace: c for c in res.contributions}
     assert MIG_SHARED not in by
     assert by[UNALLOCATED].energy_j == pytest.approx(1000.0)

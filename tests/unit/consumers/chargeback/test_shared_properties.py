@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupipe_consumers.chargeback.accounting import AccountingConfig, GpuRef, account
+from gpupipe_consumers.chargeback.accounting import AccountingConfig, ReferenceSample, account
 from tests.synthetic_fleet import blank_sample
 
 CFG = AccountingConfig()
@@ -86,7 +86,7 @@ def _used_by(sample: dict) -> set[tuple[str, str]]:
 @settings(max_examples=400, deadline=None, database=None)
 @given(shared_sample())
 def test_the_parts_add_up_to_the_whole_and_users_pay(s: dict) -> None:
-    res = account(s, GpuRef(T0, 0, 0), 1, CFG)
+    res = account(s, ReferenceSample(T0, 0, 0), 1, CFG)
     parts = res.contributions
     assert sum(c.allocated_s for c in parts) == pytest.approx(DT_MS / 1000, rel=REL)
     assert sum(c.energy_j for c in parts) == pytest.approx(s["total_energy_mj"] / 1000, rel=REL, abs=1e-12)
@@ -122,7 +122,7 @@ def test_a_mig_gpus_energy_is_billed_whole_across_its_slices(gpu) -> None:
         total_energy_mj=after,
         **common,
     )
-    records = [(parent, GpuRef(T0, before, 0))]
+    records = [(parent, ReferenceSample(T0, before, 0))]
     for i, (fraction, is_held) in enumerate(zip(fractions, held, strict=True)):
         mig = {"mig_uuid": f"MIG-{i}", "gpu_instance_id": i, "compute_instance_id": 0, "profile": "x"}
         holder = {"namespace": f"t{i}", "pod": "p", "container": "c", "resource_name": "r", "replica": None}
@@ -133,7 +133,7 @@ def test_a_mig_gpus_energy_is_billed_whole_across_its_slices(gpu) -> None:
             allocations=[holder] if is_held else [],
             **common,
         )
-        records.append((s, GpuRef(T0, before, 0)))
+        records.append((s, ReferenceSample(T0, before, 0)))
     parts = [c for s, ref in records for c in account(s, ref, 1, CFG).contributions]
     assert sum(c.energy_j for c in parts) == pytest.approx((after - before) / 1000, rel=REL, abs=1e-12)
     assert sum(c.allocated_s for c in parts) == pytest.approx(DT_MS / 1000, rel=REL)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpupipe_consumers.chargeback.engine import ChargebackSettings
+from gpupipe_consumers.chargeback.settings import ChargebackSettings
 from tests.unit.consumers.chargeback.test_windows import MIN, T0, engine, sample, totals
 
 H = 60 * MIN

@@ -14,7 +14,7 @@ import pytest
 
 from gpupipe.domain.prices import load_price_table
 from gpupipe.domain.teams import parse_team_map
-from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine
+from gpupipe_consumers.chargeback.settings import ChargebackSettings, build_engine
 from gpupipe_consumers.report.carbon import CarbonConfigError, load_carbon_config, parse_carbon_config
 from gpupipe_consumers.report.chargeback_report import build_report
 from gpupipe_consumers.report.formats import render_report

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from pyiceberg.catalog.sql import SqlCatalog
 
 from gpupipe.web.server import HttpServer
-from gpupipe_consumers.lake.service import LakeApp
+from gpupipe_consumers.lake.service import LakeService
 from gpupipe_consumers.lake.tables import BY_NAME
 from gpupipe_consumers.lake.writer import LakeWriter, open_table
 from gpupipe_consumers.plumbing.consume_loop import InRecord
@@ -60,7 +60,7 @@ def test_healthz_answers_503_with_the_error_while_a_commit_is_retried(tmp_path: 
     w.retry_s = 0.05
     w.tables[TOPIC] = (spec, DiskFull(w.tables[TOPIC][1]))  # type: ignore[assignment]
     loop = SimpleNamespace(healthy=True, health_detail=dict)
-    app = LakeApp(w, loop, CollectorRegistry())  # type: ignore[arg-type]
+    app = LakeService(w, loop, CollectorRegistry())  # type: ignore[arg-type]
     recs = [InRecord(TOPIC, 0, i, None, "XidEvent", fill("XidEvent", event_id=f"e{i}"), 1) for i in range(2)]
     # the consume loop's thread: handle() reaches flush_rows and retries the commit until stopped
     writing = threading.Thread(target=w.handle, args=(recs,), daemon=True)

@@ -91,7 +91,7 @@ def test_a_batch_is_applied_under_one_lock_and_reports_its_bad_records() -> None
     bad = blank("GPU-1")
     del bad["uuid"]
     failed = store.apply_samples([(blank("GPU-0"), 0), (bad, 0), (blank("GPU-2"), 1)], now)
-    assert [(i, type(e).__name__) for i, e in failed] == [(1, "InvalidRecord")]
+    assert [(i, type(e).__name__) for i, e in failed] == [(1, "UnusableSample")]
     assert sorted(store.keys()) == ["GPU-0", "GPU-2"]
 
 

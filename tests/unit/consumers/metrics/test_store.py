@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpupipe_consumers.metrics.collectors_csv import all_counters, default_counters
 from gpupipe_consumers.metrics.render import RenderOptions
-from gpupipe_consumers.metrics.store import InvalidRecord, SeriesStore
+from gpupipe_consumers.metrics.store import SeriesStore, UnusableSample
 from gpupipe_schemas import catalog
 from gpupipe_schemas.codec import AvroCodec
 from tests.paths import TESTS
@@ -557,13 +557,13 @@ def test_projected_record_missing_metric_fields():
 
 def test_record_without_identity_is_rejected():
     store = SeriesStore()
-    with pytest.raises(InvalidRecord):
+    with pytest.raises(UnusableSample):
         store.apply_sample({"timestamp_ms": 1}, 0, NOW)
-    with pytest.raises(InvalidRecord, match="hostname"):
+    with pytest.raises(UnusableSample, match="hostname"):
         store.apply_sample({"uuid": "GPU-x", "timestamp_ms": 1}, 0, NOW)
-    with pytest.raises(InvalidRecord, match="KeyError"):
+    with pytest.raises(UnusableSample, match="KeyError"):
         store.apply_sample(blank("GPU-y", allocations=[{"namespace": "a"}]), 0, NOW)
-    with pytest.raises(InvalidRecord, match="TypeError"):
+    with pytest.raises(UnusableSample, match="TypeError"):
         store.apply_sample(blank("GPU-z", allocations=[None, None]), 0, NOW)
     assert store.gpu_count() == 0  # nothing half-made is left behind
     check_exposition(store.render(NOW).decode())

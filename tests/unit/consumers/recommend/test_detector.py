@@ -212,7 +212,7 @@ def test_service_publishes_dead_letters_wrong_types_and_exposes_series() -> None
     from prometheus_client import CollectorRegistry, generate_latest
 
     from gpupipe_consumers.plumbing.consume_loop import InRecord
-    from gpupipe_consumers.recommend.service import RecommendService, am_shape
+    from gpupipe_consumers.recommend.handler import RecommendHandler, am_shape
 
     class Sink:
         def __init__(self) -> None:
@@ -233,7 +233,7 @@ def test_service_publishes_dead_letters_wrong_types_and_exposes_series() -> None
             self.alerts.append(rec)
 
     reg, sink, am = CollectorRegistry(), Sink(), Am()
-    svc = RecommendService(detector(), sink, reg, am)
+    svc = RecommendHandler(detector(), sink, reg, am)
     recs = [InRecord("s", 0, i, None, "GpuSample", sample(i * MIN, 0.0), 0) for i in range(31)]
     bad = [
         InRecord("s", 0, 99, None, "XidEvent", {}, 0),
@@ -267,7 +267,7 @@ def test_series_team_is_the_namespace_without_a_rule_as_chargeback_for_the_dashb
     from prometheus_client.parser import text_string_to_metric_families
 
     from gpupipe_consumers.plumbing.consume_loop import InRecord
-    from gpupipe_consumers.recommend.service import RecommendService
+    from gpupipe_consumers.recommend.handler import RecommendHandler
 
     class Sink:
         def send(self, rec: dict) -> None:
@@ -280,7 +280,7 @@ def test_series_team_is_the_namespace_without_a_rule_as_chargeback_for_the_dashb
         det = detector()
         det.team_of = team_of
         reg = CollectorRegistry()
-        svc = RecommendService(det, Sink(), reg)
+        svc = RecommendHandler(det, Sink(), reg)
         pods = (("notebooks", "nb-1"), ("research", "nb-2"))
         idle = [sample(i * MIN, 0.0, pods=pods) for i in range(31)]
         svc.handle([InRecord("s", 0, i, None, "GpuSample", s, 0) for i, s in enumerate(idle)])

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from gpupipe.kafka.ready import Backoff
 from gpupipe_consumers.otlp import mapping
 from gpupipe_consumers.otlp.export import ExportError, PartialSuccess, Signal
-from gpupipe_consumers.otlp.service import MAX_TIMEOUT_S, TIMEOUT_GROWTH, OtlpService
+from gpupipe_consumers.otlp.handler import MAX_TIMEOUT_S, TIMEOUT_GROWTH, OtlpHandler
 from gpupipe_consumers.plumbing.consume_loop import InRecord
 from tests.otlp_records import alloc, points, sample
 
@@ -52,10 +52,10 @@ def rec(uuid: str, allocations: int = 1) -> InRecord:
     return InRecord("gpu.samples.v1", 0, 0, None, "GpuSample", value, 0)
 
 
-def service(tx: Scripted, **kw: Any) -> tuple[OtlpService, CollectorRegistry]:
+def service(tx: Scripted, **kw: Any) -> tuple[OtlpHandler, CollectorRegistry]:
     registry = CollectorRegistry()
     kw.setdefault("backoff", lambda: Backoff(first_s=0.0, cap_s=0.0))
-    return OtlpService(tx, registry, **kw), registry
+    return OtlpHandler(tx, registry, **kw), registry
 
 
 def value(registry: CollectorRegistry, name: str, **labels: str) -> float:

@@ -12,8 +12,8 @@ import random
 
 import pytest
 
-from gpupipe_consumers.metrics.body import BodyJoiner
 from gpupipe_consumers.metrics.collectors_csv import all_counters, default_counters
+from gpupipe_consumers.metrics.gpu_families import BodyJoiner
 from gpupipe_consumers.metrics.render import Family, RenderOptions
 from gpupipe_consumers.metrics.store import SeriesStore
 from tests.unit.consumers.metrics.test_store import T_MS, alloc, blank, xid

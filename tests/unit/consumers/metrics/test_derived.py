@@ -6,7 +6,7 @@ a log line (no series, so rules on them never fired) and DCGM_FI_DEV_XID_ERRORS 
 
 from __future__ import annotations
 
-from gpupipe_consumers.metrics import exp
+from gpupipe_consumers.metrics import derived
 from gpupipe_consumers.metrics.collectors_csv import parse_counters
 from gpupipe_consumers.metrics.render import RenderOptions
 from gpupipe_consumers.metrics.store import SeriesStore
@@ -78,7 +78,7 @@ def test_err_msg_is_dcgm_exporters_own_text():
         173: "Unknown Error",  # past the table (gpupipe's catalog knows 173: dcgm-exporter does not)
         999: "Unknown Error",
     }
-    assert {c: exp.xid_message(c) for c in want} == want
+    assert {c: derived.xid_message(c) for c in want} == want
     s = store()
     s.apply_sample(sample(), 0, NOW)
     s.apply_xid(xid(45, ts=T_MS + 10), 0, NOW)
@@ -163,12 +163,12 @@ def test_health_status_series_and_values():
 
 
 def test_gpu_lost_fails_all():
-    h = dict((w, (v, c)) for w, v, c in exp.sample_health({"gpu_lost": True}))
-    assert h["ALL"] == (exp.FAIL, "DCGM_FR_FALLEN_OFF_BUS") and h["MEM"] == (exp.PASS, "DCGM_FR_OK")
+    h = dict((w, (v, c)) for w, v, c in derived.sample_health({"gpu_lost": True}))
+    assert h["ALL"] == (derived.FAIL, "DCGM_FR_FALLEN_OFF_BUS") and h["MEM"] == (derived.PASS, "DCGM_FR_OK")
 
 
 def test_window_counts_prune_and_out_of_order():
-    w = exp.WindowCounts(100)
+    w = derived.WindowCounts(100)
     assert w.push(50, (1,)) and w.push(20, (2,)) and not w.push(0, (3,), now_ms=150)
     assert w.counts == {1: 1, 2: 1}
     assert w.prune(120) and w.counts == {1: 1}
@@ -213,7 +213,7 @@ def test_mig_gpu_health_is_per_gpu_and_gpu_xids_reach_every_instance():
     s.apply_xid(xid(79, ts=T_MS + 10), 0, NOW)
     text = s.render(NOW).decode()
     health = lines_of(text, "DCGM_EXP_GPU_HEALTH_STATUS")
-    assert len(health) == len(exp.RUN_WATCHES) == 4 and not any("GPU_I_ID" in ln for ln in health)
+    assert len(health) == len(derived.RUN_WATCHES) == 4 and not any("GPU_I_ID" in ln for ln in health)
     assert f'{{{BASE},health_error_code="DCGM_FR_FALLEN_OFF_BUS",health_watch="ALL"}} 20' in text
     for gi in (1, 2):
         inst = f'GPU_I_PROFILE="3g.71gb",GPU_I_ID="{gi}"'

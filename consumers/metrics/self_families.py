@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpupipe_consumers.metrics.collectors_csv import CounterSet
-from gpupipe_consumers.metrics.render import SAMPLE_AGE_METRIC, escape_label_value
+from gpupipe_consumers.metrics.labels import SAMPLE_AGE_METRIC
+from gpupipe_consumers.metrics.textfmt import escape_label_value
 
 GPUS_METRIC = "gpupipe_metrics_gpus"
 INVALID_METRIC = "gpupipe_metrics_invalid_values_total"
