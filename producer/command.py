@@ -29,7 +29,7 @@ from gpupipe_producer.publish import DENIED, Publisher, producer_config
 from gpupipe_producer.self_metrics import ProducerMetrics
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_producer.spool import DEFAULT_MAX_BYTES as DEFAULT_SPOOL_MAX_BYTES
-from gpupipe_schemas.codec import codec_from_url
+from gpupipe_schemas.codec import CONFLUENT, FRAMINGS, RAW, codec_from_url
 from gpupipe_schemas.meaning import xid_kafka_key
 
 #: The kubelet's rotating client certificate and key in one file (CN system:node:<node>): the
@@ -97,6 +97,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAME=DURATION",
         help="retention for a topic created here, e.g. xid=90d (repeatable)",
+    )
+    p.add_argument(
+        "--framing",
+        action="append",
+        default=[],
+        metavar="[NAME=]FRAMING",
+        help=f"how values are framed, per topic (samples=raw) or for both: one of {', '.join(FRAMINGS)} "
+        "(default: confluent with --schema-registry-url, else single-object; docs/schemas.md)",
     )
     p.add_argument("--compression", default="zstd", choices=["zstd", "lz4", "snappy", "gzip", "none"])
     p.add_argument("--linger-ms", type=int, default=50, help="librdkafka linger for batching")
@@ -283,6 +291,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_framings(items: list[str], registry: bool) -> dict[str, str]:
+    """``--framing`` values (``raw``, ``samples=raw``) into base topic -> framing; ConfigError."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, framing = item.rpartition("=")
+        bases = [topics.resolve_alias(name.strip())] if sep else [topics.SAMPLES, topics.XID]
+        if bases[0] not in (topics.SAMPLES, topics.XID) or framing not in FRAMINGS:
+            raise ConfigError(
+                f"--framing expects [samples=|xid=]FRAMING with FRAMING one of {', '.join(FRAMINGS)}, "
+                f"got {item!r}"
+            )
+        if framing == CONFLUENT and not registry:
+            raise ConfigError("--framing confluent needs --schema-registry-url")
+        out.update(dict.fromkeys(bases, framing))  # type: ignore[arg-type]
+    return out
+
+
 class ProducerRun:
     """One producer process: Kafka preparation, the publisher, and the simulated or NVML loop."""
 
@@ -308,6 +333,8 @@ class ProducerRun:
         self._samples_left = 0
         self.t_samples = topics.with_prefix(args.topic_prefix, topics.SAMPLES)
         self.t_xid = topics.with_prefix(args.topic_prefix, topics.XID)
+        framed = parse_framings(args.framing, registry=bool(args.schema_registry_url))
+        self.framings = {topics.with_prefix(args.topic_prefix, t): f for t, f in framed.items()}
 
     # -- start ---------------------------------------------------------------------------------
     def build(self, life: Lifecycle) -> ProducerRun:
@@ -405,8 +432,12 @@ class ProducerRun:
         self._checks = [agent.health, agent.ready]
 
     def run(self, stop: threading.Event) -> None:
-        args, publisher, codec = self.args, self.publisher, codec_from_url(self.args.schema_registry_url)
+        args, publisher = self.args, self.publisher
+        codec = codec_from_url(args.schema_registry_url, framings=self.framings)
         assert publisher is not None
+        for topic, name in ((self.t_samples, "GpuSample"), (self.t_xid, "XidEvent")):
+            if self.framings.get(topic) == RAW:
+                publisher.topic_headers[topic] = codec.encoder(name, topic).headers or []
         if args.source == "simulated":
             enc_s = codec.encoder("GpuSample", self.t_samples).encode
             enc_x = codec.encoder("XidEvent", self.t_xid).encode
