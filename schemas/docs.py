@@ -87,7 +87,7 @@ gpupipe's consumers dead-letter it, as they do a value with neither header nor m
 
 | reader | `single-object` | `confluent` | `raw` |
 |---|---|---|---|
-| Flink SQL, `'format'='avro'` | no (the prefix breaks decoding) | no | yes, with a DDL that mirrors the schema |
+| Flink SQL, `'format'='avro'` | no (the prefix breaks decoding) | no | yes, with the [generated DDL](reference/engines/index.md) |
 | Flink SQL, `'format'='avro-confluent'` | no | yes, with a registry | no |
 | Spark `from_avro` | yes, `substring` past 10 bytes ([recipe](recipes/spark.md)) | yes, past 5 bytes | yes, the value as is |
 | an Avro library in code (fastavro, Java `BinaryDecoder`) | skip 10 bytes | skip 5 bytes | as is |
