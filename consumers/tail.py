@@ -53,7 +53,7 @@ def resolve_topic(prefix: str, topic: str) -> str:
 def format_record(codec: AvroCodec, msg: Any, with_meta: bool) -> tuple[str | None, str | None]:
     """(json line, None) for a decodable record, (None, error line) otherwise."""
     try:
-        decoded = codec.decode(msg.value())
+        decoded = codec.decode(msg.value(), msg.headers())
     except DecodeError as exc:
         return None, (
             f"gpupipe tail: {msg.topic()}[{msg.partition()}]@{msg.offset()}: not a gpupipe Avro record "

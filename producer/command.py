@@ -17,6 +17,7 @@ from gpupipe.common.durations import format_duration_ms
 from gpupipe.common.errors import ConfigError
 from gpupipe.lifecycle import service_flags, startup
 from gpupipe.lifecycle.runner import ServiceSpec, run_service
+from gpupipe_producer.framings import FRAMINGS
 from gpupipe_producer.podmeta.extras import add_arguments as podmeta_arguments
 from gpupipe_producer.service import ProducerService
 from gpupipe_producer.simulated.fleet import FleetConfig
@@ -85,6 +86,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAME=DURATION",
         help="retention for a topic created here, e.g. xid=90d (repeatable)",
+    )
+    p.add_argument(
+        "--framing",
+        action="append",
+        default=[],
+        metavar="[NAME=]FRAMING",
+        help=f"how values are framed, per topic (samples=raw) or for both: one of {', '.join(FRAMINGS)} "
+        "(default: confluent with --schema-registry-url, else single-object; docs/schemas.md)",
     )
     p.add_argument("--compression", default="zstd", choices=["zstd", "lz4", "snappy", "gzip", "none"])
     p.add_argument("--linger-ms", type=int, default=50, help="librdkafka linger for batching")

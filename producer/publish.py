@@ -88,6 +88,8 @@ class Publisher:
         self._last_error_log = 0.0
         self.purged_by_topic: dict[str, int] = {}
         self._user_cb = on_delivery
+        #: Kafka headers every record of a topic carries (the raw framing's schema header).
+        self.topic_headers: dict[str, list[tuple[str, bytes]]] = {}
         conf = dict(conf)
         conf["on_delivery"] = self._delivered
         self._producer = producer_factory(conf)
@@ -123,7 +125,12 @@ class Publisher:
     def _stopping(self) -> bool:
         return self._stop is not None and self._stop.is_set()
 
+    def _headers(self, topic: str, headers: Any) -> Any:
+        fixed = self.topic_headers.get(topic)
+        return headers if fixed is None else [*fixed, *(headers or ())]
+
     def produce(self, topic: str, key: bytes | str, value: bytes, headers: Any = None) -> None:
+        headers = self._headers(topic, headers)
         while True:
             try:
                 self._producer.produce(topic, value, key, headers=headers)
@@ -162,6 +169,7 @@ class Publisher:
                 self._note_fatal(err, msg)
             on_delivery(err, msg)
 
+        headers = self._headers(topic, headers)
         while True:
             try:
                 self._producer.produce(topic, value, key, on_delivery=done, headers=headers)

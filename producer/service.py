@@ -19,10 +19,11 @@ from gpupipe.kafka import topics
 from gpupipe.kafka.admin import parse_kafka_overrides, parse_topic_overrides
 from gpupipe.kafka.auth import KafkaAuthError, principal_of, runtime_write_denial
 from gpupipe.lifecycle.runner import Lifecycle
+from gpupipe_producer.framings import parse_framings
 from gpupipe_producer.publish import DENIED, Publisher, producer_config
 from gpupipe_producer.self_metrics import ProducerMetrics
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
-from gpupipe_schemas.codec import codec_from_url
+from gpupipe_schemas.codec import RAW, codec_from_url
 from gpupipe_schemas.meaning import xid_kafka_key
 
 log = logging.getLogger("gpupipe.produce")
@@ -56,6 +57,8 @@ class ProducerService:
         self._samples_left = 0
         self.t_samples = topics.with_prefix(args.topic_prefix, topics.SAMPLES)
         self.t_xid = topics.with_prefix(args.topic_prefix, topics.XID)
+        framed = parse_framings(args.framing, registry=bool(args.schema_registry_url))
+        self.framings = {topics.with_prefix(args.topic_prefix, t): f for t, f in framed.items()}
 
     # -- start ---------------------------------------------------------------------------------
     def build(self, life: Lifecycle) -> ProducerService:
@@ -153,8 +156,12 @@ class ProducerService:
         self._checks = [agent.health, agent.ready]
 
     def run(self, stop: threading.Event) -> None:
-        args, publisher, codec = self.args, self.publisher, codec_from_url(self.args.schema_registry_url)
+        args, publisher = self.args, self.publisher
+        codec = codec_from_url(args.schema_registry_url, framings=self.framings)
         assert publisher is not None
+        for topic, name in ((self.t_samples, "GpuSample"), (self.t_xid, "XidEvent")):
+            if self.framings.get(topic) == RAW:
+                publisher.topic_headers[topic] = codec.encoder(name, topic).headers or []
         if args.source == "simulated":
             enc_s = codec.encoder("GpuSample", self.t_samples).encode
             enc_x = codec.encoder("XidEvent", self.t_xid).encode

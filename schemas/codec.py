@@ -1,6 +1,6 @@
 """Avro framing for every gpupipe topic.
 
-Two framings, chosen by the producer, both accepted by every decoder:
+Three framings, chosen per topic by the writer, all accepted by every decoder:
 
 * **Single-object encoding** (default): ``C3 01`` + 8-byte CRC-64-AVRO fingerprint
   (little-endian) + Avro binary. Self-describing with no extra server: a reader
@@ -8,6 +8,10 @@ Two framings, chosen by the producer, both accepted by every decoder:
 * **Confluent wire format** (with ``--schema-registry-url``): ``00`` + 4-byte
   big-endian schema id + Avro binary, schemas registered/fetched through
   ``confluent_kafka.schema_registry``.
+* **Raw** (headed): the value is the Avro binary alone, what stock SQL engines decode
+  without a registry; the Kafka record header ``gpupipe.schema`` names the writer
+  schema as ``<record name>@<fingerprint hex, wire order>``. The header wins over
+  the value's first bytes (a raw body may start with anything).
 
 Decoding always resolves the writer schema against the reader's (current) schema,
 so records written by an older or newer producer read fine as long as the
@@ -19,7 +23,7 @@ from __future__ import annotations
 import io
 import json
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +34,11 @@ from gpupipe_schemas.catalog import SchemaVersion
 from gpupipe_schemas.errors import DecodeError, EncodeError
 
 SINGLE_OBJECT_MAGIC = b"\xc3\x01"
+#: The Kafka record header that names the writer schema of a raw-framed value.
+SCHEMA_HEADER = "gpupipe.schema"
+SINGLE_OBJECT, CONFLUENT, RAW = "single-object", "confluent", "raw"
+FRAMINGS = (SINGLE_OBJECT, CONFLUENT, RAW)
+Headers = Sequence[tuple[str, bytes | None]] | None  # a Kafka record's headers, as confluent_kafka gives them
 CONFLUENT_MAGIC = 0
 _CONFLUENT_HEADER = struct.Struct(">bI")
 
@@ -40,18 +49,26 @@ class Decoded:
 
     name: str
     record: dict[str, Any]
-    framing: str  # "single-object" | "confluent"
+    framing: str  # one of FRAMINGS
 
 
 class Encoder:
     """Encodes plain dicts of one record type. Built once at startup (bad schema fails early)."""
 
-    __slots__ = ("_header", "_parsed", "name")
+    __slots__ = ("_header", "_parsed", "headers", "name")
 
-    def __init__(self, name: str, header: bytes, parsed: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        name: str,
+        header: bytes,
+        parsed: dict[str, Any],
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> None:
         self.name = name
         self._header = header
         self._parsed = parsed
+        #: Kafka record headers every value of this encoder must carry (raw framing), else None.
+        self.headers = headers
 
     def encode(self, record: Mapping[str, Any]) -> bytes:
         buf = io.BytesIO()
@@ -77,14 +94,17 @@ class AvroCodec:
 
     ``reader_schemas`` lets a consumer read only the fields it needs (projection):
     fastavro skips the rest, which is what makes chargeback decoding cheap.
+    ``framings`` (topic -> framing) is what :meth:`encoder` writes to a topic when not told.
     """
 
     def __init__(
         self,
         registry: Any | None = None,
         reader_schemas: Mapping[str, Mapping[str, Any]] | None = None,
+        framings: Mapping[str, str] | None = None,
     ) -> None:
         self._registry = registry
+        self._framings = dict(framings or {})  # topic -> framing its encoders write
         self._readers: dict[bytes, _Reader] = {}
         self._confluent_readers: dict[int, _Reader] = {}
         self._reader_for_name: dict[str, dict[str, Any]] = {}
@@ -105,10 +125,22 @@ class AvroCodec:
         return _Reader(name, writer, None if reader is writer else reader)
 
     # -- encoding ---------------------------------------------------------------
-    def encoder(self, name: str, topic: str | None = None) -> Encoder:
+    def encoder(self, name: str, topic: str | None = None, framing: str | None = None) -> Encoder:
+        """``framing`` None: Confluent with a registry, single-object without."""
         sv = catalog.current(name)
-        if self._registry is None:
+        if framing is None:
+            default = SINGLE_OBJECT if self._registry is None else CONFLUENT
+            framing = self._framings.get(topic or "", default)
+        if framing == SINGLE_OBJECT:
             return Encoder(name, SINGLE_OBJECT_MAGIC + sv.fingerprint, sv.parsed)
+        if framing == RAW:
+            return Encoder(name, b"", sv.parsed, [(SCHEMA_HEADER, schema_header_value(sv))])
+        if framing != CONFLUENT:
+            raise ValueError(f"unknown framing {framing!r}")
+        if self._registry is None:
+            from gpupipe.common.errors import ConfigError
+
+            raise ConfigError(f"the confluent framing of {topic or name} needs --schema-registry-url")
         schema_id = self._register(sv, topic or name)
         return Encoder(name, _CONFLUENT_HEADER.pack(CONFLUENT_MAGIC, schema_id), sv.parsed)
 
@@ -123,18 +155,25 @@ class AvroCodec:
             raise ConfigError(f"cannot register schema {sv.name} for {topic}: {exc}") from exc
 
     # -- decoding ---------------------------------------------------------------
-    def decode(self, payload: bytes | None) -> Decoded:
-        if not payload:
+    def decode(self, payload: bytes | None, headers: Headers = None) -> Decoded:
+        """``headers``: the record's Kafka headers; only a raw-framed value needs them."""
+        named = schema_header(headers) if headers else None
+        if named is not None:
+            rd = self._headed_reader(named)
+            body, framing = 0, RAW
+            if payload is None:
+                raise DecodeError("empty-payload")
+        elif not payload:
             raise DecodeError("empty-payload")
-        if payload[:2] == SINGLE_OBJECT_MAGIC:
+        elif payload[:2] == SINGLE_OBJECT_MAGIC:
             rd = self._readers.get(payload[2:10])
             if rd is None:
                 raise DecodeError("unknown-schema-fingerprint", payload[2:10].hex())
-            body, framing = 10, "single-object"
+            body, framing = 10, SINGLE_OBJECT
         elif payload[0] == CONFLUENT_MAGIC and len(payload) >= 5:
             schema_id = _CONFLUENT_HEADER.unpack_from(payload)[1]
             rd = self._confluent_reader(schema_id)
-            body, framing = 5, "confluent"
+            body, framing = 5, CONFLUENT
         else:
             raise DecodeError("not-gpupipe-avro", f"first bytes {payload[:4].hex()}")
         stream = io.BytesIO(payload[body:])
@@ -146,6 +185,19 @@ class AvroCodec:
         if left:  # a body is exactly one record: bytes after it mean a writer other than ours
             raise DecodeError("trailing-bytes", f"{rd.name}: {left} bytes after the record")
         return Decoded(rd.name, rec, framing)
+
+    def _headed_reader(self, named: bytes) -> _Reader:
+        name, _, fp_hex = named.decode("ascii", "replace").rpartition("@")
+        try:
+            fp = bytes.fromhex(fp_hex)
+        except ValueError:
+            fp = b""
+        rd = self._readers.get(fp) if len(fp) == 8 else None
+        if rd is None:
+            raise DecodeError("unknown-schema-fingerprint", f"{SCHEMA_HEADER}: {named[:60]!r}")
+        if name != rd.name:
+            raise DecodeError("schema-header-mismatch", f"{name!r} names fingerprint of {rd.name}")
+        return rd
 
     def _confluent_reader(self, schema_id: int) -> _Reader:
         rd = self._confluent_readers.get(schema_id)
@@ -164,6 +216,19 @@ class AvroCodec:
         rd = self._make_reader(name, parse_schema(catalog.strip_logical_types(raw)))
         self._confluent_readers[schema_id] = rd
         return rd
+
+
+def schema_header_value(sv: SchemaVersion) -> bytes:
+    """``<name>@<fingerprint hex in wire order>``: what the raw framing's header carries."""
+    return f"{sv.name}@{sv.fingerprint.hex()}".encode("ascii")
+
+
+def schema_header(headers: Headers) -> bytes | None:
+    """The value of the ``gpupipe.schema`` header among a record's Kafka headers, else None."""
+    for key, value in headers or ():
+        if key == SCHEMA_HEADER:
+            return value or b""
+    return None
 
 
 def make_registry_client(url: str | None) -> Any | None:

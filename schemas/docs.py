@@ -67,23 +67,80 @@ def _table(rec: dict[str, Any], level: str) -> list[str]:
     return lines
 
 
+_FRAMING = """\
+## Framing
+
+Each value is one Avro binary record, framed one of three ways. The node agent picks a framing per
+topic (`gpupipe produce --framing samples=raw`, or `--framing raw` for both of its topics); every
+gpupipe consumer reads all three, also mixed in one topic.
+
+| framing | value | the writer schema is named by | default |
+|---|---|---|---|
+| `single-object` | `C3 01` + 8-byte fingerprint + body | the fingerprint (wire bytes) | yes, without a registry |
+| `confluent` | `00` + 4-byte big-endian schema id + body | the registry's id (subject `<topic>-value`) | with `--schema-registry-url` |
+| `raw` | the body alone | Kafka record header `gpupipe.schema` = `<Name>@<fingerprint, wire bytes in hex>` | no |
+
+A `raw` value whose header is lost (a copy job that drops headers) cannot be told apart from garbage:
+gpupipe's consumers dead-letter it, as they do a value with neither header nor magic byte.
+
+**Which framing for which engine.**
+
+| reader | `single-object` | `confluent` | `raw` |
+|---|---|---|---|
+| Flink SQL, `'format'='avro'` | no (the prefix breaks decoding) | no | yes, with the [generated DDL](reference/engines/index.md) |
+| Flink SQL, `'format'='avro-confluent'` | no | yes, with a registry | no |
+| Spark `from_avro` | yes, `substring` past 10 bytes ([recipe](recipes/spark.md)) | yes, past 5 bytes | yes, the value as is |
+| an Avro library in code (fastavro, Java `BinaryDecoder`) | skip 10 bytes | skip 5 bytes | as is |
+| confluent-kafka `AvroDeserializer` | no | yes | no |
+
+**Evolution.** Fields are only ever added with defaults, never removed, renamed or retyped (see
+[Topics](topics.md)). Readers that resolve the writer schema (gpupipe's consumers, any reader given the
+writer's `.avsc` by fingerprint, a registry reader) read every released version. A reader that takes
+its schema from its own table definition and does no resolution (Flink's `avro` format) must declare
+the writer's exact field list: regenerate the DDL from the same schema version the producers run,
+and upgrade such jobs together with the producers (the header says which version a record has:
+filter on it to fence off the other).
+
+**The default's trade-offs.** `single-object` needs no server and no header support, a record's
+identity travels in its bytes (through any copy), and it costs 10 bytes a record; but stock SQL
+formats cannot skip the prefix. `raw` is what stock engines decode, at no byte cost, but the identity
+lives in a header that every hop must keep. `confluent` lets readers resolve schemas they never saw,
+at the price of running a registry.
+
+**Fingerprints.** The fingerprint is CRC-64-AVRO (the Avro spec's Rabin fingerprint) of the
+schema's parsing canonical form. Two spellings of the same 64-bit number are in use: the *wire
+bytes* (little-endian, as they appear after `C3 01` and in the `gpupipe.schema` header, and as
+fastavro's `fingerprint(..., "CRC-64-AVRO")` prints them), and the *value* (Java's
+`SchemaNormalization.parsingFingerprint64` returns it as a signed `long`; `Long.toHexString` prints the
+unsigned hex). Each section below gives all three.
+
+"""  # noqa: E501 (Markdown table rows)
+
+
+def fingerprint_forms(fp: bytes) -> tuple[str, str, int]:
+    """(wire bytes hex, the 64-bit value in hex, the value as Java's signed long) of a fingerprint."""
+    value = int.from_bytes(fp, "little")
+    return fp.hex(), f"0x{value:016x}", value - (1 << 64) if value >= 1 << 63 else value
+
+
 def render_markdown() -> str:
     lines = [
         "# gpupipe topic schemas",
         "",
         "Generated from `schemas/*.avsc` by `python -m gpupipe_schemas.docs`; do not edit by hand.",
-        "Values are Avro single-object encoded (`C3 01` + 8-byte CRC-64-AVRO fingerprint) or, with a schema",
-        "registry, Confluent-framed (`00` + 4-byte id). Fields are only ever added with defaults.",
         "",
+        *_FRAMING.splitlines(),
     ]
     for name in catalog.available_names():
         sv = catalog.current(name)
         released = catalog.latest_released(name)
+        wire, value, signed = fingerprint_forms(sv.fingerprint)
         lines.append(f"## {name}")
         lines.append("")
         lines.append(
-            f"Namespace `{sv.raw.get('namespace', '')}`; fingerprint `{sv.fingerprint.hex()}`; "
-            f"latest released version: v{released.version if released else '-'}."
+            f"Namespace `{sv.raw.get('namespace', '')}`; latest released version: "
+            f"v{released.version if released else '-'}. Fingerprint: wire bytes `{wire}`; "
+            f"value `{value}` (Java `long` `{signed}`)."
         )
         lines.append("")
         lines += _table(sv.raw, "###")

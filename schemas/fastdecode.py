@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpupipe_schemas import catalog
-from gpupipe_schemas.codec import SINGLE_OBJECT_MAGIC, AvroCodec, Decoded
+from gpupipe_schemas.codec import SINGLE_OBJECT_MAGIC, AvroCodec, Decoded, Headers, schema_header
 from gpupipe_schemas.errors import DecodeError
 
 FastFn = Callable[[bytes, int], dict[str, Any]]
@@ -446,8 +446,10 @@ class SampleDecoder:
             if fn is not None:
                 self.fast[sv.fingerprint] = fn
 
-    def decode(self, payload: bytes | None) -> Decoded:
+    def decode(self, payload: bytes | None, headers: Headers = None) -> Decoded:
         """Like ``AvroCodec.decode``; raises DecodeError for what cannot be decoded."""
+        if headers and schema_header(headers) is not None:  # raw-framed: the codec's
+            return self.codec.decode(payload, headers)
         if payload and payload[:2] == SINGLE_OBJECT_MAGIC:
             fn = self.fast.get(payload[2:10])
             if fn is not None:

@@ -40,7 +40,7 @@ def emitted_ids(messages: Iterable[object], codec: AvroCodec, partitions: set[in
     out: dict[int, set[str]] = {p: set() for p in partitions}
     for msg in messages:
         try:
-            rec = codec.decode(msg.value()).record  # type: ignore[attr-defined]
+            rec = codec.decode(msg.value(), msg.headers()).record  # type: ignore[attr-defined]
         except DecodeError:
             continue
         part, rid = rec.get("source_partition"), rec.get("record_id")

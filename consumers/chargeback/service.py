@@ -55,7 +55,7 @@ from gpupipe_consumers.chargeback.state_metrics import PartitionInfo, StateColle
 from gpupipe_consumers.chargeback.windows import Checkpoint, WindowEngine
 from gpupipe_consumers.plumbing.deadletter import deadletter_message
 from gpupipe_schemas import catalog
-from gpupipe_schemas.codec import AvroCodec, Decoded, codec_from_url
+from gpupipe_schemas.codec import AvroCodec, Decoded, Headers, codec_from_url
 from gpupipe_schemas.errors import DecodeError
 from gpupipe_schemas.fastdecode import SampleDecoder
 from gpupipe_schemas.validate import violation
@@ -88,7 +88,7 @@ class ChargebackService:
         codec: AvroCodec,
         registry: CollectorRegistry | None = None,
         *,
-        decode: Callable[[bytes | None], Decoded] | None = None,
+        decode: Callable[[bytes | None, Headers], Decoded] | None = None,
         consumer_factory: Callable[[dict[str, Any]], Any] = _default_consumer,
         producer_factory: Callable[[dict[str, Any]], Any] = _default_producer,
         admin_factory: Callable[[dict[str, Any]], Any] | None = None,
@@ -455,7 +455,7 @@ class ChargebackService:
             last[part] = off
             n += 1
             try:
-                d = decode(msg.value())
+                d = decode(msg.value(), msg.headers())
                 if d.name != _SAMPLE:
                     raise DecodeError("unexpected-record-type", f"{d.name} on the samples topic")
                 ts_type, ts = msg.timestamp()

@@ -29,6 +29,7 @@ from pyiceberg.table import Table
 
 from gpupipe.common.logs import fields
 from gpupipe_consumers.lake.tables import LakeTable
+from gpupipe_consumers.lake.version_hint import write_version_hint
 from gpupipe_consumers.lake.writer import OFFSET_PREFIX
 
 log = logging.getLogger("gpupipe.lake")
@@ -136,5 +137,6 @@ def maintain(table: Table, spec: LakeTable, policy: Policy, now: datetime | None
     now = now or datetime.now(UTC)
     report = Report(spec.name)
     table = compact(table, spec, policy, now, report)
-    expire(table, policy, now, report)
+    table = expire(table, policy, now, report)
+    write_version_hint(table)
     return report

@@ -45,6 +45,7 @@ from gpupipe.common.errors import ConfigError
 from gpupipe.common.logs import fields
 from gpupipe_consumers.lake.arrow import build_schema, storage_schema, to_arrow
 from gpupipe_consumers.lake.tables import LakeTable
+from gpupipe_consumers.lake.version_hint import write_version_hint
 from gpupipe_consumers.plumbing.consume_loop import InRecord, Rejected
 
 log = logging.getLogger("gpupipe.lake")
@@ -111,7 +112,9 @@ def open_table(catalog: Catalog, namespace: str, spec: LakeTable) -> Table:
             log.info("lake table created", extra=fields(table=f"{namespace}.{spec.name}"))
         except TableAlreadyExistsError:  # another writer created it meanwhile
             pass
-        return catalog.load_table(ident)
+        table = catalog.load_table(ident)
+        write_version_hint(table)
+        return table
     have = set(table.schema().column_names)
     missing = [f.name for f in store if f.name not in have]
     if missing:
@@ -119,6 +122,7 @@ def open_table(catalog: Catalog, namespace: str, spec: LakeTable) -> Table:
             upd.union_by_name(store)
         log.info("lake table evolved", extra=fields(table=f"{namespace}.{spec.name}", added=missing))
         table = catalog.load_table(ident)
+        write_version_hint(table)
     return table
 
 
@@ -375,6 +379,7 @@ class LakeWriter:
                     break
                 if self.stop.wait(self.retry_s):
                     return
+        write_version_hint(table)
         self.tables[topic] = (spec, table)
         self._committed[topic] = offsets
         n = len(buf.rows)

@@ -19,7 +19,7 @@ from gpupipe_consumers.metrics.fields import Kind
 from gpupipe_consumers.metrics.render import Renderer
 from gpupipe_consumers.metrics.splitdecode import SplitFn, build_split_decoder
 from gpupipe_schemas import catalog
-from gpupipe_schemas.codec import SINGLE_OBJECT_MAGIC, AvroCodec, Decoded
+from gpupipe_schemas.codec import SINGLE_OBJECT_MAGIC, AvroCodec, Decoded, Headers, schema_header
 from gpupipe_schemas.fastdecode import CORRUPT, SampleDecoder, writer_fields
 from gpupipe_schemas.validate import fields_violation, violation
 
@@ -111,7 +111,9 @@ class MetricsDecoder:
             if fn is not None:
                 self._split[SINGLE_OBJECT_MAGIC + sv.fingerprint] = fn
 
-    def decode(self, payload: bytes | None) -> Decoded | DecodedSample:
+    def decode(self, payload: bytes | None, headers: Headers = None) -> Decoded | DecodedSample:
+        if headers and schema_header(headers) is not None:  # raw-framed: the codec's
+            return self.codec.decode(payload, headers)
         split = self._split.get(payload[:10]) if payload else None  # magic + fingerprint
         if split is not None:
             try:

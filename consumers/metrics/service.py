@@ -493,7 +493,7 @@ class XidReader:
             with self._lock:
                 self._positions[part] = msg.offset() + 1
             try:
-                d = self.codec.decode(msg.value())
+                d = self.codec.decode(msg.value(), msg.headers())
             except DecodeError as exc:
                 if self.handler.rejects(msg.key(), part):
                     self.loop.dead_letter(msg, exc.reason, exc.detail)

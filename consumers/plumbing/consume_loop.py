@@ -32,7 +32,7 @@ from gpupipe.kafka.group_start import start_offsets
 from gpupipe.kafka.lag import lags
 from gpupipe.lifecycle.startup import process_start_ms
 from gpupipe_consumers.plumbing.deadletter import DeadLetterWriter
-from gpupipe_schemas.codec import AvroCodec
+from gpupipe_schemas.codec import AvroCodec, schema_header
 from gpupipe_schemas.errors import DecodeError
 from gpupipe_schemas.validate import violation
 
@@ -278,6 +278,9 @@ class ConsumeLoop:
         began = time.perf_counter()
         records: list[InRecord] = []
         decode = self.codec.decode
+        # A raw-framed value (schema in a header) goes to the shared codec itself: a service's own
+        # decoder (codec-shaped, holding the codec as ``.codec``) reads the magic-framed ones only.
+        headed = getattr(self.codec, "codec", self.codec).decode
         last: dict[tuple[str, int], Message] = {}
         counts: dict[str, int] = {}
         now_ms = int(time.time() * 1000)
@@ -295,8 +298,12 @@ class ConsumeLoop:
                 continue
             topic, part = msg.topic(), msg.partition()
             last[(topic, part)] = msg
+            hdrs = msg.headers()
             try:
-                d = decode(msg.value())
+                if hdrs and schema_header(hdrs) is not None:
+                    d = headed(msg.value(), hdrs)
+                else:
+                    d = decode(msg.value())
             except DecodeError as exc:
                 self.dead_letter(msg, exc.reason, exc.detail)
                 continue

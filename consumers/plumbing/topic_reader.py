@@ -46,7 +46,7 @@ def iter_topic(
         group_prefix=group_prefix,
     ):
         try:
-            d = decode(msg.value())
+            d = decode(msg.value(), msg.headers())
         except DecodeError as exc:
             if on_bad:
                 on_bad(

@@ -12,6 +12,8 @@ import pytest
 from gpupipe.commands import cli
 from gpupipe.common.errors import ConfigError
 from gpupipe_producer.command import fleet_config
+from gpupipe_producer.framings import parse_framings
+from gpupipe_producer.publish import Publisher
 
 
 def _parse(*argv: str) -> object:
@@ -56,3 +58,42 @@ def test_a_bad_node_list_is_a_usage_error(capsys: pytest.CaptureFixture[str]) ->
     with pytest.raises(SystemExit):
         _parse("--mig-nodes", "x")
     assert "gpupipe produce: error: argument --mig-nodes: bad node list 'x'" in capsys.readouterr().err
+
+
+def test_framing_is_chosen_per_topic_or_for_both() -> None:
+    assert parse_framings([], registry=False) == {}
+    assert parse_framings(["raw"], registry=False) == {"gpu.samples.v1": "raw", "gpu.xid.v1": "raw"}
+    assert parse_framings(["raw", "xid=single-object"], registry=False) == {
+        "gpu.samples.v1": "raw",
+        "gpu.xid.v1": "single-object",
+    }
+    assert parse_framings(["samples=confluent"], registry=True) == {"gpu.samples.v1": "confluent"}
+
+
+@pytest.mark.parametrize(
+    ("items", "registry"),
+    [(["avro"], False), (["chargeback=raw"], False), (["samples="], False), (["confluent"], False)],
+)
+def test_a_bad_framing_is_one_line(items: list[str], registry: bool) -> None:
+    with pytest.raises(ConfigError) as ei:
+        parse_framings(items, registry=registry)
+    assert "--framing" in str(ei.value) and "\n" not in str(ei.value)
+
+
+def test_publisher_stamps_a_raw_topics_schema_header_on_each_record() -> None:
+    sent: list[tuple[str, object]] = []
+
+    class _Fake:
+        def produce(self, topic: str, value: bytes, key: bytes, **kw: object) -> None:
+            sent.append((topic, kw.get("headers")))
+
+    pub = Publisher({}, producer_factory=lambda _c: _Fake())
+    pub.topic_headers["raw.t"] = [("gpupipe.schema", b"GpuSample@00")]
+    pub.produce("raw.t", b"k", b"v", [("sig", b"s")])
+    pub.produce("other.t", b"k", b"v")
+    pub.produce_tracked("raw.t", b"k", b"v", lambda _e, _m: None)
+    assert sent == [
+        ("raw.t", [("gpupipe.schema", b"GpuSample@00"), ("sig", b"s")]),
+        ("other.t", None),
+        ("raw.t", [("gpupipe.schema", b"GpuSample@00")]),
+    ]

@@ -1,12 +1,14 @@
-"""The Avro contract's framing: single-object by default, Confluent with a registry, both decoded."""
+"""The Avro contract's framing: single-object by default, Confluent with a registry, raw with a
+header naming the schema; all three decoded."""
 
 import struct
 
 import pytest
 
+from gpupipe.common.errors import ConfigError
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_schemas import catalog
-from gpupipe_schemas.codec import SINGLE_OBJECT_MAGIC, AvroCodec, codec_from_url
+from gpupipe_schemas.codec import RAW, SCHEMA_HEADER, SINGLE_OBJECT_MAGIC, AvroCodec, codec_from_url
 from gpupipe_schemas.errors import DecodeError, EncodeError
 
 
@@ -113,3 +115,65 @@ def test_projection_reader_schema_reads_only_asked_fields(records: tuple[list[di
     rec = records[0][0]
     out = codec.decode(AvroCodec().encoder("GpuSample").encode(rec)).record
     assert out == {"timestamp_ms": rec["timestamp_ms"], "uuid": rec["uuid"], "power_w": rec["power_w"]}
+
+
+def test_raw_framing_is_the_plain_body_named_by_a_header(records: tuple[list[dict], list[dict]]) -> None:
+    samples, xids = records
+    codec = AvroCodec()
+    for name, recs in (("GpuSample", samples), ("XidEvent", xids)):
+        enc = codec.encoder(name, framing=RAW)
+        fp = catalog.current(name).fingerprint
+        assert enc.headers == [(SCHEMA_HEADER, f"{name}@{fp.hex()}".encode())]
+        for rec in recs[:20]:
+            payload = enc.encode(rec)
+            # exactly the bytes any Avro library writes for the record: no prefix
+            assert payload == AvroCodec().encoder(name).encode(rec)[10:]
+            out = codec.decode(payload, [("other", b"x"), *enc.headers])
+            assert (out.name, out.framing, out.record) == (name, "raw", rec)
+
+
+def test_raw_framing_reads_with_projection_and_per_topic_choice(
+    records: tuple[list[dict], list[dict]],
+) -> None:
+    rec = records[0][0]
+    writer = AvroCodec(framings={"gpu.samples.v1": RAW}).encoder("GpuSample", "gpu.samples.v1")
+    assert writer.headers is not None
+    assert AvroCodec(framings={"gpu.samples.v1": RAW}).encoder("GpuSample", "other").headers is None
+    reader = {
+        "type": "record",
+        "name": "GpuSample",
+        "fields": [{"name": "uuid", "type": "string"}],
+    }
+    out = AvroCodec(reader_schemas={"GpuSample": reader}).decode(writer.encode(rec), writer.headers)
+    assert out.record == {"uuid": rec["uuid"]}
+
+
+@pytest.mark.parametrize(
+    ("header", "reason"),
+    [
+        (b"GpuSample@0000000000000000", "unknown-schema-fingerprint"),
+        (b"GpuSample", "unknown-schema-fingerprint"),
+        (b"", "unknown-schema-fingerprint"),
+        (f"XidEvent@{catalog.current('GpuSample').fingerprint.hex()}".encode(), "schema-header-mismatch"),
+    ],
+)
+def test_bad_schema_header_is_rejected_with_a_reason(
+    records: tuple[list[dict], list[dict]], header: bytes, reason: str
+) -> None:
+    payload = AvroCodec().encoder("GpuSample", framing=RAW).encode(records[0][0])
+    with pytest.raises(DecodeError) as ei:
+        AvroCodec().decode(payload, [(SCHEMA_HEADER, header)])
+    assert ei.value.reason == reason
+
+
+def test_raw_body_without_its_header_is_not_decoded(records: tuple[list[dict], list[dict]]) -> None:
+    # What a consumer gets when a header-stripping hop forwards the value: a dead letter, not a guess.
+    for rec in records[0][:50]:
+        payload = AvroCodec().encoder("GpuSample", framing=RAW).encode(rec)
+        with pytest.raises(DecodeError):
+            AvroCodec().decode(payload, [("unrelated", b"1")])
+
+
+def test_confluent_framing_without_registry_is_a_config_error() -> None:
+    with pytest.raises(ConfigError):
+        AvroCodec().encoder("GpuSample", "t", framing="confluent")

@@ -106,6 +106,7 @@ def _deps_tree(tmp: Path) -> tuple[Path, Path]:
         "kube-local": "exit 0",
         "prometheus3-local": "exit 0",
         "spark-jars": f"touch {mark}-spark",
+        "duckdb-iceberg": "exit 0",
         "iceberg-rest-local": "exit 0",
         "helm-local": f"touch {mark}; echo /fake/helm",
     }

@@ -75,6 +75,9 @@ class _Msg:
     def value(self) -> bytes:
         return self._v
 
+    def headers(self) -> None:
+        return None
+
 
 class _Decoded:
     def __init__(self, record: dict[str, Any]) -> None:
@@ -84,7 +87,7 @@ class _Decoded:
 class _Codec(AvroCodec):
     """Records by their bytes (the real decoder is the contract's, tested with it)."""
 
-    def decode(self, value: bytes | None) -> Any:  # type: ignore[override]
+    def decode(self, value: bytes | None, headers: Any = None) -> Any:  # type: ignore[override]
         from gpupipe_schemas.errors import DecodeError
 
         if value == b"not avro":

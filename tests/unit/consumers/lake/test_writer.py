@@ -200,3 +200,19 @@ def test_a_truncated_metadata_file_is_one_line_not_a_traceback(cat: SqlCatalog) 
         open_table(cat, "gpupipe", spec)
     line = str(exc.value)
     assert "\n" not in line and "gpupipe.xid_events" in line and "Invalid JSON" in line
+
+
+def test_each_commit_points_the_version_hint_at_the_current_metadata(cat: SqlCatalog, tmp_path: Path) -> None:
+    """Readers without the catalog (DuckDB's ``iceberg_scan('<table dir>')``) follow the hint."""
+    t0 = datetime(2026, 2, 3, tzinfo=UTC)
+    hint = tmp_path / "wh" / "gpupipe" / "chargeback_windows" / "metadata" / "version-hint.text"
+    w = writer(cat)
+    created = cat.load_table("gpupipe.chargeback_windows").metadata_location
+    assert created.endswith(f"/{hint.read_text()}.metadata.json")
+    for i in range(2):
+        w.handle(recs([window("a", 1, t0, f"r{i}")], first=i))
+        w.flush()
+        now = cat.load_table("gpupipe.chargeback_windows").metadata_location
+        assert now != created
+        assert now.endswith(f"/{hint.read_text()}.metadata.json")
+        created = now

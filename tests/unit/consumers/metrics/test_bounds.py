@@ -68,6 +68,9 @@ class _Msg:
     def value(self) -> bytes:
         return self._value
 
+    def headers(self) -> None:
+        return None
+
     def key(self) -> bytes:
         return self._key
 
