@@ -10,7 +10,7 @@ then the least recently seen alerting nodes are forgotten, counted (it never ref
 :mod:`gpupipe_consumers.alerts.admission`).
 
 The flood: 60k XidEvents (Xid 13, a warning that drains nothing), each for a new UUID on one of
-5000 hosts (the adversarial run's shape), fed to :class:`~gpupipe_consumers.alerts.service.AlertsService` in
+5000 hosts (the adversarial run's shape), fed to :class:`~gpupipe_consumers.alerts.handler.AlertsService` in
 batches of 500 with a timer tick every 5000 events; published records are counted, not kept. Each
 variant runs in a child process of its own; RSS (``VmRSS``) is read before the flood, after 20k,
 40k and 60k events, and the peak (``VmHWM``) at the end.
@@ -62,8 +62,8 @@ def child(max_devices: int, max_open_alerts: int) -> None:
     import logging
 
     from gpupipe_consumers.alerts.admission import DeviceAdmission
-    from gpupipe_consumers.alerts.dedupe import EngineConfig
-    from gpupipe_consumers.alerts.service import AlertsService
+    from gpupipe_consumers.alerts.engine.facade import EngineConfig
+    from gpupipe_consumers.alerts.handler import AlertsService
     from gpupipe_consumers.consume_loop import InRecord
 
     logging.disable(logging.WARNING)  # one warning a minute: not what is measured
@@ -139,7 +139,7 @@ def run_child(max_devices: int, max_open_alerts: int) -> dict:
 def main() -> int:
     from gpupipe.argtypes import field_default, keyword_default
     from gpupipe_consumers.alerts.admission import DeviceAdmission
-    from gpupipe_consumers.alerts.dedupe import EngineConfig
+    from gpupipe_consumers.alerts.engine.facade import EngineConfig
 
     defaults = (
         keyword_default(DeviceAdmission, "max_devices"),

@@ -11,7 +11,7 @@ Three parts, each usable alone:
   times and ids), broker outages (input held and delivered in a burst), and the service's own life:
   restarts every few hours and HA failovers. It returns the input with its delivery times and the
   ground truth: when each GPU was broken and what needs draining.
-* :class:`Drill` runs it: one :class:`~gpupipe_consumers.alerts.service.AlertsService` at a time with the
+* :class:`Drill` runs it: one :class:`~gpupipe_consumers.alerts.handler.AlertsService` at a time with the
   injected clock, a :class:`~gpupipe_consumers.alerts.cordon.Cordoner` against the Kubernetes API double, an
   :class:`~gpupipe.alertmanager.AlertmanagerSender` posting to :class:`SimAlertmanager`, and the published
   records kept as the topic is, so each new instance restores from them as ``activate()`` does.
@@ -44,9 +44,9 @@ from prometheus_client import CollectorRegistry
 from gpupipe.alertmanager import AlertmanagerSender
 from gpupipe.kube import KubeClient, KubeConfig
 from gpupipe.pci import canonical
-from gpupipe_consumers.alerts.alert_record import gpu_alert_shape
 from gpupipe_consumers.alerts.cordon import Cordoner, KubeNodeApi
-from gpupipe_consumers.alerts.service import AlertsService, ListSink
+from gpupipe_consumers.alerts.engine.alert_record import gpu_alert_shape
+from gpupipe_consumers.alerts.handler import AlertsService, ListSink
 from gpupipe_consumers.consume_loop import InRecord
 
 S = 1000

@@ -1,7 +1,7 @@
 """``gpupipe alerts --ack ALERT_ID``: an operator's acknowledgement that a fault was dealt with.
 
 Faults that need a reset, reboot or RMA stay firing until evidence of recovery (see
-:mod:`gpupipe_consumers.alerts.dedupe`); when the samples cannot show it (no NVML on the node, a GPU
+:mod:`gpupipe_consumers.alerts.engine.facade`); when the samples cannot show it (no NVML on the node, a GPU
 replaced),
 a person says so. The ack is a ``GpuAlert`` record with status ``action`` and remediation kind ``ack`` on
 ``gpu.alerts.v1``, keyed by the alert's id: the running service (which reads acks from that topic) resolves
@@ -16,8 +16,8 @@ import time
 from typing import Any
 
 from gpupipe.errors import ConfigError
-from gpupipe_consumers.alerts.alert_record import action_record
-from gpupipe_consumers.alerts.service import kafka_alert_sink, restore_from_topic
+from gpupipe_consumers.alerts.engine.alert_record import action_record
+from gpupipe_consumers.alerts.handler import kafka_alert_sink, restore_from_topic
 from gpupipe_schemas.codec import AvroCodec
 
 __all__ = ["ack_record", "find_latest", "publish_ack"]

@@ -30,14 +30,14 @@ from gpupipe.logs import fields
 from gpupipe.runner import KafkaNeeds, Lifecycle, ServiceSpec, run_service
 from gpupipe.web.server import Route, registry_route
 from gpupipe_consumers.alerts.admission import DeviceAdmission
-from gpupipe_consumers.alerts.alert_record import gpu_alert_shape
 from gpupipe_consumers.alerts.alerts_page import AlertsPage
 from gpupipe_consumers.alerts.cordon import HOUR_MS, Cordoner, KubeNodeApi
-from gpupipe_consumers.alerts.dedupe import EngineConfig
-from gpupipe_consumers.alerts.health_signals import HealthConfig
+from gpupipe_consumers.alerts.engine.alert_record import gpu_alert_shape
+from gpupipe_consumers.alerts.engine.facade import EngineConfig
+from gpupipe_consumers.alerts.engine.health_signals import HealthConfig
+from gpupipe_consumers.alerts.handler import AlertsService, kafka_alert_sink, restore_from_topic
 from gpupipe_consumers.alerts.leader import LeaderElector, ha_members
 from gpupipe_consumers.alerts.sample_decode import AlertsDecoder
-from gpupipe_consumers.alerts.service import AlertsService, kafka_alert_sink, restore_from_topic
 from gpupipe_consumers.consume_loop import ConsumeLoop
 from gpupipe_schemas.codec import codec_from_url
 

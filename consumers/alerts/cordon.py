@@ -2,7 +2,7 @@
 
 Off by default. ``--cordon`` enables it; ``--dry-run`` evaluates every decision (rate limit included) and
 logs and records what it would do, without calling the API. Only alerts with ``drain_node`` (Xid 79 and
-74 escalations, uncontained memory errors... per :mod:`gpupipe_consumers.alerts.classify`) lead here.
+74 escalations, uncontained memory errors... per :mod:`gpupipe_consumers.alerts.rules.classify`) lead here.
 
 What a cordon is: ``PATCH /api/v1/nodes/{name}`` with ``Content-Type:
 application/strategic-merge-patch+json`` and body ``{"spec": {"unschedulable": true}, "metadata":

@@ -1,9 +1,9 @@
 """The open alerts as a person reads them: ``/alerts`` (HTML) and ``/alerts.json``, rendered from a snapshot.
 
-Contract: :func:`view_of` turns ``GpuAlert`` records (:func:`~gpupipe_consumers.alerts.alert_record.to_record`
-of snapshots the service took under its lock) into an immutable :class:`OpenAlertsView`;
-:func:`render_html` and :func:`render_json` turn that view into bytes. Pure: no clock (``now_ms`` is
-passed in), no lock, no I/O.
+Contract: :func:`view_of` turns ``GpuAlert`` records
+(:func:`~gpupipe_consumers.alerts.engine.alert_record.to_record` of snapshots the service took under its
+lock) into an immutable :class:`OpenAlertsView`; :func:`render_html` and :func:`render_json` turn that view
+into bytes. Pure: no clock (``now_ms`` is passed in), no lock, no I/O.
 
 What a row says: alertname and severity; the node; the GPU (UUID, index, PCI bus id; a node-wide
 alert lists its GPUs); the pods (namespace/pod/container of the alert's allocations); the cause
@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpupipe_consumers.alerts.alert_record import iso_ms
+from gpupipe_consumers.alerts.engine.alert_record import iso_ms
 
 __all__ = [
     "MAX_CELL_CHARS",

@@ -58,7 +58,7 @@ def test_the_group_ids_match_what_the_services_use() -> None:
 
     from gpupipe import kafka_replay
     from gpupipe_consumers import tail, topic_reader
-    from gpupipe_consumers.alerts import service as alerts_service
+    from gpupipe_consumers.alerts import handler as alerts_service
     from gpupipe_consumers.metrics import service as metrics_service
     from gpupipe_consumers.report import reader as report_command  # the report's Kafka reader
 

@@ -10,8 +10,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from gpupipe.node_check import NodeCheck
 from gpupipe.node_identity import NodeSigner, NodeVerifier
 from gpupipe_consumers.alerts.admission import DeviceAdmission, Evicted, device_of
-from gpupipe_consumers.alerts.dedupe import EngineConfig
-from gpupipe_consumers.alerts.service import AlertsService, ListSink
+from gpupipe_consumers.alerts.engine.facade import EngineConfig
+from gpupipe_consumers.alerts.handler import AlertsService, ListSink
 from tests.pki import Pki
 from tests.unit.consumers.alerts.test_node_check import _signed
 from tests.unit.consumers.alerts.test_service import T0, Clock, inrec, xid
@@ -139,7 +139,7 @@ def test_after_a_restart_restored_forged_alerts_do_not_keep_a_new_node_out() -> 
 def test_a_node_whose_drain_alert_a_flood_evicted_stays_cordoned(tmp_path: Path) -> None:
     """Forgetting an alerting node is no evidence of recovery: --uncordon must not release it."""
     from tests.k8s_api_fake import FakeKubeApi
-    from tests.unit.consumers.alerts.test_findings import _Clock, _cordon_service, _drain_event
+    from tests.unit.consumers.alerts.engine.test_findings import _Clock, _cordon_service, _drain_event
 
     with FakeKubeApi(["node-a", "node-b"], token="tok") as api:
         clock = _Clock(T0)

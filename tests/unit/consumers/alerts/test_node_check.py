@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gpupipe.node_check import NodeCheck
 from gpupipe.node_identity import NodeSigner, NodeVerifier
-from gpupipe_consumers.alerts.service import AlertsService, ListSink
+from gpupipe_consumers.alerts.handler import AlertsService, ListSink
 from tests.pki import Pki
 from tests.unit.consumers.alerts.test_service import T0, Clock, inrec, xid
 

@@ -12,13 +12,13 @@ from typing import Any
 
 import yaml
 
-from gpupipe_consumers.alerts.alert_record import ALERTNAMES
-from gpupipe_consumers.alerts.classify import FaultEvent, GpuXidHistory
-from gpupipe_consumers.alerts.dedupe import AlertEngine, EngineConfig
-from gpupipe_consumers.alerts.health_signals import SIGNAL_INFO
-from gpupipe_consumers.alerts.nvml_notices import NOTICE_ALERTNAMES
+from gpupipe_consumers.alerts.engine.alert_record import ALERTNAMES
+from gpupipe_consumers.alerts.engine.facade import AlertEngine, EngineConfig
+from gpupipe_consumers.alerts.engine.health_signals import SIGNAL_INFO
+from gpupipe_consumers.alerts.engine.nvml_notices import NOTICE_ALERTNAMES
+from gpupipe_consumers.alerts.rules.classify import FaultEvent, GpuXidHistory
 from tests.paths import REPO
-from tests.unit.consumers.alerts.test_findings import MIN, T0, records, xid
+from tests.unit.consumers.alerts.engine.test_findings import MIN, T0, records, xid
 
 PROMETHEUS = REPO / "deploy" / "prometheus"
 RULES = PROMETHEUS / "gpupipe-alerts.rules.yml"  # what the demo and the chart load by default

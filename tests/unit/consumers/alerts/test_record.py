@@ -4,9 +4,15 @@ from __future__ import annotations
 
 from fastavro.validation import validate
 
-from gpupipe_consumers.alerts.alert_record import action_record, am_annotations, am_labels, iso_ms, to_record
-from gpupipe_consumers.alerts.dedupe import AlertEngine, EngineConfig
-from gpupipe_consumers.alerts.health_signals import GpuIdentity, SignalEvent
+from gpupipe_consumers.alerts.engine.alert_record import (
+    action_record,
+    am_annotations,
+    am_labels,
+    iso_ms,
+    to_record,
+)
+from gpupipe_consumers.alerts.engine.facade import AlertEngine, EngineConfig
+from gpupipe_consumers.alerts.engine.health_signals import GpuIdentity, SignalEvent
 from gpupipe_schemas import catalog
 from gpupipe_schemas.codec import AvroCodec
 

@@ -10,10 +10,10 @@ import pytest
 
 from gpupipe import topics
 from gpupipe_consumers.alerts.admission import device_of
-from gpupipe_consumers.alerts.health_signals import HealthTracker
-from gpupipe_consumers.alerts.recovery_policy import sample_healthy
+from gpupipe_consumers.alerts.engine.health_signals import HealthTracker
+from gpupipe_consumers.alerts.engine.recovery_policy import sample_healthy
+from gpupipe_consumers.alerts.handler import AlertsService, ListSink
 from gpupipe_consumers.alerts.sample_decode import SAMPLE_FIELDS, AlertsDecoder
-from gpupipe_consumers.alerts.service import AlertsService, ListSink
 from gpupipe_consumers.consume_loop import InRecord
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_schemas.codec import AvroCodec

@@ -10,8 +10,8 @@ from prometheus_client import CollectorRegistry
 
 from gpupipe.cli import main
 from gpupipe_consumers.alerts.cordon import Cordoner
-from gpupipe_consumers.alerts.dedupe import EngineConfig
-from gpupipe_consumers.alerts.service import AlertsService, ListSink
+from gpupipe_consumers.alerts.engine.facade import EngineConfig
+from gpupipe_consumers.alerts.handler import AlertsService, ListSink
 from gpupipe_consumers.consume_loop import InRecord
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 
