@@ -44,8 +44,8 @@ from prometheus_client import CollectorRegistry
 from gpupipe.alertmanager import AlertmanagerSender
 from gpupipe.kube import KubeClient, KubeConfig
 from gpupipe.pci import canonical
+from gpupipe_consumers.alerts.am_shape import gpu_alert_shape
 from gpupipe_consumers.alerts.cordon import Cordoner, KubeNodeApi
-from gpupipe_consumers.alerts.engine.alert_record import gpu_alert_shape
 from gpupipe_consumers.alerts.handler import AlertsService, ListSink
 from gpupipe_consumers.consume_loop import InRecord
 

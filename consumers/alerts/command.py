@@ -31,8 +31,8 @@ from gpupipe.runner import KafkaNeeds, Lifecycle, ServiceSpec, run_service
 from gpupipe.web.server import Route, registry_route
 from gpupipe_consumers.alerts.admission import DeviceAdmission
 from gpupipe_consumers.alerts.alerts_page import AlertsPage
+from gpupipe_consumers.alerts.am_shape import gpu_alert_shape
 from gpupipe_consumers.alerts.cordon import HOUR_MS, Cordoner, KubeNodeApi
-from gpupipe_consumers.alerts.engine.alert_record import gpu_alert_shape
 from gpupipe_consumers.alerts.engine.facade import EngineConfig
 from gpupipe_consumers.alerts.engine.health_signals import HealthConfig
 from gpupipe_consumers.alerts.handler import AlertsService, kafka_alert_sink, restore_from_topic

@@ -59,16 +59,11 @@ from gpupipe.logs import fields
 from gpupipe.node_check import DEADLETTER_REASON, NodeCheck
 from gpupipe_consumers.alerts.admission import OVER_CAP, DeviceAdmission, device_of
 from gpupipe_consumers.alerts.cordon import Cordoner, CordonResult
-from gpupipe_consumers.alerts.engine.alert_record import Alert, action_record, to_record
+from gpupipe_consumers.alerts.engine.alert_record import LEVEL_SIGNALS, Alert, action_record, to_record
 from gpupipe_consumers.alerts.engine.alert_table import AlertCapReached
 from gpupipe_consumers.alerts.engine.evidence_memory import evidence_record
 from gpupipe_consumers.alerts.engine.facade import AlertEngine, EngineConfig
-from gpupipe_consumers.alerts.engine.health_signals import (
-    LEVEL_SIGNALS,
-    HealthConfig,
-    HealthTracker,
-    InvalidRecord,
-)
+from gpupipe_consumers.alerts.engine.health_signals import HealthConfig, HealthTracker, InvalidRecord
 from gpupipe_consumers.alerts.engine.recovery_policy import sample_healthy
 from gpupipe_consumers.alerts.open_alerts_view import order_key
 from gpupipe_consumers.consume_loop import InRecord

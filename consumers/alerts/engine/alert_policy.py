@@ -10,8 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from gpupipe_consumers.alerts.engine.alert_record import Alert
-from gpupipe_consumers.alerts.engine.health_signals import LEVEL_SIGNALS
+from gpupipe_consumers.alerts.engine.alert_record import LEVEL_SIGNALS, Alert
 from gpupipe_consumers.alerts.rules.catalog import Action, CauseClass, Severity
 from gpupipe_consumers.alerts.rules.classify_model import Classification, GpuXidHistory, workload_key
 

@@ -112,7 +112,8 @@ from typing import Any
 
 from gpupipe_consumers.alerts.engine.alert_policy import STICKY_ACTIONS, sticky, worse
 from gpupipe_consumers.alerts.engine.alert_record import Alert, alert_from_record
-from gpupipe_consumers.alerts.engine.alert_table import AlertTable, EngineConfig, Key
+from gpupipe_consumers.alerts.engine.alert_table import AlertTable, Key
+from gpupipe_consumers.alerts.engine.config import EngineConfig
 from gpupipe_consumers.alerts.engine.evidence_memory import Evidence, EvidenceMemory, evidence_from_record
 from gpupipe_consumers.alerts.engine.fault_decisions import FaultDecisions, HealthFn, IdentityFn
 from gpupipe_consumers.alerts.engine.gpu_histories import GpuHistories

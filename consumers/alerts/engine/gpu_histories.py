@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 
 from gpupipe_consumers.alerts.engine.alert_record import Alert
-from gpupipe_consumers.alerts.engine.alert_table import EngineConfig
+from gpupipe_consumers.alerts.engine.config import EngineConfig
 from gpupipe_consumers.alerts.engine.evidence_memory import EvidenceMemory
 from gpupipe_consumers.alerts.rules.classify import FaultEvent, GpuXidHistory
 

@@ -52,7 +52,6 @@ from gpupipe_consumers.alerts.rules.classify import GpuHealth
 from gpupipe_consumers.alerts.rules.notice import RECOVERY_ACTION_NAME, recovery_decision
 
 __all__ = [
-    "LEVEL_SIGNALS",
     "SIGNAL_INFO",
     "THERMAL_MASK",
     "GpuIdentity",
@@ -139,7 +138,6 @@ SIGNAL_INFO: dict[str, SignalInfo] = {
         "Cordon the node and do what it says: reset the GPU, drain peer-to-peer jobs, or reboot the node.",
     ),
 }
-LEVEL_SIGNALS = frozenset({"row_remap_failure", "row_remap_pending", "recovery_action", "thermal"})
 
 
 def recovery_presentation(value: int | None) -> tuple[str, str, bool]:

@@ -24,7 +24,8 @@ import pytest
 import yaml
 
 from gpupipe.alertmanager import AlertmanagerSender
-from gpupipe_consumers.alerts.engine.alert_record import am_labels, gpu_alert_shape, to_record
+from gpupipe_consumers.alerts.am_shape import am_labels, gpu_alert_shape
+from gpupipe_consumers.alerts.engine.alert_record import to_record
 from gpupipe_consumers.alerts.engine.facade import AlertEngine, EngineConfig
 from tests.am_webhook import Notification, WebhookReceiver
 from tests.integration.consumers.alerts.test_inhibition import xid

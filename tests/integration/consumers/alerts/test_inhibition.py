@@ -17,7 +17,8 @@ import pytest
 import yaml
 
 from gpupipe.alertmanager import AlertmanagerSender
-from gpupipe_consumers.alerts.engine.alert_record import gpu_alert_shape, to_record
+from gpupipe_consumers.alerts.am_shape import gpu_alert_shape
+from gpupipe_consumers.alerts.engine.alert_record import to_record
 from gpupipe_consumers.alerts.engine.facade import AlertEngine, EngineConfig
 from tests.integration.consumers.alerts.test_service import Alertmanager, wait_until
 from tests.integration.kafka_util import REPO

@@ -4,13 +4,8 @@ from __future__ import annotations
 
 from fastavro.validation import validate
 
-from gpupipe_consumers.alerts.engine.alert_record import (
-    action_record,
-    am_annotations,
-    am_labels,
-    iso_ms,
-    to_record,
-)
+from gpupipe_consumers.alerts.am_shape import am_annotations, am_labels
+from gpupipe_consumers.alerts.engine.alert_record import action_record, iso_ms, to_record
 from gpupipe_consumers.alerts.engine.facade import AlertEngine, EngineConfig
 from gpupipe_consumers.alerts.engine.health_signals import GpuIdentity, SignalEvent
 from gpupipe_schemas import catalog

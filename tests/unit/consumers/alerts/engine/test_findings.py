@@ -84,7 +84,7 @@ def test_d1_xid43_on_three_gpus_is_no_burst_but_hardware_faults_are() -> None:
 
 
 def test_d8_uuid_and_pod_found_later_keep_the_alertmanager_identity() -> None:
-    from gpupipe_consumers.alerts.engine.alert_record import am_labels
+    from gpupipe_consumers.alerts.am_shape import am_labels
 
     e = AlertEngine(EngineConfig(update_interval_ms=0))
     e.on_xid(xid(95, T0, pod="", msg="Uncontained: FBHUB. RST: Yes, D-RST: No"), T0)

@@ -22,7 +22,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from gpupipe.alertmanager import AlertmanagerSender
-from gpupipe_consumers.alerts.engine.alert_record import am_labels, gpu_alert_shape, to_record
+from gpupipe_consumers.alerts.am_shape import am_labels, gpu_alert_shape
+from gpupipe_consumers.alerts.engine.alert_record import to_record
 from gpupipe_consumers.alerts.engine.facade import AlertEngine, EngineConfig
 from gpupipe_consumers.alerts.handler import AlertsService, ListSink
 from gpupipe_consumers.consume_loop import InRecord

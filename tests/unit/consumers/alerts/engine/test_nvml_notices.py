@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpupipe_consumers.alerts.engine.alert_record import am_labels, to_record
+from gpupipe_consumers.alerts.am_shape import am_labels
+from gpupipe_consumers.alerts.engine.alert_record import to_record
 from gpupipe_consumers.alerts.engine.facade import AlertEngine, EngineConfig
 from gpupipe_consumers.alerts.engine.health_signals import GpuIdentity, SignalEvent
 from gpupipe_consumers.alerts.handler import AlertsService, ListSink
