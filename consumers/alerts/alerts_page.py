@@ -1,7 +1,7 @@
 """The alerts service's ``/alerts`` and ``/alerts.json`` routes: a snapshot of its open alerts, rendered.
 
 Contract: :class:`AlertsPage` is given a ``snapshot(limit, timeout_s)`` (the service's
-:meth:`~gpupipe_consumers.alerts.handler.AlertsService.open_alerts_snapshot`), the instance's name and a
+:meth:`~gpupipe_consumers.alerts.handler.AlertsHandler.open_alerts_snapshot`), the instance's name and a
 ``role()``; :meth:`AlertsPage.routes` are the two routes for :class:`gpupipe.web.server.HttpServer`,
 which serves them behind the web config's TLS and basic auth like ``/metrics`` (they are not open
 paths). The HTTP workers run beside the consume loop: the alerts are copied under the service's lock,

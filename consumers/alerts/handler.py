@@ -1,12 +1,12 @@
 """The alerts service: consume-loop handler, GpuAlert publishing, restore after restart, wiring.
 
-:class:`AlertsService` is the :class:`~gpupipe_consumers.consume_loop.Handler`: it feeds ``XidEvent`` records
+:class:`AlertsHandler` is the :class:`~gpupipe_consumers.consume_loop.Handler`: it feeds ``XidEvent`` records
 to
-the :class:`~gpupipe_consumers.alerts.engine.facade.AlertEngine` and ``GpuSample`` records to the
+the :class:`~gpupipe_consumers.alerts.engine.facade.EngineFacade` and ``GpuSample`` records to the
 :class:`~gpupipe_consumers.alerts.engine.health_signals.HealthTracker`, publishes the revisions the engine
 hands out to
 ``gpu.alerts.v1`` (keyed by ``alert_id``, idempotent producer), passes them to Alertmanager and, for drain
-alerts, to the cordoner. A ticker thread calls :meth:`AlertsService.tick` every second so alerts resolve
+alerts, to the cordoner. A ticker thread calls :meth:`AlertsHandler.tick` every second so alerts resolve
 and throttled updates go out when no input arrives.
 
 Delivery: ``handle`` returns only after the records it caused were acknowledged by Kafka (``flush``); the
@@ -20,7 +20,7 @@ not counted again. A revision re-emitted after a replay continues the alert's se
 deduplicates by ``(alert_id, sequence)``.
 
 Restart: before consuming, :func:`restore_from_topic` reads ``gpu.alerts.v1`` from ``now - lookback``
-(default 24 h) to its end, and :meth:`AlertsService.restore` rebuilds the open alerts from their latest
+(default 24 h) to its end, and :meth:`AlertsHandler.restore` rebuilds the open alerts from their latest
 revisions (same ids, counts, sequence numbers), the per-GPU history the classifier's recurrence rules use
 (from those records), the recovery evidence seen (boot ids, driver loads, GPU resets: the ``evidence``
 action records, :mod:`gpupipe_consumers.alerts.engine.evidence_memory`, so a late event of an old boot or an
@@ -62,7 +62,7 @@ from gpupipe_consumers.alerts.cordon import Cordoner, CordonResult
 from gpupipe_consumers.alerts.engine.alert_record import LEVEL_SIGNALS, Alert, action_record, to_record
 from gpupipe_consumers.alerts.engine.alert_table import AlertCapReached
 from gpupipe_consumers.alerts.engine.evidence_memory import evidence_record
-from gpupipe_consumers.alerts.engine.facade import AlertEngine, EngineConfig
+from gpupipe_consumers.alerts.engine.facade import EngineConfig, EngineFacade
 from gpupipe_consumers.alerts.engine.health_signals import HealthConfig, HealthTracker, InvalidRecord
 from gpupipe_consumers.alerts.engine.recovery_policy import sample_healthy
 from gpupipe_consumers.alerts.open_alerts_view import order_key
@@ -70,7 +70,7 @@ from gpupipe_consumers.consume_loop import InRecord
 from gpupipe_consumers.topic_reader import read_topic
 from gpupipe_schemas.codec import AvroCodec
 
-__all__ = ["AlertSink", "AlertsService", "ListSink", "kafka_alert_sink", "restore_from_topic"]
+__all__ = ["AlertSink", "AlertsHandler", "ListSink", "kafka_alert_sink", "restore_from_topic"]
 
 log = logging.getLogger("gpupipe.alerts")
 
@@ -141,7 +141,7 @@ def restore_from_topic(
 
 
 class _ServiceCollector(Collector):
-    def __init__(self, service: AlertsService) -> None:
+    def __init__(self, service: AlertsHandler) -> None:
         self._s = service
 
     def collect(self) -> Iterator[Any]:
@@ -204,7 +204,7 @@ class _ServiceCollector(Collector):
             yield cf
 
 
-class AlertsService:
+class AlertsHandler:
     """Handler + publisher; thread-safe (the consume loop, the ticker and the cordon worker call in)."""
 
     def __init__(
@@ -232,7 +232,7 @@ class AlertsService:
         self.reconcile_interval_ms = reconcile_interval_ms
         self._last_reconcile_ms = 0
         self.health = HealthTracker(health_config)
-        self.engine = AlertEngine(engine_config, health=self.health.health, identity=self.health.identity)
+        self.engine = EngineFacade(engine_config, health=self.health.health, identity=self.health.identity)
         self.admission.node_busy = self.engine.table.host_busy
         self.admission.device_busy = self.engine.table.gpu_busy
         self.alertmanager = alertmanager

@@ -150,7 +150,7 @@ class Alert:
     """(partition, offset) in the XidEvent topic of the latest event counted in this alert
     (``last_event_partition``/``last_event_offset``): after a restart the input is replayed from
     the group's committed offsets, which may lag what the published counts include; an event at or
-    before this position in that partition was counted already (see ``AlertEngine.on_xid``)."""
+    before this position in that partition was counted already (see ``EngineFacade.on_xid``)."""
     # -- engine bookkeeping (not in the record) --
     dirty: bool = False
     """Something changed since the last emitted revision."""

@@ -1,8 +1,8 @@
 """The alert engine: classification, deduplication, node rollups and lifecycle (pure; time is passed in).
 
-Inputs are decoded ``XidEvent`` dicts (:meth:`AlertEngine.on_xid`) and health-signal changes from samples
-(:meth:`AlertEngine.on_signal`); :meth:`AlertEngine.tick` runs the
-timers; :meth:`AlertEngine.take` hands out the alert revisions to publish. Every method takes ``now_ms``
+Inputs are decoded ``XidEvent`` dicts (:meth:`EngineFacade.on_xid`) and health-signal changes from samples
+(:meth:`EngineFacade.on_signal`); :meth:`EngineFacade.tick` runs the
+timers; :meth:`EngineFacade.take` hands out the alert revisions to publish. Every method takes ``now_ms``
 (wall clock, injected): nothing here reads a clock, so tests drive hours of alert life in microseconds.
 
 Keys. One open alert per key ``(scope, hostname, device, signal)``: ``device`` is the canonical PCI bus id
@@ -52,7 +52,7 @@ processed late (consumer lag, an outage, a node clock behind) is never born reso
   node under a new boot id: it rebooted; the driver's load line, XidEvent kind ``driver_loaded``),
   which ends a GPU's alert once a sample shows that GPU healthy after it (``Alert.pending`` until then;
   see :mod:`gpupipe_consumers.alerts.engine.recovery_evidence`), or an operator's acknowledgement
-  (:meth:`AlertEngine.acknowledge`, ``gpupipe alerts --ack ALERT_ID``: reason ``acknowledged``), as
+  (:meth:`EngineFacade.acknowledge`, ``gpupipe alerts --ack ALERT_ID``: reason ``acknowledged``), as
   NVSentinel and GPUd do. Evidence is remembered with its time: a fault processed after evidence that
   followed it is treated as if it had come first (:mod:`gpupipe_consumers.alerts.engine.evidence_memory`).
   Application-class alerts still expire by quiet time.
@@ -85,7 +85,7 @@ published again as it is (keep-alive): a restart restores the open alerts from t
 be among them, or Alertmanager would expire it and ``--uncordon`` release its still broken node. Each
 published revision increments ``sequence``.
 
-Parts. :class:`AlertEngine` is the façade the service drives; the work is done by collaborators that each
+Parts. :class:`EngineFacade` is the façade the service drives; the work is done by collaborators that each
 own their state and share one :class:`~gpupipe_consumers.alerts.engine.alert_table.AlertTable` (the alerts by
 key and id, the revisions to publish, the counts) and the
 :class:`~gpupipe_consumers.alerts.engine.alert_table.EngineConfig`:
@@ -125,14 +125,14 @@ from gpupipe_consumers.alerts.engine.recovery_evidence import RecoveryEvidence
 from gpupipe_consumers.alerts.engine.signal_alerts import SignalAlerts
 from gpupipe_consumers.alerts.engine.xid_intake import XidIntake
 
-__all__ = ["STICKY_ACTIONS", "AlertEngine", "EngineConfig", "sticky", "worse"]
+__all__ = ["STICKY_ACTIONS", "EngineConfig", "EngineFacade", "sticky", "worse"]
 
 
 def _unknown(host: str, device: str) -> None:
     return None
 
 
-class AlertEngine:
+class EngineFacade:
     """See module doc. Wires the collaborators together and delegates to them; the collaborators are
     attributes for inspection, the methods here are the API. Not thread-safe: the service serialises
     calls."""

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from gpupipe_consumers.alerts.engine.alert_record import alert_id, to_record
-from gpupipe_consumers.alerts.engine.facade import AlertEngine, EngineConfig
+from gpupipe_consumers.alerts.engine.facade import EngineConfig, EngineFacade
 from gpupipe_consumers.alerts.engine.health_signals import GpuIdentity, InvalidRecord, SignalEvent
 
 T0 = 1_800_000_000_000
@@ -61,12 +61,12 @@ def xid(
     }
 
 
-def engine(**kw: Any) -> AlertEngine:
+def engine(**kw: Any) -> EngineFacade:
     kw.setdefault("update_interval_ms", 30 * S)
-    return AlertEngine(EngineConfig(**kw))
+    return EngineFacade(EngineConfig(**kw))
 
 
-def records(e: AlertEngine, now: int) -> list[dict[str, Any]]:
+def records(e: EngineFacade, now: int) -> list[dict[str, Any]]:
     return [to_record(a, now) for a in e.take(now)]
 
 

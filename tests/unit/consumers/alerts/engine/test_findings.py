@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpupipe_consumers.alerts.engine.alert_record import to_record
-from gpupipe_consumers.alerts.engine.facade import AlertEngine, EngineConfig
+from gpupipe_consumers.alerts.engine.facade import EngineConfig, EngineFacade
 
 T0 = 1_800_000_000_000
 S = 1000
@@ -51,7 +51,7 @@ def xid(
     }
 
 
-def records(e: AlertEngine, now: int) -> list[dict[str, Any]]:
+def records(e: EngineFacade, now: int) -> list[dict[str, Any]]:
     return [to_record(a, now) for a in e.take(now)]
 
 
@@ -59,7 +59,7 @@ def records(e: AlertEngine, now: int) -> list[dict[str, Any]]:
 
 
 def test_d1_job_kill_on_8_gpus_opens_no_node_storm() -> None:
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     for g in range(8):
         e.on_xid(xid(45, T0 + g, g=g, pid=100 + g), T0 + g)
     e.on_xid(xid(79, T0 + 500, g=5, msg="GPU has fallen off the bus."), T0 + 500)
@@ -70,7 +70,7 @@ def test_d1_job_kill_on_8_gpus_opens_no_node_storm() -> None:
 
 
 def test_d1_xid43_on_three_gpus_is_no_burst_but_hardware_faults_are() -> None:
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     for g in range(3):
         e.on_xid(xid(43, T0 + g, g=g, pid=10 + g), T0 + g)
     assert not [r for r in records(e, T0 + S) if r["scope"] == "node"]
@@ -86,7 +86,7 @@ def test_d1_xid43_on_three_gpus_is_no_burst_but_hardware_faults_are() -> None:
 def test_d8_uuid_and_pod_found_later_keep_the_alertmanager_identity() -> None:
     from gpupipe_consumers.alerts.am_shape import am_labels
 
-    e = AlertEngine(EngineConfig(update_interval_ms=0))
+    e = EngineFacade(EngineConfig(update_interval_ms=0))
     e.on_xid(xid(95, T0, pod="", msg="Uncontained: FBHUB. RST: Yes, D-RST: No"), T0)
     first = records(e, T0)[0]
     e.on_xid(xid(95, T0 + 5 * S, uuid="GPU-1111", pod="train-0", msg="Uncontained: FBHUB."), T0 + 5 * S)
@@ -99,7 +99,7 @@ def test_d8_uuid_and_pod_found_later_keep_the_alertmanager_identity() -> None:
 
 
 def test_d2_late_fatal_xid_is_not_born_resolved_and_stays_until_evidence() -> None:
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     now = T0 + 35 * MIN
     e.on_xid(xid(79, T0, msg="GPU has fallen off the bus."), now)  # processed 35 min late
     assert records(e, now)[0]["status"] == "firing"
@@ -111,7 +111,7 @@ def test_d2_late_fatal_xid_is_not_born_resolved_and_stays_until_evidence() -> No
 
 
 def test_d2_application_fault_expires_by_processing_time() -> None:
-    e = AlertEngine(EngineConfig(resolve_after_ms=30 * MIN))
+    e = EngineFacade(EngineConfig(resolve_after_ms=30 * MIN))
     now = T0 + 35 * MIN
     e.on_xid(xid(13, T0, pid=7), now)
     records(e, now)
@@ -125,7 +125,7 @@ def test_d2_gpu_reset_in_samples_resolves_the_fatal_alert_as_recovered() -> None
     from gpupipe_consumers.alerts.engine.health_signals import HealthTracker
 
     tracker = HealthTracker()
-    e = AlertEngine(EngineConfig(), health=tracker.health, identity=tracker.identity)
+    e = EngineFacade(EngineConfig(), health=tracker.health, identity=tracker.identity)
 
     def sample(ts: int, **kw: Any) -> None:
         s = {"timestamp_ms": ts, "hostname": "node-a", "pci_bus_id": BUS[0], "uuid": "GPU-0", **kw}
@@ -149,7 +149,7 @@ def test_d2_gpu_reset_in_samples_resolves_the_fatal_alert_as_recovered() -> None
 
 
 def test_d2_operator_ack_resolves_a_fatal_alert() -> None:
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     e.on_xid(xid(79, T0), T0)
     aid = records(e, T0)[0]["alert_id"]
     assert e.acknowledge("no-such-id", T0 + S) is None
@@ -161,10 +161,10 @@ def test_d2_operator_ack_resolves_a_fatal_alert() -> None:
 
 
 def test_d2_restore_after_a_long_outage_does_not_resolve_everything() -> None:
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     e.on_xid(xid(13, T0, pid=3), T0)
     recs = records(e, T0)
-    e2 = AlertEngine(EngineConfig())
+    e2 = EngineFacade(EngineConfig())
     later = T0 + 2 * 60 * MIN  # the service was down for 2 h
     assert e2.restore(recs, later) == 1
     e2.tick(later + S)
@@ -177,7 +177,7 @@ def test_d2_restore_after_a_long_outage_does_not_resolve_everything() -> None:
 def test_d15_level_signal_that_cleared_during_downtime_resolves_at_restart() -> None:
     from prometheus_client import CollectorRegistry
 
-    from gpupipe_consumers.alerts.handler import AlertsService, ListSink
+    from gpupipe_consumers.alerts.handler import AlertsHandler, ListSink
 
     class Clock:
         ms = T0
@@ -185,9 +185,9 @@ def test_d15_level_signal_that_cleared_during_downtime_resolves_at_restart() -> 
         def __call__(self) -> float:
             return self.ms / 1000
 
-    def svc() -> tuple[AlertsService, ListSink, Clock]:
+    def svc() -> tuple[AlertsHandler, ListSink, Clock]:
         sink, clock = ListSink(), Clock()
-        return AlertsService(sink=sink, registry=CollectorRegistry(), clock=clock), sink, clock
+        return AlertsHandler(sink=sink, registry=CollectorRegistry(), clock=clock), sink, clock
 
     def sample(ts: int, pending: bool) -> Any:
         from gpupipe_consumers.consume_loop import InRecord
@@ -210,7 +210,7 @@ def test_d15_level_signal_that_cleared_during_downtime_resolves_at_restart() -> 
 
 def test_d4_crash_looping_pod_never_drains() -> None:
     # one pod, its container restarted twice (new pid each time), then recreated by its Deployment
-    e = AlertEngine(EngineConfig(update_interval_ms=0))
+    e = EngineFacade(EngineConfig(update_interval_ms=0))
     pods = ("train-7d9f8c6b5-abcde", "train-7d9f8c6b5-abcde", "train-7d9f8c6b5-x9z2q")
     for i, pod in enumerate(pods):
         e.on_xid(xid(13, T0 + i * 5 * MIN, pid=100 + i, pod=pod), T0 + i * 5 * MIN)
@@ -220,7 +220,7 @@ def test_d4_crash_looping_pod_never_drains() -> None:
 
 
 def test_d4_three_xid43_from_three_workloads_stay_ignore() -> None:
-    e = AlertEngine(EngineConfig(update_interval_ms=0))
+    e = EngineFacade(EngineConfig(update_interval_ms=0))
     for i in range(3):
         e.on_xid(xid(43, T0 + i * 5 * MIN, pid=10 + i, pod=f"notebook-{i}"), T0 + i * 5 * MIN)
     out = records(e, T0 + 10 * MIN)
@@ -228,7 +228,7 @@ def test_d4_three_xid43_from_three_workloads_stay_ignore() -> None:
 
 
 def test_d4_distinct_workloads_raise_a_ticket_not_a_drain() -> None:
-    e = AlertEngine(EngineConfig(update_interval_ms=0))
+    e = EngineFacade(EngineConfig(update_interval_ms=0))
     for i, ns in enumerate(("a", "b", "c")):
         e.on_xid(xid(31, T0 + i * MIN, pid=10 + i, pod=f"{ns}-job-0"), T0 + i * MIN)
     last = records(e, T0 + 2 * MIN)[-1]
@@ -251,7 +251,7 @@ def _cordon_service(api: Any, tmp_path: Any, clock: _Clock, sink: Any = None, **
 
     from gpupipe.kube import KubeClient, KubeConfig
     from gpupipe_consumers.alerts.cordon import Cordoner, KubeNodeApi
-    from gpupipe_consumers.alerts.handler import AlertsService, ListSink
+    from gpupipe_consumers.alerts.handler import AlertsHandler, ListSink
 
     token = tmp_path / "token"
     token.write_text("tok")
@@ -265,7 +265,7 @@ def _cordon_service(api: Any, tmp_path: Any, clock: _Clock, sink: Any = None, **
         clock=clock,
         **kw,
     )
-    svc = AlertsService(
+    svc = AlertsHandler(
         sink=sink if sink is not None else ListSink(),
         registry=CollectorRegistry(),
         cordoner=cordoner,
@@ -375,7 +375,7 @@ def test_d3_share_circuit_breaker_and_opt_in_uncordon(tmp_path: Any) -> None:
 def test_d10_one_uncorrectable_ecc_fault_is_one_alert() -> None:
     from gpupipe_consumers.alerts.engine.health_signals import GpuIdentity, SignalEvent
 
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     lines = [
         (48, "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer"),
         (172, "SRAM error"),
@@ -396,7 +396,7 @@ def test_d10_one_uncorrectable_ecc_fault_is_one_alert() -> None:
 
 
 def test_d10_the_sram_branch_is_reachable() -> None:
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     e.on_xid(xid(48, T0, msg="DBE"), T0)
     e.on_xid(xid(172, T0 + 10, msg="SRAM"), T0 + 10)
     r = records(e, T0 + S)[-1]
@@ -407,13 +407,13 @@ def test_d10_the_sram_branch_is_reachable() -> None:
 
 
 def test_d11_xid79_after_a_reboot_escalates_across_a_restart() -> None:
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     e.on_xid(xid(79, T0, msg="GPU has fallen off the bus."), T0)
     first = records(e, T0)
     assert first[0]["rule"] == "xid79"
     e.acknowledge(first[0]["alert_id"], T0 + 30 * MIN, "rebooted")
     published = first + records(e, T0 + 30 * MIN)
-    e2 = AlertEngine(EngineConfig())  # the alerts service was redeployed in between
+    e2 = EngineFacade(EngineConfig())  # the alerts service was redeployed in between
     e2.restore(published, T0 + 60 * MIN)
     e2.on_xid(xid(79, T0 + 2 * 60 * MIN, msg="GPU has fallen off the bus."), T0 + 2 * 60 * MIN)
     again = records(e2, T0 + 2 * 60 * MIN)[-1]
@@ -421,7 +421,7 @@ def test_d11_xid79_after_a_reboot_escalates_across_a_restart() -> None:
 
 
 def test_d11_gsp_timeouts_without_a_reset_do_not_escalate_and_list_only_real_codes() -> None:
-    e = AlertEngine(EngineConfig(update_interval_ms=0))
+    e = EngineFacade(EngineConfig(update_interval_ms=0))
     for k in range(4):  # every 11 min, the GPU waiting for its drain
         e.on_xid(
             xid(119, T0 + k * 11 * MIN, msg="Timeout after 6s of waiting for RPC response"), T0 + k * 11 * MIN
@@ -465,7 +465,7 @@ def test_d17_a_flood_on_one_node_costs_no_more_than_one_spread_over_many() -> No
     import time
 
     def run(nodes: int, n: int = 6000) -> float:
-        e = AlertEngine(EngineConfig())
+        e = EngineFacade(EngineConfig())
         evs = [
             {
                 "event_id": f"e{i}",
@@ -497,7 +497,7 @@ def test_d1_a_node_storm_lives_no_longer_than_it_absorbs() -> None:
     # alerts it had not absorbed. Now it resolves after min(R, D) of quiet, its members expire on their own
     # (a storm with sticky members stays as long as they do:
     # tests/unit/consumers/alerts/engine/test_lifecycle.py).
-    e = AlertEngine(EngineConfig(dedupe_window_ms=10 * MIN, resolve_after_ms=30 * MIN))
+    e = EngineFacade(EngineConfig(dedupe_window_ms=10 * MIN, resolve_after_ms=30 * MIN))
     for g in range(3):
         e.on_xid(xid(13, T0 + g, g=g, pid=100 + g), T0 + g)
     assert [r["scope"] for r in records(e, T0 + S)].count("node") == 1
@@ -509,7 +509,7 @@ def test_d1_a_node_storm_lives_no_longer_than_it_absorbs() -> None:
 
 def test_d4_workloads_that_fault_on_other_gpus_are_the_common_factor() -> None:
     def run(elsewhere: bool) -> set[str]:
-        e = AlertEngine(EngineConfig(update_interval_ms=0))
+        e = EngineFacade(EngineConfig(update_interval_ms=0))
         if elsewhere:  # the same workload hit another GPU of the node too
             e.on_xid(xid(31, T0, g=1, pid=9, pod="a-job-0"), T0)
         for i, ns in enumerate(("a", "b", "c")):
@@ -523,7 +523,7 @@ def test_d4_workloads_that_fault_on_other_gpus_are_the_common_factor() -> None:
 # ------------------------------------------------------ page retirement after a memory fault
 
 
-def _alert_ids(e: AlertEngine, now: int) -> dict[str, dict[str, Any]]:
+def _alert_ids(e: EngineFacade, now: int) -> dict[str, dict[str, Any]]:
     return {r["alert_id"]: r for r in records(e, now)}
 
 
@@ -531,7 +531,7 @@ def test_a_dbe_then_its_page_retirement_is_one_alert() -> None:
     """The driver logs Xid 63 (row remapped) or 64 (remapping failed) right after the 48 it comes from:
     one fault, so one alert and one page, not a second one for the retirement."""
     for follower, msg in ((63, "Dynamic Page Retirement: New page retired"), (64, "Row remapping failed")):
-        e = AlertEngine(EngineConfig())
+        e = EngineFacade(EngineConfig())
         e.on_xid(xid(48, T0, msg="DBE"), T0)
         e.on_xid(xid(follower, T0 + 200, msg=msg), T0 + 200)
         out = _alert_ids(e, T0 + S)
@@ -542,7 +542,7 @@ def test_a_dbe_then_its_page_retirement_is_one_alert() -> None:
 
 
 def test_a_contained_error_whose_remapping_fails_escalates_its_alert() -> None:
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     e.on_xid(xid(94, T0, msg="Contained: SM (0x1). RST: No, D-RST: No"), T0)
     e.on_xid(xid(64, T0 + 200, msg="Row remapping failed"), T0 + 200)
     (rec,) = _alert_ids(e, T0 + S).values()
@@ -550,11 +550,11 @@ def test_a_contained_error_whose_remapping_fails_escalates_its_alert() -> None:
 
 
 def test_a_page_retirement_alone_or_long_after_is_its_own_alert() -> None:
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     e.on_xid(xid(63, T0, msg="Dynamic Page Retirement: New page retired"), T0)
     (rec,) = _alert_ids(e, T0 + S).values()
     assert rec["xid_codes"] == [63] and rec["severity"] == "info"
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     e.on_xid(xid(48, T0, msg="DBE"), T0)
     late = T0 + EngineConfig().classify.solo_window_ms + 10 * S
     e.on_xid(xid(64, late, msg="Row remapping failed"), late)
@@ -565,7 +565,7 @@ def test_a_lesser_memory_error_from_another_job_never_ends_a_drain_alert() -> No
     """A DBE whose row remapping failed (48 then 64: critical, drain) leaves the GPU broken until a reset.
     A contained Xid 94 from another job hours later, keyed like the 48, replaced the drain alert with a
     warning (RESOLVED for the page) that then resolved when quiet: a broken GPU with no alert at all."""
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     e.on_xid(xid(48, T0, msg="DBE"), T0)
     e.on_xid(xid(64, T0 + 200, msg="Row remapping failed"), T0 + 200)
     (first,) = _alert_ids(e, T0 + S).values()

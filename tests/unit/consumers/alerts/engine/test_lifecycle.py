@@ -24,8 +24,8 @@ from prometheus_client import CollectorRegistry
 from gpupipe.alertmanager import AlertmanagerSender
 from gpupipe_consumers.alerts.am_shape import am_labels, gpu_alert_shape
 from gpupipe_consumers.alerts.engine.alert_record import to_record
-from gpupipe_consumers.alerts.engine.facade import AlertEngine, EngineConfig
-from gpupipe_consumers.alerts.handler import AlertsService, ListSink
+from gpupipe_consumers.alerts.engine.facade import EngineConfig, EngineFacade
+from gpupipe_consumers.alerts.handler import AlertsHandler, ListSink
 from gpupipe_consumers.consume_loop import InRecord
 from tests.k8s_api_fake import FakeKubeApi
 from tests.unit.consumers.alerts.engine.test_findings import (
@@ -45,7 +45,7 @@ LOOKBACK = DAY  # --restore-lookback default
 
 
 def _within_lookback(recs: list[dict[str, Any]], now: int) -> list[dict[str, Any]]:
-    """What AlertsApp.activate hands to restore(): records emitted within the look-back."""
+    """What AlertsService.activate hands to restore(): records emitted within the look-back."""
     return [r for r in recs if r["emitted_at_ms"] >= now - LOOKBACK]
 
 
@@ -88,7 +88,7 @@ def test_the_keepalive_stays_under_half_the_restore_lookback() -> None:
 
 def test_a_level_alert_publishes_on_change_and_keepalive_not_every_interval() -> None:
     clock, sink = _Clock(T0), ListSink()
-    svc = AlertsService(sink=sink, registry=CollectorRegistry(), clock=clock)
+    svc = AlertsHandler(sink=sink, registry=CollectorRegistry(), clock=clock)
     for i in range(2 * 60 * 2):  # 2 hours of samples every 30 s (the producer's slow group)
         clock.ms = T0 + i * 30 * S
         v = {
@@ -139,19 +139,19 @@ def test_a_week_old_backlog_xid79_is_history_not_a_drain(tmp_path: Path) -> None
         (rec,) = [r for r in svc.sink.records if r["status"] == "firing"]
         assert rec["hostname"] == "node-2" and rec["drain_node"] and rec["severity"] == "critical"
         assert svc.cordoner.process(svc.cordoner._queue.get_nowait()).outcome == "cordoned"
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     e.on_xid(xid(79, now - 7 * DAY, msg="GPU has fallen off the bus."), now)
     assert len(e.histories.get("node-a", "0000:18:00.0").records()) == 1
 
 
-def _storm(e: AlertEngine) -> list[dict[str, Any]]:
+def _storm(e: EngineFacade) -> list[dict[str, Any]]:
     for g in range(3):  # three GPUs fall off the bus together (a PCIe switch)
         e.on_xid(xid(79, T0 + g, g=g, msg="GPU has fallen off the bus."), T0 + g)
     return records(e, T0 + S)
 
 
 def test_a_node_storm_stays_open_while_its_sticky_members_fire() -> None:
-    e = AlertEngine(EngineConfig(dedupe_window_ms=10 * MIN, resolve_after_ms=30 * MIN))
+    e = EngineFacade(EngineConfig(dedupe_window_ms=10 * MIN, resolve_after_ms=30 * MIN))
     (storm,) = [r for r in _storm(e) if r["scope"] == "node"]
     e.tick(T0 + 10 * MIN + S)
     assert [r["status"] for r in records(e, T0 + 10 * MIN + S)] == []  # was: the storm resolved (quiet)
@@ -182,7 +182,7 @@ def test_an_escalating_storm_keeps_its_alertmanager_label_set_firing() -> None:
         return 200
 
     sender = AlertmanagerSender("http://am", shape=gpu_alert_shape, post=post, clock=clock)
-    e = AlertEngine(EngineConfig(update_interval_ms=0))
+    e = EngineFacade(EngineConfig(update_interval_ms=0))
     for g in range(3):  # one 3-GPU job crashes: Xid 13 on each (an application burst, warning)
         e.on_xid(xid(13, T0 + g, g=g, pid=100 + g), T0 + g)
     first = [r for r in records(e, T0 + S) if r["scope"] == "node"]

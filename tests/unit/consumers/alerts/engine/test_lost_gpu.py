@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from gpupipe_consumers.alerts.engine.alert_record import to_record
 from gpupipe_consumers.alerts.engine.evidence_memory import evidence_record
-from gpupipe_consumers.alerts.engine.facade import AlertEngine, EngineConfig
+from gpupipe_consumers.alerts.engine.facade import EngineConfig, EngineFacade
 from gpupipe_consumers.alerts.engine.health_signals import HealthTracker
 from tests.unit.consumers.alerts.engine.test_reset_evidence import MIN, T0, S, driver_loaded, xid
 
 
-def sample(e: AlertEngine, tracker: HealthTracker, ts: int, *, lost: bool) -> None:
+def sample(e: EngineFacade, tracker: HealthTracker, ts: int, *, lost: bool) -> None:
     """GPU 0's whole-GPU sample at ``ts``, through the tracker and the engine as the service hands it."""
     s = {
         "timestamp_ms": ts,
@@ -36,14 +36,14 @@ def sample(e: AlertEngine, tracker: HealthTracker, ts: int, *, lost: bool) -> No
 
 
 def test_the_lost_samples_after_a_restart_are_the_same_loss_and_the_reboot_ends_it() -> None:
-    e, tracker = AlertEngine(EngineConfig()), HealthTracker()
+    e, tracker = EngineFacade(EngineConfig()), HealthTracker()
     e.on_xid(xid(79, T0), T0)
     sample(e, tracker, T0 - 30 * S, lost=False)
     sample(e, tracker, T0 + 30 * S, lost=True)
     sample(e, tracker, T0 + 15 * MIN, lost=True)
     published = [to_record(a, T0 + 15 * MIN) for a in e.take(T0 + 15 * MIN, force=True)]
     # the alerts service restarts; the GPU is still off the bus
-    e2, tracker2 = AlertEngine(EngineConfig()), HealthTracker()
+    e2, tracker2 = EngineFacade(EngineConfig()), HealthTracker()
     e2.restore(published, T0 + 20 * MIN)
     for k in range(2, 6):
         sample(e2, tracker2, T0 + k * 15 * MIN, lost=True)
@@ -60,7 +60,7 @@ def test_a_driver_reload_that_leaves_the_gpu_lost_does_not_split_the_loss_across
     # A reload of the driver (for another GPU of the node) does not bring a GPU back onto the bus. After
     # a restart, the first lost sample of the new instance is no new loss: the alert goes on, keeps its
     # boot and action, and the reboot ends it.
-    e, tracker = AlertEngine(EngineConfig()), HealthTracker()
+    e, tracker = EngineFacade(EngineConfig()), HealthTracker()
     e.on_xid(xid(79, T0), T0)
     sample(e, tracker, T0 - 30 * S, lost=False)
     sample(e, tracker, T0 + 30 * S, lost=True)
@@ -69,7 +69,7 @@ def test_a_driver_reload_that_leaves_the_gpu_lost_does_not_split_the_loss_across
     sample(e, tracker, T0 + 31 * MIN, lost=True)
     published += [to_record(a, T0 + 32 * MIN) for a in e.take(T0 + 32 * MIN, force=True)]
     published += [evidence_record(ev, T0 + 32 * MIN) for ev in e.take_evidence()]
-    e2, tracker2 = AlertEngine(EngineConfig()), HealthTracker()
+    e2, tracker2 = EngineFacade(EngineConfig()), HealthTracker()
     e2.restore(published, T0 + 40 * MIN)
     (before,) = e2.open_alerts()
     sample(e2, tracker2, T0 + 45 * MIN, lost=True)
@@ -82,7 +82,7 @@ def test_a_driver_reload_that_leaves_the_gpu_lost_does_not_split_the_loss_across
 
 
 def test_a_gpu_lost_in_the_first_sample_without_an_open_alert_raises_one() -> None:
-    e, tracker = AlertEngine(EngineConfig()), HealthTracker()
+    e, tracker = EngineFacade(EngineConfig()), HealthTracker()
     sample(e, tracker, T0, lost=True)
     (a,) = e.open_alerts()
     assert (a.codes, a.rule, a.action) == ((79,), "gpu_lost", "RESTART_BM")

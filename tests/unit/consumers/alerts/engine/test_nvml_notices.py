@@ -15,9 +15,9 @@ from prometheus_client import CollectorRegistry
 
 from gpupipe_consumers.alerts.am_shape import am_labels
 from gpupipe_consumers.alerts.engine.alert_record import to_record
-from gpupipe_consumers.alerts.engine.facade import AlertEngine, EngineConfig
+from gpupipe_consumers.alerts.engine.facade import EngineConfig, EngineFacade
 from gpupipe_consumers.alerts.engine.health_signals import GpuIdentity, SignalEvent
-from gpupipe_consumers.alerts.handler import AlertsService, ListSink
+from gpupipe_consumers.alerts.handler import AlertsHandler, ListSink
 from gpupipe_consumers.alerts.rules.catalog import Action, Severity
 from gpupipe_consumers.alerts.rules.classify import FaultEvent, classify
 from gpupipe_consumers.alerts.rules.parsers import parse_recovery_event
@@ -83,7 +83,7 @@ def sample(ts: int, g: int = 3, **kw: Any) -> dict:
     return rec
 
 
-def records(e: AlertEngine, now: int) -> list[dict]:
+def records(e: EngineFacade, now: int) -> list[dict]:
     return [to_record(a, now) for a in e.take(now)]
 
 
@@ -101,9 +101,9 @@ class Clock:
         return self.ms / 1000
 
 
-def service() -> tuple[AlertsService, Clock]:
+def service() -> tuple[AlertsHandler, Clock]:
     clock = Clock()
-    svc = AlertsService(
+    svc = AlertsHandler(
         sink=ListSink(),
         registry=CollectorRegistry(),
         clock=clock,
@@ -112,7 +112,7 @@ def service() -> tuple[AlertsService, Clock]:
     return svc, clock
 
 
-def feed(svc: AlertsService, clock: Clock, *values: dict) -> list[dict]:
+def feed(svc: AlertsHandler, clock: Clock, *values: dict) -> list[dict]:
     """Hand records to the service at their own time; the records it published meanwhile."""
     before = len(svc.sink.records)
     for v in values:
@@ -125,7 +125,7 @@ def feed(svc: AlertsService, clock: Clock, *values: dict) -> list[dict]:
 
 
 def test_recovery_action_and_gpu_unavailable_are_not_an_unknown_xid_0() -> None:
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     e.on_xid(notice("recovery_action", 4, T0), T0)
     e.on_xid(notice("gpu_unavailable", 0, T0 + S), T0 + S)
     got = {r["signal"]: r for r in records(e, T0 + S)}
@@ -187,7 +187,7 @@ def test_a_recovery_action_event_is_graded_as_the_sampled_field(
     if value == 0:
         return
     # the same value read from the sampled field gives the same alert (one incident, one presentation)
-    by_event, by_sample = AlertEngine(EngineConfig()), AlertEngine(EngineConfig())
+    by_event, by_sample = EngineFacade(EngineConfig()), EngineFacade(EngineConfig())
     a = by_event.on_xid(ev, T0)
     b = by_sample.on_signal(
         GpuIdentity("node-a", dev(3), "GPU-3", 3),
@@ -247,7 +247,7 @@ def test_a_recovery_action_the_samples_never_showed_is_cleared_by_the_next_norma
 
 def test_a_recovery_action_an_event_raised_stays_until_evidence() -> None:
     """NVML reports the change once: silence is no evidence (a sampled-only one still ends by quiet)."""
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     e.on_xid(notice("recovery_action", 2, T0, g=0), T0)  # NODE_REBOOT
     e.on_xid(notice("recovery_action", 4, T0 + 2 * MIN, g=1), T0 + 2 * MIN)  # DRAIN_AND_RESET
     e.on_signal(  # the samples alone, no event: a level the samples own
@@ -274,7 +274,7 @@ def test_a_recovery_action_an_event_raised_stays_until_evidence() -> None:
 
 
 def test_recovery_action_none_is_evidence_of_recovery() -> None:
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     e.on_xid(xid(95, T0), T0)  # RESET_GPU: firing until evidence
     e.on_xid(xid(95, T0, g=5), T0)  # another GPU
     e.on_xid(notice("recovery_action", 1, T0 + S), T0 + S)
@@ -345,7 +345,7 @@ def test_gpu_unavailable_is_a_critical_reset_alert_on_that_gpu_until_evidence() 
 def test_a_driver_reload_ends_gpu_unavailable_only_once_a_sample_shows_the_gpu() -> None:
     """A module load says nothing of a GPU that could not be reached (the reason Xid 79 is exempted,
     NVSentinel#155): a sample of that GPU after the load does."""
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     e.on_xid(notice("gpu_unavailable", 0, T0), T0)
     e.take(T0)
     e.on_xid(driver_loaded(T0 + MIN), T0 + MIN)
@@ -365,7 +365,7 @@ def test_a_driver_reload_ends_gpu_unavailable_only_once_a_sample_shows_the_gpu()
 
 
 def test_gpus_unavailable_at_once_make_a_node_burst() -> None:
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     e.on_xid(xid(79, T0, g=0, message="GPU has fallen off the bus."), T0)
     for g in (1, 2):
         e.on_xid(notice("gpu_unavailable", 0, T0 + g * S, g=g), T0 + g * S)
@@ -378,7 +378,7 @@ def test_gpus_unavailable_at_once_make_a_node_burst() -> None:
 
 @pytest.mark.parametrize("kind", ["fallen_off_bus", "gpu_lost"])
 def test_fallen_off_bus_and_gpu_lost_are_xid_79(kind: str) -> None:
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     a = e.on_xid({**xid(79, T0), "kind": kind, "xid": None, "message": "GPU has fallen off the bus."}, T0)
     assert a is not None
     rec = to_record(a, T0)
@@ -410,7 +410,7 @@ def test_an_older_alerts_consumer_reads_the_new_kinds_as_unknown_and_never_pages
     old_reader = AvroCodec(reader_schemas={"XidEvent": v1.raw})
     decoded = [old_reader.decode(p).record for p in payloads]
     assert [d["kind"] for d in decoded] == ["unknown", "unknown"]
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     for d in decoded:
         e.on_xid(d, T0 + S)
     recs = records(e, T0 + S)

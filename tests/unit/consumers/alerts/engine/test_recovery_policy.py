@@ -19,7 +19,7 @@ import pytest
 
 from gpupipe_consumers.alerts.engine.alert_record import Alert, to_record
 from gpupipe_consumers.alerts.engine.evidence_memory import evidence_from_record, evidence_record
-from gpupipe_consumers.alerts.engine.facade import AlertEngine, EngineConfig
+from gpupipe_consumers.alerts.engine.facade import EngineConfig, EngineFacade
 from gpupipe_consumers.alerts.engine.health_signals import GpuIdentity, SignalEvent
 from gpupipe_consumers.alerts.engine.recovery_policy import (
     EVIDENCE_ENDS,
@@ -76,12 +76,12 @@ def recovery_event(value: int, ts: int, name: str) -> dict[str, Any]:
     }
 
 
-def published(e: AlertEngine, now: int) -> list[dict[str, Any]]:
+def published(e: EngineFacade, now: int) -> list[dict[str, Any]]:
     """What the service would publish now: alert revisions and the evidence records."""
     return [to_record(a, now) for a in e.take(now)] + [evidence_record(ev, now) for ev in e.take_evidence()]
 
 
-def summary(e: AlertEngine) -> list[tuple[int | str, str, bool, str | None]]:
+def summary(e: EngineFacade) -> list[tuple[int | str, str, bool, str | None]]:
     return sorted(
         (a.codes[0] if a.codes else a.signal, a.action, a.drain_node, a.pending and a.pending.evidence)
         for a in e.open_alerts()
@@ -117,7 +117,7 @@ def test_the_table_is_the_stated_policy_and_covers_every_action() -> None:
 
 
 # One alert per class, raised by the engine's real input on GPU 0 at T0.
-RAISE: dict[str, Callable[[AlertEngine], Alert | None]] = {
+RAISE: dict[str, Callable[[EngineFacade], Alert | None]] = {
     "app": lambda e: e.on_xid(xid(13, T0), T0),  # RESTART_APP
     "reset": lambda e: e.on_xid(xid(95, T0), T0),  # RESET_GPU, drain
     "gone": lambda e: e.on_xid(unavailable(T0), T0),  # GpuUnavailable
@@ -127,7 +127,7 @@ RAISE: dict[str, Callable[[AlertEngine], Alert | None]] = {
 EV_T = T0 + 5 * MIN
 
 
-def _evidence(e: AlertEngine, kind: str, a: Alert, samples: bool) -> None:
+def _evidence(e: EngineFacade, kind: str, a: Alert, samples: bool) -> None:
     """Evidence of ``kind`` at EV_T through the path the service uses (then a healthy sample of GPU 0
     where the service reads samples)."""
     if kind in ("reset", "gpu_back"):
@@ -150,7 +150,7 @@ def _evidence(e: AlertEngine, kind: str, a: Alert, samples: bool) -> None:
 def test_each_evidence_ends_exactly_the_classes_of_the_table(cls: str, samples: bool) -> None:
     got = []
     for kind in EVIDENCE:
-        e = AlertEngine(EngineConfig(confirm_by_samples=samples))
+        e = EngineFacade(EngineConfig(confirm_by_samples=samples))
         healthy(e, T0 - MIN)  # the GPU as it was (its UUID, GPU-0), before the fault
         a = RAISE[cls](e)
         assert a is not None and recovery_class(a) == cls
@@ -165,7 +165,7 @@ def test_each_evidence_ends_exactly_the_classes_of_the_table(cls: str, samples: 
 
 
 def test_node_wide_evidence_waits_for_a_sample_of_that_gpu_after_it() -> None:
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     a = e.on_xid(xid(95, T0), T0)
     e.on_xid(driver_loaded(EV_T), EV_T)
     assert a is not None and a.pending is not None and a.status == "firing"
@@ -190,7 +190,7 @@ def test_sample_healthy() -> None:
 
 
 def test_a_reboot_keeps_support_class_alerts_and_a_gpu_that_does_not_come_back() -> None:
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     e.on_xid(xid(79, T0), T0)
     e.on_xid(driver_loaded(T0 + 20 * MIN, boot="boot-B"), T0 + 20 * MIN)  # first reboot
     a = e.on_xid(xid(79, T0 + 120 * MIN, boot="boot-B"), T0 + 120 * MIN)  # back: the reboot did not help
@@ -207,7 +207,7 @@ def test_a_reboot_keeps_support_class_alerts_and_a_gpu_that_does_not_come_back()
 
 
 def test_an_alert_whose_gpu_is_not_seen_after_the_reboot_says_so_and_keeps_waiting() -> None:
-    e = AlertEngine(EngineConfig(update_interval_ms=0, confirm_within_ms=10 * MIN))
+    e = EngineFacade(EngineConfig(update_interval_ms=0, confirm_within_ms=10 * MIN))
     a = e.on_xid(xid(79, T0), T0)
     e.on_xid(driver_loaded(T0 + 20 * MIN, boot="boot-B"), T0 + 20 * MIN)
     first = published(e, T0 + 20 * MIN)
@@ -229,7 +229,7 @@ def test_an_alert_whose_gpu_is_not_seen_after_the_reboot_says_so_and_keeps_waiti
 
 
 def test_the_fault_back_after_the_reboot_is_no_recovery() -> None:
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     a = e.on_xid(xid(79, T0), T0)
     e.on_xid(driver_loaded(T0 + 2 * MIN, boot="boot-B"), T0 + 2 * MIN)
     assert a is not None and a.pending is not None
@@ -244,7 +244,7 @@ def test_the_fault_back_after_the_reboot_is_no_recovery() -> None:
 
 
 def _final(events: list[dict[str, Any]], now: int, samples: list[int] = ()) -> list[Any]:
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     for ev in events:
         e.on_xid(dict(ev), now)
     for ts in samples:
@@ -263,7 +263,7 @@ def test_the_outcome_of_a_reboot_does_not_depend_on_processing_order() -> None:
 
 
 def test_an_old_boots_fault_processed_late_is_recovered_at_once_and_never_pages() -> None:
-    e = AlertEngine(EngineConfig(update_interval_ms=0))
+    e = EngineFacade(EngineConfig(update_interval_ms=0))
     now = T0 + 60 * MIN
     e.on_xid(driver_loaded(T0 + 20 * MIN, boot="boot-B"), now)
     healthy(e, T0 + 21 * MIN)  # the GPU is fine after the reboot (samples were processed first)
@@ -281,7 +281,7 @@ def test_an_old_boots_fault_processed_late_is_recovered_at_once_and_never_pages(
 
 def test_a_gpu_reset_seen_before_the_xid_it_ends_still_ends_it() -> None:
     """Samples and XIDs are on different topics: the counter restart may be processed first."""
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     sig = SignalEvent(
         "gpu_reset", "occurrence", T0 + MIN, detail="total_energy_mj restarted", evidence="reset"
     )
@@ -296,11 +296,11 @@ def test_a_gpu_reset_seen_before_the_xid_it_ends_still_ends_it() -> None:
 
 
 def test_a_driver_reload_does_not_end_gpu_unavailable() -> None:
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     a = e.on_xid(unavailable(T0), T0)
     e.on_xid(driver_loaded(T0 + 5 * MIN), T0 + 5 * MIN)  # same boot: the module loaded again
     assert a is not None and a.status == "firing" and a.pending is not None
-    e2 = AlertEngine(EngineConfig(confirm_by_samples=False))  # no samples: nothing could confirm it
+    e2 = EngineFacade(EngineConfig(confirm_by_samples=False))  # no samples: nothing could confirm it
     b = e2.on_xid(unavailable(T0), T0)
     e2.on_xid(driver_loaded(T0 + 5 * MIN), T0 + 5 * MIN)
     assert b is not None and b.status == "firing" and b.pending is None
@@ -312,9 +312,9 @@ def test_a_driver_reload_does_not_end_gpu_unavailable() -> None:
 
 
 def test_recovery_action_none_ends_reset_class_alerts_only() -> None:
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     rma = e.on_xid(xid(167, T0), T0)  # CONTACT_SUPPORT, drain
-    e2 = AlertEngine(EngineConfig())
+    e2 = EngineFacade(EngineConfig())
     bus = e2.on_xid(xid(79, T0), T0)  # RESTART_BM
     for eng in (e, e2):
         eng.on_xid(recovery_event(2, T0 + MIN, "NODE_REBOOT"), T0 + MIN)
@@ -326,7 +326,7 @@ def test_recovery_action_none_ends_reset_class_alerts_only() -> None:
 
 
 def test_a_replaced_gpu_ends_an_rma_class_alert() -> None:
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     healthy(e, T0 - MIN, uuid="GPU-OLD")
     a = e.on_xid(xid(167, T0), T0)
     healthy(e, T0 + MIN, uuid="GPU-OLD")  # the same board, healthy: no evidence
@@ -340,7 +340,7 @@ def test_a_replaced_gpu_ends_an_rma_class_alert() -> None:
 
 
 def _notice_order(order: list[str], now: int) -> list[tuple[str, str]]:
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     steps = {
         "event": lambda: e.on_xid(recovery_event(3, T0, "DRAIN_P2P"), now),
         "active": lambda: e.on_signal(
@@ -370,14 +370,14 @@ def test_the_standby_decides_as_the_leader_from_the_published_state() -> None:
     """The leader saw the post-reboot load line of a quiet node (no alert changed) and failed over; the
     standby restores from gpu.alerts.v1 and processes the pre-reboot 79 that lagged in its partition."""
     now = T0 + 60 * MIN
-    leader = AlertEngine(EngineConfig())
+    leader = EngineFacade(EngineConfig())
     leader.on_xid(driver_loaded(T0 + 20 * MIN, boot="boot-B"), now)
     topic = published(leader, now)
     assert [(r["status"], r["remediation"]["kind"], r["signal"], r["boot_id"]) for r in topic] == [
         ("action", "evidence", "boot", "boot-B"),
         ("action", "evidence", "driver_load", None),
     ]
-    standby = AlertEngine(EngineConfig())
+    standby = EngineFacade(EngineConfig())
     standby.restore(topic, now)
     late = xid(79, T0)
     leader.on_xid(dict(late), now)  # what the leader would have decided
@@ -385,7 +385,7 @@ def test_the_standby_decides_as_the_leader_from_the_published_state() -> None:
     assert summary(standby) == summary(leader) == [(79, "RESTART_BM", True, "reboot")]
     # the waiting alert is published with what it waits for: a second failover keeps it
     topic += published(standby, now)
-    third = AlertEngine(EngineConfig())
+    third = EngineFacade(EngineConfig())
     assert third.restore(topic, now + MIN) == 1
     assert summary(third) == summary(standby)
     healthy(third, T0 + 21 * MIN)
@@ -395,21 +395,21 @@ def test_the_standby_decides_as_the_leader_from_the_published_state() -> None:
 
 def test_a_restore_applies_evidence_an_interrupted_instance_did_not() -> None:
     """The evidence record went out, the alert's revision did not (a crash between): the restore ends it."""
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     e.on_xid(xid(95, T0), T0)
     topic = published(e, T0)
     e.on_signal(
         GPU0, SignalEvent("gpu_reset", "occurrence", T0 + MIN, detail="reset", evidence="reset"), T0 + MIN
     )
     topic += [r for r in published(e, T0 + MIN) if r["status"] == "action"]
-    e2 = AlertEngine(EngineConfig())
+    e2 = EngineFacade(EngineConfig())
     e2.restore(topic, T0 + 2 * MIN)
     assert e2.open_alerts() == []
     assert [r["resolve_reason"] for r in published(e2, T0 + 2 * MIN)] == ["recovered"]
 
 
 def test_evidence_and_pending_records_are_valid_gpualert_records() -> None:
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     e.on_xid(xid(79, T0), T0)
     e.on_xid(driver_loaded(T0 + MIN, boot="boot-B"), T0 + MIN)
     healthy(e, T0 - MIN, g=3, uuid="GPU-3")
@@ -434,11 +434,11 @@ def test_evidence_and_pending_records_are_valid_gpualert_records() -> None:
 def test_the_service_hands_every_sample_to_the_engine_and_publishes_evidence() -> None:
     from prometheus_client import CollectorRegistry
 
-    from gpupipe_consumers.alerts.handler import AlertsService, ListSink
+    from gpupipe_consumers.alerts.handler import AlertsHandler, ListSink
     from gpupipe_consumers.consume_loop import InRecord
 
     clock_ms = [T0]
-    svc = AlertsService(
+    svc = AlertsHandler(
         sink=ListSink(),
         registry=CollectorRegistry(),
         clock=lambda: clock_ms[0] / 1000,

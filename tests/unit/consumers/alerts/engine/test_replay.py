@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpupipe_consumers.alerts.engine.facade import AlertEngine, EngineConfig
+from gpupipe_consumers.alerts.engine.facade import EngineConfig, EngineFacade
 from gpupipe_consumers.alerts.engine.health_signals import SignalEvent
 from gpupipe_consumers.consume_loop import InRecord
 from tests.unit.consumers.alerts.engine.test_dedupe import ident
-from tests.unit.consumers.alerts.test_service import T0, service, xid
+from tests.unit.consumers.alerts.test_handler import T0, service, xid
 
 
 def at(offset: int, value: dict[str, Any], partition: int = 0) -> InRecord:
@@ -78,10 +78,10 @@ def test_a_replayed_xid_of_an_acknowledged_alert_raises_nothing() -> None:
 
 def test_a_position_in_another_partition_is_new_input() -> None:
     """Positions compare only within one partition (a topic given more partitions moves keys)."""
-    e = AlertEngine(EngineConfig(update_interval_ms=0))
+    e = EngineFacade(EngineConfig(update_interval_ms=0))
     e.on_xid(xid(79, "e0"), T0, (0, 10))
     rec = e.take(T0)
-    fresh = AlertEngine(EngineConfig(update_interval_ms=0))
+    fresh = EngineFacade(EngineConfig(update_interval_ms=0))
     from gpupipe_consumers.alerts.engine.alert_record import to_record
 
     fresh.restore([to_record(a, T0) for a in rec], T0)
@@ -112,7 +112,7 @@ def test_replayed_samples_do_not_clear_and_reraise_a_restored_signal() -> None:
 def test_an_id_raised_again_continues_its_sequence() -> None:
     """A level signal cleared and raised again from the same start within one publishing round:
     the resolved revision is not lost and the new incident does not restart at sequence 1."""
-    e = AlertEngine(EngineConfig(update_interval_ms=0))
+    e = EngineFacade(EngineConfig(update_interval_ms=0))
     e.on_signal(ident(), SignalEvent("row_remap_pending", "active", T0, since_ms=T0), T0)
     (one,) = e.take(T0)
     e.on_signal(ident(), SignalEvent("row_remap_pending", "clear", T0 + 5000), T0 + 5000)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpupipe_consumers.alerts.engine.alert_record import to_record
-from gpupipe_consumers.alerts.engine.facade import AlertEngine, EngineConfig
+from gpupipe_consumers.alerts.engine.facade import EngineConfig, EngineFacade
 from gpupipe_consumers.alerts.engine.health_signals import GpuIdentity, device_key
 
 T0 = 1_800_000_000_000
@@ -73,13 +73,13 @@ def driver_loaded(ts: int, *, boot: str | None = "boot-A", host: str = "node-a")
     }
 
 
-def healthy(e: AlertEngine, ts: int, g: int = 0, *, host: str = "node-a", uuid: str | None = None) -> None:
+def healthy(e: EngineFacade, ts: int, g: int = 0, *, host: str = "node-a", uuid: str | None = None) -> None:
     """A healthy whole-GPU sample of GPU ``g`` at ``ts`` (what the service hands the engine per sample)."""
     ident = GpuIdentity(host, device_key(f"0000:{0x18 + 16 * g:02x}:00"), uuid or f"GPU-{g}", g)
     e.sample_seen(ident, ts, True, ts)
 
 
-def state(e: AlertEngine, now: int) -> dict[int, tuple[str, str | None]]:
+def state(e: EngineFacade, now: int) -> dict[int, tuple[str, str | None]]:
     """code -> (status, resolve_reason) of the latest revision per alert."""
     out = {}
     for a in e.take(now):
@@ -89,7 +89,7 @@ def state(e: AlertEngine, now: int) -> dict[int, tuple[str, str | None]]:
 
 
 def test_an_event_under_a_new_boot_id_resolves_reboot_class_alerts():
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     e.on_xid(xid(79, T0), T0)  # RESTART_BM: stays firing until a reboot
     e.on_xid(xid(95, T0 + S, g=1), T0 + S)  # RESET_GPU
     assert state(e, T0 + S) == {79: ("firing", None), 95: ("firing", None)}
@@ -116,7 +116,7 @@ def test_an_event_under_a_new_boot_id_resolves_reboot_class_alerts():
 
 def test_a_driver_reload_resolves_reset_class_alerts_but_not_a_gpu_that_fell_off_the_bus():
     """NVSentinel#155: the GPU fell off the bus, the probe failed, the module loaded again: the 79 stays."""
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     e.on_xid(xid(79, T0), T0)  # RESTART_BM
     e.on_xid(xid(95, T0 + 2 * MIN, g=1), T0 + 2 * MIN)  # RESET_GPU (minutes apart: no node storm)
     e.on_xid(xid(13, T0 + 4 * MIN, g=2), T0 + 4 * MIN)  # application fault
@@ -132,7 +132,7 @@ def test_a_driver_reload_resolves_reset_class_alerts_but_not_a_gpu_that_fell_off
 
 
 def test_evidence_is_no_evidence_for_faults_after_it_or_on_other_nodes():
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     e.on_xid(driver_loaded(T0), T0)
     e.on_xid(xid(95, T0 + S), T0 + S)  # after the reload: a new fault
     e.on_xid(xid(95, T0 + S, host="node-b", boot="boot-X"), T0 + S)
@@ -153,25 +153,25 @@ def test_evidence_is_no_evidence_for_faults_after_it_or_on_other_nodes():
 
 
 def test_a_reboot_while_the_alerts_service_was_down_is_seen_after_restore():
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     e.on_xid(xid(79, T0), T0)
     published = [to_record(a, T0) for a in e.take(T0)]
     assert published[0]["boot_id"] == "boot-A"
-    e2 = AlertEngine(EngineConfig())  # redeployed; the node rebooted meanwhile
+    e2 = EngineFacade(EngineConfig())  # redeployed; the node rebooted meanwhile
     e2.restore(published, T0 + 30 * MIN)
     assert [a.codes[0] for a in e2.open_alerts()] == [79]
     e2.on_xid(driver_loaded(T0 + 40 * MIN, boot="boot-B"), T0 + 40 * MIN)
     healthy(e2, T0 + 41 * MIN)
     assert e2.open_alerts() == []
     # an event of the same boot after a restart is no evidence
-    e3 = AlertEngine(EngineConfig())
+    e3 = EngineFacade(EngineConfig())
     e3.restore(published, T0 + 30 * MIN)
     e3.on_xid(xid(13, T0 + 40 * MIN, g=2), T0 + 40 * MIN)
     assert sorted(a.codes[0] for a in e3.open_alerts()) == [13, 79]
 
 
 def test_a_fault_back_after_the_reboot_is_a_recurrence():
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     e.on_xid(xid(79, T0), T0)
     e.take(T0)
     e.on_xid(driver_loaded(T0 + 20 * MIN, boot="boot-B"), T0 + 20 * MIN)
@@ -181,7 +181,7 @@ def test_a_fault_back_after_the_reboot_is_a_recurrence():
 
 
 def test_events_without_a_boot_id_are_no_reboot_evidence():
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     e.on_xid(xid(79, T0, boot=None), T0)
     e.on_xid(xid(13, T0 + MIN, g=2, boot="boot-B"), T0 + MIN)  # unknown boot of the 79: keep it
     assert sorted(a.codes[0] for a in e.open_alerts()) == [13, 79]

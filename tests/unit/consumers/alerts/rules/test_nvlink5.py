@@ -292,13 +292,13 @@ def test_real_nvlink5_lines_decode():
 
 
 def test_the_engine_passes_the_events_driver_version_to_the_decoder():
-    from gpupipe_consumers.alerts.engine.facade import AlertEngine, EngineConfig
+    from gpupipe_consumers.alerts.engine.facade import EngineConfig, EngineFacade
 
     line = kernel_line(144, "SAW_MVB", True, 0x00000001, 0x2)  # a V2 (>= R575) message
     message = parse_line(line).message
     rules = {}
     for version in ("580.95.05", "570.158.01"):
-        e = AlertEngine(EngineConfig())
+        e = EngineFacade(EngineConfig())
         ev = {
             "event_id": f"e-{version}",
             "timestamp_ms": T0,

@@ -1,4 +1,4 @@
-"""AlertsService wiring without Kafka: sink, Alertmanager and cordon hooks, bad input, restore, CLI checks."""
+"""AlertsHandler wiring without Kafka: sink, Alertmanager and cordon hooks, bad input, restore, CLI checks."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from gpupipe.cli import main
 from gpupipe_consumers.alerts.cordon import Cordoner
 from gpupipe_consumers.alerts.engine.facade import EngineConfig
-from gpupipe_consumers.alerts.handler import AlertsService, ListSink
+from gpupipe_consumers.alerts.handler import AlertsHandler, ListSink
 from gpupipe_consumers.consume_loop import InRecord
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 
@@ -58,10 +58,10 @@ def xid(code: Any, eid: str, host: str = "node-a", bus: str = "0000:18:00", ts: 
     }
 
 
-def service(**kw: Any) -> tuple[AlertsService, ListSink, Clock]:
+def service(**kw: Any) -> tuple[AlertsHandler, ListSink, Clock]:
     sink, clock = ListSink(), Clock()
     kw.setdefault("engine_config", EngineConfig(update_interval_ms=0))
-    svc = AlertsService(sink=sink, registry=CollectorRegistry(), clock=clock, instance="t", **kw)
+    svc = AlertsHandler(sink=sink, registry=CollectorRegistry(), clock=clock, instance="t", **kw)
     return svc, sink, clock
 
 
