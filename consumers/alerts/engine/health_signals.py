@@ -259,6 +259,48 @@ def _counter(sample: dict[str, Any] | None, name: str) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
+def _identify(ident: GpuIdentity, sample: dict[str, Any]) -> None:
+    """What the latest sample says about the GPU and who holds it."""
+    ident.uuid = sample.get("uuid") or ident.uuid
+    if sample.get("gpu_index") is not None:
+        ident.gpu_index = sample["gpu_index"]
+    ident.model_name = sample.get("model_name") or ident.model_name
+    ident.driver_version = sample.get("driver_version") or ident.driver_version
+    ident.allocations = sample.get("allocations") or ()
+
+
+def _loss_and_reset(st: _GpuState, sample: dict[str, Any], ts: int, out: list[SignalEvent]) -> None:
+    """The GPU lost (an occurrence when it goes, active while it stays), and evidence of a reset."""
+    prev = st.sample_prev
+    st.sample_prev = sample
+    lost = bool(sample.get("gpu_lost"))
+    if lost:
+        kind: SignalKind = "active" if st.lost or prev is None else "occurrence"
+        out.append(SignalEvent("gpu_lost", kind, ts, since_ms=ts, baseline=prev is None))
+    how, evidence = _reset_evidence(st, prev, sample, lost)
+    if evidence:
+        out.append(SignalEvent("gpu_reset", "occurrence", ts, detail=evidence, evidence=how))
+    st.lost = lost
+
+
+def _dbe(st: _GpuState, sample: dict[str, Any], ts: int, out: list[SignalEvent]) -> None:
+    """A rise of the volatile double-bit ECC counter is an occurrence of as many errors."""
+    dbe = sample.get("ecc_dbe_volatile_total")
+    if isinstance(dbe, int) and not isinstance(dbe, bool):
+        if st.dbe is not None and dbe > st.dbe:
+            out.append(
+                SignalEvent(
+                    "ecc_dbe",
+                    "occurrence",
+                    ts,
+                    count=dbe - st.dbe,
+                    detail=f"ecc_dbe_volatile_total {st.dbe} -> {dbe}",
+                    value=dbe,
+                )
+            )
+        st.dbe = dbe
+
+
 def _reset_evidence(
     st: _GpuState, prev: dict[str, Any] | None, sample: dict[str, Any], lost: bool
 ) -> tuple[str, str]:
@@ -347,41 +389,20 @@ class HealthTracker:
         self.samples += 1
         st.last_ts = ts
         st.sample = sample
-        ident = st.ident
-        ident.uuid = sample.get("uuid") or ident.uuid
-        if sample.get("gpu_index") is not None:
-            ident.gpu_index = sample["gpu_index"]
-        ident.model_name = sample.get("model_name") or ident.model_name
-        ident.driver_version = sample.get("driver_version") or ident.driver_version
-        ident.allocations = sample.get("allocations") or ()
+        _identify(st.ident, sample)
         out: list[SignalEvent] = []
+        _loss_and_reset(st, sample, ts, out)
+        _dbe(st, sample, ts, out)
+        self._levels(key, st, sample, ts, out)
+        reasons = sample.get("clock_event_reasons")
+        if isinstance(reasons, int):
+            self._thermal(st, ts, reasons, sample.get("gpu_temp_c"), out)
+        return st.ident, out
 
-        prev = st.sample_prev
-        st.sample_prev = sample
-        lost = bool(sample.get("gpu_lost"))
-        if lost:
-            kind: SignalKind = "active" if st.lost or prev is None else "occurrence"
-            out.append(SignalEvent("gpu_lost", kind, ts, since_ms=ts, baseline=prev is None))
-        kind, evidence = _reset_evidence(st, prev, sample, lost)
-        if evidence:
-            out.append(SignalEvent("gpu_reset", "occurrence", ts, detail=evidence, evidence=kind))
-        st.lost = lost
-
-        dbe = sample.get("ecc_dbe_volatile_total")
-        if isinstance(dbe, int) and not isinstance(dbe, bool):
-            if st.dbe is not None and dbe > st.dbe:
-                out.append(
-                    SignalEvent(
-                        "ecc_dbe",
-                        "occurrence",
-                        ts,
-                        count=dbe - st.dbe,
-                        detail=f"ecc_dbe_volatile_total {st.dbe} -> {dbe}",
-                        value=dbe,
-                    )
-                )
-            st.dbe = dbe
-
+    def _levels(
+        self, key: tuple[str, str], st: _GpuState, sample: dict[str, Any], ts: int, out: list[SignalEvent]
+    ) -> None:
+        """The level fields, and the recovery action the driver requires: raised while set, cleared once."""
         for signal, fld in _LEVEL_FIELDS:
             value = sample.get(fld)
             if value is None:
@@ -410,11 +431,6 @@ class HealthTracker:
             elif self._clears(key, "recovery_action", was, ts):
                 out.append(SignalEvent("recovery_action", "clear", ts, detail="gpu_recovery_action=0"))
             st.level["recovery_action"] = rec != 0
-
-        reasons = sample.get("clock_event_reasons")
-        if isinstance(reasons, int):
-            self._thermal(st, ts, reasons, sample.get("gpu_temp_c"), out)
-        return ident, out
 
     def _thermal(
         self, st: _GpuState, ts: int, reasons: int, temp: float | None, out: list[SignalEvent]

@@ -14,7 +14,7 @@ backlog read again, not a new fault. See :mod:`gpupipe_consumers.alerts.engine.f
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpupipe_consumers.alerts.engine.alert_policy import (
     FOLLOWER_CODES,
@@ -50,6 +50,59 @@ class _Sighting:
         self.paired = paired
 
 
+class _Occurrence(NamedTuple):
+    """Where and when one XidEvent happened, as the fold needs it."""
+
+    eid: str | None
+    boot: str | None
+    ts: int
+    now_ms: int
+    position: tuple[int, int] | None
+
+
+def _fault_event(ev: dict[str, Any], kind: str, ts: int) -> tuple[str, FaultEvent]:
+    """The classifier's view of an event, and its kind; what the schema does not allow is ``unknown``."""
+    if kind not in _EVENT_KINDS:
+        kind = "unknown"
+    code = ev.get("xid")
+    if code is not None and (not isinstance(code, int) or isinstance(code, bool)):
+        kind, code = "unknown", None  # not what the schema allows: safe default
+    try:
+        fe = FaultEvent(
+            kind=kind,
+            ts_ms=ts,
+            code=code,
+            pid=ev.get("pid"),
+            process_name=ev.get("process_name"),
+            message=ev.get("message") or "",
+            workload=workload(ev.get("allocations")),
+            driver_version=ev.get("driver_version") or None,
+        )
+    except ValueError:  # e.g. kind xid without a code: classify it as an unknown event
+        fe = FaultEvent(kind="unknown", ts_ms=ts, code=code, message=ev.get("message") or "")
+    return kind, fe
+
+
+def _note(a: Alert, scope: str, occ: _Occurrence) -> None:
+    """What the occurrence tells the alert about itself: its name, latest event, input position, boot."""
+    if a.alertname == "":
+        a.alertname = AlertName.SXID if scope == "nvswitch" else AlertName.XID
+    a.last_event_id = occ.eid or a.last_event_id
+    if occ.position is not None:
+        a.last_input = occ.position
+    if a.boot_id is None and occ.boot is not None:
+        a.boot_id = occ.boot
+
+
+def _learn(a: Alert, message: str, allocations: Any) -> bool:
+    """The first message and any new containers the occurrence names; True if the alert changed."""
+    changed = False
+    if not a.message and message:
+        a.message = message
+        changed = True
+    return a.add_allocations(allocations) or changed
+
+
 class XidIntake:
     """Folds XidEvents into the table; owns the latest single-source sighting per key (the producer's
     ``nvml`` and ``kmsg`` records of one Xid that it failed to merge)."""
@@ -83,98 +136,86 @@ class XidIntake:
         evidence). Raises :class:`InvalidRecord` for an event without host or time. ``position``:
         (partition, offset) of the event in the XidEvent topic (see
         :mod:`gpupipe_consumers.alerts.engine.input_guard`)."""
-        counts = self._counts
-        counts["events"] += 1
+        self._counts["events"] += 1
         eid = ev.get("event_id") or None
         if eid is not None and self._guard.duplicate(eid):
             return None
-        host = ev.get("hostname") or ""
-        raw_ts = ev.get("timestamp_ms")
-        if not host or not isinstance(raw_ts, int) or isinstance(raw_ts, bool):
-            counts["invalid"] += 1
-            raise InvalidRecord("XidEvent without hostname or integer timestamp_ms")
-        ts = self._guard.clamp(raw_ts, now_ms)
+        host, ts = self._host_and_time(ev, now_ms)
         kind = ev.get("kind") or "unknown"
-        boot = ev.get("boot_id") or None
-        if isinstance(boot, str):
-            self._recovery.seen_boot(host, boot, ts, now_ms)  # before folding: an old boot's fault is over
-        else:
-            boot = None
+        boot = self._boot(ev, host, ts, now_ms)
         if kind == "driver_loaded":
             what = ev.get("message") or f"driver {ev.get('driver_version') or '?'}"
             self._recovery.driver_loaded(host, ts, now_ms, f"kernel log: {what}")
             return None
         if kind in NOTICE_KINDS:  # NVML's recovery-action / GPU-unavailable events: no XID code
             return self._notices.on_notice(ev, kind, host, ts, now_ms, boot, position)
-        if kind not in _EVENT_KINDS:
-            kind = "unknown"
-        code = ev.get("xid")
-        if code is not None and (not isinstance(code, int) or isinstance(code, bool)):
-            kind, code = "unknown", None  # not what the schema allows: safe default
-        try:
-            fe = FaultEvent(
-                kind=kind,
-                ts_ms=ts,
-                code=code,
-                pid=ev.get("pid"),
-                process_name=ev.get("process_name"),
-                message=ev.get("message") or "",
-                workload=workload(ev.get("allocations")),
-                driver_version=ev.get("driver_version") or None,
-            )
-        except ValueError:  # e.g. kind xid without a code: classify it as an unknown event
-            fe = FaultEvent(kind="unknown", ts_ms=ts, code=code, message=ev.get("message") or "")
+        kind, fe = _fault_event(ev, kind, ts)
         device = device_key(ev.get("pci_bus_id"), ev.get("uuid"))
-        scope, signal = ("nvswitch", "sxid") if kind == "sxid" else ("gpu", "xid")
-        eff = fe.effective_code
-        key: Key = (scope, host, device, f"{signal}:{signal_code(eff) if scope == 'gpu' else eff}")
-        if scope == "gpu" and eff in FOLLOWER_CODES:
-            key = self._follows(key, host, device, eff, ts)
+        scope = "nvswitch" if kind == "sxid" else "gpu"
+        key = self._key(scope, host, device, fe.effective_code, ts)
         if self._guard.replayed(key, position):
             return None
         if now_ms - ts > self._cfg.max_event_age_ms:
             # A backlog re-read without its cursor (a first start, a lost cursor) brings back every XID of
             # the boot with its original time: a GPU reset and used since must not be drained for it.
-            counts["stale_event"] += 1
+            self._counts["stale_event"] += 1
             self._histories.get(host, device).record(fe)
             return None
+        return self._fold(ev, fe, key, _Occurrence(eid, boot, ts, now_ms, position))
 
-        double = self._double_sighting(key, ev.get("source") or "unknown", ts)
+    def _host_and_time(self, ev: dict[str, Any], now_ms: int) -> tuple[str, int]:
+        """The event's host and its own time (clamped against the future); an event without is invalid."""
+        host = ev.get("hostname") or ""
+        raw_ts = ev.get("timestamp_ms")
+        if not host or not isinstance(raw_ts, int) or isinstance(raw_ts, bool):
+            self._counts["invalid"] += 1
+            raise InvalidRecord("XidEvent without hostname or integer timestamp_ms")
+        return host, self._guard.clamp(raw_ts, now_ms)
+
+    def _boot(self, ev: dict[str, Any], host: str, ts: int, now_ms: int) -> str | None:
+        """The event's boot id, seen as evidence before folding: an old boot's fault is over."""
+        boot = ev.get("boot_id") or None
+        if not isinstance(boot, str):
+            return None
+        self._recovery.seen_boot(host, boot, ts, now_ms)
+        return boot
+
+    def _key(self, scope: str, host: str, device: str, eff: int, ts: int) -> Key:
+        """The alert key of a fault; a follower code joins the open alert of the fault it follows."""
+        if scope == "nvswitch":
+            return (scope, host, device, f"sxid:{eff}")
+        key: Key = (scope, host, device, f"xid:{signal_code(eff)}")
+        if eff in FOLLOWER_CODES:
+            key = self._follows(key, host, device, eff, ts)
+        return key
+
+    def _fold(self, ev: dict[str, Any], fe: FaultEvent, key: Key, occ: _Occurrence) -> Alert:
+        """Classify the fault and fold it into its alert; then evidence, identity and the node's burst."""
+        scope, host, device, _signal = key
+        double = self._double_sighting(key, ev.get("source") or "unknown", occ.ts)
         if double:
-            counts["double_sighting"] += 1
-
+            self._counts["double_sighting"] += 1
         result, signature = self._decisions.classify(fe, host, device, key)
         self._histories.get(host, device).record(fe)
-
-        table = self._table
-        before = table.get(key)
-        a = table.touch(
+        before = self._table.get(key)
+        a = self._table.touch(
             key,
-            ts,
-            now_ms,
+            occ.ts,
+            occ.now_ms,
             0 if double else 1,
-            anchor=eid or str(ts),
-            first_event_id=eid,
-            continues=lambda open_alert: self._continues(open_alert, fe.workload, boot),
+            anchor=occ.eid or str(occ.ts),
+            first_event_id=occ.eid,
+            continues=lambda open_alert: self._continues(open_alert, fe.workload, occ.boot),
         )
-        if a.alertname == "":
-            a.alertname = AlertName.SXID if scope == "nvswitch" else AlertName.XID
-        a.last_event_id = eid or a.last_event_id
-        if position is not None:
-            a.last_input = position
-        if a.boot_id is None and boot is not None:
-            a.boot_id = boot
+        _note(a, scope, occ)
         self._decisions.apply(a, result, signature)
         self._decisions.identify(a, ev, host, device)
-        if not a.message and fe.message:
-            a.message = fe.message
-            table.dirty(a)
-        if a.add_allocations(ev.get("allocations")):
-            table.dirty(a)
-        if a is not before and self._recovery.evaluate(a, now_ms):
+        if _learn(a, fe.message, ev.get("allocations")):
+            self._table.dirty(a)
+        if a is not before and self._recovery.evaluate(a, occ.now_ms):
             return a  # over already: evidence after it was processed first (an old boot's fault...)
         if scope == "gpu" and not double:
-            self._bursts.count(a, ts, now_ms)
+            self._bursts.count(a, occ.ts, occ.now_ms)
         return a
 
     def _continues(self, a: Alert, job: str | None, boot: str | None) -> bool:
