@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from typing import Any
 
 from gpupipe_consumers.alerts.engine.alert_record import LEVEL_SIGNALS, Alert
 from gpupipe_consumers.alerts.rules.catalog import Action, CauseClass, Severity
-from gpupipe_consumers.alerts.rules.classify_model import Classification, GpuXidHistory, workload_key
+from gpupipe_consumers.alerts.rules.classify_model import Classification, GpuXidHistory
 
 __all__ = [
     "BURST_SIGNALS",
@@ -27,7 +26,6 @@ __all__ = [
     "sticky",
     "unless_elsewhere",
     "with_note",
-    "workload",
     "worse",
 ]
 
@@ -102,16 +100,6 @@ def counts_toward_burst(a: Alert) -> bool:
     if a.severity == "info":
         return False
     return a.codes[0] not in JOB_KILL_CODES if a.codes else a.signal in BURST_SIGNALS
-
-
-def workload(allocations: Any) -> str | None:
-    """The workload of an event's first allocation (see :func:`classify_model.workload_key`)."""
-    for a in allocations or ():
-        try:
-            return workload_key(a.get("namespace"), a.get("pod"))
-        except AttributeError:
-            return None
-    return None
 
 
 # Xid 45 and 154 follow another fault on the same GPU: they fold into its alert (see _follows).

@@ -164,6 +164,14 @@ class Alert:
     def snapshot(self) -> Alert:
         return replace(self, gpus=list(self.gpus), allocations=list(self.allocations))
 
+    def learn(self, message: str, allocations: Any) -> bool:
+        """The first message and any new containers an occurrence names; True if the alert changed."""
+        changed = False
+        if not self.message and message:
+            self.message = message
+            changed = True
+        return self.add_allocations(allocations) or changed
+
     def add_allocations(self, allocations: Any) -> bool:
         """Append containers not seen yet (first ones stay first); True if any was added."""
         added = False

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpupipe_consumers.alerts.engine.alert_policy import workload
 from gpupipe_consumers.alerts.engine.alert_record import Alert, AlertName
 from gpupipe_consumers.alerts.engine.alert_table import AlertTable, Key
 from gpupipe_consumers.alerts.engine.fault_decisions import FaultDecisions
@@ -42,6 +41,7 @@ from gpupipe_consumers.alerts.engine.input_guard import InputGuard
 from gpupipe_consumers.alerts.engine.node_burst import NodeBursts
 from gpupipe_consumers.alerts.engine.recovery_evidence import RecoveryEvidence
 from gpupipe_consumers.alerts.rules.classify import FaultEvent
+from gpupipe_consumers.alerts.rules.classify_model import workload
 from gpupipe_consumers.alerts.rules.parsers import parse_recovery_event
 
 __all__ = ["NOTICE_ALERTNAMES", "NvmlNotices"]

@@ -20,7 +20,6 @@ from gpupipe_consumers.alerts.engine.alert_policy import (
     FOLLOWER_CODES,
     MEMORY_FOLLOWER_CODES,
     sticky,
-    workload,
 )
 from gpupipe_consumers.alerts.engine.alert_record import Alert, AlertName, signal_code
 from gpupipe_consumers.alerts.engine.alert_table import AlertTable, Key
@@ -32,12 +31,11 @@ from gpupipe_consumers.alerts.engine.node_burst import NodeBursts
 from gpupipe_consumers.alerts.engine.nvml_notices import NvmlNotices
 from gpupipe_consumers.alerts.engine.recovery_evidence import RecoveryEvidence
 from gpupipe_consumers.alerts.rules.classify import FaultEvent
-from gpupipe_consumers.alerts.rules.classify_model import workload_key
+from gpupipe_consumers.alerts.rules.classify_model import fault_event, workload_key
 from gpupipe_consumers.alerts.rules.notice import NOTICE_KINDS
 
 __all__ = ["XidIntake"]
 
-_EVENT_KINDS = frozenset({"xid", "sxid", "fallen_off_bus", "gpu_lost", "unknown"})
 _SINGLE_SOURCES = frozenset({"nvml", "kmsg"})
 
 
@@ -60,29 +58,6 @@ class _Occurrence(NamedTuple):
     position: tuple[int, int] | None
 
 
-def _fault_event(ev: dict[str, Any], kind: str, ts: int) -> tuple[str, FaultEvent]:
-    """The classifier's view of an event, and its kind; what the schema does not allow is ``unknown``."""
-    if kind not in _EVENT_KINDS:
-        kind = "unknown"
-    code = ev.get("xid")
-    if code is not None and (not isinstance(code, int) or isinstance(code, bool)):
-        kind, code = "unknown", None  # not what the schema allows: safe default
-    try:
-        fe = FaultEvent(
-            kind=kind,
-            ts_ms=ts,
-            code=code,
-            pid=ev.get("pid"),
-            process_name=ev.get("process_name"),
-            message=ev.get("message") or "",
-            workload=workload(ev.get("allocations")),
-            driver_version=ev.get("driver_version") or None,
-        )
-    except ValueError:  # e.g. kind xid without a code: classify it as an unknown event
-        fe = FaultEvent(kind="unknown", ts_ms=ts, code=code, message=ev.get("message") or "")
-    return kind, fe
-
-
 def _note(a: Alert, scope: str, occ: _Occurrence) -> None:
     """What the occurrence tells the alert about itself: its name, latest event, input position, boot."""
     if a.alertname == "":
@@ -92,15 +67,6 @@ def _note(a: Alert, scope: str, occ: _Occurrence) -> None:
         a.last_input = occ.position
     if a.boot_id is None and occ.boot is not None:
         a.boot_id = occ.boot
-
-
-def _learn(a: Alert, message: str, allocations: Any) -> bool:
-    """The first message and any new containers the occurrence names; True if the alert changed."""
-    changed = False
-    if not a.message and message:
-        a.message = message
-        changed = True
-    return a.add_allocations(allocations) or changed
 
 
 class XidIntake:
@@ -140,16 +106,25 @@ class XidIntake:
         eid = ev.get("event_id") or None
         if eid is not None and self._guard.duplicate(eid):
             return None
-        host, ts = self._host_and_time(ev, now_ms)
+        host = ev.get("hostname") or ""
+        raw_ts = ev.get("timestamp_ms")
+        if not host or not isinstance(raw_ts, int) or isinstance(raw_ts, bool):
+            self._counts["invalid"] += 1
+            raise InvalidRecord("XidEvent without hostname or integer timestamp_ms")
+        ts = self._guard.clamp(raw_ts, now_ms)
         kind = ev.get("kind") or "unknown"
-        boot = self._boot(ev, host, ts, now_ms)
+        boot = ev.get("boot_id") or None
+        if isinstance(boot, str):
+            self._recovery.seen_boot(host, boot, ts, now_ms)  # before folding: an old boot's fault is over
+        else:
+            boot = None
         if kind == "driver_loaded":
             what = ev.get("message") or f"driver {ev.get('driver_version') or '?'}"
             self._recovery.driver_loaded(host, ts, now_ms, f"kernel log: {what}")
             return None
         if kind in NOTICE_KINDS:  # NVML's recovery-action / GPU-unavailable events: no XID code
             return self._notices.on_notice(ev, kind, host, ts, now_ms, boot, position)
-        kind, fe = _fault_event(ev, kind, ts)
+        kind, fe = fault_event(ev, kind, ts)
         device = device_key(ev.get("pci_bus_id"), ev.get("uuid"))
         scope = "nvswitch" if kind == "sxid" else "gpu"
         key = self._key(scope, host, device, fe.effective_code, ts)
@@ -162,23 +137,6 @@ class XidIntake:
             self._histories.get(host, device).record(fe)
             return None
         return self._fold(ev, fe, key, _Occurrence(eid, boot, ts, now_ms, position))
-
-    def _host_and_time(self, ev: dict[str, Any], now_ms: int) -> tuple[str, int]:
-        """The event's host and its own time (clamped against the future); an event without is invalid."""
-        host = ev.get("hostname") or ""
-        raw_ts = ev.get("timestamp_ms")
-        if not host or not isinstance(raw_ts, int) or isinstance(raw_ts, bool):
-            self._counts["invalid"] += 1
-            raise InvalidRecord("XidEvent without hostname or integer timestamp_ms")
-        return host, self._guard.clamp(raw_ts, now_ms)
-
-    def _boot(self, ev: dict[str, Any], host: str, ts: int, now_ms: int) -> str | None:
-        """The event's boot id, seen as evidence before folding: an old boot's fault is over."""
-        boot = ev.get("boot_id") or None
-        if not isinstance(boot, str):
-            return None
-        self._recovery.seen_boot(host, boot, ts, now_ms)
-        return boot
 
     def _key(self, scope: str, host: str, device: str, eff: int, ts: int) -> Key:
         """The alert key of a fault; a follower code joins the open alert of the fault it follows."""
@@ -210,7 +168,7 @@ class XidIntake:
         _note(a, scope, occ)
         self._decisions.apply(a, result, signature)
         self._decisions.identify(a, ev, host, device)
-        if _learn(a, fe.message, ev.get("allocations")):
+        if a.learn(fe.message, ev.get("allocations")):
             self._table.dirty(a)
         if a is not before and self._recovery.evaluate(a, occ.now_ms):
             return a  # over already: evidence after it was processed first (an old boot's fault...)

@@ -8,7 +8,7 @@ import bisect
 import functools
 import re
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from gpupipe_consumers.alerts.rules.catalog import (
     CATALOG_VERSION,
@@ -295,3 +295,39 @@ def workload_key(namespace: str | None, pod: str | None) -> str | None:
     if not pod:
         return None
     return f"{namespace or ''}/{_POD_TAIL.sub('', pod) or pod}"
+
+
+def workload(allocations: Any) -> str | None:
+    """The workload of an event's first allocation (see :func:`workload_key`)."""
+    for a in allocations or ():
+        try:
+            return workload_key(a.get("namespace"), a.get("pod"))
+        except AttributeError:
+            return None
+    return None
+
+
+_XID_KINDS = frozenset({"xid", "sxid", "fallen_off_bus", "gpu_lost", "unknown"})
+
+
+def fault_event(ev: dict[str, Any], kind: str, ts: int) -> tuple[str, FaultEvent]:
+    """The classifier's view of an event, and its kind; what the schema does not allow is ``unknown``."""
+    if kind not in _XID_KINDS:
+        kind = "unknown"
+    code = ev.get("xid")
+    if code is not None and (not isinstance(code, int) or isinstance(code, bool)):
+        kind, code = "unknown", None  # not what the schema allows: safe default
+    try:
+        fe = FaultEvent(
+            kind=kind,
+            ts_ms=ts,
+            code=code,
+            pid=ev.get("pid"),
+            process_name=ev.get("process_name"),
+            message=ev.get("message") or "",
+            workload=workload(ev.get("allocations")),
+            driver_version=ev.get("driver_version") or None,
+        )
+    except ValueError:  # e.g. kind xid without a code: classify it as an unknown event
+        fe = FaultEvent(kind="unknown", ts_ms=ts, code=code, message=ev.get("message") or "")
+    return kind, fe
