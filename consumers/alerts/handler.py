@@ -1,42 +1,6 @@
 """The alerts service: consume-loop handler, GpuAlert publishing, restore after restart, wiring.
 
-:class:`AlertsHandler` is the :class:`~gpupipe_consumers.consume_loop.Handler`: it feeds ``XidEvent`` records
-to
-the :class:`~gpupipe_consumers.alerts.engine.facade.EngineFacade` and ``GpuSample`` records to the
-:class:`~gpupipe_consumers.alerts.engine.health_signals.HealthTracker`, publishes the revisions the engine
-hands out to
-``gpu.alerts.v1`` (keyed by ``alert_id``, idempotent producer), passes them to Alertmanager and, for drain
-alerts, to the cordoner. A ticker thread calls :meth:`AlertsHandler.tick` every second so alerts resolve
-and throttled updates go out when no input arrives.
-
-Delivery: ``handle`` returns only after the records it caused were acknowledged by Kafka (``flush``); the
-consume loop stores offsets after ``handle`` returns, so an alert is never lost to a crash (at least
-once). A crash after the flush and before the offset commit replays some input; replayed events whose
-ids the engine remembers are ignored. After a restart the ids are gone, and the group's committed offsets
-may lag the published counts by much more than a batch (a group coordinator away for a minute after a
-broker restart commits nothing): every alert record carries the position in ``gpu.xid.v1`` of the latest
-event it counted (``last_event_partition``/``last_event_offset``), and a replayed event at or before it is
-not counted again. A revision re-emitted after a replay continues the alert's sequence; downstream
-deduplicates by ``(alert_id, sequence)``.
-
-Restart: before consuming, :func:`restore_from_topic` reads ``gpu.alerts.v1`` from ``now - lookback``
-(default 24 h) to its end, and :meth:`AlertsHandler.restore` rebuilds the open alerts from their latest
-revisions (same ids, counts, sequence numbers), the per-GPU history the classifier's recurrence rules use
-(from those records), the recovery evidence seen (boot ids, driver loads, GPU resets: the ``evidence``
-action records, :mod:`gpupipe_consumers.alerts.engine.evidence_memory`, so a late event of an old boot or an
-alert waiting for its GPU after a reboot is decided as the previous instance would have), the cordon
-rate-limit ledger (action records plus the nodes' own annotations), and applies operators' acks; then it
-reconciles the cordons the open drain alerts call for. The consumer group resumes the input where it
-committed. What is not restored: node-burst windows, sample baselines and the GPUs' latest healthy
-samples (they rebuild from new input). With ``--ha`` this happens when an instance becomes the leader
-(:mod:`gpupipe_consumers.alerts.leader`).
-
-Acks: ``gpu.alerts.v1`` is also an input; of its records only ``action`` records of kind ``ack``
-(``gpupipe alerts --ack``) are applied, the rest is skipped.
-
-Remediation events: each cordon decision (and dry-run decision) is published as a record with ``status``
-``action`` and the ``remediation`` field set, keyed by the alert's id so it follows the alert's revisions
-in its partition; recovery evidence likewise, with remediation kind ``evidence``, keyed per host.
+Rules and reasons in full: docs/alerts.md, "Module notes", ``handler.py``.
 """
 
 from __future__ import annotations

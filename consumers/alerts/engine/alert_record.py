@@ -5,24 +5,7 @@ Pure: no clocks (times are passed in), no I/O. :class:`Alert` is the mutable sta
 it into a ``GpuAlert`` dict (``schemas/GpuAlert.avsc``) and :func:`gpu_alert_shape` turns a record into one
 element of Alertmanager's ``POST /api/v2/alerts`` body.
 
-Alert id (:func:`alert_id`): the first 24 hex digits of SHA-256 over ``scope|hostname|device|signal|anchor``.
-``device`` is the canonical PCI bus id of the GPU or NVSwitch (``""`` for node alerts); ``anchor`` is the
-``event_id`` of the incident's first XidEvent, or ``first_seen_ms`` for alerts raised from samples and for
-node bursts. Both come from the input, never from the service's clock or memory, so replaying the same
-input gives the same ids, and a restarted service that restores its open alerts from ``gpu.alerts.v1``
-keeps them (see :mod:`gpupipe_consumers.alerts.handler`).
-
-Alertmanager mapping (:func:`am_labels`, :func:`am_annotations`). Alertmanager identifies an alert by its
-label set, so labels hold only what defines the incident: ``alertname``, ``severity``, ``node``,
-``cause_class``, ``scope``, ``source="gpupipe"``, and for GPU and NVSwitch alerts ``xid`` (the first
-code) and ``pci_bus_id``. Routing needs ``severity`` and the node-storm inhibition ``cause_class``, and an
-open alert may escalate both (a node burst whose worst member changes cause): an escalation adds a
-label set, routed by its new severity, and the earlier one stays firing until the incident ends
-(:attr:`~gpupipe.alertmanager.AmState.keep_earlier`; the shipped config inhibits it under the newer one),
-so no label set of an open incident is ever sent resolved. Mutable or late-discovered facts are annotations:
-``action``, ``gpu_uuid``, ``gpu`` (index), ``namespace``/``pod`` (``pods``), ``occurrences``, plus
-``summary``, ``description``, ``runbook``, ``alert_id``, ``first_seen``, ``catalog_version``,
-``drain_node``; discovering a GPU's UUID or its pod 5 s into an incident therefore sends no RESOLVED.
+Rules and reasons in full: docs/alerts.md, "Module notes", ``engine/alert_record.py``.
 """
 
 from __future__ import annotations

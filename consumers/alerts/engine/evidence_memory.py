@@ -1,27 +1,6 @@
 """What the alert engine remembers of recovery evidence, and its wire form on ``gpu.alerts.v1`` (pure).
 
-Evidence and the faults it ends come on different topics and partitions (XIDs are keyed by GPU, the
-driver's load line by host, samples on their own topic), so their processing order is not guaranteed:
-after an alerts outage or an HA takeover the post-reboot load line may be processed before the
-pre-reboot XID, a reset seen in the samples before the XID it ends. The outcome must not depend on that
-order, so evidence is remembered with its own time, and a fault processed late is matched against the
-evidence after it exactly as if it had come first (:mod:`gpupipe_consumers.alerts.engine.recovery_evidence`):
-
-* per host, the boot ids seen, each with the earliest time of an event under it (:meth:`EvidenceMemory.boot`);
-  the boots ordered by that time tell which one follows a fault's boot (:meth:`EvidenceMemory.successor`),
-  and an event under an older boot never makes it the host's current boot again (boots are ordered by
-  the node's own clock: one that jumps back across a reboot misorders them);
-* per host, the driver's load times; per GPU, the GPU's own evidence (reset, back after lost, replaced);
-* per GPU, the time of its latest healthy sample and its UUID (node-wide evidence waits for one, a new
-  UUID in the slot is a replacement).
-
-Each new boot, driver load and GPU evidence is also published (:func:`evidence_record`: a GpuAlert record
-of status ``action``, remediation kind ``evidence``, keyed per host) so that an instance that restores
-from the topic -- a restart, the standby of the HA pair taking over -- remembers what the previous one
-saw and decides alike (:func:`evidence_from_record`). Samples are not published: they keep coming.
-
-Memory is bounded: the latest :attr:`EvidenceMemory.keep` entries per host and GPU; a restore sees what
-was published within ``--restore-lookback`` (24 h by default).
+Rules and reasons in full: docs/alerts.md, "Module notes", ``engine/evidence_memory.py``.
 """
 
 from __future__ import annotations

@@ -3,41 +3,7 @@
 :class:`HealthTracker` keeps a little state per GPU (keyed by host and canonical PCI bus id) and turns
 each sample into zero or more :class:`SignalEvent` s for the alert engine:
 
-======================  ==========  ============================================================
-signal                  type        raised when
-======================  ==========  ============================================================
-``ecc_dbe``             edge        ``ecc_dbe_volatile_total`` went up (occurrences = the increase).
-                                    The first sample of a GPU is the baseline; a decrease (driver
-                                    reload) re-baselines.
-``row_remap_failure``   level       ``row_remap_failure`` is true; cleared when false.
-``row_remap_pending``   level       ``row_remap_pending`` is true; cleared when false.
-``recovery_action``     level       ``gpu_recovery_action`` is set and not 0; cleared at 0.
-``thermal``             sustained   a thermal clock-event bit (SwThermalSlowdown 0x20,
-                                    HwThermalSlowdown 0x40) was set in every sample for at least
-                                    ``thermal_for_ms``; cleared after ``thermal_clear_ms`` without.
-``gpu_reset``           edge        evidence that the GPU was reset or its node rebooted since the
-                                    previous sample (:func:`_reset_evidence`); resolves the GPU's
-                                    sticky fault alerts (``recovered``).
-``gpu_lost``            edge        ``gpu_lost`` turned true (the engine treats it as XID 79, so it
-                                    folds into the alert of an XidEvent for the same loss); while
-                                    the GPU stays lost each sample refreshes that alert. A GPU lost
-                                    in its first sample is ``active`` with ``baseline`` set: the
-                                    loss may have begun before (an open alert is the same loss).
-======================  ==========  ============================================================
-
-A ``null`` field means "not reported" and never raises or clears anything. After a restart the first
-sample of a GPU clears a level alert restored open (:attr:`HealthTracker.awaiting_clear`) when it reads
-normal: the condition ended while the service was down; likewise the first sample after an NVML
-recovery-action event that reads 0 clears the alert the event raised. MIG slice records are
-skipped (the whole-GPU record carries the health fields); a record without host, bus id or time raises
-:class:`InvalidRecord`. Samples older than the GPU's latest one are
-ignored (out of order). The tracker also remembers each GPU's identity (UUID, index, model, driver) so
-that XidEvents carrying only a PCI bus id (kernel log) get a UUID, and the memory-health snapshot
-:func:`~gpupipe_consumers.alerts.rules.classify.classify` takes as context.
-
-State is in memory only: after a restart the first sample of each GPU is a new baseline, so a DBE
-increase between the last sample before the restart and the first one after is not raised (the XID
-48/94/95 the driver logs for it still is).
+Rules and reasons in full: docs/alerts.md, "Module notes", ``engine/health_signals.py``.
 """
 
 from __future__ import annotations

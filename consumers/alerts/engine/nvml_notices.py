@@ -5,27 +5,7 @@ for
 what they say and how they are graded) have no XID code, so they are not keyed as XIDs (each would be
 an "XID 0 UNKNOWN_XID" warning). Here:
 
-* **Recovery action** (value != 0) opens or updates the ``recovery_action`` alert of that GPU: the very
-  alert the sampled field ``gpu_recovery_action`` raises (key ``(gpu, host, device, recovery_action)``,
-  alertname ``GpuRecoveryActionRequired``), so the event and the level signal are one incident
-  whichever comes first; a later value folds in (the worst decision stays). NVML reports the change
-  once, so once an event spoke for the alert silence is no evidence: it stays firing until evidence
-  (:func:`~gpupipe_consumers.alerts.engine.alert_policy.sample_owned`): a sample reading 0, the NONE event,
-  evidence that mends the action it asked for (:mod:`gpupipe_consumers.alerts.engine.recovery_policy`), or an
-  ack. A report older than the GPU's latest recovery evidence (the sampled value reading 0 included) is over
-  already and raises nothing.
-* **Recovery action NONE (0)**: evidence of recovery, as the sampled field going back to none: reset
-  evidence for the GPU (recorded for its history; it ends the GPU's reset-class alerts from before it,
-  never a reboot- or support/RMA-class one: :mod:`gpupipe_consumers.alerts.engine.recovery_policy`), and the
-  recovery-action alert's own clear (``recovered``) whatever action that alert asked for.
-* **GPU unavailable**: a critical RESET_GPU drain alert of that GPU (key ``(gpu, host, device,
-  gpu_unavailable)``, alertname ``GpuUnavailable``, the pods attached as for XIDs) that stays firing
-  until evidence of recovery, and counts toward the node's burst like an XID. Its recovery class is
-  ``gone``: a driver reload alone does not end it (a module load says nothing of a GPU that could not
-  be reached); a sample of the GPU after it, a reset seen in the samples or NVML's NONE do.
-
-Part of the XidEvent path (:class:`~gpupipe_consumers.alerts.engine.xid_intake.XidIntake` routes these kinds
-here).
+Rules and reasons in full: docs/alerts.md, "Module notes", ``engine/nvml_notices.py``.
 """
 
 from __future__ import annotations

@@ -4,27 +4,7 @@ Which evidence ends which alert is one table, :mod:`gpupipe_consumers.alerts.eng
 ends reset-class alerts, a reboot also reboot-class ones, only an ack or a replaced GPU ends
 support/RMA-class ones). The evidence paths here apply it:
 
-* the GPU's own evidence (:meth:`RecoveryEvidence.recovered`): a ``gpu_reset`` signal from the samples
-  (counters restarted, recovery action back to none: ``reset``; the GPU back after lost: ``gpu_back``),
-  NVML's recovery-action NONE event (``reset``), a healthy sample with a new UUID (``replaced``,
-  :meth:`RecoveryEvidence.sample_seen`): ends the GPU's alerts it mends at once;
-* node-wide evidence from the kernel log: an event under a new boot id
-  (:meth:`RecoveryEvidence.seen_boot`: ``reboot``) and the driver's load line
-  (:meth:`RecoveryEvidence.driver_loaded`: ``driver_load``): ends the node's alerts it mends -- a GPU's
-  only once a sample of that GPU at or after the evidence shows it healthy (until then ``Alert.pending``;
-  :meth:`RecoveryEvidence.sample_seen` ends it, :meth:`RecoveryEvidence.pending_tick` notes a GPU not
-  seen within ``confirm_within_ms``);
-* an operator's ack (:meth:`RecoveryEvidence.acknowledge`).
-
-Order does not matter (:mod:`gpupipe_consumers.alerts.engine.evidence_memory`): evidence is remembered with
-its time, and an alert raised by an event processed after evidence that followed it
-(:meth:`RecoveryEvidence.evaluate`) gets the same treatment as if it had come first. An event under a
-boot older than one already seen never makes it the host's current boot again. The evidence is
-published, so a restored instance decides alike.
-
-Level-signal alerts that only the samples raised are left to the samples' own clear; one an XidEvent
-raised (the recovery-action event) is ended by evidence like any fault
-(:func:`~gpupipe_consumers.alerts.engine.alert_policy.sample_owned`).
+Rules and reasons in full: docs/alerts.md, "Module notes", ``engine/recovery_evidence.py``.
 """
 
 from __future__ import annotations

@@ -1,46 +1,6 @@
 """Which evidence of recovery ends which alert (pure): the one table every evidence path of the engine uses.
 
-A GPU fault alert that needs a reset, reboot or RMA stays firing until evidence says the fault is over
-(silence is no evidence: a broken GPU does not repeat its Xid). Evidence is not all alike: a GPU reset
-does not mend a GPU that needs a reboot, and neither a reset nor a reboot replaces a GPU that needs an
-RMA. So every alert has a *recovery class* (:func:`recovery_class`, from its action), and every kind of
-evidence ends the classes listed in :data:`EVIDENCE_ENDS`:
-
-=============  ==================================================================  ======================
-evidence       what shows it                                                       ends classes
-=============  ==================================================================  ======================
-``reset``      that GPU's samples: volatile ECC or energy counters restarted;      app, reset, gone
-               NVML's recovery action back to none (sampled, or NVML's NONE event)
-``gpu_back``   that GPU's samples: NVML reports the GPU again after it was lost    app, reset, gone,
-                                                                                   reboot
-``driver_load``  the node's kernel log: the driver's load line (every GPU          app, reset, gone [*]
-               re-initialised)
-``reboot``     the node's kernel log: the first event under a new boot id          app, reset, gone,
-                                                                                   reboot [*]
-``replaced``   a healthy sample with another UUID in the GPU's slot (the board     every class
-               was swapped)
-``ack``        an operator: ``gpupipe alerts --ack``                               every class
-=============  ==================================================================  ======================
-
-Classes (:data:`RECOVERY_CLASS`, by action): ``app`` -- the GPU is not suspect (application and
-software faults); ``reset`` -- a GPU reset mends it; ``gone`` -- NVML's GPU-unavailable event: a reset
-mends it, but only the GPU answering again shows that it did; ``reboot`` -- it needs a reboot (or the
-fabric manager restarted, which a reboot does); ``operator`` -- it needs a person: support case, field
-diagnostics, RMA, mechanics, a software update, or an action this release cannot read. A drain alert
-whose action would be ``app`` counts as ``reset`` (a drain says the GPU is suspect).
-
-[*] Node-wide evidence says something happened to the node, not that this GPU came back (NVSentinel#155:
-the module loads again right after a GPU fell off the bus; a GPU that does not enumerate after a reboot
-is silent). So it ends a GPU alert of class reset, gone or reboot only once a sample of *that* GPU taken
-at or after the evidence shows it healthy (:func:`sample_healthy`); until then the alert stays firing
-with ``recovery_pending`` set, and if no such sample comes within the engine's ``confirm_within_ms`` it
-says so. Application-class alerts and NVSwitch alerts (no samples) end at once. Without samples
-(``gpupipe alerts --no-health-signals``) nothing could confirm: node-wide evidence ends what the table
-says at once, except a ``gone`` alert on a driver load (:data:`NEEDS_SAMPLE`), which then waits for a
-reboot, NVML or an operator.
-
-Besides this table: quiet time ends alerts that are not sticky, and a level signal's own clear (the
-sample or NVML's event reading normal) ends that signal's alert whatever its class.
+Rules and reasons in full: docs/alerts.md, "Module notes", ``engine/recovery_policy.py``.
 """
 
 from __future__ import annotations

@@ -4,47 +4,7 @@ Pure: no clocks, no I/O. Time is the event's ``ts_ms``; context is a small per-G
 (:class:`GpuXidHistory`) and an optional snapshot of the GPU's memory health (:class:`GpuHealth`),
 both passed in by the caller.
 
-Typical use in the alerts consumer, one history per GPU UUID::
-
-    history = histories.setdefault(gpu_uuid, GpuXidHistory())
-    result = classify(event, history, health)   # then history.record(event)
-    # or: result = observe(event, history, health)  (classify, then record)
-
-``classify`` does not mutate the history. It ignores a history record identical to the event being
-classified, so recording before or after classifying gives the same answer.
-
-References in docstrings use the tags of ``shared/reference/xid-catalog.md``: [CAT] NVIDIA's Xid
-catalog (§1 buckets, §2 table, "Guidance Class" sheet), [MEM] NVIDIA's GPU memory error management
-guide, [SRC] the open GPU kernel modules' Xid formats (§4), [NVS] NVSentinel (§3). SXids: NVIDIA
-Fabric Manager User Guide, appendix "NVSwitch SXid Errors" (see ``xid_catalog.json``).
-
-Rules (the ``rule`` field of :class:`Classification` names the one that decided):
-
-* ``fallen_off_bus`` / ``gpu_lost`` / ``xid79`` / ``xid79.recurring``: treated as Xid 79.
-* ``app_fault.single`` / ``app_fault.repeat_distinct_workloads`` / ``app_fault.xid13_same_tpc_diff_sm``:
-  Xid 13/31/43 (WORKFLOW_XID_13/31; a ticket, never a drain; 43 never escalates).
-* ``xid45.sympathetic`` / ``xid45.solo``: WORKFLOW_XID_45.
-* ``ecc.*``: Xid 48 (and 171/172), 63, 64 with row-remapper state (WORKFLOW_XID_48, [MEM]).
-* ``containment.*``: Xid 94/95 with the RST / D-RST flags of the message ([SRC]).
-* ``xid74.*``: NVLink register decode (WORKFLOW_NVLINK_ERR).
-* ``gsp.*``: Xid 119/120, escalating when they recur.
-* ``nvlink5.*``: Xid 144-150 decoded with NVIDIA's 'XID 144-150 Decode' sheet (WORKFLOW_NVLINK5_ERR,
-  XID_154_EVAL); ``nvlink5.undecoded*`` where no row matches (the Fatal/Nonfatal word stands).
-* ``xid154.*``: recovery action text of Xid 154 (XID_154).
-* ``nvml_event.*``: NVML's recovery-action and GPU-unavailable events (no XID code).
-* ``sxid.catalog`` / ``sxid.unknown``; ``catalog`` (no workflow: the catalog row as is); ``unknown``.
-* Modifiers appended as ``+remap_failure`` and ``+recovery_action`` (from :class:`GpuHealth`).
-
-Layout (one rule family per module; this module dispatches and re-exports the public names):
-:mod:`~gpupipe_consumers.alerts.rules.classify_model` (inputs, history, output),
-:mod:`~gpupipe_consumers.alerts.rules.parsers`
-(message texts), :mod:`~gpupipe_consumers.alerts.rules.classify_ctx` (shared context and ranks),
-:mod:`~gpupipe_consumers.alerts.rules.app` (catalog default, 79, 13/31/43, 45),
-:mod:`~gpupipe_consumers.alerts.rules.memory`
-(48/171/172, 63, 64, 94/95), :mod:`~gpupipe_consumers.alerts.rules.link` (74),
-:mod:`~gpupipe_consumers.alerts.rules.nvlink5` (144-150),
-:mod:`~gpupipe_consumers.alerts.rules.gsp` (119/120, 154, SXids),
-:mod:`~gpupipe_consumers.alerts.rules.notice` (NVML's notice events).
+Rules and reasons in full: docs/alerts.md, "Module notes", ``rules/classify.py``.
 """
 
 from __future__ import annotations

@@ -1,24 +1,6 @@
 """Classifier rules for NVML's notice events: the GPU's recovery action and "GPU unavailable" (no XID).
 
-NVML R570+ reports two GPU states as events without an Xid number: ``nvmlEventTypeGpuRecoveryAction``
-(0x8000; event data: the ``nvmlGpuRecoveryAction_t`` the driver now requires) and
-``nvmlEventTypeGpuUnavailableError`` (0x4000: the GPU cannot be used until it is reset or the node
-rebooted). The node agent publishes them as XidEvent kinds ``recovery_action`` (the value in the
-message, ``GPU recovery action: DRAIN_AND_RESET (4)``) and ``gpu_unavailable``, ``xid`` null
-(``gpupipe_producer.xid_events.nvml_notice_event``). Treating them as an XID without a code gave a bogus
-"XID 0 UNKNOWN_XID" warning.
-
-* ``recovery_action``: NVIDIA's own statement of what the GPU needs, graded exactly like the sampled
-  field ``gpu_recovery_action`` (:func:`recovery_decision`, shared with
-  :func:`~gpupipe_consumers.alerts.engine.health_signals.recovery_presentation`), under the same name and
-  cause class, because the engine makes the event and the sampled level signal one alert. Value 0 (NONE)
-  says the GPU needs nothing any more: the engine takes it as evidence of recovery.
-* ``gpu_unavailable``: critical, RESET_GPU, drain (our judgement: NVML gives no action for it; a reset
-  is the least that brings the GPU back, as for Xid 119/120 and the catalog's other critical
-  reset-class codes, which drain). The board is the suspect (``hardware_memory``), as for the
-  recovery action the driver raises next to it.
-
-Pure: no clock, no I/O; called by :func:`~gpupipe_consumers.alerts.rules.classify.classify`.
+Rules and reasons in full: docs/alerts.md, "Module notes", ``rules/notice.py``.
 """
 
 from __future__ import annotations

@@ -3,17 +3,7 @@
 The registers of the line are decoded with :mod:`gpupipe_consumers.alerts.rules.nvlink5_decode`; the row's
 immediate bucket decides, and its investigatory bucket goes into the text and runbook:
 
-* ``RESET_GPU``: critical, drain (a GPU-fatal error takes every link down; a link-fatal one puts the GPU
-  in "drain and reset recommended") -- except when the investigatory action is INVESTIGATE_PEER_DEVICE:
-  the device at the other end of the link took it down, so the alert says the peer is at fault, asks for
-  a reset of this GPU once its jobs are gone, and does not drain the node (cordoning this node does not
-  fix the peer). It stays firing until evidence of the reset, as every RESET_GPU fault does.
-* ``IGNORE``: info (e.g. a link taken down on purpose by software or the host, a BER notice).
-* ``XID_154_EVAL``: "If an XID 154 is seen along with this error, take that action. If no XID 154
-  present, RESTART_APP".
-
-A line the sheet does not cover (no row matches its bits) keeps the Fatal/Nonfatal word the driver
-prints, under rules named ``nvlink5.undecoded_*``, and says so.
+Rules and reasons in full: docs/alerts.md, "Module notes", ``rules/nvlink5.py``.
 """
 
 from __future__ import annotations

@@ -1,26 +1,6 @@
 """NVIDIA's "XID 144-150 Decode" sheet as data, and the decoder of an NVLink5 Xid's registers (pure).
 
-WORKFLOW_NVLINK5_ERR [CAT]: an Xid 144-150 line reads ``<unit> <Fatal|Nonfatal> XC<n> i<n> Link <n>
-(<intrInfo> <errorStatus> <debug data> ...)``, and "<intrInfo>, <errorStatus> must be decoded and
-evaluated using 'XID 144-150 Decode' to derive the final resolution": the Fatal/Nonfatal word alone is
-not the answer (a link the host or software took down is IGNORE although the line says
-Fatal; a promotable RLW_RXPIPE error is RESET_GPU although it says Nonfatal).
-
-The sheet lives in ``nvlink5_decode.json`` next to this module (one entry per sheet row, each naming its
-source; the file's ``layout`` says where the bit widths come from). A row matches an event when
-
-* its Xid is the event's,
-* IntrInfo matches the row's bit pattern for the driver's message layout (V1 before R575, V2 from R575:
-  the sub-unit is IntrInfo[9:5] resp. IntrInfo[6:0], the link-down reason IntrInfo[25:20]; ``-`` bits
-  are don't care), and
-* the error status is one the row lists (rows whose status is blank in the sheet take any).
-
-Layout: the driver version when the event carries one; otherwise the layout whose rows match, the unit
-name the line prints settling a tie (V1 and V2 names differ for five units: ``A/B`` in the sheet). An
-error status with several bits set, on a unit whose rows are all single bits, is decoded bit by bit and
-the worst row wins (our reading: the status is a bit field there). A row whose "Action 2" decode matches
-IntrInfo takes Action 2 (the sheet's ``*`` promotable rows). No match: ``None`` -- the caller keeps the
-Fatal/Nonfatal fallback and says the line was not decoded.
+Rules and reasons in full: docs/alerts.md, "Module notes", ``rules/nvlink5_decode.py``.
 """
 
 from __future__ import annotations
