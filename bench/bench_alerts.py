@@ -4,7 +4,7 @@ The fleet is 125 nodes x 8 GPUs; every GPU reports 10 XIDs in the second, altern
 (2,000 distinct (GPU, XID) pairs; every node has all 8 GPUs failing, so every node also gets a burst
 rollup). The events are encoded first, then published at an even pace over one second.
 
-The alerts service runs in this process, wired exactly as `gpupipe alerts` wires it (AlertsApp, default
+The alerts service runs in this process, wired exactly as `gpupipe alerts` wires it (AlertsService, default
 settings: 10 min dedupe window, 30 s update interval, health signals on), in its own thread. Figures:
 
 * ``alerts_storm_catchup``: seconds from the end of the burst (the last record acknowledged by Kafka)
@@ -33,7 +33,8 @@ from gpupipe.commands.cli import build_parser
 from gpupipe.common.logs import setup_logging
 from gpupipe.kafka import topics
 from gpupipe.kafka.admin import ensure_topics
-from gpupipe_consumers.alerts.command import AlertsApp, options_from_args
+from gpupipe_consumers.alerts.command import options_from_args
+from gpupipe_consumers.alerts.service import AlertsService
 from gpupipe_schemas.codec import AvroCodec
 
 NODES = 125
@@ -148,7 +149,7 @@ def main() -> int:
             "--no-create-topics",
         ]
     )
-    app = AlertsApp(options_from_args(args))
+    app = AlertsService(options_from_args(args))
     stop = threading.Event()
     runner = threading.Thread(target=app.run, args=(stop,), name="alerts", daemon=True)
     runner.start()

@@ -10,7 +10,7 @@ then the least recently seen alerting nodes are forgotten, counted (it never ref
 :mod:`gpupipe_consumers.alerts.admission`).
 
 The flood: 60k XidEvents (Xid 13, a warning that drains nothing), each for a new UUID on one of
-5000 hosts (the adversarial run's shape), fed to :class:`~gpupipe_consumers.alerts.service.AlertsService` in
+5000 hosts (the adversarial run's shape), fed to :class:`~gpupipe_consumers.alerts.handler.AlertsHandler` in
 batches of 500 with a timer tick every 5000 events; published records are counted, not kept. Each
 variant runs in a child process of its own; RSS (``VmRSS``) is read before the flood, after 20k,
 40k and 60k events, and the peak (``VmHWM``) at the end.
@@ -62,13 +62,13 @@ def child(max_devices: int, max_open_alerts: int) -> None:
     import logging
 
     from gpupipe_consumers.alerts.admission import DeviceAdmission
-    from gpupipe_consumers.alerts.dedupe import EngineConfig
-    from gpupipe_consumers.alerts.service import AlertsService
+    from gpupipe_consumers.alerts.engine.facade import EngineConfig
+    from gpupipe_consumers.alerts.handler import AlertsHandler
     from gpupipe_consumers.plumbing.consume_loop import InRecord
 
     logging.disable(logging.WARNING)  # one warning a minute: not what is measured
     now = [1_790_000_000_000]
-    svc = AlertsService(
+    svc = AlertsHandler(
         sink=_CountingSink(),
         clock=lambda: now[0] / 1000,
         engine_config=EngineConfig(max_open_alerts=max_open_alerts),
@@ -139,7 +139,7 @@ def run_child(max_devices: int, max_open_alerts: int) -> dict:
 def main() -> int:
     from gpupipe.common.argtypes import field_default, keyword_default
     from gpupipe_consumers.alerts.admission import DeviceAdmission
-    from gpupipe_consumers.alerts.dedupe import EngineConfig
+    from gpupipe_consumers.alerts.engine.facade import EngineConfig
 
     defaults = (
         keyword_default(DeviceAdmission, "max_devices"),

@@ -9,7 +9,7 @@ in Kafka). Each leg runs in this process on the same records, best of three:
 * **ingest** (what the service does per sample after ``consume()``): the service's decoder
   (:class:`~gpupipe_consumers.alerts.sample_decode.AlertsDecoder`), the consume loop's contract
   check (:func:`~gpupipe_schemas.validate.violation`) and
-  :meth:`~gpupipe_consumers.alerts.service.AlertsService.handle` in batches of 500, as the loop
+  :meth:`~gpupipe_consumers.alerts.handler.AlertsHandler.handle` in batches of 500, as the loop
   calls it;
 * **codec ingest**: the same with the shared codec's decode (the service's path before it decoded
   only what it reads);
@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import figure, ratio_line
 
+from gpupipe_consumers.alerts.handler import AlertsHandler
 from gpupipe_consumers.alerts.sample_decode import AlertsDecoder
-from gpupipe_consumers.alerts.service import AlertsService
 from gpupipe_consumers.plumbing.consume_loop import InRecord
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_schemas.codec import AvroCodec
@@ -66,7 +66,7 @@ def payloads(codec: AvroCodec) -> list[bytes]:
 def ingest_s(decode, raw: list[bytes]) -> float:
     """Seconds to take ``raw`` through ``decode``, the loop's check and a fresh service."""
     now = START_MS + SECONDS * 1000
-    svc = AlertsService(sink=_Sink(), clock=lambda: now / 1000)
+    svc = AlertsHandler(sink=_Sink(), clock=lambda: now / 1000)
     began = time.perf_counter()
     batch: list[InRecord] = []
     for i, payload in enumerate(raw):

@@ -81,8 +81,8 @@ class Action(StrEnum):
     """NVIDIA resolution buckets, named exactly as in the Xid catalog's "Guidance Class" sheet.
 
     The catalog's *immediate* buckets are the first group; ``WORKFLOW_*`` and ``XID_154`` are buckets
-    whose outcome depends on context (resolved by :mod:`gpupipe_consumers.alerts.classify`). The last group
-    are
+    whose outcome depends on context (resolved by :mod:`gpupipe_consumers.alerts.rules.classify`). The last
+    group are
     buckets the catalog names as the *outcome* of a workflow (``DRAIN_AND_RESET`` from WORKFLOW_XID_48,
     ``RESTART_FM`` from WORKFLOW_XID_45, ``RUN_DCGMEUD`` / ``RUN_FIELDDIAG`` from WORKFLOW_XID_13/31/48,
     ``DRAIN_P2P`` from Xid 154's recovery action); ``classify`` may return them.

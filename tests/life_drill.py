@@ -11,7 +11,7 @@ Three parts, each usable alone:
   times and ids), broker outages (input held and delivered in a burst), and the service's own life:
   restarts every few hours and HA failovers. It returns the input with its delivery times and the
   ground truth: when each GPU was broken and what needs draining.
-* :class:`Drill` runs it: one :class:`~gpupipe_consumers.alerts.service.AlertsService` at a time with the
+* :class:`Drill` runs it: one :class:`~gpupipe_consumers.alerts.handler.AlertsHandler` at a time with the
   injected clock, a :class:`~gpupipe_consumers.alerts.cordon.Cordoner` against the Kubernetes API double, an
   :class:`~gpupipe.clients.alertmanager.AlertmanagerSender` posting to :class:`SimAlertmanager`, and the
   published records kept as the topic is, so each new instance restores from them as ``activate()`` does.
@@ -44,9 +44,9 @@ from prometheus_client import CollectorRegistry
 from gpupipe.clients.alertmanager import AlertmanagerSender
 from gpupipe.clients.kube import KubeClient, KubeConfig
 from gpupipe.domain.pci import canonical
-from gpupipe_consumers.alerts.alert_record import gpu_alert_shape
+from gpupipe_consumers.alerts.am_shape import gpu_alert_shape
 from gpupipe_consumers.alerts.cordon import Cordoner, KubeNodeApi
-from gpupipe_consumers.alerts.service import AlertsService, ListSink
+from gpupipe_consumers.alerts.handler import AlertsHandler, ListSink
 from gpupipe_consumers.plumbing.consume_loop import InRecord
 
 S = 1000
@@ -559,7 +559,7 @@ class _TopicSink(ListSink):
 
 @dataclass
 class Instance:
-    service: AlertsService
+    service: AlertsHandler
     sink: _TopicSink
     sender: AlertmanagerSender
 
@@ -604,7 +604,7 @@ class Drill:
         return not any(a <= self.now < b for a, b in self.sc.outages)
 
     def _start(self) -> Instance:
-        holder: dict[str, AlertsService] = {}
+        holder: dict[str, AlertsHandler] = {}
         sink = _TopicSink(self.topic, self._broker_up)
         cordoner = Cordoner(
             self.kube,
@@ -627,7 +627,7 @@ class Drill:
                 clock=self._clock_s,
             )
         )
-        svc = AlertsService(
+        svc = AlertsHandler(
             sink=sink,
             registry=CollectorRegistry(),
             alertmanager=sender,

@@ -37,7 +37,7 @@ from typing import Any
 import yaml
 
 from gpupipe.clients.alertmanager import AlertmanagerSender, AmState
-from gpupipe_consumers.alerts.alert_record import gpu_alert_shape
+from gpupipe_consumers.alerts.am_shape import gpu_alert_shape
 from tests import hygiene
 from tests.am_webhook import Notification, WebhookReceiver
 from tests.life_drill import T0, AmEvent, LabelKey

@@ -1,7 +1,7 @@
 """``gpupipe alerts --ack ALERT_ID``: an operator's acknowledgement that a fault was dealt with.
 
 Faults that need a reset, reboot or RMA stay firing until evidence of recovery (see
-:mod:`gpupipe_consumers.alerts.dedupe`); when the samples cannot show it (no NVML on the node, a GPU
+:mod:`gpupipe_consumers.alerts.engine.facade`); when the samples cannot show it (no NVML on the node, a GPU
 replaced),
 a person says so. The ack is a ``GpuAlert`` record with status ``action`` and remediation kind ``ack`` on
 ``gpu.alerts.v1``, keyed by the alert's id: the running service (which reads acks from that topic) resolves
@@ -11,16 +11,19 @@ The topic is the one durable channel every instance already reads, so no extra A
 
 from __future__ import annotations
 
+import argparse
 import getpass
 import time
 from typing import Any
 
 from gpupipe.common.errors import ConfigError
-from gpupipe_consumers.alerts.alert_record import action_record
-from gpupipe_consumers.alerts.service import kafka_alert_sink, restore_from_topic
-from gpupipe_schemas.codec import AvroCodec
+from gpupipe.kafka import topics
+from gpupipe.kafka.admin import parse_kafka_overrides, wait_for_broker
+from gpupipe_consumers.alerts.engine.alert_record import action_record
+from gpupipe_consumers.alerts.handler import kafka_alert_sink, restore_from_topic
+from gpupipe_schemas.codec import AvroCodec, codec_from_url
 
-__all__ = ["ack_record", "find_latest", "publish_ack"]
+__all__ = ["ack_record", "acknowledge", "find_latest", "publish_ack"]
 
 
 def find_latest(records: list[dict[str, Any]], alert_id: str) -> dict[str, Any] | None:
@@ -72,3 +75,22 @@ def publish_ack(
     sink.send(rec)
     sink.flush(30.0)
     return rec
+
+
+def acknowledge(args: argparse.Namespace) -> int:
+    """``gpupipe alerts --ack ALERT_ID``: publish the ack and say what it acknowledged."""
+    extra = parse_kafka_overrides(args.kafka_config)
+    wait_for_broker(args.bootstrap_servers, extra=extra)
+    topic = topics.with_prefix(args.topic_prefix, topics.ALERTS)
+    codec = codec_from_url(args.schema_registry_url)
+    rec = publish_ack(
+        args.bootstrap_servers,
+        topic,
+        codec,
+        args.ack,
+        args.ack_note,
+        args.restore_lookback or 86_400_000,
+        extra,
+    )
+    print(f"acknowledged {rec['alert_id']} ({rec['alertname']} on {rec['hostname']}) on {topic}")
+    return 0

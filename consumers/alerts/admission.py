@@ -6,31 +6,7 @@ Contract: :meth:`DeviceAdmission.admit` never refuses a record. It remembers the
 (:meth:`DeviceAdmission.take_evicted`); the service drops their state in the engine and the health
 tracker. Pure: no I/O, no clocks.
 
-Why never refuse: any node's producer may write records naming any host and any UUID. Caps that refuse
-the new ones (the earlier design) let a flood of made-up names fill them, after which a real node that
-joined later (a scale-up, a replaced node) got no alert for its Xid 79, even across restarts, since the
-forged drain alerts were restored first. Here the newest record always gets in, and the oldest state
-goes, in this order (each level least recently seen first, unverified nodes before nodes whose records
-passed ``--node-ca-file``):
-
-1. at ``max_nodes`` nodes or ``max_devices`` devices: nodes with no open alert (a sample flood is
-   forgotten as it comes, and costs no real node anything);
-2. when every node holds an open alert (only a flood of alerts does that): nothing, up to ``OVER_CAP``
-   times the caps (counted ``over_cap``), so the flood has to be twice as large before
-3. nodes holding open alerts are forgotten (counted and logged by the service): their alerts stay as last
-   published, and the node they would drain is never uncordoned by this instance.
-
-Per node, at most ``max_devices_per_node`` devices (a node has 8 to 16 GPUs, 7 MIG slices each share
-their GPU's bus id): one node, even one with a valid certificate, cannot fill ``max_devices``. Beyond it
-the node's least recently seen device without an open alert goes, and the same over-cap margin and last
-resort apply within the node.
-
-Why forgetting an alerting node is acceptable as a last resort: to push out a real node, a flood must
-name more than ``OVER_CAP x max_nodes`` nodes with open alerts, each heard from more recently than that
-node's latest sample (samples come every few seconds). A writer that can forge that many can, without
-node identity, end the real node's alert far more cheaply by forging its recovery evidence; with node
-identity on it cannot forge other nodes at all. What no flood can do any more is keep a new fault from
-opening, publishing and paging its alert.
+Rules and reasons in full: docs/alerts.md, "Module notes", ``admission.py``.
 """
 
 from __future__ import annotations
@@ -40,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpupipe_consumers.alerts.health_signals import device_key
+from gpupipe_consumers.alerts.engine.health_signals import device_key
 
 __all__ = ["OVER_CAP", "DeviceAdmission", "Evicted", "device_of"]
 

@@ -1,17 +1,6 @@
 """The alerts service's ``/alerts`` and ``/alerts.json`` routes: a snapshot of its open alerts, rendered.
 
-Contract: :class:`AlertsPage` is given a ``snapshot(limit, timeout_s)`` (the service's
-:meth:`~gpupipe_consumers.alerts.service.AlertsService.open_alerts_snapshot`), the instance's name and a
-``role()``; :meth:`AlertsPage.routes` are the two routes for :class:`gpupipe.web.server.HttpServer`,
-which serves them behind the web config's TLS and basic auth like ``/metrics`` (they are not open
-paths). The HTTP workers run beside the consume loop: the alerts are copied under the service's lock,
-never read while it changes them.
-
-Bounds: one walk of the alert table per :data:`REFRESH_S` at most, whatever the request rate (requests
-meanwhile are answered from the last snapshot); a request waits at most :data:`LOCK_WAIT_S` for the
-lock (held through a broker outage while the loop waits to publish), then gets the last snapshot,
-marked as stale, or 503 when there is none yet. Rendering is in
-:mod:`gpupipe_consumers.alerts.open_alerts_view`.
+Rules and reasons in full: docs/alerts.md, "Module notes", ``alerts_page.py``.
 """
 
 from __future__ import annotations

@@ -2,50 +2,9 @@
 
 Off by default. ``--cordon`` enables it; ``--dry-run`` evaluates every decision (rate limit included) and
 logs and records what it would do, without calling the API. Only alerts with ``drain_node`` (Xid 79 and
-74 escalations, uncontained memory errors... per :mod:`gpupipe_consumers.alerts.classify`) lead here.
+74 escalations, uncontained memory errors... per :mod:`gpupipe_consumers.alerts.rules.classify`) lead here.
 
-What a cordon is: ``PATCH /api/v1/nodes/{name}`` with ``Content-Type:
-application/strategic-merge-patch+json`` and body ``{"spec": {"unschedulable": true}, "metadata":
-{"annotations": {"gpupipe.io/cordon-alert-id": ..., "gpupipe.io/cordon-reason": ..., ...}}}`` -- what
-``kubectl cordon`` does, plus annotations saying who did it and why. Draining (evicting pods) is left to
-people or to a drain controller: evicting a training job is a decision with a cost. A ``GET`` first
-tells whether the node is already unschedulable (outcome ``already_cordoned``, not counted).
-
-Credentials and transport: :mod:`gpupipe.clients.kube` (``--kube-api-url`` + ``--kube-token-file``, else the
-in-cluster service account; the token is read for every request). RBAC needed: ``get``, ``list`` and
-``patch`` on ``nodes``.
-
-Reconciled intent: the desired state is "every node with an open drain alert is cordoned
-(or was decided)". The service calls :meth:`Cordoner.reconcile` with its open drain alerts every few
-seconds and right after a restore, so a request lost to a crash, a restart or a failover is asked again;
-a failed API call is retried with exponential backoff (``retry_min_ms`` doubling to ``retry_max_ms``).
-Idempotent: a node already unschedulable is not patched, and a node we cordoned for this very alert that a
-person uncordoned is left alone (``gpupipe.io/cordon-alert-id``). With ``--uncordon`` (opt-in, as
-NVSentinel's) nodes we cordoned whose drain alerts have all resolved (recovered, acknowledged) are made
-schedulable again and our annotations removed.
-
-Circuit breakers: the hourly limit below, and a share of the cluster (``--cordon-max-share``, default 0.5
-as NVSentinel's): no cordon that would make more than that share of all nodes unschedulable; when the
-nodes cannot be listed, no cordon (fail closed).
-
-Rate limit (``--cordon-max-per-hour N``, default 2): a sliding window of one hour over the cordons
-attempted (in dry-run mode: the dry-run decisions). An attempt counts from before its PATCH: one the API
-server refused (a 4xx answer) is taken back, one without an answer (a timeout, a 5xx) keeps counting,
-because it may have taken effect. When N nodes were cordoned in the last hour, the next
-request is refused (outcome ``rate_limited``) and left to people -- one bad driver rollout must not cordon
-the fleet. A node is decided once per window: later drain alerts for a node already cordoned, refused
-or dry-run are not re-requested (a failed API call is retried, see above).
-
-Scope of the limit: every decision is also published as a status ``action`` record on ``gpu.alerts.v1``
-(by the service), and at startup the service replays the last hour of those records into the limiter
-(:meth:`Cordoner.restore`, whatever ``--restore-lookback`` says) and adds the cordons the cluster itself
-records (:meth:`Cordoner.restore_from_cluster`: nodes with our ``gpupipe.io/cordoned-at`` within the hour),
-so a lost action record or a crash between the PATCH and the record cannot reset the limit.
-The limit is cluster-wide because only one instance is active at a time (the leader of the alerts pair;
-see :mod:`gpupipe_consumers.alerts.leader`), and the cluster-side ledger is shared by construction.
-
-Requests are queued to a worker thread (:meth:`Cordoner.request` never blocks the Kafka path); every
-result goes to the ``on_result`` callback.
+Rules and reasons in full: docs/alerts.md, "Module notes", ``cordon.py``.
 """
 
 from __future__ import annotations

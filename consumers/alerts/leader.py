@@ -1,33 +1,6 @@
 """Leader election for the alerts HA pair: leadership is ownership of a one-partition topic.
 
-Two (or more) ``gpupipe alerts --ha`` instances join the consumer group ``<group-id>-leader`` on the
-one-partition topic ``gpu.alerts.leader.v1``. Kafka's group coordinator gives that partition to exactly
-one member: the *leader*. Only the leader restores the open alerts and the cordon ledger from
-``gpu.alerts.v1``, joins the input group (``--group-id``, so it resumes at the offsets the previous
-leader committed), publishes revisions, talks to Alertmanager and cordons. The others are standbys: they
-hold no alert state and publish nothing.
-
-Why this and not keying XIDs by node: the node rollup, the per-node cordon decision and the cluster-wide
-rate limit all want one owner of everything, and a single active instance keeps the engine exactly as
-tested; a split by node would need every input (samples too) re-keyed and still a shared limit.
-
-Takeover: when the leader dies (kill -9, node loss) the coordinator expels it after
-``session.timeout.ms`` (``--ha-session-timeout``, default 10 s), gives the partition to a standby, which
-restores (seconds) and starts consuming; the input group's own session timeout is set to the same value
-so its partitions move as fast. Nothing is lost: the input is replayed from the last committed offsets
-(at least once; replayed event ids that made alerts are remembered by the restore), and a restored alert
-keeps its id, sequence and Alertmanager label set, so Alertmanager sees the same alert again, not a new
-one. The sticky cooperative assignor keeps the partition with its owner when a standby (re)joins.
-
-Fencing: a leader that loses the partition (revoked, or its session lost) stops at once: the service
-exits (the pod restarts as a standby), so two instances never publish contradictory revisions. The gap
-is bounded by the session timeout: a leader cut off from Kafka cannot publish either. A leader whose
-process was paused (SIGSTOP, a frozen VM, a thread starved) past the session timeout has been expelled
-by the coordinator, but hears so only at its next heartbeat; its other threads may run first. So the
-lease is also kept locally: each poll of the leader group is stamped before it starts, and once the
-last stamp is older than the session timeout less one heartbeat interval (the coordinator may count
-from the last heartbeat, sent up to one interval before the pause), :meth:`LeaderElector.fenced` is
-True and leadership counts as lost, before anything is published (the alert sink asks it per record).
+Rules and reasons in full: docs/alerts.md, "Module notes", ``leader.py``.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """The open alerts as a person reads them: ``/alerts`` (HTML) and ``/alerts.json``, rendered from a snapshot.
 
-Contract: :func:`view_of` turns ``GpuAlert`` records (:func:`~gpupipe_consumers.alerts.alert_record.to_record`
-of snapshots the service took under its lock) into an immutable :class:`OpenAlertsView`;
-:func:`render_html` and :func:`render_json` turn that view into bytes. Pure: no clock (``now_ms`` is
-passed in), no lock, no I/O.
+Contract: :func:`view_of` turns ``GpuAlert`` records
+(:func:`~gpupipe_consumers.alerts.engine.alert_record.to_record` of snapshots the service took under its
+lock) into an immutable :class:`OpenAlertsView`; :func:`render_html` and :func:`render_json` turn that view
+into bytes. Pure: no clock (``now_ms`` is passed in), no lock, no I/O.
 
-What a row says: alertname and severity; the node; the GPU (UUID, index, PCI bus id; a node-wide
-alert lists its GPUs); the pods (namespace/pod/container of the alert's allocations); the cause
-(``cause_class`` and the summary); NVIDIA's recommended action (``nvidia_action``; ``action`` is
-ours); drain yes/no; first seen and age; occurrences; the alert id.
-
-Order (:func:`order_key`): severity (critical, warning, info), then oldest first (the incident that
-has waited longest is on top, and rows do not move down as new alerts come in), then alert id.
-
-Bounds: at most ``max_rows`` rows (:data:`MAX_ROWS`), with how many more are open; in the HTML a
-cell's text is cut at :data:`MAX_CELL_CHARS` and a row lists at most :data:`MAX_PODS_SHOWN` pods
-(``+N more``), so one alert of long hostile names cannot make the page megabytes long; the JSON
-keeps the values whole (their own bounds are the record's: 64 allocations at most). Every string is
-HTML-escaped; the page has no script and loads nothing (inline CSS only).
+Rules and reasons in full: docs/alerts.md, "Module notes", ``open_alerts_view.py``.
 """
 
 from __future__ import annotations
@@ -28,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpupipe_consumers.alerts.alert_record import iso_ms
+from gpupipe_consumers.alerts.engine.alert_record import iso_ms
 
 __all__ = [
     "MAX_CELL_CHARS",

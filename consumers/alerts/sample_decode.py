@@ -1,25 +1,6 @@
 """GpuSample decoding for the alerts service: only the fields alerts and the contract check read.
 
-Contract: :class:`AlertsDecoder` is codec-shaped (``.decode(payload) -> Decoded``) for the consume
-loop. For a GpuSample in single-object framing from a known writer schema, the record it returns
-holds exactly :data:`SAMPLE_FIELDS` with the values the shared codec would give them; any other
-record (XidEvent, GpuAlert, another framing, an unknown writer) is the codec's. Whatever the fast
-path cannot decode is decoded again by the codec, which raises its own ``DecodeError``: a hostile
-record is dead-lettered with the same reason and detail as before.
-
-Why: the codec decodes all 90-odd fields of a sample (about 56 us a sample, measured);
-alerts reads about twenty. The generated projection decoders of
-:mod:`gpupipe_schemas.fastdecode` (the ones chargeback and metrics use) skip the rest with a few
-byte operations each.
-
-What the projection keeps, and why each part (the contract check must see what it saw before):
-
-* what the service reads of a sample (:data:`ALERT_FIELDS`: health signals, recovery evidence,
-  admission, node check);
-* every field :func:`gpupipe_schemas.validate.violation` reads (:data:`CONTRACT_FIELDS`): the loop's
-  check of the projected record gives the same verdict, with the same text, as of the whole record;
-* every field that holds a string (:data:`STRING_FIELDS`): a skipped string is not UTF-8-decoded,
-  so a non-UTF-8 one would otherwise pass where the codec refuses it (``corrupt-avro-body``).
+Rules and reasons in full: docs/alerts.md, "Module notes", ``sample_decode.py``.
 """
 
 from __future__ import annotations

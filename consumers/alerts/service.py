@@ -1,539 +1,331 @@
-"""The alerts service: consume-loop handler, GpuAlert publishing, restore after restart, wiring.
+"""The alerts service as the runner builds it: options in, the consume loop, Alertmanager, cordoner and
+leader election wired around one :class:`~gpupipe_consumers.alerts.handler.AlertsHandler`.
 
-:class:`AlertsService` is the :class:`~gpupipe_consumers.plumbing.consume_loop.Handler`: it feeds ``XidEvent``
-records to
-the :class:`~gpupipe_consumers.alerts.dedupe.AlertEngine` and ``GpuSample`` records to the
-:class:`~gpupipe_consumers.alerts.health_signals.HealthTracker`, publishes the revisions the engine hands out
-to
-``gpu.alerts.v1`` (keyed by ``alert_id``, idempotent producer), passes them to Alertmanager and, for drain
-alerts, to the cordoner. A ticker thread calls :meth:`AlertsService.tick` every second so alerts resolve
-and throttled updates go out when no input arrives.
-
-Delivery: ``handle`` returns only after the records it caused were acknowledged by Kafka (``flush``); the
-consume loop stores offsets after ``handle`` returns, so an alert is never lost to a crash (at least
-once). A crash after the flush and before the offset commit replays some input; replayed events whose
-ids the engine remembers are ignored. After a restart the ids are gone, and the group's committed offsets
-may lag the published counts by much more than a batch (a group coordinator away for a minute after a
-broker restart commits nothing): every alert record carries the position in ``gpu.xid.v1`` of the latest
-event it counted (``last_event_partition``/``last_event_offset``), and a replayed event at or before it is
-not counted again. A revision re-emitted after a replay continues the alert's sequence; downstream
-deduplicates by ``(alert_id, sequence)``.
-
-Restart: before consuming, :func:`restore_from_topic` reads ``gpu.alerts.v1`` from ``now - lookback``
-(default 24 h) to its end, and :meth:`AlertsService.restore` rebuilds the open alerts from their latest
-revisions (same ids, counts, sequence numbers), the per-GPU history the classifier's recurrence rules use
-(from those records), the recovery evidence seen (boot ids, driver loads, GPU resets: the ``evidence``
-action records, :mod:`gpupipe_consumers.alerts.evidence_memory`, so a late event of an old boot or an alert
-waiting for its GPU after a reboot is decided as the previous instance would have), the cordon
-rate-limit ledger (action records plus the nodes' own annotations), and applies operators' acks; then it
-reconciles the cordons the open drain alerts call for. The consumer group resumes the input where it
-committed. What is not restored: node-burst windows, sample baselines and the GPUs' latest healthy
-samples (they rebuild from new input). With ``--ha`` this happens when an instance becomes the leader
-(:mod:`gpupipe_consumers.alerts.leader`).
-
-Acks: ``gpu.alerts.v1`` is also an input; of its records only ``action`` records of kind ``ack``
-(``gpupipe alerts --ack``) are applied, the rest is skipped.
-
-Remediation events: each cordon decision (and dry-run decision) is published as a record with ``status``
-``action`` and the ``remediation`` field set, keyed by the alert's id so it follows the alert's revisions
-in its partition; recovery evidence likewise, with remediation kind ``evidence``, keyed per host.
+:class:`AlertsService` restores open alerts before consuming (at start, or on winning leadership),
+serves ``/metrics`` and the open-alerts page, and on stop flushes what is pending unless fenced.
 """
 
 from __future__ import annotations
 
-import heapq
 import logging
 import threading
-import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Protocol
+from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
+from prometheus_client import CollectorRegistry
 
-from gpupipe.clients.kube import KubeApiError
+from gpupipe.clients import kube
+from gpupipe.clients.alertmanager import AlertmanagerFanout, AlertmanagerMetrics, AlertmanagerSender
+from gpupipe.common.errors import ConfigError, GpupipeError
 from gpupipe.common.logs import fields
-from gpupipe.domain.node_check import DEADLETTER_REASON, NodeCheck
-from gpupipe.kafka.sink import KeyedSink
-from gpupipe_consumers.alerts.admission import OVER_CAP, DeviceAdmission, device_of
-from gpupipe_consumers.alerts.alert_record import Alert, action_record, to_record
-from gpupipe_consumers.alerts.alert_table import AlertCapReached
-from gpupipe_consumers.alerts.cordon import Cordoner, CordonResult
-from gpupipe_consumers.alerts.dedupe import AlertEngine, EngineConfig
-from gpupipe_consumers.alerts.evidence_memory import evidence_record
-from gpupipe_consumers.alerts.health_signals import LEVEL_SIGNALS, HealthConfig, HealthTracker, InvalidRecord
-from gpupipe_consumers.alerts.open_alerts_view import order_key
-from gpupipe_consumers.alerts.recovery_policy import sample_healthy
-from gpupipe_consumers.plumbing.consume_loop import InRecord
-from gpupipe_consumers.plumbing.topic_reader import read_topic
-from gpupipe_schemas.codec import AvroCodec
+from gpupipe.domain import node_check
+from gpupipe.kafka import ready, topics
+from gpupipe.lifecycle.runner import Lifecycle
+from gpupipe.web.server import Route, registry_route
+from gpupipe_consumers.alerts.admission import DeviceAdmission
+from gpupipe_consumers.alerts.alerts_page import AlertsPage
+from gpupipe_consumers.alerts.am_shape import gpu_alert_shape
+from gpupipe_consumers.alerts.cordon import HOUR_MS, Cordoner, KubeNodeApi
+from gpupipe_consumers.alerts.engine.config import EngineConfig
+from gpupipe_consumers.alerts.engine.health_signals import HealthConfig
+from gpupipe_consumers.alerts.handler import AlertsHandler, kafka_alert_sink, restore_from_topic
+from gpupipe_consumers.alerts.leader import LeaderElector, ha_members
+from gpupipe_consumers.alerts.sample_decode import AlertsDecoder
+from gpupipe_consumers.plumbing.consume_loop import ConsumeLoop
+from gpupipe_schemas.codec import codec_from_url
 
-__all__ = ["AlertSink", "AlertsService", "ListSink", "kafka_alert_sink", "restore_from_topic"]
+__all__ = ["AlertsOptions", "AlertsService"]
 
 log = logging.getLogger("gpupipe.alerts")
 
-#: The private group of the restore read (the ACL table grants it by prefix).
-RESTORE_GROUP_PREFIX = "gpupipe-alerts-restore-"
 
+@dataclass(frozen=True)
+class AlertsOptions:
+    """What the alerts service is run with, typed: the flags end at :func:`options_from_args`.
 
-class AlertSink(Protocol):
-    def send(self, record: dict[str, Any]) -> None: ...
-    def flush(self, timeout_s: float = 30.0) -> None: ...
+    No defaults here: the flags hold them (and `--help` shows them), the builder passes every field.
+    """
 
-
-class ListSink:
-    """In-memory sink (tests, dry experiments)."""
-
-    def __init__(self) -> None:
-        self.records: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
-
-    def send(self, record: dict[str, Any]) -> None:
-        with self._lock:
-            self.records.append(record)
-
-    def flush(self, timeout_s: float = 30.0) -> None:
-        return None
-
-
-def kafka_alert_sink(
-    bootstrap: str, topic: str, codec: AvroCodec, extra: dict[str, str] | None = None
-) -> KeyedSink:
-    """GpuAlert records to the alerts topic, keyed by alert id (the floor's outage-tolerant sink)."""
-    return KeyedSink(
-        bootstrap,
-        topic,
-        codec.encoder("GpuAlert", topic).encode,
-        lambda rec: rec["alert_id"].encode(),
-        what="alert records",
-        extra=extra,
-        log=log,
-    )
-
-
-def restore_from_topic(
-    bootstrap: str,
-    topic: str,
-    codec: AvroCodec,
-    lookback_ms: int,
-    extra: dict[str, str] | None = None,
-    timeout_s: float = 60.0,
-    now_ms: int | None = None,
-) -> list[dict[str, Any]]:
-    """GpuAlert records of ``topic`` from ``now - lookback_ms`` up to the end as of now, oldest first
-    (a topic not created yet holds none)."""
-    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    out = read_topic(
-        bootstrap,
-        topic,
-        codec,
-        "GpuAlert",
-        since_ms=now_ms - lookback_ms,
-        extra=extra,
-        timeout_s=timeout_s,
-        missing_ok=True,
-        group_prefix=RESTORE_GROUP_PREFIX,
-    )
-    out.sort(key=lambda r: (r["emitted_at_ms"], r["sequence"]))
-    return out
-
-
-class _ServiceCollector(Collector):
-    def __init__(self, service: AlertsService) -> None:
-        self._s = service
-
-    def collect(self) -> Iterator[Any]:
-        s = self._s
-        counts = dict(s.engine.counts)
-        adm = s.admission
-        fam = CounterMetricFamily(
-            "gpupipe_alerts_input", "Input handled by the alert engine, by result.", labels=["result"]
-        )
-        for k, v in sorted(counts.items()):
-            fam.add_metric([k], v)
-        yield fam
-        known = GaugeMetricFamily(
-            "gpupipe_alerts_known",
-            "Nodes, devices and open alerts the service keeps state for, and their caps (--max-nodes, "
-            "--max-devices, --max-open-alerts): at a node or device cap the least recently seen are "
-            "forgotten (gpupipe_alerts_admission_total).",
-            labels=["kind", "of"],
-        )
-        known.add_metric(["node", "known"], adm.nodes())
-        known.add_metric(["node", "cap"], adm.max_nodes)
-        known.add_metric(["device", "known"], adm.devices())
-        known.add_metric(["device", "cap"], adm.max_devices)
-        known.add_metric(["alert", "known"], s.open_alerts)
-        known.add_metric(["alert", "cap"], s.engine.cfg.max_open_alerts)
-        yield known
-        ev = CounterMetricFamily(
-            "gpupipe_alerts_admission",
-            "What the node and device caps cost: nodes or devices forgotten (idle: no open alert; "
-            "alerting: its open alerts dropped unpublished, the last resort against a flood) and "
-            "records taken past a cap while every node held an open alert (over_cap).",
-            labels=["result"],
-        )
-        for k, v in sorted(adm.counts.items()):
-            ev.add_metric([k], v)
-        yield ev
-        open_fam = GaugeMetricFamily(
-            "gpupipe_alerts_open", "Open (firing) alerts by scope.", labels=["scope"]
-        )
-        by_scope = s._open_by_scope
-        for scope in ("gpu", "node", "nvswitch"):
-            open_fam.add_metric([scope], by_scope.get(scope, 0))
-        yield open_fam
-        gpus = GaugeMetricFamily("gpupipe_alerts_health_gpus", "GPUs with health state from samples.")
-        gpus.add_metric([], len(s.health))
-        yield gpus
-        if s.node_check is not None:
-            yield s.node_check.family(
-                "gpupipe_alerts_node_identity",
-                "XidEvents and GpuSamples checked against the certificate of the node they name "
-                "(--node-ca-file), by record, result (verified, or why not) and mode (enforce: refused "
-                "XIDs are dead-lettered, refused samples dropped).",
-            )
-        if s.cordoner is not None:
-            cf = CounterMetricFamily(
-                "gpupipe_alerts_cordon", "Cordon decisions by outcome.", labels=["outcome", "dry_run"]
-            )
-            for outcome, n in sorted(s.cordoner.outcomes.items()):
-                cf.add_metric([outcome, str(s.cordoner.dry_run).lower()], n)
-            yield cf
+    engine: EngineConfig
+    health: HealthConfig
+    bootstrap: str
+    topic_prefix: str
+    group_id: str
+    instance: str
+    schema_registry_url: str | None
+    extra: dict[str, str]  # librdkafka settings
+    from_beginning: bool
+    create_topics: bool
+    health_signals: bool
+    restore_lookback_ms: int
+    startup_timeout_ms: int
+    ha: bool
+    ha_session_timeout_ms: int
+    ha_guard_interval_ms: int
+    alertmanager_urls: tuple[str, ...]
+    resend_interval_ms: int
+    alertmanager_timeout_ms: int
+    alertmanager_max_alerts: int
+    max_nodes: int
+    max_devices: int
+    max_devices_per_node: int
+    cordon: bool
+    dry_run: bool
+    cordon_max_per_hour: int
+    cordon_max_share: float
+    uncordon: bool
+    cluster: kube.KubeConfig | None  # the API server to cordon through (--cordon without --dry-run)
+    node_identity: node_check.NodeIdentity | None  # None: a record's hostname is taken as written
 
 
 class AlertsService:
-    """Handler + publisher; thread-safe (the consume loop, the ticker and the cordon worker call in)."""
+    """The alerts service wired from its options: what the runner builds and runs (and the storm bench)."""
 
-    def __init__(
-        self,
-        *,
-        sink: AlertSink,
-        engine_config: EngineConfig | None = None,
-        health_config: HealthConfig | None = None,
-        registry: CollectorRegistry | None = None,
-        alertmanager: Any | None = None,
-        cordoner: Cordoner | None = None,
-        instance: str = "",
-        clock: Callable[[], float] = time.time,
-        reconcile_interval_ms: int = 10_000,
-        admission: DeviceAdmission | None = None,
-        node_check: NodeCheck | None = None,
-    ) -> None:
-        self.sink = sink
-        self.admission = admission or DeviceAdmission()
-        self.node_check = node_check
-        self._capped_logged_ms = self._alert_cap_logged_ms = -60_000
-        # Nodes whose drain alerts admission evicted: still cordoned, never released by --uncordon here
-        # (oldest forgotten beyond twice --max-nodes; a restart restores their alerts from the topic).
-        self._pinned: OrderedDict[str, None] = OrderedDict()
-        self.reconcile_interval_ms = reconcile_interval_ms
-        self._last_reconcile_ms = 0
-        self.health = HealthTracker(health_config)
-        self.engine = AlertEngine(engine_config, health=self.health.health, identity=self.health.identity)
-        self.admission.node_busy = self.engine.table.host_busy
-        self.admission.device_busy = self.engine.table.gpu_busy
-        self.alertmanager = alertmanager
-        self.cordoner = cordoner
-        self.instance = instance
-        self.clock = clock
-        self.lock = threading.RLock()
-        self.records_out: dict[str, int] = {}
-        self.errors = 0
-        self.last_emit_ms = 0
-        self.open_alerts = 0
-        self._open_by_scope: dict[str, int] = {}
-        reg = registry if registry is not None else CollectorRegistry()
-        self.m_records = Counter(
-            "gpupipe_alerts_records", "GpuAlert records published, by status.", ["status"], registry=reg
+    def __init__(self, opts: AlertsOptions, life: Lifecycle | None = None) -> None:
+        self.opts = opts
+        self.instance = opts.instance
+        node_api = None
+        if opts.cluster is not None:
+            node_api = KubeNodeApi(kube.KubeClient(opts.cluster))
+        extra = opts.extra
+        t_xid = topics.with_prefix(opts.topic_prefix, topics.XID)
+        t_samples = topics.with_prefix(opts.topic_prefix, topics.SAMPLES)
+        self.alerts_topic = topics.with_prefix(opts.topic_prefix, topics.ALERTS)
+        # gpu.alerts.v1 is read for operators' acks (gpupipe alerts --ack); the rest of it is skipped
+        self.inputs = (
+            [t_xid, t_samples, self.alerts_topic] if opts.health_signals else [t_xid, self.alerts_topic]
         )
-        self.m_latency = Histogram(
-            "gpupipe_alerts_detection_latency_seconds",
-            "Alerts raised by an XidEvent (XID, SXid, NVML's recovery-action and GPU-unavailable events): "
-            "from the first event's own time stamp to the first firing record "
-            "(emitted_at_ms - first_seen_ms).",
-            buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
-            registry=reg,
-        )
-        self.m_errors = Counter(
-            "gpupipe_alerts_record_errors",
-            "Input records the engine could not use (logged; processing goes on).",
-            ["topic"],
-            registry=reg,
-        )
-        reg.register(_ServiceCollector(self))
-
-    def now_ms(self) -> int:
-        return int(self.clock() * 1000)
-
-    # -------------------------------------------------------------------------------------- handler
-
-    def on_assign(self, partitions: Sequence[tuple[str, int]]) -> None:
-        return None
-
-    def on_revoke(self, partitions: Sequence[tuple[str, int]]) -> None:
-        # Alert state is per GPU, not per partition: one active instance owns every partition (the leader
-        # with --ha; see gpupipe_consumers.alerts.leader), and a new leader restores from gpu.alerts.v1.
-        return None
-
-    def handle(self, records: Sequence[InRecord]) -> list[tuple[InRecord, str, str]]:
-        """Apply a batch; returns the records to dead-letter (invalid content), which the loop does."""
-        now = self.now_ms()
-        rejected: list[tuple[InRecord, str, str]] = []
-        with self.lock:
-            for r in records:
-                if r.name in ("XidEvent", "GpuSample"):
-                    verified = False
-                    if self.node_check is not None:
-                        detail = self.node_check.refuse(r.name, r.value.get("hostname"), r.raw, now)
-                        if detail is not None:
-                            # an XID is dead-lettered; a sample (thousands a second from a fleet not yet
-                            # signing) is counted only: it is well formed and stays in its topic
-                            if r.name == "XidEvent":
-                                rejected.append((r, DEADLETTER_REASON, detail))
-                            continue
-                        verified = self.node_check.last_verified
-                    self._admit(r, verified, now)
-                try:
-                    if r.name == "XidEvent":
-                        # XidEvents come from one topic: its partition and offset mark a replay
-                        a = self.engine.on_xid(r.value, now, (r.partition, r.offset))
-                        if a is not None and a.key[3] in LEVEL_SIGNALS and a.status == "firing":
-                            # NVML's recovery-action event: the samples may never show the value
-                            self.health.await_clear(a.hostname, a.device, a.key[3], a.last_seen_ms)
-                    elif r.name == "GpuSample":
-                        ident, signals = self.health.observe(r.value)
-                        for sig in signals:
-                            try:
-                                self.engine.on_signal(ident, sig, now)
-                            except AlertCapReached as exc:  # the sample's other signals still count
-                                self._capped(now, str(exc))
-                        if ident is not None:  # a reboot or driver load may wait for this GPU
-                            healthy = sample_healthy(r.value)
-                            self.engine.sample_seen(ident, r.value["timestamp_ms"], healthy, now)
-                    elif r.name == "GpuAlert":
-                        self._on_alert_record(r.value, now)  # our own output: only acks matter
-                    else:
-                        rejected.append((r, "unexpected-record-type", f"{r.name} on {r.topic}"))
-                except AlertCapReached as exc:  # well formed: counted, not dead-lettered
-                    self._capped(now, str(exc))
-                except Exception as exc:  # a record the engine cannot use must not stop the stream
-                    self.errors += 1
-                    self.m_errors.labels(r.topic).inc()
-                    reason = "invalid-record" if isinstance(exc, InvalidRecord) else "alerts-error"
-                    rejected.append((r, reason, f"{exc!r}"[:300]))
-                    log.warning(
-                        "record rejected",
-                        extra=fields(
-                            topic=r.topic, partition=r.partition, offset=r.offset, error=f"{exc!r}"[:300]
-                        ),
+        codec = codec_from_url(opts.schema_registry_url)
+        self.registry = CollectorRegistry()
+        self.alertmanager = None
+        if opts.alertmanager_urls:
+            am_metrics = AlertmanagerMetrics(self.registry)
+            self.alertmanager = AlertmanagerFanout(
+                [
+                    AlertmanagerSender(
+                        url,
+                        shape=gpu_alert_shape,
+                        resend_interval_ms=opts.resend_interval_ms,
+                        timeout_s=opts.alertmanager_timeout_ms / 1000,
+                        max_alerts=opts.alertmanager_max_alerts,
+                        metrics=am_metrics,
                     )
-            self._emit(self.engine.take(now), now)
-        return rejected
-
-    def _admit(self, r: InRecord, verified: bool, now: int) -> None:
-        """Remember the record's node and device, forgetting what admission evicts for them (see
-        :mod:`gpupipe_consumers.alerts.admission`), and make room in a full alert table: a new fault
-        must open its alert whatever a flood left open."""
-        host = r.value.get("hostname")
-        self.admission.admit(host, device_of(r.value), verified=verified)
-        if self.engine.table.full():
-            self.admission.evict_alerting(host if isinstance(host, str) else None)
-        self._forget_evicted(now)
-
-    def _forget_evicted(self, now: int) -> None:
-        evicted = self.admission.take_evicted()
-        if not evicted:
-            return
-        hosts = [e.host for e in evicted if e.device is None]
-        gpus = [(e.host, e.device) for e in evicted if e.device is not None]
-        dropped = self.engine.forget(hosts, gpus)
-        self.health.forget(frozenset(hosts), frozenset(gpus))
-        am_forget = getattr(self.alertmanager, "forget", None)  # test doubles may lack it
-        for a in dropped:
-            if am_forget is not None:
-                am_forget(a.alert_id)
-            if a.drain_node:
-                self._pinned.pop(a.hostname, None)
-                self._pinned[a.hostname] = None
-                if len(self._pinned) > OVER_CAP * self.admission.max_nodes:
-                    del self._pinned[next(iter(self._pinned))]
-        if dropped:
-            self._open_by_scope = self.engine.open_count()
-            self.open_alerts = sum(self._open_by_scope.values())
-        alerting = [e for e in evicted if e.alerting]
-        if alerting and now - self._capped_logged_ms >= 60_000:
-            self._capped_logged_ms = now
-            adm = self.admission
-            log.warning(
-                "nodes or devices with open alerts forgotten: caps reached (a flood of made-up names?)",
-                extra=fields(
-                    example=alerting[0].host[:253],
-                    alerts_dropped=len(dropped),
-                    nodes=adm.nodes(),
-                    max_nodes=adm.max_nodes,
-                    devices=adm.devices(),
-                    max_devices=adm.max_devices,
-                    evicted=dict(adm.counts),
-                ),
+                    for url in opts.alertmanager_urls
+                ]
             )
-
-    def _capped(self, now: int, detail: str) -> None:
-        """An occurrence refused at the open-alert cap (counted by the table): a line a minute at most."""
-        if now - self._alert_cap_logged_ms >= 60_000:
-            self._alert_cap_logged_ms = now
-            log.warning(
-                "occurrences that would open new alerts refused: open alerts at their cap",
-                extra=fields(detail=detail, refused=self.engine.counts["capped_alert"]),
+        self.cordoner = None
+        if opts.cordon or opts.dry_run:
+            self.cordoner = Cordoner(
+                node_api,
+                dry_run=opts.dry_run,
+                max_per_hour=opts.cordon_max_per_hour,
+                on_result=lambda result: self.handler.on_cordon_result(result),
+                instance=self.instance,
+                max_share=opts.cordon_max_share,
+                uncordon=opts.uncordon,
             )
-
-    def _on_alert_record(self, rec: dict[str, Any], now: int) -> None:
-        rem = rec.get("remediation") or {}
-        if rec.get("status") == "action" and rem.get("kind") == "ack":
-            a = self.engine.acknowledge(rec["alert_id"], now, rem.get("detail") or "")
-            if a is not None:
-                log.info("alert acknowledged", extra=fields(alert_id=a.alert_id, node=a.hostname))
-
-    def tick(self) -> int:
-        """Run the engine's timers and publish what is due; returns records published."""
-        now = self.now_ms()
-        with self.lock:
-            self.engine.tick(now)
-            out = self.engine.take(now)
-            self._emit(out, now)
-        if self.cordoner is not None and now - self._last_reconcile_ms >= self.reconcile_interval_ms:
-            self.reconcile(now)
-        return len(out)
-
-    def reconcile(self, now: int | None = None) -> int:
-        """Hand every open drain alert to the cordoner (desired state; see
-        :mod:`gpupipe_consumers.alerts.cordon`)."""
-        if self.cordoner is None:
-            return 0
-        now = self.now_ms() if now is None else now
-        self._last_reconcile_ms = now
-        with self.lock:
-            drain = [to_record(a, now, self.instance) for a in self.engine.open_alerts() if a.drain_node]
-            pinned = list(self._pinned)
-        return self.cordoner.reconcile(drain, keep=pinned)
-
-    def flush(self) -> int:
-        """Publish every pending change now, throttled ones included (shutdown)."""
-        now = self.now_ms()
-        with self.lock:
-            self.engine.tick(now)
-            out = self.engine.take(now, force=True)
-            self._emit(out, now)
-        return len(out)
-
-    def restore(
-        self, records: Sequence[dict[str, Any]], ledger: Sequence[dict[str, Any]] | None = None
-    ) -> int:
-        """Rebuild open alerts from ``records`` and the cordon ledger from ``ledger`` (default: the same
-        records; the command passes at least the rate-limit window however short ``--restore-lookback``)."""
-        now = self.now_ms()
-        with self.lock:
-            n = self.engine.restore(records, now)
-            # Restored nodes are known, least recently seen first and evictable like any other: forged
-            # alerts restored from a flood must not keep new nodes out after a restart.
-            for a in sorted(self.engine.open_alerts(), key=lambda a: a.last_seen_ms):
-                self.admission.admit(a.hostname, a.device or None)
-            self._forget_evicted(now)
-            for rec in records:  # acks published while we were down (the engine ignores stale ones)
-                self._on_alert_record(rec, now)
-            open_alerts = [a.snapshot() for a in self.engine.open_alerts()]
-            for a in open_alerts:
-                if a.key[3] in LEVEL_SIGNALS:
-                    self.health.await_clear(a.hostname, a.device, a.key[3])
-            self._emit(self.engine.take(now), now)
-        if self.cordoner is not None:
-            counted = self.cordoner.restore(ledger if ledger is not None else records, now)
-            try:
-                from_cluster = self.cordoner.restore_from_cluster(now)
-            except KubeApiError as exc:
-                from_cluster = 0
-                log.warning("cannot read the cordon ledger from the cluster", extra=fields(error=str(exc)))
-            log.info(
-                "cordon ledger restored",
-                extra=fields(cordons_in_window=counted + from_cluster, from_cluster=from_cluster),
-            )
-        self._open_by_scope = self.engine.open_count()
-        self.open_alerts = sum(self._open_by_scope.values())
-        if self.alertmanager is not None:
-            for a in open_alerts:
-                self.alertmanager.update(to_record(a, now, self.instance))
-        log.info("alerts restored", extra=fields(open=n, records=len(records)))
-        self.reconcile(now)  # requests lost with the previous process are asked again
-        return n
-
-    def open_alerts_snapshot(
-        self, limit: int, timeout_s: float
-    ) -> tuple[list[dict[str, Any]], int, int] | None:
-        """The first ``limit`` open alerts in the page's order (:func:`order_key`) as ``GpuAlert`` records,
-        how many are open, and when (ms): copied under the lock, turned into records outside it. The
-        consume loop holds the lock while it waits for the broker to take its records (for as long as an
-        outage lasts), so a reader waits at most ``timeout_s``; None past it."""
-        if not self.lock.acquire(timeout=timeout_s):
-            return None
-        try:
-            now = self.now_ms()
-            alerts = self.engine.open_alerts()
-            top = heapq.nsmallest(
-                limit, alerts, key=lambda a: order_key(a.severity, a.first_seen_ms, a.alert_id)
-            )
-            snaps = [a.snapshot() for a in top]
-        finally:
-            self.lock.release()
-        return [to_record(a, now, self.instance) for a in snaps], len(alerts), now
-
-    # ------------------------------------------------------------------------------------- output
-
-    def _emit(self, alerts: Sequence[Alert], now: int) -> None:
-        """Publish revisions and the evidence the engine learnt (caller holds ``self.lock``: revisions of
-        one alert go out in order). Evidence goes to the topic only (a restored instance reads it), never to
-        Alertmanager or the cordoner."""
-        evidence = self.engine.take_evidence()
-        for ev in evidence:
-            self.sink.send(evidence_record(ev, now, self.instance))
-            self.records_out["action"] = self.records_out.get("action", 0) + 1
-            self.m_records.labels("action").inc()
-        if not alerts:
-            if evidence:
-                self.sink.flush()
-            return
-        self._open_by_scope = self.engine.open_count()  # for scrapes, which never take the lock
-        self.open_alerts = sum(self._open_by_scope.values())
-        for a in alerts:
-            rec = to_record(a, now, self.instance)
-            self.sink.send(rec)
-            status = rec["status"]
-            self.records_out[status] = self.records_out.get(status, 0) + 1
-            self.m_records.labels(status).inc()
-            from_event = rec["signal"] in ("xid", "sxid") or rec["first_event_id"] is not None
-            if status == "firing" and rec["sequence"] == 1 and from_event:
-                self.m_latency.observe(max(0.0, (now - rec["first_seen_ms"]) / 1000))
-            if self.alertmanager is not None:
-                self.alertmanager.update(rec)
-            if self.cordoner is not None and status == "firing" and rec["drain_node"]:
-                self.cordoner.request(rec)
-        self.sink.flush()
-        self.last_emit_ms = now
-
-    def on_cordon_result(self, result: CordonResult) -> None:
-        """Cordoner callback: publish the decision as a status ``action`` record."""
-        rec = action_record(
-            result.record,
-            outcome=result.outcome,
-            node=result.node,
-            dry_run=result.dry_run,
-            detail=result.detail,
-            at_ms=result.at_ms,
+        sink = kafka_alert_sink(opts.bootstrap, self.alerts_topic, codec, extra)
+        identity = None
+        if opts.node_identity is not None:
+            identity = opts.node_identity.check("alerts", ("XidEvent", "GpuSample"))
+        self.handler = AlertsHandler(
+            sink=sink,
+            engine_config=opts.engine,
+            health_config=opts.health,
+            registry=self.registry,
+            alertmanager=self.alertmanager,
+            cordoner=self.cordoner,
+            instance=self.instance,
+            admission=DeviceAdmission(
+                max_nodes=opts.max_nodes,
+                max_devices=opts.max_devices,
+                max_devices_per_node=opts.max_devices_per_node,
+            ),
+            node_check=identity,
         )
-        rec["instance"] = self.instance
-        with self.lock:
-            self.sink.send(rec)
-            self.records_out["action"] = self.records_out.get("action", 0) + 1
-            self.m_records.labels("action").inc()
-            self.sink.flush()
+        self.page = AlertsPage(self.handler.open_alerts_snapshot, instance=self.instance, role=self.role)
+        self._codec, self._extra = codec, extra
+        self._state = life.state if life is not None else None
+        self._stop = life.stop if life is not None else None
+        self.loop: ConsumeLoop | None = None
+        self.elector: LeaderElector | None = None
+        self.guard_error: str | None = None  # set when --ha instances joined this plain one's group
+        if opts.ha:
+            self.elector = LeaderElector(
+                opts.bootstrap,
+                prefix=opts.topic_prefix,
+                group_id=opts.group_id,
+                instance=self.instance,
+                session_timeout_ms=opts.ha_session_timeout_ms,
+                extra=extra,
+                create_topic=opts.create_topics,
+            )
+            sink.fence = self.elector.fenced  # checked per record: a fenced leader publishes nothing
+        else:
+            self._refuse_a_group_of_ha_instances()
+            self.activate()
+
+    def _refuse_a_group_of_ha_instances(self) -> None:
+        """A plain instance must not join the input group of ``--ha`` instances: it would take part of the
+        leader's partitions (each XID seen by one of two engines, two publishers, two cordoners) and
+        nothing fences it. Live HA instances are the members of the leader group (see :func:`ha_members`)."""
+        line = self._ha_conflict()
+        if line:
+            raise ConfigError(line)
+
+    def _ha_conflict(self) -> str | None:
+        opts = self.opts
+        members = ha_members(opts.bootstrap, opts.group_id, extra=opts.extra)
+        if not members:
+            return None
+        return (
+            f"--group-id {opts.group_id} is used by --ha instances ({', '.join(members)}): a plain "
+            "instance would split their input and publish beside their leader; run it with --ha (it "
+            "stands by), or give it a --group-id of its own"
+        )
+
+    def _guard(self, stop: threading.Event) -> None:
+        """The same check while running: --ha instances started after this plain one stop it (it cannot
+        be fenced, so it fences itself); the command then exits with the line (``guard_error``)."""
+        while not stop.wait(self.opts.ha_guard_interval_ms / 1000):
+            line = self._ha_conflict()
+            if line:
+                self.guard_error = line
+                log.error("stopping: " + line)
+                stop.set()
+                return
+
+    def activate(self) -> None:
+        """Restore state and build the consume loop: at start, or when this instance becomes the leader."""
+        opts, codec, extra = self.opts, self._codec, self._extra
+        # The cordon ledger always needs the rate-limit window, however short --restore-lookback is.
+        lookback = max(opts.restore_lookback_ms, HOUR_MS if self.cordoner is not None else 0)
+        if lookback:
+            records = ready.retry(  # a fresh topic's leaders may still be moving: wait, do not crash
+                lambda: restore_from_topic(opts.bootstrap, self.alerts_topic, codec, lookback, extra),
+                what=f"restore of open alerts from {self.alerts_topic}",
+                transient=(GpupipeError,),
+                timeout_s=opts.startup_timeout_ms / 1000,
+                state=self._state,
+                stop=self._stop,
+            )
+            since = self.handler.now_ms() - opts.restore_lookback_ms
+            alerts = [r for r in records if opts.restore_lookback_ms and r["emitted_at_ms"] >= since]
+            self.handler.restore(alerts, ledger=records)
+        if opts.ha:  # the input group moves to the standby as fast as the leader group does
+            timeout = opts.ha_session_timeout_ms
+            extra = {
+                "session.timeout.ms": str(timeout),
+                "heartbeat.interval.ms": str(max(500, timeout // 5)),
+                **(extra or {}),
+            }
+        self.loop = ConsumeLoop(
+            bootstrap=opts.bootstrap,
+            group_id=opts.group_id,
+            topics=self.inputs,
+            handler=self.handler,
+            # samples: only the fields alerts and the contract check read; the rest the codec's
+            codec=AlertsDecoder(codec),  # type: ignore[arg-type]
+            deadletter_topic=topics.with_prefix(opts.topic_prefix, topics.DEADLETTER),
+            service="alerts",
+            registry=self.registry,
+            extra=extra,
+            from_beginning=opts.from_beginning,
+            topic_prefix=opts.topic_prefix,
+        )
+
+    def routes(self) -> dict[str, Route]:
+        """``/metrics``, and the open alerts as a page and as JSON (behind the same TLS and auth)."""
+        return {"/metrics": registry_route(self.registry), **self.page.routes()}
+
+    def role(self) -> str:
+        if self.elector is None:
+            return "single"
+        return "leader" if self.elector.is_leader else "standby"
+
+    def health(self) -> tuple[bool, dict[str, object]]:
+        detail: dict[str, object] = {
+            "open_alerts": self.handler.open_alerts,
+            "instance": self.instance,
+            "role": self.role(),
+        }
+        if self.elector is not None and self.elector.fenced():
+            detail["fenced"] = True  # leadership lost: the service is stopping (restarts as a standby)
+            return False, detail
+        if self.loop is None:  # a standby is healthy while it waits to lead
+            return self.elector is not None, detail
+        return self.loop.healthy, {**detail, **self.loop.health_detail()}
+
+    def run(self, stop: threading.Event) -> None:
+        """Serve until ``stop`` is set (or the consume loop fails, or leadership is lost), then shut down."""
+        opts = self.opts
+        if self.elector is not None:
+            self.elector.start()
+            log.info("standing by for leadership", extra=fields(instance=self.instance))
+            while not stop.is_set() and not self.elector.acquired.wait(0.2):
+                pass
+            if stop.is_set():
+                self.elector.stop()
+                return
+            threading.Thread(
+                target=_fence, args=(self.elector, stop), name="alerts-fence", daemon=True
+            ).start()
+            self.activate()
+        else:
+            threading.Thread(target=self._guard, args=(stop,), name="alerts-ha-guard", daemon=True).start()
+        assert self.loop is not None
+        if self.alertmanager is not None:
+            self.alertmanager.start()
+        if self.cordoner is not None:
+            self.cordoner.start()
+        ticker = threading.Thread(
+            target=_tick_loop, args=(self.handler, stop), name="alerts-tick", daemon=True
+        )
+        ticker.start()
+        log.info(
+            "alerts service started",
+            extra=fields(
+                input=self.inputs,
+                output=self.alerts_topic,
+                instance=self.instance,
+                alertmanager=opts.alertmanager_urls,
+                cordon="dry-run" if opts.dry_run else ("on" if opts.cordon else "off"),
+                dedupe_window_ms=opts.engine.dedupe_window_ms,
+                resolve_after_ms=opts.engine.resolve_after_ms,
+            ),
+        )
+        try:
+            self.loop.run(stop)
+        finally:
+            stop.set()
+            ticker.join(10)
+            if self.cordoner is not None:
+                self.cordoner.stop()
+            try:
+                if self.elector is not None and self.elector.fenced():
+                    # fenced: the new leader owns the alerts now; publishing here would contradict it
+                    log.warning("leadership lost: pending revisions left to the new leader")
+                else:
+                    self.handler.flush()
+            finally:
+                if self.alertmanager is not None:
+                    self.alertmanager.stop()
+                if self.elector is not None:
+                    self.elector.stop()
+        log.info("alerts service stopped", extra=fields(records=self.handler.records_out))
+
+
+def _fence(elector: LeaderElector, stop: threading.Event) -> None:
+    """Stop the service as soon as leadership is lost: never two publishers (see leader module)."""
+    while not stop.is_set():
+        if elector.lost.wait(0.2) or elector.fenced():
+            stop.set()
+            return
+
+
+def _tick_loop(handler: AlertsHandler, stop: threading.Event, interval_s: float = 1.0) -> None:
+    while not stop.wait(interval_s):
+        try:
+            handler.tick()
+        except Exception:
+            log.exception("alerts tick failed")
+            stop.set()

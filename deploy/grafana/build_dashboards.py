@@ -36,7 +36,7 @@ from grafana_foundation_sdk.builders import dashboard, statetimeline  # noqa: E4
 from panels import DS, bars, base, build, ds_var, q, query_var, st, tbl, ts  # noqa: E402
 from recommendations import recommendation_row  # noqa: E402
 
-from gpupipe_consumers.alerts.catalog import CATALOG_VERSION, entries  # noqa: E402
+from gpupipe_consumers.alerts.rules.catalog import CATALOG_VERSION, entries  # noqa: E402
 
 #: The one place they are written; the Helm chart's files/dashboards is a link to it.
 OUT_DIR = REPO / "deploy" / "grafana" / "dashboards"

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from gpupipe.commands.cli import apply_env_defaults, build_parser
-from gpupipe_consumers.alerts.alert_record import ALERTNAMES
+from gpupipe_consumers.alerts.engine.alert_record import ALERTNAMES
 from tests.paths import REPO
 
 # A machine without helm builds it first (minutes): more than the default per-test timeout.

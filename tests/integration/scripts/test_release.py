@@ -137,7 +137,7 @@ def test_make_release_gives_a_wheel_a_chart_repository_and_an_oci_chart_of_one_v
     assert {
         "gpupipe_schemas/GpuSample.avsc",
         "gpupipe_schemas/XidEvent.avsc",
-        "gpupipe_consumers/alerts/nvlink5_decode.json",
+        "gpupipe_consumers/alerts/rules/nvlink5_decode.json",
         "gpupipe_producer/kubelet/api.proto",
     } <= names
     # every installed top-level name is ours: no generic `schemas` or `producer` to clash with

@@ -10,8 +10,8 @@ from importlib import resources
 
 import pytest
 
-from gpupipe_consumers.alerts import catalog
-from gpupipe_consumers.alerts.catalog import (
+from gpupipe_consumers.alerts.rules import catalog
+from gpupipe_consumers.alerts.rules.catalog import (
     CATALOG_DATE,
     CATALOG_VERSION,
     Action,

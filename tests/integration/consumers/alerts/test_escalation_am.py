@@ -24,8 +24,9 @@ import pytest
 import yaml
 
 from gpupipe.clients.alertmanager import AlertmanagerSender
-from gpupipe_consumers.alerts.alert_record import am_labels, gpu_alert_shape, to_record
-from gpupipe_consumers.alerts.dedupe import AlertEngine, EngineConfig
+from gpupipe_consumers.alerts.am_shape import am_labels, gpu_alert_shape
+from gpupipe_consumers.alerts.engine.alert_record import to_record
+from gpupipe_consumers.alerts.engine.facade import EngineConfig, EngineFacade
 from tests.am_webhook import Notification, WebhookReceiver
 from tests.integration.consumers.alerts.test_inhibition import xid
 from tests.integration.consumers.alerts.test_service import Alertmanager, wait_until
@@ -68,7 +69,7 @@ def _seen(ns: list[Notification], path: str, status: str, severity: str, code: s
     )
 
 
-def _feed(e: AlertEngine, sender: AlertmanagerSender, now: int) -> list[dict[str, Any]]:
+def _feed(e: EngineFacade, sender: AlertmanagerSender, now: int) -> list[dict[str, Any]]:
     e.tick(now)
     recs = [to_record(a, now) for a in e.take(now)]
     for r in recs:
@@ -80,7 +81,7 @@ def test_an_escalation_pages_once_per_route_and_resolves_only_at_the_end(
     pager: tuple[Alertmanager, WebhookReceiver],
 ) -> None:
     am, hook = pager
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     sender = AlertmanagerSender(am.url, shape=gpu_alert_shape, resend_interval_ms=S, batch_delay_s=0.05)
     sender.start()
     try:

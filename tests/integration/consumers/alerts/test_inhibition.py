@@ -17,8 +17,9 @@ import pytest
 import yaml
 
 from gpupipe.clients.alertmanager import AlertmanagerSender
-from gpupipe_consumers.alerts.alert_record import gpu_alert_shape, to_record
-from gpupipe_consumers.alerts.dedupe import AlertEngine, EngineConfig
+from gpupipe_consumers.alerts.am_shape import gpu_alert_shape
+from gpupipe_consumers.alerts.engine.alert_record import to_record
+from gpupipe_consumers.alerts.engine.facade import EngineConfig, EngineFacade
 from tests.integration.consumers.alerts.test_service import Alertmanager, wait_until
 from tests.integration.kafka_util import REPO
 
@@ -67,7 +68,7 @@ def shipped_am(tmp_path: Path) -> Any:
 
 
 def test_job_kill_and_other_cause_bursts_never_hide_a_critical_page(shipped_am: Alertmanager) -> None:
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     # node-a: an 8-GPU job killed (Xid 45 on every GPU), then one GPU falls off the bus 15 min later.
     for g in range(8):
         e.on_xid(xid(45, T0 + g, "node-a", g, pid=100 + g), T0 + g)
@@ -118,7 +119,7 @@ def test_a_late_fatal_xid_stays_active_in_alertmanager(shipped_am: Alertmanager)
     # An Xid 79 processed 35 min after it happened was published firing and resolved one
     # tick later; Alertmanager paged and sent RESOLVED while the GPU was still off the bus.
     now = int(time.time() * 1000)
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     e.on_xid(xid(79, now - 35 * MIN, "late-node", 0, msg="GPU has fallen off the bus."), now)
     sender = AlertmanagerSender(shipped_am.url, shape=gpu_alert_shape, resend_interval_ms=MIN)
     for step in (0, S, 31 * MIN):  # the first tick, and past --resolve-after

@@ -9,7 +9,7 @@ critical reset alert; a driver load is no evidence the GPU came back, the reboot
 DRAIN_AND_RESET (ended by NVML's recovery action NONE), never an "XID 0".
 
 The service runs with ``--no-health-signals``: no sample could confirm a GPU after node-wide evidence,
-which therefore ends what it mends at once (gpupipe_consumers.alerts.recovery_policy).
+which therefore ends what it mends at once (gpupipe_consumers.alerts.engine.recovery_policy).
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from gpupipe.kafka import topics
 from gpupipe.kafka.admin import ensure_topics
-from gpupipe_consumers.alerts.alert_record import alert_from_record
-from gpupipe_consumers.alerts.dedupe import sticky
+from gpupipe_consumers.alerts.engine.alert_record import alert_from_record
+from gpupipe_consumers.alerts.engine.facade import sticky
 from gpupipe_schemas.codec import AvroCodec
 from tests import hygiene  # own process group, dies with pytest, recorded for the leak guard
 from tests.conftest import free_port

@@ -14,8 +14,8 @@ from typing import Any
 
 from gpupipe.kafka.admin import ensure_topics
 from gpupipe.kafka.sink import KeyedSink
-from gpupipe_consumers.alerts.service import kafka_alert_sink
-from gpupipe_consumers.recommend.handler import kafka_recommendation_sink
+from gpupipe_consumers.alerts.handler import kafka_alert_sink
+from gpupipe_consumers.recommend.service import kafka_recommendation_sink
 from gpupipe_schemas.codec import AvroCodec
 from tests.agent_harness import wait_for
 from tests.integration.drill import Broker

@@ -10,11 +10,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from gpupipe.domain.node_check import NodeCheck
 from gpupipe.domain.node_identity import NodeSigner, NodeVerifier
 from gpupipe_consumers.alerts.admission import DeviceAdmission, Evicted, device_of
-from gpupipe_consumers.alerts.dedupe import EngineConfig
-from gpupipe_consumers.alerts.service import AlertsService, ListSink
+from gpupipe_consumers.alerts.engine.facade import EngineConfig
+from gpupipe_consumers.alerts.handler import AlertsHandler, ListSink
 from tests.pki import Pki
+from tests.unit.consumers.alerts.test_handler import T0, Clock, inrec, xid
 from tests.unit.consumers.alerts.test_node_check import _signed
-from tests.unit.consumers.alerts.test_service import T0, Clock, inrec, xid
 
 S = 1000
 
@@ -67,9 +67,9 @@ def test_device_is_keyed_as_the_engine_keys_alerts() -> None:
     assert device_of({}) is None
 
 
-def _service(adm: DeviceAdmission) -> tuple[AlertsService, ListSink, CollectorRegistry]:
+def _service(adm: DeviceAdmission) -> tuple[AlertsHandler, ListSink, CollectorRegistry]:
     sink, reg = ListSink(), CollectorRegistry()
-    svc = AlertsService(
+    svc = AlertsHandler(
         sink=sink,
         registry=reg,
         clock=Clock(),
@@ -84,7 +84,7 @@ def _forged(n: int) -> list[Any]:
     return [inrec("XidEvent", xid(79, f"forged-{i}", host=f"forged-{i}.example", ts=T0)) for i in range(n)]
 
 
-def _xid_79_pages(svc: AlertsService, sink: ListSink, host: str) -> bool:
+def _xid_79_pages(svc: AlertsHandler, sink: ListSink, host: str) -> bool:
     svc.handle([inrec("XidEvent", xid(79, f"real-{host}", host=host, ts=T0))])
     return any(r["hostname"] == host and r["status"] == "firing" for r in sink.records)
 
@@ -139,7 +139,7 @@ def test_after_a_restart_restored_forged_alerts_do_not_keep_a_new_node_out() -> 
 def test_a_node_whose_drain_alert_a_flood_evicted_stays_cordoned(tmp_path: Path) -> None:
     """Forgetting an alerting node is no evidence of recovery: --uncordon must not release it."""
     from tests.k8s_api_fake import FakeKubeApi
-    from tests.unit.consumers.alerts.test_findings import _Clock, _cordon_service, _drain_event
+    from tests.unit.consumers.alerts.engine.test_findings import _Clock, _cordon_service, _drain_event
 
     with FakeKubeApi(["node-a", "node-b"], token="tok") as api:
         clock = _Clock(T0)
@@ -177,9 +177,9 @@ def _codes(n: int, host: str = "node-a") -> list[Any]:
     return [inrec("XidEvent", xid(1000 + i, f"code-{host}-{i}", host=host, ts=T0)) for i in range(n)]
 
 
-def _capped_service(max_open: int) -> tuple[AlertsService, ListSink, CollectorRegistry]:
+def _capped_service(max_open: int) -> tuple[AlertsHandler, ListSink, CollectorRegistry]:
     sink, reg = ListSink(), CollectorRegistry()
-    svc = AlertsService(
+    svc = AlertsHandler(
         sink=sink,
         registry=reg,
         clock=Clock(),
@@ -218,7 +218,7 @@ def test_the_cap_warns_once_a_minute(caplog: Any) -> None:
 
 def test_resolved_alerts_kept_for_reopening_are_bounded_too() -> None:
     cfg = EngineConfig(update_interval_ms=0, max_open_alerts=10, resolve_after_ms=60_000)
-    svc = AlertsService(sink=ListSink(), clock=(clock := Clock()), engine_config=cfg)
+    svc = AlertsHandler(sink=ListSink(), clock=(clock := Clock()), engine_config=cfg)
     for round_ in range(5):
         svc.handle(
             [
@@ -237,7 +237,7 @@ def test_one_nodes_certificate_signing_made_up_gpus_cannot_silence_another_node(
     b = NodeSigner(str(pki.node("b", "system:node:node-b")), None, "node-b")
     check = NodeCheck(NodeVerifier.from_file(str(pki.ca)), "enforce", service="alerts")
     sink = ListSink()
-    svc = AlertsService(
+    svc = AlertsHandler(
         sink=sink,
         clock=Clock(),
         instance="t",
@@ -273,12 +273,12 @@ def test_with_node_identity_one_nodes_made_up_drain_alerts_do_not_silence_anothe
     a = NodeSigner(str(pki.node("a", "system:node:node-a")), None, "node-a")
     b = NodeSigner(str(pki.node("b", "system:node:node-b")), None, "node-b")
 
-    def build() -> tuple[AlertsService, ListSink]:
+    def build() -> tuple[AlertsHandler, ListSink]:
         check = NodeCheck(NodeVerifier.from_file(str(pki.ca)), "enforce", service="alerts")
         sink = ListSink()
         adm = DeviceAdmission(max_devices=200)
         cfg = EngineConfig(update_interval_ms=0)
-        return AlertsService(
+        return AlertsHandler(
             sink=sink, clock=Clock(), engine_config=cfg, node_check=check, admission=adm
         ), sink
 

@@ -9,7 +9,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from gpupipe.clients.alertmanager import AlertmanagerFanout, AlertmanagerSender, http_post
-from gpupipe_consumers.alerts.alert_record import gpu_alert_shape, iso_ms
+from gpupipe_consumers.alerts.am_shape import gpu_alert_shape
+from gpupipe_consumers.alerts.engine.alert_record import iso_ms
 
 T0 = 1_800_000_000_000
 MIN = 60_000

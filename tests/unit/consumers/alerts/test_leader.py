@@ -21,9 +21,9 @@ from confluent_kafka import TopicPartition
 
 from gpupipe.kafka.sink import KeyedSink
 from gpupipe_consumers.alerts import leader as leader_mod
-from gpupipe_consumers.alerts.command import _fence
+from gpupipe_consumers.alerts.handler import kafka_alert_sink
 from gpupipe_consumers.alerts.leader import LEASE_TOPIC, LeaderElector
-from gpupipe_consumers.alerts.service import kafka_alert_sink
+from gpupipe_consumers.alerts.service import _fence
 from gpupipe_schemas.codec import AvroCodec
 from tests.agent_harness import wait_for
 from tests.unit.consumers.alerts.test_record import _records

@@ -11,9 +11,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gpupipe.domain.node_check import NodeCheck
 from gpupipe.domain.node_identity import NodeSigner, NodeVerifier
-from gpupipe_consumers.alerts.service import AlertsService, ListSink
+from gpupipe_consumers.alerts.handler import AlertsHandler, ListSink
 from tests.pki import Pki
-from tests.unit.consumers.alerts.test_service import T0, Clock, inrec, xid
+from tests.unit.consumers.alerts.test_handler import T0, Clock, inrec, xid
 
 
 class _Raw:
@@ -43,10 +43,10 @@ def nodes(tmp_path: Path) -> tuple[Pki, NodeSigner, NodeSigner]:
     return pki, a, b
 
 
-def _service(pki: Pki, mode: str) -> tuple[AlertsService, ListSink, CollectorRegistry]:
+def _service(pki: Pki, mode: str) -> tuple[AlertsHandler, ListSink, CollectorRegistry]:
     reg, sink = CollectorRegistry(), ListSink()
     check = NodeCheck(NodeVerifier.from_file(str(pki.ca)), mode, service="alerts")
-    svc = AlertsService(sink=sink, registry=reg, clock=Clock(), instance="t", node_check=check)
+    svc = AlertsHandler(sink=sink, registry=reg, clock=Clock(), instance="t", node_check=check)
     return svc, sink, reg
 
 
@@ -127,7 +127,7 @@ def test_a_check_that_raises_is_a_refusal_and_the_batch_goes_on(nodes: Any) -> N
 
     reg, sink = CollectorRegistry(), ListSink()
     check = NodeCheck(Broken(), "enforce", service="alerts")
-    svc = AlertsService(sink=sink, registry=reg, clock=Clock(), instance="t", node_check=check)
+    svc = AlertsHandler(sink=sink, registry=reg, clock=Clock(), instance="t", node_check=check)
     rejected = svc.handle([_signed(a, xid(79, "e1", host="node-a"))])
     assert [(reason, detail) for _, reason, detail in rejected] == [
         ("node-identity", "bad-certificate: hostname 'node-a'")
@@ -136,6 +136,6 @@ def test_a_check_that_raises_is_a_refusal_and_the_batch_goes_on(nodes: Any) -> N
 
 def test_without_a_ca_no_metric_and_nothing_checked() -> None:
     reg = CollectorRegistry()
-    svc = AlertsService(sink=ListSink(), registry=reg, clock=Clock(), instance="t")
+    svc = AlertsHandler(sink=ListSink(), registry=reg, clock=Clock(), instance="t")
     assert not svc.handle([inrec("XidEvent", xid(79, "e1"))])
     assert "gpupipe_alerts_node_identity" not in generate_latest(reg).decode()

@@ -18,9 +18,10 @@ from prometheus_client import CollectorRegistry
 
 from gpupipe.web.server import HttpServer
 from gpupipe_consumers.alerts import alerts_page
-from gpupipe_consumers.alerts.alert_record import Alert, to_record
 from gpupipe_consumers.alerts.alerts_page import AlertsPage
-from gpupipe_consumers.alerts.dedupe import EngineConfig
+from gpupipe_consumers.alerts.engine.alert_record import Alert, to_record
+from gpupipe_consumers.alerts.engine.facade import EngineConfig
+from gpupipe_consumers.alerts.handler import AlertsHandler, ListSink
 from gpupipe_consumers.alerts.open_alerts_view import (
     MAX_PODS_SHOWN,
     MAX_ROWS,
@@ -28,7 +29,6 @@ from gpupipe_consumers.alerts.open_alerts_view import (
     render_json,
     view_of,
 )
-from gpupipe_consumers.alerts.service import AlertsService, ListSink
 from gpupipe_consumers.plumbing.consume_loop import InRecord
 
 T0 = 1_800_000_000_000
@@ -174,8 +174,8 @@ def xid_rec(offset: int, host: str, bus: str, code: int, pod: str) -> InRecord:
     return InRecord("gpu.xid.v1", 0, offset, None, "XidEvent", value, T0)
 
 
-def loaded_service() -> AlertsService:
-    svc = AlertsService(
+def loaded_service() -> AlertsHandler:
+    svc = AlertsHandler(
         sink=ListSink(),
         registry=CollectorRegistry(),
         clock=lambda: T0 / 1000 + 5,

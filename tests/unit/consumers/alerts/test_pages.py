@@ -12,13 +12,13 @@ from typing import Any
 
 import yaml
 
-from gpupipe_consumers.alerts.alert_record import ALERTNAMES
-from gpupipe_consumers.alerts.classify import FaultEvent, GpuXidHistory
-from gpupipe_consumers.alerts.dedupe import AlertEngine, EngineConfig
-from gpupipe_consumers.alerts.health_signals import SIGNAL_INFO
-from gpupipe_consumers.alerts.nvml_notices import NOTICE_ALERTNAMES
+from gpupipe_consumers.alerts.engine.alert_record import ALERTNAMES
+from gpupipe_consumers.alerts.engine.facade import EngineConfig, EngineFacade
+from gpupipe_consumers.alerts.engine.health_signals import SIGNAL_INFO
+from gpupipe_consumers.alerts.engine.nvml_notices import NOTICE_ALERTNAMES
+from gpupipe_consumers.alerts.rules.classify import FaultEvent, GpuXidHistory
 from tests.paths import REPO
-from tests.unit.consumers.alerts.test_findings import MIN, T0, records, xid
+from tests.unit.consumers.alerts.engine.test_findings import MIN, T0, records, xid
 
 PROMETHEUS = REPO / "deploy" / "prometheus"
 RULES = PROMETHEUS / "gpupipe-alerts.rules.yml"  # what the demo and the chart load by default
@@ -65,7 +65,7 @@ def test_a_flood_of_xid13_does_not_evict_the_xid79_a_recurrence_needs() -> None:
     Xid 79 is still graded a recurrence (hardware, contact support), as it is without the flood."""
     graded = {}
     for flood in (0, 300):
-        e = AlertEngine(EngineConfig(update_interval_ms=0))
+        e = EngineFacade(EngineConfig(update_interval_ms=0))
         e.on_xid(xid(79, T0, msg="GPU has fallen off the bus."), T0)
         aid = records(e, T0)[0]["alert_id"]
         e.acknowledge(aid, T0 + 30 * MIN, "rebooted")
@@ -94,7 +94,7 @@ def test_history_bound_is_per_cause_and_still_bounds_each() -> None:
 # ------------------------------------------------------------------ a recurring fault is one alert
 
 
-def _replay(e: AlertEngine, events: list[dict], until: int) -> list[dict]:
+def _replay(e: EngineFacade, events: list[dict], until: int) -> list[dict]:
     """Feed ``events`` (sorted by time) as they happen, ticking and publishing every minute."""
     out: list[dict] = []
     pending = sorted(events, key=lambda ev: ev["timestamp_ms"])
@@ -110,7 +110,7 @@ def _replay(e: AlertEngine, events: list[dict], until: int) -> list[dict]:
 
 
 def test_one_job_hitting_xid31_every_quarter_hour_is_one_alert() -> None:
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     out = _replay(e, [xid(31, T0 + m * MIN, pid=7) for m in (0, 15, 30)], T0 + 40 * MIN)
     assert len({r["alert_id"] for r in out}) == 1
     assert [r["resolve_reason"] for r in out if r["status"] == "resolved"] == []
@@ -118,7 +118,7 @@ def test_one_job_hitting_xid31_every_quarter_hour_is_one_alert() -> None:
 
 
 def test_another_job_on_the_same_gpu_is_another_alert() -> None:
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     out = _replay(e, [xid(31, T0, pod="a-0"), xid(31, T0 + 15 * MIN, pod="b-0")], T0 + 20 * MIN)
     assert len({r["alert_id"] for r in out}) == 2
     assert [r["resolve_reason"] for r in out if r["status"] == "resolved"] == ["superseded"]
@@ -138,7 +138,7 @@ def test_a_synthetic_fleet_makes_no_more_alerts_than_faulty_gpu_and_code_pairs()
                 while t < T0 + 3 * 60 * MIN:
                     events.append(xid(code, t, host=f"node-{n}", g=g, pod=f"job-{n}-{g}", pid=100 + g))
                     t += rng.randrange(11 * MIN, 25 * MIN)
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     out = _replay(e, events, T0 + 3 * 60 * MIN)
     gpu_alerts = {r["alert_id"] for r in out if r["scope"] == "gpu"}
     assert 0 < len(gpu_alerts) <= len(pairs)

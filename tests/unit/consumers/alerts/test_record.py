@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from fastavro.validation import validate
 
-from gpupipe_consumers.alerts.alert_record import action_record, am_annotations, am_labels, iso_ms, to_record
-from gpupipe_consumers.alerts.dedupe import AlertEngine, EngineConfig
-from gpupipe_consumers.alerts.health_signals import GpuIdentity, SignalEvent
+from gpupipe_consumers.alerts.am_shape import am_annotations, am_labels
+from gpupipe_consumers.alerts.engine.alert_record import action_record, iso_ms, to_record
+from gpupipe_consumers.alerts.engine.facade import EngineConfig, EngineFacade
+from gpupipe_consumers.alerts.engine.health_signals import GpuIdentity, SignalEvent
 from gpupipe_schemas import catalog
 from gpupipe_schemas.codec import AvroCodec
 
@@ -14,7 +15,7 @@ T0 = 1_800_000_000_000
 
 
 def _records() -> list[dict]:
-    e = AlertEngine(EngineConfig())
+    e = EngineFacade(EngineConfig())
     for i, (code, bus) in enumerate(
         [(79, "0000:18:00"), (13, "0000:28:00"), (95, "0000:38:00"), (4242, "0000:48:00")]
     ):

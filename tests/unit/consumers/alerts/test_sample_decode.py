@@ -10,10 +10,10 @@ import pytest
 
 from gpupipe.kafka import topics
 from gpupipe_consumers.alerts.admission import device_of
-from gpupipe_consumers.alerts.health_signals import HealthTracker
-from gpupipe_consumers.alerts.recovery_policy import sample_healthy
+from gpupipe_consumers.alerts.engine.health_signals import HealthTracker
+from gpupipe_consumers.alerts.engine.recovery_policy import sample_healthy
+from gpupipe_consumers.alerts.handler import AlertsHandler, ListSink
 from gpupipe_consumers.alerts.sample_decode import SAMPLE_FIELDS, AlertsDecoder
-from gpupipe_consumers.alerts.service import AlertsService, ListSink
 from gpupipe_consumers.plumbing.consume_loop import InRecord
 from gpupipe_producer.simulated.fleet import FleetConfig, SimulatedFleet
 from gpupipe_schemas.codec import AvroCodec
@@ -63,7 +63,7 @@ def _alerts(decode: Any, payloads: list[bytes]) -> tuple[list[dict[str, Any]], l
     """Published alert records and rejections of a service fed ``payloads`` (contract check skipped:
     what the service itself makes of every decodable sample, hostile ones included)."""
     sink = ListSink()
-    svc = AlertsService(sink=sink, clock=lambda: NOW / 1000)
+    svc = AlertsHandler(sink=sink, clock=lambda: NOW / 1000)
     recs = []
     for i, p in enumerate(payloads):
         d = decode(p)

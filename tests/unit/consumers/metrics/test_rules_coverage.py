@@ -15,9 +15,9 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gpupipe_consumers.alerts.service import AlertsService, ListSink
+from gpupipe_consumers.alerts.handler import AlertsHandler, ListSink
+from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine
 from gpupipe_consumers.chargeback.service import ChargebackService, ServiceConfig
-from gpupipe_consumers.chargeback.settings import ChargebackSettings, build_engine
 from gpupipe_consumers.metrics import dialect
 from gpupipe_consumers.metrics.collectors_csv import default_counters, in_dialect
 from gpupipe_consumers.metrics.store import SeriesStore
@@ -109,7 +109,7 @@ def family(text: str, metric: str) -> bool:
 def test_rule_metric_is_in_the_default_exposition(metric: str) -> None:
     if metric.startswith("gpupipe_alerts_"):
         reg = CollectorRegistry()
-        AlertsService(sink=ListSink(), registry=reg)
+        AlertsHandler(sink=ListSink(), registry=reg)
         assert family(generate_latest(reg).decode(), metric), (
             f"{metric} is read by a shipped rule but not in the alerts service's default exposition"
         )

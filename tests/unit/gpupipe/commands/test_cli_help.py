@@ -167,8 +167,8 @@ def test_format_duration_ms_is_exact_and_reads_back(ms: int, text: str) -> None:
 def test_flag_defaults_come_from_the_configs() -> None:
     """The flags read their defaults from the config classes: parsing no flags gives the configs'."""
     from gpupipe_consumers.alerts.command import options_from_args
-    from gpupipe_consumers.alerts.dedupe import EngineConfig
-    from gpupipe_consumers.alerts.health_signals import HealthConfig
+    from gpupipe_consumers.alerts.engine.facade import EngineConfig
+    from gpupipe_consumers.alerts.engine.health_signals import HealthConfig
     from gpupipe_consumers.metrics import command as metrics_command
     from gpupipe_consumers.metrics.service import MetricsConfig
 

@@ -59,7 +59,7 @@ def test_the_group_ids_match_what_the_services_use() -> None:
 
     from gpupipe.kafka import replay as kafka_replay
     from gpupipe_consumers import tail
-    from gpupipe_consumers.alerts import service as alerts_service
+    from gpupipe_consumers.alerts import handler as alerts_service
     from gpupipe_consumers.metrics import service as metrics_service
     from gpupipe_consumers.plumbing import topic_reader
     from gpupipe_consumers.report import reader as report_command  # the report's Kafka reader
