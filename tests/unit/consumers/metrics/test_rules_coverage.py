@@ -16,8 +16,8 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gpupipe_consumers.alerts.handler import AlertsHandler, ListSink
-from gpupipe_consumers.chargeback.engine import ChargebackSettings, build_engine
 from gpupipe_consumers.chargeback.service import ChargebackService, ServiceConfig
+from gpupipe_consumers.chargeback.settings import ChargebackSettings, build_engine
 from gpupipe_consumers.metrics import dialect
 from gpupipe_consumers.metrics.collectors_csv import default_counters, in_dialect
 from gpupipe_consumers.metrics.store import SeriesStore
