@@ -27,6 +27,7 @@ from gpupipe_consumers.alerts.health_signals import InvalidRecord, device_key
 from gpupipe_consumers.alerts.input_guard import InputGuard
 from gpupipe_consumers.alerts.node_burst import NodeBursts
 from gpupipe_consumers.alerts.nvml_notices import NvmlNotices
+from gpupipe_consumers.alerts.operational_rules import refine as refine_operational
 from gpupipe_consumers.alerts.recovery_evidence import RecoveryEvidence
 from gpupipe_consumers.alerts.rules_notice import NOTICE_KINDS
 
@@ -139,6 +140,7 @@ class XidIntake:
             counts["double_sighting"] += 1
 
         result, signature = self._decisions.classify(fe, host, device, key)
+        result = refine_operational(ev.get("operational"), result)  # an unknown code: by its category
         self._histories.get(host, device).record(fe)
 
         table = self._table
