@@ -80,6 +80,14 @@ class ProducerMetrics:
             ["call", "reason"],
             registry=r,
         )
+        self.operational_events = Gauge(
+            "gpupipe_producer_operational_events_supported",
+            "1 when the GPU is registered for NVIDIA GPU Operational Events (driver R615+), 0 when NVML "
+            "refused them (why: gpupipe_producer_nvml_unsupported, call "
+            "nvmlEventSetRegisterGpuOperationalEvents_v1: binding, FunctionNotFound, NotSupported).",
+            ["gpu"],
+            registry=r,
+        )
         self.gpus_lost = Gauge(
             "gpupipe_producer_gpus_lost", "GPUs currently reported lost by NVML.", registry=r
         )
@@ -99,3 +107,9 @@ class ProducerMetrics:
     def watch_publisher(self, publisher: Any) -> None:
         self.registry.register(_PublisherCollector(publisher))
         self.in_flight.set_function(lambda: len(publisher))
+
+    def operational_support(self, gpu: int, state: str) -> None:
+        """The GPU's operational-event support; a refusal is also counted with its reason."""
+        self.operational_events.labels(str(gpu)).set(1 if state == "supported" else 0)
+        if state != "supported":
+            self.nvml_unsupported.labels("nvmlEventSetRegisterGpuOperationalEvents_v1", state).inc()

@@ -5,7 +5,8 @@
 #
 # Writes into OUT_DIR (and prints report.txt):
 #   report.txt      versions, every GPU, supported / unsupported GpuSample fields per GPU (and MIG
-#                   slice), NVML errors, CPU time per collection tick, XID event registration,
+#                   slice), NVML errors, CPU time per collection tick, XID event registration, which
+#                   GPU Operational Event calls work (registration, v3 wait, CPER read),
 #                   the kernel-log backlog parse, a kubelet List if the socket is there
 #   sample.json     one real GpuSample per GPU and MIG slice (pretty JSON, after every group ran)
 #   summary.json    the same figures, machine-readable
@@ -192,6 +193,72 @@ try:
 except Exception as exc:
     summary["xid_events"] = {"error": repr(exc)}
 print(summary["xid_events"])
+
+# 3b. GPU Operational Events (driver R615+ preview): does each call exist and answer on this driver?
+#     Registration per GPU, one v3 wait with a short timeout (Timeout = the call works, nothing pending),
+#     and one UEFI CPER read. Older drivers answer FunctionNotFound; that is a finding, not a failure.
+section("GPU Operational Events: registration, nvmlEventSetWait_v3, nvmlSystemGetCPER_v1")
+goe: dict = {}
+
+
+def _goe_try(name: str, fn) -> None:
+    try:
+        got = fn()
+        goe[name] = "ok" if got is None else f"ok: {got}"
+    except Exception as exc:  # AttributeError: the binding predates the call
+        goe[name] = f"{type(exc).__name__}: {exc}"
+    print(f"{name}: {goe[name]}")
+
+
+goe_set = None
+try:
+    import ctypes
+
+    nvml.nvmlInit()
+    goe_set = nvml.nvmlEventSetCreate()
+    for i in range(int(nvml.nvmlDeviceGetCount())):
+        uuid = nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(i))
+        _goe_try(f"register GPU {i}", lambda u=uuid: nvml.nvmlEventSetRegisterGpuOperationalEvents_v1(
+            goe_set, nvml.c_nvmlGpuOperationalEventConfig_v1_t(u)))
+
+    def _wait_v3():
+        p = nvml.c_nvmlEventSetWait_v3_t()
+        p.timeoutMs = 200
+        try:
+            nvml.nvmlEventSetWait_v3(goe_set, p)
+        except nvml.NVMLError_Timeout:
+            return "Timeout (the call works; no event pending)"
+        return (f"event dataType={p.dataType} uuid={p.uuid!r} module={p.sourceModule!r} "
+                f"code={p.moduleEventCode:#06x} category={p.categoryId:#06x} severity={p.severity}")
+
+    _goe_try("nvmlEventSetWait_v3", _wait_v3)
+
+    def _cper():
+        size = 1 << 16
+        buf = (ctypes.c_ubyte * size)()
+        req = nvml.c_nvmlGetCPER_v1_t()
+        req.cursor.cperTypeMask = nvml.NVML_CPER_ACCESS_TYPE_GPU
+        req.cursor.handle = nvml.NVML_CPER_CURSOR_HANDLE_INIT
+        req.buffer = ctypes.cast(buf, ctypes.POINTER(ctypes.c_ubyte))
+        req.bufferSize = size
+        nvml.nvmlSystemGetCPER_v1(req)
+        return f"bufferSize after the call {req.bufferSize}, cursor handle {req.cursor.handle}"
+
+    _goe_try("nvmlSystemGetCPER_v1", _cper)
+except Exception as exc:
+    goe["error"] = repr(exc)
+    print(f"GPU Operational Events check failed: {exc!r}")
+finally:
+    if goe_set is not None:
+        try:
+            nvml.nvmlEventSetFree(goe_set)
+        except Exception:
+            pass
+    try:
+        nvml.nvmlShutdown()
+    except Exception:
+        pass
+summary["operational_events"] = goe
 
 # 4. The kernel log: read the backlog of /dev/kmsg once and parse it.
 section("kernel log (/dev/kmsg backlog)")

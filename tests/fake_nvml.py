@@ -53,6 +53,7 @@ from typing import Any
 import pynvml as _real
 
 from tests.fake_nvml_events import EventSetsMixin, _EventSet
+from tests.fake_nvml_operational import OperationalEventsMixin, _OpSet
 from tests.fake_nvml_session import SessionMixin
 
 FIXTURES_DIR = Path(__file__).resolve().parent / "fixtures" / "nvml"
@@ -555,7 +556,7 @@ class _GpmSample:
         self.time = 0.0
 
 
-class FakeNvml(SessionMixin, EventSetsMixin):
+class FakeNvml(SessionMixin, EventSetsMixin, OperationalEventsMixin):
     """The fake module object: pass it wherever ``pynvml`` is expected."""
 
     def __init__(
@@ -566,6 +567,7 @@ class FakeNvml(SessionMixin, EventSetsMixin):
         init_error: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         event_delivery: str = "own-set",
+        operational_events: bool | None = None,
     ) -> None:
         if event_delivery not in EVENT_DELIVERY:
             raise ValueError(f"event_delivery: one of {EVENT_DELIVERY}, not {event_delivery!r}")
@@ -575,6 +577,14 @@ class FakeNvml(SessionMixin, EventSetsMixin):
         self._pending_any: deque[tuple[FakeGpu, int, int, int, int]] = deque()
         self._ever_registered: dict[int, int] = {}  # gpu index -> event types it registered
         self.driver_version = driver_version
+        #: GPU Operational Events (tests/fake_nvml_operational.py): by default where the driver has them.
+        self.operational_events = (
+            _driver_major(driver_version) >= 615 if operational_events is None else operational_events
+        )
+        self._op_sets: dict[int, _OpSet] = {}
+        self._op_ever: set[int] = set()
+        self._op_pending_any: deque[Any] = deque()
+        self._op_trace = 0
         self.init_error = init_error
         self.clock = clock
         self.process_names: dict[int, str] = {}
@@ -1468,3 +1478,10 @@ _FROM_SAMPLE: dict[str, Callable[[FakeGpu, Any], None]] = {
     "nvlink_tx_bytes_per_s": _gpm(_real.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC, 1 / MIB),
     "nvlink_rx_bytes_per_s": _gpm(_real.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC, 1 / MIB),
 }
+
+
+def _driver_major(version: str) -> int:
+    try:
+        return int(version.split(".", 1)[0])
+    except ValueError:
+        return 0

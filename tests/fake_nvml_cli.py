@@ -10,10 +10,13 @@ options ``mig=<gpu index>`` (that GPU in MIG mode with 3g.40gb + 2x 1g.10gb slic
 ``procs=<n>`` (n compute processes per GPU), ``init-error`` (nvmlInit fails with
 NVML_ERROR_DRIVER_NOT_LOADED), ``fixtures`` (the 8 GPUs of ``tests.agent_harness.node_for_fixtures``,
 whose UUIDs the kubelet fixtures hold; the model and count are then ignored), ``events=any-set``
-(events reach sets as NVIDIA's mock library hands them out: tests/fake_nvml_events.py).
+(events reach sets as NVIDIA's mock library hands them out: tests/fake_nvml_events.py),
+``driver=<version>`` (620.10.01: a driver with GPU Operational Events, tests/fake_nvml_operational.py).
 
 Faults from the test: with ``GPUPIPE_FAKE_NVML_FAULTS=<file>``, each line appended to the file is
-done once, in order: ``xid <gpu> <code>``, ``lose <gpu>``, ``recover <gpu>``.
+done once, in order: ``xid <gpu> <code>``, ``lose <gpu>``, ``recover <gpu>``, ``goe <gpu> <event>`` (a
+structured event of tests/fixtures/nvml/goe_r620_events.json), ``incident <gpu> <event>`` (its legacy
+Xid event and the structured event).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ def build(spec: str):  # -> FakeNvml
     procs = 0
     fixtures = False
     delivery = "own-set"
+    driver: dict[str, str] = {}
     for opt in filter(None, opts.split(":")):
         key, _, value = opt.partition("=")
         if key == "mig":
@@ -57,14 +61,16 @@ def build(spec: str):  # -> FakeNvml
             fixtures = True
         elif key == "events":
             delivery = value
+        elif key == "driver":
+            driver["driver_version"] = value
         else:
             raise SystemExit(f"{ENV}: unknown option {opt!r}")
     if fixtures:
         from tests.agent_harness import node_for_fixtures
 
-        return node_for_fixtures(init_error=init_error, event_delivery=delivery)
+        return node_for_fixtures(init_error=init_error, event_delivery=delivery, **driver)
     fake = FakeNvml.node(
-        model or "H100", int(count_text or 8), init_error=init_error, event_delivery=delivery
+        model or "H100", int(count_text or 8), init_error=init_error, event_delivery=delivery, **driver
     )
     for g in fake.gpus:
         for k in range(procs):
@@ -92,6 +98,11 @@ def _faults(fake, path: str) -> None:  # a daemon thread: reads what the test ap
                 g.lose()
             elif verb == "recover":
                 g.recover()
+            elif verb in ("goe", "incident"):
+                from tests.fake_nvml_operational import goe_event
+
+                inject = fake.inject_operational if verb == "goe" else fake.inject_incident
+                inject(int(gpu), goe_event(rest[0]))
         done = len(lines)
         time.sleep(0.05)
 

@@ -33,8 +33,10 @@ from gpupipe_producer.kubelet.client import AllocationRefresher
 from gpupipe_producer.kubelet.mapping import DEFAULT_DRA_DRIVERS, AllocationMap, AllocationMapper
 from gpupipe_producer.nvml.errors import NvmlSourceError
 from gpupipe_producer.nvml.events import XidEventWatcher
+from gpupipe_producer.nvml.operational import OperationalEventWatcher
 from gpupipe_producer.nvml.records import GpuRef, LostGpu
 from gpupipe_producer.nvml.source import NvmlSource, SourceHooks, default_nvml_module
+from gpupipe_producer.nvml.watchers import WatcherPair
 from gpupipe_producer.publish import Publisher
 from gpupipe_producer.samples.enrich import PidResolver, enrich_sample
 from gpupipe_producer.samples.pid_pods import PidPodResolver
@@ -190,7 +192,7 @@ class NodeAgent:
         self._enc_xid = codec.encoder("XidEvent", t_xid).encode
         c = config
         self.source: NvmlSource | None = None
-        self.watcher: XidEventWatcher | None = None
+        self.watcher: XidEventWatcher | WatcherPair | None = None
         self.refresher: AllocationRefresher | None = None
         #: This node's ResourceSlices (``--dra-resource-slices api``): DRA devices to UUIDs.
         self.dra_slices: ResourceSliceIndex | None = None
@@ -420,7 +422,7 @@ class NodeAgent:
             boot_id=self.boot_id,
         )
         if c.nvml_events:
-            self.watcher = XidEventWatcher(
+            legacy = XidEventWatcher(
                 nvml,
                 self.inbox.nvml_event,
                 timeout_ms=c.nvml_event_timeout_ms,
@@ -432,6 +434,18 @@ class NodeAgent:
                 setup_timeout_s=c.nvml_timeout_s,
                 stop_timeout_s=c.nvml_event_timeout_ms / 1000.0 + c.nvml_timeout_s,
             )
+            # GPU Operational Events where the driver has them (R615+); older ones say so once.
+            goe = OperationalEventWatcher(
+                nvml,
+                self.inbox.nvml_event,
+                timeout_ms=c.nvml_event_timeout_ms,
+                on_error=lambda kind: self.metrics.nvml_errors.labels(f"operational_{kind}").inc(),
+                on_support=self.metrics.operational_support,
+                setup_timeout_s=c.nvml_timeout_s,
+                stop_timeout_s=c.nvml_event_timeout_ms / 1000.0 + c.nvml_timeout_s,
+            )
+            self.xids.goe.capable = goe.registered_bus
+            self.watcher = WatcherPair(legacy, goe)
             try:
                 self.watcher.start()
             except NvmlSourceError as exc:  # NvmlInitError included: kmsg still reports XIDs

@@ -467,7 +467,7 @@ class XidEventWatcher:
                     backoff = min(backoff * 2, self._backoff_max)
                     continue
             try:
-                data = nvml.nvmlEventSetWait_v2(ch.set, self._timeout_ms)
+                data = self._wait(ch.set, self._timeout_ms)
             except nvml.NVMLError_Timeout:
                 failures, backoff = 0, self._backoff_initial
                 self._recovered(ch)
@@ -491,13 +491,16 @@ class XidEventWatcher:
         """Deliver what the set still holds (zero-timeout waits until NVML says timeout or fails)."""
         if ch.set is None:
             return
-        nvml = self._nvml
         for _ in range(MAX_DRAIN):
             try:
-                data = nvml.nvmlEventSetWait_v2(ch.set, 0)
+                data = self._wait(ch.set, 0)
             except Exception:
                 return
             self._deliver(ch, data)
+
+    def _wait(self, es: Any, timeout_ms: int) -> Any:
+        """One wait on ``es``: the event, or NVML's error (Timeout when nothing came)."""
+        return self._nvml.nvmlEventSetWait_v2(es, timeout_ms)
 
     def _free(self, ch: _Channel) -> None:
         es, ch.set = ch.set, None

@@ -496,4 +496,5 @@ class SimulatedFleet:
             "vendor": VENDOR,
             "allocations": slot.allocations,
             "boot_id": None,  # a simulated node never reboots: no boot to tell apart
+            "operational": None,  # a simulated XID is a legacy report, never an operational event
         }

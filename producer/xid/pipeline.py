@@ -32,6 +32,8 @@ from gpupipe_producer.xid.events import (
 from gpupipe_producer.xid.kmsg_cursor import KmsgCursorStore, read_boot_id
 from gpupipe_producer.xid.kmsg_parse import DriverLoaded, FallenOffBus, KernelXid
 from gpupipe_producer.xid.lost_reported import LostReported
+from gpupipe_producer.xid.operational_merge import Incident, OperationalMerger, window_for
+from gpupipe_producer.xid.operational_record import operational_xid_event
 from gpupipe_producer.xid.sender import XidSender
 from gpupipe_producer.xid.xid_merge import XidMerger
 from gpupipe_schemas.errors import EncodeError
@@ -78,6 +80,8 @@ class XidInbox:
 
     def nvml_event(self, event: dict[str, Any]) -> None:  # watcher threads
         kind = "notice" if event.get("type") in ("recovery_action", "gpu_unavailable") else "nvml"
+        if event.get("type") == "operational":
+            kind = "operational"
         # Numbered here (next() on itertools.count is atomic): two NVML XIDs of one code on one GPU
         # in the same millisecond must not share an event_id.
         event = {**event, "nvml_seq": next(self._nvml_seq)}
@@ -130,6 +134,9 @@ class XidPath:
         # would only add latency to the alert.
         both = config.nvml_events and config.kmsg_path is not None
         self.merger = XidMerger(config.xid_merge_window_s if both else 0.0)
+        # Then a legacy Xid and the operational event of the same incident become one record; which
+        # GPUs registered for operational events is set by the agent once its watcher runs.
+        self.goe = OperationalMerger(window_for(self.merger.window_s))
         self.xid_merged = 0
         self.encode_errors = 0
         self.sent = 0
@@ -149,15 +156,18 @@ class XidPath:
     # -- the main loop --------------------------------------------------------------------------
     def holding(self) -> bool:
         """True while the merger holds a sighting waiting for its pair."""
-        return len(self.merger) > 0
+        return len(self.merger) > 0 or len(self.goe) > 0
 
     def expire(self) -> None:
         """Send what the merger held past its window."""
-        self._emit_all(self.merger.expire(self._clock()))
+        now = self._clock()
+        self._emit_all(self.merger.expire(now))
+        self._emit_incidents(self.goe.expire(now))
 
     def flush_held(self) -> None:
         """Send everything the merger holds (shutdown)."""
         self._emit_all(self.merger.flush(self._clock()))
+        self._emit_incidents(self.goe.flush())
 
     def drain(self, timeout: float) -> None:
         """Handle what the reader threads queued; the events built are spooled and sent together
@@ -180,6 +190,11 @@ class XidPath:
             return
         if kind == "notice":
             batch.add(nvml_notice_event(payload, batch.context(self._context)))
+            return
+        if kind == "operational":
+            if payload.get("gpu_instance_id") is not None and payload.get("uuid") not in self._slices:
+                payload = {**payload, "gpu_instance_id": None, "compute_instance_id": None}
+            self._add_incidents(self.goe.operational(payload, at), batch)
             return
         if kind == "nvml":
             if payload.get("gpu_instance_id") is not None and payload.get("uuid") not in self._slices:
@@ -207,7 +222,8 @@ class XidPath:
         kernel-log sighting the merger still holds (it is not spooled yet)."""
         if seq is None or self.cursor is None:
             return
-        held = self.merger.held_field_min("kmsg_seq")
+        holds = (self.merger.held_field_min("kmsg_seq"), self.goe.held_field_min("kmsg_seq"))
+        held = min((h for h in holds if h is not None), default=None)
         if held is not None:
             seq = min(seq, held - 1)
         self.cursor.save(seq)
@@ -232,11 +248,23 @@ class XidPath:
     def _add_released(self, merged: list[dict[str, Any]], batch: _Batch) -> None:
         if not merged:
             return
-        ctx = batch.context(self._context)
         for m in merged:
             if m.get("source") == "nvml+kmsg":
                 self.xid_merged += 1
-            batch.add(build_xid_event(m, ctx), m.get("kmsg_seq"))
+            self._add_incidents(self.goe.legacy(m, m.get("first_seen_s") or self._clock()), batch)
+
+    def _emit_incidents(self, incidents: list[Incident]) -> None:
+        batch = _Batch()
+        self._add_incidents(incidents, batch)
+        self._flush(batch)
+
+    def _add_incidents(self, incidents: list[Incident], batch: _Batch) -> None:
+        for inc in incidents:
+            legacy = inc.legacy or {}
+            if inc.operational is None:
+                batch.add(build_xid_event(legacy, batch.context(self._context)), legacy.get("kmsg_seq"))
+            else:
+                batch.add(operational_xid_event(inc, batch.context(self._context)), legacy.get("kmsg_seq"))
 
     def _flush(self, batch: _Batch) -> None:
         """Encode, spool (one write and fsync), send; then count, log and advance the cursor once,

@@ -33,6 +33,7 @@ from gpupipe_consumers.alerts.engine.recovery_evidence import RecoveryEvidence
 from gpupipe_consumers.alerts.rules.classify import FaultEvent
 from gpupipe_consumers.alerts.rules.classify_model import fault_event, workload_key
 from gpupipe_consumers.alerts.rules.notice import NOTICE_KINDS
+from gpupipe_consumers.alerts.rules.operational import refine as refine_operational
 
 __all__ = ["XidIntake"]
 
@@ -154,6 +155,7 @@ class XidIntake:
         if double:
             self._counts["double_sighting"] += 1
         result, signature = self._decisions.classify(fe, host, device, key)
+        result = refine_operational(ev.get("operational"), result)  # an unknown code: by its category
         self._histories.get(host, device).record(fe)
         before = self._table.get(key)
         a = self._table.touch(

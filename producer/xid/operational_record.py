@@ -1,0 +1,94 @@
+"""Build the XidEvent record of a GPU Operational Event, alone or with its legacy Xid (pure).
+
+Input: an :class:`~gpupipe_producer.xid.operational_merge.Incident` whose ``operational`` is the
+watcher's dict (:mod:`gpupipe_producer.nvml.operational`) and whose ``legacy``, when the same incident
+also arrived as a legacy Xid, is the Xid merger's output (NVML Xid event, kernel-log line, or both).
+
+* ``kind``: ``xid`` with ``xid`` = the legacy Xid when the event carries one, else ``operational``
+  (``xid`` null);
+* ``source``: ``nvml_kmsg`` when the kernel-log line was folded in, else ``nvml``;
+  ``operational.legacy_sources`` lists the legacy reports folded in (``nvml``, ``kmsg``);
+* pid, process name and message come from the kernel line when there is one (the structured record
+  has none); otherwise the message names the module, code, category and severity;
+* GPU identity from the structured record's UUID (attributed by the watcher), MIG ids from it, else
+  from the legacy report; ``timestamp_ms`` is the earliest arrival of the incident's reports;
+* ``event_id``: ``hostname|nvml|bus|goe<module>:<code>|timestamp_ms|n<agent seq>``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpupipe_producer.nvml.records import VENDOR
+from gpupipe_producer.xid.events import XidContext, event_id
+from gpupipe_producer.xid.operational_merge import Incident, legacy_sources
+from gpupipe_schemas.operational_events import SEVERITIES
+
+__all__ = ["operational_message", "operational_xid_event"]
+
+
+def operational_message(op: Mapping[str, Any]) -> str:
+    """A one-line text for a structured event that has no kernel line."""
+    category = op.get("category") or f"category {int(op['category_id']):#06x}"
+    severity = SEVERITIES.get(int(op["severity"]), f"severity {int(op['severity'])}")
+    return (
+        f"GPU operational event {op['module_signature']} {int(op['module_event_code']):#06x} "
+        f"({category}, {severity})"
+    )
+
+
+def operational_xid_event(incident: Incident, ctx: XidContext) -> dict[str, Any]:
+    """The XidEvent record of ``incident`` (which must hold an operational event)."""
+    ev = incident.operational
+    if ev is None:
+        raise ValueError("an incident without an operational event is a legacy record")
+    legacy: Mapping[str, Any] = incident.legacy or {}
+    op = {**ev["operational"], "legacy_sources": legacy_sources(incident.legacy)}
+    xid = op.get("legacy_xid")
+    bus_reported = ev.get("pci_bus_id") or legacy.get("nvml_bus_id") or legacy.get("pci_bus_id") or ""
+    gpu = ctx.gpu_for_bus(bus_reported)
+    bus = gpu.pci_bus_id if gpu is not None and gpu.pci_bus_id else bus_reported
+    uuid = ev.get("uuid") or legacy.get("uuid") or (gpu.uuid if gpu is not None else None) or None
+    gpu_index = ev.get("gpu_index")
+    if gpu_index is None and gpu is not None:
+        gpu_index = gpu.gpu_index
+    gi = ev.get("gpu_instance_id")
+    ci = ev.get("compute_instance_id")
+    if gi is None:
+        gi, ci = legacy.get("gpu_instance_id"), legacy.get("compute_instance_id")
+    mig_uuid = ev.get("mig_uuid") or legacy.get("mig_uuid")
+    if mig_uuid is None and uuid and gi is not None and ctx.mig_lookup is not None:
+        try:
+            mig_uuid = ctx.mig_lookup(uuid, gi, ci)
+        except Exception:
+            mig_uuid = None
+    stamps = [t for t in (ev.get("timestamp_ms"), legacy.get("nvml_ts_ms"), legacy.get("kmsg_ts_ms")) if t]
+    ts = int(min(stamps)) if stamps else 0
+    code = f"goe{op['module_signature']}:{int(op['module_event_code']):#06x}"
+    eid = event_id(ctx.hostname, "nvml", bus, code, ts)
+    if ev.get("nvml_seq") is not None:
+        eid += f"|n{int(ev['nvml_seq'])}"
+    pid = legacy.get("pid")
+    return {
+        "event_id": eid,
+        "timestamp_ms": ts,
+        "hostname": ctx.hostname,
+        "kind": "xid" if xid is not None else "operational",
+        "xid": int(xid) if xid is not None else None,
+        "pci_bus_id": bus,
+        "gpu_index": gpu_index,
+        "uuid": uuid,
+        "model_name": (gpu.model_name or None) if gpu is not None else None,
+        "driver_version": gpu.driver_version if gpu is not None else None,
+        "pid": int(pid) if pid is not None else None,
+        "process_name": legacy.get("process_name"),
+        "message": legacy.get("message") or operational_message(op),
+        "gpu_instance_id": gi,
+        "compute_instance_id": ci if gi is not None else None,
+        "mig_uuid": mig_uuid,
+        "source": "nvml_kmsg" if "kmsg" in op["legacy_sources"] else "nvml",
+        "vendor": VENDOR,
+        "allocations": ctx.allocations(uuid, mig_uuid, gpu),
+        "operational": op,
+    }
