@@ -16,6 +16,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from gpupipe_schemas import records
+
 __all__ = [
     "MAX_AGE_MS",
     "MAX_AHEAD_MS",
@@ -33,45 +35,19 @@ MAX_AHEAD_MS = 366 * DAY_MS
 #: ... and this far before it: the chargeback topic's 400 days of retention, replayed.
 MAX_AGE_MS = 400 * DAY_MS
 
-#: Ratios of a whole (utilisation, activity, a MIG slice's share).
-_RATIOS = (
-    "gpu_util_ratio",
-    "mem_copy_util_ratio",
-    "enc_util_ratio",
-    "dec_util_ratio",
-    "gr_engine_active_ratio",
-    "sm_active_ratio",
-    "sm_occupancy_ratio",
-    "tensor_active_ratio",
-    "dram_active_ratio",
-    "fp64_active_ratio",
-    "fp32_active_ratio",
-    "fp16_active_ratio",
-    "mig_configured_fraction",
-)
+#: The readings each bound applies to: the schema marks them (``gpupipe.bound``).
+_RATIOS = records.GPU_SAMPLE_BOUND_RATIO  # of a whole (utilisation, activity, a MIG slice's share)
+_POWERS = records.GPU_SAMPLE_BOUND_POWER
+_TEMPERATURES = records.GPU_SAMPLE_BOUND_TEMPERATURE
+_OTHER_DOUBLES = records.GPU_SAMPLE_BOUND_FINITE
+_NON_NEGATIVE_LONGS = records.GPU_SAMPLE_BOUND_NON_NEGATIVE
+_PROCESS_RATIOS = records.GPU_PROCESS_BOUND_RATIO
 #: No GPU module draws 10 kW; readings above 3x the GPU's own power limit are no reading either.
 POWER_MAX_W = 10_000.0
 POWER_OVER_LIMIT = 3.0
-_POWERS = ("power_w", "module_power_w")
-_TEMPERATURES = ("gpu_temp_c", "memory_temp_c")
 TEMPERATURE_C = (-60.0, 250.0)
 #: Any other double: finite and within this magnitude (NVLink bytes/s reach 1e12).
 MAGNITUDE_MAX = 1e15
-_OTHER_DOUBLES = (
-    "power_limit_w",
-    "pcie_tx_bytes_per_s",
-    "pcie_rx_bytes_per_s",
-    "nvlink_tx_bytes_per_s",
-    "nvlink_rx_bytes_per_s",
-)
-_NON_NEGATIVE_LONGS = (
-    "total_energy_mj",
-    "module_energy_mj",
-    "mig_parent_energy_mj",
-    "fb_total_bytes",
-    "fb_used_bytes",
-    "fb_free_bytes",
-)
 #: Xid and NVSwitch SXid codes (five digits) are small non-negative numbers; 0 is a driver's
 #: "unknown", and codes the catalogue does not know yet still alert.
 XID_RANGE = (0, 65_535)
@@ -257,7 +233,7 @@ def _processes(rec: Mapping[str, Any]) -> str | None:
         for i, p in enumerate(procs):
             if not isinstance(p, Mapping):
                 continue
-            for name in ("sm_util_ratio", "mem_util_ratio"):
+            for name in _PROCESS_RATIOS:
                 v = p.get(name)
                 if isinstance(v, float) and not 0.0 <= v <= 1.0:
                     return f"processes[{i}].{name}: {v!r}, a ratio within [0, 1]"

@@ -47,6 +47,7 @@ from typing import Any
 
 from gpupipe_producer.nvml import convert
 from gpupipe_producer.nvml.base import DeviceContext, FieldSpec, read_field_values
+from gpupipe_schemas.records import GPU_SAMPLE_COLLECTOR_FAST
 
 UINT_MAX = 0xFFFFFFFF
 FI_MEMORY_TEMP = 82
@@ -67,32 +68,7 @@ LEGACY_PCIE_WINDOW_MS = 20
 
 class FastCollector:
     name = "fast"
-    fields = (
-        "gpu_util_ratio",
-        "mem_copy_util_ratio",
-        "enc_util_ratio",
-        "dec_util_ratio",
-        "fb_total_bytes",
-        "fb_free_bytes",
-        "fb_used_bytes",
-        "fb_reserved_bytes",
-        "power_w",
-        "power_limit_w",
-        "total_energy_mj",
-        "gpu_temp_c",
-        "memory_temp_c",
-        "sm_clock_mhz",
-        "mem_clock_mhz",
-        "clock_event_reasons",
-        "power_violation_ns",
-        "thermal_violation_ns",
-        "pcie_tx_bytes_per_s",
-        "pcie_rx_bytes_per_s",
-        "nvlink_bandwidth_total_kib",
-        "pcie_window_ms",
-        "module_power_w",
-        "module_energy_mj",
-    )
+    fields = GPU_SAMPLE_COLLECTOR_FAST  # the schema marks them gpupipe.collector: fast
 
     def __init__(
         self, nvml: Any, *, pcie_via_gpm: bool = True, clock: Callable[[], float] = time.monotonic
