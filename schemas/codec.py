@@ -21,13 +21,14 @@ import json
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, Literal, TypeVar, cast, overload
 
-from fastavro import parse_schema, schemaless_reader, schemaless_writer
+from fastavro import schemaless_reader, schemaless_writer
 
 from gpupipe_schemas import catalog
 from gpupipe_schemas.catalog import SchemaVersion
 from gpupipe_schemas.errors import DecodeError, EncodeError
+from gpupipe_schemas.records import ChargebackWindow, GpuAlert, GpuRecommendation, GpuSample, XidEvent
 
 SINGLE_OBJECT_MAGIC = b"\xc3\x01"
 CONFLUENT_MAGIC = 0
@@ -43,7 +44,11 @@ class Decoded:
     framing: str  # "single-object" | "confluent"
 
 
-class Encoder:
+#: The record type an encoder takes: one of :mod:`gpupipe_schemas.records`' TypedDicts.
+R = TypeVar("R", bound=Mapping[str, Any])
+
+
+class Encoder(Generic[R]):
     """Encodes plain dicts of one record type. Built once at startup (bad schema fails early)."""
 
     __slots__ = ("_header", "_parsed", "name")
@@ -53,7 +58,7 @@ class Encoder:
         self._header = header
         self._parsed = parsed
 
-    def encode(self, record: Mapping[str, Any]) -> bytes:
+    def encode(self, record: R) -> bytes:
         buf = io.BytesIO()
         buf.write(self._header)
         try:
@@ -92,9 +97,7 @@ class AvroCodec:
         for name in catalog.available_names():
             cur = catalog.current(name)
             self._reader_for_name[name] = (
-                parse_schema(catalog.strip_logical_types(dict(overrides[name])))
-                if name in overrides
-                else cur.parsed
+                catalog.parsed_schema(overrides[name]) if name in overrides else cur.parsed
             )
         for sv in (*(catalog.current(n) for n in catalog.available_names()), *catalog.released()):
             if sv.name in self._reader_for_name:
@@ -105,18 +108,34 @@ class AvroCodec:
         return _Reader(name, writer, None if reader is writer else reader)
 
     # -- encoding ---------------------------------------------------------------
-    def encoder(self, name: str, topic: str | None = None) -> Encoder:
+    @overload
+    def encoder(self, name: Literal["GpuSample"], topic: str | None = None) -> Encoder[GpuSample]: ...
+    @overload
+    def encoder(self, name: Literal["XidEvent"], topic: str | None = None) -> Encoder[XidEvent]: ...
+    @overload
+    def encoder(
+        self, name: Literal["ChargebackWindow"], topic: str | None = None
+    ) -> Encoder[ChargebackWindow]: ...
+    @overload
+    def encoder(self, name: Literal["GpuAlert"], topic: str | None = None) -> Encoder[GpuAlert]: ...
+    @overload
+    def encoder(
+        self, name: Literal["GpuRecommendation"], topic: str | None = None
+    ) -> Encoder[GpuRecommendation]: ...
+    def encoder(self, name: str, topic: str | None = None) -> Encoder[Any]:
+        """The encoder of record type ``name``, typed by its TypedDict."""
         sv = catalog.current(name)
         if self._registry is None:
             return Encoder(name, SINGLE_OBJECT_MAGIC + sv.fingerprint, sv.parsed)
-        schema_id = self._register(sv, topic or name)
+        schema_id = self._register(self._registry, sv, topic or name)
         return Encoder(name, _CONFLUENT_HEADER.pack(CONFLUENT_MAGIC, schema_id), sv.parsed)
 
-    def _register(self, sv: SchemaVersion, topic: str) -> int:
+    @staticmethod
+    def _register(registry: Any, sv: SchemaVersion, topic: str) -> int:
         from confluent_kafka.schema_registry import Schema
 
         try:
-            return int(self._registry.register_schema(f"{topic}-value", Schema(sv.text, "AVRO")))
+            return int(registry.register_schema(f"{topic}-value", Schema(sv.text, "AVRO")))
         except Exception as exc:
             from gpupipe.errors import ConfigError
 
@@ -145,7 +164,7 @@ class AvroCodec:
         left = len(payload) - body - stream.tell()
         if left:  # a body is exactly one record: bytes after it mean a writer other than ours
             raise DecodeError("trailing-bytes", f"{rd.name}: {left} bytes after the record")
-        return Decoded(rd.name, rec, framing)
+        return Decoded(rd.name, cast(dict[str, Any], rec), framing)  # a record schema: a dict
 
     def _confluent_reader(self, schema_id: int) -> _Reader:
         rd = self._confluent_readers.get(schema_id)
@@ -161,7 +180,7 @@ class AvroCodec:
         name = raw.get("name", "") if isinstance(raw, dict) else ""
         if name not in self._reader_for_name:
             raise DecodeError("unknown-record-type", f"schema id {schema_id} is {name!r}")
-        rd = self._make_reader(name, parse_schema(catalog.strip_logical_types(raw)))
+        rd = self._make_reader(name, catalog.parsed_schema(raw))
         self._confluent_readers[schema_id] = rd
         return rd
 

@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import cast
 
 from prometheus_client import CollectorRegistry
 
@@ -36,6 +37,7 @@ from gpupipe_consumers.recommend.rightsize import MIB, RightSizeConfig
 from gpupipe_consumers.recommend.service import RecommendService, am_shape, kafka_recommendation_sink
 from gpupipe_consumers.topic_reader import read_topic
 from gpupipe_schemas.codec import codec_from_url
+from gpupipe_schemas.records import GpuRecommendation
 
 USES_KAFKA = True
 
@@ -309,7 +311,7 @@ def build(
             state=life.state,
             stop=life.stop,
         )
-        restored = service.restore(records)
+        restored = service.restore(cast(list[GpuRecommendation], records))  # read with that schema
         log.info("open recommendations restored", extra=fields(count=restored))
     check = None
     if opts.node_identity is not None:
