@@ -277,7 +277,7 @@ class ConsumeLoop:
         began = time.perf_counter()
         records: list[InRecord] = []
         decode = self.codec.decode
-        last: dict[tuple[str, int], Message] = {}
+        last: dict[tuple[str, int], int] = {}  # the offset last read per partition
         counts: dict[str, int] = {}
         now_ms = int(time.time() * 1000)
         node_check = self.node_check
@@ -292,8 +292,10 @@ class ConsumeLoop:
                 if err.code() != KafkaError._PARTITION_EOF:
                     log.warning("consume error", extra=fields(error=err.str()))
                 continue
-            topic, part = msg.topic(), msg.partition()
-            last[(topic, part)] = msg
+            topic, part, offset = msg.topic(), msg.partition(), msg.offset()
+            if topic is None or part is None or offset is None:  # only error events lack them
+                continue
+            last[(topic, part)] = offset
             try:
                 d = decode(msg.value())
             except DecodeError as exc:
@@ -323,7 +325,7 @@ class ConsumeLoop:
                     continue
             counts[topic] = counts.get(topic, 0) + 1
             records.append(
-                InRecord(topic, part, msg.offset(), msg.key(), d.name, d.record, msg.timestamp()[1], msg)
+                InRecord(topic, part, offset, msg.key(), d.name, d.record, msg.timestamp()[1], msg)
             )
         if records:
             rejected = self.handler.handle(records)
@@ -335,7 +337,7 @@ class ConsumeLoop:
         if self.deadletters.pending and not self.deadletters.settle(self._stop):
             return  # stopping with dead letters unwritten: their input is read again after a restart
         if last:
-            offs = [TopicPartition(t, p, m.offset() + 1) for (t, p), m in last.items()]
+            offs = [TopicPartition(t, p, o + 1) for (t, p), o in last.items()]
             self.consumer.store_offsets(offsets=offs)
             with self._lock:
                 for tp in offs:

@@ -13,7 +13,7 @@ limits bound the identity strings (a DNS label is 63 characters, a subdomain 253
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpupipe_schemas import records
@@ -310,7 +310,15 @@ def violation(name: str, rec: Mapping[str, Any], broker_ms: int | None, now_ms: 
     return _sample(rec) if name == "GpuSample" else _xid(rec)
 
 
-_FIELD_PLANS: dict[tuple[str, tuple[str, ...]], tuple[Any, ...]] = {}
+#: A check of a record given the broker's and the consumer's clocks: the violation, or None.
+_Check = Callable[[Mapping[str, Any], int | None, int], str | None]
+
+
+def _on_record(check: Callable[[Mapping[str, Any]], str | None]) -> _Check:
+    return lambda r, b, n: check(r)
+
+
+_FIELD_PLANS: dict[tuple[str, tuple[str, ...]], tuple[_Check, ...]] = {}
 
 
 def fields_violation(
@@ -326,19 +334,17 @@ def fields_violation(
     plan = _FIELD_PLANS.get((name, fields))
     if plan is None:
         want = frozenset(fields)
-        checks: list[Any] = []
+        checks: list[_Check] = []
         if "timestamp_ms" in want:
             checks.append(lambda r, b, n: _time(r, b, n))
         if want & _NAME_LIMITS.keys():
             checks.append(lambda r, b, n: _long_strings(r, _NAME_LIMITS, ""))
         if "allocations" in want:
             checks.append(lambda r, b, n: _allocations(r))
-        for trigger, check in _SAMPLE_CHECKS:
-            if want & trigger:
-                checks.append(lambda r, b, n, check=check: check(r))
+        checks += (_on_record(check) for trigger, check in _SAMPLE_CHECKS if want & trigger)
         plan = _FIELD_PLANS[(name, fields)] = tuple(checks)
-    for check in plan:
-        bad = check(rec, broker_ms, now_ms)
+    for run in plan:
+        bad = run(rec, broker_ms, now_ms)
         if bad:
             return bad
     return None

@@ -113,7 +113,7 @@ class MetricsDecoder:
 
     def decode(self, payload: bytes | None) -> Decoded | DecodedSample:
         split = self._split.get(payload[:10]) if payload else None  # magic + fingerprint
-        if split is not None:
+        if split is not None and payload is not None:
             try:
                 rec = split(payload)
             except CORRUPT:

@@ -86,7 +86,10 @@ class FastCollector:
         self._pcie_tx = getattr(nvml, "NVML_PCIE_UTIL_TX_BYTES", 0)
         self._pcie_rx = getattr(nvml, "NVML_PCIE_UTIL_RX_BYTES", 1)
         self._mem_v2 = getattr(nvml, "nvmlMemory_v2", None)
-        fi = lambda name, default: getattr(nvml, name, default)  # noqa: E731
+
+        def fi(name: str, default: int) -> Any:
+            return getattr(nvml, name, default)
+
         self._field_specs: tuple[FieldSpec, ...] = (
             ("fi_power", fi("NVML_FI_DEV_POWER_AVERAGE", FI_POWER_AVERAGE), None, False),
             ("fi_power_limit", fi("NVML_FI_DEV_POWER_CURRENT_LIMIT", FI_POWER_CURRENT_LIMIT), None, False),
