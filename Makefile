@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 ## page missing from the nav, fails the build. (Not --quiet: it hides the warnings that strict counts.)
 DOCS_BUILD := $(BIN)/mkdocs build --strict --site-dir site
 
-.PHONY: release deps deps-demo venv install test test-unit test-integration lint docs fmt demo bench kafka-start kafka-stop compose-check proto clean chart-check
+.PHONY: release deps deps-demo venv install test test-unit test-integration lint docs fmt demo bench kafka-start kafka-stop compose-check proto clean chart-check contract typecheck
 
 venv: $(STAMP)
 
@@ -49,6 +49,8 @@ test: deps venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(CONTRACT) --check
+	$(TYPECHECK)
 	$(DOCS_BUILD)
 	$(BIN)/pytest -q -ra --durations=10 -n $(TEST_WORKERS) --dist loadfile tests
 
@@ -62,10 +64,24 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(CONTRACT) --check
+	$(TYPECHECK)
 	$(DOCS_BUILD)
 
 docs: venv
 	$(DOCS_BUILD)
+
+## The code generated from schemas/*.avsc (schemas/codegen/: typed records, field groups), rewritten;
+## `make lint` and `make test` run it with --check, which names each stale file and fails.
+CONTRACT := $(BIN)/python -m gpupipe_schemas.codegen
+contract: venv
+	$(CONTRACT)
+
+## mypy over the four packages (pyproject: tool.mypy; strict where records flow), as `make lint` and
+## `make test` run it.
+TYPECHECK := $(BIN)/python scripts/typecheck.py
+typecheck: venv
+	$(TYPECHECK)
 
 fmt: venv
 	$(BIN)/ruff format .

@@ -17,8 +17,9 @@ def parse_framings(items: list[str], registry: bool) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in items:
         name, sep, framing = item.rpartition("=")
-        bases = [topics.resolve_alias(name.strip())] if sep else [topics.SAMPLES, topics.XID]
-        if bases[0] not in (topics.SAMPLES, topics.XID) or framing not in FRAMINGS:
+        base = topics.resolve_alias(name.strip()) if sep else None
+        bases = [base] if base is not None else [] if sep else [topics.SAMPLES, topics.XID]
+        if not bases or bases[0] not in (topics.SAMPLES, topics.XID) or framing not in FRAMINGS:
             raise ConfigError(
                 f"--framing expects [samples=|xid=]FRAMING with FRAMING one of {', '.join(FRAMINGS)}, "
                 f"got {item!r}"

@@ -159,9 +159,10 @@ class ProducerService:
         args, publisher = self.args, self.publisher
         codec = codec_from_url(args.schema_registry_url, framings=self.framings)
         assert publisher is not None
-        for topic, name in ((self.t_samples, "GpuSample"), (self.t_xid, "XidEvent")):
-            if self.framings.get(topic) == RAW:
-                publisher.topic_headers[topic] = codec.encoder(name, topic).headers or []
+        if self.framings.get(self.t_samples) == RAW:
+            publisher.topic_headers[self.t_samples] = codec.encoder("GpuSample", self.t_samples).headers or []
+        if self.framings.get(self.t_xid) == RAW:
+            publisher.topic_headers[self.t_xid] = codec.encoder("XidEvent", self.t_xid).headers or []
         if args.source == "simulated":
             enc_s = codec.encoder("GpuSample", self.t_samples).encode
             enc_x = codec.encoder("XidEvent", self.t_xid).encode

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 from fastavro import parse_schema
 from fastavro.schema import fingerprint, to_parsing_canonical_form
@@ -53,10 +54,17 @@ def strip_logical_types(node: Any) -> Any:
     return node
 
 
+def parsed_schema(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """fastavro's parsed form of a record schema, logical types dropped (see above)."""
+    return cast(dict[str, Any], parse_schema(strip_logical_types(raw)))
+
+
 def _load(name: str, version: int | None, text: str) -> SchemaVersion:
     try:
         raw = json.loads(text)
-        parsed = parse_schema(strip_logical_types(raw))
+        if not isinstance(raw, dict):
+            raise TypeError("not a JSON object")
+        parsed = parsed_schema(raw)
         pcf = to_parsing_canonical_form(parsed)
         fp = bytes.fromhex(fingerprint(pcf, "CRC-64-AVRO"))
     except Exception as exc:  # fastavro raises several unrelated types

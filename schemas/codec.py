@@ -25,13 +25,14 @@ import json
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, Literal, TypeVar, cast, overload
 
-from fastavro import parse_schema, schemaless_reader, schemaless_writer
+from fastavro import schemaless_reader, schemaless_writer
 
 from gpupipe_schemas import catalog
 from gpupipe_schemas.catalog import SchemaVersion
 from gpupipe_schemas.errors import DecodeError, EncodeError
+from gpupipe_schemas.records import ChargebackWindow, GpuAlert, GpuRecommendation, GpuSample, XidEvent
 
 SINGLE_OBJECT_MAGIC = b"\xc3\x01"
 #: The Kafka record header that names the writer schema of a raw-framed value.
@@ -52,7 +53,11 @@ class Decoded:
     framing: str  # one of FRAMINGS
 
 
-class Encoder:
+#: The record type an encoder takes: one of :mod:`gpupipe_schemas.records`' TypedDicts.
+R = TypeVar("R", bound=Mapping[str, Any])
+
+
+class Encoder(Generic[R]):
     """Encodes plain dicts of one record type. Built once at startup (bad schema fails early)."""
 
     __slots__ = ("_header", "_parsed", "headers", "name")
@@ -70,7 +75,7 @@ class Encoder:
         #: Kafka record headers every value of this encoder must carry (raw framing), else None.
         self.headers = headers
 
-    def encode(self, record: Mapping[str, Any]) -> bytes:
+    def encode(self, record: R) -> bytes:
         buf = io.BytesIO()
         buf.write(self._header)
         try:
@@ -112,9 +117,7 @@ class AvroCodec:
         for name in catalog.available_names():
             cur = catalog.current(name)
             self._reader_for_name[name] = (
-                parse_schema(catalog.strip_logical_types(dict(overrides[name])))
-                if name in overrides
-                else cur.parsed
+                catalog.parsed_schema(overrides[name]) if name in overrides else cur.parsed
             )
         for sv in (*(catalog.current(n) for n in catalog.available_names()), *catalog.released()):
             if sv.name in self._reader_for_name:
@@ -125,8 +128,29 @@ class AvroCodec:
         return _Reader(name, writer, None if reader is writer else reader)
 
     # -- encoding ---------------------------------------------------------------
-    def encoder(self, name: str, topic: str | None = None, framing: str | None = None) -> Encoder:
-        """``framing`` None: Confluent with a registry, single-object without."""
+    @overload
+    def encoder(
+        self, name: Literal["GpuSample"], topic: str | None = None, framing: str | None = None
+    ) -> Encoder[GpuSample]: ...
+    @overload
+    def encoder(
+        self, name: Literal["XidEvent"], topic: str | None = None, framing: str | None = None
+    ) -> Encoder[XidEvent]: ...
+    @overload
+    def encoder(
+        self, name: Literal["ChargebackWindow"], topic: str | None = None, framing: str | None = None
+    ) -> Encoder[ChargebackWindow]: ...
+    @overload
+    def encoder(
+        self, name: Literal["GpuAlert"], topic: str | None = None, framing: str | None = None
+    ) -> Encoder[GpuAlert]: ...
+    @overload
+    def encoder(
+        self, name: Literal["GpuRecommendation"], topic: str | None = None, framing: str | None = None
+    ) -> Encoder[GpuRecommendation]: ...
+    def encoder(self, name: str, topic: str | None = None, framing: str | None = None) -> Encoder[Any]:
+        """The encoder of record type ``name``, typed by its TypedDict; ``framing`` None: Confluent
+        with a registry, single-object without."""
         sv = catalog.current(name)
         if framing is None:
             default = SINGLE_OBJECT if self._registry is None else CONFLUENT
@@ -141,14 +165,15 @@ class AvroCodec:
             from gpupipe.common.errors import ConfigError
 
             raise ConfigError(f"the confluent framing of {topic or name} needs --schema-registry-url")
-        schema_id = self._register(sv, topic or name)
+        schema_id = self._register(self._registry, sv, topic or name)
         return Encoder(name, _CONFLUENT_HEADER.pack(CONFLUENT_MAGIC, schema_id), sv.parsed)
 
-    def _register(self, sv: SchemaVersion, topic: str) -> int:
+    @staticmethod
+    def _register(registry: Any, sv: SchemaVersion, topic: str) -> int:
         from confluent_kafka.schema_registry import Schema
 
         try:
-            return int(self._registry.register_schema(f"{topic}-value", Schema(sv.text, "AVRO")))
+            return int(registry.register_schema(f"{topic}-value", Schema(sv.text, "AVRO")))
         except Exception as exc:
             from gpupipe.common.errors import ConfigError
 
@@ -158,6 +183,7 @@ class AvroCodec:
     def decode(self, payload: bytes | None, headers: Headers = None) -> Decoded:
         """``headers``: the record's Kafka headers; only a raw-framed value needs them."""
         named = schema_header(headers) if headers else None
+        rd: _Reader | None
         if named is not None:
             rd = self._headed_reader(named)
             body, framing = 0, RAW
@@ -184,7 +210,7 @@ class AvroCodec:
         left = len(payload) - body - stream.tell()
         if left:  # a body is exactly one record: bytes after it mean a writer other than ours
             raise DecodeError("trailing-bytes", f"{rd.name}: {left} bytes after the record")
-        return Decoded(rd.name, rec, framing)
+        return Decoded(rd.name, cast(dict[str, Any], rec), framing)  # a record schema: a dict
 
     def _headed_reader(self, named: bytes) -> _Reader:
         name, _, fp_hex = named.decode("ascii", "replace").rpartition("@")
@@ -213,7 +239,7 @@ class AvroCodec:
         name = raw.get("name", "") if isinstance(raw, dict) else ""
         if name not in self._reader_for_name:
             raise DecodeError("unknown-record-type", f"schema id {schema_id} is {name!r}")
-        rd = self._make_reader(name, parse_schema(catalog.strip_logical_types(raw)))
+        rd = self._make_reader(name, catalog.parsed_schema(raw))
         self._confluent_readers[schema_id] = rd
         return rd
 

@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from gpupipe_schemas import catalog
+from gpupipe_schemas.codegen import groups
 
 
 def _type_text(t: Any) -> str:
@@ -149,7 +150,39 @@ def render_markdown() -> str:
             if sub["name"] not in seen:
                 seen.add(sub["name"])
                 lines += _table(sub, "####")
+    lines += _attributes()
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _attributes() -> list[str]:
+    """The ``gpupipe.*`` field attributes: what they mean and which fields carry which value."""
+    lines = [
+        "## Field attributes",
+        "",
+        "Some fields carry `gpupipe.*` attributes: Avro keeps and ignores them (fingerprints do not",
+        "change), and the code reads them instead of restating field lists by hand:",
+        "`python -m gpupipe_schemas.codegen` turns each value into a tuple of field names in",
+        "`schemas/records.py`. An attribute not listed here fails the generator.",
+        "",
+        "| attribute | meaning |",
+        "|---|---|",
+        *(f"| `{key}` | {meaning} |" for key, meaning in groups.ATTRIBUTES.items()),
+        "",
+        "| group (`gpupipe_schemas.records`) | record | attribute = value | fields |",
+        "|---|---|---|---|",
+    ]
+    seen: set[str] = set()
+    for name in catalog.available_names():
+        for rec in groups.records(catalog.current(name).raw):
+            if rec["name"] in seen:
+                continue
+            seen.add(rec["name"])
+            for (key, value), fields in groups.field_groups(rec).items():
+                const = groups.group_name(rec["name"], key, value)
+                names = ", ".join(f"`{f}`" for f in fields)
+                lines.append(f"| `{const}` | {rec['name']} | `{key}` = `{value}` | {names} |")
+    lines.append("")
+    return lines
 
 
 if __name__ == "__main__":

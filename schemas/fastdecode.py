@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from gpupipe_schemas import catalog
 from gpupipe_schemas.codec import SINGLE_OBJECT_MAGIC, AvroCodec, Decoded, Headers, schema_header
@@ -220,7 +220,7 @@ class CodeGen:
         exec(compile("\n".join(src), f"<fastdecode {label}>", "exec"), scope)
         fn = scope["decode"]
         fn.__source__ = "\n".join(src)
-        return fn
+        return cast(Callable[..., Any], fn)
 
     # -- skipping ----------------------------------------------------------------------------------
     def skip(self, shape: Any, ind: int) -> None:

@@ -7,6 +7,7 @@ activity, a second reading that differs would bill one thing and recommend anoth
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 UNALLOCATED = "__unallocated__"
@@ -18,10 +19,10 @@ it is split among the GPU's holders by allocation."""
 PSEUDO_NAMESPACES = (UNALLOCATED, MIG_SHARED, UNATTRIBUTED)
 
 
-def gpu_key(sample: dict[str, Any]) -> str:
+def gpu_key(sample: Mapping[str, Any]) -> str:
     """Accounting key of a sample: the MIG device UUID for a slice, else the GPU UUID."""
     mig = sample.get("mig")
-    return mig["mig_uuid"] if mig else sample["uuid"]
+    return str(mig["mig_uuid"] if mig else sample["uuid"])
 
 
 def sample_kafka_key(sample: dict[str, Any]) -> bytes:
@@ -32,7 +33,7 @@ def sample_kafka_key(sample: dict[str, Any]) -> bytes:
     return str(sample["uuid"]).encode()
 
 
-def xid_kafka_key(event: dict[str, Any]) -> bytes:
+def xid_kafka_key(event: Mapping[str, Any]) -> bytes:
     """Kafka key of an XID event: its physical GPU's UUID as for samples (a slice's XID included),
     else its MIG UUID, PCI bus id, or host for a node-wide event such as a driver load."""
     ident = event.get("uuid") or event.get("mig_uuid") or event.get("pci_bus_id") or event.get("hostname")

@@ -13,8 +13,10 @@ limits bound the identity strings (a DNS label is 63 characters, a subdomain 253
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from gpupipe_schemas import records
 
 __all__ = [
     "MAX_AGE_MS",
@@ -33,45 +35,19 @@ MAX_AHEAD_MS = 366 * DAY_MS
 #: ... and this far before it: the chargeback topic's 400 days of retention, replayed.
 MAX_AGE_MS = 400 * DAY_MS
 
-#: Ratios of a whole (utilisation, activity, a MIG slice's share).
-_RATIOS = (
-    "gpu_util_ratio",
-    "mem_copy_util_ratio",
-    "enc_util_ratio",
-    "dec_util_ratio",
-    "gr_engine_active_ratio",
-    "sm_active_ratio",
-    "sm_occupancy_ratio",
-    "tensor_active_ratio",
-    "dram_active_ratio",
-    "fp64_active_ratio",
-    "fp32_active_ratio",
-    "fp16_active_ratio",
-    "mig_configured_fraction",
-)
+#: The readings each bound applies to: the schema marks them (``gpupipe.bound``).
+_RATIOS = records.GPU_SAMPLE_BOUND_RATIO  # of a whole (utilisation, activity, a MIG slice's share)
+_POWERS = records.GPU_SAMPLE_BOUND_POWER
+_TEMPERATURES = records.GPU_SAMPLE_BOUND_TEMPERATURE
+_OTHER_DOUBLES = records.GPU_SAMPLE_BOUND_FINITE
+_NON_NEGATIVE_LONGS = records.GPU_SAMPLE_BOUND_NON_NEGATIVE
+_PROCESS_RATIOS = records.GPU_PROCESS_BOUND_RATIO
 #: No GPU module draws 10 kW; readings above 3x the GPU's own power limit are no reading either.
 POWER_MAX_W = 10_000.0
 POWER_OVER_LIMIT = 3.0
-_POWERS = ("power_w", "module_power_w")
-_TEMPERATURES = ("gpu_temp_c", "memory_temp_c")
 TEMPERATURE_C = (-60.0, 250.0)
 #: Any other double: finite and within this magnitude (NVLink bytes/s reach 1e12).
 MAGNITUDE_MAX = 1e15
-_OTHER_DOUBLES = (
-    "power_limit_w",
-    "pcie_tx_bytes_per_s",
-    "pcie_rx_bytes_per_s",
-    "nvlink_tx_bytes_per_s",
-    "nvlink_rx_bytes_per_s",
-)
-_NON_NEGATIVE_LONGS = (
-    "total_energy_mj",
-    "module_energy_mj",
-    "mig_parent_energy_mj",
-    "fb_total_bytes",
-    "fb_used_bytes",
-    "fb_free_bytes",
-)
 #: Xid and NVSwitch SXid codes (five digits) are small non-negative numbers; 0 is a driver's
 #: "unknown", and codes the catalogue does not know yet still alert.
 XID_RANGE = (0, 65_535)
@@ -257,7 +233,7 @@ def _processes(rec: Mapping[str, Any]) -> str | None:
         for i, p in enumerate(procs):
             if not isinstance(p, Mapping):
                 continue
-            for name in ("sm_util_ratio", "mem_util_ratio"):
+            for name in _PROCESS_RATIOS:
                 v = p.get(name)
                 if isinstance(v, float) and not 0.0 <= v <= 1.0:
                     return f"processes[{i}].{name}: {v!r}, a ratio within [0, 1]"
@@ -334,7 +310,15 @@ def violation(name: str, rec: Mapping[str, Any], broker_ms: int | None, now_ms: 
     return _sample(rec) if name == "GpuSample" else _xid(rec)
 
 
-_FIELD_PLANS: dict[tuple[str, tuple[str, ...]], tuple[Any, ...]] = {}
+#: A check of a record given the broker's and the consumer's clocks: the violation, or None.
+_Check = Callable[[Mapping[str, Any], int | None, int], str | None]
+
+
+def _on_record(check: Callable[[Mapping[str, Any]], str | None]) -> _Check:
+    return lambda r, b, n: check(r)
+
+
+_FIELD_PLANS: dict[tuple[str, tuple[str, ...]], tuple[_Check, ...]] = {}
 
 
 def fields_violation(
@@ -350,19 +334,17 @@ def fields_violation(
     plan = _FIELD_PLANS.get((name, fields))
     if plan is None:
         want = frozenset(fields)
-        checks: list[Any] = []
+        checks: list[_Check] = []
         if "timestamp_ms" in want:
             checks.append(lambda r, b, n: _time(r, b, n))
         if want & _NAME_LIMITS.keys():
             checks.append(lambda r, b, n: _long_strings(r, _NAME_LIMITS, ""))
         if "allocations" in want:
             checks.append(lambda r, b, n: _allocations(r))
-        for trigger, check in _SAMPLE_CHECKS:
-            if want & trigger:
-                checks.append(lambda r, b, n, check=check: check(r))
+        checks += (_on_record(check) for trigger, check in _SAMPLE_CHECKS if want & trigger)
         plan = _FIELD_PLANS[(name, fields)] = tuple(checks)
-    for check in plan:
-        bad = check(rec, broker_ms, now_ms)
+    for run in plan:
+        bad = run(rec, broker_ms, now_ms)
         if bad:
             return bad
     return None

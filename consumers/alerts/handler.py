@@ -269,12 +269,13 @@ class AlertsHandler:
                             self.health.await_clear(a.hostname, a.device, a.key[3], a.last_seen_ms)
                     elif r.name == "GpuSample":
                         ident, signals = self.health.observe(r.value)
-                        for sig in signals:
-                            try:
-                                self.engine.on_signal(ident, sig, now)
-                            except AlertCapReached as exc:  # the sample's other signals still count
-                                self._capped(now, str(exc))
-                        if ident is not None:  # a reboot or driver load may wait for this GPU
+                        if ident is not None:  # None: a sample not tracked (a MIG slice's), no signals
+                            for sig in signals:
+                                try:
+                                    self.engine.on_signal(ident, sig, now)
+                                except AlertCapReached as exc:  # the sample's other signals still count
+                                    self._capped(now, str(exc))
+                            # a reboot or driver load may wait for this GPU
                             healthy = sample_healthy(r.value)
                             self.engine.sample_seen(ident, r.value["timestamp_ms"], healthy, now)
                     elif r.name == "GpuAlert":

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
@@ -64,7 +64,7 @@ class WindowCounters:
         self._seen: set[tuple[str, str, str]] = set()
         # The loop thread adds; the reader of emitted ids releases (see the module doc).
         self._lock = threading.Lock()
-        self._held: dict[int, list[dict[str, Any]]] = {}
+        self._held: dict[int, list[Mapping[str, Any]]] = {}
         self._emitted: dict[int, set[str]] = {}
         self.overflow_records = 0
         self.duplicates = Counter(
@@ -164,18 +164,17 @@ class WindowCounters:
         with self._lock:
             return {p: len(recs) for p, recs in self._held.items()}
 
-    def add(self, records: Iterable[dict[str, Any]]) -> None:
+    def add(self, records: Iterable[Mapping[str, Any]]) -> None:
         """Count committed ChargebackWindow records (windows and corrections)."""
         with self._lock:
             held = self._held
             if not held:
                 self._count(records)
                 return
-            now: list[dict[str, Any]] = []
+            now: list[Mapping[str, Any]] = []
             for rec in records:
                 part = rec.get("source_partition")
-                pending = held.get(part) if part is not None else None
-                if pending is None:
+                if part is None or (pending := held.get(part)) is None:
                     now.append(rec)
                     continue
                 pending.append(rec)
@@ -188,7 +187,7 @@ class WindowCounters:
                     self._count(held.pop(part))
             self._count(now)
 
-    def _count(self, records: Iterable[dict[str, Any]]) -> int:
+    def _count(self, records: Iterable[Mapping[str, Any]]) -> int:
         n = 0
         emitted = self._emitted
         for rec in records:

@@ -8,16 +8,17 @@ contribution in, ``to_record`` produces the ``ChargebackWindow`` dict (field nam
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Final, cast
 
 from gpupipe.domain.prices import PriceTable
 from gpupipe_consumers.chargeback.accounting import Contribution
 from gpupipe_consumers.chargeback.workloads import WorkloadKey, WorkloadSums
 from gpupipe_consumers.chargeback.workloads import add as add_workload
 from gpupipe_consumers.chargeback.workloads import to_records as workload_records
+from gpupipe_schemas.records import ChargebackPriceSource, ChargebackRecordKind, ChargebackWindow
 
-WINDOW = "window"
-CORRECTION = "correction"
+WINDOW: Final = "window"
+CORRECTION: Final = "correction"
 
 SECONDS_PER_HOUR = 3600.0
 JOULES_PER_KWH = 3_600_000.0
@@ -76,14 +77,14 @@ def to_record(
     key: RowKey,
     agg: GpuTimeAggregate,
     *,
-    kind: str,
+    kind: ChargebackRecordKind,
     window_ms: int,
     prices: PriceTable,
     partition: int,
     instance_id: str,
     emitted_at_ms: int,
     team_of: Callable[[str], str | None] | None = None,
-) -> dict[str, Any]:
+) -> ChargebackWindow:
     """The ChargebackWindow record of one aggregate."""
     start, namespace, node, model = key
     price = prices.gpu_price(model)
@@ -109,7 +110,7 @@ def to_record(
         "sample_count": agg.samples,
         "price_per_gpu_hour": price.per_gpu_hour,
         "price_per_kwh": prices.energy_per_kwh,
-        "price_source": price.source,
+        "price_source": cast(ChargebackPriceSource, price.source),  # the price table's three kinds
         "cost_allocation": cost_allocation,
         "cost_energy": cost_energy,
         "cost_total": cost_allocation + cost_energy,

@@ -4,6 +4,7 @@ the service (:mod:`gpupipe_consumers.chargeback.service`) that are plain data, k
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,7 +118,7 @@ class ChargebackMetrics:
         self.started.set(time.time())
 
 
-def output_key(rec: dict[str, Any]) -> bytes:
+def output_key(rec: Mapping[str, Any]) -> bytes:
     """``namespace/node``: spreads a large namespace over the output partitions; records
     are additive partials, so nothing relies on one namespace's records sharing a partition."""
     return f"{rec['namespace']}/{rec['node']}".encode()

@@ -31,6 +31,7 @@ from gpupipe_consumers.chargeback.errors import (
 )
 from gpupipe_consumers.chargeback.late_runs import GAP_MS, LateRun
 from gpupipe_consumers.chargeback.records import CORRECTION, WINDOW, GpuTimeAggregate, RowKey, to_record
+from gpupipe_schemas.records import ChargebackRecordKind, ChargebackWindow
 
 DEFAULT_WINDOW_MS = 3_600_000
 DEFAULT_GRACE_MS = 300_000
@@ -369,9 +370,9 @@ class WindowEngine:
         return True
 
     # -- output -----------------------------------------------------------------------------------
-    def poll_closed(self) -> list[dict[str, Any]]:
+    def poll_closed(self) -> list[ChargebackWindow]:
         """ChargebackWindow records ready to emit: closed windows, then corrections, per partition."""
-        out: list[dict[str, Any]] = []
+        out: list[ChargebackWindow] = []
         for pid in sorted(self._parts):
             p = self._parts[pid]
             emitted_at = p.watermark if p.watermark is not None else 0
@@ -396,8 +397,8 @@ class WindowEngine:
         return out
 
     def _record(
-        self, key: RowKey, agg: GpuTimeAggregate, kind: str, pid: int, emitted_at: int
-    ) -> dict[str, Any]:
+        self, key: RowKey, agg: GpuTimeAggregate, kind: ChargebackRecordKind, pid: int, emitted_at: int
+    ) -> ChargebackWindow:
         return to_record(
             key,
             agg,
@@ -410,7 +411,7 @@ class WindowEngine:
             team_of=self.team_of,
         )
 
-    def flush_all(self) -> list[dict[str, Any]]:
+    def flush_all(self) -> list[ChargebackWindow]:
         """Close every open window now and return all pending records (finite inputs, tests).
 
         Never on rebalance or shutdown of a streaming service: that would emit partial windows the

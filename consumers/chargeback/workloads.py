@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpupipe_schemas.records import WorkloadShare
+
 WorkloadKey = tuple[str | None, str | None, tuple[tuple[str, str], ...], str | None, str | None]
 
 SECONDS_PER_HOUR = 3600.0
@@ -70,11 +72,11 @@ def add(target: dict[WorkloadKey, WorkloadSums], key: WorkloadKey, c: Any) -> No
 
 def to_records(
     sums: Mapping[WorkloadKey, WorkloadSums] | None, per_gpu_hour: float, per_kwh: float
-) -> list[dict[str, Any]]:
+) -> list[WorkloadShare]:
     """The ``workloads`` field of a ChargebackWindow record, sorted by key (deterministic output)."""
     if not sums:
         return []
-    out = []
+    out: list[WorkloadShare] = []
     for key in sorted(sums, key=lambda k: tuple("" if x is None else str(x) for x in k)):
         s = sums[key]
         kind, name, labels, job, claim = key

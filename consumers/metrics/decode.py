@@ -115,7 +115,7 @@ class MetricsDecoder:
         if headers and schema_header(headers) is not None:  # raw-framed: the codec's
             return self.codec.decode(payload, headers)
         split = self._split.get(payload[:10]) if payload else None  # magic + fingerprint
-        if split is not None:
+        if split is not None and payload is not None:
             try:
                 rec = split(payload)
             except CORRUPT:

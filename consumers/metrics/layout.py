@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpupipe_consumers.metrics.fields import FIELDS, Kind
+from gpupipe_schemas.records import GPU_SAMPLE_MIG_OWN
 
 #: gpupipe's per-pod share families: (name, GpuProcess field, kind, HELP).
 SHARE_FAMILIES: tuple[tuple[str, str, Kind, str], ...] = (
@@ -34,27 +35,9 @@ VGPU_SPLIT = frozenset({"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED"})
 
 #: Sample fields a MIG instance takes from its parent GPU in the ``instances`` layout: device-wide
 #: readings DCGM reports on every GPU instance (clocks, temperatures, power, energy, errors...).
-#: Utilisation, framebuffer and profiling fields are the instance's own (never inherited).
-MIG_NOT_INHERITED = frozenset(
-    {
-        "gpu_util_ratio",
-        "mem_copy_util_ratio",
-        "enc_util_ratio",
-        "dec_util_ratio",
-        "fb_total_bytes",
-        "fb_free_bytes",
-        "fb_used_bytes",
-        "fb_reserved_bytes",
-        "gr_engine_active_ratio",
-        "sm_active_ratio",
-        "sm_occupancy_ratio",
-        "tensor_active_ratio",
-        "dram_active_ratio",
-        "fp64_active_ratio",
-        "fp32_active_ratio",
-        "fp16_active_ratio",
-    }
-)
+#: Utilisation, framebuffer and profiling fields are the instance's own, never inherited (the
+#: schema marks them ``gpupipe.mig: own``).
+MIG_NOT_INHERITED = frozenset(GPU_SAMPLE_MIG_OWN)
 
 
 def merge_parent(instance: Mapping[str, Any], parent: Mapping[str, Any]) -> dict[str, Any]:

@@ -41,13 +41,14 @@ from typing import Any
 
 from gpupipe_consumers.metrics.readings import CONVERT_ENV, PENDING, Readings, ReadingsPlan, base_type
 from gpupipe_schemas.fastdecode import CodeGen, compile_fields
+from gpupipe_schemas.records import GPU_SAMPLE_BOUND_POWER
 from gpupipe_schemas.validate import POWER_OVER_LIMIT, violation
 
 SplitFn = Callable[[bytes], dict[str, Any] | None]
 
 _KEY = (("hostname", "string"), ("gpu_index", "int"), ("uuid", "string"))
 _KEY_LAST = "mig"  # the key runs to this field when the schema has it (a MIG slice is its own key)
-_POWERS = {"power_w", "module_power_w"}
+_POWERS = frozenset(GPU_SAMPLE_BOUND_POWER)  # checked against the power limit too
 _MIN_RUN = 8  # fewer checkable fields in a row: not worth a pattern, decode the whole record
 
 

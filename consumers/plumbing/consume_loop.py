@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -32,7 +32,7 @@ from gpupipe.kafka.group_start import start_offsets
 from gpupipe.kafka.lag import lags
 from gpupipe.lifecycle.startup import process_start_ms
 from gpupipe_consumers.plumbing.deadletter import DeadLetterWriter
-from gpupipe_schemas.codec import AvroCodec, schema_header
+from gpupipe_schemas.codec import AvroCodec, Headers, schema_header
 from gpupipe_schemas.errors import DecodeError
 from gpupipe_schemas.validate import violation
 
@@ -281,7 +281,7 @@ class ConsumeLoop:
         # A raw-framed value (schema in a header) goes to the shared codec itself: a service's own
         # decoder (codec-shaped, holding the codec as ``.codec``) reads the magic-framed ones only.
         headed = getattr(self.codec, "codec", self.codec).decode
-        last: dict[tuple[str, int], Message] = {}
+        last: dict[tuple[str, int], int] = {}  # the offset last read per partition
         counts: dict[str, int] = {}
         now_ms = int(time.time() * 1000)
         node_check = self.node_check
@@ -296,9 +296,11 @@ class ConsumeLoop:
                 if err.code() != KafkaError._PARTITION_EOF:
                     log.warning("consume error", extra=fields(error=err.str()))
                 continue
-            topic, part = msg.topic(), msg.partition()
-            last[(topic, part)] = msg
-            hdrs = msg.headers()
+            topic, part, offset = msg.topic(), msg.partition(), msg.offset()
+            if topic is None or part is None or offset is None:  # only error events lack them
+                continue
+            last[(topic, part)] = offset
+            hdrs = cast(Headers, msg.headers())  # confluent-kafka yields a list of pairs
             try:
                 if hdrs and schema_header(hdrs) is not None:
                     d = headed(msg.value(), hdrs)
@@ -331,7 +333,7 @@ class ConsumeLoop:
                     continue
             counts[topic] = counts.get(topic, 0) + 1
             records.append(
-                InRecord(topic, part, msg.offset(), msg.key(), d.name, d.record, msg.timestamp()[1], msg)
+                InRecord(topic, part, offset, msg.key(), d.name, d.record, msg.timestamp()[1], msg)
             )
         if records:
             rejected = self.handler.handle(records)
@@ -343,7 +345,7 @@ class ConsumeLoop:
         if self.deadletters.pending and not self.deadletters.settle(self._stop):
             return  # stopping with dead letters unwritten: their input is read again after a restart
         if last:
-            offs = [TopicPartition(t, p, m.offset() + 1) for (t, p), m in last.items()]
+            offs = [TopicPartition(t, p, o + 1) for (t, p), o in last.items()]
             self.consumer.store_offsets(offsets=offs)
             with self._lock:
                 for tp in offs:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaException
@@ -53,7 +53,7 @@ def _ours(msg: Any, reason: str, detail: str, service: str, now_ms: int | None) 
     return [(HEADER_PREFIX + k, v.encode()) for k, v in ours.items()]
 
 
-def _size(headers: list[tuple[str, bytes | None]]) -> int:
+def _size(headers: Sequence[tuple[str, bytes | None]]) -> int:
     return sum(len(k) + len(v or b"") for k, v in headers)
 
 

@@ -36,10 +36,15 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from gpupipe_consumers.recommend.rightsize import RightSizeConfig, suggest
 from gpupipe_schemas.meaning import activity_ratio, gpu_key
+from gpupipe_schemas.records import (
+    GpuRecommendation,
+    GpuRecommendationRecommendedAction,
+    RecommendationStatus,
+)
 
 HOUR_MS = 3_600_000
 #: GPU models remembered as right-sizing candidates (a fleet has a handful; made-up names are forgotten).
@@ -137,9 +142,9 @@ class IdleDetector:
         self.evicted = 0  # GPU keys forgotten at max_gpus
 
     # -- input -------------------------------------------------------------------------------------
-    def observe(self, sample: dict[str, Any], partition: int = 0) -> list[dict[str, Any]]:
+    def observe(self, sample: dict[str, Any], partition: int = 0) -> list[GpuRecommendation]:
         """Account one sample; returns the revisions it causes (possibly none)."""
-        out: list[dict[str, Any]] = []
+        out: list[GpuRecommendation] = []
         ts = int(sample["timestamp_ms"])
         if ts > self.watermark.get(partition, -1):
             self.watermark[partition] = ts
@@ -220,7 +225,7 @@ class IdleDetector:
         if len(seen) > MAX_MODELS:
             del seen[next(iter(seen))]
 
-    def _evict_oldest(self) -> list[dict[str, Any]]:
+    def _evict_oldest(self) -> list[GpuRecommendation]:
         """Forget the least recently sampled GPU (``max_gpus`` reached): its open recommendations end
         ``gone`` at their last sample, as :meth:`expire` would end them once its samples stopped."""
         key = next(iter(self.tracks))
@@ -229,7 +234,7 @@ class IdleDetector:
         firing = [t for t in held.values() if t.firing_id is not None]
         return [self._record(t, "resolved", t.last_ms, "gone") for t in firing]
 
-    def expire(self, partition: int | None = None) -> list[dict[str, Any]]:
+    def expire(self, partition: int | None = None) -> list[GpuRecommendation]:
         """Resolve (``gone``) and forget tracks whose GPU was silent for ``gone_after`` behind the
         newest sample of their partition."""
         out = []
@@ -259,11 +264,11 @@ class IdleDetector:
         for p in gone:
             self.watermark.pop(p, None)
 
-    def restore(self, records: Iterable[dict[str, Any]]) -> int:
+    def restore(self, records: Iterable[GpuRecommendation]) -> int:
         """Re-open the recommendations still firing in ``records`` (a GpuRecommendation topic read at
         start), so that a restart continues them (same id, next sequence) instead of starting a new
         streak. Returns how many were re-opened."""
-        latest: dict[str, dict[str, Any]] = {}
+        latest: dict[str, GpuRecommendation] = {}
         for r in records:
             prev = latest.get(r["recommendation_id"])
             if prev is None or r["sequence"] > prev["sequence"]:
@@ -324,7 +329,9 @@ class IdleDetector:
         return [t for held in self.tracks.values() for t in held.values() if t.firing_id is not None]
 
     # -- output ------------------------------------------------------------------------------------
-    def _record(self, t: Track, status: str, ts: int, reason: str | None) -> dict[str, Any]:
+    def _record(
+        self, t: Track, status: RecommendationStatus, ts: int, reason: str | None
+    ) -> GpuRecommendation:
         assert t.firing_id is not None and t.since_ms is not None
         t.sequence += 1
         s, a = t.sample, t.alloc
@@ -359,7 +366,7 @@ class IdleDetector:
         )
         if status == "resolved":
             message = f"resolved ({reason}): " + message
-        rec = {
+        rec: GpuRecommendation = {
             "recommendation_id": t.firing_id,
             "sequence": t.sequence,
             "status": status,
@@ -390,7 +397,7 @@ class IdleDetector:
             "activity_peak_ratio": t.act_peak,
             "memory_peak_bytes": t.mem_peak,
             "memory_total_bytes": int(total) if total is not None else None,
-            "action": sug.action,
+            "action": cast(GpuRecommendationRecommendedAction, sug.action),  # rightsize's four
             "target": sug.target,
             "saving_per_hour": sug.saving_per_hour,
             "message": message,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
@@ -24,6 +24,7 @@ from gpupipe.kafka.sink import KeyedSink
 from gpupipe_consumers.plumbing.consume_loop import InRecord, Rejected
 from gpupipe_consumers.recommend.detector import IdleDetector
 from gpupipe_schemas.codec import AvroCodec
+from gpupipe_schemas.records import GpuRecommendation
 
 log = logging.getLogger("gpupipe.recommend")
 
@@ -99,7 +100,7 @@ def am_shape(rec: dict[str, Any]) -> AmState:
     )
 
 
-def _series_labels(rec: dict[str, Any]) -> list[str]:
+def _series_labels(rec: Mapping[str, Any]) -> list[str]:
     """Label values of an open recommendation's series, in ``_SERIES_LABELS`` order.
 
     ``team`` is the namespace where no team rule matched, as in chargeback's counters and the
@@ -197,7 +198,7 @@ class RecommendHandler:
         self.sink = sink
         self.alertmanager = alertmanager
         self.lock = threading.Lock()
-        self.open: dict[str, dict[str, Any]] = {}  # recommendation id -> latest firing revision
+        self.open: dict[str, GpuRecommendation] = {}  # recommendation id -> latest firing revision
         self.records_out = 0
         self.revisions = Counter(
             "gpupipe_recommendation_records",
@@ -207,11 +208,12 @@ class RecommendHandler:
         )
         registry.register(_OpenCollector(self))
 
-    def restore(self, records: Sequence[dict[str, Any]]) -> int:
+    def restore(self, records: Sequence[GpuRecommendation]) -> int:
         n = self.detector.restore(records)
-        latest: dict[str, dict[str, Any]] = {}
+        latest: dict[str, GpuRecommendation] = {}
         for r in records:
-            if r["sequence"] >= latest.get(r["recommendation_id"], {}).get("sequence", 0):
+            prev = latest.get(r["recommendation_id"])
+            if prev is None or r["sequence"] >= prev["sequence"]:
                 latest[r["recommendation_id"]] = r
         with self.lock:
             self.open = {k: r for k, r in latest.items() if r["status"] == "firing"}
@@ -226,7 +228,7 @@ class RecommendHandler:
 
     def handle(self, records: Sequence[InRecord]) -> Sequence[Rejected] | None:
         rejected: list[Rejected] = []
-        out: list[dict[str, Any]] = []
+        out: list[GpuRecommendation] = []
         observe = self.detector.observe
         for rec in records:
             if rec.name != "GpuSample":
@@ -242,7 +244,7 @@ class RecommendHandler:
             self.sink.flush()
         return rejected
 
-    def publish(self, revisions: Sequence[dict[str, Any]]) -> None:
+    def publish(self, revisions: Sequence[GpuRecommendation]) -> None:
         for rev in revisions:
             self.sink.send(rev)
             self.records_out += 1

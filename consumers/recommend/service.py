@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import cast
 
 from prometheus_client import CollectorRegistry
 
@@ -23,6 +24,7 @@ from gpupipe_consumers.plumbing.topic_reader import read_topic
 from gpupipe_consumers.recommend.detector import DetectorConfig, IdleDetector
 from gpupipe_consumers.recommend.handler import RecommendHandler, am_shape, kafka_recommendation_sink
 from gpupipe_schemas.codec import codec_from_url
+from gpupipe_schemas.records import GpuRecommendation
 
 log = logging.getLogger("gpupipe.recommend")
 
@@ -141,7 +143,7 @@ def build(
             state=life.state,
             stop=life.stop,
         )
-        restored = handler.restore(records)
+        restored = handler.restore(cast(list[GpuRecommendation], records))  # read with its own schema
         log.info("open recommendations restored", extra=fields(count=restored))
     check = None
     if opts.node_identity is not None:

@@ -11,8 +11,8 @@ floor knows no record type.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
 
 from confluent_kafka import Producer
 
@@ -31,7 +31,11 @@ PRODUCER_SETTINGS: dict[str, Any] = {
 }
 
 
-class KeyedSink:
+#: The record type a sink takes (a service's TypedDict from the contract).
+R = TypeVar("R", bound=Mapping[str, Any])
+
+
+class KeyedSink(Generic[R]):
     """Records of one kind to one topic, each keyed by ``key(record)``.
 
     ``what`` names the records in logs and errors ("alert records"). ``fence``, when set, is asked
@@ -43,8 +47,8 @@ class KeyedSink:
         self,
         bootstrap: str,
         topic: str,
-        encode: Callable[[dict[str, Any]], bytes],
-        key: Callable[[dict[str, Any]], bytes],
+        encode: Callable[[R], bytes],
+        key: Callable[[R], bytes],
         *,
         what: str,
         extra: dict[str, str] | None = None,
@@ -70,7 +74,7 @@ class KeyedSink:
         else:
             self.sent += 1
 
-    def send(self, record: dict[str, Any]) -> None:
+    def send(self, record: R) -> None:
         if self.fence is not None and self.fence():
             if not self.fenced_drops:
                 self._log.warning(

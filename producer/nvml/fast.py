@@ -47,6 +47,7 @@ from typing import Any
 
 from gpupipe_producer.nvml import convert
 from gpupipe_producer.nvml.base import DeviceContext, FieldSpec, read_field_values
+from gpupipe_schemas.records import GPU_SAMPLE_COLLECTOR_FAST
 
 UINT_MAX = 0xFFFFFFFF
 FI_MEMORY_TEMP = 82
@@ -67,32 +68,7 @@ LEGACY_PCIE_WINDOW_MS = 20
 
 class FastCollector:
     name = "fast"
-    fields = (
-        "gpu_util_ratio",
-        "mem_copy_util_ratio",
-        "enc_util_ratio",
-        "dec_util_ratio",
-        "fb_total_bytes",
-        "fb_free_bytes",
-        "fb_used_bytes",
-        "fb_reserved_bytes",
-        "power_w",
-        "power_limit_w",
-        "total_energy_mj",
-        "gpu_temp_c",
-        "memory_temp_c",
-        "sm_clock_mhz",
-        "mem_clock_mhz",
-        "clock_event_reasons",
-        "power_violation_ns",
-        "thermal_violation_ns",
-        "pcie_tx_bytes_per_s",
-        "pcie_rx_bytes_per_s",
-        "nvlink_bandwidth_total_kib",
-        "pcie_window_ms",
-        "module_power_w",
-        "module_energy_mj",
-    )
+    fields = GPU_SAMPLE_COLLECTOR_FAST  # the schema marks them gpupipe.collector: fast
 
     def __init__(
         self, nvml: Any, *, pcie_via_gpm: bool = True, clock: Callable[[], float] = time.monotonic
@@ -110,7 +86,10 @@ class FastCollector:
         self._pcie_tx = getattr(nvml, "NVML_PCIE_UTIL_TX_BYTES", 0)
         self._pcie_rx = getattr(nvml, "NVML_PCIE_UTIL_RX_BYTES", 1)
         self._mem_v2 = getattr(nvml, "nvmlMemory_v2", None)
-        fi = lambda name, default: getattr(nvml, name, default)  # noqa: E731
+
+        def fi(name: str, default: int) -> Any:
+            return getattr(nvml, name, default)
+
         self._field_specs: tuple[FieldSpec, ...] = (
             ("fi_power", fi("NVML_FI_DEV_POWER_AVERAGE", FI_POWER_AVERAGE), None, False),
             ("fi_power_limit", fi("NVML_FI_DEV_POWER_CURRENT_LIMIT", FI_POWER_CURRENT_LIMIT), None, False),

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpupipe_schemas import catalog
+from gpupipe_schemas.records import XidEvent
 
 #: The ``vendor`` of every record this producer writes (it reads GPUs through NVIDIA's NVML).
 VENDOR = "nvidia"
@@ -116,7 +117,7 @@ def _event_id(hostname: str, source: str, bus_id: str, code: str, timestamp_ms: 
     return f"{hostname}|{source}|{bus_id}|{code}|{timestamp_ms}"
 
 
-def gpu_lost_xid_event(lost: LostGpu, hostname: str) -> dict[str, Any]:
+def gpu_lost_xid_event(lost: LostGpu, hostname: str) -> XidEvent:
     """The XidEvent (kind ``gpu_lost``, source ``nvml``) for a GPU NVML reported lost."""
     g = lost.gpu
     return {
@@ -148,7 +149,7 @@ def nvml_xid_event(
     *,
     model_name: str | None = None,
     driver_version: str | None = None,
-) -> dict[str, Any]:
+) -> XidEvent:
     """The XidEvent (kind ``xid``, source ``nvml``) for one dict delivered by the event watcher."""
     bus = event.get("pci_bus_id") or ""
     xid = event.get("xid")

@@ -13,6 +13,7 @@ from typing import Any
 
 from gpupipe_producer.kubelet.mapping import AllocationMap, PodRef, lookup, replica_count
 from gpupipe_producer.nvml.records import DeviceIds
+from gpupipe_schemas.records import PodAllocation
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,9 +36,9 @@ PidResolver = Callable[[int], ProcPod | None]
 _Holder = tuple[str, str, str]  # namespace, pod, container
 
 
-def allocation_record(ref: PodRef) -> dict[str, Any]:
+def allocation_record(ref: PodRef) -> PodAllocation:
     """The ``PodAllocation`` record of one :class:`PodRef`."""
-    rec: dict[str, Any] = {
+    rec: PodAllocation = {
         "namespace": ref.namespace,
         "pod": ref.pod,
         "container": ref.container,

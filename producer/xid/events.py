@@ -14,6 +14,7 @@ from gpupipe_producer.kubelet.mapping import AllocationMap, PodRef
 from gpupipe_producer.nvml.records import VENDOR, DeviceIds, GpuRef
 from gpupipe_producer.samples.enrich import allocation_record, device_holders, gpu_aliases, slice_aliases
 from gpupipe_producer.xid.kmsg_parse import DriverLoaded, FallenOffBus, KernelXid
+from gpupipe_schemas.records import PodAllocation, XidEvent, XidKind, XidSource
 
 __all__ = [
     "SOURCE_NAMES",
@@ -26,7 +27,7 @@ __all__ = [
     "nvml_fields",
 ]
 
-SOURCE_NAMES = {"nvml": "nvml", "kmsg": "kmsg", "nvml+kmsg": "nvml_kmsg"}
+SOURCE_NAMES: dict[str, XidSource] = {"nvml": "nvml", "kmsg": "kmsg", "nvml+kmsg": "nvml_kmsg"}
 
 MigLookup = Callable[[str, int | None, int | None], str | None]
 
@@ -63,7 +64,7 @@ class XidContext:
         key = pci.device_key(bus_id)
         return None if key is None else self.bus_map.get(key)
 
-    def allocations(self, uuid: str | None, mig_uuid: str | None, gpu: GpuRef | None) -> list[dict[str, Any]]:
+    def allocations(self, uuid: str | None, mig_uuid: str | None, gpu: GpuRef | None) -> list[PodAllocation]:
         if not uuid or not self.amap:
             return []
         if mig_uuid:
@@ -113,10 +114,10 @@ def nvml_fields(ev: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def build_xid_event(merged: Mapping[str, Any], ctx: XidContext) -> dict[str, Any]:
+def build_xid_event(merged: Mapping[str, Any], ctx: XidContext) -> XidEvent:
     """The XidEvent record of one merger output (``source`` nvml, kmsg or nvml+kmsg)."""
-    source = SOURCE_NAMES.get(str(merged.get("source")), "unknown")
-    kind = "sxid" if merged.get("kind") == "sxid" else "xid"
+    source: XidSource = SOURCE_NAMES.get(str(merged.get("source")), "unknown")
+    kind: XidKind = "sxid" if merged.get("kind") == "sxid" else "xid"
     xid = int(merged["xid"])
     reported = merged.get("nvml_bus_id") or merged.get("reported_bus_id") or merged.get("pci_bus_id") or ""
     gpu = None if kind == "sxid" else ctx.gpu_for_bus(reported)
@@ -181,9 +182,9 @@ RECOVERY_ACTIONS = {
 }
 
 
-def nvml_notice_event(notice: Mapping[str, Any], ctx: XidContext) -> dict[str, Any]:
+def nvml_notice_event(notice: Mapping[str, Any], ctx: XidContext) -> XidEvent:
     """The XidEvent of an NVML recovery-action or GPU-unavailable event (no XID number)."""
-    kind = "recovery_action" if notice.get("type") == "recovery_action" else "gpu_unavailable"
+    kind: XidKind = "recovery_action" if notice.get("type") == "recovery_action" else "gpu_unavailable"
     bus = str(notice.get("pci_bus_id") or "")
     gpu = ctx.gpu_for_bus(bus)
     uuid = notice.get("uuid") or (gpu.uuid if gpu is not None else None) or None
@@ -217,7 +218,7 @@ def nvml_notice_event(notice: Mapping[str, Any], ctx: XidContext) -> dict[str, A
     }
 
 
-def fallen_off_bus_event(ev: FallenOffBus, seen_ms: int, ctx: XidContext) -> dict[str, Any]:
+def fallen_off_bus_event(ev: FallenOffBus, seen_ms: int, ctx: XidContext) -> XidEvent:
     """The XidEvent (kind ``fallen_off_bus``, source ``kmsg``) of a kernel "fallen off the bus" report."""
     gpu = ctx.gpu_for_bus(ev.pci_bus_id)
     bus = gpu.pci_bus_id if gpu is not None and gpu.pci_bus_id else ev.pci_bus_id
@@ -247,7 +248,7 @@ def fallen_off_bus_event(ev: FallenOffBus, seen_ms: int, ctx: XidContext) -> dic
 
 def driver_loaded_event(
     ev: DriverLoaded, seen_ms: int, ctx: XidContext, kmsg_seq: int | None = None
-) -> dict[str, Any]:
+) -> XidEvent:
     """The XidEvent (kind ``driver_loaded``, source ``kmsg``) of the driver's load line: no GPU, no code."""
     eid = event_id(ctx.hostname, "kmsg", "", "driver_loaded", seen_ms)
     if kmsg_seq is not None:

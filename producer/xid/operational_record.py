@@ -18,12 +18,13 @@ also arrived as a legacy Xid, is the Xid merger's output (NVML Xid event, kernel
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from gpupipe_producer.nvml.records import VENDOR
 from gpupipe_producer.xid.events import XidContext, event_id
 from gpupipe_producer.xid.operational_merge import Incident, legacy_sources
 from gpupipe_schemas.operational_events import SEVERITIES
+from gpupipe_schemas.records import OperationalEvent, XidEvent
 
 __all__ = ["operational_message", "operational_xid_event"]
 
@@ -38,7 +39,7 @@ def operational_message(op: Mapping[str, Any]) -> str:
     )
 
 
-def operational_xid_event(incident: Incident, ctx: XidContext) -> dict[str, Any]:
+def operational_xid_event(incident: Incident, ctx: XidContext) -> XidEvent:
     """The XidEvent record of ``incident`` (which must hold an operational event)."""
     ev = incident.operational
     if ev is None:
@@ -90,5 +91,5 @@ def operational_xid_event(incident: Incident, ctx: XidContext) -> dict[str, Any]
         "source": "nvml_kmsg" if "kmsg" in op["legacy_sources"] else "nvml",
         "vendor": VENDOR,
         "allocations": ctx.allocations(uuid, mig_uuid, gpu),
-        "operational": op,
+        "operational": cast(OperationalEvent, op),
     }

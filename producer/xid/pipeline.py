@@ -12,7 +12,7 @@ import logging
 import queue
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from gpupipe.common.logs import fields
 from gpupipe_producer.kubelet.mapping import AllocationMap
@@ -38,6 +38,7 @@ from gpupipe_producer.xid.sender import XidSender
 from gpupipe_producer.xid.xid_merge import XidMerger
 from gpupipe_schemas.errors import EncodeError
 from gpupipe_schemas.meaning import xid_kafka_key
+from gpupipe_schemas.records import XidEvent
 
 log = logging.getLogger("gpupipe.agent")
 
@@ -113,7 +114,7 @@ class XidPath:
         inbox: XidInbox,
         source: NvmlSource,
         sender: XidSender,
-        encode: Callable[[dict[str, Any]], bytes],
+        encode: Callable[[XidEvent], bytes],
         *,
         cursor: KmsgCursorStore | None,
         allocations: Callable[[], AllocationMap],
@@ -272,13 +273,13 @@ class XidPath:
         if not batch.events:
             return
         items: list[tuple[bytes, bytes]] = []
-        sent: list[dict[str, Any]] = []
+        sent: list[XidEvent] = []
         for event in batch.events:
             # The boot the event belongs to: a later boot id on the same host tells the alerts the
             # node rebooted in between (evidence of recovery for faults that need a reboot).
             event.setdefault("boot_id", self.boot_id)
             if self.config.extras is not None:
-                self.config.extras.decorate(event)
+                self.config.extras.decorate(cast(dict[str, Any], event))  # fills its allocations
             try:
                 value = self._encode(event)
             except EncodeError as exc:
@@ -292,7 +293,7 @@ class XidPath:
         for event in sent:
             self.sent += 1
             self.metrics.xid_events.labels(event["kind"]).inc()
-            if event["kind"] == "xid" and event["gpu_index"] is not None:
+            if event["kind"] == "xid" and event["gpu_index"] is not None and event["xid"] is not None:
                 self.source.record_xid(event["gpu_index"], event["xid"], event["gpu_instance_id"])
             self._log_event(event)
         seqs = [q for q in batch.seqs if q is not None]
@@ -300,7 +301,7 @@ class XidPath:
         if seqs:
             self._advance_cursor(max(seqs))
 
-    def _log_event(self, event: dict[str, Any]) -> None:
+    def _log_event(self, event: XidEvent) -> None:
         """One WARNING per event, but at most one per (kind, GPU, code) every LOG_EVERY_S: a storm of
         thousands of Xid 13 is one line now and one line with the count every 10 s (every event is
         still published and counted in gpupipe_producer_xid_events_total)."""
@@ -338,7 +339,7 @@ class XidPath:
             ),
         )
 
-    def _lost_event(self, lost: LostGpu) -> dict[str, Any] | None:  # main loop
+    def _lost_event(self, lost: LostGpu) -> XidEvent | None:  # main loop
         if self._lost_reported is None:
             self._lost_reported = LostReported(self.config.spool_dir, read_boot_id(self.config.boot_id_path))
         if not self._lost_reported.should_report(lost):
@@ -357,11 +358,11 @@ class _Batch:
     __slots__ = ("_ctx", "events", "seqs")
 
     def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
+        self.events: list[XidEvent] = []
         self.seqs: list[int | None] = []  # the kernel-log record of each event, if any
         self._ctx: XidContext | None = None
 
-    def add(self, event: dict[str, Any], seq: int | None = None) -> None:
+    def add(self, event: XidEvent, seq: int | None = None) -> None:
         self.events.append(event)
         self.seqs.append(seq)
 

@@ -4,6 +4,7 @@ faults (Xid 13/31/43, 45)."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from gpupipe_consumers.alerts.rules.catalog import (
     CATALOG_VERSION,
@@ -69,7 +70,7 @@ def _gpu_gone(ctx: _Ctx) -> Classification:
         "xid": "Xid 79: the GPU is no longer reachable over PCIe",
     }[ev.kind]
     prior, _codes = ctx.incidents_across_resets([79])
-    common = dict(severity=Severity.CRITICAL, drain=True, cause=CauseClass.BUS)
+    common: dict[str, Any] = dict(severity=Severity.CRITICAL, drain=True, cause=CauseClass.BUS)
     if prior:
         return ctx.result(
             "xid79.recurring",

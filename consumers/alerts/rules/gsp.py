@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from gpupipe_consumers.alerts.rules.app import _unknown
 from gpupipe_consumers.alerts.rules.catalog import (
@@ -41,7 +42,7 @@ def _gsp(ctx: _Ctx) -> Classification:
     prior, seen = ctx.incidents_across_resets([119, 120])
     related = [c for c in seen if c != ctx.code]
     what = f"{ctx.label()} from {_who(ctx.event.pid, ctx.event.process_name)}: GSP firmware error or timeout"
-    common = dict(severity=Severity.CRITICAL, drain=True, cause=CauseClass.DRIVER)
+    common: dict[str, Any] = dict(severity=Severity.CRITICAL, drain=True, cause=CauseClass.DRIVER)
     if prior >= 2:
         return ctx.result(
             "gsp.persistent",

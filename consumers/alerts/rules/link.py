@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from gpupipe_consumers.alerts.rules.catalog import (
     Action,
     CauseClass,
@@ -36,7 +38,7 @@ def _nvlink74(ctx: _Ctx) -> Classification:
     parsed = parse_nvlink_error(ctx.event.message)
     link_txt = f" on link {parsed.link}" if parsed is not None else ""
     decoded = decode_nvlink_registers(parsed.registers) if parsed is not None else {}
-    critical = dict(severity=Severity.CRITICAL, drain=True, cause=CauseClass.NVLINK_FABRIC)
+    critical: dict[str, Any] = dict(severity=Severity.CRITICAL, drain=True, cause=CauseClass.NVLINK_FABRIC)
     if not decoded:
         prior = ctx.prior_incidents([74])
         if prior:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from gpupipe_consumers.alerts.rules.catalog import (
     Action,
@@ -60,7 +61,7 @@ def _ecc_dbe(ctx: _Ctx) -> Classification:
         f"{ctx.label()}: uncorrectable ECC error; a GPU reset or node reboot is needed to clear it"
         " ([CAT] Xid 48)"
     )
-    common = dict(severity=Severity.CRITICAL, drain=True, cause=CauseClass.HARDWARE_MEMORY)
+    common: dict[str, Any] = dict(severity=Severity.CRITICAL, drain=True, cause=CauseClass.HARDWARE_MEMORY)
     if health.remap_failure:
         return ctx.result(
             "ecc.dbe_remap_failure",
