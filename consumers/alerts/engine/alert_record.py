@@ -24,6 +24,7 @@ __all__ = [
     "LEVEL_SIGNALS",
     "MAX_ALLOCATIONS",
     "MAX_MESSAGE_CHARS",
+    "STICKY_ACTIONS",
     "Alert",
     "AlertName",
     "Pending",
@@ -56,6 +57,9 @@ ALERTNAMES = frozenset(n.value for n in AlertName)
 
 LEVEL_SIGNALS = frozenset({"row_remap_failure", "row_remap_pending", "recovery_action", "thermal"})
 """Signals that are levels, not events: their alert lasts while the sampled value says so."""
+
+# Actions that need a reset, reboot or a person with a replacement GPU: silence is no evidence of recovery.
+STICKY_ACTIONS = frozenset({"RESET_GPU", "RESTART_BM", "RESTART_VM", "DRAIN_AND_RESET"})
 
 MAX_MESSAGE_CHARS = 1024
 MAX_ALLOCATIONS = 64
@@ -146,6 +150,24 @@ class Alert:
 
     def snapshot(self) -> Alert:
         return replace(self, gpus=list(self.gpus), allocations=list(self.allocations))
+
+    @property
+    def sample_owned(self) -> bool:
+        """A level alert only the samples speak for: they refresh it while the condition holds and clear it
+        when it ends, so neither quiet time nor reset evidence concerns it. Once an XidEvent spoke for it
+        (NVML's recovery-action event, which reports a change once and never repeats it) it is a fault like
+        the others: silence is no evidence, recovery evidence ends it."""
+        return self.key[3] in LEVEL_SIGNALS and self.first_event_id is None and self.last_event_id is None
+
+    @property
+    def sticky(self) -> bool:
+        """A GPU/NVSwitch fault that stays firing until evidence of recovery: quiet time does not end it
+        (see :mod:`gpupipe_consumers.alerts.engine.facade`)."""
+        if self.scope == "node" or self.sample_owned:
+            return False
+        if self.key[3] in LEVEL_SIGNALS:
+            return True  # raised by an event that will not repeat (see sample_owned)
+        return self.drain_node or self.action in STICKY_ACTIONS
 
     def learn(self, message: str, allocations: Any) -> bool:
         """The first message and any new containers an occurrence names; True if the alert changed."""

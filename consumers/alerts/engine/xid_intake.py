@@ -16,11 +16,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any, NamedTuple
 
-from gpupipe_consumers.alerts.engine.alert_policy import (
-    FOLLOWER_CODES,
-    MEMORY_FOLLOWER_CODES,
-    sticky,
-)
+from gpupipe_consumers.alerts.engine.alert_policy import FOLLOWER_CODES, MEMORY_FOLLOWER_CODES
 from gpupipe_consumers.alerts.engine.alert_record import Alert, AlertName, signal_code
 from gpupipe_consumers.alerts.engine.alert_table import AlertTable, Key
 from gpupipe_consumers.alerts.engine.fault_decisions import FaultDecisions
@@ -190,7 +186,7 @@ class XidIntake:
             return False
         if any(r > a.last_seen_ms for r in self._histories.get(a.hostname, a.device).resets()):
             return False
-        return sticky(a) or _same_job(a, job)
+        return a.sticky or _same_job(a, job)
 
     def _double_sighting(self, key: Key, source: str, ts: int) -> bool:
         """The second sighting of one Xid by the producer's other source within ``sighting_merge_ms``: no
