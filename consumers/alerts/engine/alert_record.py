@@ -1,4 +1,5 @@
-"""The alert model, its stable id, and the two wire forms: the ``GpuAlert`` record and Alertmanager's.
+"""The alert model, its key's device part and stable id, and the two wire forms: the ``GpuAlert``
+record and Alertmanager's.
 
 Pure: no clocks (times are passed in), no I/O. :class:`Alert` is the mutable state the engine
 (:mod:`gpupipe_consumers.alerts.engine.facade`) keeps per open alert; :func:`to_record` turns a snapshot of
@@ -17,6 +18,7 @@ from functools import cache
 from typing import Any
 
 from gpupipe.clients.alertmanager import iso_ms
+from gpupipe.domain import pci
 from gpupipe_schemas import catalog as schema_catalog
 
 __all__ = [
@@ -31,6 +33,7 @@ __all__ = [
     "action_record",
     "alert_from_record",
     "alert_id",
+    "device_key",
     "iso_ms",
     "to_record",
 ]
@@ -70,6 +73,29 @@ def alert_id(scope: str, hostname: str, device: str, signal: str, anchor: str | 
     """Stable fingerprint of an alert (see module doc)."""
     text = f"{scope}|{hostname}|{device}|{signal}|{anchor}"
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:_ID_HEX]
+
+
+_BUS_CACHE: dict[str, str] = {}
+
+
+def device_key(bus_id: str | None, fallback: str | None = None) -> str:
+    """Canonical PCI bus id (``0000:3b:00.0``) used as the device part of alert keys.
+
+    Kernel-log and NVML forms of one GPU map to the same key. Unparseable text is kept (lower-cased),
+    and an empty bus id falls back to ``fallback`` (the UUID).
+    """
+    if not bus_id:
+        return fallback or ""
+    hit = _BUS_CACHE.get(bus_id)
+    if hit is not None:
+        return hit
+    try:
+        key = pci.canonical(bus_id)
+    except ValueError:
+        key = bus_id.strip().lower()
+    if len(_BUS_CACHE) < 100_000:
+        _BUS_CACHE[bus_id] = key
+    return key
 
 
 @dataclass(frozen=True, slots=True)

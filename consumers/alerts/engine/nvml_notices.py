@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpupipe_consumers.alerts.engine.alert_record import Alert, AlertName
+from gpupipe_consumers.alerts.engine.alert_record import Alert, AlertName, device_key
 from gpupipe_consumers.alerts.engine.alert_table import AlertTable, Key
 from gpupipe_consumers.alerts.engine.fault_decisions import FaultDecisions
 from gpupipe_consumers.alerts.engine.gpu_histories import GpuHistories
-from gpupipe_consumers.alerts.engine.health_signals import SIGNAL_INFO, InvalidRecord, device_key
+from gpupipe_consumers.alerts.engine.health_signals import SIGNAL_INFO, InvalidRecord
 from gpupipe_consumers.alerts.engine.input_guard import InputGuard
 from gpupipe_consumers.alerts.engine.node_burst import NodeBursts
 from gpupipe_consumers.alerts.engine.recovery_evidence import RecoveryEvidence

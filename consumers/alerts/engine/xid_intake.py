@@ -17,11 +17,11 @@ from collections.abc import Collection
 from typing import Any, NamedTuple
 
 from gpupipe_consumers.alerts.engine.alert_policy import FOLLOWER_CODES, MEMORY_FOLLOWER_CODES
-from gpupipe_consumers.alerts.engine.alert_record import Alert, AlertName, signal_code
+from gpupipe_consumers.alerts.engine.alert_record import Alert, AlertName, device_key, signal_code
 from gpupipe_consumers.alerts.engine.alert_table import AlertTable, Key
 from gpupipe_consumers.alerts.engine.fault_decisions import FaultDecisions
 from gpupipe_consumers.alerts.engine.gpu_histories import GpuHistories
-from gpupipe_consumers.alerts.engine.health_signals import InvalidRecord, device_key
+from gpupipe_consumers.alerts.engine.health_signals import InvalidRecord
 from gpupipe_consumers.alerts.engine.input_guard import InputGuard
 from gpupipe_consumers.alerts.engine.node_burst import NodeBursts
 from gpupipe_consumers.alerts.engine.nvml_notices import NvmlNotices
