@@ -57,14 +57,7 @@ class EngineFacade:
         self.decisions = FaultDecisions(self.table, self.histories, health or _unknown, identity or _unknown)
         self.evidence = RecoveryEvidence(self.table, self.histories, self.memory)
         self.bursts = NodeBursts(self.table)
-        notices = NvmlNotices(
-            self.table,
-            guard=self.guard,
-            decisions=self.decisions,
-            histories=self.histories,
-            recovery=self.evidence,
-            bursts=self.bursts,
-        )
+        notices = NvmlNotices(self.table, histories=self.histories, recovery=self.evidence)
         self.xids = XidIntake(
             self.table,
             guard=self.guard,
