@@ -2,8 +2,8 @@
 
 In order: duplicates and replays are dropped (:mod:`gpupipe_consumers.alerts.engine.input_guard`); a boot id
 and the driver's load line are evidence (:mod:`gpupipe_consumers.alerts.engine.recovery_evidence`); NVML's
-notice kinds go to :mod:`gpupipe_consumers.alerts.engine.nvml_notices`; a fault is keyed (Xid 45 and 154 join
-the fault they follow), merged with its other source's sighting, classified
+notice kinds are keyed by :mod:`gpupipe_consumers.alerts.engine.nvml_notices` and folded like a fault; a fault
+is keyed (Xid 45 and 154 join the fault they follow), merged with its other source's sighting, classified
 (:mod:`gpupipe_consumers.alerts.engine.fault_decisions`), folded into
 its alert in the table, matched against evidence processed before it, and counted toward its node's
 burst (:mod:`gpupipe_consumers.alerts.engine.node_burst`). A fault whose own time is older than
