@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpupipe_consumers.alerts.engine.health_signals import device_key
+from gpupipe_consumers.alerts.engine.alert_record import device_key
 
 __all__ = ["OVER_CAP", "DeviceAdmission", "Evicted", "device_of"]
 

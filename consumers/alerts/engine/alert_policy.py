@@ -1,5 +1,5 @@
-"""What the alert engine decides by (pure): decision ranks, which alerts stay until evidence, which XIDs
-feed node bursts or follow another fault, the workload of an event.
+"""What the alert engine decides by (pure): decision ranks, which XIDs feed node bursts or follow
+another fault, the workload of an event.
 
 Split out of :mod:`gpupipe_consumers.alerts.engine.facade` so the engine module keeps to its state machine.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from gpupipe_consumers.alerts.engine.alert_record import LEVEL_SIGNALS, Alert
+from gpupipe_consumers.alerts.engine.alert_record import Alert
 from gpupipe_consumers.alerts.rules.catalog import Action, CauseClass, Severity
 from gpupipe_consumers.alerts.rules.classify_model import Classification, GpuXidHistory
 
@@ -18,12 +18,9 @@ __all__ = [
     "FOLLOWER_CODES",
     "JOB_KILL_CODES",
     "MEMORY_FOLLOWER_CODES",
-    "STICKY_ACTIONS",
     "counts_toward_burst",
     "merge_codes",
     "rank",
-    "sample_owned",
-    "sticky",
     "unless_elsewhere",
     "with_note",
     "worse",
@@ -67,27 +64,6 @@ def worse(a: tuple[str, bool, str], b: tuple[str, bool, str]) -> bool:
 # Xid 43 (job stopped, GPU healthy) and 45 (channels torn down: a job killed or preempted) are what every
 # multi-GPU job kill logs on each of its GPUs; they never make or feed a node burst.
 JOB_KILL_CODES = frozenset({43, 45})
-
-
-# Actions that need a reset, reboot or a person with a replacement GPU: silence is no evidence of recovery.
-STICKY_ACTIONS = frozenset({"RESET_GPU", "RESTART_BM", "RESTART_VM", "DRAIN_AND_RESET"})
-
-
-def sample_owned(a: Alert) -> bool:
-    """A level alert only the samples speak for: they refresh it while the condition holds and clear it
-    when it ends, so neither quiet time nor reset evidence concerns it. Once an XidEvent spoke for it
-    (NVML's recovery-action event, which reports a change once and never repeats it) it is a fault like
-    the others: silence is no evidence, recovery evidence ends it."""
-    return a.key[3] in LEVEL_SIGNALS and a.first_event_id is None and a.last_event_id is None
-
-
-def sticky(a: Alert) -> bool:
-    """A GPU/NVSwitch fault that stays firing until evidence of recovery (see module doc)."""
-    if a.scope == "node" or sample_owned(a):
-        return False
-    if a.key[3] in LEVEL_SIGNALS:
-        return True  # raised by an event that will not repeat (see sample_owned)
-    return a.drain_node or a.action in STICKY_ACTIONS
 
 
 # GPU faults without an XID code that count toward a node burst like one (NVML's GPU-unavailable event).

@@ -1,4 +1,5 @@
-"""The alert model, its stable id, and the two wire forms: the ``GpuAlert`` record and Alertmanager's.
+"""The alert model, its key's device part and stable id, and the two wire forms: the ``GpuAlert``
+record and Alertmanager's.
 
 Pure: no clocks (times are passed in), no I/O. :class:`Alert` is the mutable state the engine
 (:mod:`gpupipe_consumers.alerts.engine.facade`) keeps per open alert; :func:`to_record` turns a snapshot of
@@ -17,6 +18,7 @@ from functools import cache
 from typing import Any
 
 from gpupipe.clients.alertmanager import iso_ms
+from gpupipe.domain import pci
 from gpupipe_schemas import catalog as schema_catalog
 
 __all__ = [
@@ -24,12 +26,14 @@ __all__ = [
     "LEVEL_SIGNALS",
     "MAX_ALLOCATIONS",
     "MAX_MESSAGE_CHARS",
+    "STICKY_ACTIONS",
     "Alert",
     "AlertName",
     "Pending",
     "action_record",
     "alert_from_record",
     "alert_id",
+    "device_key",
     "iso_ms",
     "to_record",
 ]
@@ -57,6 +61,9 @@ ALERTNAMES = frozenset(n.value for n in AlertName)
 LEVEL_SIGNALS = frozenset({"row_remap_failure", "row_remap_pending", "recovery_action", "thermal"})
 """Signals that are levels, not events: their alert lasts while the sampled value says so."""
 
+# Actions that need a reset, reboot or a person with a replacement GPU: silence is no evidence of recovery.
+STICKY_ACTIONS = frozenset({"RESET_GPU", "RESTART_BM", "RESTART_VM", "DRAIN_AND_RESET"})
+
 MAX_MESSAGE_CHARS = 1024
 MAX_ALLOCATIONS = 64
 _ID_HEX = 24
@@ -66,6 +73,29 @@ def alert_id(scope: str, hostname: str, device: str, signal: str, anchor: str | 
     """Stable fingerprint of an alert (see module doc)."""
     text = f"{scope}|{hostname}|{device}|{signal}|{anchor}"
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:_ID_HEX]
+
+
+_BUS_CACHE: dict[str, str] = {}
+
+
+def device_key(bus_id: str | None, fallback: str | None = None) -> str:
+    """Canonical PCI bus id (``0000:3b:00.0``) used as the device part of alert keys.
+
+    Kernel-log and NVML forms of one GPU map to the same key. Unparseable text is kept (lower-cased),
+    and an empty bus id falls back to ``fallback`` (the UUID).
+    """
+    if not bus_id:
+        return fallback or ""
+    hit = _BUS_CACHE.get(bus_id)
+    if hit is not None:
+        return hit
+    try:
+        key = pci.canonical(bus_id)
+    except ValueError:
+        key = bus_id.strip().lower()
+    if len(_BUS_CACHE) < 100_000:
+        _BUS_CACHE[bus_id] = key
+    return key
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +176,24 @@ class Alert:
 
     def snapshot(self) -> Alert:
         return replace(self, gpus=list(self.gpus), allocations=list(self.allocations))
+
+    @property
+    def sample_owned(self) -> bool:
+        """A level alert only the samples speak for: they refresh it while the condition holds and clear it
+        when it ends, so neither quiet time nor reset evidence concerns it. Once an XidEvent spoke for it
+        (NVML's recovery-action event, which reports a change once and never repeats it) it is a fault like
+        the others: silence is no evidence, recovery evidence ends it."""
+        return self.key[3] in LEVEL_SIGNALS and self.first_event_id is None and self.last_event_id is None
+
+    @property
+    def sticky(self) -> bool:
+        """A GPU/NVSwitch fault that stays firing until evidence of recovery: quiet time does not end it
+        (see :mod:`gpupipe_consumers.alerts.engine.facade`)."""
+        if self.scope == "node" or self.sample_owned:
+            return False
+        if self.key[3] in LEVEL_SIGNALS:
+            return True  # raised by an event that will not repeat (see sample_owned)
+        return self.drain_node or self.action in STICKY_ACTIONS
 
     def learn(self, message: str, allocations: Any) -> bool:
         """The first message and any new containers an occurrence names; True if the alert changed."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 
-from gpupipe_consumers.alerts.engine.alert_policy import sticky
 from gpupipe_consumers.alerts.engine.alert_record import LEVEL_SIGNALS, Alert, alert_id
 from gpupipe_consumers.alerts.engine.config import EngineConfig
 
@@ -192,7 +191,7 @@ class AlertTable:
         """A recurrence that the caller says is the same incident, within the horizon; for a sticky
         alert at any distance (its GPU is broken until evidence of recovery ends the alert)."""
         horizon = self.cfg.recurrence_horizon_ms
-        return continues is not None and (ts <= a.last_seen_ms + horizon or sticky(a)) and continues(a)
+        return continues is not None and (ts <= a.last_seen_ms + horizon or a.sticky) and continues(a)
 
     def fold(self, a: Alert, ts: int, now_ms: int, count: int) -> None:
         """Fold an occurrence at ``ts`` into open alert ``a`` whatever its gap to the latest one (a node
@@ -273,7 +272,7 @@ class AlertTable:
         keepalive = self.cfg.keepalive_ms
         for key, a in list(self._open.items()):
             quiet = min(r, d) if a.scope == "node" else r
-            if now_ms - a.seen_at_ms >= quiet and not sticky(a) and not self.held(a):
+            if now_ms - a.seen_at_ms >= quiet and not a.sticky and not self.held(a):
                 self.end(a, now_ms, "quiet", keep=r < d and key[3] not in LEVEL_SIGNALS)
                 continue
             if a.pending is not None:
@@ -291,7 +290,7 @@ class AlertTable:
             return False
         host, aid = a.hostname, a.alert_id
         return any(
-            m.parent_alert_id == aid and sticky(m)
+            m.parent_alert_id == aid and m.sticky
             for (h, _device), keys in self._by_gpu.items()
             if h == host
             for m in (self._open[k] for k in keys)

@@ -14,8 +14,8 @@ from collections.abc import Collection, Iterable
 from dataclasses import replace
 from typing import Any
 
-from gpupipe_consumers.alerts.engine.alert_policy import STICKY_ACTIONS, sticky, worse
-from gpupipe_consumers.alerts.engine.alert_record import Alert, alert_from_record
+from gpupipe_consumers.alerts.engine.alert_policy import worse
+from gpupipe_consumers.alerts.engine.alert_record import STICKY_ACTIONS, Alert, alert_from_record
 from gpupipe_consumers.alerts.engine.alert_table import AlertTable, Key
 from gpupipe_consumers.alerts.engine.config import EngineConfig
 from gpupipe_consumers.alerts.engine.evidence_memory import Evidence, EvidenceMemory, evidence_from_record
@@ -29,7 +29,7 @@ from gpupipe_consumers.alerts.engine.recovery_evidence import RecoveryEvidence
 from gpupipe_consumers.alerts.engine.signal_alerts import SignalAlerts
 from gpupipe_consumers.alerts.engine.xid_intake import XidIntake
 
-__all__ = ["STICKY_ACTIONS", "EngineConfig", "EngineFacade", "sticky", "worse"]
+__all__ = ["STICKY_ACTIONS", "EngineConfig", "EngineFacade", "worse"]
 
 
 def _unknown(host: str, device: str) -> None:
@@ -57,14 +57,7 @@ class EngineFacade:
         self.decisions = FaultDecisions(self.table, self.histories, health or _unknown, identity or _unknown)
         self.evidence = RecoveryEvidence(self.table, self.histories, self.memory)
         self.bursts = NodeBursts(self.table)
-        notices = NvmlNotices(
-            self.table,
-            guard=self.guard,
-            decisions=self.decisions,
-            histories=self.histories,
-            recovery=self.evidence,
-            bursts=self.bursts,
-        )
+        notices = NvmlNotices(self.table, histories=self.histories, recovery=self.evidence)
         self.xids = XidIntake(
             self.table,
             guard=self.guard,

@@ -12,8 +12,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gpupipe.domain import pci
-from gpupipe_consumers.alerts.engine.alert_record import AlertName
+from gpupipe_consumers.alerts.engine.alert_record import AlertName, device_key
 from gpupipe_consumers.alerts.rules.classify import GpuHealth
 from gpupipe_consumers.alerts.rules.notice import RECOVERY_ACTION_NAME, recovery_decision
 
@@ -26,7 +25,6 @@ __all__ = [
     "InvalidRecord",
     "SignalEvent",
     "SignalInfo",
-    "device_key",
 ]
 
 THERMAL_MASK = 0x20 | 0x40  # SwThermalSlowdown | HwThermalSlowdown
@@ -113,29 +111,6 @@ def recovery_presentation(value: int | None) -> tuple[str, str, bool]:
     engine makes the sampled field and the event one alert, so they must grade a value alike."""
     action, severity, drain = recovery_decision(value)
     return action.value, severity.value, drain
-
-
-_BUS_CACHE: dict[str, str] = {}
-
-
-def device_key(bus_id: str | None, fallback: str | None = None) -> str:
-    """Canonical PCI bus id (``0000:3b:00.0``) used as the device part of alert keys.
-
-    Kernel-log and NVML forms of one GPU map to the same key. Unparseable text is kept (lower-cased),
-    and an empty bus id falls back to ``fallback`` (the UUID).
-    """
-    if not bus_id:
-        return fallback or ""
-    hit = _BUS_CACHE.get(bus_id)
-    if hit is not None:
-        return hit
-    try:
-        key = pci.canonical(bus_id)
-    except ValueError:
-        key = bus_id.strip().lower()
-    if len(_BUS_CACHE) < 100_000:
-        _BUS_CACHE[bus_id] = key
-    return key
 
 
 class InvalidRecord(ValueError):

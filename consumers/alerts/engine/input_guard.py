@@ -11,12 +11,22 @@ and clocks that run ahead.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
+from typing import Any, NamedTuple
 
 from gpupipe_consumers.alerts.engine.alert_record import Alert
 from gpupipe_consumers.alerts.engine.alert_table import AlertTable, Key
+from gpupipe_consumers.alerts.engine.health_signals import InvalidRecord
 
-__all__ = ["InputGuard"]
+__all__ = ["Admitted", "InputGuard"]
+
+
+class Admitted(NamedTuple):
+    """What an admitted XidEvent is: its id (if any), host and processing-safe time."""
+
+    event_id: str | None
+    hostname: str
+    ts: int
 
 
 class InputGuard:
@@ -29,6 +39,19 @@ class InputGuard:
         # Restored alerts' last counted XidEvent positions per key: until the replayed input passes
         # them, events at or before them were counted already.
         self._marks: dict[Key, tuple[int, int]] = {}
+
+    def admit(self, ev: Mapping[str, Any], now_ms: int) -> Admitted | None:
+        """Event ``ev`` as the engine takes it: ``None`` for an ``event_id`` seen before, its time clamped
+        (:meth:`clamp`). Raises :class:`InvalidRecord` (counted) for one without host or integer time."""
+        eid = ev.get("event_id") or None
+        if eid is not None and self.duplicate(eid):
+            return None
+        host = ev.get("hostname") or ""
+        raw_ts = ev.get("timestamp_ms")
+        if not host or not isinstance(raw_ts, int) or isinstance(raw_ts, bool):
+            self._counts["invalid"] += 1
+            raise InvalidRecord("XidEvent without hostname or integer timestamp_ms")
+        return Admitted(eid, host, self.clamp(raw_ts, now_ms))
 
     def duplicate(self, eid: str) -> bool:
         """``eid`` was seen before (counted); otherwise it is remembered from now on."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gpupipe_consumers.alerts.engine.alert_policy import sample_owned, with_note
+from gpupipe_consumers.alerts.engine.alert_policy import with_note
 from gpupipe_consumers.alerts.engine.alert_record import Alert, Pending, iso_ms
 from gpupipe_consumers.alerts.engine.alert_table import AlertTable
 from gpupipe_consumers.alerts.engine.evidence_memory import Evidence, EvidenceMemory
@@ -70,7 +70,7 @@ class RecoveryEvidence:
         self._histories.get(host, device).record_reset(ts)
         out = []
         for a in self._table.gpu_alerts(host, device):
-            if a.scope != "gpu" or sample_owned(a) or a.last_seen_ms >= ts or not ends(kind, a):
+            if a.scope != "gpu" or a.sample_owned or a.last_seen_ms >= ts or not ends(kind, a):
                 continue  # a fault at or after the evidence is not over
             self.end(a, now_ms, detail or kind)
             out.append(a)
@@ -80,7 +80,7 @@ class RecoveryEvidence:
     def _node_evidence(self, a: Alert, kind: str, since: int, detail: str, now_ms: int) -> bool:
         """Apply node-wide evidence (``reboot``, ``driver_load``) at ``since`` to open alert ``a``: end it
         now, make it wait for a healthy sample of its GPU, or leave it (see recovery_policy)."""
-        if a.scope not in _REBOOT_SCOPES or sample_owned(a) or a.last_seen_ms > since:
+        if a.scope not in _REBOOT_SCOPES or a.sample_owned or a.last_seen_ms > since:
             return False
         if kind == "driver_load" and a.scope != "gpu":
             return False  # NVSwitches are not the GPU driver's to re-initialise
@@ -126,7 +126,7 @@ class RecoveryEvidence:
     def evaluate(self, a: Alert, now_ms: int) -> bool:
         """Match an alert just raised (or restored) against the evidence remembered after its fault, as if
         that evidence had been processed after it; True when that ended it."""
-        if a.scope not in _REBOOT_SCOPES or sample_owned(a) or a.status != "firing":
+        if a.scope not in _REBOOT_SCOPES or a.sample_owned or a.status != "firing":
             return False
         if a.scope == "gpu":
             for ev in self.memory.gpu_after(a.hostname, a.device, a.last_seen_ms):

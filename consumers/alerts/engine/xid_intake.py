@@ -2,8 +2,8 @@
 
 In order: duplicates and replays are dropped (:mod:`gpupipe_consumers.alerts.engine.input_guard`); a boot id
 and the driver's load line are evidence (:mod:`gpupipe_consumers.alerts.engine.recovery_evidence`); NVML's
-notice kinds go to :mod:`gpupipe_consumers.alerts.engine.nvml_notices`; a fault is keyed (Xid 45 and 154 join
-the fault they follow), merged with its other source's sighting, classified
+notice kinds are keyed by :mod:`gpupipe_consumers.alerts.engine.nvml_notices` and folded like a fault; a fault
+is keyed (Xid 45 and 154 join the fault they follow), merged with its other source's sighting, classified
 (:mod:`gpupipe_consumers.alerts.engine.fault_decisions`), folded into
 its alert in the table, matched against evidence processed before it, and counted toward its node's
 burst (:mod:`gpupipe_consumers.alerts.engine.node_burst`). A fault whose own time is older than
@@ -16,19 +16,14 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any, NamedTuple
 
-from gpupipe_consumers.alerts.engine.alert_policy import (
-    FOLLOWER_CODES,
-    MEMORY_FOLLOWER_CODES,
-    sticky,
-)
-from gpupipe_consumers.alerts.engine.alert_record import Alert, AlertName, signal_code
+from gpupipe_consumers.alerts.engine.alert_policy import FOLLOWER_CODES, MEMORY_FOLLOWER_CODES
+from gpupipe_consumers.alerts.engine.alert_record import Alert, AlertName, device_key, signal_code
 from gpupipe_consumers.alerts.engine.alert_table import AlertTable, Key
 from gpupipe_consumers.alerts.engine.fault_decisions import FaultDecisions
 from gpupipe_consumers.alerts.engine.gpu_histories import GpuHistories
-from gpupipe_consumers.alerts.engine.health_signals import InvalidRecord, device_key
 from gpupipe_consumers.alerts.engine.input_guard import InputGuard
 from gpupipe_consumers.alerts.engine.node_burst import NodeBursts
-from gpupipe_consumers.alerts.engine.nvml_notices import NvmlNotices
+from gpupipe_consumers.alerts.engine.nvml_notices import NOTICE_ALERTNAMES, NvmlNotices
 from gpupipe_consumers.alerts.engine.recovery_evidence import RecoveryEvidence
 from gpupipe_consumers.alerts.rules.classify import FaultEvent
 from gpupipe_consumers.alerts.rules.classify_model import fault_event, workload_key
@@ -59,10 +54,10 @@ class _Occurrence(NamedTuple):
     position: tuple[int, int] | None
 
 
-def _note(a: Alert, scope: str, occ: _Occurrence) -> None:
+def _note(a: Alert, alertname: str, occ: _Occurrence) -> None:
     """What the occurrence tells the alert about itself: its name, latest event, input position, boot."""
     if a.alertname == "":
-        a.alertname = AlertName.SXID if scope == "nvswitch" else AlertName.XID
+        a.alertname = alertname
     a.last_event_id = occ.eid or a.last_event_id
     if occ.position is not None:
         a.last_input = occ.position
@@ -100,19 +95,15 @@ class XidIntake:
         self, ev: dict[str, Any], now_ms: int, position: tuple[int, int] | None = None
     ) -> Alert | None:
         """Fold one ``XidEvent``; returns the GPU/NVSwitch alert it landed in (``None`` for a duplicate or
-        evidence). Raises :class:`InvalidRecord` for an event without host or time. ``position``:
+        evidence). Raises :class:`~gpupipe_consumers.alerts.engine.health_signals.InvalidRecord` for an event
+        without host or time. ``position``:
         (partition, offset) of the event in the XidEvent topic (see
         :mod:`gpupipe_consumers.alerts.engine.input_guard`)."""
         self._counts["events"] += 1
-        eid = ev.get("event_id") or None
-        if eid is not None and self._guard.duplicate(eid):
+        admitted = self._guard.admit(ev, now_ms)
+        if admitted is None:
             return None
-        host = ev.get("hostname") or ""
-        raw_ts = ev.get("timestamp_ms")
-        if not host or not isinstance(raw_ts, int) or isinstance(raw_ts, bool):
-            self._counts["invalid"] += 1
-            raise InvalidRecord("XidEvent without hostname or integer timestamp_ms")
-        ts = self._guard.clamp(raw_ts, now_ms)
+        eid, host, ts = admitted
         kind = ev.get("kind") or "unknown"
         boot = ev.get("boot_id") or None
         if isinstance(boot, str):
@@ -123,21 +114,26 @@ class XidIntake:
             what = ev.get("message") or f"driver {ev.get('driver_version') or '?'}"
             self._recovery.driver_loaded(host, ts, now_ms, f"kernel log: {what}")
             return None
-        if kind in NOTICE_KINDS:  # NVML's recovery-action / GPU-unavailable events: no XID code
-            return self._notices.on_notice(ev, kind, host, ts, now_ms, boot, position)
-        kind, fe = fault_event(ev, kind, ts)
         device = device_key(ev.get("pci_bus_id"), ev.get("uuid"))
-        scope = "nvswitch" if kind == "sxid" else "gpu"
-        key = self._key(scope, host, device, fe.effective_code, ts)
-        if self._guard.replayed(key, position):
+        notice = kind in NOTICE_KINDS  # NVML's recovery-action / GPU-unavailable events: no XID code
+        if notice:
+            found = self._notices.occurrence(ev, kind, host, device, ts, now_ms)
+            if found is None:
+                return None
+            key, fe = found
+        else:
+            kind, fe = fault_event(ev, kind, ts)
+            scope = "nvswitch" if kind == "sxid" else "gpu"
+            key = self._key(scope, host, device, fe.effective_code, ts)
+        if self._guard.replayed(key, position):  # counted before a restart
             return None
-        if now_ms - ts > self._cfg.max_event_age_ms:
+        if not notice and now_ms - ts > self._cfg.max_event_age_ms:
             # A backlog re-read without its cursor (a first start, a lost cursor) brings back every XID of
             # the boot with its original time: a GPU reset and used since must not be drained for it.
             self._counts["stale_event"] += 1
             self._histories.get(host, device).record(fe)
             return None
-        return self._fold(ev, fe, key, _Occurrence(eid, boot, ts, now_ms, position))
+        return self._fold(ev, fe, key, _Occurrence(eid, boot, ts, now_ms, position), notice=notice)
 
     def _key(self, scope: str, host: str, device: str, eff: int, ts: int) -> Key:
         """The alert key of a fault; a follower code joins the open alert of the fault it follows."""
@@ -148,33 +144,48 @@ class XidIntake:
             key = self._follows(key, host, device, eff, ts)
         return key
 
-    def _fold(self, ev: dict[str, Any], fe: FaultEvent, key: Key, occ: _Occurrence) -> Alert:
-        """Classify the fault and fold it into its alert; then evidence, identity and the node's burst."""
+    def _fold(self, ev: dict[str, Any], fe: FaultEvent, key: Key, occ: _Occurrence, *, notice: bool) -> Alert:
+        """Classify the fault and fold it into its alert; then evidence, identity and the node's burst.
+
+        A ``notice`` (NVML's, no XID code) has no second source to merge with, no history entry and no
+        operational category; an open recovery-action alert takes it whatever its gap (the GPU's need
+        changed or was restated: the same incident as long as it lasts)."""
         scope, host, device, _signal = key
-        double = self._double_sighting(key, ev.get("source") or "unknown", occ.ts)
+        double = not notice and self._double_sighting(key, ev.get("source") or "unknown", occ.ts)
         if double:
             self._counts["double_sighting"] += 1
         result, signature = self._decisions.classify(fe, host, device, key)
-        result = refine_operational(ev.get("operational"), result)  # an unknown code: by its category
-        self._histories.get(host, device).record(fe)
+        if not notice:
+            result = refine_operational(ev.get("operational"), result)  # an unknown code: by its category
+            self._histories.get(host, device).record(fe)
         before = self._table.get(key)
-        a = self._table.touch(
-            key,
-            occ.ts,
-            occ.now_ms,
-            0 if double else 1,
-            anchor=occ.eid or str(occ.ts),
-            first_event_id=occ.eid,
-            continues=lambda open_alert: self._continues(open_alert, fe.workload, occ.boot),
-        )
-        _note(a, scope, occ)
+        if notice and before is not None and fe.kind == "recovery_action":
+            a = before
+            self._table.fold(a, occ.ts, occ.now_ms, 1)
+        else:
+            a = self._table.touch(
+                key,
+                occ.ts,
+                occ.now_ms,
+                0 if double else 1,
+                anchor=occ.eid or str(occ.ts),
+                first_event_id=occ.eid,
+                continues=None
+                if notice
+                else lambda open_alert: self._continues(open_alert, fe.workload, occ.boot),
+            )
+        if notice:
+            name = NOTICE_ALERTNAMES[fe.kind]
+        else:
+            name = AlertName.SXID if scope == "nvswitch" else AlertName.XID
+        _note(a, name, occ)
         self._decisions.apply(a, result, signature)
         self._decisions.identify(a, ev, host, device)
         if a.learn(fe.message, ev.get("allocations")):
             self._table.dirty(a)
         if a is not before and self._recovery.evaluate(a, occ.now_ms):
             return a  # over already: evidence after it was processed first (an old boot's fault...)
-        if scope == "gpu" and not double:
+        if scope == "gpu" and not double:  # counts_toward_burst decides (gpu_unavailable does)
             self._bursts.count(a, occ.ts, occ.now_ms)
         return a
 
@@ -190,7 +201,7 @@ class XidIntake:
             return False
         if any(r > a.last_seen_ms for r in self._histories.get(a.hostname, a.device).resets()):
             return False
-        return sticky(a) or _same_job(a, job)
+        return a.sticky or _same_job(a, job)
 
     def _double_sighting(self, key: Key, source: str, ts: int) -> bool:
         """The second sighting of one Xid by the producer's other source within ``sighting_merge_ms``: no

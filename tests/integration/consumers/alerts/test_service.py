@@ -23,7 +23,6 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from gpupipe.kafka import topics
 from gpupipe.kafka.admin import ensure_topics
 from gpupipe_consumers.alerts.engine.alert_record import alert_from_record
-from gpupipe_consumers.alerts.engine.facade import sticky
 from gpupipe_schemas.codec import AvroCodec
 from tests import hygiene  # own process group, dies with pytest, recorded for the leak guard
 from tests.conftest import free_port
@@ -438,7 +437,7 @@ def test_alerts_end_to_end(kafka: str, topic_prefix: str, alertmanager: Alertman
             # reboot or RMA stay firing until evidence of recovery: here an operator's ack.
             # A node storm stays as long as a sticky member fires (its members stay inhibited under it).
             def is_sticky(r: dict[str, Any]) -> bool:
-                return sticky(alert_from_record(r))
+                return alert_from_record(r).sticky
 
             def stays(r: dict[str, Any]) -> bool:
                 if r["scope"] != "node":

@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
+from gpupipe_consumers.alerts.engine.alert_record import device_key
 from gpupipe_consumers.alerts.engine.health_signals import (
     HealthConfig,
     HealthTracker,
     InvalidRecord,
-    device_key,
 )
 
 T0 = 1_800_000_000_000

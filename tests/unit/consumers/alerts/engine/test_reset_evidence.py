@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpupipe_consumers.alerts.engine.alert_record import to_record
+from gpupipe_consumers.alerts.engine.alert_record import device_key, to_record
 from gpupipe_consumers.alerts.engine.facade import EngineConfig, EngineFacade
-from gpupipe_consumers.alerts.engine.health_signals import GpuIdentity, device_key
+from gpupipe_consumers.alerts.engine.health_signals import GpuIdentity
 
 T0 = 1_800_000_000_000
 S = 1000
