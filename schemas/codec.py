@@ -60,16 +60,18 @@ R = TypeVar("R", bound=Mapping[str, Any])
 class Encoder(Generic[R]):
     """Encodes plain dicts of one record type. Built once at startup (bad schema fails early)."""
 
-    __slots__ = ("_header", "_parsed", "headers", "name")
+    __slots__ = ("_header", "_parsed", "framing", "headers", "name")
 
     def __init__(
         self,
         name: str,
+        framing: str,
         header: bytes,
         parsed: dict[str, Any],
         headers: list[tuple[str, bytes]] | None = None,
     ) -> None:
         self.name = name
+        self.framing = framing  # one of FRAMINGS
         self._header = header
         self._parsed = parsed
         #: Kafka record headers every value of this encoder must carry (raw framing), else None.
@@ -156,9 +158,9 @@ class AvroCodec:
             default = SINGLE_OBJECT if self._registry is None else CONFLUENT
             framing = self._framings.get(topic or "", default)
         if framing == SINGLE_OBJECT:
-            return Encoder(name, SINGLE_OBJECT_MAGIC + sv.fingerprint, sv.parsed)
+            return Encoder(name, SINGLE_OBJECT, SINGLE_OBJECT_MAGIC + sv.fingerprint, sv.parsed)
         if framing == RAW:
-            return Encoder(name, b"", sv.parsed, [(SCHEMA_HEADER, schema_header_value(sv))])
+            return Encoder(name, RAW, b"", sv.parsed, [(SCHEMA_HEADER, schema_header_value(sv))])
         if framing != CONFLUENT:
             raise ValueError(f"unknown framing {framing!r}")
         if self._registry is None:
@@ -166,7 +168,7 @@ class AvroCodec:
 
             raise ConfigError(f"the confluent framing of {topic or name} needs --schema-registry-url")
         schema_id = self._register(self._registry, sv, topic or name)
-        return Encoder(name, _CONFLUENT_HEADER.pack(CONFLUENT_MAGIC, schema_id), sv.parsed)
+        return Encoder(name, CONFLUENT, _CONFLUENT_HEADER.pack(CONFLUENT_MAGIC, schema_id), sv.parsed)
 
     @staticmethod
     def _register(registry: Any, sv: SchemaVersion, topic: str) -> int:

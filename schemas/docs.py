@@ -108,6 +108,13 @@ formats cannot skip the prefix. `raw` is what stock engines decode, at no byte c
 lives in a header that every hop must keep. `confluent` lets readers resolve schemas they never saw,
 at the price of running a registry.
 
+**How `confluent` is tested.** Only against confluent-kafka's in-process mock registry
+(`--schema-registry-url mock://...`): no Confluent-compatible registry server could be run where the
+suite runs. Confluent's own is not on PyPI, Apicurio Registry's app needs a Quarkus build, Karapace
+is not on PyPI, and `etlantic-schemaregistry` 0.59.0 (experimental) installs but is a read-only
+client adapter, not a server. Registering and fetching over HTTP against a real registry is
+therefore untested here: try it against yours before relying on it.
+
 **Fingerprints.** The fingerprint is CRC-64-AVRO (the Avro spec's Rabin fingerprint) of the
 schema's parsing canonical form. Two spellings of the same 64-bit number are in use: the *wire
 bytes* (little-endian, as they appear after `C3 01` and in the `gpupipe.schema` header, and as

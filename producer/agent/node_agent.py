@@ -45,7 +45,7 @@ from gpupipe_producer.self_metrics import ProducerMetrics
 from gpupipe_producer.xid.kmsg_cursor import KmsgCursorStore, read_boot_id
 from gpupipe_producer.xid.kmsg_input import KmsgInput
 from gpupipe_producer.xid.pipeline import XidInbox, XidPath
-from gpupipe_producer.xid.sender import PublisherXids, XidSender
+from gpupipe_producer.xid.sender import SPOOL_FRAMING, PublisherXids, XidSender, reframer
 from gpupipe_producer.xid.spool import XidSpool
 from gpupipe_producer.xid.wake import WakeEvent
 from gpupipe_producer.xid.xid_merge import XidMerger
@@ -189,7 +189,8 @@ class NodeAgent:
         self.t_xid = t_xid
         self._nvml = nvml
         self._enc_sample = codec.encoder("GpuSample", t_samples).encode
-        self._enc_xid = codec.encoder("XidEvent", t_xid).encode
+        self._enc_xid = codec.encoder("XidEvent", framing=SPOOL_FRAMING).encode
+        self._frame_xid = reframer(codec, codec.encoder("XidEvent", t_xid))
         c = config
         self.source: NvmlSource | None = None
         self.watcher: XidEventWatcher | WatcherPair | None = None
@@ -403,7 +404,7 @@ class NodeAgent:
         # memory, logged once and counted, instead of a crash loop.
         spool = XidSpool(c.spool_dir, c.spool_max_bytes)
         self.sender = XidSender(
-            PublisherXids(self.publisher, self.metrics, c.signer),
+            PublisherXids(self.publisher, self.metrics, c.signer, self._frame_xid),
             self.t_xid,
             spool,
             retry_after_s=c.xid_retry_after_s,

@@ -1,6 +1,8 @@
 """XID delivery that never loses one: spool first, hand to Kafka in bounded chunks, ack on delivery.
 
 Failed deliveries are retried in order, and a restarted producer replays what it had not delivered.
+The spool keeps XIDs in :data:`SPOOL_FRAMING` whatever the topic's ``--framing``; each is framed for
+the topic's framing of the running producer when handed over, then signed.
 """
 
 from __future__ import annotations
@@ -8,11 +10,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from gpupipe_producer.publish import Publisher
 from gpupipe_producer.self_metrics import ProducerMetrics
 from gpupipe_producer.xid.spool import XidSpool
+from gpupipe_schemas.codec import SINGLE_OBJECT, AvroCodec, Encoder
+from gpupipe_schemas.errors import DecodeError, EncodeError
+from gpupipe_schemas.records import XidEvent
 
 if TYPE_CHECKING:  # cryptography is loaded only by a producer that signs
     from gpupipe.domain.node_identity import NodeSigner
@@ -24,6 +29,25 @@ log = logging.getLogger("gpupipe.delivery")
 #: spool replayed every pending event into librdkafka at once, a second copy of the spool in
 #: memory (352 MB for a 64 MiB spool); in chunks the copy is this many events (a few hundred KB).
 MAX_XIDS_IN_FLIGHT = 1000
+
+#: How spooled XIDs are framed. Self-describing, so an XID spooled before a restart that changed
+#: the topic's framing is re-framed for the new one (spooled as the topic's framing then, it went
+#: out with a schema header that did not match its bytes, or without the one it needed).
+SPOOL_FRAMING = SINGLE_OBJECT
+
+
+def reframer(codec: AvroCodec, wire: Encoder[XidEvent]) -> Callable[[bytes], bytes] | None:
+    """Spooled value -> the value ``wire`` (the topic's encoder) writes; None: sent as spooled."""
+    if wire.framing == SPOOL_FRAMING:
+        return None
+
+    def frame(value: bytes) -> bytes:
+        try:
+            return wire.encode(cast(XidEvent, codec.decode(value).record))
+        except (DecodeError, EncodeError):
+            return value  # not self-describing: spooled by an older agent, in the topic's framing
+
+    return frame
 
 
 class XidSender:
@@ -148,10 +172,17 @@ class PublisherXids:
     spool and is retried, so it is not lost.
     """
 
-    def __init__(self, publisher: Publisher, metrics: ProducerMetrics, signer: NodeSigner | None) -> None:
+    def __init__(
+        self,
+        publisher: Publisher,
+        metrics: ProducerMetrics,
+        signer: NodeSigner | None,
+        frame: Callable[[bytes], bytes] | None = None,
+    ) -> None:
         self._pub = publisher
         self._metrics = metrics
         self._signer = signer
+        self._frame = frame  # spooled value -> the topic's framing (:func:`reframer`)
 
     def produce(self, topic: str, value: bytes, key: bytes, on_delivery: Callable[[Any, Any], None]) -> None:
         def done(err: Any, msg: Any) -> None:
@@ -159,6 +190,8 @@ class PublisherXids:
                 self._metrics.records_failed.labels(topic, err.name()).inc()
             on_delivery(err, msg)
 
+        if self._frame is not None:
+            value = self._frame(value)
         # Signed at hand-over, so a record spooled before a certificate rotation carries the new one.
         headers = self._signer.headers(value) if self._signer is not None else None
         self._pub.produce_tracked(topic, key, value, done, headers)
