@@ -98,10 +98,10 @@ def read_topology(
         read.gpus.append(entry)
         if entry["gpu_lost"]:
             continue
-        ctx = _context(nvml, ref, tally, errors)
-        if ctx is None:
-            continue
         try:
+            ctx = _context(nvml, ref, tally, errors)
+            if ctx is None:
+                continue
             _read_gpu(ctx, entry, by_bus, sysfs_pci)
         except errors.lost:
             entry["gpu_lost"] = True  # the source notices on its own poll and reports it
@@ -132,10 +132,13 @@ def _identity(ref: GpuRef, lost: Collection[str]) -> TopologyGpu:
 
 def _context(nvml: Any, ref: GpuRef, tally: _Tally, errors: NvmlErrors) -> DeviceContext | None:
     """A fresh context for ``ref``'s GPU; None when its handle cannot be had or is another GPU's
-    (the enumeration changed under the source: the next GPU-set change reads again)."""
+    (the enumeration changed under the source: the next GPU-set change reads again). Raises the
+    module's GpuIsLost."""
     try:
         handle = nvml.nvmlDeviceGetHandleByIndex(ref.gpu_index)
         uuid = text(nvml.nvmlDeviceGetUUID(handle))
+    except errors.lost:
+        raise
     except errors.base as exc:
         tally.error(type(exc).__name__)
         return None
