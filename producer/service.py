@@ -57,6 +57,7 @@ class ProducerService:
         self._samples_left = 0
         self.t_samples = topics.with_prefix(args.topic_prefix, topics.SAMPLES)
         self.t_xid = topics.with_prefix(args.topic_prefix, topics.XID)
+        self.t_topology = topics.with_prefix(args.topic_prefix, topics.TOPOLOGY)
         framed = parse_framings(args.framing, registry=bool(args.schema_registry_url))
         self.framings = {topics.with_prefix(args.topic_prefix, t): f for t, f in framed.items()}
 
@@ -120,7 +121,7 @@ class ProducerService:
         try:
             kafka_ready.prepare_kafka(
                 args.bootstrap_servers,
-                topics.to_prepare([topics.SAMPLES, topics.XID], create=args.create_topics),
+                topics.to_prepare([topics.SAMPLES, topics.XID, topics.TOPOLOGY], create=args.create_topics),
                 prefix=args.topic_prefix,
                 create=args.create_topics,
                 specs=self.specs,
@@ -163,6 +164,10 @@ class ProducerService:
             publisher.topic_headers[self.t_samples] = codec.encoder("GpuSample", self.t_samples).headers or []
         if self.framings.get(self.t_xid) == RAW:
             publisher.topic_headers[self.t_xid] = codec.encoder("XidEvent", self.t_xid).headers or []
+        if self.framings.get(self.t_topology) == RAW:
+            publisher.topic_headers[self.t_topology] = (
+                codec.encoder("GpuTopology", self.t_topology).headers or []
+            )
         if args.source == "simulated":
             enc_s = codec.encoder("GpuSample", self.t_samples).encode
             enc_x = codec.encoder("XidEvent", self.t_xid).encode
@@ -184,6 +189,7 @@ class ProducerService:
                 self.t_xid,
                 on_agent=self._on_agent,
                 kafka_ready=self.serve_after,
+                t_topology=self.t_topology,
             )
 
     # -- stop ----------------------------------------------------------------------------------

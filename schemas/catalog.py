@@ -21,7 +21,7 @@ from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from gpupipe_schemas.errors import SchemaError
 
-RECORD_NAMES = ("GpuSample", "XidEvent", "ChargebackWindow", "GpuAlert", "GpuRecommendation")
+RECORD_NAMES = ("GpuSample", "XidEvent", "ChargebackWindow", "GpuAlert", "GpuRecommendation", "GpuTopology")
 _RELEASED = re.compile(r"^(?P<name>[A-Za-z]+)\.v(?P<version>\d+)\.avsc$")
 
 

@@ -32,7 +32,14 @@ from fastavro import schemaless_reader, schemaless_writer
 from gpupipe_schemas import catalog
 from gpupipe_schemas.catalog import SchemaVersion
 from gpupipe_schemas.errors import DecodeError, EncodeError
-from gpupipe_schemas.records import ChargebackWindow, GpuAlert, GpuRecommendation, GpuSample, XidEvent
+from gpupipe_schemas.records import (
+    ChargebackWindow,
+    GpuAlert,
+    GpuRecommendation,
+    GpuSample,
+    GpuTopology,
+    XidEvent,
+)
 
 SINGLE_OBJECT_MAGIC = b"\xc3\x01"
 #: The Kafka record header that names the writer schema of a raw-framed value.
@@ -150,6 +157,10 @@ class AvroCodec:
     def encoder(
         self, name: Literal["GpuRecommendation"], topic: str | None = None, framing: str | None = None
     ) -> Encoder[GpuRecommendation]: ...
+    @overload
+    def encoder(
+        self, name: Literal["GpuTopology"], topic: str | None = None, framing: str | None = None
+    ) -> Encoder[GpuTopology]: ...
     def encoder(self, name: str, topic: str | None = None, framing: str | None = None) -> Encoder[Any]:
         """The encoder of record type ``name``, typed by its TypedDict; ``framing`` None: Confluent
         with a registry, single-object without."""

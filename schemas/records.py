@@ -395,6 +395,66 @@ class GpuSample(TypedDict):
     vendor: NotRequired[str]
 
 
+NvLinkState: TypeAlias = Literal["unknown", "inactive", "active", "sleep", "active_traffic_disabled"]
+
+
+NvLinkRemoteType: TypeAlias = Literal["unknown", "gpu", "switch", "ibmnpu"]
+
+
+class NvLink(TypedDict):
+    """Avro record gpupipe.v1.NvLink."""
+
+    link: int
+    state: NotRequired[NvLinkState | None]
+    remote_type: NotRequired[NvLinkRemoteType | None]
+    remote_pci_bus_id: NotRequired[str | None]
+    peer_uuid: NotRequired[str | None]
+
+
+class TopologyGpu(TypedDict):
+    """Avro record gpupipe.v1.TopologyGpu."""
+
+    gpu_index: int
+    uuid: str
+    pci_bus_id: NotRequired[str | None]
+    gpu_lost: NotRequired[bool]
+    numa_node: NotRequired[int | None]
+    memory_numa_node: NotRequired[int | None]
+    cpu_affinity: NotRequired[str | None]
+    nvlinks: NotRequired[list[NvLink]]
+    nvlink_domain: NotRequired[int | None]
+
+
+PcieAncestorLevel: TypeAlias = Literal[
+    "unknown",
+    "internal",
+    "single",
+    "multiple",
+    "hostbridge",
+    "node",
+    "system",
+]
+
+
+class GpuPair(TypedDict):
+    """Avro record gpupipe.v1.GpuPair."""
+
+    gpu_a: int
+    gpu_b: int
+    pcie_ancestor: NotRequired[PcieAncestorLevel | None]
+    nvlink_p2p: NotRequired[bool | None]
+
+
+class GpuTopology(TypedDict):
+    """Avro record gpupipe.v1.GpuTopology."""
+
+    hostname: str
+    timestamp_ms: int
+    driver_version: NotRequired[str | None]
+    gpus: list[TopologyGpu]
+    pairs: NotRequired[list[GpuPair]]
+
+
 XidKind: TypeAlias = Literal[
     "unknown",
     "xid",
@@ -474,7 +534,7 @@ class XidEvent(TypedDict):
 
 
 #: Any top-level record a topic carries.
-AnyRecord: TypeAlias = ChargebackWindow | GpuAlert | GpuRecommendation | GpuSample | XidEvent
+AnyRecord: TypeAlias = ChargebackWindow | GpuAlert | GpuRecommendation | GpuSample | GpuTopology | XidEvent
 
 
 #: GpuProcess fields with gpupipe.bound = ratio.

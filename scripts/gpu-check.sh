@@ -124,6 +124,33 @@ try:
 except Exception as exc:  # report, do not stop the check
     summary["encode_error"] = repr(exc)
     print(f"ENCODE FAILED: {exc!r}")
+
+# 1b. The GPU topology record (NUMA, CPU affinity, NVLinks, PCIe common ancestors, NVLink P2P).
+section("GPU topology (gpu.topology.v1)")
+try:
+    from gpupipe_producer.nvml.topology import read_topology
+
+    t0 = time.perf_counter()
+    topo = read_topology(nvml, src.gpus(), {g.uuid for g in src.lost_gpus})
+    took = time.perf_counter() - t0
+    rec = {"hostname": platform.node(), "timestamp_ms": int(time.time() * 1000), "driver_version": None,
+           "gpus": topo.gpus, "pairs": topo.pairs}
+    AvroCodec().encoder("GpuTopology").encode(rec)
+    (out_dir / "topology.json").write_text(json.dumps(rec, indent=2) + "\n")
+    summary["topology"] = {"seconds": round(took, 3), "errors": dict(topo.errors),
+                           "refused": sorted({f"{k.split(':')[0]}: {r}" for _, k, r in topo.learned})}
+    for g in topo.gpus:
+        states = [link["state"] for link in g["nvlinks"]]
+        print(f"GPU {g['gpu_index']} numa={g['numa_node']} memory_numa={g['memory_numa_node']} "
+              f"cpus={g['cpu_affinity']} nvlinks={len(states)} active={states.count('active')} "
+              f"domain={g['nvlink_domain']} remote={sorted({str(x['remote_type']) for x in g['nvlinks']})}")
+    levels: dict = {}
+    for p in topo.pairs:
+        levels[(p["pcie_ancestor"], p["nvlink_p2p"])] = levels.get((p["pcie_ancestor"], p["nvlink_p2p"]), 0) + 1
+    print(f"pairs (pcie ancestor, nvlink p2p): {levels}; read in {took:.3f} s; refused: {summary['topology']['refused']}")
+except Exception as exc:  # report, do not stop the check
+    summary["topology"] = {"error": repr(exc)}
+    print(f"TOPOLOGY FAILED: {exc!r}")
 src.shutdown()
 
 # 2. CPU per collection tick with the default intervals (fast 1 s ... slow 30 s): a simulated clock

@@ -55,6 +55,7 @@ import pynvml as _real
 from tests.fake_nvml_events import EventSetsMixin, _EventSet
 from tests.fake_nvml_operational import OperationalEventsMixin, _OpSet
 from tests.fake_nvml_session import SessionMixin
+from tests.fake_nvml_topology import TopologyMixin, default_cpus
 
 FIXTURES_DIR = Path(__file__).resolve().parent / "fixtures" / "nvml"
 GIB = 1024**3
@@ -390,6 +391,12 @@ class FakeGpu:
         self.numa_node: Any = (index // 4) if numa_node is None else numa_node
         #: nvmlDeviceGetNumaNodeId: only where GPU memory is a NUMA node (GB200); None: NotSupported.
         self.gpu_numa_node: int | None = None
+        # Topology (tests/fake_nvml_topology.py): an HGX board puts each GPU behind its own PCIe
+        # switch; a PCIe-only server two GPUs per switch. CPUs: the NUMA node's cores and siblings.
+        self.pcie_switch: int | None = index if m.nvlink_links else index // 2
+        self.cpus: tuple[int, ...] | None = default_cpus(self.numa_node)
+        #: link id -> (NVML_NVLINK_DEVICE_TYPE_*, remote PCI bus id); unset links: an NVSwitch.
+        self.nvlink_remote: dict[int, tuple[int, str]] = {}
         self.set_values(**values)
         # MIG
         self.mig_enabled = False
@@ -556,7 +563,7 @@ class _GpmSample:
         self.time = 0.0
 
 
-class FakeNvml(SessionMixin, EventSetsMixin, OperationalEventsMixin):
+class FakeNvml(SessionMixin, EventSetsMixin, OperationalEventsMixin, TopologyMixin):
     """The fake module object: pass it wherever ``pynvml`` is expected."""
 
     def __init__(
@@ -603,6 +610,7 @@ class FakeNvml(SessionMixin, EventSetsMixin, OperationalEventsMixin):
         self._stuck: dict[int, threading.Event] = {}  # gpu index -> set when its waits return
         self.stuck_waits = 0  # event waits blocked in "the driver" now (stick_event_waits)
         self._util_ts = 0
+        self.ancestor_overrides: dict[tuple[int, int], int] = {}
         for g in gpus:
             self.add_gpu(g)
 

@@ -5,7 +5,7 @@ Pure data and logic (no Kafka import) so the table is unit-tested, printed for o
 (gpupipe.kafka.auth) from one source. Topic names carry `--topic-prefix`; group and transactional
 ids are the ones the services use (read from their code, overridable per role):
 
-- producer:   WRITE samples and xid; IDEMPOTENT_WRITE on the cluster (brokers before 3.0 need it for
+- producer:   WRITE samples, xid and topology; IDEMPOTENT_WRITE on the cluster (brokers before 3.0 need it for
   `enable.idempotence`; later ones accept WRITE alone). No READ anywhere, no group.
 - metrics:    READ samples (group ``gpupipe-metrics``) and xid (a private, never-committing group
   ``gpupipe-metrics-xid-<uuid>``: prefix); WRITE deadletter (idempotent producer).
@@ -123,7 +123,8 @@ def role_acls(
     out: list[Acl] = []
     idem = Acl(p, "CLUSTER", "LITERAL", CLUSTER, "IDEMPOTENT_WRITE")
     if role == "producer":
-        out += _topic(p, prefix, topics.SAMPLES, "WRITE") + _topic(p, prefix, topics.XID, "WRITE") + [idem]
+        out += _topic(p, prefix, topics.SAMPLES, "WRITE") + _topic(p, prefix, topics.XID, "WRITE")
+        out += [*_topic(p, prefix, topics.TOPOLOGY, "WRITE"), idem]
     elif role == "metrics":
         out += _topic(p, prefix, topics.SAMPLES, "READ") + _topic(p, prefix, topics.XID, "READ")
         out += [*_topic(p, prefix, topics.DEADLETTER, "WRITE"), idem]

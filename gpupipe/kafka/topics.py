@@ -16,8 +16,9 @@ CHARGEBACK = "gpu.chargeback.v1"
 ALERTS = "gpu.alerts.v1"
 DEADLETTER = "gpu.deadletter.v1"
 RECOMMENDATIONS = "gpu.recommendations.v1"
+TOPOLOGY = "gpu.topology.v1"
 
-ALL = (SAMPLES, XID, CHARGEBACK, ALERTS, DEADLETTER, RECOMMENDATIONS)
+ALL = (SAMPLES, XID, CHARGEBACK, ALERTS, DEADLETTER, RECOMMENDATIONS, TOPOLOGY)
 
 # Record types a topic carries; `tail` and the dead-letter logic use it.
 RECORDS_ON = {
@@ -26,6 +27,7 @@ RECORDS_ON = {
     CHARGEBACK: ("ChargebackWindow",),
     ALERTS: ("GpuAlert",),
     RECOMMENDATIONS: ("GpuRecommendation",),
+    TOPOLOGY: ("GpuTopology",),
 }
 
 
@@ -50,6 +52,9 @@ DEFAULT_SPECS = {
     ALERTS: TopicSpec(partitions=3, retention_ms=30 * 86_400_000),
     DEADLETTER: TopicSpec(partitions=1, retention_ms=14 * 86_400_000),
     RECOMMENDATIONS: TopicSpec(partitions=3, retention_ms=30 * 86_400_000),
+    # Compacted: the latest record per node is its topology, kept for as long as the key lives
+    # (retention.ms does not apply to a compacted log; -1 says so to whoever reads the config).
+    TOPOLOGY: TopicSpec(partitions=3, retention_ms=-1, cleanup_policy="compact"),
 }
 
 
@@ -60,6 +65,7 @@ ALIASES = {
     "alerts": ALERTS,
     "deadletter": DEADLETTER,
     "recommendations": RECOMMENDATIONS,
+    "topology": TOPOLOGY,
 }
 
 

@@ -17,6 +17,7 @@ from gpupipe.common.logs import fields
 from gpupipe_producer.agent.dra_slices import ResourceSliceIndex
 from gpupipe_producer.agent.metrics import AgentCollector
 from gpupipe_producer.agent.nvml_control import NvmlControl
+from gpupipe_producer.agent.topology_publisher import TopologyPublisher
 from gpupipe_producer.agent_config import (
     DEFAULT_IN_FLIGHT_LIMIT,
     DEFAULT_SAMPLE_QUEUE_MAX,
@@ -93,6 +94,7 @@ def run_nvml(
     nvml: Any = None,
     on_agent: Callable[[NodeAgent], None] | None = None,
     kafka_ready: threading.Event | None = None,
+    t_topology: str | None = None,
 ) -> int:
     """``gpupipe produce --source nvml``: run the agent until ``stop`` is set; returns the ticks run.
 
@@ -111,6 +113,7 @@ def run_nvml(
         t_xid,
         nvml=nvml,
         kafka_ready=kafka_ready,
+        t_topology=t_topology,
     )
     if on_agent is not None:
         on_agent(agent)
@@ -167,6 +170,8 @@ class NodeAgent:
     ``kafka_ready`` (None: at once): nothing is handed to librdkafka before it is set (the topics
     exist). Meanwhile XIDs are spooled and samples wait in their bounded queue (oldest dropped,
     counted), instead of failing one by one on a missing topic.
+
+    ``t_topology`` (None: not published): the compacted topic of the node's GPU topology.
     """
 
     def __init__(
@@ -180,6 +185,7 @@ class NodeAgent:
         *,
         nvml: Any = None,
         kafka_ready: threading.Event | None = None,
+        t_topology: str | None = None,
     ) -> None:
         self.config = config
         self._kafka_ready = kafka_ready.is_set if kafka_ready is not None else None
@@ -192,6 +198,18 @@ class NodeAgent:
         self._enc_xid = codec.encoder("XidEvent", framing=SPOOL_FRAMING).encode
         self._frame_xid = reframer(codec, codec.encoder("XidEvent", t_xid))
         c = config
+        #: Reads and publishes the GPU topology on the polling thread (None: not published).
+        self.topology: TopologyPublisher | None = None
+        if t_topology is not None:
+            self.topology = TopologyPublisher(
+                c.hostname,
+                t_topology,
+                codec.encoder("GpuTopology", t_topology).encode,
+                _signed(publisher.produce, c.signer),
+                lambda topic: publisher.sent_by_topic.get(topic, 0),
+                ready=self._kafka_ready,
+                on_error=lambda kind: metrics.nvml_errors.labels(kind).inc(),
+            )
         self.source: NvmlSource | None = None
         self.watcher: XidEventWatcher | WatcherPair | None = None
         self.refresher: AllocationRefresher | None = None
@@ -384,6 +402,7 @@ class NodeAgent:
     def _start(self) -> None:
         c = self.config
         nvml = self._nvml if self._nvml is not None else nvml_factory()
+        self._nvml = nvml  # the topology is read through the same module
         self.source = NvmlSource(
             nvml,
             c.hostname,
@@ -651,6 +670,8 @@ class NodeAgent:
             put(topic, sample_kafka_key(s), value)
             ts = s["timestamp_ms"]
         xids.poll_ended(slices)
+        if self.topology is not None:
+            self.topology.tick(src, self._nvml)  # reads only when the GPU set changed
         self.samples.pump()
         self.ticks += 1
         m = self.metrics

@@ -62,6 +62,33 @@ def read_nvml_version(nvml: Any) -> str | None:
         return None
 
 
+def attached_numa_node(ctx: DeviceContext, sysfs_pci: str = SYSFS_PCI_DEVICES) -> int | None:
+    """The CPU-side NUMA node the GPU is attached to (the schema's meaning) on every platform.
+
+    Not ``nvmlDeviceGetNumaNodeId``: that is the GPU's *own* NUMA node where GPU memory is
+    onlined as one (GH200/GB200) and NotSupported on x86 HGX. The kernel's PCI view
+    (``/sys/bus/pci/devices/<bdf>/numa_node``) first, else NVML's memory affinity at node
+    scope when it names exactly one node; -1 or several nodes: null (unknown).
+    """
+    bdf = device_key(ctx.pci_bus_id or "")
+    if bdf is not None:
+        try:
+            with open(os.path.join(sysfs_pci, bdf + ".0", "numa_node")) as fh:
+                node = int(fh.read().strip())
+            return node if node >= 0 else None
+        except (OSError, ValueError):
+            pass
+    scope = getattr(ctx.nvml, "NVML_AFFINITY_SCOPE_NODE", 0)
+    mask = ctx.call("numa_affinity", "nvmlDeviceGetMemoryAffinity", ctx.handle, 1, scope)
+    try:
+        bits = int(mask[0]) if mask is not None else 0
+    except (TypeError, ValueError, IndexError):
+        return None
+    if bits <= 0 or bits & (bits - 1) or bits >= 1 << 63:
+        return None
+    return bits.bit_length() - 1
+
+
 class IdentityCollector:
     """Reads who a GPU is; run once per GPU at start (and when a lost GPU is found again)."""
 
@@ -93,7 +120,7 @@ class IdentityCollector:
         pci = ctx.call("pci", "nvmlDeviceGetPciInfo", h)
         if pci is not None:
             ctx.pci_bus_id = out["pci_bus_id"] = text(pci.busId)
-        numa = self._numa_node(ctx)
+        numa = attached_numa_node(ctx, self.sysfs_pci)
         if numa is not None:
             out["numa_node"] = numa
         # Label rows of dcgm-exporter (serial, VBIOS, brand, InfoROM image): read once, never fatal.
@@ -111,32 +138,6 @@ class IdentityCollector:
         ctx.mig_enabled = out["mig_enabled"] = self._mig_mode(ctx)
         ctx.gpm_supported = self._gpm_support(ctx)
         return out
-
-    def _numa_node(self, ctx: DeviceContext) -> int | None:
-        """The CPU-side NUMA node the GPU is attached to (the schema's meaning) on every platform.
-
-        Not ``nvmlDeviceGetNumaNodeId``: that is the GPU's *own* NUMA node where GPU memory is
-        onlined as one (GH200/GB200) and NotSupported on x86 HGX. The kernel's PCI view
-        (``/sys/bus/pci/devices/<bdf>/numa_node``) first, else NVML's memory affinity at node
-        scope when it names exactly one node; -1 or several nodes: null (unknown).
-        """
-        bdf = device_key(ctx.pci_bus_id or "")
-        if bdf is not None:
-            try:
-                with open(os.path.join(self.sysfs_pci, bdf + ".0", "numa_node")) as fh:
-                    node = int(fh.read().strip())
-                return node if node >= 0 else None
-            except (OSError, ValueError):
-                pass
-        scope = getattr(ctx.nvml, "NVML_AFFINITY_SCOPE_NODE", 0)
-        mask = ctx.call("numa_affinity", "nvmlDeviceGetMemoryAffinity", ctx.handle, 1, scope)
-        try:
-            bits = int(mask[0]) if mask is not None else 0
-        except (TypeError, ValueError, IndexError):
-            return None
-        if bits <= 0 or bits & (bits - 1) or bits >= 1 << 63:
-            return None
-        return bits.bit_length() - 1
 
     @staticmethod
     def _mig_mode(ctx: DeviceContext) -> bool | None:

@@ -17,10 +17,11 @@ def _ops(role: str, prefix: str = "") -> set[tuple[str, str, str, str]]:
     return {(a.resource_type, a.pattern_type, a.name, a.operation) for a in acls.role_acls(role, prefix)}
 
 
-def test_producer_writes_samples_and_xid_and_reads_nothing() -> None:
+def test_producer_writes_samples_xid_and_topology_and_reads_nothing() -> None:
     assert _ops("producer", "staging.") == {
         ("TOPIC", "LITERAL", "staging.gpu.samples.v1", "WRITE"),
         ("TOPIC", "LITERAL", "staging.gpu.xid.v1", "WRITE"),
+        ("TOPIC", "LITERAL", "staging.gpu.topology.v1", "WRITE"),
         ("CLUSTER", "LITERAL", "kafka-cluster", "IDEMPOTENT_WRITE"),
     }
 
@@ -124,7 +125,7 @@ def test_print_formats() -> None:
         "--add --allow-principal 'User:node-agent' --operation Write --topic 'p.gpu.samples.v1' "
         "--resource-pattern-type literal"
     )
-    assert "--operation IdempotentWrite --cluster" in cmds[2]
+    assert "--operation IdempotentWrite --cluster" in cmds[3]
     assert json.loads(render(bindings, "json"))[0]["resource_name"] == "p.gpu.samples.v1"
 
 
