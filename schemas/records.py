@@ -105,6 +105,8 @@ RecommendedAction: TypeAlias = Literal[
     "RESTART_FM",
     "RUN_DCGMEUD",
     "RUN_FIELDDIAG",
+    "BUS_RESET",
+    "SYSTEM_REBOOT",
 ]
 
 
