@@ -105,6 +105,8 @@ RecommendedAction: TypeAlias = Literal[
     "RESTART_FM",
     "RUN_DCGMEUD",
     "RUN_FIELDDIAG",
+    "BUS_RESET",
+    "SYSTEM_REBOOT",
 ]
 
 
@@ -279,6 +281,7 @@ class PodAllocation(TypedDict):
     claim_namespace: NotRequired[str | None]
     dra_pool: NotRequired[str | None]
     dra_device: NotRequired[str | None]
+    dra_share_id: NotRequired[str | None]
 
 
 class GpuProcess(TypedDict):
@@ -321,6 +324,11 @@ class GpuSample(TypedDict):
     fb_reserved_bytes: NotRequired[int | None]
     power_w: NotRequired[float | None]
     power_limit_w: NotRequired[float | None]
+    power_smoothing_enabled: NotRequired[bool | None]
+    power_smoothing_profile: NotRequired[int | None]
+    power_smoothing_tmp_ceiling_w: NotRequired[float | None]
+    power_smoothing_tmp_floor_w: NotRequired[float | None]
+    power_smoothing_lifetime_remaining_ratio: NotRequired[float | None]
     total_energy_mj: NotRequired[int | None]
     gpu_temp_c: NotRequired[float | None]
     memory_temp_c: NotRequired[float | None]
@@ -347,6 +355,9 @@ class GpuSample(TypedDict):
     row_remap_pending: NotRequired[bool | None]
     row_remap_failure: NotRequired[bool | None]
     gpu_recovery_action: NotRequired[int | None]
+    bank_remap_pending: NotRequired[bool | None]
+    bank_remaps_active: NotRequired[int | None]
+    memory_unrepairable: NotRequired[bool | None]
     gr_engine_active_ratio: NotRequired[float | None]
     sm_active_ratio: NotRequired[float | None]
     sm_occupancy_ratio: NotRequired[float | None]
@@ -544,6 +555,8 @@ GPU_PROCESS_BOUND_RATIO: tuple[str, ...] = ("sm_util_ratio", "mem_util_ratio")
 #: GpuSample fields with gpupipe.bound = finite.
 GPU_SAMPLE_BOUND_FINITE: tuple[str, ...] = (
     "power_limit_w",
+    "power_smoothing_tmp_ceiling_w",
+    "power_smoothing_tmp_floor_w",
     "pcie_tx_bytes_per_s",
     "pcie_rx_bytes_per_s",
     "nvlink_tx_bytes_per_s",
@@ -556,7 +569,9 @@ GPU_SAMPLE_BOUND_NON_NEGATIVE: tuple[str, ...] = (
     "fb_total_bytes",
     "fb_free_bytes",
     "fb_used_bytes",
+    "power_smoothing_profile",
     "total_energy_mj",
+    "bank_remaps_active",
     "module_energy_mj",
     "mig_parent_energy_mj",
 )
@@ -572,6 +587,7 @@ GPU_SAMPLE_BOUND_RATIO: tuple[str, ...] = (
     "mem_copy_util_ratio",
     "enc_util_ratio",
     "dec_util_ratio",
+    "power_smoothing_lifetime_remaining_ratio",
     "gr_engine_active_ratio",
     "sm_active_ratio",
     "sm_occupancy_ratio",

@@ -76,6 +76,7 @@ _ALLOCATION_LIMITS = {
     "claim_namespace": 63,
     "dra_pool": 253,
     "dra_device": 253,
+    "dra_share_id": 253,
 }
 #: Label keys may be prefixed (253 + "/" + 63); values are at most 63.
 LABEL_KEY_MAX, LABEL_VALUE_MAX = 317, 63

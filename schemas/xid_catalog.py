@@ -85,7 +85,8 @@ class Action(StrEnum):
     group are
     buckets the catalog names as the *outcome* of a workflow (``DRAIN_AND_RESET`` from WORKFLOW_XID_48,
     ``RESTART_FM`` from WORKFLOW_XID_45, ``RUN_DCGMEUD`` / ``RUN_FIELDDIAG`` from WORKFLOW_XID_13/31/48,
-    ``DRAIN_P2P`` from Xid 154's recovery action); ``classify`` may return them.
+    ``DRAIN_P2P`` from Xid 154's recovery action); ``classify`` may return them. ``BUS_RESET`` and
+    ``SYSTEM_REBOOT`` are NVML recovery actions (R615+) no catalog bucket names.
     """
 
     RESTART_APP = "RESTART_APP"
@@ -107,6 +108,9 @@ class Action(StrEnum):
     RESTART_FM = "RESTART_FM"
     RUN_DCGMEUD = "RUN_DCGMEUD"
     RUN_FIELDDIAG = "RUN_FIELDDIAG"
+    # NVML's recovery actions that no catalog bucket names (driver R615+: nvmlGpuRecoveryAction_t 6, 7)
+    BUS_RESET = "BUS_RESET"
+    SYSTEM_REBOOT = "SYSTEM_REBOOT"
 
 
 class CatalogError(ValueError):

@@ -6,7 +6,9 @@
 # Writes into OUT_DIR (and prints report.txt):
 #   report.txt      versions, every GPU, supported / unsupported GpuSample fields per GPU (and MIG
 #                   slice), NVML errors, CPU time per collection tick, XID event registration, which
-#                   GPU Operational Event calls work (registration, v3 wait, CPER read),
+#                   GPU Operational Event calls work (registration, v3 wait, CPER read), which
+#                   newer memory-health and power-smoothing reads answer (bank remapper, unrepairable
+#                   memory, recovery action, NVML_FI_PWR_SMOOTHING_*),
 #                   the kernel-log backlog parse, a kubelet List if the socket is there
 #   sample.json     one real GpuSample per GPU and MIG slice (pretty JSON, after every group ran)
 #   summary.json    the same figures, machine-readable
@@ -287,6 +289,66 @@ finally:
         pass
 summary["operational_events"] = goe
 
+# 3c. The newer reads of the slow group, raw: each call's answer or error per GPU (the source above
+#     already learned them; this says why). Bank remapper R615+, unrepairable memory R590+, power
+#     smoothing Blackwell with in-band access granted.
+section("memory health and power smoothing: raw NVML answers")
+newer: dict = {}
+try:
+    import ctypes
+
+    from gpupipe_producer.nvml.convert import field_value
+
+    nvml.nvmlInit()
+    fids = {n: getattr(nvml, n) for n in (
+        "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION",
+        "NVML_FI_PWR_SMOOTHING_ENABLED",
+        "NVML_FI_PWR_SMOOTHING_ACTIVE_PRESET_PROFILE",
+        "NVML_FI_PWR_SMOOTHING_APPLIED_TMP_CEIL",
+        "NVML_FI_PWR_SMOOTHING_APPLIED_TMP_FLOOR",
+        "NVML_FI_PWR_SMOOTHING_HW_CIRCUITRY_PERCENT_LIFETIME_REMAINING",
+    ) if isinstance(getattr(nvml, n, None), int)}
+    for i in range(int(nvml.nvmlDeviceGetCount())):
+        h = nvml.nvmlDeviceGetHandleByIndex(i)
+        got: dict = {}
+
+        def _try(name, fn, got=got):
+            try:
+                got[name] = fn()
+            except Exception as exc:  # AttributeError: the binding predates the call
+                got[name] = f"{type(exc).__name__}: {exc}"
+
+        def _bank(h=h):
+            st = nvml.c_nvmlEccBankRemapperStatus_v1_t()
+            nvml.nvmlDeviceGetBankRemapperStatus_v1(h, ctypes.byref(st))
+            return {"bPending": st.bPending, "activeRemappings": st.activeRemappings,
+                    "inactiveRemappings": st.inactiveRemappings,
+                    "noSpareGroupCount": st.histogram.noSpareGroupCount}
+
+        _try("nvmlDeviceGetBankRemapperStatus_v1", _bank)
+        _try("nvmlDeviceGetUnrepairableMemoryFlag_v1", lambda h=h: nvml.nvmlDeviceGetUnrepairableMemoryFlag_v1(h))
+        _try("nvmlDeviceGetRemappedRows", lambda h=h: list(nvml.nvmlDeviceGetRemappedRows(h)))
+        try:
+            values = nvml.nvmlDeviceGetFieldValues(h, list(fids.values()))
+            for (name, fid), fv in zip(fids.items(), values):
+                got[f"{name} ({fid})"] = (
+                    field_value(fv) if fv.nvmlReturn == 0 else f"{nvml.NVMLError(fv.nvmlReturn)}"
+                )
+        except Exception as exc:
+            got["nvmlDeviceGetFieldValues"] = f"{type(exc).__name__}: {exc}"
+        newer[f"GPU {i}"] = got
+        for k, v in got.items():
+            print(f"GPU {i} {k}: {v}")
+except Exception as exc:
+    newer["error"] = repr(exc)
+    print(f"newer reads check failed: {exc!r}")
+finally:
+    try:
+        nvml.nvmlShutdown()
+    except Exception:
+        pass
+summary["newer_reads"] = newer
+
 # 4. The kernel log: read the backlog of /dev/kmsg once and parse it.
 section("kernel log (/dev/kmsg backlog)")
 try:
@@ -321,6 +383,11 @@ if os.path.exists(sock):
 
         amap = PodResourcesClient(sock, 2.0).list_allocations()
         summary["kubelet"] = {k: [f"{r.namespace}/{r.pod}/{r.container}" for r in v] for k, v in amap.items()}
+        # DRA claims with the Kubernetes 1.35 share_id (a share of a device), as the agent carries them
+        summary["kubelet_dra"] = {
+            "/".join(k): [f"{r.namespace}/{r.pod} claim={r.claim_name} share_id={r.dra_share_id}" for r in v]
+            for k, v in amap.dra.items()
+        }
     except Exception as exc:
         summary["kubelet"] = {"error": repr(exc)}
 else:

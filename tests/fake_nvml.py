@@ -253,6 +253,9 @@ class FakeGpu:
         "remap_pending",
         "remap_failure",
         "recovery_action",
+        "bank_remap_pending",
+        "bank_remaps_active",
+        "memory_unrepairable",
         "nvlink_tx_kib",
         "nvlink_rx_kib",
         "numa_node",
@@ -386,6 +389,14 @@ class FakeGpu:
         self.remap_pending: Any = 0
         self.remap_failure: Any = 0
         self.recovery_action: Any = _real.NVML_GPU_RECOVERY_ACTION_NONE
+        #: nvmlDeviceGetBankRemapperStatus_v1 (R615+) and nvmlDeviceGetUnrepairableMemoryFlag_v1
+        #: (R590+); None: NotSupported (an older driver, and NVIDIA's mock, which has neither).
+        self.bank_remap_pending: Any = None
+        self.bank_remaps_active: Any = 0
+        self.memory_unrepairable: Any = None
+        #: Power-smoothing fields (NVML_FI_PWR_SMOOTHING_*, Blackwell+, in-band access granted) by
+        #: field id; None: every one answers NotSupported.
+        self.power_smoothing: dict[int, Any] | None = None
         self.nvlink_tx_kib: Any = 1_000_000 if m.nvlink_links else None
         self.nvlink_rx_kib: Any = 2_000_000 if m.nvlink_links else None
         self.numa_node: Any = (index // 4) if numa_node is None else numa_node
@@ -1022,6 +1033,19 @@ class FakeNvml(SessionMixin, EventSetsMixin, OperationalEventsMixin, TopologyMix
             self._value(gpu.remap_failure),
         )
 
+    def nvmlDeviceGetBankRemapperStatus_v1(self, device: Any, status: Any) -> int:
+        gpu = self._gpu("nvmlDeviceGetBankRemapperStatus_v1", device)
+        status = _by_reference(status, "nvmlDeviceGetBankRemapperStatus_v1")
+        status.bPending = self._value(gpu.bank_remap_pending)
+        status.activeRemappings = self._value(gpu.bank_remaps_active)
+        return _real.NVML_SUCCESS
+
+    def nvmlDeviceGetUnrepairableMemoryFlag_v1(self, device: Any) -> int:
+        gpu = self._gpu("nvmlDeviceGetUnrepairableMemoryFlag_v1", device)
+        flag = _real.c_nvmlUnrepairableMemory_v1_t()  # what the binding returns: its c_uint member
+        flag.unrepairableMemory = self._value(gpu.memory_unrepairable)
+        return int(flag.unrepairableMemory)
+
     # -- field values ---------------------------------------------------------------------------
     def nvmlDeviceGetFieldValues(self, handle: Any, fieldIds: Sequence[Any]) -> Any:
         gpu = self._gpu("nvmlDeviceGetFieldValues", handle)
@@ -1353,6 +1377,20 @@ _FIELDS: dict[int, tuple[int, Callable[[FakeGpu], Any], bool]] = {
     _real.NVML_FI_DEV_ENERGY: (_ULL, lambda g: g.energy_mj, False),
     _real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: (_UI, lambda g: g.recovery_action, False),
     **{
+        fid: (
+            _UI,
+            lambda g, fid=fid: None if g.power_smoothing is None else g.power_smoothing.get(fid),
+            False,
+        )
+        for fid in (
+            _real.NVML_FI_PWR_SMOOTHING_ENABLED,
+            _real.NVML_FI_PWR_SMOOTHING_ACTIVE_PRESET_PROFILE,
+            _real.NVML_FI_PWR_SMOOTHING_APPLIED_TMP_CEIL,
+            _real.NVML_FI_PWR_SMOOTHING_APPLIED_TMP_FLOOR,
+            _real.NVML_FI_PWR_SMOOTHING_HW_CIRCUITRY_PERCENT_LIFETIME_REMAINING,
+        )
+    },
+    **{
         fid: (_ULL, lambda g, fid=fid: g.nvlink_error_totals.get(fid, 0) if g.nvlink_links else None, False)
         for fid in (
             _real.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
@@ -1475,6 +1513,9 @@ _FROM_SAMPLE: dict[str, Callable[[FakeGpu, Any], None]] = {
     "row_remap_pending": _flag("remap_pending"),
     "row_remap_failure": _flag("remap_failure"),
     "gpu_recovery_action": _same("recovery_action"),
+    "bank_remap_pending": _flag("bank_remap_pending"),
+    "bank_remaps_active": _same("bank_remaps_active"),
+    "memory_unrepairable": _flag("memory_unrepairable"),
     "gr_engine_active_ratio": _gpm(_real.NVML_GPM_METRIC_GRAPHICS_UTIL, 100),
     "sm_active_ratio": _gpm(_real.NVML_GPM_METRIC_SM_UTIL, 100),
     "sm_occupancy_ratio": _gpm(_real.NVML_GPM_METRIC_SM_OCCUPANCY, 100),

@@ -62,6 +62,9 @@ _RECOVERY_CODES = {
     2: "DCGM_FR_GPU_RECOVERY_REBOOT",
     3: "DCGM_FR_GPU_RECOVERY_DRAIN_P2P",
     4: "DCGM_FR_GPU_RECOVERY_DRAIN_RESET",
+    # R615's bus reset and system reboot: DCGM's nearest codes (a healthy PASS would hide them)
+    6: "DCGM_FR_GPU_RECOVERY_RESET",
+    7: "DCGM_FR_GPU_RECOVERY_REBOOT",
 }
 FATAL_XIDS = {79: "DCGM_FR_FALLEN_OFF_BUS", 95: "DCGM_FR_UNCONTAINED_ERROR"}
 

@@ -489,6 +489,42 @@ FIELDS: tuple[FieldSpec, ...] = (
         "gauge",
         _RECOVERY,
     ),
+    # Power smoothing (Blackwell+; DCGM 4.x dcgm_fields.h 1425-1438): absent where NVML does not answer
+    _f(
+        "DCGM_FI_DEV_PWR_SMOOTHING_ENABLED",
+        "power_smoothing_enabled",
+        Kind.BOOL,
+        "gauge",
+        "Power smoothing enablement (0 disabled; 1 enabled).",
+    ),
+    _f(
+        "DCGM_FI_DEV_PWR_SMOOTHING_ACTIVE_PRESET_PROFILE",
+        "power_smoothing_profile",
+        Kind.INT,
+        "gauge",
+        "Active power smoothing preset profile number.",
+    ),
+    _f(
+        "DCGM_FI_DEV_PWR_SMOOTHING_APPLIED_TMP_CEIL",
+        "power_smoothing_tmp_ceiling_w",
+        Kind.FLOAT,
+        "gauge",
+        "Applied TMP ceiling value (in W).",
+    ),
+    _f(
+        "DCGM_FI_DEV_PWR_SMOOTHING_APPLIED_TMP_FLOOR",
+        "power_smoothing_tmp_floor_w",
+        Kind.FLOAT,
+        "gauge",
+        "Applied TMP floor value (in W).",
+    ),
+    _f(
+        "DCGM_FI_DEV_PWR_SMOOTHING_HW_CIRCUITRY_PERCENT_LIFETIME_REMAINING",
+        "power_smoothing_lifetime_remaining_ratio",
+        Kind.PERCENT,
+        "gauge",
+        "Power smoothing HW circuitry lifetime remaining (in %).",
+    ),
 )
 
 BY_NAME: Mapping[str, FieldSpec] = MappingProxyType({f.name: f for f in FIELDS})

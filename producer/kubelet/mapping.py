@@ -108,7 +108,9 @@ class PodRef:
 
     ``replica`` is the ``n`` of a ``<id>::<n>`` (or ``/vgpu<n>``) shared-device id, else None.
     ``claim_name`` is set for DRA allocations (then ``resource_name`` is the DRA driver name), with
-    the claim's namespace and the pool and device names the driver published the device under.
+    the claim's namespace and the pool and device names the driver published the device under;
+    ``dra_share_id`` is ``ClaimResource.share_id`` (Kubernetes 1.35+) when the claim holds a share of
+    a device another claim may hold too (DRA consumable capacity), else None.
     """
 
     namespace: str
@@ -120,6 +122,7 @@ class PodRef:
     claim_namespace: str | None = None
     dra_pool: str | None = None
     dra_device: str | None = None
+    dra_share_id: str | None = None
 
     def sort_key(self) -> tuple[Any, ...]:
         return (
@@ -129,6 +132,7 @@ class PodRef:
             self.resource_name,
             -1 if self.replica is None else self.replica,
             self.claim_name or "",
+            self.dra_share_id or "",
         )
 
 
@@ -328,6 +332,7 @@ class AllocationMapper:
                 dyn.claim_namespace or pod.namespace,
                 cres.pool_name,
                 cres.device_name,
+                cres.share_id or None,
             )
             acc.dra.setdefault(key, set()).add(ref)
             if self.dra_device_resolver is not None:

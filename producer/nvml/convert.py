@@ -73,6 +73,14 @@ def mw_to_w(v: Any) -> float | None:
     return x / 1000.0
 
 
+def watts(v: Any) -> float | None:
+    """A power value NVML already gives in watts (power-smoothing floor and ceiling)."""
+    x = _real(v)
+    if x is None or x < 0 or x > MAX_POWER_MW / 1000:
+        return None
+    return float(x)
+
+
 def kib_per_s_to_bytes_per_s(v: Any) -> float | None:
     """NVML PCIe throughput (KB/s, KiB as NVML counts memory) -> bytes/s."""
     x = _real(v)

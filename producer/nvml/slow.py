@@ -14,20 +14,43 @@ NVML call -> field:
                                                                             row_remap_failure
 ``nvmlDeviceGetPcieReplayCounter``                                          pcie_replay_count
 field ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``                               gpu_recovery_action
+``nvmlDeviceGetBankRemapperStatus_v1`` (bPending, activeRemappings; R615+)  bank_remap_pending,
+                                                                            bank_remaps_active
+``nvmlDeviceGetUnrepairableMemoryFlag_v1`` (R590+)                          memory_unrepairable
+fields ``NVML_FI_PWR_SMOOTHING_ENABLED``, ``..._ACTIVE_PRESET_PROFILE``,     power_smoothing_enabled,
+``..._APPLIED_TMP_CEIL``, ``..._APPLIED_TMP_FLOOR`` (W),                     power_smoothing_profile,
+``..._HW_CIRCUITRY_PERCENT_LIFETIME_REMAINING`` (Blackwell+)                power_smoothing_tmp_ceiling_w,
+                                                                            power_smoothing_tmp_floor_w,
+                                                                            power_smoothing_lifetime_remaining_ratio
 ==========================================================================  ===============================
 
 ECC without ECC enabled, retired pages on Ampere+ and remapped rows before Ampere answer
-NotSupported, which is learned once. Nothing here is read for a MIG slice (whole-GPU data).
+NotSupported, which is learned once; so do the newer calls on a driver or binding without them (a
+function missing from the binding or the library is learned like NotSupported). The power-smoothing
+field ids are taken from the binding only: they moved between binding releases (251 in 13.615, 256
+before), so a hard-coded fallback could read another field. Nothing here is read for a MIG slice
+(whole-GPU data).
 """
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 from gpupipe_producer.nvml import convert
 from gpupipe_producer.nvml.base import DeviceContext, FieldSpec, read_field_values
 
 FI_GPU_RECOVERY_ACTION = 230
+
+
+# (field-values key, binding constant): the power-smoothing readings (see the module doc).
+_SMOOTHING = (
+    ("fi_smoothing_enabled", "NVML_FI_PWR_SMOOTHING_ENABLED"),
+    ("fi_smoothing_profile", "NVML_FI_PWR_SMOOTHING_ACTIVE_PRESET_PROFILE"),
+    ("fi_smoothing_ceil", "NVML_FI_PWR_SMOOTHING_APPLIED_TMP_CEIL"),
+    ("fi_smoothing_floor", "NVML_FI_PWR_SMOOTHING_APPLIED_TMP_FLOOR"),
+    ("fi_smoothing_lifetime", "NVML_FI_PWR_SMOOTHING_HW_CIRCUITRY_PERCENT_LIFETIME_REMAINING"),
+)
 
 
 class SlowCollector:
@@ -46,6 +69,14 @@ class SlowCollector:
         "row_remap_failure",
         "pcie_replay_count",
         "gpu_recovery_action",
+        "bank_remap_pending",
+        "bank_remaps_active",
+        "memory_unrepairable",
+        "power_smoothing_enabled",
+        "power_smoothing_profile",
+        "power_smoothing_tmp_ceiling_w",
+        "power_smoothing_tmp_floor_w",
+        "power_smoothing_lifetime_remaining_ratio",
     )
 
     def __init__(self, nvml: Any) -> None:
@@ -69,7 +100,13 @@ class SlowCollector:
                 None,
                 False,
             ),
+            *(
+                (key, int(getattr(nvml, const)), None, False)
+                for key, const in _SMOOTHING
+                if isinstance(getattr(nvml, const, None), int)
+            ),
         )
+        self._bank_status = getattr(nvml, "c_nvmlEccBankRemapperStatus_v1_t", None)
 
         self._remap_specs: tuple[FieldSpec, ...] = tuple(
             (key, int(getattr(nvml, const, default)), None, False)
@@ -116,7 +153,39 @@ class SlowCollector:
         put(out, "pcie_replay_count", convert.count, call("pcie_replay", "nvmlDeviceGetPcieReplayCounter", h))
         fv = read_field_values(ctx, self._field_specs)
         put(out, "gpu_recovery_action", convert.small_int, fv.get("fi_recovery_action"))
+        put(out, "power_smoothing_enabled", convert.flag, fv.get("fi_smoothing_enabled"))
+        put(out, "power_smoothing_profile", convert.small_int, fv.get("fi_smoothing_profile"))
+        put(out, "power_smoothing_tmp_ceiling_w", convert.watts, fv.get("fi_smoothing_ceil"))
+        put(out, "power_smoothing_tmp_floor_w", convert.watts, fv.get("fi_smoothing_floor"))
+        put(
+            out,
+            "power_smoothing_lifetime_remaining_ratio",
+            convert.pct_to_ratio,
+            fv.get("fi_smoothing_lifetime"),
+        )
+        self._memory_health(ctx, out)
         return out
+
+    def _memory_health(self, ctx: DeviceContext, out: dict[str, Any]) -> None:
+        """The bank remapper and the unrepairable-memory flag (newer drivers; learned where absent)."""
+        h, call, put = ctx.handle, ctx.call, ctx.put
+        if self._bank_status is None:
+            ctx.learn("bank_remapper", "c_nvmlEccBankRemapperStatus_v1_t missing from the NVML binding")
+        elif ctx.supported("bank_remapper"):
+            status = self._bank_status()
+            # the binding hands the argument to C as is: the struct goes by reference
+            if (
+                call("bank_remapper", "nvmlDeviceGetBankRemapperStatus_v1", h, ctypes.byref(status))
+                is not None
+            ):
+                put(out, "bank_remap_pending", convert.flag, status.bPending)
+                put(out, "bank_remaps_active", convert.count, status.activeRemappings)
+        put(
+            out,
+            "memory_unrepairable",
+            convert.flag,
+            call("unrepairable_memory", "nvmlDeviceGetUnrepairableMemoryFlag_v1", h),
+        )
 
     def release(self, ctx: DeviceContext) -> None:
         return None

@@ -50,6 +50,7 @@ def allocation_record(ref: PodRef) -> PodAllocation:
         rec["claim_namespace"] = ref.claim_namespace
         rec["dra_pool"] = ref.dra_pool
         rec["dra_device"] = ref.dra_device
+        rec["dra_share_id"] = ref.dra_share_id
     return rec
 
 

@@ -157,6 +157,7 @@ def pod_metadata(namespace: str, pod: str, kind: int) -> dict[str, Any]:
         "claim_namespace": None,
         "dra_pool": None,
         "dra_device": None,
+        "dra_share_id": None,
     }
 
 

@@ -50,6 +50,8 @@ class AlertName(StrEnum):
     ECC_UNCORRECTABLE = "GpuEccUncorrectable"
     ROW_REMAP_FAILURE = "GpuRowRemapFailure"
     ROW_REMAP_PENDING = "GpuRowRemapPending"
+    BANK_REMAP_PENDING = "GpuBankRemapPending"
+    MEMORY_UNREPAIRABLE = "GpuMemoryUnrepairable"
     THERMAL_THROTTLING = "GpuThermalThrottling"
     RECOVERY_ACTION = "GpuRecoveryActionRequired"
     GPU_UNAVAILABLE = "GpuUnavailable"
@@ -58,7 +60,16 @@ class AlertName(StrEnum):
 
 ALERTNAMES = frozenset(n.value for n in AlertName)
 
-LEVEL_SIGNALS = frozenset({"row_remap_failure", "row_remap_pending", "recovery_action", "thermal"})
+LEVEL_SIGNALS = frozenset(
+    {
+        "row_remap_failure",
+        "row_remap_pending",
+        "bank_remap_pending",
+        "memory_unrepairable",
+        "recovery_action",
+        "thermal",
+    }
+)
 """Signals that are levels, not events: their alert lasts while the sampled value says so."""
 
 # Actions that need a reset, reboot or a person with a replacement GPU: silence is no evidence of recovery.

@@ -14,7 +14,12 @@ from typing import Any, Literal
 
 from gpupipe_consumers.alerts.engine.alert_record import AlertName, device_key
 from gpupipe_consumers.alerts.rules.classify import GpuHealth
-from gpupipe_consumers.alerts.rules.notice import RECOVERY_ACTION_NAME, recovery_decision
+from gpupipe_consumers.alerts.rules.notice import (
+    RECOVERY_ACTION_NAME,
+    recovery_decision,
+    recovery_name,
+    recovery_runbook,
+)
 
 __all__ = [
     "SIGNAL_INFO",
@@ -80,6 +85,28 @@ SIGNAL_INFO: dict[str, SignalInfo] = {
         "A memory row was marked for remapping and waits for a GPU reset. Let the jobs on this GPU finish "
         "(or drain them), then reset the GPU with nvidia-smi -r -i <gpu> to apply the remap.",
     ),
+    "bank_remap_pending": SignalInfo(
+        AlertName.BANK_REMAP_PENDING,
+        "BANK_REMAP_PENDING",
+        "warning",
+        "hardware_memory",
+        "RESET_GPU",
+        False,
+        "A memory bank was marked for remapping (NVML bank remapper, driver R615+) and waits for a GPU "
+        "reset. Let the jobs on this GPU finish (or drain them), then reset the GPU with nvidia-smi -r -i "
+        "<gpu> to apply it.",
+    ),
+    "memory_unrepairable": SignalInfo(
+        AlertName.MEMORY_UNREPAIRABLE,
+        "MEMORY_UNREPAIRABLE",
+        "critical",
+        "hardware_memory",
+        "CONTACT_SUPPORT",
+        True,
+        "NVML flags the GPU's memory as unrepairable: remapping can no longer fix its errors and a reset "
+        "will not either. The GPU needs replacement: cordon and drain the node, take the GPU out of "
+        "service and open an RMA case.",
+    ),
     "thermal": SignalInfo(
         AlertName.THERMAL_THROTTLING,
         "THERMAL_SLOWDOWN_SUSTAINED",
@@ -104,13 +131,14 @@ SIGNAL_INFO: dict[str, SignalInfo] = {
 }
 
 
-def recovery_presentation(value: int | None) -> tuple[str, str, bool]:
-    """(action, severity, drain) for an NVML recovery-action value; unknown values: CONTACT_SUPPORT.
+def recovery_presentation(value: int | None) -> tuple[str, str, bool, str]:
+    """(action, severity, drain, runbook) for an NVML recovery-action value; unknown values:
+    CONTACT_SUPPORT.
 
     The same decision as NVML's recovery-action *event* (:func:`rules_notice.recovery_decision`): the
     engine makes the sampled field and the event one alert, so they must grade a value alike."""
     action, severity, drain = recovery_decision(value)
-    return action.value, severity.value, drain
+    return action.value, severity.value, drain, recovery_runbook(value)
 
 
 class InvalidRecord(ValueError):
@@ -192,6 +220,8 @@ class _GpuState:
 _LEVEL_FIELDS = (
     ("row_remap_failure", "row_remap_failure"),
     ("row_remap_pending", "row_remap_pending"),
+    ("bank_remap_pending", "bank_remap_pending"),
+    ("memory_unrepairable", "memory_unrepairable"),
 )
 
 
@@ -365,7 +395,7 @@ class HealthTracker:
                         "active",
                         ts,
                         since_ms=ts,
-                        detail=f"gpu_recovery_action={rec}",
+                        detail=f"gpu_recovery_action={rec} ({recovery_name(rec)})",
                         value=rec,
                     )
                 )

@@ -39,10 +39,12 @@ RECOVERY_CLASS: dict[str, str] = {
     "WORKFLOW_XID_48": "reset",
     "WORKFLOW_NVLINK_ERR": "reset",
     "WORKFLOW_NVLINK5_ERR": "reset",
+    "BUS_RESET": "reset",
     # a reboot mends it
     "RESTART_BM": "reboot",
     "RESTART_VM": "reboot",
     "RESTART_FM": "reboot",
+    "SYSTEM_REBOOT": "reboot",
     # a person
     "CONTACT_SUPPORT": "operator",
     "RUN_FIELDDIAG": "operator",

@@ -135,9 +135,9 @@ class SignalAlerts:
     def _present(self, a: Alert, ident: GpuIdentity, sig: SignalEvent) -> None:
         """Name a new alert after its signal; the worse presentation wins (and is urgent)."""
         info = SIGNAL_INFO[sig.signal]
-        severity, drain, action = info.severity, info.drain_node, info.action
+        severity, drain, action, runbook = info.severity, info.drain_node, info.action, info.runbook
         if sig.signal == "recovery_action":
-            action, severity, drain = recovery_presentation(sig.value)
+            action, severity, drain, runbook = recovery_presentation(sig.value)
         if a.alertname == "":
             a.alertname = info.alertname
             a.name = info.name
@@ -147,6 +147,7 @@ class SignalAlerts:
             a.catalog_version = CATALOG_VERSION
         if a.description == "" or worse((severity, drain, action), (a.severity, a.drain_node, a.action)):
             a.severity, a.drain_node, a.action = severity, drain, action
+            a.runbook = runbook  # the action's own steps: a bus reset and a reboot read differently
             a.description = f"{info.name} on {ident.hostname} {ident.device}: {sig.detail}."
             a.urgent = True
             self._table.dirty(a)

@@ -43,7 +43,9 @@ _ACTION_RANK = {
     Action.WORKFLOW_XID_48: 4,
     Action.WORKFLOW_NVLINK_ERR: 4,
     Action.DRAIN_AND_RESET: 4,
+    Action.BUS_RESET: 4,
     Action.RESTART_BM: 5,
+    Action.SYSTEM_REBOOT: 5,
     Action.CHECK_MECHANICALS: 5,
     Action.RUN_DCGMEUD: 5,
     Action.RUN_FIELDDIAG: 5,
@@ -56,6 +58,8 @@ _RECOVERY_DEFAULTS = {  # (severity, drain) when an action comes from a recovery
     Action.RESET_GPU: (Severity.CRITICAL, True),
     Action.DRAIN_AND_RESET: (Severity.CRITICAL, True),
     Action.RESTART_BM: (Severity.CRITICAL, True),
+    Action.BUS_RESET: (Severity.CRITICAL, True),
+    Action.SYSTEM_REBOOT: (Severity.CRITICAL, True),
 }
 _RUNBOOK = {
     Action.RESET_GPU: "Cordon and drain the node (or stop every process on this GPU), reset it with "
@@ -65,6 +69,13 @@ _RUNBOOK = {
     Action.RESTART_BM: "Cordon and drain the node, then reboot it (power-cycle if a GPU stays missing).",
     Action.DRAIN_P2P: "Cordon the node: stop multi-GPU (NVLink peer-to-peer) jobs on this GPU; single-GPU "
     "jobs may continue. Reset the GPU once drained.",
+    Action.BUS_RESET: "NVML asks for a reset of the GPU's PCIe bus, more than a GPU reset: cordon and drain "
+    "the node, stop every process on this GPU, then reset the bus the GPU sits on (a PCIe secondary bus "
+    "reset, through the platform's or BMC's tools); if that is not possible, reboot the node. A plain "
+    "nvidia-smi -r may not clear it.",
+    Action.SYSTEM_REBOOT: "NVML asks for a reboot of the whole system, not only of the GPU: cordon and "
+    "drain the node, then reboot it (power-cycle if a GPU stays missing afterwards). A GPU or bus reset "
+    "does not clear it.",
     Action.IGNORE: "No action required.",
 }
 

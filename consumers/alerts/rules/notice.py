@@ -20,6 +20,8 @@ __all__ = [
     "UNAVAILABLE_NAME",
     "classify_notice",
     "recovery_decision",
+    "recovery_name",
+    "recovery_runbook",
 ]
 
 NOTICE_KINDS = frozenset({"recovery_action", "gpu_unavailable"})
@@ -48,10 +50,20 @@ def recovery_decision(value: int | None) -> tuple[Action, Severity, bool]:
     return action, severity, drain
 
 
+def recovery_name(value: int | None) -> str:
+    """The ``nvmlGpuRecoveryAction_t`` name of ``value`` (``BUS_RESET``), ``UNKNOWN`` if it has none."""
+    return _VALUE_NAMES.get(value, "UNKNOWN") if value is not None else "UNKNOWN"
+
+
+def recovery_runbook(value: int | None) -> str:
+    """What the operator does for a recovery-action value (a bus reset and a reboot read differently)."""
+    return _RUNBOOK.get(recovery_decision(value)[0], _UNMAPPED_RUNBOOK)
+
+
 def _recovery(event: FaultEvent) -> Classification:
     value = parse_recovery_event(event.message)
     action, severity, drain = recovery_decision(value)
-    name = _VALUE_NAMES.get(value, "UNKNOWN") if value is not None else "UNKNOWN"
+    name = recovery_name(value)
     what = f"{name} ({value})" if value is not None else "an unreadable value"
     if value == 0:
         rule = "nvml_event.recovery_action_none"
@@ -78,7 +90,7 @@ def _recovery(event: FaultEvent) -> Classification:
         nvidia_action=None,
         drain_node=drain,
         reason=reason,
-        runbook=_RUNBOOK.get(action, _UNMAPPED_RUNBOOK),
+        runbook=recovery_runbook(value),
         known=value in _VALUE_NAMES,
         rule=rule,
     )

@@ -71,7 +71,8 @@ _RECOVERY_TEXT = {
     "node reboot required": Action.RESTART_BM,
 }
 # NVML_GPU_RECOVERY_ACTION_* values (nvml-telemetry.md): 0 NONE, 1 GPU_RESET, 2 NODE_REBOOT, 3 DRAIN_P2P,
-# 4 DRAIN_AND_RESET; newer bindings add 6 BUS_RESET and 7 SYSTEM_REBOOT. 5 (RECOVER_IMEX_DOMAIN) has no
+# 4 DRAIN_AND_RESET; R615 adds 6 BUS_RESET ("reset the GPU's PCIe bus") and 7 SYSTEM_REBOOT ("reboot
+# the system"), kept apart from 1 and 2 so the operator is told which. 5 (RECOVER_IMEX_DOMAIN) has no
 # bucket here and stays unmapped.
 _RECOVERY_NVML = {
     0: Action.IGNORE,
@@ -79,8 +80,8 @@ _RECOVERY_NVML = {
     2: Action.RESTART_BM,
     3: Action.DRAIN_P2P,
     4: Action.DRAIN_AND_RESET,
-    6: Action.RESET_GPU,
-    7: Action.RESTART_BM,
+    6: Action.BUS_RESET,
+    7: Action.SYSTEM_REBOOT,
 }
 
 

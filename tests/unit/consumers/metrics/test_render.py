@@ -462,3 +462,21 @@ def test_nvlink_error_totals_from_dcgm_exporters_csv_rows():
     assert value_of(text, "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL") == "0"
     assert value_of(text, "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL") == "12"
     assert lines_of(text, "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL") == []
+
+
+def test_power_smoothing_where_supported_and_no_series_elsewhere():
+    smoothing = blank(
+        power_smoothing_enabled=True,
+        power_smoothing_profile=2,
+        power_smoothing_tmp_ceiling_w=1200.0,
+        power_smoothing_tmp_floor_w=700.0,
+        power_smoothing_lifetime_remaining_ratio=0.93,
+    )
+    text = expo(smoothing)
+    assert value_of(text, "DCGM_FI_DEV_PWR_SMOOTHING_ENABLED") == "1"
+    assert value_of(text, "DCGM_FI_DEV_PWR_SMOOTHING_ACTIVE_PRESET_PROFILE") == "2"
+    assert value_of(text, "DCGM_FI_DEV_PWR_SMOOTHING_APPLIED_TMP_CEIL") == "1200.000000"
+    assert value_of(text, "DCGM_FI_DEV_PWR_SMOOTHING_APPLIED_TMP_FLOOR") == "700.000000"
+    assert value_of(text, "DCGM_FI_DEV_PWR_SMOOTHING_HW_CIRCUITRY_PERCENT_LIFETIME_REMAINING") == "93"
+    # a GPU or driver without power smoothing (null fields): no series at all, not a 0
+    assert not [ln for ln in expo(blank()).splitlines() if "PWR_SMOOTHING" in ln and not ln.startswith("#")]

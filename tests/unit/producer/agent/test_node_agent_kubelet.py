@@ -28,7 +28,12 @@ from tests.kubelet_fake import FakeKubelet
 from tests.unit.producer.agent.test_node_agent import config, memory_publisher
 
 
-def pod(name: str, devices: list[tuple[str, list[str]]] = (), claims: list[tuple[str, str]] = ()) -> dict:  # type: ignore[assignment]
+def pod(
+    name: str,
+    devices: list[tuple[str, list[str]]] = (),  # type: ignore[assignment]
+    claims: list[tuple[str, str]] = (),  # type: ignore[assignment]
+    share_ids: dict[str, str] | None = None,
+) -> dict:
     ctr: dict[str, Any] = {
         "name": "main",
         "devices": [{"resource_name": r, "device_ids": ids} for r, ids in devices],
@@ -37,7 +42,13 @@ def pod(name: str, devices: list[tuple[str, list[str]]] = (), claims: list[tuple
                 "claim_name": f"{name}-claim",
                 "claim_namespace": "ns",
                 "claim_resources": [
-                    {"driver_name": drv, "pool_name": "node-1", "device_name": dev} for drv, dev in claims
+                    {
+                        "driver_name": drv,
+                        "pool_name": "node-1",
+                        "device_name": dev,
+                        **({"share_id": share_ids[dev]} if share_ids and dev in share_ids else {}),
+                    }
+                    for drv, dev in claims
                 ],
             }
         ]
@@ -114,8 +125,31 @@ def test_a_dra_mig_device_is_attributed_through_the_nodes_resource_slices(tmp_pa
         "node-1",
         "gpu-7-mig-19-0-1",
     )
+    assert a["dra_share_id"] is None  # a whole device: the kubelet sends no share_id
     plain = [s for s in mem.records("samples") if s["uuid"] == UUIDS[0] and not s["mig"]][-1]
     assert all(x["claim_name"] is None for x in plain["allocations"])
+
+
+def test_the_share_id_of_a_dra_share_travels_with_each_claim(tmp_path: Path) -> None:
+    """Kubernetes 1.35: two claims sharing one device (DRA consumable capacity) differ by share_id."""
+    share_a, share_b = "6f1c1c3e-0b7e-4c4e-9f55-1f0d4b1c7a01", "6f1c1c3e-0b7e-4c4e-9f55-1f0d4b1c7a02"
+    answer = {
+        "pod_resources": [
+            pod("share-a", claims=[("gpu.nvidia.com", "gpu-5")], share_ids={"gpu-5": share_a}),
+            pod("share-b", claims=[("gpu.nvidia.com", "gpu-5")], share_ids={"gpu-5": share_b}),
+        ]
+    }
+    pub, mem = memory_publisher()
+    with (
+        FakeKubelet(answer) as kubelet,
+        running_agent(config(tmp_path, kubelet_socket=kubelet.socket_path), pub, node_for_fixtures()) as ra,
+    ):
+        wait_for(lambda: len(ra.agent.allocations) > 0, 5, "kubelet map")
+        ra.ticks_after(2)
+        ra.stop()
+    last = [s for s in mem.records("samples") if s["uuid"] == UUIDS[5] and not s["mig"]][-1]  # minor 5
+    got = {(a["pod"], a["claim_name"], a["dra_share_id"]) for a in last["allocations"]}
+    assert got == {("share-a", "share-a-claim", share_a), ("share-b", "share-b-claim", share_b)}
 
 
 def test_a_finished_pod_still_listed_does_not_share_an_exclusive_gpu(tmp_path: Path) -> None:

@@ -78,6 +78,15 @@ H100_NULL_FIELDS = {
     "platform_tray",
     "platform_host_id",
     "platform_module_id",
+    # newer drivers (R590/R615) and Blackwell power smoothing: the double's default, as NVIDIA's mock
+    "bank_remap_pending",
+    "bank_remaps_active",
+    "memory_unrepairable",
+    "power_smoothing_enabled",
+    "power_smoothing_profile",
+    "power_smoothing_tmp_ceiling_w",
+    "power_smoothing_tmp_floor_w",
+    "power_smoothing_lifetime_remaining_ratio",
 }
 
 

@@ -65,7 +65,9 @@ def test_dbe_increase_is_an_edge_with_the_delta_and_reset_rebaselines() -> None:
     assert signals(t, sample(T0 + 5 * S, ecc_dbe_volatile_total=None)) == []  # not reported: nothing
 
 
-@pytest.mark.parametrize("field", ["row_remap_pending", "row_remap_failure"])
+@pytest.mark.parametrize(
+    "field", ["row_remap_pending", "row_remap_failure", "bank_remap_pending", "memory_unrepairable"]
+)
 def test_level_signals(field: str) -> None:
     t = HealthTracker()
     assert signals(t, sample(**{field: True})) == [(field, "active")]

@@ -172,8 +172,8 @@ def test_the_message_of_a_recovery_action_event_gives_its_value() -> None:
         (3, Action.DRAIN_P2P, Severity.WARNING, True, True),
         (4, Action.DRAIN_AND_RESET, Severity.CRITICAL, True, True),
         (5, Action.CONTACT_SUPPORT, Severity.WARNING, False, True),  # RECOVER_IMEX_DOMAIN: no bucket
-        (6, Action.RESET_GPU, Severity.CRITICAL, True, True),  # BUS_RESET
-        (7, Action.RESTART_BM, Severity.CRITICAL, True, True),  # SYSTEM_REBOOT
+        (6, Action.BUS_RESET, Severity.CRITICAL, True, True),
+        (7, Action.SYSTEM_REBOOT, Severity.CRITICAL, True, True),
         (9, Action.CONTACT_SUPPORT, Severity.WARNING, False, False),  # newer than this release
         (0, Action.IGNORE, Severity.INFO, False, True),
     ],
@@ -195,8 +195,48 @@ def test_a_recovery_action_event_is_graded_as_the_sampled_field(
         T0,
     )
     assert a is not None and b is not None
-    fields = ("key", "alertname", "name", "severity", "cause_class", "action", "drain_node")
+    fields = ("key", "alertname", "name", "severity", "cause_class", "action", "drain_node", "runbook")
     assert [getattr(a, f) for f in fields] == [getattr(b, f) for f in fields]
+
+
+def test_a_bus_reset_and_a_system_reboot_are_told_apart_from_a_gpu_reset_and_a_node_reboot() -> None:
+    svc, clock = service()
+    got = {}
+    for g, value in enumerate((1, 6, 2, 7)):
+        (rec,) = feed(svc, clock, sample(T0 + g * S, g, gpu_recovery_action=value))
+        got[value] = rec
+    assert [got[v]["action"] for v in (1, 6, 2, 7)] == [
+        "RESET_GPU",
+        "BUS_RESET",
+        "RESTART_BM",
+        "SYSTEM_REBOOT",
+    ]
+    assert len({got[v]["runbook"] for v in got}) == 4  # each its own steps
+    assert "PCIe bus" in got[6]["runbook"] and "reboot" in got[7]["runbook"]
+    assert "BUS_RESET" in got[6]["description"] and "SYSTEM_REBOOT" in got[7]["description"]
+    assert all(r["severity"] == "critical" and r["drain_node"] for r in got.values())
+
+
+def test_an_unrepairable_memory_and_a_pending_bank_remap_raise_their_own_alerts() -> None:
+    svc, clock = service()
+    (bad,) = feed(svc, clock, sample(T0, 1, memory_unrepairable=True))
+    assert (bad["alertname"], bad["signal"], bad["severity"], bad["action"], bad["drain_node"]) == (
+        "GpuMemoryUnrepairable",
+        "memory_unrepairable",
+        "critical",
+        "CONTACT_SUPPORT",
+        True,
+    )
+    assert "replacement" in bad["runbook"]
+    (pending,) = feed(svc, clock, sample(T0 + S, 2, bank_remap_pending=True))
+    assert (pending["alertname"], pending["severity"], pending["action"], pending["drain_node"]) == (
+        "GpuBankRemapPending",
+        "warning",
+        "RESET_GPU",
+        False,
+    )
+    # a driver without the reads (null) says nothing either way
+    assert feed(svc, clock, sample(T0 + 2 * S, 4, bank_remap_pending=None, memory_unrepairable=None)) == []
 
 
 def test_a_recovery_action_event_without_a_readable_value_gets_the_safe_default() -> None:
