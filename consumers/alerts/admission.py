@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpupipe_consumers.alerts.engine.alert_record import device_key
+from gpupipe_consumers.alerts.engine.alert_record import alert_device_key
 
 __all__ = ["OVER_CAP", "DeviceAdmission", "Evicted", "device_of"]
 
@@ -31,7 +31,7 @@ def device_of(rec: Mapping[str, Any]) -> str | None:
     """The device a GpuSample or XidEvent speaks for, as the engine keys its alerts (the canonical PCI
     bus id, else the UUID); None when the record names neither."""
     bus, uuid = rec.get("pci_bus_id"), rec.get("uuid")
-    key = device_key(bus if isinstance(bus, str) else None, uuid if isinstance(uuid, str) else None)
+    key = alert_device_key(bus if isinstance(bus, str) else None, uuid if isinstance(uuid, str) else None)
     return key or None
 
 

@@ -31,9 +31,9 @@ __all__ = [
     "AlertName",
     "Pending",
     "action_record",
+    "alert_device_key",
     "alert_from_record",
     "alert_id",
-    "device_key",
     "iso_ms",
     "to_record",
 ]
@@ -89,7 +89,7 @@ def alert_id(scope: str, hostname: str, device: str, signal: str, anchor: str | 
 _BUS_CACHE: dict[str, str] = {}
 
 
-def device_key(bus_id: str | None, fallback: str | None = None) -> str:
+def alert_device_key(bus_id: str | None, fallback: str | None = None) -> str:
     """Canonical PCI bus id (``0000:3b:00.0``) used as the device part of alert keys.
 
     Kernel-log and NVML forms of one GPU map to the same key. Unparseable text is kept (lower-cased),

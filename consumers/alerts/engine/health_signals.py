@@ -12,7 +12,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gpupipe_consumers.alerts.engine.alert_record import AlertName, device_key
+from gpupipe_consumers.alerts.engine.alert_record import AlertName, alert_device_key
 from gpupipe_consumers.alerts.rules.classify import GpuHealth
 from gpupipe_consumers.alerts.rules.notice import (
     RECOVERY_ACTION_NAME,
@@ -345,7 +345,7 @@ class HealthTracker:
             self.skipped += 1
             return None, []
         host = sample.get("hostname") or ""
-        device = device_key(sample.get("pci_bus_id"), sample.get("uuid"))
+        device = alert_device_key(sample.get("pci_bus_id"), sample.get("uuid"))
         ts = sample.get("timestamp_ms")
         if not host or not device or not isinstance(ts, int) or isinstance(ts, bool):
             self.skipped += 1

@@ -17,7 +17,7 @@ from collections.abc import Collection
 from typing import Any, NamedTuple
 
 from gpupipe_consumers.alerts.engine.alert_policy import FOLLOWER_CODES, MEMORY_FOLLOWER_CODES
-from gpupipe_consumers.alerts.engine.alert_record import Alert, AlertName, device_key, signal_code
+from gpupipe_consumers.alerts.engine.alert_record import Alert, AlertName, alert_device_key, signal_code
 from gpupipe_consumers.alerts.engine.alert_table import AlertTable, Key
 from gpupipe_consumers.alerts.engine.fault_decisions import FaultDecisions
 from gpupipe_consumers.alerts.engine.gpu_histories import GpuHistories
@@ -114,7 +114,7 @@ class XidIntake:
             what = ev.get("message") or f"driver {ev.get('driver_version') or '?'}"
             self._recovery.driver_loaded(host, ts, now_ms, f"kernel log: {what}")
             return None
-        device = device_key(ev.get("pci_bus_id"), ev.get("uuid"))
+        device = alert_device_key(ev.get("pci_bus_id"), ev.get("uuid"))
         notice = kind in NOTICE_KINDS  # NVML's recovery-action / GPU-unavailable events: no XID code
         if notice:
             found = self._notices.occurrence(ev, kind, host, device, ts, now_ms)

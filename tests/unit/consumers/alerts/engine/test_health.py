@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gpupipe_consumers.alerts.engine.alert_record import device_key
+from gpupipe_consumers.alerts.engine.alert_record import alert_device_key
 from gpupipe_consumers.alerts.engine.health_signals import (
     HealthConfig,
     HealthTracker,
@@ -148,10 +148,10 @@ def test_out_of_order_mig_and_broken_samples_are_skipped() -> None:
 
 def test_device_key_forms() -> None:
     assert (
-        device_key("00000000:3B:00.0")
-        == device_key("0000:3b:00")
-        == device_key("PCI:0000:3b:00")
+        alert_device_key("00000000:3B:00.0")
+        == alert_device_key("0000:3b:00")
+        == alert_device_key("PCI:0000:3b:00")
         == "0000:3b:00.0"
     )
-    assert device_key("garbage") == "garbage"
-    assert device_key("", "GPU-9") == "GPU-9"
+    assert alert_device_key("garbage") == "garbage"
+    assert alert_device_key("", "GPU-9") == "GPU-9"

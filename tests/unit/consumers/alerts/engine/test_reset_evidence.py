@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpupipe_consumers.alerts.engine.alert_record import device_key, to_record
+from gpupipe_consumers.alerts.engine.alert_record import alert_device_key, to_record
 from gpupipe_consumers.alerts.engine.facade import EngineConfig, EngineFacade
 from gpupipe_consumers.alerts.engine.health_signals import GpuIdentity
 
@@ -75,7 +75,7 @@ def driver_loaded(ts: int, *, boot: str | None = "boot-A", host: str = "node-a")
 
 def healthy(e: EngineFacade, ts: int, g: int = 0, *, host: str = "node-a", uuid: str | None = None) -> None:
     """A healthy whole-GPU sample of GPU ``g`` at ``ts`` (what the service hands the engine per sample)."""
-    ident = GpuIdentity(host, device_key(f"0000:{0x18 + 16 * g:02x}:00"), uuid or f"GPU-{g}", g)
+    ident = GpuIdentity(host, alert_device_key(f"0000:{0x18 + 16 * g:02x}:00"), uuid or f"GPU-{g}", g)
     e.sample_seen(ident, ts, True, ts)
 
 
