@@ -85,6 +85,9 @@ class AgentConfig:
     signer: NodeSigner | None = None
     #: The API server the node's ResourceSlices are read from (``--dra-resource-slices api``).
     dra_api: KubeClient | None = None
+    #: The node's dcgm-exporter ``/metrics`` (``--dcgm-exporter-url``): profiling ratios for GPUs
+    #: without GPM; None: off.
+    dcgm_exporter_url: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("interval_s", "slow_interval_s", "profiling_interval_s", "processes_interval_s"):
@@ -100,6 +103,8 @@ class AgentConfig:
             raise ConfigError("--xid-merge-window must not be negative")
         if self.sample_queue_max < 1 or self.spool_max_bytes < 1024:
             raise ConfigError("--sample-queue-max must be >= 1 and --spool-max-bytes >= 1024")
+        if self.dcgm_exporter_url and not self.dcgm_exporter_url.startswith(("http://", "https://")):
+            raise ConfigError(f"--dcgm-exporter-url must be an http(s) URL, got {self.dcgm_exporter_url!r}")
         if self.kubelet_socket and not os.path.isabs(self.kubelet_socket):
             raise ConfigError(f"--kubelet-socket must be an absolute path, got {self.kubelet_socket!r}")
 
@@ -147,6 +152,7 @@ def config_from_args(args: argparse.Namespace) -> AgentConfig:
         extras=extras_from_args(args, hostname),
         signer=_signer(args, hostname),
         dra_api=_dra_api(args),
+        dcgm_exporter_url=get("dcgm_exporter_url", "") or None,
     )
 
 

@@ -204,6 +204,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="GPM profiling metrics",
     )
     nv.add_argument(
+        "--dcgm-exporter-url",
+        default=None,
+        metavar="URL",
+        help="the node's own dcgm-exporter /metrics (e.g. http://localhost:9400/metrics): profiling ratios "
+        "for GPUs without GPM (A100, L40S, T4), read every --profiling-interval (default: off)",
+    )
+    nv.add_argument(
         "--processes-interval",
         type=positive_duration_ms,
         default=5000,

@@ -91,6 +91,13 @@ class ProducerMetrics:
         self.gpus_lost = Gauge(
             "gpupipe_producer_gpus_lost", "GPUs currently reported lost by NVML.", registry=r
         )
+        self.dcgm_scrape_errors = Counter(
+            "gpupipe_producer_dcgm_scrape_errors",
+            "Failed scrapes of the node's dcgm-exporter (--dcgm-exporter-url), by kind: connect, timeout, "
+            "http or parse.",
+            ["kind"],
+            registry=r,
+        )
         self.kubelet_errors = Counter(
             "gpupipe_producer_kubelet_errors", "Failed kubelet PodResources List calls.", ["kind"], registry=r
         )

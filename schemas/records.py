@@ -404,6 +404,7 @@ class GpuSample(TypedDict):
     mig_parent_energy_mj: NotRequired[int | None]
     mig_energy_by_slice: NotRequired[bool]
     vendor: NotRequired[str]
+    profiling_source: NotRequired[str | None]
 
 
 NvLinkState: TypeAlias = Literal["unknown", "inactive", "active", "sleep", "active_traffic_disabled"]

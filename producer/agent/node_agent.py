@@ -39,6 +39,8 @@ from gpupipe_producer.nvml.records import GpuRef, LostGpu
 from gpupipe_producer.nvml.source import NvmlSource, SourceHooks, default_nvml_module
 from gpupipe_producer.nvml.watchers import WatcherPair
 from gpupipe_producer.publish import Publisher
+from gpupipe_producer.samples.dcgm_profiling import fill_samples
+from gpupipe_producer.samples.dcgm_scraper import DcgmExporterScraper
 from gpupipe_producer.samples.enrich import PidResolver, enrich_sample
 from gpupipe_producer.samples.pid_pods import PidPodResolver
 from gpupipe_producer.samples.queue import SampleQueue
@@ -226,6 +228,14 @@ class NodeAgent:
             c.in_flight_limit,
             ready=self._kafka_ready,
         )
+        #: The node's dcgm-exporter, read on its own thread (None: ``--dcgm-exporter-url`` off).
+        self.dcgm: DcgmExporterScraper | None = None
+        if c.dcgm_exporter_url:
+            self.dcgm = DcgmExporterScraper(
+                c.dcgm_exporter_url,
+                interval_s=c.profiling_interval_s,
+                on_error=lambda kind: metrics.dcgm_scrape_errors.labels(kind).inc(),
+            )
         self.pid_resolver: PidResolver | None = None
         if c.pid_resolver is not None:
             self.pid_resolver = c.pid_resolver
@@ -511,6 +521,9 @@ class NodeAgent:
             self._kmsg_thread = self._spawn("kmsg-reader", self.kmsg_input.run)
         if c.extras is not None:
             c.extras.start(self.metrics.registry)
+        if self.dcgm is not None:
+            dcgm = self.dcgm
+            self._spawn("dcgm-scrape", lambda: dcgm.run(self._threads_stop))
         self._poll_beat = time.monotonic()
         self._poll_thread = self._spawn("nvml-poll", self._poll_loop)
         log.info(
@@ -631,6 +644,8 @@ class NodeAgent:
         xids.poll_began(amap)
         resolve = self.pid_resolver
         samples = src.poll()  # may call _on_gpu_lost (hooks) on this thread
+        if self.dcgm is not None:  # the last scrape, already in memory: never waits on the network
+            fill_samples(samples, self.dcgm.readings())
         ids = src.device_ids()
         stale = self.kubelet_map_stale
         configured: dict[str, float] = {}  # per MIG-mode GPU: the fractions its slices cover

@@ -21,7 +21,8 @@ GPM metric -> field (percent -> ratio /100; MiB/s -> bytes/s x 1048576):
 
 A MIG slice is sampled per GPU instance with ``nvmlGpmMigSampleGet(parent, gpu_instance_id)``.
 A GPU whose ``nvmlGpmQueryDeviceSupport`` says no (pre-Hopper) is learned once: GPM is never
-called for it again and the fields stay null. Each metric carries its own return code; a
+called for it again and the fields stay null (the node agent may fill them from dcgm-exporter).
+Values from GPM are marked ``profiling_source = "gpm"``. Each metric carries its own return code; a
 metric NotSupported on a device (e.g. PCIe for a MIG instance) is learned and not asked again.
 """
 
@@ -67,7 +68,7 @@ class _GpmState:
 
 class GpmCollector:
     name = "profiling"
-    fields = (*dict.fromkeys(m[2] for m in _METRICS), "pcie_window_ms")
+    fields = (*dict.fromkeys(m[2] for m in _METRICS), "pcie_window_ms", "profiling_source")
 
     def __init__(self, nvml: Any, clock: Callable[[], float] = time.monotonic) -> None:
         self._nvml = nvml
@@ -110,6 +111,8 @@ class GpmCollector:
         if prev is None:
             return {}  # first sample: rates need a second one
         st.last = out = self._rates(ctx, prev, sample)
+        if out:
+            out["profiling_source"] = "gpm"
         if out.get("pcie_tx_bytes_per_s") is not None or out.get("pcie_rx_bytes_per_s") is not None:
             out["pcie_window_ms"] = max(1, round((now - prev_time) * 1000))
         return dict(out)

@@ -106,6 +106,7 @@ CREATE TABLE `gpu_sample` (
   `mig_parent_energy_mj` BIGINT,
   `mig_energy_by_slice` BOOLEAN NOT NULL,
   `vendor` STRING NOT NULL,
+  `profiling_source` STRING,
   `kafka_headers` MAP<STRING, BYTES> METADATA FROM 'headers' VIRTUAL
 ) WITH (
   'connector' = 'kafka',
