@@ -190,7 +190,7 @@ def test_the_node_agent_waits_for_its_topics_and_spools_xids_meanwhile(
         time.sleep(2.0)  # samples pile up in their bounded queue meanwhile
         assert _starting_body(port) is not None, "still starting while the topics are missing"
 
-        ensure_topics(kafka, [topics.SAMPLES, topics.XID], prefix=topic_prefix)
+        ensure_topics(kafka, [topics.SAMPLES, topics.XID, topics.TOPOLOGY], prefix=topic_prefix)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None and _health(port) != 200:
             time.sleep(0.2)

@@ -119,7 +119,7 @@ def test_the_agent_image_imports_every_producer_module_and_no_consumer_dependenc
 def test_the_node_agent_runs_in_its_image_under_the_daemonsets_privileges(
     images, container, kafka: str, topic_prefix: str, tmp_path: Path
 ) -> None:
-    ensure_topics(kafka, [topics.SAMPLES, topics.XID], prefix=topic_prefix)
+    ensure_topics(kafka, [topics.SAMPLES, topics.XID, topics.TOPOLOGY], prefix=topic_prefix)
     root = container(images["agent"][0]).mount()
     work = root / "opt" / "gpupipe-test"
     (work / "tests").mkdir(parents=True)

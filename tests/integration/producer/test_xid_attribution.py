@@ -65,7 +65,11 @@ def test_each_xid_is_published_and_alerted_on_the_gpu_it_happened_on(
     kafka: str, topic_prefix: str, tmp_path: Path
 ) -> None:
     t = {n: topics.with_prefix(topic_prefix, n) for n in (topics.XID, topics.SAMPLES, topics.ALERTS)}
-    ensure_topics(kafka, [topics.XID, topics.SAMPLES, topics.ALERTS, topics.DEADLETTER], prefix=topic_prefix)
+    ensure_topics(
+        kafka,
+        [topics.XID, topics.SAMPLES, topics.TOPOLOGY, topics.ALERTS, topics.DEADLETTER],
+        prefix=topic_prefix,
+    )
     node = node_for_fixtures()  # the GPUs the agent's double has: their identities, for the asserts
     bus = {i: node.gpus[i].pci_bus_id[-7:].lower() for i in (0, 5)}  # "18:00.0": both spellings
     faults = tmp_path / "faults"

@@ -50,7 +50,9 @@ def _topic_size(reader: TopicReader) -> int:
 
 
 def test_each_incident_is_one_record_on_the_xid_topic(kafka: str, topic_prefix: str, tmp_path: Path) -> None:
-    ensure_topics(kafka, [topics.XID, topics.SAMPLES, topics.DEADLETTER], prefix=topic_prefix)
+    ensure_topics(
+        kafka, [topics.XID, topics.SAMPLES, topics.TOPOLOGY, topics.DEADLETTER], prefix=topic_prefix
+    )
     samples = TopicReader(kafka, topics.with_prefix(topic_prefix, topics.SAMPLES))
     xids = TopicReader(kafka, topics.with_prefix(topic_prefix, topics.XID))
     faults = tmp_path / "faults"

@@ -34,9 +34,13 @@ XID13 = "[ 10.0] NVRM: Xid (PCI:0000:9b:00): 13, pid=7, name=python, Graphics SM
 
 
 def _agent(
-    tmp_path: Path, kafka: str, t_xid: str, framing: str, signer: NodeSigner, ready: bool
+    tmp_path: Path, kafka: str, prefix: str, framing: str, signer: NodeSigner, ready: bool
 ) -> NodeAgent:
-    """A node agent whose XID topic is written in ``framing``, wired as ``gpupipe produce`` wires it."""
+    """A node agent whose XID topic is written in ``framing``, wired as ``gpupipe produce`` wires it.
+
+    Its samples go to a topic that exists: a sample it cannot deliver holds its shutdown for the
+    whole flush budget."""
+    t_xid = prefix + topics.XID
     codec = AvroCodec(framings={t_xid: framing})
     publisher = Publisher(producer_config(kafka, linger_ms=5))
     if framing == RAW:
@@ -46,7 +50,7 @@ def _agent(
         kafka_ready.set()
     cfg = config(tmp_path, nvml_events=False, xid_merge_window_s=0.0, signer=signer)
     return NodeAgent(
-        cfg, publisher, ProducerMetrics(), codec, "samples-unused", t_xid,
+        cfg, publisher, ProducerMetrics(), codec, prefix + topics.SAMPLES, t_xid,
         nvml=node_for_fixtures(), kafka_ready=kafka_ready,
     )  # fmt: skip
 
@@ -56,14 +60,14 @@ def test_spooled_xids_take_the_framing_of_the_restarted_agent(
     kafka: str, topic_prefix: str, tmp_path: Path, before: str, after: str
 ) -> None:
     t_xid = topic_prefix + topics.XID
-    ensure_topics(kafka, [topics.XID], prefix=topic_prefix)
+    ensure_topics(kafka, [topics.XID, topics.SAMPLES], prefix=topic_prefix)
     pki = Pki(tmp_path)
     signer = NodeSigner(str(pki.node("n1", f"system:node:{NODE}")), None, NODE)
     event = parse_line(XID13)
     assert event is not None
 
     # The topics are not ready yet: the XID is spooled, never handed to librdkafka.
-    first = _agent(tmp_path, kafka, t_xid, before, signer, ready=False)
+    first = _agent(tmp_path, kafka, topic_prefix, before, signer, ready=False)
     first._start()
     try:
         first.inbox.put(("kmsg", time.monotonic(), 1_767_225_600_000, event, None))
@@ -75,7 +79,7 @@ def test_spooled_xids_take_the_framing_of_the_restarted_agent(
     assert first.sender.depth == 1  # kept for the next start
 
     # Restarted with the other framing: the spool is replayed, and the shutdown flushes it.
-    second = _agent(tmp_path, kafka, t_xid, after, signer, ready=True)
+    second = _agent(tmp_path, kafka, topic_prefix, after, signer, ready=True)
     second._start()
     second._shutdown()
     assert second.sender.depth == 0
