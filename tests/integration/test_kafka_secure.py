@@ -300,7 +300,7 @@ def test_each_role_is_refused_what_it_does_not_need(secured: tuple[Any, Target])
     assert res.returncode == 1
     assert res.stderr.strip().splitlines()[-1] == (
         f"gpupipe produce: error: Kafka denied User:report WRITE on topic {t.prefix}gpu.samples.v1 "
-        "(and 1 more): no ACL allows it; grant the 'producer' role's ACLs "
+        "(and 2 more): no ACL allows it; grant the 'producer' role's ACLs "
         "(gpupipe acls --print --role producer)"
     )
     # a service needing topic creation rights it does not have says so
