@@ -1,41 +1,11 @@
 """Corrections grouped by *runs* of late records: the same input always gives the same corrections.
 
-A late sample (its window already closed) goes into a ``kind=correction`` record. Grouped per
-commit, a re-processing run (an offset reset), which commits at other moments, would group the
-same late samples differently; the report recognises a correction whose samples were all counted
-already, but one that straddles the earlier run's end (some samples counted by it, some it never
-reached) would be kept whole and its counted part billed twice.
-
-So a correction sums the late samples of one row (window, namespace, node, model) within one
-*run*: the late records of the partition, in offset order, from the first until the input alone
-says the run ends:
-
-* before a record that moves the partition's watermark into a later window than the one it was in
-  when the run began (so a correction covers at most about one window of the partition's time:
-  a node clock behind, or a spool replayed among live samples, is corrected per window, not per
-  sample, and the checkpoint is held back no longer than an open window holds it);
-* before a record whose Kafka timestamp is ``gap_ms`` or more after the previous record's (the
-  partition was quiet: see the idle flush below);
-* before a record in another block of ``BLOCK`` offsets than the run's first.
-
-On-time records in between go to their open windows and do not end the run.
-
-A run's corrections are emitted only once it has ended, so any run over the same input emits the
-same corrections, with the same ``record_id`` and ``late_offsets``, and the report drops the copies;
-the run pending when an earlier run stopped was never emitted by it, so it is new. The pending run
-is state like an open window: the checkpoint stays at or before its first record (and the references
-its samples were measured against), and the commit metadata carries its first offset (``lr``) and
-the watermark when it began (``lw``). A replay folds again the records from ``lr`` on that were
-late when first read: the watermark then is ``lw`` raised by the records since ``lr`` (late records
-never raise it, and nothing else moves it during a run, see below); it skips the other late ones.
-
-A partition that goes quiet with a run pending would never emit it. When the partition is idle
-(``--idle-timeout``, caught up), the run is ended there if broker time is ``gap_ms`` +
-``IDLE_MARGIN_MS`` past the last record's timestamp: the next record, appended later, is then at
-least ``gap_ms`` after it, so a re-processing run ends the run at the same place (with
-LogAppendTime; with CreateTime the producers' clocks decide, which they mostly do alike). An idle
-advance of the watermark ends the pending run first, for the same reason (it follows a quiet time
-longer than ``gap_ms`` with the default idle timeout).
+A correction sums the late samples of one row (window, namespace, node, model) within one *run* of
+the partition's late records, which only the input ends (the watermark moving to a later window, a
+quiet gap of ``gap_ms``, a new block of ``BLOCK`` offsets, an idle partition). A run is emitted only
+once it has ended, so any replay emits the same corrections with the same ``record_id``; the pending
+run is checkpointed like an open window (commit metadata ``lr``, ``lw``).
+More: docs/inside-chargeback.md, "late_runs.py".
 """
 
 from __future__ import annotations

@@ -1,38 +1,10 @@
 """dcgm-exporter's counters CSV (``-f/--collectors``): which fields to export, with TYPE and HELP.
 
-Format, as dcgm-exporter reads it::
-
-    # a comment (a line whose first non-blank character is '#')
-    DCGM_FI_DEV_GPU_TEMP,    gauge, GPU temperature (in C).
-    DCGM_FI_DRIVER_VERSION,  label, Driver Version
-
-Blank lines are ignored and spaces around each cell are stripped (the stock file has
-``DCGM_FI_DEV_DEC_UTIL ,``). A HELP quoted the CSV way (``"a, b"``) loses its quotes, as Go's
-``encoding/csv`` reads it; an empty HELP stays empty. Every file dcgm-exporter reads gives the same
-rows here (checked against Go's reader in ``tests/unit/consumers/metrics/test_csv.py``) but one whose quoted
-field spans lines (an error here). Some files dcgm-exporter refuses load here: the help is everything
-after the second comma (a comma in an unquoted HELP), a ``#`` after blanks is a comment, tabs are
-trimmed, the type is read case-insensitively, quotes after blanks are CSV quotes.
-
-Goal: every row of dcgm-exporter's shipped files (``default-counters.csv``,
-``dcp-metrics-included.csv``, ``1.x-compatibility-metrics.csv``, their commented rows included)
-loads, so a team keeps its own file. The rules:
-
-* types ``gauge``, ``counter``, ``untyped`` (4.8.3), ``histogram`` and ``summary`` (<= 4.8.2) and
-  ``label``, case-insensitive. A single DCGM value cannot be a real histogram or summary (the
-  text format then wants ``_bucket``/``_sum`` samples), so those rows are exposed as ``untyped``
-  and the change is logged;
-* a field we serve is exported with the file's TYPE and HELP; 1.x names (``dcgm_sm_clock``) read
-  the same DCGM field and keep their 1.x metric name (:data:`fields.LEGACY`);
-* a DCGM name we cannot serve (``DCGM_FI_*``, ``DCGM_EXP_*``, ``dcgm_*``: NVLink CRC counters,
-  fan speed, P2P status...), a number asked for as a label or a string as a metric is
-  **unsupported**: the row is listed once at start (one log line, and the
-  ``gpupipe_metrics_unsupported_fields`` info metric) and the service runs. ``strict=True`` (used
-  for our own shipped default) turns these into errors;
-* a duplicate row: the first one wins, the others are listed in the same log line;
-* anything else -- a name that is not a DCGM name (a typo like ``DCGM_FIDEV_X`` is still caught
-  by ``strict``), a malformed row, an unknown type -- is a **startup error**: :class:`CountersError`
-  lists every bad line at once.
+Reads the file as dcgm-exporter does, so every row of dcgm-exporter's shipped files loads. A field
+we serve is exported with the file's TYPE and HELP; a DCGM name we cannot serve is listed once at
+start and skipped (an error with ``strict=True``); anything else is a startup error:
+:class:`CountersError` lists every bad line at once.
+More (format, rules): docs/inside-metrics.md, "collectors_csv.py".
 """
 
 from __future__ import annotations

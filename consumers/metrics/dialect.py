@@ -1,46 +1,10 @@
 """Metric-name dialects: the names (and units) of each dcgm-exporter generation (pure data).
 
-dcgm-exporter renamed its metrics twice. 4.9.0, built on DCGM 4.7, moved its default and profiling
-fields to DCGM's canonical base-unit names, changing the unit of several (MHz to Hz, mJ to J,
-percent to a 0-1 ratio, MiB to bytes, MB/s to B/s), and renamed the driver-version label. 4.10.0,
-built on DCGM 4.8, renamed the four PCIe/NVLink profiling rates to ``..._BYTES_PER_SECOND`` (same
-field, same unit). A dashboard written for one generation finds nothing under another's names, so
-the operator picks what ``/metrics`` speaks (``--dialect``):
-
-* ``dcgm-4.8`` (default): the names and units of dcgm-exporter up to 4.8, unchanged;
-* ``dcgm-4.9``: the 4.9 names, values in the base unit;
-* ``dcgm-4.10``: the 4.9 names plus 4.10's four renames;
-* a comma list of these (``dcgm-4.8,dcgm-4.10``): every renamed series under each listed
-  generation's name, for a migration window in which old and new dashboards run side by side
-  (series then carry every listed generation's driver-version label: the label part of a series
-  is shared by all families of a GPU);
-* ``both``: the oldest and the newest generation, ``dcgm-4.8,dcgm-4.10``. No field changed name
-  twice, so this also serves every 4.9 name.
-
-:data:`RENAMES` is the only declaration of a mapping: the newer :class:`FieldSpec` of a field is
-derived from its 4.8 spec in :mod:`gpupipe_consumers.metrics.fields`, so a source field or a per-pod split
-is never written twice. A counters CSV may name any generation's fields whatever the dialect
-(:func:`lookup`), as dcgm-exporter reads them: a row keeps the name the file gives it; the dialect
-translates only 4.8 names.
-
-Where the names come from (``origin``):
-
-* ``alias``: DCGM's deprecated-alias block (``#if DCGM_DEPRECATED``) of ``dcgm_fields.h`` in
-  NVIDIA/go-dcgm v1.4611.0 (``pkg/dcgm/dcgm_fields.h``, DCGM 4.6.1): the same field ID under its
-  canonical name, so the unit does not change;
-* ``base``: the base-unit fields 1600-1612 of that same header (new IDs, new units);
-* ``ref``: base-unit fields 1613-1650 added by DCGM 4.7, read from NVIDIA's *Field Identifiers*
-  reference as transcribed by a third-party guide (no DCGM 4.7 header could be read);
-* ``rel``: dcgm-exporter 4.10.0's release notes (2026-11-30), which name the four renames. The
-  fields stay DCGM's 1009-1012; their unit, a rate in B/s (a gauge), is the HELP and TYPE of the
-  PCIe pair in dcgm-exporter's own ``etc/dcp-metrics-included.csv`` at 4.8.3, and DCGM's
-  ``dcgm_fields`` describes the NVLink pair as it does the PCIe one, so values do not change (no
-  DCGM 4.8 header or 4.10 counters CSV could be read).
-
-dcgm-exporter 4.9's own counters CSV could not be read (no copy of a 4.9 tag was reachable), so
-which of DCGM's renames the exporter adopted is inferred: every field of its default set and of
-the profiling fields gpupipe serves by default, which gives the 23 renames and 11 unit changes
-that the 4.9.0 release notes count.
+``--dialect`` picks what ``/metrics`` speaks: ``dcgm-4.8`` (default), ``dcgm-4.9``, ``dcgm-4.10``, a
+comma list of these, or ``both``. :data:`RENAMES` is the only declaration of a mapping: a newer
+:class:`FieldSpec` is derived from its 4.8 spec in :mod:`gpupipe_consumers.metrics.fields`, and
+:func:`lookup` finds any generation's name for a counters CSV.
+More (the generations, where each name comes from): docs/inside-metrics.md, "dialect.py".
 """
 
 from __future__ import annotations

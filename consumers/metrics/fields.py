@@ -1,44 +1,10 @@
 """dcgm-exporter field names -> GpuSample fields, with dcgm-exporter's units (pure data).
 
-Every ``DCGM_FI_*`` field that a :doc:`GpuSample <schemas/GpuSample.avsc>` carries has one
-:class:`FieldSpec` here: the sample field it reads, how the value is converted to the unit
-dcgm-exporter publishes, and the Prometheus TYPE and HELP text of dcgm-exporter's counters CSV
-(``etc/default-counters.csv``; our own wording where the field is not in that file).
-
-Units (``Kind``):
-
-=============  ==========================================  =============================  ==========
-kind           GpuSample unit                              dcgm-exporter unit             text
-=============  ==========================================  =============================  ==========
-``INT``        count, MHz, mJ, ns, KiB, bitmask            same                           ``%d``
-``ROUND``      double (bytes/s, C)                         integer (DCGM keeps int64)     ``%d``
-``PERCENT``    ``*_ratio`` 0..1                            % 0..100, integer              ``%d``
-``MIB``        ``*_bytes``                                 MiB (bytes // 2**20)           ``%d``
-``FLOAT``      W, ratio 0..1 (``DCGM_FI_PROF_*``)          same                           ``%f``
-``BOOL``       boolean                                     0 / 1                          ``%d``
-``HERTZ``      MHz (int)                                   Hz (x 10**6)                   ``%d``
-``JOULES``     mJ (int)                                    J (// 1000)                    ``%d``
-``KIB``        KiB (int)                                   bytes (x 1024)                 ``%d``
-=============  ==========================================  =============================  ==========
-
-The last three exist for the base-unit names of dcgm-exporter 4.9 (DCGM 4.7), which
-:mod:`gpupipe_consumers.metrics.dialect` derives from these specs; today's names never use them.
-
-dcgm-exporter prints DCGM int64 fields with ``%d`` and doubles with ``%f`` (``30.982000``); we do the
-same per field, following DCGM's field type (e.g. temperatures and utilisations are int64 in DCGM
-although GpuSample carries doubles/ratios, so they are rounded).
-
-Special fields (no plain sample column):
-
-* ``DCGM_FI_DEV_XID_ERRORS``: the last XID of the GPU (gpu.xid events, else the sample's ``last_xid``,
-  else 0 as DCGM reports for a GPU without XIDs).
-* ``DCGM_EXP_XID_ERRORS_TOTAL``: a true counter per GPU and XID code, from gpu.xid events.
-* ``DCGM_FI_DRIVER_VERSION``: a ``label`` row; adds ``DCGM_FI_DRIVER_VERSION="<ver>"`` to every series.
-
-Fields DCGM has but GpuSample does not (NVLink CRC counters, the other violation counters, the
-``DCGM_EXP_*`` window collectors, inforom/serial label rows, ``DCGM_FI_PROF_*_TOTAL``...) are listed in
-:data:`UNAVAILABLE` so a stock counters CSV loads with a warning instead of an error
-(see :mod:`gpupipe_consumers.metrics.collectors_csv`).
+Every ``DCGM_FI_*`` field a GpuSample carries has one :class:`FieldSpec`: the sample field it reads,
+the conversion (``Kind``) to dcgm-exporter's unit and text format, and the TYPE and HELP of
+dcgm-exporter's counters CSV. Fields DCGM has but GpuSample lacks are listed in :data:`UNAVAILABLE`,
+so a stock counters CSV loads with a warning.
+More (units table, special fields): docs/inside-metrics.md, "fields.py".
 """
 
 from __future__ import annotations

@@ -1,42 +1,10 @@
 """The Kafka side of the metrics consumer: feeds the :class:`SeriesStore` and serves ``/metrics``.
 
-Sharding. ``gpu.samples.v1`` is consumed through the consumer group (the shared
-:class:`~gpupipe_consumers.plumbing.consume_loop.ConsumeLoop`): instances of one group split its
-partitions, each serves the GPUs of the partitions it holds, and a revoked partition's series are
-dropped at once (``SeriesStore.drop_partitions``), so no GPU is ever served by two instances for
-longer than a rebalance takes, and Prometheus (which scrapes every instance) sees each GPU once.
-
-XIDs follow their GPU's samples. ``gpu.xid.v1`` is small (a handful of events per GPU and day), and
-its partition count differs from the samples topic's, so a group split of it would put a GPU's XID
-counter on another instance than its samples. Instead every instance reads all of ``gpu.xid.v1`` (a
-plain consumer with no group commits, starting at the end) and keeps an event only when it owns the
-GPU: the GPU is in its store from samples, or the record's key (the physical GPU's UUID, a MIG
-slice's too, the same key as on the samples topic) hashes -- with Kafka's murmur2 partitioner, which
-the producer uses -- to a samples partition it holds. The event is stored under that samples
-partition, so a revocation drops the GPU's XID counters with its samples, and the new owner counts
-from there on (a counter reset, which PromQL's ``increase()``/``rate()`` handle). If the keys turn
-out not to be murmur2-partitioned (a producer with another partitioner), only GPUs already held from
-samples get their XIDs, and a warning says so.
-
-Bad input: bytes that are not our Avro are dead-lettered by the loop, and so, with ``--node-ca-file``,
-is a sample or XID not signed by the node it names (reason ``node-identity``; an XID by its key's
-owner only, as below). A record of the wrong type
-for its topic, or a sample without identity fields (``UnusableSample``), is dead-lettered with
-reason ``unexpected-record-type`` / ``invalid-record``; both count in
-``gpupipe_consumer_decode_errors_total{reason}`` and ``gpupipe_consumer_dead_letters_total``. On
-the XID topic only the owner of a bad record's key dead-letters it, so N instances do not write N
-copies. Samples older than ``max_sample_age_s`` (a replay after a long outage, a backfill) are
-not shown: they would look current, since staleness runs on ingest time (the time of the newest
-ingest, so that a stalled pipeline holds the series instead of expiring them all).
-
-Own metrics (appended to the exposition by the store): the loop's ``gpupipe_consumer_*`` (records,
-decode errors, dead letters, batch time, rebalances, lag per partition), the store's
-``gpupipe_metrics_*`` and ``gpupipe_sample_age_seconds``, and here
-``gpupipe_metrics_render_seconds{stage="render"|"gzip"}``, ``gpupipe_metrics_assigned_partitions``,
-``gpupipe_metrics_revoked_gpus_total``, ``gpupipe_metrics_samples_skipped_total{reason}``,
-``gpupipe_metrics_xid_records_total{result}``, ``gpupipe_metrics_xid_reader_lag_records``,
-``gpupipe_metrics_ingest_delay_seconds`` (publication to store, per batch: the freshness a scrape
-sees, whatever its schedule) and the process collector's ``process_*``.
+Instances of one consumer group split ``gpu.samples.v1``; each serves the GPUs of the partitions it
+holds and drops a revoked partition's series at once. Every instance reads all of ``gpu.xid.v1`` and
+keeps only the XIDs of GPUs it owns. Records that are not our Avro, of the wrong type, unsigned (with
+``--node-ca-file``) or unusable are dead-lettered; samples older than ``max_sample_age_s`` are not shown.
+More (sharding, XIDs, own metrics): docs/inside-metrics.md, "service.py".
 """
 
 from __future__ import annotations

@@ -1,37 +1,10 @@
 """GpuSample ingest for the metrics consumer: decode what changed, check the rest (pure).
 
-A GpuSample is, in writer order, ``timestamp_ms``, the GPU's *identity* (host, index, UUID, PCI
-bus id, model, driver, NUMA node, MIG identity, allocations: a few hundred bytes that are the same
-in every sample of a GPU until its pods change), its ``processes``, the *readings* (a run of
-nullable numbers) and an *inventory tail* (serial, VBIOS, fabric and platform fields, also
-constant per GPU). Decoding all of it for every sample, as the whole-record decoder does, spent
-most of the time on bytes that did not change. Per writer schema, :func:`build_split_decoder`
-generates one function that
-
-* reads ``timestamp_ms``, then finds the identity by its bytes: a cache keyed by the bytes of
-  the fields that name the GPU or MIG slice (hostname ... ``mig``) holds the identity bytes last
-  seen for that key (and the ones before, for a pod that comes back) with their decoded fields;
-  when the sample goes on with the same bytes (one ``startswith``: the allocations did not
-  change), the decoded fields are reused without reading them again;
-* decodes ``processes`` (usually empty: one byte);
-* checks the readings with the :class:`~gpupipe_consumers.metrics.readings.ReadingsPlan` pattern, which
-  admits only values within the contract's bounds (a power against its limit, when the record
-  carries both, is compared apart), and keeps the match (converted at scrape, see
-  :mod:`gpupipe_consumers.metrics.readings`), converting at once only the readings the store needs per
-  sample (``interval_ms``, health and clock-event fields...);
-* looks the tail's bytes up in a second cache (the same bytes decode to the same fields).
-
-Both caches hold only bytes that the generated decoder read without error and whose fields are
-within the contract's bounds (:func:`gpupipe_schemas.validate.violation`, checked once, when a piece is
-first decoded), so a cached piece is as valid as a decoded and checked one, and the consume loop's
-per-record check covers only the fields read per sample (the function's ``per_record``: time,
-processes, eager readings); they are bounded (cleared when full). The records it returns share the
-cached identity objects (allocation lists...): read-only, as every record of the store is.
-
-Returns None (the caller then uses the whole-record decoder, which decodes or raises the
-``DecodeError``) for anything off the common path: readings the pattern refuses, a body cut short,
-an identity, tail or reading that does not decode or is out of bounds (the loop's whole-record
-check then says why).
+:func:`build_split_decoder` generates, per writer schema, a function that reuses the decoded identity
+and inventory tail when their bytes repeat, decodes ``processes`` and checks the readings against the
+contract's bounds. Cached pieces are as valid as decoded and checked ones; the caches are bounded.
+It returns None off the common path: the caller then uses the whole-record decoder.
+More: docs/inside-metrics.md, "splitdecode.py".
 """
 
 from __future__ import annotations

@@ -1,34 +1,11 @@
 """Idle-GPU detection: GpuSample dicts in, GpuRecommendation revisions out. Pure: no I/O, no clock.
 
-One *track* per (GPU key, namespace, pod): a pod holding a whole GPU, a MIG slice, or a time-sliced
-replica. Tracking per GPU rather than per pod keeps every track inside one input partition (samples
-are keyed by GPU), so instances of the service can split the partitions and never need each other's
-state; reports add a pod's GPUs up.
-
-Activity of a pod on its GPU: its own processes' summed ``sm_util_ratio`` when the sample carries
-per-process data attributed to pods (a shared GPU), else the GPU's activity as chargeback defines it
-(``sm_active_ratio``, else ``gpu_util_ratio``). A sample with activity under ``idle_threshold`` is
-idle; the *streak* starts at the first idle sample after a busy one (or after the pod appeared). A
-sample with no activity figure at all neither extends nor breaks a streak.
-
-Lifecycle (event time; the clock is the sample timestamps, so replays give the same records):
-
-* **firing** when a streak has lasted ``idle_after`` (``last - since + interval >= idle_after``):
-  revision 1; then an update every ``update_interval`` of streak time while it lasts;
-* **resolved** with reason ``busy`` (a busy sample), ``pod_ended`` (the pod is no longer among the
-  GPU's allocations), or ``gone`` (no sample of the GPU for ``gone_after`` behind the partition's
-  newest sample: the node or the producer went away).
-
-A streak that never reached ``idle_after`` produces nothing. Memory and activity peaks cover the
-streak and feed :mod:`gpupipe_consumers.recommend.rightsize`.
-
-Bounded state: any node's producer may write samples for made-up UUIDs, and age alone (``gone``)
-forgets them only after ``gone_after`` of input. At most ``max_gpus`` GPU keys are tracked; a sample
-of a new GPU beyond that forgets the least recently sampled one (its open recommendations resolved
-``gone``, as if its samples had stopped; counted in :attr:`IdleDetector.evicted`). A new GPU is never
-refused: a flood of made-up GPUs can delay a real recommendation (hours of idle samples build one),
-never keep one from starting. The model names the right-sizing compares against are bounded too
-(``MAX_MODELS``, least recently seen forgotten).
+:class:`IdleDetector` keeps one track per (GPU key, namespace, pod); a streak of samples with activity
+under ``idle_threshold`` fires a recommendation once it has lasted ``idle_after``, updates it every
+``update_interval`` and resolves it (``busy``, ``pod_ended``, ``gone``). Event time only, so replays
+give the same records. At most ``max_gpus`` GPU keys: a new GPU is never refused, the least recently
+sampled one is forgotten.
+More: docs/recommend.md, "Module notes", ``detector.py``.
 """
 
 from __future__ import annotations

@@ -1,35 +1,11 @@
 """Alertmanager v2 client: a bounded state of alerts, sent by a background thread, retried until delivered.
 
-A service calls :meth:`AlertmanagerSender.update` with every record it publishes (the alerts service its
-``GpuAlert`` records, recommend its recommendations); the sender's ``shape`` says what the record is
-in Alertmanager's terms (:class:`AmState`: id, status, labels, annotations, times). That only takes
-a lock and writes a dict entry, so a slow or dead Alertmanager never blocks the Kafka path. A daemon
-thread posts what is due to ``<url>/api/v2/alerts``:
-
-* a changed alert (new, updated, resolved) as soon as possible (the thread is woken, then waits
-  ``batch_delay_s`` to batch a burst);
-* every firing alert again each ``resend_interval_ms``, with ``endsAt = now + 4 x resend interval`` -- what
-  Prometheus does, so Alertmanager resolves an alert by itself if this service disappears;
-* a resolved alert with ``endsAt`` = its resolution time, once accepted it is forgotten.
-
-Alertmanager identifies an alert by its label set, so the state is keyed by labels (from the shape).
-If an alert's labels change the old label set is sent resolved and the new one firing -- unless the
-shape says ``keep_earlier`` (GPU alerts, whose labels change only when they escalate): then the earlier
-label sets stay firing, re-sent like the others, until the alert resolves, and are resolved with it, so
-an escalation never tells a receiver the incident is over. A resolved record of an
-alert whose label set meanwhile belongs to a newer alert (a recurrence that superseded it) is not sent:
-the newer alert continues it.
-
-Failures (connection refused, timeout, HTTP >= 300) keep everything queued and back off exponentially
-(``retry_min_s`` doubling up to ``retry_max_s``); when Alertmanager comes back the whole state is
-delivered. A 400 (Alertmanager rejects the whole request for one invalid alert) is narrowed down by
-splitting the batch, and an alert rejected on its own is dropped and logged. ``startsAt`` is never later
-than now (a node clock running ahead would otherwise make ``startsAt > endsAt``, which is rejected).
-
-The state is bounded by ``max_alerts`` label sets; beyond it the oldest resolved entries are
-dropped (counted in ``gpupipe_alerts_alertmanager_dropped_total``). A firing entry is never dropped: firing
-entries are bounded by the engine's open alerts, and the excess over ``max_alerts`` is counted
-(``over_limit``) rather than lost.
+:meth:`AlertmanagerSender.update` only takes a lock and writes a dict entry (the sender's ``shape``
+makes an :class:`AmState` of a record), so a slow or dead Alertmanager never blocks the Kafka path.
+A daemon thread posts changes at once, re-sends firing alerts each ``resend_interval_ms`` and backs
+off on failures, keeping everything queued. The state is keyed by label set and bounded by
+``max_alerts``; a firing entry is never dropped.
+More: docs/architecture.md, "Module notes", ``clients/alertmanager.py``.
 """
 
 from __future__ import annotations

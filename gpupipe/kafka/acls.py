@@ -1,32 +1,10 @@
 """Least privilege per gpupipe role: the exact Kafka ACLs each service needs, and nothing more.
 
-Pure data and logic (no Kafka import) so the table is unit-tested, printed for operators
-(`gpupipe acls --print`), applied (`gpupipe acls --apply`) and checked at start-up by every service
-(gpupipe.kafka.auth) from one source. Topic names carry `--topic-prefix`; group and transactional
-ids are the ones the services use (read from their code, overridable per role):
-
-- producer:   WRITE samples, xid and topology; IDEMPOTENT_WRITE on the cluster (brokers before 3.0 need it for
-  `enable.idempotence`; later ones accept WRITE alone). No READ anywhere, no group.
-- metrics:    READ samples (group ``gpupipe-metrics``) and xid (a private, never-committing group
-  ``gpupipe-metrics-xid-<uuid>``: prefix); WRITE deadletter (idempotent producer).
-- chargeback: READ samples (group ``<topic prefix>gpupipe-chargeback``); transactional WRITE of
-  chargeback and deadletter with transactional ids ``<group>.<instance>`` (prefix ``<group>.``);
-  progress offsets in group ``<group>.progress``; READ chargeback to read its own output back
-  after an offset reset (group prefix ``<group>.dedupe-``, never committed).
-- alerts:     READ xid and samples (group ``gpupipe-alerts``); WRITE alerts and deadletter; READ alerts
-  to restore open alerts at start (group prefix ``gpupipe-alerts-restore-``); with ``--ha`` READ the
-  lease topic ``gpu.alerts.leader.v1`` (group ``gpupipe-alerts-leader``).
-- recommend:  READ samples (group ``gpupipe-recommend``); WRITE recommendations and deadletter; READ
-  recommendations to restore its open ones (group prefix ``gpupipe-read-``).
-- report:     READ chargeback (``report chargeback``) and recommendations (``report idle``) (group
-  prefixes ``gpupipe-report-`` and ``gpupipe-read-``, never committed).
-- lake:       READ samples, xid, alerts and chargeback (group ``gpupipe-lake``, committed for lag
-  tooling only: its offsets live in the tables); WRITE deadletter (idempotent producer).
-- tail:       READ every gpupipe topic (group prefix ``gpupipe-tail-``, never committed): operators.
-- admin:      CREATE, DESCRIBE and DESCRIBE_CONFIGS on every gpupipe topic (topic creation); it also
-  applies these ACLs, which needs ALTER on the cluster (a super user in practice).
-
-READ and WRITE imply DESCRIBE in Kafka's authorizer, so DESCRIBE is listed only where it is alone.
+Pure data and logic (no Kafka import): one table, unit-tested, printed (``gpupipe acls --print``),
+applied (``gpupipe acls --apply``) and checked at start-up by every service (:mod:`gpupipe.kafka.auth`).
+Topic names carry ``--topic-prefix``; group and transactional ids are the services' own, overridable
+per role. DESCRIBE is listed only where READ or WRITE does not imply it.
+More (each role's ACLs): docs/architecture.md, "Module notes", ``kafka/acls.py``.
 """
 
 from __future__ import annotations

@@ -1,40 +1,10 @@
 """exporter-toolkit web config (the version dcgm-exporter pins, v0.16.0), read into a :class:`WebConfig`.
 
-Every key of the toolkit's schema is accepted, so a file written for dcgm-exporter (or the toolkit's
-own ``docs/web-config.yml`` sample) starts the service::
-
-    tls_server_config:
-      cert_file / cert        # a file, or the PEM inline
-      key_file / key
-      client_ca_file / client_ca
-      client_auth_type        # NoClientCert, RequestClientCert, RequireAnyClientCert (old name
-                              # RequireClientCert), VerifyClientCertIfGiven, RequireAndVerifyClientCert
-      cipher_suites           # Go names (TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256 ...); TLS 1.3 names are
-                              # accepted and, as in Go, change nothing (only them: TLS 1.3 only)
-      curve_preferences       # CurveP256, CurveP384, CurveP521, X25519
-      min_version / max_version   # TLS10 .. TLS13 (default min TLS12)
-      prefer_server_cipher_suites
-      client_allowed_sans     # client certificate SANs allowed (a client_auth_type reading certificates)
-    http_server_config:
-      headers: {...}          # added to every answer
-      http2: true             # accepted; this server speaks HTTP/1.1
-    rate_limit:
-      interval: 1s            # one request per interval on average (0: no limit; a bare number
-      burst: 10               # is nanoseconds, as Go reads it) with this many at once; more get 429
-                              # (unlike the toolkit: probes are not limited, and a request
-                              # refused by basic auth spends nothing; see gpupipe.web.server)
-    basic_auth_users:
-      user: $2y$10$...        # bcrypt
-
-Where Python's ``ssl`` differs from Go's ``crypto/tls`` (said once in the log at start):
-``RequestClientCert`` asks nothing of the client (no certificate is used either way);
-``RequireAnyClientCert`` needs ``client_ca`` and then also verifies the certificate (stricter);
-``curve_preferences`` uses its first curve only. Given both, ``cert_file``/``key_file`` win over inline
-PEM (as in the toolkit). Any other key, or a wrong value, is a startup error that names it, so a typo
-never leaves the endpoint open; stricter than the toolkit in two places for that reason:
-``client_allowed_sans`` with a client_auth_type that reads no certificate (the toolkit ignores the SANs)
-and a rate limit with ``burst: 0`` (the toolkit answers every request 429). Relative paths are read
-relative to the file.
+Every key of the toolkit's schema is accepted, so a file written for dcgm-exporter starts the
+service; where Python's ``ssl`` differs from Go's ``crypto/tls`` the start-up log says so once. Any
+other key, or a wrong value, is a startup error that names it, so a typo never leaves the endpoint
+open. Relative paths are read relative to the file.
+More (the keys, the differences): docs/architecture.md, "Module notes", ``web/config.py``.
 """
 
 from __future__ import annotations

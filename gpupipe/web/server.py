@@ -1,36 +1,10 @@
 """The one HTTP server every service listens with: TLS, auth, limits and probes said once.
 
-node_exporter serves every endpoint through one ``web.ListenAndServe``, so TLS, client-certificate
-SANs, rate limit and basic auth cannot differ between endpoints; this is that for gpupipe. A
-service registers its routes (paths to callables); the server owns the rest:
-
-* the exporter-toolkit web config (:mod:`gpupipe.web.config`), re-read when its files change;
-* ``/healthz`` (liveness, JSON), ``/readyz`` (readiness, JSON, the liveness check unless the
-  service gives its own), ``/health`` (``OK``, as dcgm-exporter answers it) and ``/``, all open to
-  probes without a password unless ``open_paths`` says otherwise (``/`` lists the routes and asks
-  for the password like them);
-* a start-up mode: while the service waits for Kafka every path answers 503
-  ``{"status": "starting", ...}`` on the same port, with the same TLS and auth;
-* HEAD for every GET path; 401 without the password; 429 past the rate limit, which only requests
-  that passed authentication spend and which the open paths (probes) never meet;
-* a request's line and headers must arrive within ``HEADER_DEADLINE_S`` in all (a client sending a
-  byte every few seconds holds a worker that long, not for ever) and weigh at most
-  ``MAX_HEADER_BYTES`` (431 past it); no endpoint takes a body (413).
-
-Connections nobody can starve the probes with. A connection holds a thread (a
-*worker*, at most ``max_connections``) only while it has something to say: the accept loop parks
-every connection in a selector until bytes arrive (a ClientHello, a request), hands it to a worker
-for the TLS handshake and one request (more if pipelined), and parks it again between keep-alive
-requests. So silent and idle connections cost a file descriptor, not a worker, and:
-
-* a TLS client must finish its handshake within ``HANDSHAKE_DEADLINE_S`` of connecting, a plain
-  one send its first request head within ``HEADER_DEADLINE_S`` of connecting, and an idle
-  keep-alive connection start its next request within ``KEEPALIVE_IDLE_S``; past that it is closed;
-* at most ``max_open_connections`` are open, at most ``max_client_connections`` from one client
-  address (:func:`client_key`); past either, the longest-idle parked connection (the client's own,
-  past its cap) is closed to admit the new one, which is refused only when none is idle;
-* one client address is served at most ``max_connections // CLIENT_WORKER_SHARE`` workers at once;
-  its further requests wait parked, so tricklers from one address cannot take every worker.
+A service registers its routes; the server owns the web config (re-read when its files change),
+``/healthz``, ``/readyz``, ``/health`` and ``/``, a start-up mode (503 on every path), HEAD, 401,
+429, header deadlines and size limits. A connection holds a worker only while it has something to
+say, and connection caps per client and in all keep tricklers from starving the probes.
+More (every limit and deadline): docs/architecture.md, "Module notes", ``web/server.py``.
 """
 
 from __future__ import annotations

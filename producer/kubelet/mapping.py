@@ -1,44 +1,10 @@
 """Map kubelet PodResources allocations to GPUs (pure logic: no gRPC, no I/O).
 
-Input is a plain mirror of ``v1.ListPodResourcesResponse`` (:class:`PodResources` and friends below);
-``gpupipe_producer.kubelet.client`` converts the protobuf message into it, and :func:`pod_resources_from_dict`
-reads the same shape from JSON (the protobuf JSON field names, snake_case or lowerCamelCase).
-
-Output is an :class:`AllocationMap`: device key -> tuple of :class:`PodRef`.
-
-Resource names kept (anything else is ignored and counted in ``AllocationMap.ignored_resources``):
-
-* ``nvidia.com/gpu`` (whole GPUs; also MIG devices under the ``single`` MIG strategy),
-* ``nvidia.com/gpu.shared`` (time-slicing / MPS with ``renameByDefault``),
-* ``nvidia.com/mig-<profile>`` (``mixed`` MIG strategy, any profile),
-* extra names given to :class:`AllocationMapper`; an extra name ending in ``*`` is a prefix.
-
-Device ids, as the device plugin advertised them (the kubelet reports exactly those):
-
-* ``GPU-<uuid>`` and ``MIG-<uuid>`` (also the older ``MIG-GPU-<uuid>/<gi>/<ci>``) are keys as given.
-* Replicas ``<id>::<n>`` (NVIDIA time-slicing and MPS, also replicated MIG devices on EKS) are keyed by
-  ``<id>``: every pod sharing a GPU/MIG device is listed under its UUID, each with ``PodRef.replica=n``.
-  GKE's sharing form ``<id>/vgpu<n>`` is treated the same way.
-* Anything else (GPU indices such as ``"0"``, PCI bus ids, GKE ``nvidia0`` / ``nvidia0/gi3``) is kept as
-  given: this module cannot know which GPU it names. The caller matches it, e.g. by passing the GPU's
-  index or PCI bus id as ``aliases`` to :func:`lookup`.
-* Odd ids (empty, not a string, ``::n`` with no base, a non-numeric replica suffix) never raise: empty
-  or non-string ids are dropped, the others kept verbatim as keys; both are counted in ``odd_device_ids``.
-
-DRA (``ContainerResources.dynamic_resources``): each ``ClaimResource`` names a device by
-``(driver_name, pool_name, device_name)`` (e.g. ``gpu.nvidia.com``, ``node-a``, ``gpu-0``), not by UUID.
-Claims of the configured drivers (default ``gpu.nvidia.com``) are indexed in ``AllocationMap.dra`` under
-:class:`DraDeviceKey`, with ``PodRef.resource_name`` set to the driver name and ``PodRef.claim_name``
-set. Resolving a DRA device to a GPU UUID needs the node's ResourceSlices (attribute ``uuid``), which the
-kubelet API does not carry; pass ``dra_device_resolver`` to :class:`AllocationMapper` to also index DRA
-allocations under the resolved device id, so :func:`lookup` finds them.
-
-Each tuple is sorted and free of duplicates, so the same allocation always yields the same labels.
-
-Replica counts: ``GetAllocatableResources`` lists every device id the device plugins advertise,
-held or not. :meth:`AllocationMapper.replica_counts` counts the ``<id>::<n>`` replicas per key, and
-:meth:`AllocationMap.with_replicas` attaches them (``AllocationMap.replicas``), so chargeback can
-tell one replica held of four from a whole GPU.
+:class:`AllocationMapper` turns a plain mirror of ``v1.ListPodResourcesResponse`` (:class:`PodResources`;
+:func:`pod_resources_from_dict` reads it from JSON) into an :class:`AllocationMap`: device key -> sorted,
+duplicate-free tuple of :class:`PodRef`, replicas keyed by their device, DRA claims by
+:class:`DraDeviceKey`. Unknown resources and odd device ids are counted, never raised.
+More: docs/producer.md, "Allocations to GPUs".
 """
 
 from __future__ import annotations

@@ -1,64 +1,10 @@
 """NVML XID event watcher: one NVML event set and one waiting thread per GPU.
 
-Why one set per GPU, not one for the node: NVML has no "unregister", and a wait on a set fails as
-a whole when one of its GPUs fails (``NVMLError_GpuIsLost`` after a fall off the bus, or any error
-of a broken event channel); nvml.h does not say whether the other GPUs' queued events come out
-before that error. With one shared set, a failing GPU therefore held back (during the back-off)
-and finally dropped (when the set was freed and rebuilt) every other GPU's XIDs, and a GPU that
-could be registered again but kept failing made that cycle forever. With a set per GPU, a failing
-GPU costs nobody else anything.
-
-``start()`` initialises NVML (reference-counted, so it shares the process with ``NvmlSource``)
-and starts one thread per GPU. Each thread sets its own GPU up: creates a set, registers
-``nvmlEventTypeXidCriticalError`` (plus the R570+ ``GpuRecoveryAction`` and
-``GpuUnavailableError`` where the GPU offers them). ``start()`` waits for those set-ups at most
-``setup_timeout_s``: a hung GPU's identity calls hold up neither the caller nor ``stop()`` (the
-set-up ran on the caller's thread under the start/stop lock, so a GPU hanging in
-``nvmlDeviceGetHandleByIndex`` blocked the agent's shutdown). A GPU answering NotSupported at
-start is logged and its thread ends (the kernel log still reports its XIDs). Each thread loops on
-``nvmlEventSetWait_v2(set, timeout_ms)``:
-
-* ``NVMLError_Timeout``: nothing happened, wait again (this is how ``stop()`` is noticed);
-* an event: ``on_event(dict)`` with ``xid``, ``uuid``, ``pci_bus_id``, ``gpu_index``,
-  ``gpu_instance_id`` / ``compute_instance_id`` (None when NVML says 0xFFFFFFFF, i.e. not
-  attributable to a MIG instance, and on a GPU not in MIG mode), ``mig_uuid`` (when a lookup is
-  given and knows it), ``set_gpu_index`` (the GPU whose set delivered it: for diagnosis only) and
-  ``timestamp_ms`` (wall clock when received); recovery-action and
-  GPU-unavailable events as ``{"type": ..., "data": ...}`` notices; events of other types are
-  ignored;
-* any error (``GpuIsLost``, ``Unknown``...): reported (``on_error(kind)``, ``error_counts``; the
-  first of a run of failures logged at WARNING, the rest at DEBUG), then *this GPU's* thread backs
-  off (1 s doubling to 30 s, interrupted by ``stop()``). After ``rebuild_after`` errors in a row
-  the set is drained (what NVML still hands out is delivered) and freed, and the GPU is set up
-  again after the next back-off; a GPU that cannot be set up (lost: no handle; NotSupported after
-  a reset, logged once) is retried at the back-off pace and re-added when it answers. The
-  back-off is reset only by a wait that works (an event or a timeout), so a GPU that registers
-  fine and fails at once costs one attempt per 30 s, never a busy loop.
-
-**Which GPU an event is on** is the device the event names (``nvmlEventData_t.device``, "the
-device where the event occurred" in nvml.h), never the set that delivered it: NVIDIA's mock
-library hands a pending event to whichever set waits, and nvml.h promises nothing else. Each
-thread records its GPU's handle at set-up, so the event's handle resolves to that GPU's index,
-UUID and PCI bus id without an NVML call, which matters most for an Xid 79, whose GPU no longer
-answers; a handle no set-up recorded is asked of NVML (a MIG handle through its parent). Each
-event is counted in :attr:`delivery_counts`: ``own_set``, ``other_set`` (another GPU's set
-delivered it: attributed to its own GPU all the same) or ``unresolved`` (NVML could not say which
-GPU: published with no GPU rather than on a wrong one).
-
-``stop()`` makes the threads leave within about one wait timeout; each drains and frees its own
-set (never while a wait is in flight: the thread that waits is the one that frees), then NVML is
-shut down. Draining at stop matters when the agent re-initialises NVML (a GPU reset, a driver
-release): the events the sets still hold are delivered, not dropped.
-
-**A wait stuck in NVML** (a hung GPU or driver) cannot be cancelled. ``stop()`` then returns False
-after ``stop_timeout_s``; the other GPUs' threads are stopped anyway. The stuck threads become
-*orphans*: each start has its own stop event (a later ``start()`` never revives an old thread), an
-orphan frees its own set when its wait returns, and the watcher's NVML reference of that start is
-given back only when its last orphan has ended (until then NVML cannot really shut down:
-:attr:`stuck` lists those GPUs, and the node agent postpones a re-initialisation). ``start()``
-works again at once after such a stop, so the healthy GPUs are watched meanwhile. A thread that
-died of an unexpected exception is listed in :attr:`dead`. Turn delivered dicts into XidEvent
-records with :func:`gpupipe_producer.nvml.records.nvml_xid_event`.
+``start()`` sets up each GPU's set on its own thread (bounded by ``setup_timeout_s``); each event is
+handed to ``on_event(dict)`` attributed to the GPU the event names, each error to ``on_error(kind)``
+with a per-GPU back-off and rebuild, so a failing GPU costs the others nothing. ``stop()`` drains and
+frees the sets; a wait stuck in NVML leaves an orphan listed in :attr:`stuck`, never a hang.
+More: docs/producer.md, "The NVML event watcher".
 """
 
 from __future__ import annotations

@@ -1,33 +1,9 @@
 """Fabric group (default every 10 s): what a Blackwell / GB200 NVL72 node needs beyond Hopper.
 
-=========================================================  =====================================
-``nvmlDeviceGetGpuFabricInfoV`` (v3, else v2)              fabric_state, fabric_health,
-                                                           fabric_health_mask, fabric_clique_id,
-                                                           fabric_cluster_uuid
-field ``NVLINK_LINK_COUNT`` (91), then per link            nvlink_links, nvlink_links_up
-  ``NVLINK_GET_STATE`` (165)
-per link ``NVLINK_COUNT_RCV_ERRORS`` (208),                nvlink_rcv_errors_total,
-  ``..._SYMBOL_ERRORS`` (221),                             nvlink_symbol_errors_total,
-  ``..._LINK_RECOVERY_FAILED_EVENTS`` (214), summed        nvlink_recovery_failed_total
-fields ``NVLINK_CRC_FLIT/CRC_DATA/REPLAY/RECOVERY_ERROR_   nvlink_crc_flit_errors_total, ...,
-  COUNT_TOTAL`` (38, 45, 52, 59), all links (to Hopper)    nvlink_recovery_errors_total
-field ``C2C_LINK_COUNT`` (170), per link ``..._STATUS``    c2c_links, c2c_links_up
-``nvmlDeviceGetPlatformInfo`` (v2), once                   platform_chassis_serial, _slot,
-                                                           _tray, _host_id, _module_id
-=========================================================  =====================================
-
-Why: on NVL72 a GPU whose fabric registration has not completed cannot use NVLink (jobs fail or
-hang); a single flapping link is invisible in the aggregate throughput (on Hopper and before, the
-CRC / replay / recovery totals show it); "GPU-x had Xid 149" is
-actionable only as "rack R, tray T". Link and error counters are two ``nvmlDeviceGetFieldValues``
-calls per GPU (counts, then every link at once). Everything a device does not answer is learned
-once and stays null (Hopper has no C2C or platform info; x86 no fabric).
-
-Checked against NVIDIA's mock libnvidia-ml through the real pynvml (GB200, H100, B200 profiles):
-fabric state completed / health healthy / mask 426 on GB200 and H100, none on B200; 18 NVLink
-links up with error counters 0 (none on B200); C2C and module scope NotSupported; platform info
-NotSupported (GB200) or missing (H100). The fabric and platform structs go by reference: passed
-by value, the binding hands the struct's bytes to C as a pointer, and the mock crashed on it.
+Reads fabric registration state and health, NVLink link states and error counters, C2C links and
+the platform's rack position (read once) into GpuSample fields; link and error counters take two
+``nvmlDeviceGetFieldValues`` calls per GPU. What a device does not answer is learned once and stays null.
+More (NVML call -> field table, why): docs/producer.md, "The fabric field group".
 """
 
 from __future__ import annotations

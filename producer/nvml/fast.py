@@ -1,42 +1,10 @@
 """Fast group (default every 1 s): utilisation, memory, power, energy, temperatures, clocks,
 clock-event reasons, violation time, PCIe throughput, encoder/decoder, NVLink counter.
 
-NVML call -> field (unit conversion):
-
-=========================================================  =====================================
-``nvmlDeviceGetUtilizationRates`` .gpu / .memory (%)       gpu_util_ratio, mem_copy_util_ratio
-``nvmlDeviceGetEncoderUtilization`` / ``Decoder`` [0] (%)   enc_util_ratio, dec_util_ratio
-``nvmlDeviceGetMemoryInfo(version=nvmlMemory_v2)`` (B)     fb_total/free/used/reserved_bytes
-  (falls back to v1, then reserved is null)
-field ``POWER_AVERAGE`` (185, mW; 1 s average on every    power_w (/1000)
-  generation), else ``nvmlDeviceGetPowerUsage``
-field ``POWER_CURRENT_LIMIT`` (190, mW), else              power_limit_w (/1000)
-  ``nvmlDeviceGetEnforcedPowerLimit``
-field ``TOTAL_ENERGY_CONSUMPTION`` (83, mJ), else          total_energy_mj
-  ``nvmlDeviceGetTotalEnergyConsumption``
-``nvmlDeviceGetTemperatureV(NVML_TEMPERATURE_GPU)`` (C)    gpu_temp_c (deprecated
-                                                           ``nvmlDeviceGetTemperature`` if no V)
-field ``NVML_FI_DEV_MEMORY_TEMP`` (C)                      memory_temp_c
-``nvmlDeviceGetClockInfo(NVML_CLOCK_SM / _MEM)`` (MHz)     sm_clock_mhz, mem_clock_mhz
-``nvmlDeviceGetCurrentClocksEventReasons`` (bitmask)       clock_event_reasons
-fields ``PERF_POLICY_POWER / _THERMAL`` (74/75, ns), else  power_violation_ns, thermal_violation_ns
-  ``nvmlDeviceGetViolationStatus`` (deprecated in NVML 13,
-  removed in CUDA 14)
-fields ``PCIE_COUNT_TX/RX_BYTES`` (197/198, byte         pcie_tx/rx_bytes_per_s: the average over
-  counters) where GPM does not measure PCIe                the interval between two reads, like GPM
-``nvmlDeviceGetPcieThroughput(TX / RX)`` (KB/s)            otherwise the 20 ms snapshot (x1024);
-                                                           pcie_window_ms says which (interval or 20)
-fields ``NVLINK_THROUGHPUT_DATA_TX/RX``, scope UINT_MAX    nvlink_bandwidth_total_kib (tx + rx)
-  (KiB, summed over links; InvalidArgument = no links)
-=========================================================  =====================================
-
-Batching: every ``NVML_FI_*`` value above is read in *one*
-``nvmlDeviceGetFieldValues`` call per GPU per tick; each field has its own return code, so a field
-a device does not answer is learned alone and its classic call takes over. Utilisation, memory,
-temperature, the two clocks and the clock-event reasons stay separate calls (no field ids).
-
-On a MIG slice only the memory of the slice is read: everything else is whole-GPU and NVML
-answers it on the parent only (it stays on the parent's record).
+Reads each GPU's fast fields into GpuSample fields in the sample's units; the ``NVML_FI_*`` values
+come from one ``nvmlDeviceGetFieldValues`` call per GPU per tick, a field a device does not answer
+falls back to its classic call. On a MIG slice only the slice's memory is read.
+More (NVML call -> field table): docs/producer.md, "The fast field group".
 """
 
 from __future__ import annotations

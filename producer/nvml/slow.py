@@ -1,35 +1,9 @@
 """Slow group (default every 30 s): memory errors and recovery state, which move rarely.
 
-NVML call -> field:
-
-==========================================================================  ===============================
-``nvmlDeviceGetTotalEccErrors(CORRECTED, VOLATILE_ECC)``                    ecc_sbe_volatile_total
-``nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE_ECC)``                  ecc_dbe_volatile_total
-``nvmlDeviceGetTotalEccErrors(CORRECTED / UNCORRECTED, AGGREGATE_ECC)``     ecc_sbe/dbe_aggregate_total
-``nvmlDeviceGetRetiredPages(MULTIPLE_SINGLE_BIT / DOUBLE_BIT)`` (list)      retired_pages_sbe/dbe (length)
-``nvmlDeviceGetRetiredPagesPendingStatus`` (0/1)                            retired_pages_pending
-``nvmlDeviceGetRemappedRows`` (corr, unc, pending, failure)                 remapped_rows_correctable,
-                                                                            remapped_rows_uncorrectable,
-                                                                            row_remap_pending,
-                                                                            row_remap_failure
-``nvmlDeviceGetPcieReplayCounter``                                          pcie_replay_count
-field ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``                               gpu_recovery_action
-``nvmlDeviceGetBankRemapperStatus_v1`` (bPending, activeRemappings; R615+)  bank_remap_pending,
-                                                                            bank_remaps_active
-``nvmlDeviceGetUnrepairableMemoryFlag_v1`` (R590+)                          memory_unrepairable
-fields ``NVML_FI_PWR_SMOOTHING_ENABLED``, ``..._ACTIVE_PRESET_PROFILE``,     power_smoothing_enabled,
-``..._APPLIED_TMP_CEIL``, ``..._APPLIED_TMP_FLOOR`` (W),                     power_smoothing_profile,
-``..._HW_CIRCUITRY_PERCENT_LIFETIME_REMAINING`` (Blackwell+)                power_smoothing_tmp_ceiling_w,
-                                                                            power_smoothing_tmp_floor_w,
-                                                                            power_smoothing_lifetime_remaining_ratio
-==========================================================================  ===============================
-
-ECC without ECC enabled, retired pages on Ampere+ and remapped rows before Ampere answer
-NotSupported, which is learned once; so do the newer calls on a driver or binding without them (a
-function missing from the binding or the library is learned like NotSupported). The power-smoothing
-field ids are taken from the binding only: they moved between binding releases (251 in 13.615, 256
-before), so a hard-coded fallback could read another field. Nothing here is read for a MIG slice
-(whole-GPU data).
+Reads ECC counters, retired pages, remapped rows, PCIe replays, the recovery action, bank
+remapping, the unrepairable-memory flag and power smoothing into GpuSample fields. What a GPU or
+driver answers NotSupported (or lacks) is learned once and stays null; nothing is read for a MIG slice.
+More (NVML call -> field table): docs/producer.md, "The slow field group".
 """
 
 from __future__ import annotations

@@ -1,48 +1,10 @@
 """``NvmlSource``: every GPU of the node, read through NVML, as complete GpuSample dicts.
 
-Usage::
-
-    src = NvmlSource(pynvml, hostname="node-1", intervals={"slow": 60})
-    src.start()                       # nvmlInit + identity; NvmlInitError with NVML's text on failure
-    while running:
-        samples = src.poll()          # one dict per GPU, plus one per MIG slice
-        ...                           # caller: kubelet enrichment (allocations), encode, publish
-    src.shutdown()
-
-Field groups run at their own interval (``DEFAULT_INTERVALS``, seconds): ``fast`` (1 s),
-``slow`` (30 s), ``profiling`` (GPM, 1 s), ``processes`` (5 s), plus ``mig`` (10 s, MIG mode and
-slice re-enumeration) and ``lost_retry`` (30 s, probing a lost GPU for its return). ``poll`` is
-meant to be called at the fast interval: each call runs the groups that are due and repeats the
-last values of the others, so every sample is complete and slow values are carried between
-their reads. A group is due up to 10 % of the fast interval early (tick jitter).
-
-Per GPU, every poll yields:
-
-* a whole-GPU record (``mig`` null, ``mig_enabled`` True/False, null if unknown);
-* in MIG mode, one record per MIG slice: ``mig`` = {mig_uuid, gpu_instance_id,
-  compute_instance_id, profile, slice_fraction}, ``uuid`` the parent's, ``mig_enabled`` null
-  (only the whole-GPU record says True, so a consumer skipping ``mig_enabled`` records never
-  skips a slice), slice memory, processes and GPM; whole-GPU values (power, energy, clocks,
-  temperatures, ECC...) only on the parent record;
-* a lost GPU (``NVMLErrorGpuIsLost`` from any call): one record with ``gpu_lost`` True, identity
-  kept and every metric null; the other GPUs go on. ``hooks.gpu_lost`` is called once per loss
-  (build the XidEvent with :func:`gpupipe_producer.nvml.records.gpu_lost_xid_event`); NVML is not asked
-  about that GPU again except a cheap probe every ``lost_retry`` seconds, which brings it back
-  (``hooks.gpu_recovered``) after a reset.
-
-``allocations`` is always empty here: kubelet enrichment is the caller's job.
-
-With ``call_timeout_s`` set (the node agent sets ``--nvml-timeout``), each GPU is polled on its own
-worker thread (:mod:`gpupipe_producer.nvml.workers`) and ``poll`` waits at most that long: a GPU whose
-calls have not returned is *stalled*, logged once, counted through ``hooks.nvml_error("call_timeout")``,
-and left out of this and later polls until its call returns. Without it (the default, for library
-use and tests) GPUs are polled one after the other on the caller's thread.
-
-The source is the polling and the GPUs' lifecycle (open, lost, probed, re-enumerated); it owns
-three collaborators with their own state: the :class:`~gpupipe_producer.nvml.gpu_table.GpuTable` (the GPUs,
-which other threads read), the :class:`~gpupipe_producer.nvml.session.NvmlSession` (the NVML reference and
-its re-initialisation back-off) and the :class:`~gpupipe_producer.nvml.reporting.SourceReporter` (counters,
-rate-limited log lines, hooks). Constructing the source calls nothing in NVML: ``start`` does.
+``start()`` initialises NVML; ``poll()`` returns one dict per GPU plus one per MIG slice, running the
+field groups that are due and repeating the others' last values, so every sample is complete. A lost
+GPU is one ``gpu_lost`` record (``hooks.gpu_lost`` once) and probed until it returns; with
+``call_timeout_s`` a stalled GPU is left out, never holding up the others. ``allocations`` stay empty.
+More: docs/producer.md, "The NVML source".
 """
 
 from __future__ import annotations

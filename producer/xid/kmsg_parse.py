@@ -1,43 +1,10 @@
 """Parse NVIDIA ``Xid`` / ``SXid`` kernel-log lines into events (pure: no I/O).
 
-What the NVIDIA driver prints (``src/nvidia/src/kernel/gpu/rc/kernel_rc.c`` in open-gpu-kernel-modules)::
-
-    NVRM: Xid (PCI:%04x:%02x:%02x): %d, pid=%s, name=%s, <message>
-    NVRM: Xid (PCI:%04x:%02x:%02x): %d, <message>                  (no process known)
-    NVRM: Xid (PCI:%04x:%02x:%02x GPU-I:%02u): ...                 (MIG: GPU instance)
-    NVRM: Xid (PCI:%04x:%02x:%02x GPU-I:%02u GPU-CI:%02u): ...     (MIG: GPU + compute instance)
-
-Older drivers print ``pid='<unknown>', name=<unknown>`` when no process is known, a ``pid=`` with no
-``name=``, or no ``PCI:`` prefix at all (``NVRM: Xid (0000:03:00): 14, ...``). The NVSwitch driver
-prints ``nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, <message>`` (bus id *with* a function).
-
-A line may carry any of these prefixes, which are stripped and, where they hold a time, kept:
-
-* ``/dev/kmsg`` records ``6,1234,5678901,-;`` (``kernel_time_s`` = 5.678901),
-* ``dmesg`` ``[  123.456789]`` (``kernel_time_s``) and ``dmesg -T`` ``[Sun Feb 23 16:24:18 2025]``,
-* syslog ``Mar  3 10:11:12 host kernel:``, journalctl ``short``/``short-precise``/``short-iso``/
-  ``short-iso-precise``, RFC 3339 rsyslog stamps, ``dmesg --decode --time-format iso``
-  (``kern  :err   : 2025-01-25T10:34:54,859532+00:00``); the time text lands in ``wall_time``,
-* anything else before the ``Xid (`` token (``kernel: ``, a collector's own tag) is ignored.
-
-``parse_line`` handles one line. :class:`KmsgParser` is the streaming form: it also joins
-*continuation lines* (a line that starts with white space, as ``dmesg``/``journalctl`` print the 2nd and
-later lines of one multi-line kernel record, and as :mod:`gpupipe_producer.xid.kmsg_reader` renders
-``/dev/kmsg``
-fragment records) onto the previous Xid's message, and it recognises the multi-line
-``NVRM: The NVIDIA GPU <bus id> ... fallen off the bus`` report, which carries no Xid number. With
-``driver_loads=True`` it also reports the driver's load line (:class:`DriverLoaded`)::
-
-    NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.183.01  Sun May 12 19:39:15 UTC 2024
-    NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  570.158.01  Release Build  (...)  <date>
-
-(``kernel-open/nvidia/nv.c``: ``nv_printf(NV_DBG_ERRORS, "NVRM: loading %s\n", pNVRM_ID)``, printed once
-per load of ``nvidia.ko``, at every boot and every driver reload). It is the only line the driver prints at
-its default log level when the GPUs are re-initialised: a GPU reset (``nvidia-smi -r``) prints nothing of
-its own (checked in open-gpu-kernel-modules 595.45.04), so a reset shows in the samples, not here.
-
-Hot path: a line that contains none of ``"Xid"``, ``"NVRM"`` and ``"fallen off"`` costs three substring
-tests and no regex (see ``bench/bench_kmsg.py``).
+``parse_line`` handles one line, whatever its prefix (``/dev/kmsg``, ``dmesg``, syslog, journalctl);
+:class:`KmsgParser` is the streaming form that also joins continuation lines onto the previous Xid,
+reports "fallen off the bus" and, with ``driver_loads=True``, the driver's load line
+(:class:`DriverLoaded`). A line with no Xid, NVRM or "fallen off" costs three substring tests.
+More: docs/producer.md, "Parsing kernel-log lines".
 """
 
 from __future__ import annotations

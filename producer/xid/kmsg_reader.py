@@ -1,63 +1,10 @@
 """Read kernel-log lines from ``/dev/kmsg``, a text file (optionally followed like ``tail -f``) or stdin.
 
-:class:`KmsgReader` is an iterator of ``str`` lines ready for
-:class:`gpupipe_producer.xid.kmsg_parse.KmsgParser`.
-
-Waiting costs nothing while nothing happens: on ``/dev/kmsg``, pipes and FIFOs the reader blocks in
-``poll(2)`` on the descriptor (readable when a record or data arrives) together with the stop event's
-own descriptor (:class:`gpupipe_producer.xid.wake.WakeEvent`), with no timeout, so :meth:`KmsgReader.stop`
-ends the iteration at once and an idle node never wakes the thread. A timeout is armed only while the
-consumer needs an idle tick (``tick_needed``: the parser holds an Xid waiting for continuation
-lines), or when the stop event given is a plain
-:class:`threading.Event` (no descriptor to wait on: bounded waits of ``poll_interval_s``). A regular
-file is always "readable" to ``poll``, so a followed file is looked at every ``poll_interval_s``
-(files are for tests and ``--kmsg-path`` logs; the node agent reads ``/dev/kmsg`` or a relay FIFO).
-``stats.wakeups`` counts the waits that returned.
-
-``/dev/kmsg`` (Documentation/ABI/testing/dev-kmsg)
-    One ``read()`` returns one record: ``pri,seq,ts_usec,flags[,more];message\\n`` followed by optional
-    dictionary lines `` KEY=value\\n`` (each starting with a space). Non-printable bytes, bytes >= 0x7f
-    and ``\\`` are escaped as ``\\xNN``; a newline inside a message arrives as ``\\x0a``. A ``read()``
-    fails with ``EPIPE`` when the ring buffer overwrote records the reader had not seen yet: the next
-    read continues with the oldest record still there, so the reader counts the gap and goes on, and with
-    ``EAGAIN`` (non-blocking) when nothing new is there. The reader starts at the *end* of the buffer
-    unless ``from_start`` is set (when ``follow`` is false the backlog is always read, then it stops).
-
-    Records become lines the way ``dmesg`` prints them: ``[%5d.%06d] <first line>`` and, for the other
-    lines of a multi-line message, the text indented by the width of that prefix. A record flagged
-    ``+``, or flagged ``c`` right after another ``c``/``+`` record, continues the previous record's line
-    (kernel "fragment" hints) and is yielded indented, so the parser appends it to the previous Xid.
-    Dictionary lines are dropped (kept in :class:`KmsgRecord` ``fields``).
-
-Text files
-    Lines as they are (``\\r\\n`` or ``\\n`` stripped, undecodable bytes as U+FFFD, lines longer than
-    ``max_line_bytes`` cut there). With ``follow`` the reader waits at end of file and re-opens the path
-    when it was replaced (other inode) or truncated (smaller than the read position); it starts at the
-    end of the file unless ``from_start`` is set.
-
-stdin, pipes, FIFOs, other character devices
-    Read through ``poll``/``os.read`` on the descriptor (so ``stop()`` works while the writer is
-    silent) until end of file. ``path="-"`` means stdin; a binary ``stream`` may be injected. A FIFO
-    that is followed is opened read-write: it then never reads as end of file when its writer goes
-    away (a relay restarting), so the reader just waits for the next writer, without polling.
-
-With ``idle_ticks=True`` the iterator also yields ``""`` after ``poll_interval_s`` without data, so the
-consumer can flush a held-back Xid (``KmsgParser.feed("")`` does exactly that): after every such
-interval, or, when ``tick_needed`` is set (a callable), only while it returns True.
-
-Unix sockets
-    The shipped DaemonSet's privileged ``kmsg-relay`` sidecar (:mod:`gpupipe_producer.xid.kmsg_relay`) serves
-    the device on a unix socket, because an unprivileged container cannot open it. Each connection
-    starts with the kernel's backlog; the reader connects again when the relay closes it.
-
-Relayed records and the cursor
-    A file, FIFO or socket may carry raw ``/dev/kmsg`` records (what ``cat /dev/kmsg`` writes). Such
-    lines are decoded and rendered like records read from the device (dictionary lines dropped), so
-    sequence numbers work the same on every path.
-    ``after_seq`` skips records with ``seq <= after_seq`` (a persisted cursor: a restarted agent
-    reads the backlog without repeating what it already handled); ``last_seq`` is the sequence
-    number of the newest record seen. A FIFO whose writer is gone (the relay restarting) is waited
-    on, not treated as the end of input.
+:class:`KmsgReader` is an iterator of ``str`` lines, rendered as ``dmesg`` prints them, ready for
+:class:`gpupipe_producer.xid.kmsg_parse.KmsgParser`; FIFOs and the relay's unix socket are read too.
+It blocks in ``poll(2)`` with the stop event's descriptor (an idle node never wakes it, ``stop()`` ends
+it at once), skips records up to ``after_seq`` and reports ``last_seq`` for the cursor.
+More: docs/producer.md, "The kernel-log reader".
 """
 
 from __future__ import annotations

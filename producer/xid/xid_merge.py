@@ -1,48 +1,10 @@
 """Merge one Xid seen by both NVML and the kernel log into one event (pure: no clock, no I/O).
 
-The node producer hears about an Xid twice:
-
-* **NVML** (``nvmlEventSetWait``): structured - GPU UUID, PCI bus id (``00000000:3B:00.0``), the code and,
-  on MIG, ``gpuInstanceId``/``computeInstanceId`` (``0xFFFFFFFF`` = not attributable); no pid, no text.
-* **kmsg** (:mod:`gpupipe_producer.xid.kmsg_parse`): pid, process name, the message (which for
-74/94/95/144-150/
-  154 is what tells the severity), MIG ids when printed, and the bus id as the driver prints it
-  (``0000:3b:00``, no function).
-
-:class:`XidMerger` pairs them. The first sighting of ``(bus id, code)`` is *held* for up to ``window_s``;
-if the other source reports the same ``(bus id, code)`` inside the window, one event is emitted at once
-with ``source="nvml+kmsg"`` and the richer fields of both (kmsg: pid, process_name, message, ...;
-NVML: uuid, gpu_instance_id, compute_instance_id, ...); otherwise it is emitted alone, with
-``source="nvml"`` or ``"kmsg"``, by the first :meth:`~XidMerger.add`/:meth:`~XidMerger.expire` call
-whose time is ``window_s`` or more past it.
-
-Rules (deterministic; times are passed in, nothing reads a clock):
-
-* Different code or different bus id never merge. Bus ids are compared after
-  :func:`gpupipe.domain.pci.canonical`, so ``0000:3b:00`` (kmsg) matches ``00000000:3B:00.0`` (NVML).
-* Only cross-source pairs merge: two sightings from the same source are two events, even inside the
-  window. A sighting pairs with the *oldest* held sighting of the other source (FIFO).
-* ``at_s`` must come from one monotonic clock for both sources - the time the producer *received* the
-  event - not the kernel's own time stamp. The match is ``|at_s - held.at_s| < window_s``.
-* An entry is emitted alone once ``now_s - at_s >= window_s`` (so a partner arriving exactly
-  ``window_s`` later no longer merges).
-* kmsg events with ``fields["kind"] == "sxid"`` (NVSwitch) are emitted immediately: NVML never reports
-  them, so holding them would only add latency.
-* NVML's ``0xFFFFFFFF`` MIG ids become ``None``.
-
-Latency trade-off. Every Xid that only one source sees (NVML not permitted or not running, the kmsg
-reader off, Xids NVML does not deliver, a burst where one side reports more lines than the other) is
-delayed by the full window; a matched pair is emitted as soon as its second half arrives. Both reports
-come from the same driver code path within microseconds, and what separates them in user space is the
-two loops' wake-ups: ``nvmlEventSetWait`` returns as soon as an event is queued, and
-:class:`~gpupipe_producer.xid.kmsg_reader.KmsgReader` polls every 0.1 s by default (plus up to one more line
-or
-idle tick before :class:`~gpupipe_producer.xid.kmsg_parse.KmsgParser` releases a held Xid). ``window_s=0.5``
-therefore covers the normal gap with margin while keeping alert latency under a second. Too short a
-window yields duplicates (both halves emitted alone); too long only delays unpaired Xids, and widens
-the chance that two genuinely different Xids of the same code on the same GPU pair with each other's
-partner (harmless: the fields are equal but for pid/message). Raise it (1-2 s) if the producer loop can
-stall, e.g. under CPU pressure or a slow Kafka ``poll``.
+:class:`XidMerger` holds the first sighting of ``(bus id, code)`` for up to ``window_s``; the other
+source's sighting inside the window yields one ``source="nvml+kmsg"`` event at once with the richer
+fields of both, else the sighting is emitted alone once the window has passed. Times are passed in
+(one monotonic clock of arrival); same-source sightings never merge; SXids are never held.
+More: docs/producer.md, "Merging NVML and kernel-log sightings".
 """
 
 from __future__ import annotations
