@@ -52,7 +52,7 @@ test: deps venv
 	$(CONTRACT) --check
 	$(TYPECHECK)
 	$(DOCS_BUILD)
-	$(BIN)/pytest -q -ra --durations=10 -n $(TEST_WORKERS) --dist loadfile tests
+	$(BIN)/pytest -q -ra --durations=25 -n $(TEST_WORKERS) --dist loadfile tests
 
 test-unit: venv
 	$(BIN)/pytest -q tests/unit
