@@ -36,8 +36,9 @@ __all__ = [
 
 THERMAL_MASK = 0x20 | 0x40  # SwThermalSlowdown | HwThermalSlowdown
 MINUTE_MS = 60_000
-LINK_READ_MS = 10_000
-"""NVLink counters are read every 10 s (the fabric group): the samples between repeat them, unread."""
+LINK_READ_MS = 5_000
+"""The agent reads NVLink counters every 10 s (fabric group) and sends them on those samples only; a
+sender that repeats them on every sample has them read at most this often."""
 
 SignalKind = Literal["occurrence", "active", "clear"]
 

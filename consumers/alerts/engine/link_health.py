@@ -47,8 +47,8 @@ RECOVERY_COUNTERS = ("recovery",)
 class LinkHealthConfig:
     window_ms: int = 60_000
     """One window: DCGM's health watch reads its NVLink counters over the last minute."""
-    history_windows: int = 6
-    degrade_windows: int = 4
+    history_windows: int = 8
+    degrade_windows: int = 5
     """Bad windows among the last ``history_windows`` that make a link degrading (sustained: a single
     CRC burst, as healthy links show now and then, is one bad window)."""
     recoveries_to_degrade: int = 2

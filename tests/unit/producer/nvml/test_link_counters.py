@@ -93,3 +93,13 @@ def test_a_gpu_without_nvlink_and_a_mig_slice_carry_no_links() -> None:
     assert s["nvlink_link_counters"] == [] and s["nvlink_links"] is None
     assert fake.count("nvmlDeviceGetNvLinkErrorCounter") == 0
     src.shutdown()
+
+
+def test_the_links_ride_only_on_the_samples_of_the_polls_that_read_them() -> None:
+    fake = FakeNvml.node("H100", 1)
+    _, src, clock, _ = make(fake)
+    src.poll()  # every group runs on the first poll
+    sizes = [len(by_gpu(tick(src, clock, 1.0))[0]["nvlink_link_counters"]) for _ in range(20)]
+    assert sizes.count(18) == 2 and set(sizes) == {0, 18}, sizes  # the fabric group's 10 s
+    assert by_gpu(tick(src, clock, 1.0))[0]["nvlink_links"] == 18, "the scalar fields stay on every sample"
+    src.shutdown()

@@ -57,13 +57,13 @@ def test_a_clean_link_stays_healthy_and_a_single_burst_does_not_warn() -> None:
 def test_errors_in_most_recent_windows_warn_with_the_link_and_peer() -> None:
     link = Link(LinkHealthTracker(), peer="0000:19:00.0")
     link.minutes(10)
-    link.minutes(3, crc_flit=2)
+    link.minutes(4, crc_flit=2)
     assert link.changes == []
     link.minutes(1, crc_flit=3)
     (c,) = link.changes
     assert (c.state, c.previous, c.link, c.peer) == ("degrading", "healthy", 3, "0000:19:00.0")
-    assert "errors in 4 of the last 6 windows" in c.reason
-    assert c.since_ms < c.ts_ms - 3 * MIN  # the evidence began with the first bad window
+    assert "errors in 5 of the last 8 windows" in c.reason
+    assert c.since_ms < c.ts_ms - 4 * MIN  # the evidence began with the first bad window
 
 
 def test_bursts_far_apart_never_add_up_to_a_warning() -> None:
@@ -124,7 +124,7 @@ def test_counter_reset_is_no_rise_and_rises_after_it_still_count() -> None:
         link.minutes(2)
     assert link.changes == [] and link.t.resets == 1
     link.minutes(1, crc_flit=7)  # errors counted from the new base
-    link.minutes(2, crc_flit=1)
+    link.minutes(3, crc_flit=1)
     assert link.changes == []
     link.minutes(1, crc_flit=1)
     assert link.states == ["degrading"]
@@ -133,7 +133,7 @@ def test_counter_reset_is_no_rise_and_rises_after_it_still_count() -> None:
 def test_hysteresis_needs_clean_windows_in_a_row() -> None:
     link = Link(LinkHealthTracker(LinkHealthConfig(clear_windows=5)))
     link.minutes(1)
-    link.minutes(4, replay=1)
+    link.minutes(5, replay=1)
     assert link.states == ["degrading"]
     link.minutes(4)
     link.minutes(1, replay=1)  # one more error: the clean run starts over
@@ -173,7 +173,7 @@ def test_entries_without_a_link_id_are_skipped_and_forget_drops_a_host() -> None
     "kw",
     [
         {"window_ms": 0},
-        {"degrade_windows": 7},
+        {"degrade_windows": 9},
         {"degrade_windows": 0},
         {"clear_windows": 0},
         {"crc_fail_per_s": 0},
