@@ -272,7 +272,7 @@ class AlertsHandler:
                         if ident is not None:  # None: a sample not tracked (a MIG slice's), no signals
                             for sig in signals:
                                 try:
-                                    self.engine.on_signal(ident, sig, now)
+                                    self.engine.on_signal(sig.subject or ident, sig, now)
                                 except AlertCapReached as exc:  # the sample's other signals still count
                                     self._capped(now, str(exc))
                             # a reboot or driver load may wait for this GPU

@@ -9,7 +9,7 @@ Rules and reasons in full: docs/alerts.md, "Module notes", ``engine/health_signa
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from gpupipe_consumers.alerts.engine.alert_record import NVLINK_SIGNAL, AlertName, alert_device_key
@@ -171,6 +171,19 @@ def link_signal(link: int) -> str:
     return f"{NVLINK_SIGNAL}:{link}"
 
 
+def _link_event(c: LinkChange, ts: int, related: tuple[GpuIdentity, ...]) -> SignalEvent:
+    """The level signal of an unhealthy link (value 2: failed)."""
+    return SignalEvent(
+        link_signal(c.link),
+        "active",
+        ts,
+        since_ms=c.since_ms,
+        detail=f"NVLink link {c.link} (peer {c.peer or 'unknown'}) {c.state}: {c.reason}",
+        value=2 if c.state == "failed" else 1,
+        related=related,
+    )
+
+
 class InvalidRecord(ValueError):
     """An input record without what every record of its type has (host, time...): dead-letter it."""
 
@@ -211,6 +224,9 @@ class SignalEvent:
     """The GPU's first sample since this tracker started: a condition it shows may have begun before."""
     related: tuple[GpuIdentity, ...] = ()
     """For an NVLink link: the other GPUs of its NVLink domain (whose jobs its failure hits)."""
+    subject: GpuIdentity | None = None
+    """The GPU the signal is about when it is not the sample's: a link of another GPU whose NVLink
+    domain this sample's GPU turns out to be in (its samples came after that link's)."""
 
 
 @dataclass(slots=True)
@@ -340,6 +356,10 @@ class HealthTracker:
         self.cfg = config or HealthConfig()
         self._gpus: dict[tuple[str, str], _GpuState] = {}
         self.links = LinkHealthTracker(self.cfg.links)
+        self._bad_links: dict[str, dict[tuple[str, int], LinkChange]] = {}
+        """host -> (device, link) -> the change that made the link unhealthy: its domain may grow."""
+        self._named: dict[tuple[str, str, int], set[str]] = {}
+        """(host, device, link) -> devices already named in that link's domain."""
         self.samples = 0
         self.skipped = 0
         self.awaiting_clear: dict[tuple[str, str, str], int] = {}
@@ -380,6 +400,14 @@ class HealthTracker:
             self.links.forget(key[0], key[1])
         for host in hosts:
             self.links.forget(host)
+            self._bad_links.pop(host, None)
+        for item in [i for i in self._named if i[0] in hosts or (i[0], i[1]) in gpus]:
+            del self._named[item]
+        for host, bad in list(self._bad_links.items()):
+            for item in [i for i in bad if (host, i[0]) in gpus]:
+                del bad[item]
+            if not bad:
+                del self._bad_links[host]
         for item in [i for i in self.awaiting_clear if i[0] in hosts or (i[0], i[1]) in gpus]:
             del self.awaiting_clear[item]
 
@@ -416,6 +444,8 @@ class HealthTracker:
         if links and (st.links_ms is None or ts - st.links_ms >= LINK_READ_MS):
             st.links_ms = ts
             self._links(key, ts, links, out)
+        if host in self._bad_links:
+            self._joins(key, st, ts, out)
         return st.ident, out
 
     def _links(self, key: tuple[str, str], ts: int, links: list[Any], out: list[SignalEvent]) -> None:
@@ -425,36 +455,57 @@ class HealthTracker:
             out.append(
                 SignalEvent(link_signal(link), "clear", ts, detail=f"NVLink link {link} healthy again")
             )
-        for c in sorted(self.links.unhealthy(key[0], key[1]), key=lambda c: c.link):
-            out.append(
-                SignalEvent(
-                    link_signal(c.link),
-                    "active",
-                    ts,
-                    since_ms=c.since_ms,
-                    detail=f"NVLink link {c.link} (peer {c.peer or 'unknown'}) {c.state}: {c.reason}",
-                    value=2 if c.state == "failed" else 1,
-                    related=self._domain(key, c),
-                )
-            )
+        host, device = key
+        bad = self._bad_links.setdefault(host, {})
+        for item in [i for i in bad if i[0] == device]:
+            del bad[item]
+        for link in changed:
+            self._named.pop((host, device, link), None)
+        for c in sorted(self.links.unhealthy(host, device), key=lambda c: c.link):
+            bad[(device, c.link)] = c
+            related = self._domain(key, c)
+            self._named.setdefault((host, device, c.link), set()).update(r.device for r in related)
+            out.append(_link_event(c, ts, related))
+        if not bad:
+            del self._bad_links[host]
+
+    def _joins(self, key: tuple[str, str], st: _GpuState, ts: int, out: list[SignalEvent]) -> None:
+        """This GPU's sample may put it in the NVLink domain of another GPU's unhealthy link (its
+        samples came first: partitions are read in any order): name it there once."""
+        host, device = key
+        for (other, link), c in self._bad_links[host].items():
+            named = self._named.setdefault((host, other, link), set())
+            owner = self._gpus.get((host, other))
+            if (
+                other == device
+                or device in named
+                or owner is None
+                or not self._in_domain(owner, c, device, st)
+            ):
+                continue
+            named.add(device)
+            out.append(replace(_link_event(c, ts, (st.ident,)), subject=owner.ident))
 
     def _domain(self, key: tuple[str, str], c: LinkChange) -> tuple[GpuIdentity, ...]:
         """The other GPUs a fault of link ``c`` hits: its peer GPU (a direct link, NVLink bridge), or
         behind an NVSwitch every GPU of the node with NVLink links in the same fabric clique (the
         node's NVLink domain; the sample has no finer topology)."""
-        host = key[0]
-        me = self._gpus[key].sample or {}
-        peers = []
-        for (h, device), st in self._gpus.items():
-            if h != host or device == key[1] or st.sample is None:
-                continue
-            s = st.sample
-            if c.peer not in (None, "nvswitch"):
-                if alert_device_key(c.peer, None) == device:
-                    peers.append(st.ident)
-            elif s.get("nvlink_links") and s.get("fabric_clique_id") == me.get("fabric_clique_id"):
-                peers.append(st.ident)
-        return tuple(peers)
+        host, me = key[0], self._gpus[key]
+        return tuple(
+            st.ident
+            for (h, device), st in self._gpus.items()
+            if h == host and device != key[1] and self._in_domain(me, c, device, st)
+        )
+
+    @staticmethod
+    def _in_domain(owner: _GpuState, c: LinkChange, device: str, st: _GpuState) -> bool:
+        """Whether GPU ``device`` (state ``st``) is in the NVLink domain of ``owner``'s link ``c``."""
+        if st.sample is None:
+            return False
+        if c.peer not in (None, "nvswitch"):
+            return alert_device_key(c.peer, None) == device
+        mine = (owner.sample or {}).get("fabric_clique_id")
+        return bool(st.sample.get("nvlink_links")) and st.sample.get("fabric_clique_id") == mine
 
     def _levels(
         self, key: tuple[str, str], st: _GpuState, sample: dict[str, Any], ts: int, out: list[SignalEvent]

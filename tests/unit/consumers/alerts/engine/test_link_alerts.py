@@ -56,7 +56,7 @@ class Node:
             ident, sigs = self.health.observe(gpu_sample(i, self.ts, links))
             assert ident is not None
             for sig in sigs:
-                self.engine.on_signal(ident, sig, self.ts)
+                self.engine.on_signal(sig.subject or ident, sig, self.ts)
 
     def minutes(self, n: int, crc_per_minute: int = 0) -> None:
         for _ in range(n):
@@ -126,3 +126,32 @@ def test_a_restored_open_link_alert_clears_only_after_clean_windows() -> None:
         s = gpu_sample(0, T0 + k * STEP, [{"link": 5, "up": True, "peer": "nvswitch", "crc_flit": 0}])
         kinds += [(k // 6, e.kind) for e in t.observe(s)[1]]
     assert kinds[0] == (0, "active") and kinds[-1][1] == "clear" and kinds[-1][0] >= 15
+
+
+def test_a_gpu_whose_samples_come_after_the_warning_joins_its_blast_radius_once() -> None:
+    # partitions are read in any order: GPU 0's whole history may be handled before GPU 1's first sample
+    t = HealthTracker()
+    engine = EngineFacade(EngineConfig())
+    ts = T0
+    for k in range(60):
+        ts = T0 + k * STEP
+        ident, sigs = t.observe(
+            gpu_sample(0, ts, [{"link": 1, "up": True, "peer": "nvswitch", "crc_flit": k}])
+        )
+        for sig in sigs:
+            engine.on_signal(sig.subject or ident, sig, ts)
+    (rec,) = [to_record(a, ts) for a in engine.open_alerts()]
+    assert rec["gpus"] == ["GPU-0"]
+    joined = []
+    for _ in range(3):
+        ts += STEP
+        ident, sigs = t.observe(
+            gpu_sample(1, ts, [{"link": 1, "up": True, "peer": "nvswitch", "crc_flit": 0}])
+        )
+        joined += sigs
+        for sig in sigs:
+            engine.on_signal(sig.subject or ident, sig, ts)
+    (sig,) = joined  # named once, for GPU 0's link
+    assert sig.subject is not None and sig.subject.uuid == "GPU-0" and sig.signal == "nvlink_link:1"
+    (rec,) = [to_record(a, ts) for a in engine.open_alerts()]
+    assert rec["gpus"] == ["GPU-0", "GPU-1"] and [a["pod"] for a in rec["allocations"]] == ["job-0", "job-1"]
