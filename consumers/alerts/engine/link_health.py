@@ -21,9 +21,8 @@ and the measured false-alarm rate and lead time: docs/alerts.md, "NVLink link he
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 __all__ = [
@@ -40,6 +39,7 @@ LinkState = Literal["healthy", "degrading", "failed"]
 #: receive and symbol errors). ``recovery_failed`` is read apart: one is a failure.
 ERROR_COUNTERS = ("crc_flit", "crc_data", "replay", "recovery", "rcv", "symbol")
 CRC_COUNTERS = ("crc_flit", "crc_data")
+MAX_LINKS = 36  # NVML_NVLINK_MAX_LINKS
 RECOVERY_COUNTERS = ("recovery",)
 
 
@@ -84,29 +84,41 @@ class LinkChange:
     reason: str
 
 
+COUNTERS = (*ERROR_COUNTERS, "recovery_failed")
+_ERR = tuple(COUNTERS.index(k) for k in ERROR_COUNTERS)
+_CRC = tuple(COUNTERS.index(k) for k in (*CRC_COUNTERS, "rcv"))
+_RECOV = tuple(COUNTERS.index(k) for k in RECOVERY_COUNTERS)
+_FAILED_RECOV = COUNTERS.index("recovery_failed")
+
+Counters = tuple[int | None, ...]
+"""A link's counters in :data:`COUNTERS` order (None: not reported): a tuple, not a dict, because a
+fleet has hundreds of thousands of links."""
+
+
 @dataclass(slots=True)
 class _Link:
     start_ms: int
-    base: dict[str, int]
+    base: Counters
     state: LinkState = "healthy"
     peer: str | None = None
-    bad: deque[tuple[int, int]] = field(default_factory=deque)
-    """Closed windows of the history: (start, 1 if bad) ..."""
-    recov: deque[int] = field(default_factory=deque)
-    """... and the recoveries each counted, same order."""
+    windows: int = 0
+    """Windows closed so far: the history is the last ``history_windows`` of them."""
+    bads: tuple[tuple[int, int], ...] = ()
+    """(window number, start) of the bad windows in the history (empty for a clean link: no allocation)."""
+    recovs: tuple[tuple[int, int], ...] = ()
+    """(window number, link recoveries) of the windows in the history that had some."""
     clean_run: int = 0
     down: bool = False
     since_ms: int = 0
     reason: str = ""
 
 
-def _counters(entry: Mapping[str, Any]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for name in (*ERROR_COUNTERS, "recovery_failed"):
+def _counters(entry: Mapping[str, Any]) -> Counters:
+    out: list[int | None] = []
+    for name in COUNTERS:
         v = entry.get(name)
-        if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
-            out[name] = v
-    return out
+        out.append(v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None)
+    return tuple(out)
 
 
 class LinkHealthTracker:
@@ -151,8 +163,8 @@ class LinkHealthTracker:
         out: list[LinkChange] = []
         for entry in links:
             link = entry.get("link")
-            if not isinstance(link, int) or isinstance(link, bool):
-                continue
+            if not isinstance(link, int) or isinstance(link, bool) or not 0 <= link < MAX_LINKS:
+                continue  # not a link NVML can have: a forged sample must not grow the state
             change = self._one(hostname, device, link, ts_ms, entry)
             if change is not None:
                 out.append(change)
@@ -169,23 +181,26 @@ class LinkHealthTracker:
             st = self._links[key] = _Link(start_ms=ts, base=now, peer=entry.get("peer"))
             st.state = self._assumed.pop(key, "healthy")
             return self._down(key, st, ts, entry)
-        st.peer = entry.get("peer") or st.peer
+        peer = entry.get("peer")
+        if peer and peer != st.peer:  # keep the string held: one per link, not one per sample read
+            st.peer = peer
         if ts < st.start_ms:
             return None  # older than the window under way: replayed input
-        if any(now.get(k, v) < v for k, v in st.base.items()):
+        if any(n is not None and b is not None and n < b for n, b in zip(now, st.base, strict=True)):
             # a counter went down: the driver or someone reset them; start over from here
             self.resets += 1
             st.start_ms, st.base = ts, now
             return self._down(key, st, ts, entry)
-        for k, v in now.items():
-            st.base.setdefault(k, v)  # a counter first answered now: its first value is its base
+        if any(b is None and n is not None for n, b in zip(now, st.base, strict=True)):
+            # a counter first answered now: its first value is its base
+            st.base = tuple(n if b is None else b for n, b in zip(now, st.base, strict=True))
         down = self._down(key, st, ts, entry)
         if down is not None:
             return down
         span = ts - st.start_ms
         if span < cfg.window_ms:
             return None
-        delta = {k: now[k] - st.base[k] for k in now if k in st.base}
+        delta = tuple(0 if n is None or b is None else n - b for n, b in zip(now, st.base, strict=True))
         start = st.start_ms
         st.start_ms, st.base = ts, now
         return self._close(key, st, start, span, delta, ts)
@@ -201,23 +216,25 @@ class LinkHealthTracker:
         return None
 
     def _close(
-        self, key: tuple[str, str, int], st: _Link, start: int, span: int, delta: Mapping[str, int], ts: int
+        self, key: tuple[str, str, int], st: _Link, start: int, span: int, delta: Counters, ts: int
     ) -> LinkChange | None:
         cfg = self.cfg
-        errors = sum(delta.get(k, 0) for k in ERROR_COUNTERS)
-        recoveries = sum(delta.get(k, 0) for k in RECOVERY_COUNTERS)
-        crc = sum(delta.get(k, 0) for k in CRC_COUNTERS) + delta.get("rcv", 0)
-        st.bad.append((start, 1 if errors else 0))
-        st.recov.append(recoveries)
-        while len(st.bad) > cfg.history_windows:
-            st.bad.popleft()
-            st.recov.popleft()
-        st.clean_run = 0 if errors or st.down or delta.get("recovery_failed", 0) else st.clean_run + 1
-        per_s = crc * 1000.0 / span
-        if delta.get("recovery_failed", 0) > 0 and st.state != "failed":
-            return self._to(
-                key, st, "failed", ts, start, f"{delta['recovery_failed']} failed link recoveries"
+        errors = sum(delta[i] or 0 for i in _ERR)
+        recoveries = sum(delta[i] or 0 for i in _RECOV)
+        crc = sum(delta[i] or 0 for i in _CRC)
+        failed_recoveries = delta[_FAILED_RECOV] or 0
+        st.windows += 1
+        oldest = st.windows - cfg.history_windows
+        if errors or (st.bads and st.bads[0][0] <= oldest):
+            st.bads = tuple(b for b in st.bads if b[0] > oldest) + (((st.windows, start),) if errors else ())
+        if recoveries or (st.recovs and st.recovs[0][0] <= oldest):
+            st.recovs = tuple(r for r in st.recovs if r[0] > oldest) + (
+                ((st.windows, recoveries),) if recoveries else ()
             )
+        st.clean_run = 0 if errors or st.down or failed_recoveries else st.clean_run + 1
+        per_s = crc * 1000.0 / span
+        if failed_recoveries > 0 and st.state != "failed":
+            return self._to(key, st, "failed", ts, start, f"{failed_recoveries} failed link recoveries")
         if per_s >= cfg.crc_fail_per_s and st.state != "failed":
             return self._to(
                 key,
@@ -228,12 +245,13 @@ class LinkHealthTracker:
                 f"{per_s:.0f} CRC errors/s (DCGM fails at {cfg.crc_fail_per_s:g}/s)",
             )
         if st.state == "healthy":
-            bad = sum(b for _, b in st.bad)
-            recov = sum(st.recov)
+            bad = len(st.bads)
+            recov = sum(n for _, n in st.recovs)
             if bad >= cfg.degrade_windows or recov >= cfg.recoveries_to_degrade:
-                first = next(s for s, b in st.bad if b)
+                first = st.bads[0][1] if st.bads else start
+                seen = min(st.windows, cfg.history_windows)
                 why = (
-                    f"errors in {bad} of the last {len(st.bad)} windows of {cfg.window_ms // 1000} s"
+                    f"errors in {bad} of the last {seen} windows of {cfg.window_ms // 1000} s"
                     f" ({errors} in the latest), {recov} link recoveries"
                 )
                 return self._to(key, st, "degrading", ts, first, why)
@@ -247,7 +265,6 @@ class LinkHealthTracker:
         previous, st.state = st.state, state
         st.since_ms, st.reason = since, reason
         if state == "healthy":
-            st.bad.clear()
-            st.recov.clear()
+            st.bads = st.recovs = ()
         st.clean_run = 0
         return LinkChange(key[0], key[1], key[2], state, previous, ts, since, st.peer, reason)

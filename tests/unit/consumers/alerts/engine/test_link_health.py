@@ -163,8 +163,11 @@ def test_replayed_older_samples_change_nothing() -> None:
 
 def test_entries_without_a_link_id_are_skipped_and_forget_drops_a_host() -> None:
     t = LinkHealthTracker()
-    assert t.observe("h", "d", 0, [{"crc_flit": 1}, {"link": True}, {"link": 1}]) == []
-    assert len(t) == 1
+    assert (
+        t.observe("h", "d", 0, [{"crc_flit": 1}, {"link": True}, {"link": 1}, {"link": 36}, {"link": -1}])
+        == []
+    )
+    assert len(t) == 1, "only link ids NVML can have (0..35) hold state"
     t.forget("h")
     assert len(t) == 0
 
