@@ -373,8 +373,11 @@ class HealthTracker:
         """A ``signal`` alert of this GPU is open without these samples having raised it: clear it at the
         first sample at or after ``since_ms`` that reads normal."""
         if signal.startswith(NVLINK_SIGNAL + ":"):
-            # the link tracker clears it the way it clears its own: after clean windows in a row
-            self.links.assume(hostname, device, int(signal.split(":", 1)[1]), "degrading")
+            # the link tracker clears it the way it clears its own: after clean windows in a row (a
+            # link that never reports again leaves it to end by quiet time, like any level alert)
+            link = signal.split(":", 1)[1]
+            if link.isdigit():
+                self.links.assume(hostname, device, int(link), "degrading")
             return
         item = (hostname, device, signal)
         self.awaiting_clear[item] = max(since_ms, self.awaiting_clear.get(item, since_ms))

@@ -155,3 +155,9 @@ def test_a_gpu_whose_samples_come_after_the_warning_joins_its_blast_radius_once(
     assert sig.subject is not None and sig.subject.uuid == "GPU-0" and sig.signal == "nvlink_link:1"
     (rec,) = [to_record(a, ts) for a in engine.open_alerts()]
     assert rec["gpus"] == ["GPU-0", "GPU-1"] and [a["pod"] for a in rec["allocations"]] == ["job-0", "job-1"]
+
+
+def test_a_restored_alert_with_a_link_id_that_is_not_one_is_ignored() -> None:
+    t = HealthTracker()
+    t.await_clear(HOST, "0000:18:00.0", "nvlink_link:x")
+    assert len(t.links) == 0 and t.awaiting_clear == {}
