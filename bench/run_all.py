@@ -31,6 +31,7 @@ BENCHES = [
     "bench_alerts_latency.py",
     "bench_alerts_flood.py",
     "bench_alerts_sample_ingest.py",
+    "bench_link_health.py",  # NVLink link health on 7,200 healthy link-days and 300 degradations (minutes)
     "bench_podmeta_load.py",
     "bench_lake_writer.py",
     "bench_lake_query.py",  # a day of 1,000 GPUs: produce, replay and query (a few minutes)

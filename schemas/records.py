@@ -297,6 +297,21 @@ class GpuProcess(TypedDict):
     container: NotRequired[str | None]
 
 
+class NvLinkCounters(TypedDict):
+    """Avro record gpupipe.v1.NvLinkCounters."""
+
+    link: int
+    up: NotRequired[bool | None]
+    peer: NotRequired[str | None]
+    crc_flit: NotRequired[int | None]
+    crc_data: NotRequired[int | None]
+    replay: NotRequired[int | None]
+    recovery: NotRequired[int | None]
+    rcv: NotRequired[int | None]
+    symbol: NotRequired[int | None]
+    recovery_failed: NotRequired[int | None]
+
+
 class GpuSample(TypedDict):
     """Avro record gpupipe.v1.GpuSample."""
 
@@ -400,6 +415,7 @@ class GpuSample(TypedDict):
     nvlink_crc_data_errors_total: NotRequired[int | None]
     nvlink_replay_errors_total: NotRequired[int | None]
     nvlink_recovery_errors_total: NotRequired[int | None]
+    nvlink_link_counters: NotRequired[list[NvLinkCounters]]
     shared_replicas: NotRequired[int | None]
     mig_parent_energy_mj: NotRequired[int | None]
     mig_energy_by_slice: NotRequired[bool]

@@ -8,7 +8,9 @@
 #                   slice), NVML errors, CPU time per collection tick, XID event registration, which
 #                   GPU Operational Event calls work (registration, v3 wait, CPER read), which
 #                   newer memory-health and power-smoothing reads answer (bank remapper, unrepairable
-#                   memory, recovery action, NVML_FI_PWR_SMOOTHING_*),
+#                   memory, recovery action, NVML_FI_PWR_SMOOTHING_*), the per-link NVLink state,
+#                   far end and error counters (nvmlDeviceGetNvLinkErrorCounter) and whether
+#                   nvmlDeviceGetNvLinkTelemetrySamples_v1 exists,
 #                   the kernel-log backlog parse, a kubelet List if the socket is there
 #   sample.json     one real GpuSample per GPU and MIG slice (pretty JSON, after every group ran)
 #   summary.json    the same figures, machine-readable
@@ -348,6 +350,59 @@ finally:
     except Exception:
         pass
 summary["newer_reads"] = newer
+
+# 3d. NVLink link health inputs, raw: per link its state, far end and the four data-link error counters
+#     (nvmlDeviceGetNvLinkErrorCounter: CRC flit/data, replay, recovery; what nvlink_link_counters
+#     carries), and whether nvmlDeviceGetNvLinkTelemetrySamples_v1 (R615+) exists on this driver (asked
+#     for no sample: its v1 types are TX/RX throughput only, which the link-health state does not use).
+section("NVLink link health: per-link counters, raw NVML answers")
+links_raw: dict = {}
+try:
+    nvml.nvmlInit()
+    counters = {n: getattr(nvml, f"NVML_NVLINK_ERROR_DL_{n.upper()}", v)
+                for n, v in (("crc_flit", 2), ("crc_data", 3), ("replay", 0), ("recovery", 1))}
+    for i in range(int(nvml.nvmlDeviceGetCount())):
+        h = nvml.nvmlDeviceGetHandleByIndex(i)
+        per_gpu: dict = {}
+        for link in range(36):  # NVML_NVLINK_MAX_LINKS
+            entry: dict = {}
+            try:
+                entry["state"] = int(nvml.nvmlDeviceGetNvLinkState(h, link))
+            except nvml.NVMLError as exc:
+                if link == 0:
+                    per_gpu["nvmlDeviceGetNvLinkState"] = f"{type(exc).__name__}: {exc}"
+                break  # past the last link (InvalidArgument) or no NVLink (NotSupported)
+            for name, counter in counters.items():
+                try:
+                    entry[name] = int(nvml.nvmlDeviceGetNvLinkErrorCounter(h, link, counter))
+                except Exception as exc:
+                    entry[name] = f"{type(exc).__name__}: {exc}"
+            try:
+                entry["remote_type"] = int(nvml.nvmlDeviceGetNvLinkRemoteDeviceType(h, link))
+            except Exception as exc:
+                entry["remote_type"] = f"{type(exc).__name__}: {exc}"
+            per_gpu[f"link {link}"] = entry
+        if hasattr(nvml, "nvmlDeviceGetNvLinkTelemetrySamples_v1"):
+            try:
+                req = nvml.c_nvmlNvlinkTelemetrySamples_v1_t()  # telemetryCount 0: existence only
+                nvml.nvmlDeviceGetNvLinkTelemetrySamples_v1(h, req)
+                per_gpu["nvmlDeviceGetNvLinkTelemetrySamples_v1"] = "Success"
+            except Exception as exc:
+                per_gpu["nvmlDeviceGetNvLinkTelemetrySamples_v1"] = f"{type(exc).__name__}: {exc}"
+        else:
+            per_gpu["nvmlDeviceGetNvLinkTelemetrySamples_v1"] = "missing from the binding"
+        links_raw[f"GPU {i}"] = per_gpu
+        for k, v in per_gpu.items():
+            print(f"GPU {i} {k}: {v}")
+except Exception as exc:
+    links_raw["error"] = repr(exc)
+    print(f"NVLink link check failed: {exc!r}")
+finally:
+    try:
+        nvml.nvmlShutdown()
+    except Exception:
+        pass
+summary["nvlink_links"] = links_raw
 
 # 4. The kernel log: read the backlog of /dev/kmsg once and parse it.
 section("kernel log (/dev/kmsg backlog)")

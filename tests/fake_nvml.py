@@ -343,6 +343,9 @@ class FakeGpu:
         #: Device-wide NVLink error totals by field id (38 CRC FLIT, 45 CRC data, 52 replay, 59
         #: recovery); 0 where the GPU has links (the mock's H100 and GB200 answer 0), else NotSupported.
         self.nvlink_error_totals: dict[int, int] = {}
+        #: nvmlDeviceGetNvLinkErrorCounter: (link, NVML_NVLINK_ERROR_DL_*) -> count (0 elsewhere, as the
+        #: mock on every profile); see tests/fake_nvml_topology.py.
+        self.nvlink_dl_errors: dict[tuple[int, int], int] = {}
         self.c2c_links = 0  # FI 170; 0: NotSupported (the mock on every profile)
         self.c2c_down: set[int] = set()
         #: PCIe byte counters (FI 197/198); None: NotSupported (the mock, every profile).

@@ -14,6 +14,11 @@ through the real pynvml):
   18..35); a GPU without NVLink answers NotSupported. A link in ``nvlink_down`` is inactive. The
   remote end is ``FakeGpu.nvlink_remote[link]`` = (device type, bus id), by default an NVSwitch whose
   PCI address NVML does not resolve: the mock answers bus id ``FFFFFFFF:FF:FF.0`` and type SWITCH;
+* ``nvmlDeviceGetNvLinkErrorCounter`` / ``nvmlDeviceResetNvLinkErrorCounters``: the per-link
+  data-link counters (``FakeGpu.nvlink_dl_errors[(link, counter)]``, 0 by default: the mock answers
+  0 for links 0..17 on every profile, InvalidArgument beyond); a counter id past
+  ``NVML_NVLINK_ERROR_DL_ECC_DATA`` answers InvalidArgument, a GPU without NVLink NotSupported (nvml.h);
+  the reset sets the link's counters to 0, as a driver reload does;
 * ``nvmlDeviceGetP2PStatus`` with ``NVML_P2P_CAPS_INDEX_NVLINK``: OK when both GPUs have an active
   link to an NVSwitch, or a direct active link joins them; else NOT_SUPPORTED (the mock's L40S);
 * ``nvmlDeviceGetNumaNodeId`` is in ``tests/fake_nvml.py`` (``FakeGpu.gpu_numa_node``).
@@ -96,6 +101,17 @@ class TopologyMixin:
     def nvmlDeviceGetNvLinkState(self, device: Any, link: int) -> int:
         gpu = self._link("nvmlDeviceGetNvLinkState", device, link)
         return _real.NVML_NVLINK_STATE_INACTIVE if link in gpu.nvlink_down else _real.NVML_NVLINK_STATE_ACTIVE
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, device: Any, link: int, counter: int) -> int:
+        gpu = self._link("nvmlDeviceGetNvLinkErrorCounter", device, link)
+        if not 0 <= counter < _real.NVML_NVLINK_ERROR_COUNT:
+            raise _err(_real.NVML_ERROR_INVALID_ARGUMENT)
+        return gpu.nvlink_dl_errors.get((link, counter), 0)
+
+    def nvmlDeviceResetNvLinkErrorCounters(self, device: Any, link: int) -> None:
+        gpu = self._link("nvmlDeviceResetNvLinkErrorCounters", device, link)
+        for key in [k for k in gpu.nvlink_dl_errors if k[0] == link]:
+            del gpu.nvlink_dl_errors[key]
 
     def _remote(self, gpu: FakeGpu, link: int) -> tuple[int, str]:
         return gpu.nvlink_remote.get(link, (SWITCH, UNRESOLVED_BUS_ID))

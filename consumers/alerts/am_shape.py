@@ -27,6 +27,8 @@ def am_labels(rec: dict[str, Any]) -> dict[str, str]:
         labels["xid"] = str(rec["xid_codes"][0])
     if rec.get("pci_bus_id"):
         labels["pci_bus_id"] = rec["pci_bus_id"]
+    if rec["signal"].startswith("nvlink_link:"):  # one alert per NVLink link of the GPU
+        labels["nvlink_link"] = rec["signal"].split(":", 1)[1]
     # Senders whose alert is defined by more than the GPU (an idle recommendation is one pod's) name
     # those labels themselves; they must be as stable as the alert.
     labels.update(rec.get("identity_labels") or {})
@@ -56,7 +58,7 @@ def am_annotations(rec: dict[str, Any]) -> dict[str, str]:
         out["xid_codes"] = ",".join(str(c) for c in rec["xid_codes"])
     if pods:
         out["pods"] = pods
-    if rec.get("gpus") and rec["scope"] == "node":
+    if rec.get("gpus") and (rec["scope"] == "node" or rec["signal"].startswith("nvlink_link:")):
         out["gpus"] = ", ".join(rec["gpus"])
     if rec.get("parent_alert_id"):
         out["parent_alert_id"] = rec["parent_alert_id"]

@@ -23,7 +23,7 @@ from gpupipe.domain.node_check import DEADLETTER_REASON, NodeCheck
 from gpupipe.kafka.sink import KeyedSink
 from gpupipe_consumers.alerts.admission import OVER_CAP, DeviceAdmission, device_of
 from gpupipe_consumers.alerts.cordon import Cordoner, CordonResult
-from gpupipe_consumers.alerts.engine.alert_record import LEVEL_SIGNALS, Alert, action_record, to_record
+from gpupipe_consumers.alerts.engine.alert_record import Alert, action_record, is_level, to_record
 from gpupipe_consumers.alerts.engine.alert_table import AlertCapReached
 from gpupipe_consumers.alerts.engine.evidence_memory import evidence_record
 from gpupipe_consumers.alerts.engine.facade import EngineConfig, EngineFacade
@@ -264,7 +264,7 @@ class AlertsHandler:
                     if r.name == "XidEvent":
                         # XidEvents come from one topic: its partition and offset mark a replay
                         a = self.engine.on_xid(r.value, now, (r.partition, r.offset))
-                        if a is not None and a.key[3] in LEVEL_SIGNALS and a.status == "firing":
+                        if a is not None and is_level(a.key[3]) and a.status == "firing":
                             # NVML's recovery-action event: the samples may never show the value
                             self.health.await_clear(a.hostname, a.device, a.key[3], a.last_seen_ms)
                     elif r.name == "GpuSample":
@@ -272,7 +272,7 @@ class AlertsHandler:
                         if ident is not None:  # None: a sample not tracked (a MIG slice's), no signals
                             for sig in signals:
                                 try:
-                                    self.engine.on_signal(ident, sig, now)
+                                    self.engine.on_signal(sig.subject or ident, sig, now)
                                 except AlertCapReached as exc:  # the sample's other signals still count
                                     self._capped(now, str(exc))
                             # a reboot or driver load may wait for this GPU
@@ -410,7 +410,7 @@ class AlertsHandler:
                 self._on_alert_record(rec, now)
             open_alerts = [a.snapshot() for a in self.engine.open_alerts()]
             for a in open_alerts:
-                if a.key[3] in LEVEL_SIGNALS:
+                if is_level(a.key[3]):
                     self.health.await_clear(a.hostname, a.device, a.key[3])
             self._emit(self.engine.take(now), now)
         if self.cordoner is not None:

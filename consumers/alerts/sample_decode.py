@@ -42,6 +42,9 @@ ALERT_FIELDS = frozenset(
         "gpu_recovery_action",
         "clock_event_reasons",
         "gpu_temp_c",
+        "nvlink_links",
+        "nvlink_link_counters",
+        "fabric_clique_id",
     }
 )
 #: What :func:`gpupipe_schemas.validate.violation` reads of a GpuSample (its bounded fields).

@@ -2,7 +2,9 @@
 
 Reads fabric registration state and health, NVLink link states and error counters, C2C links and
 the platform's rack position (read once) into GpuSample fields; link and error counters take two
-``nvmlDeviceGetFieldValues`` calls per GPU. What a device does not answer is learned once and stays null.
+``nvmlDeviceGetFieldValues`` calls per GPU, plus, per active link, ``nvmlDeviceGetNvLinkErrorCounter``
+for its CRC, replay and recovery counters (NVLink up to 4) into ``nvlink_link_counters`` with the
+link's far end (read once). What a device does not answer is learned once and stays null.
 More (NVML call -> field table, why): docs/producer.md, "The fabric field group".
 """
 
@@ -30,6 +32,16 @@ NVLINK_ERROR_TOTALS = (
     ("nvlink_recovery_errors_total", "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", 59),
 )
 
+#: Per-link data-link counters up to NVLink 4: (NvLinkCounters field, nvmlNvLinkErrorCounter_t name, value).
+LINK_ERROR_COUNTERS = (
+    ("crc_flit", "NVML_NVLINK_ERROR_DL_CRC_FLIT", 2),
+    ("crc_data", "NVML_NVLINK_ERROR_DL_CRC_DATA", 3),
+    ("replay", "NVML_NVLINK_ERROR_DL_REPLAY", 0),
+    ("recovery", "NVML_NVLINK_ERROR_DL_RECOVERY", 1),
+)
+REMOTE_SWITCH = 2  # NVML_NVLINK_DEVICE_TYPE_SWITCH
+REMOTE_GPU = 0  # NVML_NVLINK_DEVICE_TYPE_GPU
+
 FABRIC_STATES = {1: "not_started", 2: "in_progress", 3: "completed"}
 FABRIC_HEALTH = {1: "healthy", 2: "unhealthy", 3: "limited_capacity"}
 
@@ -48,6 +60,7 @@ class FabricCollector:
         "nvlink_symbol_errors_total",
         "nvlink_recovery_failed_total",
         *(f for f, _, _ in NVLINK_ERROR_TOTALS),
+        "nvlink_link_counters",
         "c2c_links",
         "c2c_links_up",
         "platform_chassis_serial",
@@ -60,6 +73,7 @@ class FabricCollector:
     def __init__(self, nvml: Any) -> None:
         self._nvml = nvml
         self._totals = tuple((f, int(getattr(nvml, name, fid))) for f, name, fid in NVLINK_ERROR_TOTALS)
+        self._link_counters = tuple((f, int(getattr(nvml, name, v))) for f, name, v in LINK_ERROR_COUNTERS)
         self._fi = {
             "count": int(getattr(nvml, "NVML_FI_DEV_NVLINK_LINK_COUNT", FI_NVLINK_LINK_COUNT)),
             "state": int(getattr(nvml, "NVML_FI_DEV_NVLINK_GET_STATE", FI_NVLINK_GET_STATE)),
@@ -152,11 +166,59 @@ class FabricCollector:
                     out[field] = sum(int(v) for v in vals if v is not None)
             for field, _ in self._totals:
                 ctx.put(out, field, convert.count, got.get(f"fi_{field}"))
+            out["nvlink_link_counters"] = [self._link(ctx, i, states[i], got) for i in range(nvlinks)]
         if c2c:
             out["c2c_links"] = c2c
             status = [got.get(f"fi_c2c_status:{i}") for i in range(c2c)]
             if any(s is not None for s in status):
                 out["c2c_links_up"] = sum(1 for s in status if s == 1)
+
+    def _link(self, ctx: DeviceContext, link: int, state: Any, got: dict[str, Any]) -> dict[str, Any]:
+        """One link's entry of ``nvlink_link_counters``: state, far end, and its error counters.
+
+        An inactive link is not asked for its counters (nothing crosses it); a counter the device
+        refuses (NotSupported: NVLink 5 counts by field instead) is learned once for all its links."""
+        up = None if state is None else state == 1
+        entry: dict[str, Any] = {"link": link, "up": up, "peer": self._peer(ctx, link) if up else None}
+        for field, counter in self._link_counters:
+            raw = None
+            if up is not False:
+                raw = ctx.call(
+                    f"nvlink_error_counter:{field}",
+                    "nvmlDeviceGetNvLinkErrorCounter",
+                    ctx.handle,
+                    link,
+                    counter,
+                )
+            entry[field] = convert.count(raw) if raw is not None else None
+        for field, kind in (("rcv", "rcv"), ("symbol", "symbol"), ("recovery_failed", "recovery_failed")):
+            raw = got.get(f"fi_nvlink_{kind}:{link}")
+            entry[field] = convert.count(raw) if raw is not None else None
+        return entry
+
+    def _peer(self, ctx: DeviceContext, link: int) -> str | None:
+        """The far end of an active link: ``nvswitch``, or the remote GPU's PCI bus id (cached: the
+        cabling does not change while the GPU is up)."""
+        peers = ctx.state.setdefault("nvlink_peers", {})
+        if link in peers:
+            return peers[link]
+        h, peer = ctx.handle, None
+        kind = ctx.call(
+            f"nvlink_remote_type:{link}", "nvmlDeviceGetNvLinkRemoteDeviceType", h, link, probe=True
+        )
+        if kind is not None and int(kind) == REMOTE_SWITCH:
+            peer = "nvswitch"
+        elif kind is not None and int(kind) == REMOTE_GPU:
+            pci = ctx.call(
+                f"nvlink_remote_pci:{link}", "nvmlDeviceGetNvLinkRemotePciInfo", h, link, probe=True
+            )
+            bus = getattr(pci, "busId", None) if pci is not None else None
+            if isinstance(bus, bytes):
+                bus = bus.decode("ascii", "replace")
+            peer = str(bus).rstrip("\0") or None if bus is not None else None
+        if kind is not None:
+            peers[link] = peer
+        return peer
 
     # -- placement --------------------------------------------------------------------------------
     def _platform(self, ctx: DeviceContext) -> dict[str, Any]:

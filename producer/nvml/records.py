@@ -49,7 +49,7 @@ IDENTITY_FIELDS = frozenset(
         "vendor",
     }
 )
-_LIST_FIELDS = ("allocations", "processes")
+_LIST_FIELDS = ("allocations", "processes", "nvlink_link_counters")
 
 
 def _template() -> dict[str, Any]:
@@ -71,6 +71,7 @@ def empty_sample() -> dict[str, Any]:
     s = dict(_TEMPLATE)
     s["allocations"] = []
     s["processes"] = []
+    s["nvlink_link_counters"] = []
     s["gpu_lost"] = False
     return s
 

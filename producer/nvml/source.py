@@ -56,6 +56,9 @@ DEFAULT_INTERVALS: dict[str, float] = {
     "refused_retry": 300.0,
     "lost_reinit": 60.0,
 }
+#: Fields a sample carries only when their group read them in the same poll (empty lists between):
+#: per-link NVLink counters are 18 entries a GPU, and the alerts service reads them every 10 s anyway.
+FRESH_ONLY: dict[str, tuple[str, ...]] = {"fabric": ("nvlink_link_counters",)}
 DUE_SLACK = 0.1  # a group is due this much of the poll (fast) interval early: tick jitter
 
 __all__ = ["DEFAULT_INTERVALS", "GROUPS", "NvmlSource", "SourceHooks", "default_nvml_module"]
@@ -430,8 +433,11 @@ class NvmlSource:
             try:
                 for ctx in ctxs:
                     values = ctx.state.setdefault("values", {})
+                    fresh = ctx.state.setdefault("fresh", set())
+                    fresh.discard(name)
                     if is_due or name not in values:
                         values[name] = self._run(c, ctx)
+                        fresh.add(name)
                         ran.add(name)
             finally:
                 spent[name] += time.perf_counter() - t0
@@ -451,6 +457,10 @@ class NvmlSource:
         s["timestamp_ms"] = ts
         for values in ctx.state.get("values", {}).values():
             s.update(values)
+        for group, fields in FRESH_ONLY.items():
+            if group not in ctx.state.get("fresh", ()):
+                for f in fields:  # read this poll or not at all: repeating them costs bytes and decoding
+                    s[f] = []
         procs = s["processes"]
         if procs:
             s["processes"] = [dict(p) for p in procs]

@@ -26,6 +26,7 @@ __all__ = [
     "LEVEL_SIGNALS",
     "MAX_ALLOCATIONS",
     "MAX_MESSAGE_CHARS",
+    "NVLINK_SIGNAL",
     "STICKY_ACTIONS",
     "Alert",
     "AlertName",
@@ -34,6 +35,7 @@ __all__ = [
     "alert_device_key",
     "alert_from_record",
     "alert_id",
+    "is_level",
     "iso_ms",
     "to_record",
 ]
@@ -56,6 +58,7 @@ class AlertName(StrEnum):
     RECOVERY_ACTION = "GpuRecoveryActionRequired"
     GPU_UNAVAILABLE = "GpuUnavailable"
     RECOVERY_EVIDENCE = "GpuRecoveryEvidence"
+    NVLINK_DEGRADING = "GpuNvLinkDegrading"
 
 
 ALERTNAMES = frozenset(n.value for n in AlertName)
@@ -71,6 +74,15 @@ LEVEL_SIGNALS = frozenset(
     }
 )
 """Signals that are levels, not events: their alert lasts while the sampled value says so."""
+
+NVLINK_SIGNAL = "nvlink_link"
+"""An NVLink link's health: the signal of its alert is ``nvlink_link:<link id>``, a level too."""
+
+
+def is_level(signal: str) -> bool:
+    """Whether an alert key's signal is a level (see :data:`LEVEL_SIGNALS`; NVLink links included)."""
+    return signal in LEVEL_SIGNALS or signal.startswith(NVLINK_SIGNAL + ":")
+
 
 # Actions that need a reset, reboot or a person with a replacement GPU: silence is no evidence of recovery.
 STICKY_ACTIONS = frozenset({"RESET_GPU", "RESTART_BM", "RESTART_VM", "DRAIN_AND_RESET"})
@@ -194,7 +206,7 @@ class Alert:
         when it ends, so neither quiet time nor reset evidence concerns it. Once an XidEvent spoke for it
         (NVML's recovery-action event, which reports a change once and never repeats it) it is a fault like
         the others: silence is no evidence, recovery evidence ends it."""
-        return self.key[3] in LEVEL_SIGNALS and self.first_event_id is None and self.last_event_id is None
+        return is_level(self.key[3]) and self.first_event_id is None and self.last_event_id is None
 
     @property
     def sticky(self) -> bool:
@@ -202,7 +214,7 @@ class Alert:
         (see :mod:`gpupipe_consumers.alerts.engine.facade`)."""
         if self.scope == "node" or self.sample_owned:
             return False
-        if self.key[3] in LEVEL_SIGNALS:
+        if is_level(self.key[3]):
             return True  # raised by an event that will not repeat (see sample_owned)
         return self.drain_node or self.action in STICKY_ACTIONS
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 
-from gpupipe_consumers.alerts.engine.alert_record import LEVEL_SIGNALS, Alert, alert_id
+from gpupipe_consumers.alerts.engine.alert_record import Alert, alert_id, is_level
 from gpupipe_consumers.alerts.engine.config import EngineConfig
 
 __all__ = ["COUNTS", "AlertCapReached", "AlertTable", "Key"]
@@ -162,7 +162,8 @@ class AlertTable:
                 key=key,
                 scope=scope,
                 alertname="",
-                signal=key[3].split(":", 1)[0],
+                # xid:<code> is signal xid; a link's level keeps its link id (nvlink_link:<link>)
+                signal=key[3] if is_level(key[3]) else key[3].split(":", 1)[0],
                 hostname=host,
                 first_seen_ms=ts,
                 last_seen_ms=ts,
@@ -273,7 +274,7 @@ class AlertTable:
         for key, a in list(self._open.items()):
             quiet = min(r, d) if a.scope == "node" else r
             if now_ms - a.seen_at_ms >= quiet and not a.sticky and not self.held(a):
-                self.end(a, now_ms, "quiet", keep=r < d and key[3] not in LEVEL_SIGNALS)
+                self.end(a, now_ms, "quiet", keep=r < d and not is_level(key[3]))
                 continue
             if a.pending is not None:
                 waiting(a, now_ms)

@@ -9,10 +9,11 @@ Rules and reasons in full: docs/alerts.md, "Module notes", ``engine/health_signa
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from gpupipe_consumers.alerts.engine.alert_record import AlertName, alert_device_key
+from gpupipe_consumers.alerts.engine.alert_record import NVLINK_SIGNAL, AlertName, alert_device_key
+from gpupipe_consumers.alerts.engine.link_health import LinkChange, LinkHealthConfig, LinkHealthTracker
 from gpupipe_consumers.alerts.rules.classify import GpuHealth
 from gpupipe_consumers.alerts.rules.notice import (
     RECOVERY_ACTION_NAME,
@@ -30,10 +31,14 @@ __all__ = [
     "InvalidRecord",
     "SignalEvent",
     "SignalInfo",
+    "signal_info",
 ]
 
 THERMAL_MASK = 0x20 | 0x40  # SwThermalSlowdown | HwThermalSlowdown
 MINUTE_MS = 60_000
+LINK_READ_MS = 5_000
+"""The agent reads NVLink counters every 10 s (fabric group) and sends them on those samples only; a
+sender that repeats them on every sample has them read at most this often."""
 
 SignalKind = Literal["occurrence", "active", "clear"]
 
@@ -128,7 +133,28 @@ SIGNAL_INFO: dict[str, SignalInfo] = {
         "NVML reports that the driver requires a recovery action on this GPU (field GPU_RECOVERY_ACTION). "
         "Cordon the node and do what it says: reset the GPU, drain peer-to-peer jobs, or reboot the node.",
     ),
+    NVLINK_SIGNAL: SignalInfo(
+        AlertName.NVLINK_DEGRADING,
+        "NVLINK_LINK_DEGRADING",
+        "warning",
+        "nvlink_fabric",
+        "RUN_FIELDDIAG",
+        False,
+        "An NVLink link of this GPU shows a sustained rise of its error counters (CRC, replay, recovery): "
+        "it is likely to fail, and the jobs of every GPU named here (its NVLink domain) with it. Let them "
+        "checkpoint; then take the node out of scheduling, read nvidia-smi nvlink -e -i <gpu>, run "
+        "dcgmi diag -r 3 (NVLink tests) and reseat or replace the link's cable, NVSwitch tray or baseboard "
+        "as the diagnostic says. Escalates to critical when the link fails (DCGM's NVLink health FAIL).",
+    ),
 }
+
+#: The link-health presentation once the link has failed (the same alert, escalated).
+NVLINK_FAILED = ("critical", False, "WORKFLOW_NVLINK_ERR")
+
+
+def signal_info(signal: str) -> SignalInfo:
+    """The presentation of a health signal; a link's signal (``nvlink_link:<link>``) is the NVLink one."""
+    return SIGNAL_INFO[NVLINK_SIGNAL if signal.startswith(NVLINK_SIGNAL + ":") else signal]
 
 
 def recovery_presentation(value: int | None) -> tuple[str, str, bool, str]:
@@ -141,6 +167,23 @@ def recovery_presentation(value: int | None) -> tuple[str, str, bool, str]:
     return action.value, severity.value, drain, recovery_runbook(value)
 
 
+def link_signal(link: int) -> str:
+    return f"{NVLINK_SIGNAL}:{link}"
+
+
+def _link_event(c: LinkChange, ts: int, related: tuple[GpuIdentity, ...]) -> SignalEvent:
+    """The level signal of an unhealthy link (value 2: failed)."""
+    return SignalEvent(
+        link_signal(c.link),
+        "active",
+        ts,
+        since_ms=c.since_ms,
+        detail=f"NVLink link {c.link} (peer {c.peer or 'unknown'}) {c.state}: {c.reason}",
+        value=2 if c.state == "failed" else 1,
+        related=related,
+    )
+
+
 class InvalidRecord(ValueError):
     """An input record without what every record of its type has (host, time...): dead-letter it."""
 
@@ -151,6 +194,8 @@ class HealthConfig:
     """Thermal clock-event bits must be set this long (every sample) to raise ``thermal``."""
     thermal_clear_ms: int = MINUTE_MS
     """...and clear this long to clear it (hysteresis against flapping)."""
+    links: LinkHealthConfig = field(default_factory=LinkHealthConfig)
+    """NVLink link health (:mod:`gpupipe_consumers.alerts.engine.link_health`)."""
 
     def __post_init__(self) -> None:
         if self.thermal_for_ms < 0 or self.thermal_clear_ms < 0:
@@ -177,6 +222,11 @@ class SignalEvent:
     it was lost; see :mod:`gpupipe_consumers.alerts.engine.recovery_policy`)."""
     baseline: bool = False
     """The GPU's first sample since this tracker started: a condition it shows may have begun before."""
+    related: tuple[GpuIdentity, ...] = ()
+    """For an NVLink link: the other GPUs of its NVLink domain (whose jobs its failure hits)."""
+    subject: GpuIdentity | None = None
+    """The GPU the signal is about when it is not the sample's: a link of another GPU whose NVLink
+    domain this sample's GPU turns out to be in (its samples came after that link's)."""
 
 
 @dataclass(slots=True)
@@ -196,6 +246,7 @@ class _GpuState:
         "ident",
         "last_ts",
         "level",
+        "links_ms",
         "lost",
         "sample",
         "sample_prev",
@@ -207,6 +258,7 @@ class _GpuState:
     def __init__(self, ident: GpuIdentity) -> None:
         self.ident = ident
         self.last_ts = -1
+        self.links_ms: int | None = None
         self.dbe: int | None = None
         self.lost = False
         self.level: dict[str, bool] = {}
@@ -303,6 +355,11 @@ class HealthTracker:
     def __init__(self, config: HealthConfig | None = None) -> None:
         self.cfg = config or HealthConfig()
         self._gpus: dict[tuple[str, str], _GpuState] = {}
+        self.links = LinkHealthTracker(self.cfg.links)
+        self._bad_links: dict[str, dict[tuple[str, int], LinkChange]] = {}
+        """host -> (device, link) -> the change that made the link unhealthy: its domain may grow."""
+        self._named: dict[tuple[str, str, int], set[str]] = {}
+        """(host, device, link) -> devices already named in that link's domain."""
         self.samples = 0
         self.skipped = 0
         self.awaiting_clear: dict[tuple[str, str, str], int] = {}
@@ -315,6 +372,13 @@ class HealthTracker:
     def await_clear(self, hostname: str, device: str, signal: str, since_ms: int = 0) -> None:
         """A ``signal`` alert of this GPU is open without these samples having raised it: clear it at the
         first sample at or after ``since_ms`` that reads normal."""
+        if signal.startswith(NVLINK_SIGNAL + ":"):
+            # the link tracker clears it the way it clears its own: after clean windows in a row (a
+            # link that never reports again leaves it to end by quiet time, like any level alert)
+            link = signal.split(":", 1)[1]
+            if link.isdigit():
+                self.links.assume(hostname, device, int(link), "degrading")
+            return
         item = (hostname, device, signal)
         self.awaiting_clear[item] = max(since_ms, self.awaiting_clear.get(item, since_ms))
 
@@ -336,6 +400,17 @@ class HealthTracker:
             del self._gpus[key]
         for key in gpus:
             self._gpus.pop(key, None)
+            self.links.forget(key[0], key[1])
+        for host in hosts:
+            self.links.forget(host)
+            self._bad_links.pop(host, None)
+        for item in [i for i in self._named if i[0] in hosts or (i[0], i[1]) in gpus]:
+            del self._named[item]
+        for host, bad in list(self._bad_links.items()):
+            for item in [i for i in bad if (host, i[0]) in gpus]:
+                del bad[item]
+            if not bad:
+                del self._bad_links[host]
         for item in [i for i in self.awaiting_clear if i[0] in hosts or (i[0], i[1]) in gpus]:
             del self.awaiting_clear[item]
 
@@ -368,7 +443,72 @@ class HealthTracker:
         reasons = sample.get("clock_event_reasons")
         if isinstance(reasons, int):
             self._thermal(st, ts, reasons, sample.get("gpu_temp_c"), out)
+        links = sample.get("nvlink_link_counters")
+        if links and (st.links_ms is None or ts - st.links_ms >= LINK_READ_MS):
+            st.links_ms = ts
+            self._links(key, ts, links, out)
+        if host in self._bad_links:
+            self._joins(key, st, ts, out)
         return st.ident, out
+
+    def _links(self, key: tuple[str, str], ts: int, links: list[Any], out: list[SignalEvent]) -> None:
+        """Link-health changes of the GPU's NVLink links; a link not healthy stays active each sample."""
+        changed = {c.link for c in self.links.observe(key[0], key[1], ts, links) if c.state == "healthy"}
+        for link in sorted(changed):
+            out.append(
+                SignalEvent(link_signal(link), "clear", ts, detail=f"NVLink link {link} healthy again")
+            )
+        host, device = key
+        bad = self._bad_links.setdefault(host, {})
+        for item in [i for i in bad if i[0] == device]:
+            del bad[item]
+        for link in changed:
+            self._named.pop((host, device, link), None)
+        for c in sorted(self.links.unhealthy(host, device), key=lambda c: c.link):
+            bad[(device, c.link)] = c
+            related = self._domain(key, c)
+            self._named.setdefault((host, device, c.link), set()).update(r.device for r in related)
+            out.append(_link_event(c, ts, related))
+        if not bad:
+            del self._bad_links[host]
+
+    def _joins(self, key: tuple[str, str], st: _GpuState, ts: int, out: list[SignalEvent]) -> None:
+        """This GPU's sample may put it in the NVLink domain of another GPU's unhealthy link (its
+        samples came first: partitions are read in any order): name it there once."""
+        host, device = key
+        for (other, link), c in self._bad_links[host].items():
+            named = self._named.setdefault((host, other, link), set())
+            owner = self._gpus.get((host, other))
+            if (
+                other == device
+                or device in named
+                or owner is None
+                or not self._in_domain(owner, c, device, st)
+            ):
+                continue
+            named.add(device)
+            out.append(replace(_link_event(c, ts, (st.ident,)), subject=owner.ident))
+
+    def _domain(self, key: tuple[str, str], c: LinkChange) -> tuple[GpuIdentity, ...]:
+        """The other GPUs a fault of link ``c`` hits: its peer GPU (a direct link, NVLink bridge), or
+        behind an NVSwitch every GPU of the node with NVLink links in the same fabric clique (the
+        node's NVLink domain; the sample has no finer topology)."""
+        host, me = key[0], self._gpus[key]
+        return tuple(
+            st.ident
+            for (h, device), st in self._gpus.items()
+            if h == host and device != key[1] and self._in_domain(me, c, device, st)
+        )
+
+    @staticmethod
+    def _in_domain(owner: _GpuState, c: LinkChange, device: str, st: _GpuState) -> bool:
+        """Whether GPU ``device`` (state ``st``) is in the NVLink domain of ``owner``'s link ``c``."""
+        if st.sample is None:
+            return False
+        if c.peer not in (None, "nvswitch"):
+            return alert_device_key(c.peer, None) == device
+        mine = (owner.sample or {}).get("fabric_clique_id")
+        return bool(st.sample.get("nvlink_links")) and st.sample.get("fabric_clique_id") == mine
 
     def _levels(
         self, key: tuple[str, str], st: _GpuState, sample: dict[str, Any], ts: int, out: list[SignalEvent]

@@ -15,14 +15,15 @@ from __future__ import annotations
 from typing import Any
 
 from gpupipe_consumers.alerts.engine.alert_policy import with_note, worse
-from gpupipe_consumers.alerts.engine.alert_record import Alert
+from gpupipe_consumers.alerts.engine.alert_record import NVLINK_SIGNAL, Alert
 from gpupipe_consumers.alerts.engine.alert_table import AlertTable, Key
 from gpupipe_consumers.alerts.engine.gpu_histories import GpuHistories
 from gpupipe_consumers.alerts.engine.health_signals import (
-    SIGNAL_INFO,
+    NVLINK_FAILED,
     GpuIdentity,
     SignalEvent,
     recovery_presentation,
+    signal_info,
 )
 from gpupipe_consumers.alerts.engine.input_guard import InputGuard
 from gpupipe_consumers.alerts.engine.recovery_evidence import RecoveryEvidence
@@ -80,6 +81,7 @@ class SignalAlerts:
             return None
         self._present(a, ident, sig)
         self._identify(a, ident)
+        self._blast_radius(a, sig)
         if a is not before:
             # evidence after it processed first (NVML's events come on gpu.xid.v1)
             self._recovery.evaluate(a, now_ms)
@@ -134,10 +136,12 @@ class SignalAlerts:
 
     def _present(self, a: Alert, ident: GpuIdentity, sig: SignalEvent) -> None:
         """Name a new alert after its signal; the worse presentation wins (and is urgent)."""
-        info = SIGNAL_INFO[sig.signal]
+        info = signal_info(sig.signal)
         severity, drain, action, runbook = info.severity, info.drain_node, info.action, info.runbook
         if sig.signal == "recovery_action":
             action, severity, drain, runbook = recovery_presentation(sig.value)
+        elif info.name == signal_info(NVLINK_SIGNAL).name and sig.value == 2:
+            severity, drain, action = NVLINK_FAILED
         if a.alertname == "":
             a.alertname = info.alertname
             a.name = info.name
@@ -165,6 +169,13 @@ class SignalAlerts:
             a.add_gpu(a.gpu_uuid or ident.device)
         if a.add_allocations(ident.allocations):
             self._table.dirty(a)
+
+    def _blast_radius(self, a: Alert, sig: SignalEvent) -> None:
+        """An NVLink link's alert names the GPUs of its NVLink domain and the pods on them."""
+        for other in sig.related:
+            added = a.add_gpu(other.uuid or other.device)
+            if a.add_allocations(other.allocations) or added:
+                self._table.dirty(a)
 
 
 def _lost_event(ident: GpuIdentity, sig: SignalEvent) -> dict[str, Any]:

@@ -102,6 +102,7 @@ CREATE TABLE `gpu_sample` (
   `nvlink_crc_data_errors_total` BIGINT,
   `nvlink_replay_errors_total` BIGINT,
   `nvlink_recovery_errors_total` BIGINT,
+  `nvlink_link_counters` ARRAY<ROW<`link` INT NOT NULL, `up` BOOLEAN, `peer` STRING, `crc_flit` BIGINT, `crc_data` BIGINT, `replay` BIGINT, `recovery` BIGINT, `rcv` BIGINT, `symbol` BIGINT, `recovery_failed` BIGINT> NOT NULL> NOT NULL,
   `shared_replicas` INT,
   `mig_parent_energy_mj` BIGINT,
   `mig_energy_by_slice` BOOLEAN NOT NULL,
