@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 ## page missing from the nav, fails the build. (Not --quiet: it hides the warnings that strict counts.)
 DOCS_BUILD := $(BIN)/mkdocs build --strict --site-dir site
 
-.PHONY: release deps deps-demo venv install test test-unit test-integration lint docs fmt demo bench kafka-start kafka-stop compose-check proto clean chart-check contract typecheck
+.PHONY: release deps deps-demo venv install test test-unit test-integration recipe-check lint docs fmt demo bench kafka-start kafka-stop compose-check proto clean chart-check contract typecheck
 
 venv: $(STAMP)
 
@@ -52,13 +52,20 @@ test: deps venv
 	$(CONTRACT) --check
 	$(TYPECHECK)
 	$(DOCS_BUILD)
-	$(BIN)/pytest -q -ra --durations=25 -n $(TEST_WORKERS) --dist loadfile tests
+	$(BIN)/pytest -q -ra --durations=25 -n $(TEST_WORKERS) --dist loadfile -m 'not recipe_check' tests
+
+## The recipes in other engines that take minutes (marker recipe_check: Flink SQL in a local MiniCluster
+## on Flink's jars, fetched once from Maven Central by scripts/flink-jars), each against chargeback;
+## CI runs it after `make test` (.ci/run).
+recipe-check: deps venv
+	scripts/flink-jars fetch
+	$(BIN)/pytest -q -ra --durations=5 -m recipe_check tests/integration/recipes
 
 test-unit: venv
 	$(BIN)/pytest -q tests/unit
 
 test-integration: deps venv
-	$(BIN)/pytest -q -ra tests/integration
+	$(BIN)/pytest -q -ra -m 'not recipe_check' tests/integration
 
 lint: venv
 	$(BIN)/ruff check .

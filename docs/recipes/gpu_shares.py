@@ -1,8 +1,9 @@
 """The shared-GPU split of docs/recipes/gpu-hours.md (section 2): who pays for a sample's GPU time.
 
 Standard library only, no gpupipe code: copy this file beside a job and call ``pod_shares`` with a
-decoded GpuSample (a dict; Avro field names), or the fields it reads. Every recipe here uses it
-(Flink and DuckDB as a user-defined function), and the test suite checks each against chargeback.
+decoded GpuSample (a dict; Avro field names), or the fields it reads. The plain-Avro recipe calls it
+and DuckDB's as a user-defined function (Flink's writes the rule in SQL); each is checked against
+chargeback.
 """
 
 from __future__ import annotations

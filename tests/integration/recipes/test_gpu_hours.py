@@ -6,8 +6,8 @@ every case of the shared-GPU split and MIG GPUs' own records with uncovered capa
 chargeback` bills it; the plain-Avro recipe reads the topic, and DuckDB's own iceberg extension
 reads the samples table `gpupipe lake write` made of it. Each must give chargeback's GPU-seconds
 per (hour, namespace). The Spark recipe is checked the same way in
-tests/integration/consumers/lake/test_spark.py; Flink by `make recipe-check` (its venv and jars are
-too heavy for the suite).
+tests/integration/consumers/lake/test_spark.py; Flink's in test_flink_gpu_hours.py, which `make
+recipe-check` runs (a minute or more of Flink: not in `make test`).
 """
 
 from __future__ import annotations
@@ -189,10 +189,10 @@ def assert_agrees(got: Bill, want: Bill) -> None:
     assert set(got) == set(want)
 
 
-def run(argv: list[str], cwd: Path) -> str:
+def run(argv: list[str], cwd: Path, timeout: float = 180) -> str:
     proc = hygiene.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
     try:
-        out, err = proc.communicate(timeout=180)
+        out, err = proc.communicate(timeout=timeout)
     finally:
         hygiene.stop_group(proc)
     assert proc.returncode == 0, err[-3000:]
