@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -129,7 +130,8 @@ class Proc:
         return http_json(f"http://127.0.0.1:{self.port}/healthz")
 
     def ready(self) -> bool:
-        return self.health()[0] == 200
+        """200 on /healthz; False while it is not running (the supervisor may be restarting it)."""
+        return self.alive() and http_json(f"http://127.0.0.1:{self.port}/healthz")[0] == 200
 
     def kill9(self) -> None:
         if self.alive():
@@ -191,6 +193,7 @@ class Audit:
     samples_in_topic: int = 0
     samples_charged: float = 0.0
     samples_miscounted: float = 0.0
+    exits: list[str] = field(default_factory=list)  # processes that exited on their own (restarted)
     violations: list[str] = field(default_factory=list)
 
 
@@ -213,6 +216,11 @@ class Staging:
         self.timings: dict[str, float] = {}
         self._closed = False
         self._paused: set[int] = set()
+        self.held: set[str] = set()  # processes the drill keeps down: the supervisor leaves them
+        self.exits: list[tuple[str, int]] = []  # (name, status) of every exit the drill did not cause
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._supervisor: threading.Thread | None = None
         atexit.register(self.close)
 
     # -- start ------------------------------------------------------------------------------------
@@ -227,6 +235,10 @@ class Staging:
                 self._start_node(i)
             self._start_services()
             self._start_prometheus()
+            self._supervisor = threading.Thread(
+                target=self._supervise, name="staging-supervisor", daemon=True
+            )
+            self._supervisor.start()
             self.await_ready(240)
             self.timings["start_s"] = time.monotonic() - t0
             return self
@@ -355,7 +367,7 @@ class Staging:
             self._gpupipe(
                 f"alerts-{r}", "alerts", "--ha", "--ha-session-timeout", "6s", "--instance-id", r,
                 "--group-id", "stg-alerts", "--alertmanager-url", f"http://127.0.0.1:{self.am.port}",
-                "--resend-interval", "2s", "--update-interval", "1s", "--cordon", "--kube-api-url",
+                "--cordon", "--kube-api-url",
                 self.kube.url, "--kube-token-file", str(self.dir / "kube-token"),
             )  # fmt: skip
 
@@ -389,15 +401,29 @@ class Staging:
             d / "prometheus.log", port,
         ).start()  # fmt: skip
 
+    def _supervise(self) -> None:
+        """The kubelet's part: a process that exits on its own (an alerts leader that lost its lease
+        stops by design) is started again after a second; each such exit is recorded."""
+        while not self._stop.wait(1.0):
+            with self._lock:
+                for name, p in self.procs.items():
+                    if name in self.held or p.proc is None or p.proc.poll() is None:
+                        continue
+                    self.exits.append((name, p.proc.returncode))
+                    p.start()
+
     # -- readiness --------------------------------------------------------------------------------
     def await_ready(self, timeout_s: float = 120) -> float:
-        """Every process ready and Prometheus seeing every GPU: the seconds it took."""
-        t0 = time.monotonic()
+        """Every process ready and Prometheus seeing every GPU in a scrape made after this call:
+        the seconds it took."""
+        t0, since = time.monotonic(), time.time()
         for p in self.procs.values():
             await_event(f"{p.name} ready", p.ready, timeout_s)
         self.timings["last_ready_procs_s"] = time.monotonic() - t0
         await_event("Prometheus ready", lambda: self._probe(self.prom, "/-/ready"), timeout_s)
-        await_event("Prometheus sees every GPU", lambda: self.prometheus_gpus() == self.all_gpus(), timeout_s)
+        await_event(
+            "Prometheus sees every GPU", lambda: self.prometheus_gpus(since) == self.all_gpus(), timeout_s
+        )
         self.timings["last_ready_prometheus_s"] = time.monotonic() - t0
         await_event("an alerts instance leading", lambda: self.alerts_leader() is not None, timeout_s)
         self.timings["last_ready_s"] = time.monotonic() - t0
@@ -413,9 +439,11 @@ class Staging:
         assert code == 200 and doc["status"] == "success", doc
         return list(doc["data"]["result"])
 
-    def prometheus_gpus(self) -> set[str]:
-        """GPUs whose temperature Prometheus scraped in the last few seconds, from either replica."""
-        got = self.prometheus_query("count by (UUID) (last_over_time(DCGM_FI_DEV_GPU_TEMP[5s]))")
+    def prometheus_gpus(self, since: float | None = None) -> set[str]:
+        """GPUs whose temperature Prometheus scraped after ``since`` (epoch s; default 3 s ago), from
+        either replica."""
+        since = time.time() - 3 if since is None else since
+        got = self.prometheus_query(f"count by (UUID) (timestamp(DCGM_FI_DEV_GPU_TEMP) > {since:.3f})")
         return {r["metric"].get("UUID", "") for r in got}
 
     def alerts_leader(self) -> str | None:
@@ -440,14 +468,19 @@ class Staging:
 
     # -- faults -----------------------------------------------------------------------------------
     def kill(self, name: str) -> None:
-        """SIGKILL one process (and its group): no goodbye to the group coordinator or the broker."""
-        self.procs[name].kill9()
+        """SIGKILL one process (and its group): no goodbye to the group coordinator or the broker.
+        It stays down until :meth:`restart`."""
+        with self._lock:
+            self.held.add(name)
+            self.procs[name].kill9()
 
     def restart(self, name: str, timeout_s: float = 120) -> float:
         """Start the process again on its old flags and state; the seconds until it is ready."""
         p = self.procs[name]
         t0 = time.monotonic()
-        p.start()
+        with self._lock:
+            self.held.discard(name)
+            p.start()
         await_event(f"{name} ready again", p.ready, timeout_s)
         return time.monotonic() - t0
 
@@ -473,6 +506,22 @@ class Staging:
         self.cluster.broker(node, "start")
         await_event(f"broker {node} listed", lambda: node in self.cluster.alive(), 120)  # type: ignore[union-attr]
         return time.monotonic() - t0
+
+    def stop_broker(self, node: int) -> None:
+        """A clean stop (SIGTERM): the broker hands its leaderships over first, as in a rolling restart."""
+        assert self.cluster is not None
+        self.cluster.broker(node, "stop")
+
+    def in_sync(self) -> bool:
+        """Every partition of the system's topics has all 3 replicas in sync (none under-replicated)."""
+        assert self.cluster is not None
+        md = self.cluster.admin().list_topics(timeout=5)
+        return all(
+            len(p.isrs) == len(p.replicas)
+            for name, t in md.topics.items()
+            if name.startswith(PREFIX)
+            for p in t.partitions.values()
+        )
 
     def pause_broker(self, node: int) -> None:
         """SIGSTOP the broker: alive to the network, silent (a GC pause, a frozen VM)."""
@@ -531,6 +580,7 @@ class Staging:
     def audit(self, timeout_s: float = 120) -> Audit:
         """Await the system's settled view, then hold it to the invariants."""
         a = Audit(faults=len(self.faults), gpus_expected=len(self.all_gpus()))
+        a.exits = [f"{n} (status {rc})" for n, rc in self.exits]
 
         # every fault paged, and Alertmanager's notifications caught up with its active alerts
         def settled() -> bool:
@@ -628,6 +678,9 @@ class Staging:
         if self._closed:
             return
         self._closed = True
+        self._stop.set()
+        if self._supervisor is not None:
+            self._supervisor.join(30)
         for p in [*self.procs.values(), self.prom, self.am]:
             if p is not None and p.proc is not None:
                 with contextlib.suppress(Exception):
@@ -671,7 +724,7 @@ def short_drill(s: Staging) -> dict[str, float]:
         fig["metrics_back_s"] = s.restart("metrics-b")
         # The killed leader comes back once the standby leads: restarted sooner it may win the
         # election itself and start its uncommitted XID partitions at its own start time, after
-        # the XIDs of the gap (seen once; docs/operations/staging.md).
+        # the XIDs of the gap (seen once; docs/staging.md).
         fig["alerts_takeover_s"] = s.await_takeover(leader)
         fig["alerts_back_s"] = s.restart(leader)
         fig["broker_back_s"] = broker.result()
