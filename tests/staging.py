@@ -723,8 +723,8 @@ def short_drill(s: Staging) -> dict[str, float]:
         broker = pool.submit(s.start_broker, node)
         fig["metrics_back_s"] = s.restart("metrics-b")
         # The killed leader comes back once the standby leads: restarted sooner it may win the
-        # election itself and start its uncommitted XID partitions at its own start time, after
-        # the XIDs of the gap (seen once; docs/staging.md).
+        # election and start its uncommitted XID partitions after the gap's XIDs, losing them
+        # (tests/integration/consumers/alerts/test_ha_gap.py holds that case).
         fig["alerts_takeover_s"] = s.await_takeover(leader)
         fig["alerts_back_s"] = s.restart(leader)
         fig["broker_back_s"] = broker.result()
