@@ -36,6 +36,7 @@ BENCHES = [
     "bench_lake_writer.py",
     "bench_lake_query.py",  # a day of 1,000 GPUs: produce, replay and query (a few minutes)
     "bench_life_drill.py",  # 30 days of 240 GPUs through the alerts service (minutes)
+    "bench_staging.py",  # own 3 brokers: the deployed system through the fault schedule (~7 minutes)
     "kafka_sizing.py",  # own broker: bytes per record per topic and the sizing table (under a minute)
     "soak_chargeback.py",  # own broker; scale with GPUPIPE_SOAK_GPUS (default 10000)
 ]

@@ -11,7 +11,8 @@ options ``mig=<gpu index>`` (that GPU in MIG mode with 3g.40gb + 2x 1g.10gb slic
 NVML_ERROR_DRIVER_NOT_LOADED), ``fixtures`` (the 8 GPUs of ``tests.agent_harness.node_for_fixtures``,
 whose UUIDs the kubelet fixtures hold; the model and count are then ignored), ``events=any-set``
 (events reach sets as NVIDIA's mock library hands them out: tests/fake_nvml_events.py),
-``driver=<version>`` (620.10.01: a driver with GPU Operational Events, tests/fake_nvml_operational.py).
+``driver=<version>`` (620.10.01: a driver with GPU Operational Events, tests/fake_nvml_operational.py),
+``salt=<text>`` (UUIDs derived from the text as well: several simulated nodes, distinct GPUs).
 
 Faults from the test: with ``GPUPIPE_FAKE_NVML_FAULTS=<file>``, each line appended to the file is
 done once, in order: ``xid <gpu> <code>``, ``lose <gpu>``, ``recover <gpu>``, ``goe <gpu> <event>`` (a
@@ -49,6 +50,7 @@ def build(spec: str):  # -> FakeNvml
     fixtures = False
     delivery = "own-set"
     driver: dict[str, str] = {}
+    salt = ""
     for opt in filter(None, opts.split(":")):
         key, _, value = opt.partition("=")
         if key == "mig":
@@ -63,6 +65,8 @@ def build(spec: str):  # -> FakeNvml
             delivery = value
         elif key == "driver":
             driver["driver_version"] = value
+        elif key == "salt":
+            salt = value
         else:
             raise SystemExit(f"{ENV}: unknown option {opt!r}")
     if fixtures:
@@ -73,6 +77,10 @@ def build(spec: str):  # -> FakeNvml
         model or "H100", int(count_text or 8), init_error=init_error, event_delivery=delivery, **driver
     )
     for g in fake.gpus:
+        if salt:
+            from tests.fake_nvml import _det_uuid
+
+            g.uuid = _det_uuid("GPU", salt, g.name, g.index)
         for k in range(procs):
             pid = 100_000 + 100 * g.index + k
             g.processes.append(FakeProcess(pid, f"python3-{k}", sm_util=40 + k, mem_util=10 + k))
