@@ -5,18 +5,20 @@ Rules and reasons in full: docs/alerts.md, "Module notes", ``leader.py``.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from gpupipe.common.logs import fields
 from gpupipe.kafka import topics
 from gpupipe.kafka.admin import client_config, ensure_topics
+from gpupipe.lifecycle.startup import process_start_ms
 
 __all__ = ["LEASE_TOPIC", "LeaderElector", "ha_members"]
 
@@ -66,6 +68,9 @@ class LeaderElector:
                 bootstrap, [LEASE_TOPIC], prefix=prefix, specs={LEASE_TOPIC: _LEASE_SPEC}, extra=extra
             )
         self.instance = instance
+        #: Since when this group has been led: the earliest start of any of its leaders, kept in the
+        #: leader group's commit on the lease partition (see :meth:`_record_since`).
+        self.since_ms = process_start_ms()
         self.acquired = threading.Event()
         self.lost = threading.Event()
         self._stop = threading.Event()
@@ -112,8 +117,31 @@ class LeaderElector:
 
     def _assign(self, consumer: Any, parts: list[Any]) -> None:
         if parts and not self.acquired.is_set():
-            log.warning("leadership acquired", extra=fields(instance=self.instance, topic=self.topic))
+            self._record_since(consumer, parts[0])
+            log.warning(
+                "leadership acquired",
+                extra=fields(instance=self.instance, topic=self.topic, led_since_ms=self.since_ms),
+            )
             self.acquired.set()
+
+    def _record_since(self, consumer: Any, lease: Any) -> None:
+        """Learn since when the group has been led, recording this leader's start if it is earlier.
+
+        A new leader starts an input partition nobody has committed at that time, not at its own
+        start: an earlier leader may have died before it committed anything there, and what was
+        written since would otherwise be skipped. Unknown (no answer): this process's start."""
+        try:
+            (tp,) = consumer.committed([TopicPartition(lease.topic, lease.partition)], timeout=10)
+            known = json.loads(tp.metadata)["since_ms"] if tp.offset >= 0 and tp.metadata else None
+            if known is None or int(known) > self.since_ms:
+                mark = TopicPartition(
+                    lease.topic, lease.partition, 0, metadata=json.dumps({"since_ms": self.since_ms})
+                )
+                consumer.commit(offsets=[mark], asynchronous=False)
+            else:
+                self.since_ms = int(known)
+        except (KafkaException, ValueError, KeyError, TypeError) as exc:
+            log.warning("leader group start unknown", extra=fields(error=str(exc)))
 
     def _revoke(self, consumer: Any, parts: list[Any]) -> None:
         if parts and self.acquired.is_set():

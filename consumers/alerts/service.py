@@ -231,6 +231,8 @@ class AlertsService:
             extra=extra,
             from_beginning=opts.from_beginning,
             topic_prefix=opts.topic_prefix,
+            # An input partition no leader has committed starts where the group's first leader did.
+            start_ms=None if self.elector is None else self.elector.since_ms,
         )
 
     def routes(self) -> dict[str, Route]:

@@ -238,8 +238,16 @@ class ConsumeLoop:
         except Exception as exc:  # broker trouble: the default (latest) is the fallback
             log.warning("start offsets unknown, starting at the end", extra=fields(error=str(exc)))
             return
-        if offsets is not None:
-            consumer.incremental_assign(offsets)
+        if offsets is None:
+            return
+        consumer.incremental_assign(offsets)
+        # The start position becomes the group's: an instance that takes the partitions over (an HA
+        # standby, a restart) resumes there, and a partition that stays quiet for days no longer
+        # starts again at the next instance's own start, which skipped what was written in between.
+        try:
+            consumer.commit(offsets=offsets, asynchronous=False)
+        except Exception as exc:  # the coordinator moved: the next instance starts at its own start
+            log.warning("start offsets not committed", extra=fields(error=str(exc)))
 
     def _revoke(self, consumer: Any, parts: list[TopicPartition]) -> None:
         tps = [(p.topic, p.partition) for p in parts]

@@ -2,10 +2,10 @@
 
 As the chart runs the HA pair (no ``--from-beginning``), a partition without a committed offset starts
 at the first record at or after the instance's own process start (gpupipe/kafka/group_start.py). An
-XID partition stays uncommitted until it carries a record, which on a healthy fleet can be for ever, so
-an instance started after the leader died skips every XID of the gap. Found by the staging drill
-(docs/staging.md); test_ha.py runs with ``--from-beginning`` and so does not see it. Strict xfail:
-the day it is fixed this test fails, and the mark goes.
+XID partition stayed uncommitted until it carried a record, which on a healthy fleet can be for ever,
+so an instance started after the leader died skipped every XID of the gap. Found by the staging drill
+(docs/staging.md); test_ha.py runs with ``--from-beginning`` and so did not see it. The start position
+is now committed when a fresh partition is assigned (consumers/plumbing/consume_loop.py).
 """
 
 from __future__ import annotations
@@ -52,13 +52,6 @@ def _role(port: int) -> str:
         return "down"
 
 
-class GapLost(AssertionError):
-    """The one failure the xfail mark expects: any other (no leader, no takeover) fails the test."""
-
-
-@pytest.mark.xfail(
-    strict=True, raises=GapLost, reason="an uncommitted XID partition starts at the new leader's start time"
-)
 def test_an_xid_written_while_no_instance_leads_is_alerted(
     kafka: str, topic_prefix: str, tmp_path: Path
 ) -> None:
@@ -74,10 +67,7 @@ def test_an_xid_written_while_no_instance_leads_is_alerted(
         wait_until(lambda: _role(port_b) == "leader", 60, "b taking over")
         reader = TopicReader(kafka, t[topics.ALERTS])
         try:
-            try:
-                wait_until(lambda: any(r["hostname"] == "node-a" for r in reader.poll()), 30, "the gap's XID")
-            except AssertionError as exc:
-                raise GapLost(str(exc)) from None
+            wait_until(lambda: any(r["hostname"] == "node-a" for r in reader.poll()), 30, "the gap's XID")
         finally:
             reader.close()
     finally:

@@ -68,6 +68,20 @@ class FakeLeaderConsumer:
     def close(self) -> None:
         self.closed = True
 
+    # The group's committed offsets (with their metadata), as the coordinator keeps them per group.
+    COMMITS: dict[tuple[str, str, int], TopicPartition] = {}
+
+    def committed(self, parts: list[TopicPartition], timeout: float = -1) -> list[TopicPartition]:
+        group = self.conf["group.id"]
+        return [
+            self.COMMITS.get((group, p.topic, p.partition), TopicPartition(p.topic, p.partition, -1001))
+            for p in parts
+        ]
+
+    def commit(self, offsets: list[TopicPartition], asynchronous: bool = True) -> None:
+        for p in offsets:
+            self.COMMITS[(self.conf["group.id"], p.topic, p.partition)] = p
+
 
 class Clock:
     def __init__(self) -> None:
@@ -102,6 +116,29 @@ def lead(e: LeaderElector, c: FakeLeaderConsumer) -> None:
     c.rebalance("assign", [TopicPartition(TOPIC, 0)])
     assert e.acquired.wait(5)
     assert e.is_leader and not e.fenced()
+
+
+def test_leaders_learn_since_when_the_group_is_led(
+    elector: tuple[LeaderElector, FakeLeaderConsumer, Clock], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A later leader starts the input partitions nobody committed where the first leader started
+    # (an XID written while no instance led is then read); the first leader records its start.
+    e, c, _ = elector
+    FakeLeaderConsumer.COMMITS.clear()
+    e.since_ms = 5_000
+    lead(e, c)
+    assert e.since_ms == 5_000
+    (mark,) = c.committed([TopicPartition(TOPIC, 0)])
+    assert mark.offset == 0 and mark.metadata == '{"since_ms": 5000}'
+    monkeypatch.setattr(leader_mod, "Consumer", FakeLeaderConsumer)
+    later = LeaderElector("127.0.0.1:1", prefix="t.", group_id="alerts", instance="b", create_topic=False)
+    later.since_ms = 9_000
+    try:
+        lead(later, later._consumer)  # type: ignore[arg-type]
+        assert later.since_ms == 5_000
+        assert c.committed([TopicPartition(TOPIC, 0)])[0].metadata == '{"since_ms": 5000}'
+    finally:
+        later.stop(5)
 
 
 @pytest.mark.parametrize("how", ["revoke", "lost"])
