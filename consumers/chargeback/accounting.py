@@ -8,7 +8,7 @@ shared GPUs and MIG: docs/inside-chargeback.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpupipe_consumers.chargeback.workloads import WorkloadKey, workload_keys
 from gpupipe_schemas.meaning import MIG_SHARED, UNALLOCATED, UNATTRIBUTED, activity_ratio, gpu_key
@@ -23,6 +23,19 @@ BACKWARDS = "backwards"
 def _unit(x: float) -> float:
     """``x`` clamped to [0, 1], NaN to 0 (``min``/``max`` would let NaN through into a bill)."""
     return min(x, 1.0) if x >= 0.0 else 0.0
+
+
+class SharedAllocations(list):  # type: ignore[type-arg]
+    """A sample's ``allocations`` that the decoder hands to every sample of a GPU whose identity
+    bytes repeat (sample_decode.py): never mutated, so what is derived from it alone (holders,
+    workload keys) is kept on it and derived once, not per sample."""
+
+    __slots__ = ("holders", "workloads")
+
+    def __init__(self, items: Any = ()) -> None:
+        super().__init__(items)
+        self.holders: dict[tuple[str, str], int] | None = None
+        self.workloads: dict[tuple[str, str], WorkloadKey] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,17 +69,18 @@ class AccountingConfig:
             raise ChargebackConfigError("max_plausible_power_w must be > 0")
 
 
-@dataclass(frozen=True, slots=True)
-class ReferenceSample:
-    """The reference sample of one GPU key: what the next sample's time and energy are measured from."""
+class ReferenceSample(NamedTuple):
+    """The reference sample of one GPU key: what the next sample's time and energy are measured from.
+
+    This and the other per-sample values below are named tuples: immutable like a frozen
+    dataclass, built several times per sample at a fraction of its cost."""
 
     ts_ms: int
     energy_mj: int | None
     offset: int
 
 
-@dataclass(frozen=True, slots=True)
-class Contribution:
+class Contribution(NamedTuple):
     """What one sample adds to one (namespace, pod) on its node and GPU model. Seconds are GPU-seconds."""
 
     namespace: str
@@ -85,8 +99,7 @@ class Contribution:
     workload: WorkloadKey | None = None  # owner, labels, HPC job, claim of the pod (workloads.py)
 
 
-@dataclass(frozen=True, slots=True)
-class Accounted:
+class Accounted(NamedTuple):
     """The outcome of accounting one sample."""
 
     key: str
@@ -124,8 +137,7 @@ def gpu_fraction(sample: dict[str, Any]) -> float:
     return 1.0
 
 
-@dataclass(frozen=True, slots=True)
-class Share:
+class Share(NamedTuple):
     """One party's part of a GPU's time in one sample, as fractions of that time."""
 
     namespace: str
@@ -139,8 +151,17 @@ class Share:
 
 def _holders(sample: dict[str, Any]) -> dict[tuple[str, str], int]:
     """(namespace, pod) -> allocation units: distinct replicas held, or 1 for a device without."""
+    allocs = sample.get("allocations")
+    if type(allocs) is SharedAllocations:
+        if allocs.holders is None:
+            allocs.holders = _count_holders(allocs)
+        return allocs.holders
+    return _count_holders(allocs)
+
+
+def _count_holders(allocs: list[dict[str, Any]] | None) -> dict[tuple[str, str], int]:
     replicas: dict[tuple[str, str], set[int]] = {}
-    for alloc in sample.get("allocations") or ():
+    for alloc in allocs or ():
         held = replicas.setdefault((alloc["namespace"], alloc["pod"]), set())
         if alloc.get("replica") is not None:
             held.add(int(alloc["replica"]))
@@ -238,10 +259,16 @@ def energy_counter(sample: dict[str, Any]) -> tuple[int | None, float]:
 
 
 def _energy_j(
-    sample: dict[str, Any], ref: ReferenceSample | None, status: str, dt_ms: int, cfg: AccountingConfig
+    sample: dict[str, Any],
+    ref: ReferenceSample | None,
+    status: str,
+    dt_ms: int,
+    cfg: AccountingConfig,
+    counter: tuple[int | None, float],
 ) -> tuple[float, float]:
-    """(energy in joules, the part of it estimated from power) for the accounted time."""
-    now, share = energy_counter(sample)
+    """(energy in joules, the part of it estimated from power) for the accounted time;
+    ``counter``: the sample's :func:`energy_counter`."""
+    now, share = counter
     if ref is not None and ref.energy_mj is not None and now is not None:
         delta_mj = (now - ref.energy_mj) * share
         if status == CONTINUED or (status == FIRST and sample["timestamp_ms"] > ref.ts_ms):
@@ -262,14 +289,21 @@ def _energy_j(
 
 
 def account(
-    sample: dict[str, Any], ref: ReferenceSample | None, offset: int, cfg: AccountingConfig
+    sample: dict[str, Any],
+    ref: ReferenceSample | None,
+    offset: int,
+    cfg: AccountingConfig,
+    key: str | None = None,
 ) -> Accounted:
-    """Account one sample against its GPU's reference (None: no usable reference)."""
-    key = gpu_key(sample)
+    """Account one sample against its GPU's reference (None: no usable reference); ``key``: its
+    :func:`gpu_key` when the caller has it already."""
+    if key is None:
+        key = gpu_key(sample)
     ts = int(sample["timestamp_ms"])
     interval = nominal_interval_ms(sample, cfg)
     cap = max_gap_ms(interval, cfg)
-    this_ref = ReferenceSample(ts, energy_counter(sample)[0], offset)
+    counter = energy_counter(sample)
+    this_ref = ReferenceSample(ts, counter[0], offset)
 
     depends_on: int | None = None
     new_ref: ReferenceSample | None = this_ref
@@ -293,7 +327,7 @@ def account(
     if status == DUPLICATE:
         return Accounted(key, status, 0, fraction, (), new_ref, depends_on)
 
-    energy_j, estimated_j = _energy_j(sample, ref, status, dt_ms, cfg)
+    energy_j, estimated_j = _energy_j(sample, ref, status, dt_ms, cfg, counter)
     node = sample["hostname"]
     model = sample["model_name"]
 
@@ -306,7 +340,13 @@ def account(
     is_mig = bool(sample.get("mig"))
     shares = pod_shares(sample, activity)
     shared = len(shares) > 1
-    workload = workload_keys(sample)
+    allocs = sample.get("allocations")
+    if type(allocs) is SharedAllocations:
+        if allocs.workloads is None:
+            allocs.workloads = workload_keys(sample)
+        workload = allocs.workloads
+    else:
+        workload = workload_keys(sample)
     out = []
     for share in shares:
         namespace, pod, weight = share.namespace, share.pod, share.weight
