@@ -36,7 +36,8 @@ from gpupipe_schemas.codec import AvroCodec
 T0 = 1_795_000_000_000
 NODES, GPUS, INTERVAL_MS = 10, 8, 10_000
 BATCH = 500
-BUDGET_US = 20.0
+BUDGET_US = 20.0  # issue 38: at most this per sample, on the 2-core dev machine (absolute)
+DECODE_SHARE = 6.0 / BUDGET_US  # target: the decoder (about 6 us) is this share of the path at budget
 
 
 class Msg:
@@ -166,7 +167,7 @@ def report(us: dict[str, float]) -> None:
     figure("chargeback_decode_us", us["decode"], "us/sample (the service's own decoder, same payloads)")
     figure("chargeback_loop_us", us["bare"], "us/sample (iterating the messages: the loop's floor)")
     figure("chargeback_path_samples_per_s", 1e6 / us["path"], "samples/s (one core, no Kafka)")
-    ratio_line("chargeback_path_vs_decode", us["decode"] / us["path"], 0.35)
+    ratio_line("chargeback_path_vs_decode", us["decode"] / us["path"], DECODE_SHARE)
     print("  # chargeback_path_budget: an absolute budget (20 us/sample), not a measured baseline")
     ratio_line("chargeback_path_budget", BUDGET_US / us["path"], 1.00)
 

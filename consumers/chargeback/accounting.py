@@ -297,12 +297,20 @@ def account(
 ) -> Accounted:
     """Account one sample against its GPU's reference (None: no usable reference); ``key``: its
     :func:`gpu_key` when the caller has it already."""
+    # nominal_interval_ms, max_gap_ms, gpu_fraction and energy_counter, inline (the same
+    # expressions): this runs for every sample, and the calls cost more than their work
+    get = sample.get
+    mig = get("mig")
     if key is None:
         key = gpu_key(sample)
     ts = int(sample["timestamp_ms"])
-    interval = nominal_interval_ms(sample, cfg)
-    cap = max_gap_ms(interval, cfg)
-    counter = energy_counter(sample)
+    interval = get("interval_ms")
+    if not interval or interval <= 0:
+        interval = cfg.default_interval_ms
+    interval = min(int(interval), cfg.max_gap_limit_ms)
+    cap = min(int(interval * cfg.max_gap_factor), cfg.max_gap_limit_ms)
+    own = get("total_energy_mj")
+    counter = (int(own), 1.0) if own is not None else energy_counter(sample)
     this_ref = ReferenceSample(ts, counter[0], offset)
 
     depends_on: int | None = None
@@ -323,7 +331,7 @@ def account(
         else:
             status, dt_ms, new_ref = BACKWARDS, interval, None
 
-    fraction = gpu_fraction(sample)
+    fraction = _unit(float(mig.get("slice_fraction") or 0.0)) if mig else 0.0 if get("mig_enabled") else 1.0
     if status == DUPLICATE:
         return Accounted(key, status, 0, fraction, (), new_ref, depends_on)
 
@@ -331,16 +339,16 @@ def account(
     node = sample["hostname"]
     model = sample["model_name"]
 
-    if fraction == 0.0 and sample.get("mig_enabled") and not sample.get("mig"):
+    if fraction == 0.0 and get("mig_enabled") and not mig:
         return _mig_parent(sample, key, status, dt_ms, energy_j, estimated_j, new_ref, depends_on)
 
     gpu_s = dt_ms / 1000.0 * fraction
     activity = activity_ratio(sample)
-    lost = bool(sample.get("gpu_lost"))
-    is_mig = bool(sample.get("mig"))
+    lost = bool(get("gpu_lost"))
+    is_mig = bool(mig)
     shares = pod_shares(sample, activity)
     shared = len(shares) > 1
-    allocs = sample.get("allocations")
+    allocs = get("allocations")
     if type(allocs) is SharedAllocations:
         if allocs.workloads is None:
             allocs.workloads = workload_keys(sample)
@@ -360,21 +368,21 @@ def account(
             idle_s = alloc_s if activity < cfg.idle_activity_threshold else 0.0
             unknown_s = 0.0
         out.append(
-            Contribution(
-                namespace=namespace,
-                pod=pod,
-                node=node,
-                gpu_model=model,
-                allocated_s=alloc_s,
-                used_s=used_s,
-                idle_s=idle_s,
-                unknown_s=unknown_s,
-                shared_s=alloc_s if shared else 0.0,
-                mig_s=alloc_s if is_mig else 0.0,
-                lost_s=alloc_s if lost else 0.0,
-                energy_j=energy_j * weight,
-                energy_estimated_j=estimated_j * weight,
-                workload=workload.get((namespace, pod)) if pod is not None else None,
+            Contribution(  # positional: faster than keywords, in Contribution's field order
+                namespace,
+                pod,
+                node,
+                model,
+                alloc_s,
+                used_s,
+                idle_s,
+                unknown_s,
+                alloc_s if shared else 0.0,  # shared_s
+                alloc_s if is_mig else 0.0,  # mig_s
+                alloc_s if lost else 0.0,  # lost_s
+                energy_j * weight,
+                estimated_j * weight,
+                workload.get((namespace, pod)) if pod is not None else None,
             )
         )
     return Accounted(key, status, dt_ms, fraction, tuple(out), new_ref, depends_on)

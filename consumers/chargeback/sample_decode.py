@@ -17,13 +17,13 @@ their structure and holds the billed readings to the contract's bounds; the inve
 decoded and checked once per distinct bytes. The identity's ``allocations`` is a
 :class:`~gpupipe_consumers.chargeback.accounting.SharedAllocations`: read-only and shared by those
 samples, so accounting derives holders and workloads from it once. Per sample, only the time and
-the fields decoded for it alone are left to check (:attr:`Sample.per_record`). Caches are bounded.
+the fields decoded for it alone are left to check (:attr:`Sample.check`). Caches are bounded.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpupipe_consumers.chargeback.accounting import SharedAllocations
@@ -37,43 +37,47 @@ from gpupipe_consumers.plumbing.avro_patterns import (
 from gpupipe_schemas import catalog
 from gpupipe_schemas.codec import SINGLE_OBJECT_MAGIC, AvroCodec, Decoded, Headers, schema_header
 from gpupipe_schemas.fastdecode import CORRUPT, CodeGen, SampleDecoder, compile_fields, writer_fields
-from gpupipe_schemas.validate import fields_violation, reading_range, violation
+from gpupipe_schemas.validate import fields_check, reading_range, violation
 
 __all__ = ["ChargebackDecoder", "Sample", "build_split_decoder", "sample_violation"]
 
 SplitFn = Callable[[bytes], dict[str, Any] | None]
+Check = Callable[[Mapping[str, Any], int | None, int], str | None]
 
 _NAME = "GpuSample"
 _KEY = (("hostname", "string"), ("gpu_index", "int"), ("uuid", "string"))
-_KEY_LAST = "mig"  # the key runs to this field when the schema has it (a MIG slice is its own key)
+#: Identities kept per key: a MIG GPU's slices share it (seven at most, and the parent), and each
+#: GPU's allocations change now and then (the current and the previous ones).
+_PER_KEY = 16
+_INT_MEMO = 256  # values kept per int reading
 _MIN_RUN = 8  # fewer pattern-checkable fields in a row: not worth a pattern
 
 
 class Sample:
-    """A decoded GpuSample (``name``, ``record`` as in :class:`Decoded`) and the fields of it that
-    were decoded for this record alone, which the contract check still has to see."""
+    """A decoded GpuSample (``name``, ``record`` as in :class:`Decoded`) and ``check``: the contract
+    check of the fields decoded for this record alone (its split decoder's ``per_record``)."""
 
-    __slots__ = ("per_record", "record")
+    __slots__ = ("check", "record")
     name = _NAME
     framing = "single-object"
 
-    def __init__(self, record: dict[str, Any], per_record: tuple[str, ...]) -> None:
+    def __init__(self, record: dict[str, Any], check: Check) -> None:
         self.record = record
-        self.per_record = per_record
+        self.check = check
 
 
 def sample_violation(d: Decoded | Sample, broker_ms: int | None, now_ms: int) -> str | None:
     """The contract's verdict on a decoded sample: the whole record's, or, for a :class:`Sample`,
     its per-record fields' (the rest was checked, and passed, when those bytes were first seen)."""
-    per = getattr(d, "per_record", None)
-    if per is None:
+    check = getattr(d, "check", None)
+    if check is None:
         return violation(_NAME, d.record, broker_ms, now_ms)
-    return fields_violation(_NAME, d.record, per, broker_ms, now_ms)
+    return check(d.record, broker_ms, now_ms)  # type: ignore[no-any-return]
 
 
 class _Cache:
-    """Identity bytes per GPU key (newest first, two of them: allocations change) and tail bytes,
-    each with its decoded fields; cleared when full."""
+    """Identity bytes per GPU key (newest first, :data:`_PER_KEY` of them) and tail bytes, each
+    with its decoded fields; cleared when full."""
 
     def __init__(self, max_keys: int, max_tails: int) -> None:
         self.spans: dict[bytes, list[tuple[bytes, dict[str, Any]]]] = {}
@@ -87,7 +91,7 @@ class _Cache:
                 self.spans.clear()
             entries = self.spans[key] = []
         entries.insert(0, (span, fields))
-        del entries[2:]
+        del entries[_PER_KEY:]
 
     def add_tail(self, tail: bytes, fields: dict[str, Any]) -> None:
         if len(self.tails) >= self.max_tails:
@@ -95,16 +99,15 @@ class _Cache:
         self.tails[tail] = fields
 
 
-def _layout(fields: Sequence[tuple[str, Any]]) -> tuple[int, int, int, int] | None:
-    """(end of the key, end of the identity, start and end of the readings run) as field indexes;
-    None when the schema does not have the layout this decoder relies on."""
+def _layout(fields: Sequence[tuple[str, Any]]) -> tuple[int, int, int] | None:
+    """(end of the identity, start and end of the readings run) as field indexes; None when the
+    schema does not have the layout this decoder relies on."""
     names = [n for n, _ in fields]
     if not fields or fields[0] != ("timestamp_ms", "long") or tuple(fields[1:4]) != _KEY:
         return None
     if "processes" not in names:
         return None
     span_end = names.index("processes")
-    key_end = names.index(_KEY_LAST) + 1 if _KEY_LAST in names[4:span_end] else 4
     best = (0, 0)
     i = span_end + 1
     while i < len(fields):
@@ -116,7 +119,7 @@ def _layout(fields: Sequence[tuple[str, Any]]) -> tuple[int, int, int, int] | No
         i = j + 1
     if best[1] - best[0] < _MIN_RUN:
         return None
-    return key_end, span_end, best[0], best[1]
+    return span_end, best[0], best[1]
 
 
 def _enforced(name: str, shape: Any) -> bool:
@@ -140,7 +143,7 @@ def build_split_decoder(
     layout = _layout(fields)
     if layout is None or not wanted <= {n for n, _ in fields}:
         return None
-    key_end, span_end, r0, r1 = layout
+    span_end, r0, r1 = layout
     run = list(fields[r0:r1])
     captured = [name for name, _ in run if name in wanted]
     group = {name: i for i, name in enumerate(captured)}
@@ -162,7 +165,7 @@ def build_split_decoder(
     gen.emit(1, "pos = 10")
     gen.read("long", 1, "ts")
     gen.emit(1, "p1 = pos")
-    for _, shape in fields[1:key_end]:
+    for _, shape in _KEY:  # host, GPU index, UUID
         gen.skip(shape, 1)
     gen.emit(1, "key = buf[p1:pos]")
     gen.emit(1, "ident = None")
@@ -195,10 +198,21 @@ def build_split_decoder(
     items += [f"{n!r}: {v}" for n, v in mid_vars.items()]
     if captured:
         gen.emit(1, "gs = m.groups()")
+    memos: dict[str, dict[bytes, int]] = {}
     for name in captured:
-        g = f"g{group[name]}"
-        gen.emit(1, f"{g} = gs[{group[name]}]")
-        items.append(f"{name!r}: None if {g} is None else {convert_expr(types[name], g)}")
+        k = group[name]
+        g, v = f"g{k}", f"v{k}"
+        gen.emit(1, f"{g} = gs[{k}]")
+        if types[name] != "int":
+            items.append(f"{name!r}: None if {g} is None else {convert_expr(types[name], g)}")
+            continue
+        # an int reading (the interval, replicas) takes few values: its bytes' value is kept
+        memos[f"_m{k}"] = {}
+        gen.emit(1, f"{v} = None if {g} is None else _m{k}.get({g})")
+        gen.emit(1, f"if {v} is None and {g} is not None:")
+        gen.emit(2, f"{v} = {convert_expr('int', g)}")
+        gen.emit(2, f"if len(_m{k}) < {_INT_MEMO}: _m{k}[{g}] = {v}")
+        items.append(f"{name!r}: {v}")
     gen.emit(1, f"return {{**ident, **tv, {', '.join(items)}}}")
     env = {
         **CONVERT_ENV,
@@ -210,6 +224,7 @@ def build_split_decoder(
         "_add_tail": cache.add_tail,
         "_tail": tail_fn,
         "_Shared": SharedAllocations,
+        **memos,
         # the bounds of a cached piece alone (no time: a piece has no timestamp)
         "_bad": lambda piece: violation(_NAME, piece, None, 0),
     }
@@ -220,6 +235,7 @@ def build_split_decoder(
     loose = [n for n, shape in run if n in group and not _enforced(n, shape)]
     per_record = [n for n in ("timestamp_ms", *mid_vars, *loose) if n in wanted]
     fn.per_record = tuple(dict.fromkeys(per_record))  # type: ignore[attr-defined]
+    fn.check = fields_check(_NAME, fn.per_record)  # type: ignore[attr-defined]
     return fn  # type: ignore[no-any-return]
 
 
@@ -251,5 +267,5 @@ class ChargebackDecoder:
             except CORRUPT:
                 rec = None  # the whole-record path decodes it or says why not
             if rec is not None:
-                return Sample(rec, split.per_record)  # type: ignore[attr-defined]
+                return Sample(rec, split.check)  # type: ignore[attr-defined]
         return self.samples.decode(payload)
