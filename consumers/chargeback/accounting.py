@@ -116,6 +116,11 @@ class Accounted(NamedTuple):
         return self.dt_ms / 1000.0 * self.fraction
 
 
+#: ``_new(Cls, (fields...))`` builds a named tuple in C, without its generated Python ``__new__``:
+#: used where account() builds them for every sample (the values in field order, as there).
+_new = tuple.__new__
+
+
 def nominal_interval_ms(sample: dict[str, Any], cfg: AccountingConfig) -> int:
     interval = sample.get("interval_ms")
     if not interval or interval <= 0:
@@ -222,7 +227,7 @@ def pod_shares(sample: dict[str, Any], activity: float | None = None) -> list[Sh
     if len(units) == 1 and capacity == held:
         # Exclusive: whatever runs on the GPU runs on the holder's allocation.
         ((ns, pod),) = units
-        return [Share(ns, pod, 1.0)]
+        return [_new(Share, (ns, pod, 1.0, None))]  # the common case: built in C
     measured = _measured_use(sample, activity)
     if measured is None:
         # Nothing measures who used it: all of it by allocation.
@@ -311,7 +316,7 @@ def account(
     cap = min(int(interval * cfg.max_gap_factor), cfg.max_gap_limit_ms)
     own = get("total_energy_mj")
     counter = (int(own), 1.0) if own is not None else energy_counter(sample)
-    this_ref = ReferenceSample(ts, counter[0], offset)
+    this_ref = _new(ReferenceSample, (ts, counter[0], offset))
 
     depends_on: int | None = None
     new_ref: ReferenceSample | None = this_ref
@@ -368,24 +373,27 @@ def account(
             idle_s = alloc_s if activity < cfg.idle_activity_threshold else 0.0
             unknown_s = 0.0
         out.append(
-            Contribution(  # positional: faster than keywords, in Contribution's field order
-                namespace,
-                pod,
-                node,
-                model,
-                alloc_s,
-                used_s,
-                idle_s,
-                unknown_s,
-                alloc_s if shared else 0.0,  # shared_s
-                alloc_s if is_mig else 0.0,  # mig_s
-                alloc_s if lost else 0.0,  # lost_s
-                energy_j * weight,
-                estimated_j * weight,
-                workload.get((namespace, pod)) if pod is not None else None,
+            _new(
+                Contribution,
+                (  # in Contribution's field order
+                    namespace,
+                    pod,
+                    node,
+                    model,
+                    alloc_s,
+                    used_s,
+                    idle_s,
+                    unknown_s,
+                    alloc_s if shared else 0.0,  # shared_s
+                    alloc_s if is_mig else 0.0,  # mig_s
+                    alloc_s if lost else 0.0,  # lost_s
+                    energy_j * weight,
+                    estimated_j * weight,
+                    workload.get((namespace, pod)) if pod is not None else None,
+                ),
             )
         )
-    return Accounted(key, status, dt_ms, fraction, tuple(out), new_ref, depends_on)
+    return _new(Accounted, (key, status, dt_ms, fraction, tuple(out), new_ref, depends_on))
 
 
 def _mig_parent(
