@@ -472,7 +472,11 @@ class ChargebackService:
                         extra=fields(topic=msg.topic()),
                     )
                 record_ts = None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts
-                bad = sample_violation(d, record_ts, now_ms)
+                check = getattr(d, "check", None)  # a Sample's per-record check (sample_decode.py)
+                if check is None:
+                    bad = sample_violation(d, record_ts, now_ms)
+                else:
+                    bad = check(d.record, record_ts, now_ms)
                 if bad is not None:  # e.g. dated -2**63: its window would not encode, for ever
                     raise DecodeError("out-of-range", bad)
                 if node_check is not None:

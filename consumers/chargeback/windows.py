@@ -283,11 +283,16 @@ class WindowEngine:
         res = account(sample, ref, offset, self.accounting, key)
         if res.new_ref is not None:
             p.gpus[key] = res.new_ref
-        self.stats["samples"] += 1
-        self.stats[res.status] += 1
+        stats = self.stats
+        stats["samples"] += 1
+        stats[res.status] += 1
 
-        start = ts - ts % self.window_ms
-        if self._is_closed(p, start):
+        window_ms = self.window_ms
+        start = ts - ts % window_ms
+        end = start + window_ms  # _is_closed(p, start), inline: this runs for every sample
+        if (p.flushed_end is not None and end <= p.flushed_end) or (
+            p.watermark is not None and end + self.grace_ms <= p.watermark
+        ):
             if replaying and (
                 p.late_from is None
                 or offset < p.late_from
