@@ -8,7 +8,7 @@ shared GPUs and MIG: docs/inside-chargeback.md.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpupipe_consumers.chargeback.workloads import WorkloadKey, workload_keys
 from gpupipe_schemas.meaning import MIG_SHARED, UNALLOCATED, UNATTRIBUTED, activity_ratio, gpu_key
@@ -23,6 +23,19 @@ BACKWARDS = "backwards"
 def _unit(x: float) -> float:
     """``x`` clamped to [0, 1], NaN to 0 (``min``/``max`` would let NaN through into a bill)."""
     return min(x, 1.0) if x >= 0.0 else 0.0
+
+
+class SharedAllocations(list):  # type: ignore[type-arg]
+    """A sample's ``allocations`` that the decoder hands to every sample of a GPU whose identity
+    bytes repeat (sample_decode.py): never mutated, so what is derived from it alone (holders,
+    workload keys) is kept on it and derived once, not per sample."""
+
+    __slots__ = ("holders", "workloads")
+
+    def __init__(self, items: Any = ()) -> None:
+        super().__init__(items)
+        self.holders: dict[tuple[str, str], int] | None = None
+        self.workloads: dict[tuple[str, str], WorkloadKey] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,17 +69,18 @@ class AccountingConfig:
             raise ChargebackConfigError("max_plausible_power_w must be > 0")
 
 
-@dataclass(frozen=True, slots=True)
-class ReferenceSample:
-    """The reference sample of one GPU key: what the next sample's time and energy are measured from."""
+class ReferenceSample(NamedTuple):
+    """The reference sample of one GPU key: what the next sample's time and energy are measured from.
+
+    This and the other per-sample values below are named tuples: immutable like a frozen
+    dataclass, built several times per sample at a fraction of its cost."""
 
     ts_ms: int
     energy_mj: int | None
     offset: int
 
 
-@dataclass(frozen=True, slots=True)
-class Contribution:
+class Contribution(NamedTuple):
     """What one sample adds to one (namespace, pod) on its node and GPU model. Seconds are GPU-seconds."""
 
     namespace: str
@@ -85,8 +99,7 @@ class Contribution:
     workload: WorkloadKey | None = None  # owner, labels, HPC job, claim of the pod (workloads.py)
 
 
-@dataclass(frozen=True, slots=True)
-class Accounted:
+class Accounted(NamedTuple):
     """The outcome of accounting one sample."""
 
     key: str
@@ -101,6 +114,11 @@ class Accounted:
     def observed_gpu_s(self) -> float:
         """GPU-seconds observed: accounted time x fraction (what the namespaces' shares add up to)."""
         return self.dt_ms / 1000.0 * self.fraction
+
+
+#: ``_new(Cls, (fields...))`` builds a named tuple in C, without its generated Python ``__new__``:
+#: used where account() builds them for every sample (the values in field order, as there).
+_new = tuple.__new__
 
 
 def nominal_interval_ms(sample: dict[str, Any], cfg: AccountingConfig) -> int:
@@ -124,8 +142,7 @@ def gpu_fraction(sample: dict[str, Any]) -> float:
     return 1.0
 
 
-@dataclass(frozen=True, slots=True)
-class Share:
+class Share(NamedTuple):
     """One party's part of a GPU's time in one sample, as fractions of that time."""
 
     namespace: str
@@ -139,8 +156,17 @@ class Share:
 
 def _holders(sample: dict[str, Any]) -> dict[tuple[str, str], int]:
     """(namespace, pod) -> allocation units: distinct replicas held, or 1 for a device without."""
+    allocs = sample.get("allocations")
+    if type(allocs) is SharedAllocations:
+        if allocs.holders is None:
+            allocs.holders = _count_holders(allocs)
+        return allocs.holders
+    return _count_holders(allocs)
+
+
+def _count_holders(allocs: list[dict[str, Any]] | None) -> dict[tuple[str, str], int]:
     replicas: dict[tuple[str, str], set[int]] = {}
-    for alloc in sample.get("allocations") or ():
+    for alloc in allocs or ():
         held = replicas.setdefault((alloc["namespace"], alloc["pod"]), set())
         if alloc.get("replica") is not None:
             held.add(int(alloc["replica"]))
@@ -201,7 +227,7 @@ def pod_shares(sample: dict[str, Any], activity: float | None = None) -> list[Sh
     if len(units) == 1 and capacity == held:
         # Exclusive: whatever runs on the GPU runs on the holder's allocation.
         ((ns, pod),) = units
-        return [Share(ns, pod, 1.0)]
+        return [_new(Share, (ns, pod, 1.0, None))]  # the common case: built in C
     measured = _measured_use(sample, activity)
     if measured is None:
         # Nothing measures who used it: all of it by allocation.
@@ -238,10 +264,16 @@ def energy_counter(sample: dict[str, Any]) -> tuple[int | None, float]:
 
 
 def _energy_j(
-    sample: dict[str, Any], ref: ReferenceSample | None, status: str, dt_ms: int, cfg: AccountingConfig
+    sample: dict[str, Any],
+    ref: ReferenceSample | None,
+    status: str,
+    dt_ms: int,
+    cfg: AccountingConfig,
+    counter: tuple[int | None, float],
 ) -> tuple[float, float]:
-    """(energy in joules, the part of it estimated from power) for the accounted time."""
-    now, share = energy_counter(sample)
+    """(energy in joules, the part of it estimated from power) for the accounted time;
+    ``counter``: the sample's :func:`energy_counter`."""
+    now, share = counter
     if ref is not None and ref.energy_mj is not None and now is not None:
         delta_mj = (now - ref.energy_mj) * share
         if status == CONTINUED or (status == FIRST and sample["timestamp_ms"] > ref.ts_ms):
@@ -262,14 +294,29 @@ def _energy_j(
 
 
 def account(
-    sample: dict[str, Any], ref: ReferenceSample | None, offset: int, cfg: AccountingConfig
+    sample: dict[str, Any],
+    ref: ReferenceSample | None,
+    offset: int,
+    cfg: AccountingConfig,
+    key: str | None = None,
 ) -> Accounted:
-    """Account one sample against its GPU's reference (None: no usable reference)."""
-    key = gpu_key(sample)
+    """Account one sample against its GPU's reference (None: no usable reference); ``key``: its
+    :func:`gpu_key` when the caller has it already."""
+    # nominal_interval_ms, max_gap_ms, gpu_fraction and energy_counter, inline (the same
+    # expressions): this runs for every sample, and the calls cost more than their work
+    get = sample.get
+    mig = get("mig")
+    if key is None:
+        key = gpu_key(sample)
     ts = int(sample["timestamp_ms"])
-    interval = nominal_interval_ms(sample, cfg)
-    cap = max_gap_ms(interval, cfg)
-    this_ref = ReferenceSample(ts, energy_counter(sample)[0], offset)
+    interval = get("interval_ms")
+    if not interval or interval <= 0:
+        interval = cfg.default_interval_ms
+    interval = min(int(interval), cfg.max_gap_limit_ms)
+    cap = min(int(interval * cfg.max_gap_factor), cfg.max_gap_limit_ms)
+    own = get("total_energy_mj")
+    counter = (int(own), 1.0) if own is not None else energy_counter(sample)
+    this_ref = _new(ReferenceSample, (ts, counter[0], offset))
 
     depends_on: int | None = None
     new_ref: ReferenceSample | None = this_ref
@@ -289,24 +336,30 @@ def account(
         else:
             status, dt_ms, new_ref = BACKWARDS, interval, None
 
-    fraction = gpu_fraction(sample)
+    fraction = _unit(float(mig.get("slice_fraction") or 0.0)) if mig else 0.0 if get("mig_enabled") else 1.0
     if status == DUPLICATE:
         return Accounted(key, status, 0, fraction, (), new_ref, depends_on)
 
-    energy_j, estimated_j = _energy_j(sample, ref, status, dt_ms, cfg)
+    energy_j, estimated_j = _energy_j(sample, ref, status, dt_ms, cfg, counter)
     node = sample["hostname"]
     model = sample["model_name"]
 
-    if fraction == 0.0 and sample.get("mig_enabled") and not sample.get("mig"):
+    if fraction == 0.0 and get("mig_enabled") and not mig:
         return _mig_parent(sample, key, status, dt_ms, energy_j, estimated_j, new_ref, depends_on)
 
     gpu_s = dt_ms / 1000.0 * fraction
     activity = activity_ratio(sample)
-    lost = bool(sample.get("gpu_lost"))
-    is_mig = bool(sample.get("mig"))
+    lost = bool(get("gpu_lost"))
+    is_mig = bool(mig)
     shares = pod_shares(sample, activity)
     shared = len(shares) > 1
-    workload = workload_keys(sample)
+    allocs = get("allocations")
+    if type(allocs) is SharedAllocations:
+        if allocs.workloads is None:
+            allocs.workloads = workload_keys(sample)
+        workload = allocs.workloads
+    else:
+        workload = workload_keys(sample)
     out = []
     for share in shares:
         namespace, pod, weight = share.namespace, share.pod, share.weight
@@ -320,24 +373,27 @@ def account(
             idle_s = alloc_s if activity < cfg.idle_activity_threshold else 0.0
             unknown_s = 0.0
         out.append(
-            Contribution(
-                namespace=namespace,
-                pod=pod,
-                node=node,
-                gpu_model=model,
-                allocated_s=alloc_s,
-                used_s=used_s,
-                idle_s=idle_s,
-                unknown_s=unknown_s,
-                shared_s=alloc_s if shared else 0.0,
-                mig_s=alloc_s if is_mig else 0.0,
-                lost_s=alloc_s if lost else 0.0,
-                energy_j=energy_j * weight,
-                energy_estimated_j=estimated_j * weight,
-                workload=workload.get((namespace, pod)) if pod is not None else None,
+            _new(
+                Contribution,
+                (  # in Contribution's field order
+                    namespace,
+                    pod,
+                    node,
+                    model,
+                    alloc_s,
+                    used_s,
+                    idle_s,
+                    unknown_s,
+                    alloc_s if shared else 0.0,  # shared_s
+                    alloc_s if is_mig else 0.0,  # mig_s
+                    alloc_s if lost else 0.0,  # lost_s
+                    energy_j * weight,
+                    estimated_j * weight,
+                    workload.get((namespace, pod)) if pod is not None else None,
+                ),
             )
         )
-    return Accounted(key, status, dt_ms, fraction, tuple(out), new_ref, depends_on)
+    return _new(Accounted, (key, status, dt_ms, fraction, tuple(out), new_ref, depends_on))
 
 
 def _mig_parent(

@@ -48,6 +48,7 @@ from gpupipe_consumers.chargeback.progress import ProgressPublisher
 from gpupipe_consumers.chargeback.prom_counters import WindowCounters
 from gpupipe_consumers.chargeback.rebalance import PartitionOwnership
 from gpupipe_consumers.chargeback.sample_age import TOO_OLD, too_old
+from gpupipe_consumers.chargeback.sample_decode import ChargebackDecoder, Sample, sample_violation
 from gpupipe_consumers.chargeback.service_config import OP_TIMEOUT_S as _OP_TIMEOUT_S
 from gpupipe_consumers.chargeback.service_config import ChargebackMetrics, ServiceConfig, output_key
 from gpupipe_consumers.chargeback.settings import ChargebackSettings, build_engine, projected_sample_schema
@@ -57,8 +58,6 @@ from gpupipe_consumers.plumbing.deadletter import deadletter_message
 from gpupipe_schemas import catalog
 from gpupipe_schemas.codec import AvroCodec, Decoded, Headers, codec_from_url
 from gpupipe_schemas.errors import DecodeError
-from gpupipe_schemas.fastdecode import SampleDecoder
-from gpupipe_schemas.validate import violation
 
 log = logging.getLogger("gpupipe.chargeback")
 
@@ -88,7 +87,7 @@ class ChargebackService:
         codec: AvroCodec,
         registry: CollectorRegistry | None = None,
         *,
-        decode: Callable[[bytes | None, Headers], Decoded] | None = None,
+        decode: Callable[[bytes | None, Headers], Decoded | Sample] | None = None,
         consumer_factory: Callable[[dict[str, Any]], Any] = _default_consumer,
         producer_factory: Callable[[dict[str, Any]], Any] = _default_producer,
         admin_factory: Callable[[dict[str, Any]], Any] | None = None,
@@ -100,7 +99,9 @@ class ChargebackService:
         self.cfg = cfg
         self.engine = engine
         self.codec = codec
-        self.decode = decode if decode is not None else codec.decode
+        self.decode: Callable[[bytes | None, Headers], Decoded | Sample] = (
+            decode if decode is not None else codec.decode
+        )
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = ChargebackMetrics(self.registry)
         self.window_counters = WindowCounters(self.registry, engine.prices.currency)
@@ -441,6 +442,7 @@ class ChargebackService:
         held, hold_at, newly_held = self.holds.held, self.prices_agreement.hold_at, []
         now_ms = int(time.time() * 1000)
         node_check = self.node_check
+        saw_broker_time, max_age_ms = self.idle.saw_broker_time, self.cfg.max_sample_age_ms
         for msg in msgs:
             err = msg.error()
             if err is not None:
@@ -460,7 +462,7 @@ class ChargebackService:
                     raise DecodeError("unexpected-record-type", f"{d.name} on the samples topic")
                 ts_type, ts = msg.timestamp()
                 if ts_type == TIMESTAMP_LOG_APPEND_TIME:
-                    self.idle.saw_broker_time(ts)
+                    saw_broker_time(ts)
                 elif ts_type == TIMESTAMP_CREATE_TIME and not self.warned_create_time:
                     self.warned_create_time = True
                     log.warning(
@@ -470,7 +472,11 @@ class ChargebackService:
                         extra=fields(topic=msg.topic()),
                     )
                 record_ts = None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts
-                bad = violation(_SAMPLE, d.record, record_ts, now_ms)
+                check = getattr(d, "check", None)  # a Sample's per-record check (sample_decode.py)
+                if check is None:
+                    bad = sample_violation(d, record_ts, now_ms)
+                else:
+                    bad = check(d.record, record_ts, now_ms)
                 if bad is not None:  # e.g. dated -2**63: its window would not encode, for ever
                     raise DecodeError("out-of-range", bad)
                 if node_check is not None:
@@ -479,12 +485,12 @@ class ChargebackService:
                         raise DecodeError(NODE_IDENTITY, refused)
                 # Its period may be invoiced already: billed only within the bound (sample_age.py).
                 arrived = now_ms if record_ts is None else record_ts
-                old = too_old(int(d.record["timestamp_ms"]), arrived, self.cfg.max_sample_age_ms)
-                if old is not None:
-                    raise DecodeError(TOO_OLD, old)
-                if hold_at is not None and (
-                    engine.event_time(int(d.record["timestamp_ms"]), record_ts) >= hold_at
-                ):
+                sample_ts = int(d.record["timestamp_ms"])
+                if arrived - sample_ts > max_age_ms:  # too_old's bound, its detail only when over
+                    old = too_old(sample_ts, arrived, max_age_ms)
+                    if old is not None:
+                        raise DecodeError(TOO_OLD, old)
+                if hold_at is not None and engine.event_time(sample_ts, record_ts) >= hold_at:
                     held[part] = off  # it would close a window the instances price differently
                     newly_held.append(part)
                     n -= 1
@@ -691,10 +697,15 @@ def build(
         cfg,
         engine,
         codec,
-        decode=SampleDecoder(codec, projected).decode,
+        decode=sample_decoder(codec),
         node_check=None if identity is None else identity.check(SERVICE, ("GpuSample",)),
         admin_factory=AdminClient,  # publishes true positions to <group>.progress (lag tooling)
     )
+
+
+def sample_decoder(codec: AvroCodec) -> Callable[[bytes | None, Headers], Decoded | Sample]:
+    """The service's decoder: only the GpuSample fields chargeback reads (sample_decode.py)."""
+    return ChargebackDecoder(codec, projected_sample_schema(catalog.current("GpuSample").raw)).decode
 
 
 def check_topics(bootstrap: str, names: list[str], extra: dict[str, str]) -> None:
@@ -711,4 +722,5 @@ __all__ = [
     "ServiceConfig",
     "build",
     "check_topics",
+    "sample_decoder",
 ]

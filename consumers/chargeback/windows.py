@@ -249,7 +249,10 @@ class WindowEngine:
         if p.next_offset is None or offset >= p.next_offset:
             p.next_offset = offset + 1
         replaying = p.replay_until is not None and offset < p.replay_until
-        ts = self.event_time(int(sample["timestamp_ms"]), record_ts_ms)
+        ts = int(sample["timestamp_ms"])
+        skew = self.max_clock_skew_ms  # event_time(), inline: this runs for every sample
+        if record_ts_ms is not None and skew is not None and ts > record_ts_ms + skew:
+            ts = int(record_ts_ms)
         if ts != sample["timestamp_ms"]:
             self.stats["clock_ahead"] += 1
             sample = {**sample, "timestamp_ms": ts}
@@ -261,7 +264,11 @@ class WindowEngine:
         read_at = p.watermark
         if replaying and p.late_from is not None and offset >= p.late_from and p.late_wm is not None:
             p.late_wm = read_at = max(p.late_wm, ts)
-        p.late.before(offset, record_ts_ms, read_at)
+        late = p.late
+        if late.start is not None:
+            late.before(offset, record_ts_ms, read_at)
+        elif record_ts_ms is not None:  # what before() does without a pending run
+            late.last_ts = record_ts_ms
 
         key = gpu_key(sample)
         ref = p.gpus.get(key)
@@ -271,16 +278,21 @@ class WindowEngine:
                 f"GPU {key[:80]!r} is new and {self.max_gpus} GPUs are held (--max-gpus): dead-lettered, "
                 "not billed"
             )
-        if ref is not None and self._is_stale(ref, read_at):
-            ref = None
-        res = account(sample, ref, offset, self.accounting)
+        if ref is not None and read_at is not None and ref.ts_ms + self._stale_margin < read_at:
+            ref = None  # stale (_is_stale)
+        res = account(sample, ref, offset, self.accounting, key)
         if res.new_ref is not None:
             p.gpus[key] = res.new_ref
-        self.stats["samples"] += 1
-        self.stats[res.status] += 1
+        stats = self.stats
+        stats["samples"] += 1
+        stats[res.status] += 1
 
-        start = ts - ts % self.window_ms
-        if self._is_closed(p, start):
+        window_ms = self.window_ms
+        start = ts - ts % window_ms
+        end = start + window_ms  # _is_closed(p, start), inline: this runs for every sample
+        if (p.flushed_end is not None and end <= p.flushed_end) or (
+            p.watermark is not None and end + self.grace_ms <= p.watermark
+        ):
             if replaying and (
                 p.late_from is None
                 or offset < p.late_from

@@ -15,8 +15,9 @@ import pytest
 
 from gpupipe_consumers.metrics.collectors_csv import all_counters
 from gpupipe_consumers.metrics.decode import MetricsDecoder
-from gpupipe_consumers.metrics.readings import PENDING, bounded_body
+from gpupipe_consumers.metrics.readings import PENDING
 from gpupipe_consumers.metrics.store import SeriesStore
+from gpupipe_consumers.plumbing.avro_patterns import bounded_body
 from gpupipe_schemas.codec import AvroCodec
 from gpupipe_schemas.validate import POWER_MAX_W, reading_max, reading_range, violation
 from tests.unit.consumers.metrics.test_store import T_MS, blank
