@@ -46,6 +46,11 @@ from gpupipe_schemas.validate import violation
 
 log = logging.getLogger("gpupipe.metrics")
 
+#: A replica that dies (SIGKILL, OOM, a lost node) holds its partitions until its session times out,
+#: and its GPUs go unserved meanwhile: Kafka's default of 45 s is three missed scrapes at 15 s. Ten
+#: seconds (Kafka's own default before 3.0) bounds that gap; --kafka-config overrides either key.
+GROUP_TIMEOUTS = {"session.timeout.ms": "10000", "heartbeat.interval.ms": "2000"}
+
 SERVICE = "metrics"
 
 
@@ -575,7 +580,7 @@ class MetricsService:
             deadletter_topic=self.deadletter_topic,
             service=SERVICE,
             registry=self.registry,
-            extra=cfg.extra,
+            extra={**GROUP_TIMEOUTS, **(cfg.extra or {})},
             from_beginning=cfg.from_beginning,
             topic_prefix=cfg.topic_prefix,
             # consume() waits for a full batch or this timeout: keep it short, a sample's value

@@ -43,6 +43,11 @@ _DENIED = (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION
 _NODE_RECORDS = frozenset({"GpuSample", "XidEvent"})
 
 
+#: Consumer-group settings a service may add to --kafka-config for its consumer; the dead-letter
+#: producer gets the rest (librdkafka warns of a consumer property given to a producer).
+_GROUP_ONLY = frozenset({"session.timeout.ms", "heartbeat.interval.ms"})
+
+
 @dataclass(frozen=True, slots=True)
 class InRecord:
     """A decoded input record with where it came from."""
@@ -195,7 +200,13 @@ class ConsumeLoop:
         self.group_id = group_id
         self._principal = principal_of(conf)
         self.deadletters = DeadLetterWriter(
-            Producer(client_config(bootstrap, extra, **{"enable.idempotence": True, "linger.ms": 20})),
+            Producer(
+                client_config(
+                    bootstrap,
+                    {k: v for k, v in (extra or {}).items() if k not in _GROUP_ONLY},
+                    **{"enable.idempotence": True, "linger.ms": 20},
+                )
+            ),
             deadletter_topic,
             service,
             on_written=lambda topic, _reason: self.metrics.dead_letters.labels(topic).inc(),
