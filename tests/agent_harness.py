@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -164,3 +164,21 @@ def running_agent(
     finally:
         stop.set()
         thread.join(20)
+
+
+def await_at_end_of(pid: int, path: Path, timeout: float = 30.0) -> None:
+    """Wait until process ``pid`` holds ``path`` open at its end: a kernel-log follower has seeked
+    there, so a line written now is read (one written before that seek never is)."""
+    target, size = os.path.realpath(path), path.stat().st_size
+
+    def at_end() -> bool:
+        fds = Path(f"/proc/{pid}/fd")
+        for fd in fds.iterdir() if fds.exists() else ():
+            with suppress(OSError):
+                if os.readlink(fd) == target:
+                    pos = (Path(f"/proc/{pid}/fdinfo") / fd.name).read_text().split()[1]
+                    if int(pos) >= size:
+                        return True
+        return False
+
+    wait_for(at_end, timeout, f"pid {pid} reading {path} from its end")

@@ -129,19 +129,24 @@ class LeaderElector:
 
         A new leader starts an input partition nobody has committed at that time, not at its own
         start: an earlier leader may have died before it committed anything there, and what was
-        written since would otherwise be skipped. Unknown (no answer): this process's start."""
+        written since would otherwise be skipped. Unknown (no answer): this process's start. Bounded
+        well under the lease: this runs inside poll(), whose length the lease check measures."""
         try:
-            (tp,) = consumer.committed([TopicPartition(lease.topic, lease.partition)], timeout=10)
+            wait_s = max(0.1, min(2.0, self.lease_s / 3))
+            (tp,) = consumer.committed([TopicPartition(lease.topic, lease.partition)], timeout=wait_s)
+            if tp.error is not None:  # not "no mark": writing ours would move the group's later
+                raise KafkaException(tp.error)
             known = json.loads(tp.metadata)["since_ms"] if tp.offset >= 0 and tp.metadata else None
             if known is None or int(known) > self.since_ms:
                 mark = TopicPartition(
                     lease.topic, lease.partition, 0, metadata=json.dumps({"since_ms": self.since_ms})
                 )
-                consumer.commit(offsets=[mark], asynchronous=False)
+                consumer.commit(offsets=[mark], asynchronous=True)  # sent by the next poll
             else:
                 self.since_ms = int(known)
         except (KafkaException, ValueError, KeyError, TypeError) as exc:
             log.warning("leader group start unknown", extra=fields(error=str(exc)))
+        self._polled_at = self._clock()  # the broker answered meanwhile: no pause to count
 
     def _revoke(self, consumer: Any, parts: list[Any]) -> None:
         if parts and self.acquired.is_set():
@@ -157,13 +162,12 @@ class LeaderElector:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            began = self._clock()
-            self._polled_at = began  # stamped before: a pause inside poll() leaves it old
+            self._polled_at = self._clock()  # stamped before: a pause inside poll() leaves it old
             try:
                 self._consumer.poll(0.2)  # serves the rebalance callbacks; nobody writes the topic
             except KafkaException as exc:
                 log.warning("leader group poll failed", extra=fields(error=str(exc)))
-            if self.acquired.is_set() and self._clock() - began > self.lease_s:
+            if self.acquired.is_set() and self._clock() - self._polled_at > self.lease_s:
                 self._lose("lease expired: one poll of the leader group outlasted the session timeout")
         try:
             self._consumer.close()  # leaves the group: a standby takes over without waiting

@@ -20,6 +20,7 @@ from gpupipe.common.logs import fields
 from gpupipe.domain import node_check
 from gpupipe.kafka import ready, topics
 from gpupipe.lifecycle.runner import Lifecycle
+from gpupipe.lifecycle.startup import process_start_ms
 from gpupipe.web.server import Route, registry_route
 from gpupipe_consumers.alerts.admission import DeviceAdmission
 from gpupipe_consumers.alerts.alerts_page import AlertsPage
@@ -231,8 +232,11 @@ class AlertsService:
             extra=extra,
             from_beginning=opts.from_beginning,
             topic_prefix=opts.topic_prefix,
-            # An input partition no leader has committed starts where the group's first leader did.
-            start_ms=None if self.elector is None else self.elector.since_ms,
+            # An input partition no leader has committed starts where the group's first leader did,
+            # at most --restore-lookback back (what the restore can tell already alerted).
+            start_ms=None
+            if self.elector is None
+            else max(self.elector.since_ms, process_start_ms() - opts.restore_lookback_ms),
         )
 
     def routes(self) -> dict[str, Route]:

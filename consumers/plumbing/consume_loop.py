@@ -28,7 +28,7 @@ from gpupipe.domain.node_check import NodeCheck
 from gpupipe.kafka import topics as gpupipe_topics
 from gpupipe.kafka.admin import client_config
 from gpupipe.kafka.auth import KafkaAuthError, principal_of, runtime_denial
-from gpupipe.kafka.group_start import start_offsets
+from gpupipe.kafka.group_start import fresh_start_offsets
 from gpupipe.kafka.lag import lags
 from gpupipe.lifecycle.startup import process_start_ms
 from gpupipe_consumers.plumbing.deadletter import DeadLetterWriter
@@ -245,18 +245,19 @@ class ConsumeLoop:
 
     def _assign_from_start(self, consumer: Any, parts: list[TopicPartition]) -> None:
         try:
-            offsets = start_offsets(consumer, parts, self.start_ms)
+            found = fresh_start_offsets(consumer, parts, self.start_ms)
         except Exception as exc:  # broker trouble: the default (latest) is the fallback
             log.warning("start offsets unknown, starting at the end", extra=fields(error=str(exc)))
             return
-        if offsets is None:
+        if found is None:
             return
+        offsets, fresh = found
         consumer.incremental_assign(offsets)
-        # The start position becomes the group's: an instance that takes the partitions over (an HA
-        # standby, a restart) resumes there, and a partition that stays quiet for days no longer
+        # A fresh partition's start position becomes the group's: an instance that takes it over (an
+        # HA standby, a restart) resumes there, and a partition that stays quiet for days no longer
         # starts again at the next instance's own start, which skipped what was written in between.
         try:
-            consumer.commit(offsets=offsets, asynchronous=False)
+            consumer.commit(offsets=fresh, asynchronous=False)
         except Exception as exc:  # the coordinator moved: the next instance starts at its own start
             log.warning("start offsets not committed", extra=fields(error=str(exc)))
 

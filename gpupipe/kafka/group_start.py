@@ -18,6 +18,14 @@ def start_offsets(
     record at or after `start_ms` exists yet, the high watermark read *before* that lookup is used:
     any record written since has a later timestamp and so sits at or after it (no gap, no replay).
     """
+    found = fresh_start_offsets(consumer, parts, start_ms, timeout_s)
+    return None if found is None else found[0]
+
+
+def fresh_start_offsets(
+    consumer: Any, parts: Sequence[TopicPartition], start_ms: int, timeout_s: float = 10.0
+) -> tuple[list[TopicPartition], list[TopicPartition]] | None:
+    """:func:`start_offsets`, and apart the partitions among them that had no committed offset."""
     committed = consumer.committed(list(parts), timeout=timeout_s)
     fresh = [tp for tp in committed if tp.offset < 0]
     if not fresh:
@@ -40,4 +48,5 @@ def start_offsets(
         else:
             off = at.get(key, -1)
             out.append(TopicPartition(tp.topic, tp.partition, off if off >= 0 else highs[key]))
-    return out
+    keys = {(tp.topic, tp.partition) for tp in fresh}
+    return out, [tp for tp in out if (tp.topic, tp.partition) in keys]

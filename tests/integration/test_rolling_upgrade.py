@@ -30,7 +30,7 @@ import pytest
 from gpupipe.kafka import topics
 from gpupipe.kafka.admin import ensure_topics
 from tests import hygiene
-from tests.agent_harness import find_line
+from tests.agent_harness import await_at_end_of, find_line
 from tests.conftest import free_port
 from tests.integration.chargeback_util import (
     Progress,
@@ -79,10 +79,19 @@ def _produce(
     assert proc.returncode == 0, err[-2000:]
 
 
-def _assigned(log: Path) -> list[int]:
-    """The partitions of the last "partitions assigned" line of a chargeback log."""
-    line = [x for x in log.read_text().splitlines() if "partitions assigned" in x][-1]
-    return json.loads(line.split("partitions=", 1)[1].split("]", 1)[0] + "]")
+def _await_share(proc: subprocess.Popen, log: Path, after: int = 0, timeout: float = 60) -> list[int]:
+    """The partitions of the first non-empty "partitions assigned" line of a chargeback log after its
+    first ``after`` such lines (the old instance's first is its start: it held them all)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = [x for x in log.read_text().splitlines() if "partitions assigned" in x][after:]
+        for line in lines:
+            parts = json.loads(line.split("partitions=", 1)[1].split("]", 1)[0] + "]")
+            if parts:
+                return parts
+        assert proc.poll() is None, f"exited {proc.returncode}: {log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no share assigned: {log.read_text()[-3000:]}"
+        time.sleep(0.1)
 
 
 def _await_log(proc: subprocess.Popen, log: Path, text: str, count: int = 1, timeout: float = 60) -> None:
@@ -121,10 +130,10 @@ def test_chargeback_and_producers_upgraded_side_by_side_bill_every_window_once(
         # group splits the partitions between the versions, and both bill the next half hour.
         cb_b = start_service(kafka, prefix, log_b, *common, "--instance-id", "cb-1")
         procs.append(cb_b)
-        _await_log(cb_b, log_b, "partitions assigned")
-        _await_log(cb_old, log_old, "partitions assigned", count=2)  # its share after the rebalance
-        held_b = _assigned(log_b)
-        assert held_b and len(held_b) < len(prog.parts), f"not split between the versions: {held_b}"
+        # Cooperative rebalancing logs an empty assignment first; the share comes a rebalance later.
+        held_b = _await_share(cb_b, log_b)
+        _await_share(cb_old, log_old, after=1)
+        assert len(held_b) < len(prog.parts), f"not split between the versions: {held_b}"
         before = dict(prog.high)
         _produce(old, kafka, prefix, start_ms + HALF_HOUR_MS, procs)
         prog.refresh_high()
@@ -193,7 +202,7 @@ def test_a_node_agent_upgraded_with_xids_in_its_spool_delivers_them_once(
     from gpupipe_schemas.codec import AvroCodec
 
     prefix = f"upg-agent-{new_id()}."
-    (tmp_path / "kmsg.log").write_text("")
+    (tmp_path / "kmsg.log").write_text("boot\n")  # not empty: its end is a position the agent seeks to
     spool, legacy = tmp_path / "spool" / SPOOL_FILE, tmp_path / "spool" / LEGACY_FILE
 
     def spooled() -> int:  # 0.1.0 wrote the text format; this version migrates it to its own
@@ -206,8 +215,8 @@ def test_a_node_agent_upgraded_with_xids_in_its_spool_delivers_them_once(
     agent = _agent(old_cli, old.env(**env), f"127.0.0.1:{free_port()}", prefix, tmp_path, old_log)
     try:
         _await_log(agent, old_log, "node agent started")
-        # The agent follows the kernel log from its end: a line written before it reads is never seen.
-        time.sleep(1.0)
+        # The agent follows the kernel log from its end: a line written before its seek is never seen.
+        await_at_end_of(agent.pid, tmp_path / "kmsg.log")
         with (tmp_path / "kmsg.log").open("a") as f:
             f.write(find_line("xid_real.txt", "Xid (PCI:0000:91:00): 79") + "\n")
         deadline = time.monotonic() + 30

@@ -117,7 +117,7 @@ def _nvml_agent(kafka: str, topic_prefix: str, tmp_path: Path, port: int) -> sub
     import sys
 
     kmsg = tmp_path / "kmsg.log"
-    kmsg.write_text("")
+    kmsg.write_text("boot\n")  # not empty: its end is a position the agent seeks to
     env = {**os.environ, "GPUPIPE_FAKE_NVML": "H100:2", "NODE_NAME": "order-node"}
     argv = [sys.executable, str(REPO / "tests" / "fake_nvml_cli.py"), "produce", "--source", "nvml"]
     argv += ["--bootstrap-servers", kafka, "--topic-prefix", topic_prefix, "--no-create-topics"]
@@ -147,15 +147,15 @@ def _spool_records(tmp_path: Path) -> int:
     return len(scan_records(f.read_bytes()).records) if f.exists() else 0
 
 
-def _write_xid(tmp_path: Path) -> None:
+def _write_xid(tmp_path: Path, proc: subprocess.Popen) -> None:
     """An Xid 79 in the kernel log, once the agent reads it (it follows the file from its end)."""
-    from tests.agent_harness import find_line
+    from tests.agent_harness import await_at_end_of, find_line
 
     log = tmp_path / "agent.log"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and "node agent started" not in log.read_text():
         time.sleep(0.1)
-    time.sleep(1.0)
+    await_at_end_of(proc.pid, tmp_path / "kmsg.log")
     with (tmp_path / "kmsg.log").open("a") as f:
         f.write(find_line("xid_real.txt", "Xid (PCI:0000:91:00): 79") + "\n")
 
@@ -183,7 +183,7 @@ def test_the_node_agent_waits_for_its_topics_and_spools_xids_meanwhile(
             time.sleep(0.1)
         assert body is not None and body["status"] == "starting", (body, log.read_text()[-2000:])
         assert topic_prefix + topics.XID in body["waiting_for"], (body, log.read_text()[-2000:])
-        _write_xid(tmp_path)
+        _write_xid(tmp_path, proc)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and _spool_records(tmp_path) < 1:
             time.sleep(0.1)
@@ -222,7 +222,7 @@ def test_a_node_agent_stopped_before_its_topics_exist_counts_what_it_keeps(
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and proc.poll() is None and _starting_body(port) is None:
             time.sleep(0.1)
-        _write_xid(tmp_path)
+        _write_xid(tmp_path, proc)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and _spool_records(tmp_path) < 1:
             time.sleep(0.1)

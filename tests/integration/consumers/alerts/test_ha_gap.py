@@ -18,8 +18,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 
 from gpupipe.kafka import topics
+from gpupipe_consumers.alerts.leader import LEASE_TOPIC
 from tests import hygiene
 from tests.conftest import REPO, free_port
 from tests.integration.consumers.alerts.test_service import (
@@ -44,6 +46,17 @@ def _alerts(kafka: str, prefix: str, tmp: Path, instance: str) -> tuple[subproce
         return hygiene.popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT), port
 
 
+def _committed(kafka: str, group: str, topic: str) -> list[tuple[int, str | None]]:
+    """The group's committed (offset, metadata) per partition of ``topic`` (-1001: none)."""
+    c = Consumer({"bootstrap.servers": kafka, "group.id": group, "enable.auto.commit": False})
+    try:
+        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+        got = c.committed([TopicPartition(topic, p) for p in sorted(parts)], timeout=10)
+        return [(tp.offset, tp.metadata) for tp in got]
+    finally:
+        c.close()
+
+
 def _role(port: int) -> str:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
@@ -60,6 +73,16 @@ def test_an_xid_written_while_no_instance_leads_is_alerted(
     b = None
     try:
         wait_until(lambda: _role(port_a) == "leader", 60, "a leading")
+        # Both records of where the group starts reach the broker while a leads: its start in the
+        # leader group's commit on the lease partition, and each quiet XID partition's start position
+        # in the input group (committed when assigned: before the fix, never, on a quiet partition).
+        lease = topics.with_prefix(topic_prefix, LEASE_TOPIC)
+        wait_until(lambda: _committed(kafka, f"g-{topic_prefix}-leader", lease)[0][1], 30, "the lease mark")
+        wait_until(
+            lambda: all(off >= 0 for off, _ in _committed(kafka, f"g-{topic_prefix}", t[topics.XID])),
+            30,
+            "the XID partitions' start positions",
+        )
         hygiene.stop_group(a, signal.SIGKILL, timeout=1)
         xid = xid_event("node-a", "0000:18:00", 79, int(time.time() * 1000))
         produce(kafka, t[topics.XID], "XidEvent", [xid])
