@@ -47,9 +47,11 @@ from gpupipe_schemas.validate import violation
 log = logging.getLogger("gpupipe.metrics")
 
 #: A replica that dies (SIGKILL, OOM, a lost node) holds its partitions until its session times out,
-#: and its GPUs go unserved meanwhile: Kafka's default of 45 s is three missed scrapes at 15 s. Ten
-#: seconds (Kafka's own default before 3.0) bounds that gap; --kafka-config overrides either key.
-GROUP_TIMEOUTS = {"session.timeout.ms": "10000", "heartbeat.interval.ms": "2000"}
+#: and its GPUs go unserved meanwhile: Kafka's default of 45 s is three missed scrapes at 15 s. 20 s
+#: bounds that gap to about one, and outlasts a group coordinator paused for 10-15 s (librdkafka
+#: gives the partitions up after a session without an answer; the replica then rejoins and re-reads
+#: since its last auto-commit, which only sets gauges again). --kafka-config overrides either key.
+GROUP_TIMEOUTS = {"session.timeout.ms": "20000", "heartbeat.interval.ms": "3000"}
 
 SERVICE = "metrics"
 
