@@ -71,7 +71,10 @@ class XidInbox:
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._q: queue.SimpleQueue[InboxItem] = queue.SimpleQueue()
+        # queue.Queue, not SimpleQueue: the main loop blocks here, and CPython 3.11's SimpleQueue.get
+        # with a timeout can block for ever once a signal (the SIGTERM that stops the agent) lands
+        # during the wait (tests/unit/producer/xid/test_inbox.py).
+        self._q: queue.Queue[InboxItem] = queue.Queue()
         self._clock = clock
         self._nvml_seq = itertools.count(1)  # numbers NVML events (their event_id suffix)
 
