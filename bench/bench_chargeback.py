@@ -16,7 +16,7 @@ produced once to a fresh topic. Then, on that same input:
    consumption of the topic (values read, nothing decoded);
 4. the in-process per-sample path (bench/chargeback_path.py: ``ChargebackService.process`` on
    in-memory messages, no Kafka, no transactions) against the decoder beside it, and against the
-   absolute budget of 20 us per sample (issue 38), labelled as such.
+   absolute budget of 20 us per sample, labelled as such.
 
 Prints `chargeback_vs_quix ratio=<quix_s/ours_s> target=2.00`, `chargeback_vs_decode
 ratio=<decode_s/ours_s>` and `chargeback_vs_consume ratio=<consume_s/ours_s>` (the share of the
@@ -51,7 +51,7 @@ NODES, GPUS, INTERVAL_S, TICKS = 10, 8, 10, 2500
 SAMPLES = NODES * GPUS * TICKS
 BENCH_VENV = REPO / ".bench-venv"
 QUIX_REQUIREMENTS = ["quixstreams", "fastavro"]
-#: Issue 38's budget for a sample, and the floors the targets assume (decoder, bare consume; both
+#: The budget for a sample, and the floors the targets assume (decoder, bare consume; both
 #: measured in the run, these only set the targets): 6 us of decode and 3.5 us of consume in 20 us.
 BUDGET_US, DECODE_US, CONSUME_US = chargeback_path.BUDGET_US, 6.0, 3.5
 

@@ -13,7 +13,7 @@ process CPU time (the machine is shared: CPU time leaves out the waits for a cor
 
 Prints ``chargeback_path_us`` (µs per sample), ``chargeback_path_vs_decode`` (decode / path, a
 ratio against the floor measured beside it), and ``chargeback_path_budget``: 20 µs / path, an
-**absolute budget** (issue 38: at most 20 µs per sample on the 2-core dev machine), not a ratio
+**absolute budget** (at most 20 µs per sample on the 2-core dev machine), not a ratio
 to anything measured here.
 """
 
@@ -36,7 +36,7 @@ from gpupipe_schemas.codec import AvroCodec
 T0 = 1_795_000_000_000
 NODES, GPUS, INTERVAL_MS = 10, 8, 10_000
 BATCH = 500
-BUDGET_US = 20.0  # issue 38: at most this per sample, on the 2-core dev machine (absolute)
+BUDGET_US = 20.0  # at most this per sample, on the 2-core dev machine (absolute)
 DECODE_SHARE = 6.0 / BUDGET_US  # target: the decoder (about 6 us) is this share of the path at budget
 
 

@@ -1,6 +1,6 @@
 """docker-compose.yml's Kafka writes into its volume, and `make compose-check` says so when not.
 
-Issue 39: the volume was mounted at /var/lib/kafka/data while apache/kafka wrote to its default
+The volume was mounted at /var/lib/kafka/data while apache/kafka wrote to its default
 /tmp/kraft-combined-logs, so recreating the container emptied every topic; `docker-compose config`
 accepts that file. scripts/compose_kafka_data.py (run by `make compose-check`) is checked here on the
 real file and on files that get it wrong.

@@ -189,7 +189,7 @@ def _dev_only_packages() -> set[str]:
 
 
 def test_make_demo_installs_the_runtime_dependencies_only() -> None:
-    """Issue 39: `make demo` ran `pip install -e '.[dev]'` (4 min, 1.5 GB with pyspark) in silence."""
+    """`make demo` ran `pip install -e '.[dev]'` (4 min, 1.5 GB with pyspark) in silence."""
     # -W: as if pyproject.toml had changed, so the install step is printed even where it is done.
     res = subprocess.run(
         ["make", "-n", "-W", "pyproject.toml", "demo"], cwd=REPO, capture_output=True, text=True
@@ -250,7 +250,7 @@ def test_a_second_demo_start_exits_2_without_starting_anything(tmp_path: Path) -
 
 
 def test_many_taken_ports_are_one_short_line() -> None:
-    """Issue 39: a second demo beside a first printed one 700-character line asking to move 8 ports."""
+    """A second demo beside a first printed one 700-character line asking to move 8 ports."""
     demo = _demo()
     socks = []
     try:

@@ -1,6 +1,6 @@
 """Every file-taking flag of every command: a bad file is one line on stderr and exit 2, no traceback.
 
-Issue 39: a non-UTF-8 or binary file given to `--kafka-config-file` (every Kafka command),
+A non-UTF-8 or binary file given to `--kafka-config-file` (every Kafka command),
 `--kafka-config sasl.password.file=...` or `metrics --collectors` ended in a UnicodeDecodeError
 traceback. The flags are found in the CLI's own parsers, by the convention gpupipe.common.flag_files states
 (metavar FILE or PATH, or a name ending in -file), so a new flag is swept without editing this test;
